@@ -1,0 +1,25 @@
+// Command-line entry of llmgw: parses arguments with commander and hands each command to
+// its domain. Commands load their modules lazily so that `llmgw engine` (started once per
+// replica) does not pay for the server stack, and the server does not load llama.cpp.
+import { Command } from "commander";
+
+const program = new Command();
+program.name("llmgw").description("Self-hosted LLM gateway and control plane").showHelpAfterError();
+
+program
+  .command("engine")
+  .description("Run the bundled llama.cpp engine as an OpenAI-compatible server (started by the agent, not by hand)")
+  .requiredOption("--model <file>", "GGUF model file to serve")
+  .requiredOption("--port <port>", "port to listen on")
+  .option("--host <address>", "address to bind", "127.0.0.1")
+  .option("--key <key>", "engine key required on /v1 (or LLMGW_ENGINE_KEY)")
+  .option("--ctx-size <n>", "context size shared by all parallel sequences", "4096")
+  .option("--parallel <n>", "requests served at once (parallel sequences)", "2")
+  .option("--threads <n>", "CPU threads (0 = all math cores)", "0")
+  .option("--model-name <name>", "model id reported by /v1/models")
+  .action(async (options: Record<string, string | undefined>) => {
+    const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");
+    await runEngineCommand(options);
+  });
+
+await program.parseAsync(process.argv);

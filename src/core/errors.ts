@@ -1,0 +1,172 @@
+// The one error hierarchy of llmgw. Every failure a user can see is an LlmgwError with a
+// stable `code`, the HTTP `status` it maps to, whether retrying may help, and the
+// underlying `cause`. `renderError` is the only place that turns an error into the
+// OpenAI error shape `{"error":{"message","type","param","code"}}`, so every prefix
+// (/v1, /api/v1, /agent/v1, /mirror) answers failures the same way.
+import { z } from "zod";
+
+export interface LlmgwErrorOptions {
+  message: string;
+  code: string;
+  status: number;
+  /** OpenAI's `type` field; derived from the status when omitted. */
+  type?: string;
+  /** The request field that was wrong, when one was. */
+  param?: string | null;
+  retryable?: boolean;
+  cause?: unknown;
+  /** Extra response headers (for example Retry-After). */
+  headers?: Record<string, string>;
+}
+
+export class LlmgwError extends Error {
+  readonly code: string;
+  readonly status: number;
+  readonly type: string;
+  readonly param: string | null;
+  readonly retryable: boolean;
+  readonly headers: Record<string, string>;
+
+  constructor(options: LlmgwErrorOptions) {
+    super(options.message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = options.code;
+    this.status = options.status;
+    this.type = options.type ?? typeForStatus(options.status);
+    this.param = options.param ?? null;
+    this.retryable = options.retryable ?? false;
+    this.headers = options.headers ?? {};
+  }
+}
+
+type Detail = Partial<Omit<LlmgwErrorOptions, "message" | "status">>;
+
+/** 400: the request itself is wrong; `param` names the field. */
+export class BadRequestError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "invalid_request", ...detail, message, status: 400 });
+  }
+}
+
+/** 401: no key, an unknown key, a revoked or expired key. */
+export class AuthenticationError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "invalid_api_key", ...detail, message, status: 401 });
+  }
+}
+
+/** 403: a valid key that may not do this. */
+export class PermissionDeniedError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "permission_denied", ...detail, message, status: 403 });
+  }
+}
+
+export class NotFoundError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "not_found", ...detail, message, status: 404 });
+  }
+}
+
+export class ConflictError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "conflict", ...detail, message, status: 409 });
+  }
+}
+
+export class PayloadTooLargeError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "payload_too_large", ...detail, message, status: 413 });
+  }
+}
+
+/** 503: nothing can serve this right now; Retry-After tells the client when to come back. */
+export class UnavailableError extends LlmgwError {
+  constructor(message: string, detail: Detail & { retryAfterSeconds?: number } = {}) {
+    const { retryAfterSeconds, ...rest } = detail;
+    super({
+      code: "unavailable",
+      retryable: true,
+      ...rest,
+      message,
+      status: 503,
+      headers: { ...(rest.headers ?? {}), ...(retryAfterSeconds === undefined ? {} : { "retry-after": String(retryAfterSeconds) }) },
+    });
+  }
+}
+
+/** 502/504: an upstream (engine, registry, external server) failed. */
+export class UpstreamError extends LlmgwError {
+  constructor(message: string, detail: Detail & { status?: number } = {}) {
+    const { status, ...rest } = detail;
+    super({ code: "upstream_error", ...rest, message, status: status ?? 502 });
+  }
+}
+
+export class InternalError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "internal_error", ...detail, message, status: 500 });
+  }
+}
+
+function typeForStatus(status: number): string {
+  if (status === 401) return "authentication_error";
+  if (status === 403) return "permission_error";
+  if (status === 404) return "not_found_error";
+  if (status === 409) return "conflict_error";
+  if (status === 413) return "invalid_request_error";
+  if (status === 429) return "rate_limit_error";
+  if (status === 503) return "service_unavailable_error";
+  if (status >= 500) return "server_error";
+  return "invalid_request_error";
+}
+
+/** Turns a zod failure into a 400 that names the first offending field. */
+export function fromZodError(error: z.ZodError, what = "request body"): BadRequestError {
+  const issue = error.issues[0];
+  const path = issue ? issue.path.map(String).join(".") : "";
+  const where = path === "" ? what : `field '${path}'`;
+  const reason = issue?.message ?? "invalid";
+  return new BadRequestError(`Invalid ${what}: ${where}: ${reason}.`, {
+    code: "invalid_field",
+    param: path === "" ? null : path,
+    cause: error,
+  });
+}
+
+/** Parses `value` with `schema`, throwing a 400 naming the field on failure. */
+export function parseWith<T extends z.ZodType>(schema: T, value: unknown, what = "request body"): z.output<T> {
+  const result = schema.safeParse(value);
+  if (!result.success) throw fromZodError(result.error, what);
+  return result.data;
+}
+
+export interface RenderedError {
+  status: number;
+  headers: Record<string, string>;
+  body: { error: { message: string; type: string; param: string | null; code: string | null } };
+}
+
+/**
+ * The single renderer of errors into OpenAI's error shape. Anything that is not an
+ * LlmgwError is an internal fault: its text is not shown to the client (it may hold
+ * paths or secrets); the caller logs it.
+ */
+export function renderError(error: unknown): RenderedError {
+  const known = error instanceof LlmgwError ? error : new InternalError("Internal error in llmgw; the server log has the details.");
+  return {
+    status: known.status,
+    headers: known.headers,
+    body: { error: { message: known.message, type: known.type, param: known.param, code: known.code } },
+  };
+}
+
+export function isLlmgwError(error: unknown): error is LlmgwError {
+  return error instanceof LlmgwError;
+}
+
+/** Best-effort text of any thrown value, for logs and recorded failures. */
+export function describeError(error: unknown): string {
+  if (error instanceof Error) return error.message;
+  return String(error);
+}
