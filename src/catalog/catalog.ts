@@ -1,0 +1,171 @@
+// The catalog: which models exist, under which names and aliases, with their profiles,
+// scaling, prices and origin. It owns the `models`, `model_aliases` and `audit_log`
+// tables and records who changed what. Readers on the hot path (the gateway) use the
+// in-memory snapshot, rebuilt after every change made here and on `refresh()`, so
+// resolving a model name never touches the database.
+import { randomUUID } from "node:crypto";
+import { ConflictError, NotFoundError } from "../core/errors.ts";
+import { readAudit, recordAudit as audit, type AuditEntry } from "../store/audit.ts";
+import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
+import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
+
+export interface CatalogModel {
+  id: string;
+  name: string;
+  definition: ModelDefinition;
+  created_by: string;
+  created_at: string;
+  updated_by: string;
+  updated_at: string;
+}
+
+export type CatalogListener = (models: readonly CatalogModel[]) => void;
+
+export interface CatalogOptions {
+  store: Store;
+  clock?: () => number;
+}
+
+export class Catalog {
+  private readonly store: Store;
+  private readonly clock: () => number;
+  private models: readonly CatalogModel[] = [];
+  private byName = new Map<string, CatalogModel>();
+  private readonly listeners = new Set<CatalogListener>();
+
+  constructor(options: CatalogOptions) {
+    this.store = options.store;
+    this.clock = options.clock ?? Date.now;
+  }
+
+  /** Reloads the snapshot from the store (after start, and to see other servers' changes). */
+  async refresh(): Promise<void> {
+    const rows = await this.store.db.selectFrom("models").selectAll().orderBy("name").execute();
+    const models = rows.map((row) => ({ ...row, definition: modelDefinitionSchema.parse(JSON.parse(row.definition)) }));
+    const byName = new Map<string, CatalogModel>();
+    for (const model of models) {
+      byName.set(model.name, model);
+      for (const alias of model.definition.aliases) byName.set(alias, model);
+    }
+    const changed = JSON.stringify(models) !== JSON.stringify(this.models);
+    this.models = models;
+    this.byName = byName;
+    if (changed) for (const listener of this.listeners) listener(models);
+  }
+
+  /** Calls `listener` with the whole catalog after every change; returns the unsubscribe. */
+  onChange(listener: CatalogListener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  list(): readonly CatalogModel[] {
+    return this.models;
+  }
+
+  /** The model a name or alias stands for, from the snapshot. */
+  resolve(nameOrAlias: string): CatalogModel | undefined {
+    return this.byName.get(nameOrAlias);
+  }
+
+  get(name: string): CatalogModel {
+    const model = this.byName.get(name);
+    if (model === undefined) throw modelNotFound(name);
+    return model;
+  }
+
+  async create(body: unknown, actor: string): Promise<CatalogModel> {
+    const { name, ...definition } = parseNewModel(body);
+    const now = nowIso(this.clock);
+    const id = randomUUID();
+    await this.write(async (trx) => {
+      await assertNamesFree(trx, [name, ...definition.aliases], null);
+      await trx
+        .insertInto("models")
+        .values({ id, name, definition: JSON.stringify(definition), created_by: actor, created_at: now, updated_by: actor, updated_at: now })
+        .execute();
+      await insertAliases(trx, id, definition.aliases);
+      await audit(trx, { at: now, actor, action: "model.create", target: name, detail: describeDefinition(definition) });
+    }, name);
+    return this.get(name);
+  }
+
+  async update(name: string, patch: unknown, actor: string): Promise<CatalogModel> {
+    const current = this.get(name);
+    const { name: newName, definition } = applyModelPatch(current.definition, patch);
+    const finalName = newName ?? current.name;
+    const now = nowIso(this.clock);
+    await this.write(async (trx) => {
+      await assertNamesFree(trx, [finalName, ...definition.aliases], current.id);
+      await trx
+        .updateTable("models")
+        .set({ name: finalName, definition: JSON.stringify(definition), updated_by: actor, updated_at: now })
+        .where("id", "=", current.id)
+        .execute();
+      await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
+      await insertAliases(trx, current.id, definition.aliases);
+      await audit(trx, { at: now, actor, action: "model.update", target: finalName, detail: { ...(finalName === name ? {} : { renamed_from: name }), changed: changedFields(current.definition, definition) } });
+    }, finalName);
+    return this.get(finalName);
+  }
+
+  async delete(name: string, actor: string): Promise<void> {
+    const current = this.get(name);
+    await this.write(async (trx) => {
+      await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
+      await trx.deleteFrom("models").where("id", "=", current.id).execute();
+      await audit(trx, { at: nowIso(this.clock), actor, action: "model.delete", target: current.name, detail: {} });
+    }, name);
+  }
+
+  /** Recent changes to models, newest first. */
+  auditLog(options: { limit?: number; target?: string } = {}): Promise<AuditEntry[]> {
+    return readAudit(this.store.db, { ...options, actionPrefix: "model." });
+  }
+
+  private async write(body: (trx: Tx) => Promise<void>, name: string): Promise<void> {
+    try {
+      await this.store.db.transaction().execute(body);
+    } catch (error) {
+      // Another writer may have taken the name between our check and the insert.
+      if (isUniqueViolation(error)) throw new ConflictError(`The name or an alias of model '${name}' is already in use; choose another.`, { code: "model_exists", cause: error });
+      throw error;
+    }
+    await this.refresh();
+  }
+}
+
+export function modelNotFound(name: string): NotFoundError {
+  return new NotFoundError(`The model '${name}' does not exist. List the models with GET /v1/models (or 'llmgw ctl model list').`, {
+    code: "model_not_found",
+    param: "model",
+  });
+}
+
+/** Refuses names or aliases that another model already uses as a name or an alias. */
+async function assertNamesFree(trx: Tx, names: string[], ownId: string | null): Promise<void> {
+  if (names.length === 0) return;
+  const asNames = await trx.selectFrom("models").select(["id", "name"]).where("name", "in", names).execute();
+  const asAliases = await trx.selectFrom("model_aliases").select(["model_id as id", "alias as name"]).where("alias", "in", names).execute();
+  const taken = [...asNames, ...asAliases].find((row) => row.id !== ownId);
+  if (taken !== undefined) {
+    throw new ConflictError(`The name '${taken.name}' is already used by another model (as its name or an alias); choose another or change that model first.`, {
+      code: "model_exists",
+      param: "name",
+    });
+  }
+}
+
+async function insertAliases(trx: Tx, modelId: string, aliases: string[]): Promise<void> {
+  if (aliases.length > 0) await trx.insertInto("model_aliases").values(aliases.map((alias) => ({ alias, model_id: modelId }))).execute();
+}
+
+/** What an audit line says about a new model: its shape, never a profile's key. */
+function describeDefinition(definition: ModelDefinition): Record<string, unknown> {
+  return { profiles: definition.profiles.map((p) => `${p.name}:${p.engine}`), aliases: definition.aliases, scaling: definition.scaling };
+}
+
+function changedFields(before: ModelDefinition, after: ModelDefinition): string[] {
+  const keys = new Set([...Object.keys(before), ...Object.keys(after)]) as Set<keyof ModelDefinition>;
+  return [...keys].filter((key) => JSON.stringify(before[key]) !== JSON.stringify(after[key])).sort();
+}

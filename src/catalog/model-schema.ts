@@ -1,0 +1,193 @@
+// The shape of a model in the catalog, as the admin API accepts and returns it
+// (snake_case, like the rest of the wire formats). One zod schema validates a new model;
+// `applyModelPatch` merges a partial change and re-validates the result, so a malformed
+// entry is refused with the field named, whatever the route.
+import { z } from "zod";
+import { BadRequestError, parseWith } from "../core/errors.ts";
+
+/** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
+export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
+
+const modelName = z
+  .string()
+  .regex(MODEL_NAME_PATTERN, "must be 1-128 characters of letters, digits and . _ : / @ + -, starting with a letter or digit");
+
+const positiveInt = z.number().int().positive();
+
+const cpuHardware = z.strictObject({
+  min_memory_gb: z.number().positive().optional(),
+  cores: positiveInt.optional(),
+});
+
+const gpuHardware = z.strictObject({
+  class: z.string().min(1).describe("GPU class, for example H200 or RTX4090"),
+  gpus_per_node: positiveInt.default(1),
+  nodes: positiveInt.default(1),
+});
+
+export const profileSchema = z
+  .strictObject({
+    name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "must be 1-64 letters, digits, '.', '_' or '-'"),
+    engine: z.enum(["llamacpp", "vllm", "external"]),
+    priority: z.number().int().default(0),
+    weight: z.number().positive().default(1),
+    /** Extra command-line arguments passed to the engine as they are. */
+    engine_args: z.array(z.string()).default([]),
+    /** llama.cpp: total context shared by the parallel sequences. */
+    ctx_size: positiveInt.optional(),
+    /** llama.cpp: requests one replica serves at once. */
+    parallel: positiveInt.optional(),
+    threads: z.number().int().min(0).optional(),
+    hardware: z.strictObject({ cpu: cpuHardware.optional(), gpu: gpuHardware.optional() }).default({}),
+    /** external: base URL of an existing OpenAI-compatible server (up to, not including, /v1). */
+    url: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
+    /** external: the key that server expects. Stored, never returned. */
+    api_key: z.string().min(1).optional(),
+    /** external: the model name that server knows this model by (default: the catalog name). */
+    upstream_model: z.string().min(1).optional(),
+  })
+  .superRefine((profile, ctx) => {
+    if (profile.engine === "external" && profile.url === undefined) {
+      ctx.addIssue({ code: "custom", path: ["url"], message: "an external profile needs the URL of the server it routes to" });
+    }
+    if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined)) {
+      ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });
+    }
+    if (profile.hardware.cpu !== undefined && profile.hardware.gpu !== undefined) {
+      ctx.addIssue({ code: "custom", path: ["hardware"], message: "give either cpu or gpu hardware, not both" });
+    }
+  });
+
+const originSchema = z.strictObject({
+  repo: z.string().min(1),
+  revision: z.string().min(1),
+  files: z.array(z.strictObject({ path: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lower-case hex digits"), bytes: z.number().int().min(0) })),
+});
+
+/** Where a node finds the weights: a local file (embedded mode) or the mirror. */
+const sourceSchema = z.discriminatedUnion("kind", [
+  z.strictObject({ kind: z.literal("file"), path: z.string().min(1) }),
+  z.strictObject({ kind: z.literal("mirror"), model: z.string().min(1), version: z.string().min(1), file: z.string().min(1) }),
+]);
+
+const modelFields = {
+  aliases: z.array(modelName).default([]),
+  description: z.string().max(2000).default(""),
+  routing: z.enum(["least-busy"]).default("least-busy"),
+  context_length: positiveInt.optional(),
+  max_output: positiveInt.optional(),
+  capabilities: z.strictObject({ vision: z.boolean().default(false), embeddings: z.boolean().default(false) }).default({ vision: false, embeddings: false }),
+  role: z.enum(["serve", "guard"]).default("serve"),
+  guard_format: z.enum(["llama-guard-3", "shieldgemma"]).optional(),
+  profiles: z.array(profileSchema).min(1, "a model needs at least one profile"),
+  scaling: z
+    .strictObject({ min: z.number().int().min(0).default(1), max: z.number().int().min(0).default(1), idle_seconds: z.number().int().min(0).default(0) })
+    .default({ min: 1, max: 1, idle_seconds: 0 }),
+  prices: z
+    .strictObject({ input_per_million: z.number().min(0).default(0), output_per_million: z.number().min(0).default(0) })
+    .default({ input_per_million: 0, output_per_million: 0 }),
+  origin: originSchema.optional(),
+  source: sourceSchema.optional(),
+};
+
+function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
+  if (model.scaling.max < model.scaling.min) {
+    ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
+  }
+  if (model.role === "guard" && model.guard_format === undefined) {
+    ctx.addIssue({ code: "custom", path: ["guard_format"], message: "a guard model needs guard_format (llama-guard-3 or shieldgemma)" });
+  }
+  const profileNames = new Set<string>();
+  model.profiles.forEach((profile, index) => {
+    if (profileNames.has(profile.name)) ctx.addIssue({ code: "custom", path: ["profiles", index, "name"], message: `profile name '${profile.name}' is used twice` });
+    profileNames.add(profile.name);
+  });
+  const seen = new Set<string>(model.name === undefined ? [] : [model.name]);
+  model.aliases.forEach((alias, index) => {
+    if (seen.has(alias)) ctx.addIssue({ code: "custom", path: ["aliases", index], message: `'${alias}' repeats the model name or another alias` });
+    seen.add(alias);
+  });
+  const needsWeights = model.profiles.some((p) => p.engine !== "external");
+  if (needsWeights && model.source === undefined) {
+    ctx.addIssue({ code: "custom", path: ["source"], message: "llamacpp and vllm profiles need a weights source ({kind:'file', path} or a mirror location)" });
+  }
+}
+
+export const newModelSchema = z.strictObject({ name: modelName, ...modelFields }).superRefine(checkModel);
+
+/** A stored model definition: everything but the name, which is its own column. */
+export const modelDefinitionSchema = z.strictObject(modelFields).superRefine(checkModel);
+
+export type NewModel = z.output<typeof newModelSchema>;
+export type ModelDefinition = z.output<typeof modelDefinitionSchema>;
+export type Profile = z.output<typeof profileSchema>;
+
+/** PATCH bodies: any top-level field; `name` renames. Profiles are replaced as a whole list. */
+export const modelPatchSchema = z.strictObject({
+  name: modelName.optional(),
+  aliases: z.array(modelName).optional(),
+  description: z.string().max(2000).optional(),
+  routing: z.enum(["least-busy"]).optional(),
+  context_length: positiveInt.nullable().optional(),
+  max_output: positiveInt.nullable().optional(),
+  capabilities: z.unknown().optional(),
+  role: z.enum(["serve", "guard"]).optional(),
+  guard_format: z.enum(["llama-guard-3", "shieldgemma"]).nullable().optional(),
+  profiles: z.array(z.unknown()).optional(),
+  scaling: z.record(z.string(), z.unknown()).optional(),
+  prices: z.record(z.string(), z.unknown()).optional(),
+  origin: z.unknown().optional(),
+  source: z.unknown().optional(),
+});
+
+export type ModelPatch = z.output<typeof modelPatchSchema>;
+
+export function parseNewModel(body: unknown): NewModel {
+  return parseWith(newModelSchema, body, "model");
+}
+
+/**
+ * Applies a PATCH to a stored definition and validates the result as a whole. Nested
+ * objects (scaling, prices) merge field by field; a null removes an optional field. An
+ * external profile sent without its api_key keeps the stored one, because clients never
+ * see stored keys and could not send them back.
+ */
+export function applyModelPatch(current: ModelDefinition, patchBody: unknown): { name: string | undefined; definition: ModelDefinition } {
+  const patch = parseWith(modelPatchSchema, patchBody, "model change");
+  const { name, ...fields } = patch;
+  const merged: Record<string, unknown> = { ...current };
+  for (const [key, value] of Object.entries(fields)) {
+    if (value === undefined) continue;
+    if (value === null) {
+      delete merged[key];
+    } else if ((key === "scaling" || key === "prices") && typeof value === "object") {
+      merged[key] = { ...(current[key] as object), ...(value as object) };
+    } else {
+      merged[key] = value;
+    }
+  }
+  if (Array.isArray(fields.profiles)) {
+    merged.profiles = fields.profiles.map((profile) => keepStoredApiKey(profile, current.profiles));
+  }
+  const definition = parseWith(modelDefinitionSchema, merged, "model");
+  if (name !== undefined && definition.aliases.includes(name)) {
+    throw new BadRequestError(`Invalid model: field 'aliases': '${name}' repeats the model name.`, { param: "aliases", code: "invalid_field" });
+  }
+  return { name, definition };
+}
+
+function keepStoredApiKey(profile: unknown, stored: Profile[]): unknown {
+  if (typeof profile !== "object" || profile === null) return profile;
+  const candidate = profile as { name?: unknown; engine?: unknown; api_key?: unknown };
+  if (candidate.engine !== "external" || candidate.api_key !== undefined) return profile;
+  const previous = stored.find((p) => p.name === candidate.name && p.engine === "external");
+  return previous?.api_key === undefined ? profile : { ...candidate, api_key: previous.api_key };
+}
+
+/** The model as the API shows it: secrets replaced by whether they are set. */
+export function redactDefinition(definition: ModelDefinition): Record<string, unknown> {
+  return {
+    ...definition,
+    profiles: definition.profiles.map(({ api_key, ...rest }) => (rest.engine === "external" ? { ...rest, api_key_set: api_key !== undefined } : rest)),
+  };
+}

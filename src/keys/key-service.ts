@@ -1,0 +1,218 @@
+// API keys: admin keys (the admin API and every model) and client keys (the /v1 API,
+// optionally limited to some models and an expiry). Only a sha256 of each key is stored;
+// the key itself is shown once, at creation. Verification sits on the request hot path,
+// so verified keys are cached for a few seconds; a revocation made through this service
+// clears the cache at once, and one made by another server takes effect within the TTL.
+import { createHash, randomBytes, randomUUID } from "node:crypto";
+import { z } from "zod";
+import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, PermissionDeniedError, parseWith } from "../core/errors.ts";
+import { recordAudit } from "../store/audit.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
+
+export type KeyRole = "admin" | "client";
+
+export interface ApiKeyInfo {
+  id: string;
+  name: string;
+  prefix: string;
+  role: KeyRole;
+  allowed_models: string[] | null;
+  expires_at: string | null;
+  revoked_at: string | null;
+  created_at: string;
+  created_by: string;
+  last_used_at: string | null;
+}
+
+/** Who is calling, as the rest of the server sees it after authentication. */
+export interface Principal {
+  keyId: string;
+  name: string;
+  role: KeyRole;
+  /** null: every model. */
+  allowedModels: ReadonlySet<string> | null;
+  expiresAt: number | null;
+}
+
+export const newKeySchema = z.strictObject({
+  name: z.string().min(1).max(100),
+  role: z.enum(["admin", "client"]).default("client"),
+  allowed_models: z.array(z.string().regex(MODEL_NAME_PATTERN, "must be a model name")).min(1).nullable().default(null),
+  expires_at: z.iso.datetime({ offset: true, error: "must be an ISO-8601 date-time such as 2027-01-31T00:00:00Z" }).nullable().default(null),
+});
+
+const KEY_PREFIX = "llmgw-";
+const KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+const KEY_BODY_LENGTH = 40;
+const SHOWN_PREFIX_LENGTH = KEY_PREFIX.length + 6;
+const CACHE_TTL_MS = 5000;
+const LAST_USED_RESOLUTION_MS = 60_000;
+
+export interface KeyServiceOptions {
+  store: Store;
+  clock?: () => number;
+}
+
+export class KeyService {
+  private readonly store: Store;
+  private readonly clock: () => number;
+  private readonly cache = new Map<string, { principal: Principal; checkedAt: number }>();
+  private readonly lastUsedWritten = new Map<string, number>();
+
+  constructor(options: KeyServiceOptions) {
+    this.store = options.store;
+    this.clock = options.clock ?? Date.now;
+  }
+
+  /** Creates a key and returns it in clear text: the only time it exists outside the caller. */
+  async create(body: unknown, actor: string): Promise<{ key: string; info: ApiKeyInfo }> {
+    const request = parseWith(newKeySchema, body, "key");
+    if (request.expires_at !== null && Date.parse(request.expires_at) <= this.clock()) {
+      throw new BadRequestError(`Invalid key: field 'expires_at': ${request.expires_at} is in the past.`, { param: "expires_at", code: "invalid_field" });
+    }
+    const key = generateKey();
+    const now = nowIso(this.clock);
+    const row = {
+      id: randomUUID(),
+      name: request.name,
+      prefix: key.slice(0, SHOWN_PREFIX_LENGTH),
+      hash: hashKey(key),
+      role: request.role,
+      allowed_models: request.allowed_models === null ? null : JSON.stringify(request.allowed_models),
+      expires_at: request.expires_at === null ? null : new Date(request.expires_at).toISOString(),
+      revoked_at: null,
+      created_at: now,
+      created_by: actor,
+      last_used_at: null,
+    };
+    await this.store.db.transaction().execute(async (trx) => {
+      await trx.insertInto("api_keys").values(row).execute();
+      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at } });
+    });
+    return { key, info: toInfo(row) };
+  }
+
+  async list(): Promise<ApiKeyInfo[]> {
+    const rows = await this.store.db.selectFrom("api_keys").selectAll().orderBy("created_at").execute();
+    return rows.map(toInfo);
+  }
+
+  /** Revokes by id, shown prefix or name (a name must be unambiguous). */
+  async revoke(reference: string, actor: string): Promise<ApiKeyInfo> {
+    const rows = await this.store.db
+      .selectFrom("api_keys")
+      .selectAll()
+      .where((eb) => eb.or([eb("id", "=", reference), eb("prefix", "=", reference), eb("name", "=", reference)]))
+      .execute();
+    if (rows.length === 0) throw new NotFoundError(`No API key matches '${reference}'. List keys with 'llmgw ctl key list' and use the id or prefix.`, { code: "key_not_found" });
+    if (rows.length > 1) throw new ConflictError(`${rows.length} keys match '${reference}'; revoke by id or prefix instead.`, { code: "ambiguous_key" });
+    const row = rows[0]!;
+    const now = nowIso(this.clock);
+    if (row.revoked_at === null) {
+      await this.store.db.transaction().execute(async (trx) => {
+        await trx.updateTable("api_keys").set({ revoked_at: now }).where("id", "=", row.id).execute();
+        await recordAudit(trx, { at: now, actor, action: "key.revoke", target: row.prefix, detail: { id: row.id, name: row.name } });
+      });
+    }
+    this.cache.clear();
+    return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
+  }
+
+  /**
+   * Checks a presented key; throws a 401 when it is unknown, revoked or expired. The
+   * lookup is by hash, so the comparison leaks nothing about stored keys.
+   */
+  async verify(presented: string | undefined): Promise<Principal> {
+    if (presented === undefined || presented === "") {
+      throw new AuthenticationError("No API key given. Send it as 'Authorization: Bearer <key>'.", { code: "missing_api_key" });
+    }
+    const hash = hashKey(presented);
+    const now = this.clock();
+    const cached = this.cache.get(hash);
+    let principal: Principal;
+    if (cached !== undefined && now - cached.checkedAt < CACHE_TTL_MS) {
+      principal = cached.principal;
+    } else {
+      const row = await this.store.db.selectFrom("api_keys").selectAll().where("hash", "=", hash).executeTakeFirst();
+      if (row === undefined) throw new AuthenticationError("The API key is not valid. Check that it was copied whole, or create a new one.");
+      if (row.revoked_at !== null) {
+        this.cache.delete(hash);
+        throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, { code: "revoked_api_key" });
+      }
+      principal = {
+        keyId: row.id,
+        name: row.name,
+        role: row.role as KeyRole,
+        allowedModels: row.allowed_models === null ? null : new Set(JSON.parse(row.allowed_models) as string[]),
+        expiresAt: row.expires_at === null ? null : Date.parse(row.expires_at),
+      };
+      this.cache.set(hash, { principal, checkedAt: now });
+    }
+    if (principal.expiresAt !== null && principal.expiresAt <= now) {
+      throw new AuthenticationError(`The API key '${principal.name}' expired at ${new Date(principal.expiresAt).toISOString()}. Ask an administrator for a new key.`, { code: "expired_api_key" });
+    }
+    this.noteUse(principal.keyId, now);
+    return principal;
+  }
+
+  /** verify(), then require the admin role. */
+  async verifyAdmin(presented: string | undefined): Promise<Principal> {
+    const principal = await this.verify(presented);
+    if (principal.role !== "admin") {
+      throw new PermissionDeniedError(`The key '${principal.name}' is a client key; the admin API needs an admin key.`, { code: "admin_required" });
+    }
+    return principal;
+  }
+
+  async hasActiveAdminKey(): Promise<boolean> {
+    const row = await this.store.db.selectFrom("api_keys").select("id").where("role", "=", "admin").where("revoked_at", "is", null).executeTakeFirst();
+    return row !== undefined;
+  }
+
+  /** Records last use at most once a minute per key, off the request path. */
+  private noteUse(keyId: string, now: number): void {
+    const last = this.lastUsedWritten.get(keyId) ?? 0;
+    if (now - last < LAST_USED_RESOLUTION_MS) return;
+    this.lastUsedWritten.set(keyId, now);
+    this.store.db
+      .updateTable("api_keys")
+      .set({ last_used_at: nowIso(() => now) })
+      .where("id", "=", keyId)
+      .execute()
+      .catch(() => {
+        // Losing one last-used stamp is harmless; the next use writes it again.
+        this.lastUsedWritten.delete(keyId);
+      });
+  }
+}
+
+export function hashKey(key: string): string {
+  return createHash("sha256").update(key).digest("hex");
+}
+
+function generateKey(): string {
+  // Rejection sampling keeps every character equally likely (62 does not divide 256).
+  let body = "";
+  while (body.length < KEY_BODY_LENGTH) {
+    for (const byte of randomBytes(64)) {
+      if (byte < 248 && body.length < KEY_BODY_LENGTH) body += KEY_ALPHABET[byte % 62];
+    }
+  }
+  return KEY_PREFIX + body;
+}
+
+function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null }): ApiKeyInfo {
+  return {
+    id: row.id,
+    name: row.name,
+    prefix: row.prefix,
+    role: row.role as KeyRole,
+    allowed_models: row.allowed_models === null ? null : (JSON.parse(row.allowed_models) as string[]),
+    expires_at: row.expires_at,
+    revoked_at: row.revoked_at,
+    created_at: row.created_at,
+    created_by: row.created_by,
+    last_used_at: row.last_used_at,
+  };
+}

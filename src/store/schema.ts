@@ -1,0 +1,101 @@
+// Row types of every table, as Kysely sees them. Both dialects store the same shapes:
+// timestamps are ISO-8601 text (sortable, and identical in SQLite and PostgreSQL), and
+// structured fields are JSON text, so one migration history serves both databases.
+import type { Generated } from "kysely";
+
+export interface ModelsTable {
+  id: string;
+  name: string;
+  /** JSON: the whole model definition as the API accepts it, minus name and timestamps. */
+  definition: string;
+  created_by: string;
+  created_at: string;
+  updated_by: string;
+  updated_at: string;
+}
+
+/** One row per alias, so the database itself refuses an alias used twice. */
+export interface ModelAliasesTable {
+  alias: string;
+  model_id: string;
+}
+
+export interface AuditLogTable {
+  id: Generated<number>;
+  at: string;
+  actor: string;
+  action: string;
+  target: string;
+  /** JSON: what changed, never a secret. */
+  detail: string;
+}
+
+export interface ApiKeysTable {
+  id: string;
+  name: string;
+  /** The first characters of the key, shown in listings so people can tell keys apart. */
+  prefix: string;
+  /** sha256 of the whole key, hex. The key itself is never stored. */
+  hash: string;
+  role: string;
+  /** JSON array of model names, or null for every model. */
+  allowed_models: string | null;
+  expires_at: string | null;
+  revoked_at: string | null;
+  created_at: string;
+  created_by: string;
+  last_used_at: string | null;
+}
+
+export interface NodesTable {
+  id: string;
+  name: string;
+  address: string;
+  labels: string;
+  inventory: string;
+  state: string;
+  last_heartbeat: string;
+}
+
+export interface ReplicasTable {
+  id: string;
+  model_id: string;
+  profile: string;
+  /** JSON array of node ids. */
+  node_ids: string;
+  endpoint: string | null;
+  /** The per-replica engine key: only the gateway and the engine know it; never returned by the API. */
+  engine_key: string | null;
+  state: string;
+  attempt: number;
+  failures: number;
+  last_error: string | null;
+  started_at: string | null;
+  ready_at: string | null;
+  updated_at: string;
+}
+
+export interface UsageTable {
+  id: Generated<number>;
+  at: string;
+  key_id: string | null;
+  model: string;
+  replica_id: string | null;
+  endpoint: string;
+  prompt_tokens: number | null;
+  completion_tokens: number | null;
+  ttft_ms: number | null;
+  duration_ms: number;
+  status: number;
+  stream: number;
+}
+
+export interface Database {
+  models: ModelsTable;
+  model_aliases: ModelAliasesTable;
+  audit_log: AuditLogTable;
+  api_keys: ApiKeysTable;
+  nodes: NodesTable;
+  replicas: ReplicasTable;
+  usage: UsageTable;
+}

@@ -1,0 +1,58 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { sql } from "kysely";
+import { openStore, isUniqueViolation } from "./store.ts";
+import { testBothStores } from "../../test/support/stores.ts";
+
+testBothStores("migrations create every table and record themselves", async (store) => {
+  const tables = await store.db.introspection.getTables();
+  const names = tables.map((t) => t.name);
+  for (const table of ["models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage"]) {
+    assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
+  }
+  const applied = await sql<{ name: string }>`select name from kysely_migration`.execute(store.db);
+  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation"]);
+});
+
+testBothStores("serial ids, integer round trip and unique violations are detected", async (store) => {
+  await store.db
+    .insertInto("usage")
+    .values({ at: "2026-01-01T00:00:00.000Z", key_id: null, model: "m", replica_id: null, endpoint: "/v1/chat/completions", prompt_tokens: 3, completion_tokens: 4, ttft_ms: null, duration_ms: 12, status: 200, stream: 0 })
+    .execute();
+  const rows = await store.db.selectFrom("usage").selectAll().execute();
+  assert.equal(rows.length, 1);
+  assert.equal(typeof rows[0]!.id, "number");
+  assert.equal(rows[0]!.prompt_tokens, 3);
+
+  const key = { id: "k1", name: "a", prefix: "p", hash: "h", role: "client", allowed_models: null, expires_at: null, revoked_at: null, created_at: "t", created_by: "x", last_used_at: null };
+  await store.db.insertInto("api_keys").values(key).execute();
+  await assert.rejects(
+    store.db.insertInto("api_keys").values({ ...key, id: "k2" }).execute(),
+    (error: unknown) => isUniqueViolation(error),
+  );
+});
+
+test("a SQLite store reopens with its data and does not re-run migrations", async () => {
+  const dir = mkdtempSync(path.join(tmpdir(), "llmgw-store-"));
+  try {
+    const file = path.join(dir, "llmgw.db");
+    const first = await openStore({ database: file });
+    await first.db.insertInto("nodes").values({ id: "n1", name: "local", address: "127.0.0.1", labels: "{}", inventory: "{}", state: "ready", last_heartbeat: "t" }).execute();
+    await first.close();
+    const second = await openStore({ database: file });
+    const nodes = await second.db.selectFrom("nodes").select("name").execute();
+    assert.deepEqual(nodes, [{ name: "local" }]);
+    const journal = await sql<{ journal_mode: string }>`pragma journal_mode`.execute(second.db);
+    assert.equal(journal.rows[0]?.journal_mode, "wal");
+    await second.close();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("an unreachable PostgreSQL gives an error naming the server", async () => {
+  await assert.rejects(openStore({ database: "postgres://nobody@127.0.0.1:1/none" }), /Cannot connect to PostgreSQL at postgres:\/\/127\.0\.0\.1:1\/none/);
+});

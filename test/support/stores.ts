@@ -1,0 +1,87 @@
+// Runs a store test against both databases: a SQLite file in a temp dir and a fresh
+// schema in the PostgreSQL at LLMGW_TEST_POSTGRES (default 127.0.0.1:5432/test). When
+// PostgreSQL is not reachable the PostgreSQL case is skipped with a message saying so,
+// unless LLMGW_REQUIRE_POSTGRES=1 (CI sets it), where that is a failure.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { randomBytes } from "node:crypto";
+import { test, type TestContext } from "node:test";
+import pg from "pg";
+import { openStore, type Store } from "../../src/store/store.ts";
+
+export const TEST_POSTGRES_URL = process.env.LLMGW_TEST_POSTGRES ?? "postgres://postgres@127.0.0.1:5432/test";
+
+let postgresReachable: Promise<string | null> | undefined;
+
+/** Resolves to null when PostgreSQL answers, else the reason it does not. */
+export function postgresProblem(): Promise<string | null> {
+  postgresReachable ??= (async () => {
+    const client = new pg.Client({ connectionString: TEST_POSTGRES_URL, connectionTimeoutMillis: 2000 });
+    try {
+      await client.connect();
+      await client.query("select 1");
+      return null;
+    } catch (error) {
+      return error instanceof Error ? error.message : String(error);
+    } finally {
+      await client.end().catch(() => undefined);
+    }
+  })();
+  return postgresReachable;
+}
+
+export async function openSqliteTestStore(): Promise<{ store: Store; cleanup: () => Promise<void> }> {
+  const dir = mkdtempSync(path.join(tmpdir(), "llmgw-store-"));
+  const store = await openStore({ database: path.join(dir, "llmgw.db") });
+  return {
+    store,
+    cleanup: async () => {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function openPostgresTestStore(): Promise<{ store: Store; cleanup: () => Promise<void> }> {
+  const schema = `llmgw_test_${randomBytes(6).toString("hex")}`;
+  const store = await openStore({ database: TEST_POSTGRES_URL, schema });
+  return {
+    store,
+    cleanup: async () => {
+      await store.close();
+      const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
+      await client.connect();
+      await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      await client.end();
+    },
+  };
+}
+
+/** Declares `name` twice, once per database, each with a fresh empty store. */
+export function testBothStores(name: string, body: (store: Store, t: TestContext) => Promise<void>): void {
+  test(`${name} [sqlite]`, async (t) => {
+    const { store, cleanup } = await openSqliteTestStore();
+    try {
+      await body(store, t);
+    } finally {
+      await cleanup();
+    }
+  });
+  test(`${name} [postgres]`, async (t) => {
+    const problem = await postgresProblem();
+    if (problem !== null) {
+      if (process.env.LLMGW_REQUIRE_POSTGRES === "1") {
+        throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
+      }
+      t.skip(`PostgreSQL not reachable at ${TEST_POSTGRES_URL} (${problem}); set LLMGW_TEST_POSTGRES or start it to run this case`);
+      return;
+    }
+    const { store, cleanup } = await openPostgresTestStore();
+    try {
+      await body(store, t);
+    } finally {
+      await cleanup();
+    }
+  });
+}
