@@ -1,0 +1,203 @@
+// The gateway over real HTTP: a real llmgw server in this process, `external` profiles
+// pointing at fake OpenAI-compatible upstreams (test/support/fake-upstream.ts), driven by
+// the official openai client where the behaviour is the client's to see.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import net from "node:net";
+import OpenAI from "openai";
+import { startHarness, type Harness } from "../../test/support/server-harness.ts";
+import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
+
+async function closedPort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+describe("gateway", () => {
+  let harness: Harness;
+  let upstream: FakeUpstream;
+  let slow: FakeUpstream;
+  let key: string;
+  let client: OpenAI;
+
+  before(async () => {
+    harness = await startHarness({ maxBodyBytes: 64 * 1024 });
+    upstream = await startFakeUpstream({ key: "upstream-key" });
+    slow = await startFakeUpstream({ reply: "one two three four five six seven eight", chunkDelayMs: 150 });
+    const created = await harness.admin("POST", "/api/v1/models", {
+      name: "ext",
+      aliases: ["ext-alias"],
+      profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1`, api_key: "upstream-key", upstream_model: "upstream-name" }],
+    });
+    assert.equal(created.status, 201, JSON.stringify(created.body));
+    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "slow", profiles: [{ name: "s", engine: "external", url: slow.url }] })).status, 201);
+    key = await harness.clientKey();
+    client = new OpenAI({ apiKey: key, baseURL: `${harness.url}/v1`, maxRetries: 0 });
+  });
+
+  after(async () => {
+    await harness.close();
+    await upstream.close();
+    await slow.close();
+  });
+
+  test("lists models with aliases, filtered by the key's allowed models", async () => {
+    const all = await client.models.list();
+    assert.deepEqual(all.data.map((m) => m.id).sort(), ["ext", "ext-alias", "slow"]);
+    const limited = new OpenAI({ apiKey: await harness.clientKey({ allowed_models: ["slow"] }), baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    assert.deepEqual((await limited.models.list()).data.map((m) => m.id), ["slow"]);
+  });
+
+  test("proxies a chat request to the external server with its key and model name", async () => {
+    const answer = await client.chat.completions.create({ model: "ext-alias", messages: [{ role: "user", content: "hi" }] });
+    assert.equal(answer.choices[0]?.message.content, "hello from the fake upstream");
+    assert.equal(answer.usage?.total_tokens, 12);
+    const seen = upstream.requests.at(-1)!;
+    assert.equal(seen.path, "/v1/chat/completions");
+    assert.equal(seen.authorization, "Bearer upstream-key", "the gateway sends the profile's key, not the client's");
+    assert.equal(seen.body.model, "upstream-name", "the alias is rewritten to the upstream's model name");
+  });
+
+  test("streams chunk by chunk without buffering", async () => {
+    const started = Date.now();
+    const stream = await client.chat.completions.create({ model: "slow", messages: [{ role: "user", content: "hi" }], stream: true, stream_options: { include_usage: true } });
+    const arrivals: number[] = [];
+    let text = "";
+    let usage;
+    for await (const chunk of stream) {
+      arrivals.push(Date.now() - started);
+      text += chunk.choices[0]?.delta.content ?? "";
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.equal(text, "one two three four five six seven eight");
+    assert.equal(usage?.completion_tokens, 8);
+    // The upstream needs ~1.2 s for the whole stream; the first chunk must arrive long before.
+    assert.ok(arrivals[0]! < arrivals.at(-1)! - 600, `first chunk at ${arrivals[0]} ms, last at ${arrivals.at(-1)} ms`);
+  });
+
+  test("a client that disconnects cancels the upstream stream", async () => {
+    const before = slow.cancelledStreams();
+    const controller = new AbortController();
+    const stream = await client.chat.completions.create({ model: "slow", messages: [{ role: "user", content: "hi" }], stream: true }, { signal: controller.signal });
+    let chunks = 0;
+    try {
+      for await (const _chunk of stream) {
+        chunks += 1;
+        controller.abort();
+      }
+    } catch {
+      // The SDK may end the loop with an abort error or quietly; both are a client going away.
+    }
+    assert.equal(chunks, 1);
+    const deadline = Date.now() + 3000;
+    while (slow.cancelledStreams() === before && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(slow.cancelledStreams(), before + 1);
+  });
+
+  test("a replica that refuses or answers 503 before the first byte is replaced by another", async () => {
+    const failing = await startFakeUpstream({ failWithStatus: 503 });
+    const good = await startFakeUpstream({ reply: "from the good one" });
+    try {
+      const refusedPort = await closedPort();
+      const created = await harness.admin("POST", "/api/v1/models", {
+        name: "multi",
+        profiles: [
+          { name: "refused", engine: "external", url: `http://127.0.0.1:${refusedPort}` },
+          { name: "failing", engine: "external", url: failing.url },
+          { name: "good", engine: "external", url: good.url },
+        ],
+      });
+      assert.equal(created.status, 201);
+      for (let i = 0; i < 3; i += 1) {
+        const answer = await client.chat.completions.create({ model: "multi", messages: [{ role: "user", content: "hi" }] });
+        assert.equal(answer.choices[0]?.message.content, "from the good one");
+      }
+      assert.ok(failing.requests.length >= 1, "the failing replica was tried");
+    } finally {
+      await harness.admin("DELETE", "/api/v1/models/multi");
+      await failing.close();
+      await good.close();
+    }
+  });
+
+  test("errors come back in OpenAI's shape with the SDK's classes", async () => {
+    const bad = new OpenAI({ apiKey: "llmgw-not-a-real-key", baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);
+    await assert.rejects(client.chat.completions.create({ model: "nope", messages: [{ role: "user", content: "x" }] }), (error: unknown) => {
+      assert.ok(error instanceof OpenAI.NotFoundError);
+      assert.equal(error.code, "model_not_found");
+      return true;
+    });
+    await assert.rejects(client.chat.completions.create({ model: "ext", messages: [] }), (error: unknown) => {
+      assert.ok(error instanceof OpenAI.BadRequestError);
+      assert.equal(error.param, "messages");
+      return true;
+    });
+    await assert.rejects(client.chat.completions.create({ model: "ext", messages: [{ role: "user", content: "x" }], temperature: 7 }), (error: unknown) => {
+      assert.ok(error instanceof OpenAI.BadRequestError);
+      assert.equal(error.param, "temperature");
+      return true;
+    });
+    const limited = new OpenAI({ apiKey: await harness.clientKey({ allowed_models: ["slow"] }), baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    await assert.rejects(limited.chat.completions.create({ model: "ext", messages: [{ role: "user", content: "x" }] }), (error: unknown) => {
+      assert.ok(error instanceof OpenAI.PermissionDeniedError);
+      assert.equal(error.code, "model_not_allowed");
+      return true;
+    });
+  });
+
+  test("malformed JSON, oversized bodies and unknown endpoints are refused clearly", async () => {
+    const post = (body: string) => fetch(`${harness.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body });
+    const malformed = await post("{not json");
+    assert.equal(malformed.status, 400);
+    assert.equal(((await malformed.json()) as any).error.code, "invalid_json");
+    const huge = await post(JSON.stringify({ model: "ext", messages: [{ role: "user", content: "x".repeat(70 * 1024) }] }));
+    assert.equal(huge.status, 413);
+    assert.match(((await huge.json()) as any).error.message, /larger than 65536 bytes/);
+    const unknown = await fetch(`${harness.url}/v1/images/generations`, { method: "POST", headers: { authorization: `Bearer ${key}` }, body: "{}" });
+    assert.equal(unknown.status, 404);
+  });
+
+  test("revocation applies to the next request", async () => {
+    const created = await harness.admin("POST", "/api/v1/keys", { name: "short-lived" });
+    const shortLived = new OpenAI({ apiKey: created.body.key, baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    await shortLived.models.list();
+    assert.equal((await harness.admin("DELETE", `/api/v1/keys/${created.body.id}`)).status, 200);
+    await assert.rejects(shortLived.models.list(), (error: unknown) => error instanceof OpenAI.AuthenticationError && /revoked/.test(error.message));
+  });
+
+  test("a model without a ready replica answers 503 with Retry-After and the reason", async () => {
+    const created = await harness.admin("POST", "/api/v1/models", { name: "idle", scaling: { min: 0, max: 1 }, source: { kind: "file", path: "/nonexistent.gguf" }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
+    assert.equal(created.status, 201);
+    const response = await fetch(`${harness.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "idle", messages: [{ role: "user", content: "x" }] }),
+    });
+    assert.equal(response.status, 503);
+    assert.equal(response.headers.get("retry-after"), "10");
+    assert.match(((await response.json()) as any).error.message, /scaling\.min is 0/);
+  });
+
+  test("usage is recorded per request with tokens and the key", async () => {
+    const countRows = async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("endpoint", "=", "/v1/completions").execute());
+    assert.equal((await countRows()).length, 0);
+    await client.completions.create({ model: "ext", prompt: "count me" });
+    // The recorder writes in batches about once a second; wait for this one.
+    const deadline = Date.now() + 3000;
+    let rows: any[] = [];
+    while (rows.length === 0 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 100));
+      rows = await countRows();
+    }
+    const last = rows.at(-1);
+    assert.ok(last, "a usage row was written");
+    assert.equal(last.prompt_tokens, 7);
+    assert.equal(last.completion_tokens, 5);
+    assert.equal(last.status, 200);
+    assert.ok(last.key_id);
+  });
+});

@@ -1,0 +1,420 @@
+// The /v1 hot path: authenticate the key, read and check the body, resolve the model or
+// alias, pick a ready replica (fewest requests in flight), and proxy the request with
+// undici on Node streams. Streams pass through chunk by chunk; a client that goes away
+// cancels the upstream; a replica that refuses or fails before its first byte is replaced
+// by another. Every failure leaves in OpenAI's error shape.
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { performance } from "node:perf_hooks";
+import type { z } from "zod";
+import {
+  BadRequestError,
+  LlmgwError,
+  NotFoundError,
+  PayloadTooLargeError,
+  PermissionDeniedError,
+  UnavailableError,
+  describeError,
+  parseWith,
+  renderError,
+} from "../core/errors.ts";
+import { bearerToken } from "../core/bearer.ts";
+import type { Logger } from "../core/log.ts";
+import { modelNotFound, type Catalog, type CatalogModel } from "../catalog/catalog.ts";
+import type { KeyService, Principal } from "../keys/key-service.ts";
+import type { Replica, ReplicaTable } from "../fleet/replica-table.ts";
+import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
+import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
+import { UsageTap } from "./usage-tap.ts";
+import type { UsageRecorder } from "./usage-recorder.ts";
+
+export interface GatewayOptions {
+  catalog: Catalog;
+  keys: KeyService;
+  replicas: ReplicaTable;
+  pools: UpstreamPools;
+  usage?: UsageRecorder;
+  logger: Logger;
+  /** Largest request body accepted, in bytes. */
+  maxBodyBytes?: number;
+  /** How many replicas one request may try before giving up. */
+  maxAttempts?: number;
+}
+
+interface ProxyRoute {
+  path: string;
+  schema: z.ZodType<GatewayRequestBody>;
+}
+
+const PROXY_ROUTES = new Map<string, ProxyRoute>([
+  ["/v1/chat/completions", { path: "/v1/chat/completions", schema: chatCompletionSchema as z.ZodType<GatewayRequestBody> }],
+  ["/v1/completions", { path: "/v1/completions", schema: completionSchema as z.ZodType<GatewayRequestBody> }],
+  ["/v1/embeddings", { path: "/v1/embeddings", schema: embeddingSchema as z.ZodType<GatewayRequestBody> }],
+]);
+
+/** Response headers that describe one hop, not the message, and are not forwarded. */
+const HOP_HEADERS = new Set(["connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te", "trailer"]);
+
+export const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
+const COOLDOWN_MS = 5000;
+
+export class Gateway {
+  private readonly inFlight = new Map<string, number>();
+  /** Replicas that just failed at the transport level are tried last for a few seconds. */
+  private readonly coolingUntil = new Map<string, number>();
+  private rotation = 0;
+  private readonly maxBodyBytes: number;
+  private readonly maxAttempts: number;
+
+  constructor(private readonly options: GatewayOptions) {
+    this.maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+    this.maxAttempts = options.maxAttempts ?? 3;
+  }
+
+  /** Requests in flight per replica id (for tests and, later, metrics). */
+  inFlightOf(replicaId: string): number {
+    return this.inFlight.get(replicaId) ?? 0;
+  }
+
+  /** Node request listener for every path under /v1. */
+  handle = (req: IncomingMessage, res: ServerResponse): void => {
+    this.serve(req, res).catch((error: unknown) => this.fail(req, res, error));
+  };
+
+  private async serve(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const started = performance.now();
+    const pathname = pathOf(req.url);
+    const route = PROXY_ROUTES.get(pathname);
+    if (pathname === "/v1/models" && req.method === "GET") {
+      const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
+      sendJson(res, 200, this.listModels(principal));
+      return;
+    }
+    if (route === undefined) {
+      throw new NotFoundError(`Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings.`, { code: "unknown_endpoint" });
+    }
+    if (req.method !== "POST") {
+      throw new LlmgwError({ message: `${pathname} takes POST, not ${req.method}.`, code: "method_not_allowed", status: 405, headers: { allow: "POST" } });
+    }
+    const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
+    const raw = await readBody(req, this.maxBodyBytes);
+    const body = parseWith(route.schema, parseJson(raw), "request");
+    const model = this.options.catalog.resolve(body.model);
+    if (model === undefined) throw modelNotFound(body.model);
+    assertAllowed(principal, model, body.model);
+    await this.proxy({ req, res, route, raw, body, model, principal, started });
+  }
+
+  private listModels(principal: Principal) {
+    const data = [];
+    for (const model of this.options.catalog.list()) {
+      const created = Math.floor(Date.parse(model.created_at) / 1000);
+      for (const id of [model.name, ...model.definition.aliases]) {
+        if (isAllowed(principal, model, id)) data.push({ id, object: "model", created, owned_by: "llmgw" });
+      }
+    }
+    return { object: "list", data };
+  }
+
+  private async proxy(call: {
+    req: IncomingMessage;
+    res: ServerResponse;
+    route: ProxyRoute;
+    raw: Buffer;
+    body: GatewayRequestBody;
+    model: CatalogModel;
+    principal: Principal;
+    started: number;
+  }): Promise<void> {
+    const { req, res, route, body, model, principal, started } = call;
+    const abort = new AbortController();
+    const onClose = () => {
+      if (!res.writableFinished) abort.abort();
+    };
+    res.on("close", onClose);
+    const tried = new Set<string>();
+    const stream = body.stream === true;
+    let lastFailure: LlmgwError | undefined;
+    try {
+      for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
+        const replica = this.choose(model, tried);
+        if (replica === undefined) break;
+        tried.add(replica.id);
+        const payload = body.model === replica.upstreamModel ? call.raw : Buffer.from(JSON.stringify({ ...body, model: replica.upstreamModel }));
+        const more = this.hasAlternative(model, tried) && attempt + 1 < this.maxAttempts;
+        this.inFlight.set(replica.id, (this.inFlight.get(replica.id) ?? 0) + 1);
+        let released = false;
+        const release = () => {
+          if (released) return;
+          released = true;
+          this.inFlight.set(replica.id, (this.inFlight.get(replica.id) ?? 1) - 1);
+        };
+        let upstream;
+        try {
+          upstream = await this.options.pools.get(replica.endpoint!.origin).request({
+            path: replica.endpoint!.basePath + route.path,
+            method: "POST",
+            headers: upstreamHeaders(req, replica, payload.length),
+            body: payload,
+            signal: abort.signal,
+          });
+        } catch (error) {
+          release();
+          if (abort.signal.aborted) return;
+          lastFailure = classifyUpstreamFailure(error, `${model.name}/${replica.profile}`);
+          if (lastFailure.retryable) this.coolingUntil.set(replica.id, Date.now() + COOLDOWN_MS);
+          this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(error) }, "replica failed before answering");
+          if (lastFailure.retryable && more) continue;
+          throw lastFailure;
+        }
+        if (isRetryableStatus(upstream.statusCode) && more) {
+          // Nothing has reached the client yet, so another replica can still answer.
+          upstream.body.resume();
+          upstream.body.on("error", () => undefined);
+          release();
+          this.options.logger.warn({ model: model.name, replica: replica.id, status: upstream.statusCode }, "replica answered with a retryable status; trying another");
+          continue;
+        }
+        await this.relay({ res, upstream, replica, model, principal, started, stream, path: route.path, release });
+        return;
+      }
+      throw lastFailure ?? this.noReadyReplica(model);
+    } finally {
+      res.off("close", onClose);
+    }
+  }
+
+  /** Copies the upstream response to the client and records usage when it ends. */
+  private relay(call: {
+    res: ServerResponse;
+    upstream: { statusCode: number; headers: Record<string, string | string[] | undefined>; body: NodeJS.ReadableStream & { destroy(error?: Error): void } };
+    replica: Replica;
+    model: CatalogModel;
+    principal: Principal;
+    started: number;
+    stream: boolean;
+    path: string;
+    release: () => void;
+  }): Promise<void> {
+    const { res, upstream, replica, model, principal, started, stream, path, release } = call;
+    res.statusCode = upstream.statusCode;
+    for (const [name, value] of Object.entries(upstream.headers)) {
+      if (value !== undefined && !HOP_HEADERS.has(name)) res.setHeader(name, value);
+    }
+    const tap = new UsageTap(stream);
+    let firstByteAt: number | null = null;
+    return new Promise<void>((resolve) => {
+      let settled = false;
+      const finish = (completed: boolean) => {
+        if (settled) return;
+        settled = true;
+        release();
+        const usage = tap.usage();
+        this.options.usage?.record({
+          at: new Date().toISOString(),
+          key_id: principal.keyId,
+          model: model.name,
+          replica_id: replica.id,
+          endpoint: path,
+          prompt_tokens: usage?.prompt_tokens ?? null,
+          completion_tokens: usage?.completion_tokens ?? null,
+          ttft_ms: firstByteAt === null ? null : Math.round(firstByteAt - started),
+          duration_ms: Math.round(performance.now() - started),
+          status: completed ? upstream.statusCode : 499,
+          stream: stream ? 1 : 0,
+        });
+        resolve();
+      };
+      upstream.body.on("data", (chunk: Buffer) => {
+        if (firstByteAt === null) firstByteAt = performance.now();
+        tap.push(chunk);
+        if (!res.write(chunk)) {
+          upstream.body.pause();
+          res.once("drain", () => upstream.body.resume());
+        }
+      });
+      upstream.body.on("end", () => {
+        res.end();
+        finish(true);
+      });
+      upstream.body.on("error", (error: Error) => {
+        // After the first byte nothing can be retried: end the response so the client
+        // sees a truncated answer rather than a hang.
+        if (!res.destroyed) {
+          this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(error) }, "upstream failed mid-response");
+          res.destroy(error);
+        }
+        finish(false);
+      });
+      res.on("close", () => {
+        if (!res.writableFinished) {
+          upstream.body.destroy();
+          finish(false);
+        }
+      });
+    });
+  }
+
+  /**
+   * The least busy ready replica not yet tried (in-flight requests over weight). Ties are
+   * broken by a rotating start so equal replicas share sequential traffic evenly; a
+   * replica that just refused connections counts as fully loaded until its cooldown ends.
+   */
+  private choose(model: CatalogModel, tried: ReadonlySet<string>): Replica | undefined {
+    const candidates = this.options.replicas.forModel(model.id);
+    const count = candidates.length;
+    if (count === 0) return undefined;
+    const now = Date.now();
+    const start = this.rotation++ % count;
+    let best: Replica | undefined;
+    let bestLoad = Infinity;
+    for (let i = 0; i < count; i += 1) {
+      const replica = candidates[(start + i) % count]!;
+      if (replica.state !== "ready" || replica.endpoint === null || tried.has(replica.id)) continue;
+      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now;
+      const load = cooling ? Number.MAX_SAFE_INTEGER : (this.inFlight.get(replica.id) ?? 0) / replica.weight;
+      if (load < bestLoad) {
+        best = replica;
+        bestLoad = load;
+      }
+    }
+    return best;
+  }
+
+  private hasAlternative(model: CatalogModel, tried: ReadonlySet<string>): boolean {
+    return this.options.replicas.forModel(model.id).some((r) => r.state === "ready" && r.endpoint !== null && !tried.has(r.id));
+  }
+
+  /** A 503 that says why nothing can answer, from the replicas' states. */
+  private noReadyReplica(model: CatalogModel): UnavailableError {
+    const replicas = this.options.replicas.forModel(model.id);
+    const parked = replicas.find((r) => r.state === "parked");
+    if (parked !== undefined) {
+      return new UnavailableError(
+        `Model '${model.name}' is parked after ${parked.failures} failed starts: ${parked.lastError ?? "no error recorded"}. Fix the model (PATCH /api/v1/models/${model.name}) or unpark it.`,
+        { code: "model_parked", retryAfterSeconds: 60 },
+      );
+    }
+    const starting = replicas.find((r) => r.state === "starting" || r.state === "pending" || r.state === "placed" || r.state === "fetching");
+    if (starting !== undefined) {
+      return new UnavailableError(`Model '${model.name}' is starting (replica attempt ${starting.attempt}); retry in a few seconds.`, { code: "model_starting", retryAfterSeconds: 5 });
+    }
+    const failed = replicas.find((r) => r.state === "failed");
+    if (failed !== undefined) {
+      return new UnavailableError(`Model '${model.name}' has no ready replica; the last start failed: ${failed.lastError ?? "no error recorded"}. It is retried with backoff.`, {
+        code: "model_failed",
+        retryAfterSeconds: 10,
+      });
+    }
+    if (replicas.length > 0) {
+      return new UnavailableError(`Every replica of model '${model.name}' failed or is busy stopping; retry shortly.`, { code: "no_ready_replica", retryAfterSeconds: 5 });
+    }
+    const min = model.definition.scaling.min;
+    return new UnavailableError(
+      min === 0
+        ? `Model '${model.name}' has no replica (scaling.min is 0). Raise scaling.min to run one.`
+        : `Model '${model.name}' has no replica yet; the fleet has not placed it. Check 'llmgw ctl model list' for its state.`,
+      { code: "no_ready_replica", retryAfterSeconds: 10 },
+    );
+  }
+
+  private fail(req: IncomingMessage, res: ServerResponse, error: unknown): void {
+    if (!(error instanceof LlmgwError)) this.options.logger.error({ err: error, path: pathOf(req.url) }, "unexpected error on /v1");
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const rendered = renderError(error);
+    if (error instanceof PayloadTooLargeError) {
+      // Stop reading the oversized body; close the connection once the answer is out.
+      res.setHeader("connection", "close");
+      req.resume();
+    }
+    sendJson(res, rendered.status, rendered.body, rendered.headers);
+  }
+}
+
+function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {
+  if (!isAllowed(principal, model, requested)) {
+    throw new PermissionDeniedError(`The key '${principal.name}' may not use model '${requested}'. Ask an administrator to add it to the key's allowed models.`, {
+      code: "model_not_allowed",
+      param: "model",
+    });
+  }
+}
+
+function isAllowed(principal: Principal, model: CatalogModel, requested: string): boolean {
+  const allowed = principal.allowedModels;
+  return allowed === null || allowed.has(model.name) || allowed.has(requested);
+}
+
+function upstreamHeaders(req: IncomingMessage, replica: Replica, length: number): Record<string, string> {
+  const headers: Record<string, string> = { "content-type": "application/json", "content-length": String(length) };
+  const accept = req.headers.accept;
+  if (typeof accept === "string") headers.accept = accept;
+  if (replica.engineKey !== null) headers.authorization = `Bearer ${replica.engineKey}`;
+  return headers;
+}
+
+function pathOf(url: string | undefined): string {
+  const raw = url ?? "/";
+  const query = raw.indexOf("?");
+  const path = query === -1 ? raw : raw.slice(0, query);
+  return path.length > 1 && path.endsWith("/") ? path.slice(0, -1) : path;
+}
+
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  const declared = Number(req.headers["content-length"] ?? NaN);
+  if (Number.isFinite(declared) && declared > limit) {
+    return Promise.reject(tooLarge(limit));
+  }
+  return new Promise<Buffer>((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        cleanup();
+        reject(tooLarge(limit));
+        return;
+      }
+      chunks.push(chunk);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(Buffer.concat(chunks, size));
+    };
+    const onError = (error: Error) => {
+      cleanup();
+      reject(new BadRequestError(`The request body could not be read: ${error.message}.`, { code: "body_read_failed", cause: error }));
+    };
+    const cleanup = () => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("error", onError);
+    };
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("error", onError);
+  });
+}
+
+function tooLarge(limit: number): PayloadTooLargeError {
+  return new PayloadTooLargeError(`The request body is larger than ${limit} bytes, the limit of this gateway. Send a smaller request or raise --max-body.`, {
+    code: "request_too_large",
+  });
+}
+
+function parseJson(raw: Buffer): unknown {
+  if (raw.length === 0) throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
+  try {
+    return JSON.parse(raw.toString("utf8"));
+  } catch (error) {
+    throw new BadRequestError(`The request body is not valid JSON: ${describeError(error)}.`, { code: "invalid_json", cause: error });
+  }
+}
+
+export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}

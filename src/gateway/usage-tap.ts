@@ -1,0 +1,70 @@
+// Finds the token usage in a response the gateway relays, without holding up a byte of
+// it. A JSON answer carries `usage` at the top level; a stream carries it in its last
+// data event when the client asked for `stream_options.include_usage`. The tap keeps at
+// most a bounded amount of the response and parses it once, after the end.
+export interface TokenUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+}
+
+const MAX_JSON_BYTES = 1024 * 1024;
+const STREAM_TAIL_BYTES = 16 * 1024;
+
+export class UsageTap {
+  private chunks: Buffer[] = [];
+  private size = 0;
+  private overflow = false;
+
+  constructor(private readonly stream: boolean) {}
+
+  push(chunk: Buffer): void {
+    if (this.stream) {
+      this.chunks.push(chunk);
+      this.size += chunk.length;
+      // Keep only the tail: the usage event is the last one before [DONE].
+      while (this.chunks.length > 1 && this.size - this.chunks[0]!.length >= STREAM_TAIL_BYTES) {
+        this.size -= this.chunks.shift()!.length;
+      }
+      return;
+    }
+    if (this.overflow) return;
+    this.size += chunk.length;
+    if (this.size > MAX_JSON_BYTES) {
+      this.overflow = true;
+      this.chunks = [];
+      return;
+    }
+    this.chunks.push(chunk);
+  }
+
+  usage(): TokenUsage | null {
+    if (this.overflow || this.chunks.length === 0) return null;
+    const text = Buffer.concat(this.chunks).toString("utf8");
+    if (!this.stream) return pickUsage(safeParse(text));
+    const events = text.split("\n");
+    for (let i = events.length - 1; i >= 0; i -= 1) {
+      const line = events[i]!.trim();
+      if (!line.startsWith("data:") || !line.includes('"usage"')) continue;
+      const usage = pickUsage(safeParse(line.slice(5).trim()));
+      if (usage !== null) return usage;
+    }
+    return null;
+  }
+}
+
+function safeParse(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}
+
+function pickUsage(value: unknown): TokenUsage | null {
+  if (typeof value !== "object" || value === null) return null;
+  const usage = (value as { usage?: unknown }).usage;
+  if (typeof usage !== "object" || usage === null) return null;
+  const { prompt_tokens, completion_tokens } = usage as Record<string, unknown>;
+  if (typeof prompt_tokens !== "number") return null;
+  return { prompt_tokens, completion_tokens: typeof completion_tokens === "number" ? completion_tokens : 0 };
+}

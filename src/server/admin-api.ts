@@ -1,0 +1,101 @@
+// The admin API under /api/v1 (used by `llmgw ctl` and the console), plus /healthz and
+// /readyz. Handlers are thin: check the admin key, parse, call the domain, render. Every
+// error leaves through `renderError`, in the same OpenAI shape as /v1.
+import { Hono, type Context } from "hono";
+import { bearerToken } from "../core/bearer.ts";
+import { BadRequestError, LlmgwError, NotFoundError, renderError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import { redactDefinition } from "../catalog/model-schema.ts";
+import type { KeyService, Principal } from "../keys/key-service.ts";
+import { modelHealth } from "../fleet/model-health.ts";
+import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
+
+export interface AdminApiOptions {
+  catalog: Catalog;
+  keys: KeyService;
+  replicas: ReplicaTable;
+  logger: Logger;
+  /** Operations the local agent offers (unpark); absent on a server without one. */
+  agent?: { unpark(modelName: string): Promise<number> };
+  /** Whether the server is ready to take traffic (store open, catalog loaded). */
+  isReady?: () => boolean;
+  version: string;
+}
+
+type Env = { Variables: { principal: Principal } };
+
+export function createAdminApi(options: AdminApiOptions): Hono<Env> {
+  const { catalog, keys, replicas } = options;
+  const app = new Hono<Env>();
+
+  app.onError((error, c) => {
+    if (!(error instanceof LlmgwError)) options.logger.error({ err: error, path: c.req.path }, "unexpected error in the admin API");
+    const rendered = renderError(error);
+    return c.json(rendered.body, rendered.status as 400, rendered.headers);
+  });
+  app.notFound((c) => {
+    const rendered = renderError(new NotFoundError(`Unknown endpoint ${c.req.method} ${c.req.path}.`, { code: "unknown_endpoint" }));
+    return c.json(rendered.body, 404);
+  });
+
+  app.get("/healthz", (c) => c.json({ status: "ok", version: options.version }));
+  app.get("/readyz", (c) => (options.isReady?.() ?? true ? c.json({ status: "ready" }) : c.json({ status: "starting" }, 503)));
+
+  app.use("/api/v1/*", async (c, next) => {
+    c.set("principal", await keys.verifyAdmin(bearerToken(c.req.header("authorization"))));
+    await next();
+  });
+
+  const view = (model: CatalogModel) => {
+    const modelReplicas = replicas.forModel(model.id);
+    return {
+      name: model.name,
+      ...redactDefinition(model.definition),
+      health: modelHealth(model, modelReplicas),
+      replicas: modelReplicas.map(viewReplica),
+      created_by: model.created_by,
+      created_at: model.created_at,
+      updated_by: model.updated_by,
+      updated_at: model.updated_at,
+    };
+  };
+  const actor = (c: Context<Env>) => `${c.get("principal").role}:${c.get("principal").name}`;
+
+  app.get("/api/v1/models", (c) => c.json({ data: catalog.list().map(view) }));
+  app.post("/api/v1/models", async (c) => c.json(view(await catalog.create(await jsonBody(c), actor(c))), 201));
+  app.get("/api/v1/models/:name", (c) => c.json(view(catalog.get(c.req.param("name")))));
+  app.patch("/api/v1/models/:name", async (c) => c.json(view(await catalog.update(c.req.param("name"), await jsonBody(c), actor(c)))));
+  app.delete("/api/v1/models/:name", async (c) => {
+    await catalog.delete(c.req.param("name"), actor(c));
+    return c.json({ deleted: c.req.param("name") });
+  });
+  app.post("/api/v1/models/:name/unpark", async (c) => {
+    const model = catalog.get(c.req.param("name"));
+    if (options.agent === undefined) throw new BadRequestError("This server runs no local agent; unpark applies to models served by `llmgw up`.");
+    const count = await options.agent.unpark(model.name);
+    return c.json({ model: model.name, unparked: count });
+  });
+  app.get("/api/v1/audit", async (c) => c.json({ data: await catalog.auditLog({ limit: Number(c.req.query("limit") ?? 100) }) }));
+
+  app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
+
+  app.get("/api/v1/keys", async (c) => c.json({ data: await keys.list() }));
+  app.post("/api/v1/keys", async (c) => {
+    const { key, info } = await keys.create(await jsonBody(c), actor(c));
+    return c.json({ ...info, key }, 201);
+  });
+  app.delete("/api/v1/keys/:ref", async (c) => c.json(await keys.revoke(c.req.param("ref"), actor(c))));
+
+  return app;
+}
+
+async function jsonBody(c: Context): Promise<unknown> {
+  const text = await c.req.text();
+  if (text.trim() === "") throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new BadRequestError(`The request body is not valid JSON: ${(error as Error).message}.`, { code: "invalid_json" });
+  }
+}

@@ -1,0 +1,158 @@
+// Assembles a running llmgw server: opens the store, loads the catalog, prepares keys,
+// the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed)
+// and everything else (admin API, health) on one listener. `llmgw server` runs this
+// alone; `llmgw up` adds a local agent through the `withAgent` hook.
+import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import path from "node:path";
+import { getRequestListener } from "@hono/node-server";
+import { describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import { Catalog } from "../catalog/catalog.ts";
+import { KeyService } from "../keys/key-service.ts";
+import { ReplicaTable } from "../fleet/replica-table.ts";
+import { syncExternalReplicas } from "../fleet/external-replicas.ts";
+import { Gateway } from "../gateway/gateway.ts";
+import { UpstreamPools } from "../gateway/upstream.ts";
+import { UsageRecorder } from "../gateway/usage-recorder.ts";
+import { openStore, type Store } from "../store/store.ts";
+import { createAdminApi } from "./admin-api.ts";
+import { LLMGW_VERSION } from "../core/version.ts";
+
+export interface ServerConfig {
+  dataDir: string;
+  host: string;
+  port: number;
+  /** SQLite file path or postgres:// URL. */
+  database: string;
+  maxBodyBytes?: number;
+  logger: Logger;
+}
+
+export interface ServerParts {
+  store: Store;
+  catalog: Catalog;
+  keys: KeyService;
+  replicas: ReplicaTable;
+  logger: Logger;
+  config: ServerConfig;
+}
+
+/** Something started alongside the server (the local agent) that must stop with it. */
+export interface Attachment {
+  unpark?(modelName: string): Promise<number>;
+  stop(): Promise<void>;
+}
+
+export interface RunningServer extends ServerParts {
+  url: string;
+  /** The admin key created by this start (first start only); shown once, never again. */
+  createdAdminKey: string | null;
+  close(): Promise<void>;
+}
+
+export const ADMIN_KEY_FILE = "admin.key";
+export const SERVER_INFO_FILE = "server.json";
+
+export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
+  const { logger } = config;
+  mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
+  const store = await openStore({ database: config.database });
+  const catalog = new Catalog({ store });
+  await catalog.refresh();
+  const keys = new KeyService({ store });
+  const replicas = new ReplicaTable({ store, logger });
+  // Replica rows from an earlier run describe processes that no longer exist.
+  await store.db.deleteFrom("replicas").execute();
+  const stopExternalSync = syncExternalReplicas(catalog, replicas);
+  const createdAdminKey = await ensureAdminKey(keys, config.dataDir);
+
+  const pools = new UpstreamPools();
+  const usage = new UsageRecorder({ store, logger });
+  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes });
+  const parts: ServerParts = { store, catalog, keys, replicas, logger, config };
+  let attachment: Attachment | undefined;
+  let ready = false;
+  const adminApi = createAdminApi({
+    catalog,
+    keys,
+    replicas,
+    logger,
+    version: LLMGW_VERSION,
+    isReady: () => ready,
+    agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
+  });
+  const adminListener = getRequestListener(adminApi.fetch);
+
+  const server = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
+    const url = req.url ?? "/";
+    if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
+    else void adminListener(req, res);
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", (error: NodeJS.ErrnoException) => {
+      reject(
+        error.code === "EADDRINUSE"
+          ? new Error(`Cannot listen on ${config.host}:${config.port}: the address is in use. Stop the other process or pass --listen with another port.`)
+          : error,
+      );
+    });
+    server.listen(config.port, config.host, resolve);
+  });
+  const address = server.address() as AddressInfo;
+  const url = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
+
+  // Other servers write the same PostgreSQL catalog; see their changes within seconds.
+  const refreshTimer =
+    store.dialect === "postgres"
+      ? setInterval(() => catalog.refresh().catch((error: unknown) => logger.warn({ err: describeError(error) }, "catalog refresh failed")), 5000)
+      : undefined;
+  refreshTimer?.unref();
+
+  try {
+    attachment = withAgent === undefined ? undefined : await withAgent(parts);
+  } catch (error) {
+    server.close();
+    await store.close();
+    throw error;
+  }
+  writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid }) + "\n");
+  ready = true;
+  logger.info({ url, database: store.location }, "llmgw server listening");
+
+  let closing: Promise<void> | undefined;
+  const close = () => {
+    closing ??= (async () => {
+      ready = false;
+      if (refreshTimer !== undefined) clearInterval(refreshTimer);
+      stopExternalSync();
+      await attachment?.stop();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeIdleConnections();
+        setTimeout(() => server.closeAllConnections(), 2000).unref();
+      });
+      await pools.closeAll();
+      await usage.flush();
+      await replicas.flush();
+      await store.close();
+      rmSync(path.join(config.dataDir, SERVER_INFO_FILE), { force: true });
+    })();
+    return closing;
+  };
+  return { ...parts, url, createdAdminKey, close };
+}
+
+/**
+ * The first start creates an admin key, writes it to DATA_DIR/admin.key (mode 0600, for
+ * `llmgw ctl` on this machine) and returns it so the caller prints it once.
+ */
+async function ensureAdminKey(keys: KeyService, dataDir: string): Promise<string | null> {
+  if (await keys.hasActiveAdminKey()) return null;
+  const { key } = await keys.create({ name: "admin", role: "admin" }, "system:first-start");
+  const file = path.join(dataDir, ADMIN_KEY_FILE);
+  writeFileSync(file, key + "\n", { mode: 0o600 });
+  chmodSync(file, 0o600);
+  return key;
+}

@@ -1,0 +1,54 @@
+// Starts a real llmgw server in this process on a free loopback port, with a fresh data
+// dir and SQLite store, and hands tests its URL, the first-start admin key and the parts.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { silentLogger } from "../../src/core/log.ts";
+import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
+
+export interface Harness {
+  server: RunningServer;
+  url: string;
+  adminKey: string;
+  dataDir: string;
+  /** Calls the admin API with the admin key; returns status and parsed body. */
+  admin(method: string, pathname: string, body?: unknown): Promise<{ status: number; body: any }>;
+  /** Creates a client key through the API and returns it. */
+  clientKey(options?: { allowed_models?: string[] }): Promise<string>;
+  close(): Promise<void>;
+}
+
+export async function startHarness(options: { maxBodyBytes?: number; withAgent?: (parts: ServerParts) => Promise<Attachment> } = {}): Promise<Harness> {
+  const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-harness-"));
+  const server = await startServer(
+    { dataDir, host: "127.0.0.1", port: 0, database: path.join(dataDir, "llmgw.db"), logger: silentLogger(), maxBodyBytes: options.maxBodyBytes },
+    options.withAgent,
+  );
+  const adminKey = server.createdAdminKey;
+  if (adminKey === null) throw new Error("a fresh data dir must create an admin key");
+  const admin = async (method: string, pathname: string, body?: unknown) => {
+    const response = await fetch(server.url + pathname, {
+      method,
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await response.text();
+    return { status: response.status, body: text === "" ? null : JSON.parse(text) };
+  };
+  return {
+    server,
+    url: server.url,
+    adminKey,
+    dataDir,
+    admin,
+    clientKey: async (keyOptions = {}) => {
+      const created = await admin("POST", "/api/v1/keys", { name: `client-${Math.random().toString(36).slice(2, 8)}`, ...keyOptions });
+      if (created.status !== 201) throw new Error(`key creation failed: ${JSON.stringify(created.body)}`);
+      return created.body.key as string;
+    },
+    close: async () => {
+      await server.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
