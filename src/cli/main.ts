@@ -1,10 +1,32 @@
 // Command-line entry of llmgw: parses arguments with commander and hands each command to
 // its domain. Commands load their modules lazily so that `llmgw engine` (started once per
-// replica) does not pay for the server stack, and the server does not load llama.cpp.
+// replica) does not pay for the server stack, and the server does not load llama.cpp
+// until an engine needs it.
 import { Command } from "commander";
+import { reportCliError } from "./output.ts";
+import { registerCtl } from "./ctl.ts";
 
 const program = new Command();
 program.name("llmgw").description("Self-hosted LLM gateway and control plane").showHelpAfterError();
+
+const serverOptions = (command: Command) =>
+  command
+    .option("--listen <host:port>", "address to listen on (or LLMGW_LISTEN)", undefined)
+    .option("--data-dir <dir>", "data dir (or LLMGW_DATA_DIR; default ~/.llmgw)")
+    .option("--database <url>", "postgres://... for PostgreSQL (or LLMGW_DATABASE); default: SQLite in the data dir")
+    .option("--max-body <size>", "largest /v1 request body, e.g. 16m");
+
+serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
+  .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")
+  .action(async (options: Record<string, unknown>) => {
+    const { runServerCommand } = await import("./run-server.ts");
+    await runServerCommand(options, "up");
+  });
+
+serverOptions(program.command("server").description("Run the control plane and gateway (agents run the engines)")).action(async (options: Record<string, unknown>) => {
+  const { runServerCommand } = await import("./run-server.ts");
+  await runServerCommand(options, "server");
+});
 
 program
   .command("engine")
@@ -22,4 +44,10 @@ program
     await runEngineCommand(options);
   });
 
-await program.parseAsync(process.argv);
+registerCtl(program);
+
+try {
+  await program.parseAsync(process.argv);
+} catch (error) {
+  reportCliError(error);
+}

@@ -19,6 +19,7 @@ import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi } from "./admin-api.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
+import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -51,9 +52,6 @@ export interface RunningServer extends ServerParts {
   createdAdminKey: string | null;
   close(): Promise<void>;
 }
-
-export const ADMIN_KEY_FILE = "admin.key";
-export const SERVER_INFO_FILE = "server.json";
 
 export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
   const { logger } = config;

@@ -1,0 +1,125 @@
+// The local agent inside a real server: real engine processes (`llmgw engine` on a tiny
+// generated GGUF), real supervisors, the gateway routing to them. Timings are shortened
+// so failures park quickly.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import OpenAI from "openai";
+import { silentLogger } from "../core/log.ts";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { startHarness, type Harness } from "../../test/support/server-harness.ts";
+import { LocalAgent } from "./local-agent.ts";
+
+async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+describe("local agent", () => {
+  let harness: Harness;
+  let agent: LocalAgent;
+  let modelDir: string;
+  let modelFile: string;
+
+  before(async () => {
+    modelDir = mkdtempSync(path.join(tmpdir(), "llmgw-agent-models-"));
+    modelFile = path.join(modelDir, "tiny.gguf");
+    await writeTinyLlamaGguf({ path: modelFile, seed: 7 });
+    harness = await startHarness({
+      withAgent: async (parts) => {
+        agent = new LocalAgent({
+          catalog: parts.catalog,
+          replicas: parts.replicas,
+          logger: silentLogger(),
+          stateRoot: path.join(parts.config.dataDir, "runs"),
+          nodeId: "local",
+          supervisor: { backoff: { initialMs: 50, maxMs: 200 }, parkAfter: { failures: 3, windowMs: 60_000 }, stopGraceMs: 3000 },
+        });
+        agent.start();
+        return agent;
+      },
+    });
+  });
+
+  after(async () => {
+    await harness.close();
+    rmSync(modelDir, { recursive: true, force: true });
+  });
+
+  test("a missing weights file is recorded and parks the model instead of looping", async () => {
+    const created = await harness.admin("POST", "/api/v1/models", {
+      name: "broken",
+      source: { kind: "file", path: path.join(modelDir, "missing.gguf") },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
+    });
+    assert.equal(created.status, 201);
+    const parked = await waitFor("the broken model to park", async () => {
+      const { body } = await harness.admin("GET", "/api/v1/models/broken");
+      return body.health.state === "parked" ? body : undefined;
+    });
+    assert.match(parked.health.reason, /missing\.gguf/);
+    assert.match(parked.health.reason, /parked after 3 failed starts/);
+    assert.equal(parked.replicas[0].failures, 3);
+
+    const key = await harness.clientKey();
+    const response = await fetch(`${harness.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "broken", messages: [{ role: "user", content: "x" }] }),
+    });
+    assert.equal(response.status, 503);
+    const error = ((await response.json()) as any).error;
+    assert.equal(error.code, "model_parked");
+    assert.match(error.message, /missing\.gguf/);
+
+    // Fixing the definition replaces the replica, which starts afresh.
+    const fixed = await harness.admin("PATCH", "/api/v1/models/broken", { source: { kind: "file", path: modelFile } });
+    assert.equal(fixed.status, 200);
+    await waitFor("the fixed model to become ready", async () => {
+      const { body } = await harness.admin("GET", "/api/v1/models/broken");
+      return body.health.state === "ready" ? body : undefined;
+    });
+    await harness.admin("DELETE", "/api/v1/models/broken");
+  });
+
+  test("a model is served by a supervised engine, and deleting it stops the engine", async () => {
+    assert.equal(
+      (await harness.admin("POST", "/api/v1/models", { name: "tiny", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 1024, parallel: 2 }] })).status,
+      201,
+    );
+    await waitFor("tiny to be ready", async () => {
+      const { body } = await harness.admin("GET", "/api/v1/models/tiny");
+      return body.health.state === "ready" ? body : undefined;
+    });
+    const client = new OpenAI({ apiKey: await harness.clientKey(), baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 5 });
+    assert.equal(answer.usage?.completion_tokens, 5);
+    assert.equal(answer.choices[0]?.finish_reason, "length");
+
+    const replica = harness.server.replicas.all().find((r) => r.modelName === "tiny")!;
+    const engineResponse = await fetch(`${replica.endpoint!.origin}/v1/models`);
+    assert.equal(engineResponse.status, 401, "the engine refuses requests without the engine key");
+
+    const pid = agent.engineProcesses().find((p) => p.modelName === "tiny")!.pid;
+    assert.ok(processAlive(pid));
+    await harness.admin("DELETE", "/api/v1/models/tiny");
+    await waitFor("the engine to exit", async () => (processAlive(pid) ? undefined : true), 15_000);
+    assert.equal(harness.server.replicas.all().filter((r) => r.modelName === "tiny").length, 0);
+  });
+});

@@ -1,0 +1,238 @@
+// The agent that runs inside `llmgw up`: it keeps the replicas of this machine's models
+// running. For every catalog model with a llama.cpp profile and a local weights file it
+// runs `scaling.min` replicas of the bundled engine, each under its own EngineSupervisor
+// (process group, free port, fresh engine key, readiness, backoff, parking), and mirrors
+// each supervisor's state into the replica table the gateway routes from. A model whose
+// definition changes gets new replicas (which also clears parking); a deleted model's
+// replicas stop. The remote `llmgw agent` of the fleet issue reuses the supervisor and
+// engine launch; only where the assignments come from differs.
+import { randomBytes } from "node:crypto";
+import { constants } from "node:fs";
+import { access, stat } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { BadRequestError, describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import type { Profile } from "../catalog/model-schema.ts";
+import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
+import { EngineSupervisor, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
+
+/** Context and parallelism when a profile does not say (DESIGN.md: pool 16384, 4096 per request). */
+export const DEFAULT_CONTEXT_POOL = 16384;
+export const DEFAULT_CONTEXT_PER_REQUEST = 4096;
+
+const LLMGW_BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
+
+export interface LocalAgentOptions {
+  catalog: Catalog;
+  replicas: ReplicaTable;
+  logger: Logger;
+  /** Engine run folders go below this (DATA_DIR/runs). */
+  stateRoot: string;
+  nodeId: string;
+  host?: string;
+  /** Supervisor timings; tests shorten them. */
+  supervisor?: Partial<Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">>;
+}
+
+interface RunningReplica {
+  id: string;
+  modelId: string;
+  modelName: string;
+  /** What the replica was started from; a different fingerprint means replace it. */
+  fingerprint: string;
+  supervisor: EngineSupervisor;
+  unsubscribe: () => void;
+}
+
+export class LocalAgent {
+  private readonly running = new Map<string, RunningReplica>();
+  private unsubscribeCatalog: (() => void) | undefined;
+  private reconciling: Promise<void> = Promise.resolve();
+  private stopped = false;
+
+  constructor(private readonly options: LocalAgentOptions) {}
+
+  start(): void {
+    this.unsubscribeCatalog = this.options.catalog.onChange((models) => this.schedule(models));
+    this.schedule(this.options.catalog.list());
+  }
+
+  /** Unparks the parked replicas of a model; returns how many. */
+  async unpark(modelName: string): Promise<number> {
+    let count = 0;
+    for (const replica of this.running.values()) {
+      if (replica.modelName === modelName && replica.supervisor.unpark()) count += 1;
+    }
+    return count;
+  }
+
+  /** The engine processes this agent runs now (for diagnostics and tests). */
+  engineProcesses(): Array<{ replicaId: string; modelName: string; pid: number }> {
+    return [...this.running.values()].flatMap((replica) => {
+      const pid = replica.supervisor.snapshot().pid;
+      return pid === null ? [] : [{ replicaId: replica.id, modelName: replica.modelName, pid }];
+    });
+  }
+
+  /** Stops every engine (SIGTERM to each group, SIGKILL after the grace). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.unsubscribeCatalog?.();
+    await this.reconciling;
+    await Promise.all([...this.running.values()].map((replica) => this.retire(replica)));
+  }
+
+  /** Reconciliations run one after another, so two quick catalog changes cannot interleave. */
+  private schedule(models: readonly CatalogModel[]): void {
+    this.reconciling = this.reconciling
+      .then(() => (this.stopped ? undefined : this.reconcile(models)))
+      .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "local agent reconcile failed"));
+  }
+
+  private async reconcile(models: readonly CatalogModel[]): Promise<void> {
+    const wanted = new Map<string, { model: CatalogModel; profile: Profile; fingerprint: string; slot: number }>();
+    for (const model of models) {
+      const profile = localProfile(model);
+      if (profile === undefined) continue;
+      const fingerprint = JSON.stringify({ name: model.name, source: model.definition.source, profile });
+      for (let slot = 0; slot < model.definition.scaling.min; slot += 1) {
+        wanted.set(`${model.id}/${slot}`, { model, profile, fingerprint, slot });
+      }
+    }
+    const retiring: Promise<void>[] = [];
+    for (const [slotKey, replica] of this.running) {
+      const want = wanted.get(slotKey);
+      if (want === undefined || want.fingerprint !== replica.fingerprint) {
+        this.running.delete(slotKey);
+        retiring.push(this.retire(replica));
+      }
+    }
+    await Promise.all(retiring);
+    for (const [slotKey, want] of wanted) {
+      if (!this.running.has(slotKey)) this.running.set(slotKey, this.launch(want.model, want.profile, want.fingerprint));
+    }
+  }
+
+  private launch(model: CatalogModel, profile: Profile, fingerprint: string): RunningReplica {
+    const id = `r-${randomBytes(6).toString("hex")}`;
+    const engineKey = randomBytes(24).toString("hex");
+    const host = this.options.host ?? "127.0.0.1";
+    const { replicas, logger } = this.options;
+    const source = model.definition.source;
+    const weightsPath = source?.kind === "file" ? path.resolve(source.path) : null;
+    const contextPool = profile.ctx_size ?? DEFAULT_CONTEXT_POOL;
+    const parallel = profile.parallel ?? Math.max(1, Math.floor(contextPool / DEFAULT_CONTEXT_PER_REQUEST));
+
+    replicas.upsert({
+      id,
+      modelId: model.id,
+      modelName: model.name,
+      profile: profile.name,
+      engine: "llamacpp",
+      nodeIds: [this.options.nodeId],
+      state: "pending",
+      endpoint: null,
+      engineKey,
+      upstreamModel: model.name,
+      weight: profile.weight,
+      attempt: 0,
+      failures: 0,
+      lastError: null,
+      startedAt: null,
+      readyAt: null,
+    });
+
+    const supervisor = new EngineSupervisor({
+      replicaId: id,
+      stateRoot: this.options.stateRoot,
+      host,
+      logger,
+      ...this.options.supervisor,
+      preflight: async () => {
+        if (weightsPath === null) throw new BadRequestError(`Model '${model.name}' has no local weights file (source ${JSON.stringify(source)}); this agent serves file sources.`);
+        await assertReadableFile(weightsPath, model.name);
+      },
+      prepare: ({ port }) => ({
+        command: process.execPath,
+        args: [
+          LLMGW_BIN,
+          "engine",
+          "--model",
+          weightsPath!,
+          "--host",
+          host,
+          "--port",
+          String(port),
+          "--ctx-size",
+          String(contextPool),
+          "--parallel",
+          String(parallel),
+          "--threads",
+          String(profile.threads ?? 0),
+          "--model-name",
+          model.name,
+          ...profile.engine_args,
+        ],
+        // The key travels in the environment so it does not show in `ps`.
+        env: { LLMGW_ENGINE_KEY: engineKey, LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "info", NODE_OPTIONS: "" },
+        host,
+        port,
+        healthPath: "/health",
+        settings: { contextPool, parallel, threads: profile.threads ?? 0 },
+      }),
+    });
+    const unsubscribe = supervisor.onChange((snapshot) => replicas.update(id, fromSnapshot(snapshot)));
+    supervisor.start();
+    logger.info({ model: model.name, replica: id }, "starting replica");
+    return { id, modelId: model.id, modelName: model.name, fingerprint, supervisor, unsubscribe };
+  }
+
+  private async retire(replica: RunningReplica): Promise<void> {
+    this.options.logger.info({ model: replica.modelName, replica: replica.id }, "stopping replica");
+    await replica.supervisor.stop();
+    replica.unsubscribe();
+    this.options.replicas.remove(replica.id);
+  }
+}
+
+/** The llama.cpp profile this machine runs for a model (highest priority first), if any. */
+function localProfile(model: CatalogModel): Profile | undefined {
+  if (model.definition.scaling.min === 0) return undefined;
+  return [...model.definition.profiles].filter((p) => p.engine === "llamacpp").sort((a, b) => b.priority - a.priority)[0];
+}
+
+function fromSnapshot(snapshot: SupervisorSnapshot) {
+  const state: ReplicaState = snapshot.state;
+  return {
+    state,
+    endpoint: snapshot.endpoint === null ? null : { origin: `http://${formatHost(snapshot.endpoint.host)}:${snapshot.endpoint.port}`, basePath: "" },
+    attempt: snapshot.attempt,
+    failures: snapshot.failures,
+    lastError: snapshot.lastError,
+    startedAt: snapshot.startedAt === null ? null : new Date(snapshot.startedAt).toISOString(),
+    readyAt: snapshot.readyAt === null ? null : new Date(snapshot.readyAt).toISOString(),
+  };
+}
+
+function formatHost(host: string): string {
+  return host.includes(":") ? `[${host}]` : host;
+}
+
+async function assertReadableFile(file: string, modelName: string): Promise<void> {
+  let info;
+  try {
+    info = await stat(file);
+  } catch (error) {
+    throw new BadRequestError(`The weights of model '${modelName}' are missing: ${file} (${(error as NodeJS.ErrnoException).code ?? describeError(error)}). Put the file back or change the model's source.`, {
+      code: "weights_missing",
+    });
+  }
+  if (!info.isFile()) throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not a regular file.`, { code: "weights_invalid" });
+  try {
+    await access(file, constants.R_OK);
+  } catch {
+    throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not readable by this user; fix the file's permissions.`, { code: "weights_unreadable" });
+  }
+}

@@ -1,0 +1,83 @@
+// The HTTP client `llmgw ctl` uses for the admin API. It finds the server and the admin
+// key the way DESIGN.md says: flags, then LLMGW_SERVER / LLMGW_KEY, then the data dir of
+// a local `llmgw up` (server.json and admin.key), and turns failures into one clear line.
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import { request } from "undici";
+import { AuthenticationError, LlmgwError, UpstreamError } from "../core/errors.ts";
+import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
+import { DEFAULT_LISTEN, resolveDataDir } from "./config.ts";
+
+export interface AdminConnectionFlags {
+  server?: string;
+  key?: string;
+  dataDir?: string;
+}
+
+export class AdminClient {
+  constructor(
+    readonly baseUrl: string,
+    private readonly key: string,
+  ) {}
+
+  static fromFlags(flags: AdminConnectionFlags): AdminClient {
+    const dataDir = resolveDataDir(flags.dataDir);
+    const baseUrl = (flags.server ?? process.env.LLMGW_SERVER ?? readServerUrl(dataDir) ?? `http://${DEFAULT_LISTEN}`).replace(/\/+$/, "");
+    const key = flags.key ?? process.env.LLMGW_KEY ?? readKeyFile(dataDir);
+    if (key === undefined) {
+      throw new AuthenticationError(
+        `No admin key: pass --key, set LLMGW_KEY, or run ctl on the machine of 'llmgw up' (it reads ${path.join(dataDir, ADMIN_KEY_FILE)}).`,
+        { code: "missing_api_key" },
+      );
+    }
+    return new AdminClient(baseUrl, key);
+  }
+
+  async call<T = any>(method: string, pathname: string, body?: unknown): Promise<T> {
+    let response;
+    try {
+      response = await request(this.baseUrl + pathname, {
+        method: method as "GET",
+        headers: { authorization: `Bearer ${this.key}`, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        headersTimeout: 60_000,
+        bodyTimeout: 60_000,
+      });
+    } catch (error) {
+      throw new UpstreamError(`Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`, { cause: error });
+    }
+    const text = await response.body.text();
+    const parsed = text === "" ? null : safeJson(text);
+    if (response.statusCode >= 400) {
+      const detail = (parsed as { error?: { message?: string; code?: string } } | null)?.error;
+      throw new LlmgwError({ message: detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`, code: detail?.code ?? "http_error", status: response.statusCode });
+    }
+    return parsed as T;
+  }
+}
+
+function readServerUrl(dataDir: string): string | undefined {
+  try {
+    const info = JSON.parse(readFileSync(path.join(dataDir, SERVER_INFO_FILE), "utf8")) as { url?: string };
+    return info.url;
+  } catch {
+    return undefined;
+  }
+}
+
+function readKeyFile(dataDir: string): string | undefined {
+  try {
+    const key = readFileSync(path.join(dataDir, ADMIN_KEY_FILE), "utf8").trim();
+    return key === "" ? undefined : key;
+  } catch {
+    return undefined;
+  }
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return { error: { message: text.slice(0, 500) } };
+  }
+}

@@ -1,0 +1,43 @@
+// Where the server listens, keeps its data and stores its state, from flags, then
+// environment, then defaults (DESIGN.md "Processes").
+import os from "node:os";
+import path from "node:path";
+import { BadRequestError } from "../core/errors.ts";
+
+export const DEFAULT_LISTEN = "127.0.0.1:8700";
+
+export function resolveDataDir(flag: string | undefined): string {
+  const chosen = flag ?? process.env.LLMGW_DATA_DIR ?? path.join(os.homedir(), ".llmgw");
+  return path.resolve(chosen);
+}
+
+/** Parses `host:port`, `:port` or `port`; IPv6 hosts go in brackets (`[::1]:8700`). */
+export function parseListen(value: string): { host: string; port: number } {
+  const match = /^(?:\[(?<v6>[^\]]+)\]|(?<host>[^:]*))?:?(?<port>\d+)$/.exec(value.trim());
+  const port = Number(match?.groups?.port);
+  if (match === null || !Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new BadRequestError(`Invalid --listen '${value}': use host:port, for example 127.0.0.1:8700 or 0.0.0.0:8700.`);
+  }
+  const host = match.groups?.v6 ?? (match.groups?.host || "127.0.0.1");
+  return { host, port };
+}
+
+export function resolveDatabase(flag: string | undefined, dataDir: string): string {
+  return flag ?? process.env.LLMGW_DATABASE ?? path.join(dataDir, "llmgw.db");
+}
+
+/** Parses a size like 16m, 512k or 1048576 into bytes. */
+export function parseByteSize(value: string, flag: string): number {
+  const match = /^(\d+(?:\.\d+)?)\s*([kmg]?)i?b?$/i.exec(value.trim());
+  if (match === null) throw new BadRequestError(`Invalid ${flag} '${value}': use a number of bytes or a size like 512k, 16m, 1g.`);
+  const scale = { "": 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3 }[match[2]!.toLowerCase() as "" | "k" | "m" | "g"];
+  return Math.floor(Number(match[1]) * scale);
+}
+
+export function parsePositiveInt(value: string, flag: string, { allowZero = false } = {}): number {
+  const number = Number(value);
+  if (!Number.isInteger(number) || number < (allowZero ? 0 : 1)) {
+    throw new BadRequestError(`Invalid ${flag} '${value}': expected ${allowZero ? "a whole number ≥ 0" : "a whole number ≥ 1"}.`);
+  }
+  return number;
+}
