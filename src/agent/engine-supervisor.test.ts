@@ -1,0 +1,543 @@
+// Drives the supervisor with REAL child processes: a tiny node HTTP server written to a
+// temp folder stands in for an engine. It speaks llama-server's readiness protocol
+// (reference/engines.md: /health answers 503 {"error":{"code":503,"message":"Loading
+// model",...}} while loading, then 200 {"status":"ok"}), and its modes reproduce what
+// real engines do wrong: exit at once with a message on stderr (a missing model file),
+// never finish loading, ignore SIGTERM, crash or turn unhealthy after becoming ready,
+// and fork a helper process (vLLM's workers) that ignores SIGTERM.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { createServer, type Server } from "node:net";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { request } from "undici";
+import { ConflictError } from "../core/errors.ts";
+import {
+  EngineSupervisor,
+  liveEngineGroups,
+  stopAllSupervisors,
+  type SupervisorOptions,
+  type SupervisorSnapshot,
+  type SupervisorState,
+} from "./engine-supervisor.ts";
+import { assertPortFree, findFreePort } from "./free-port.ts";
+
+const FAKE_ENGINE = `
+import http from "node:http";
+import { spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
+
+const args = process.argv.slice(2);
+const arg = (name) => { const i = args.indexOf(name); return i === -1 ? undefined : args[i + 1]; };
+const port = Number(arg("--port"));
+const host = arg("--host") ?? "127.0.0.1";
+const mode = process.env.FAKE_MODE ?? "ok";
+const readyAfterMs = Number(process.env.FAKE_READY_AFTER_MS ?? "0");
+const failAfterMs = Number(process.env.FAKE_FAIL_AFTER_MS ?? "100");
+
+// The engine's cwd is the run's state folder: leave the environment there for the test.
+writeFileSync("env-" + process.pid + ".json", JSON.stringify(process.env));
+
+if (mode === "exit") {
+  console.error(process.env.FAKE_MESSAGE ?? "fake engine: failed");
+  process.exit(3);
+}
+if (mode === "ignore-term") process.on("SIGTERM", () => console.log("fake engine: ignoring SIGTERM"));
+if (process.env.FAKE_GRANDCHILD_PID_FILE) {
+  const helper = spawn(process.execPath, ["-e", "process.on('SIGTERM', () => {}); setInterval(() => {}, 1000);"], { stdio: "ignore" });
+  writeFileSync(process.env.FAKE_GRANDCHILD_PID_FILE, String(helper.pid));
+}
+
+const startedAt = Date.now();
+let readyAt = null;
+const server = http.createServer((req, res) => {
+  if (req.url !== "/health") { res.writeHead(404); res.end(); return; }
+  if (mode === "never" || Date.now() - startedAt < readyAfterMs) {
+    res.writeHead(503, { "content-type": "application/json" });
+    res.end(JSON.stringify({ error: { code: 503, message: "Loading model", type: "unavailable_error" } }));
+    return;
+  }
+  if (readyAt === null) {
+    readyAt = Date.now();
+    if (mode === "die-after-ready") {
+      setTimeout(() => { console.error("fake engine: crashed while serving"); process.exit(1); }, failAfterMs);
+    }
+  }
+  if (mode === "unhealthy-after-ready" && Date.now() - readyAt > failAfterMs) { res.writeHead(500); res.end(); return; }
+  res.writeHead(200, { "content-type": "application/json" });
+  res.end('{"status":"ok"}');
+});
+server.listen(port, host, () => console.log("fake engine listening on " + host + ":" + port));
+`;
+
+let dir = "";
+let fakeEngine = "";
+
+before(async () => {
+  dir = await mkdtemp(join(tmpdir(), "llmgw-sup-"));
+  fakeEngine = join(dir, "fake-engine.mjs");
+  await writeFile(fakeEngine, FAKE_ENGINE);
+});
+
+after(async () => {
+  await stopAllSupervisors();
+  await rm(dir, { recursive: true, force: true });
+});
+
+interface Harness {
+  supervisor: EngineSupervisor;
+  events: SupervisorSnapshot[];
+  prepared: () => number;
+  root: string;
+}
+
+let rootCounter = 0;
+
+/** A supervisor over the fake engine with short timeouts; `env` gives FAKE_* per attempt. */
+function harness(
+  env: (attempt: number) => Record<string, string>,
+  overrides: Partial<SupervisorOptions> = {},
+): Harness {
+  rootCounter += 1;
+  const root = join(dir, `root-${rootCounter}`);
+  let prepared = 0;
+  const supervisor = new EngineSupervisor({
+    replicaId: `replica-${rootCounter}`,
+    stateRoot: root,
+    prepare: ({ attempt, port, host }) => {
+      prepared += 1;
+      return { command: process.execPath, args: [fakeEngine, "--port", String(port), "--host", host], env: env(attempt), host, port, healthPath: "/health" };
+    },
+    readyTimeoutMs: 5_000,
+    healthIntervalMs: 20,
+    livenessIntervalMs: 50,
+    healthTimeoutMs: 1_000,
+    stopGraceMs: 300,
+    backoff: { initialMs: 20, maxMs: 100 },
+    parkAfter: { failures: 3, windowMs: 60_000 },
+    ...overrides,
+  });
+  const events: SupervisorSnapshot[] = [];
+  supervisor.onChange((snapshot) => events.push(snapshot));
+  return { supervisor, events, prepared: () => prepared, root };
+}
+
+function waitFor(
+  supervisor: EngineSupervisor,
+  predicate: (snapshot: SupervisorSnapshot) => boolean,
+  timeoutMs = 8_000,
+): Promise<SupervisorSnapshot> {
+  return new Promise((resolveWait, rejectWait) => {
+    const now = supervisor.snapshot();
+    if (predicate(now)) return resolveWait(now);
+    const timer = setTimeout(() => {
+      unsubscribe();
+      rejectWait(new Error(`condition not met within ${timeoutMs} ms; last snapshot ${JSON.stringify(supervisor.snapshot())}`));
+    }, timeoutMs);
+    const unsubscribe = supervisor.onChange((snapshot) => {
+      if (!predicate(snapshot)) return;
+      clearTimeout(timer);
+      unsubscribe();
+      resolveWait(snapshot);
+    });
+  });
+}
+
+const inState = (state: SupervisorState) => (snapshot: SupervisorSnapshot) => snapshot.state === state;
+
+/** Gone = no such process, or a zombie (PID 1 in containers may never reap orphans). */
+function isGone(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return true;
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z");
+  } catch {
+    return true;
+  }
+}
+
+/** Cleanup after a failed assertion, so a broken supervisor does not leave processes behind. */
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    // Already gone: the expected case.
+  }
+}
+
+async function eventually(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 3_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) assert.fail(`timed out waiting for: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** attempts.jsonl is written fire-and-forget, so wait for the expected number of lines. */
+async function attemptRecords(stateDir: string, count: number): Promise<Record<string, unknown>[]> {
+  const file = join(stateDir, "attempts.jsonl");
+  let lines: string[] = [];
+  await eventually(async () => {
+    lines = existsSync(file) ? (await readFile(file, "utf8")).split("\n").filter((line) => line !== "") : [];
+    return lines.length >= count;
+  }, `${count} lines in ${file}`);
+  await new Promise((r) => setTimeout(r, 50));
+  lines = (await readFile(file, "utf8")).split("\n").filter((line) => line !== "");
+  return lines.map((line) => JSON.parse(line) as Record<string, unknown>);
+}
+
+function listenOn(host: string, port: number): Promise<Server> {
+  return new Promise((resolveListen, rejectListen) => {
+    const server = createServer();
+    server.once("error", rejectListen);
+    server.listen(port, host, () => resolveListen(server));
+  });
+}
+
+test("findFreePort gives a bindable port and assertPortFree names host:port when it is taken", async () => {
+  const port = await findFreePort("127.0.0.1");
+  assert.ok(port > 0 && port < 65536);
+  await assertPortFree("127.0.0.1", port);
+  const holder = await listenOn("127.0.0.1", port);
+  try {
+    await assert.rejects(assertPortFree("127.0.0.1", port), (error: unknown) => {
+      assert.ok(error instanceof ConflictError);
+      assert.equal(error.code, "port_in_use");
+      assert.match(error.message, new RegExp(`127\\.0\\.0\\.1:${port} is already in use`));
+      return true;
+    });
+  } finally {
+    holder.close();
+  }
+});
+
+test("becomes ready with an endpoint, in an offline environment below a fresh state folder, and stops with SIGTERM", async () => {
+  // A proxy in the agent's environment must neither reach the engine nor carry the health checks.
+  const saved = { proxy: process.env.HTTP_PROXY, secret: process.env.LLMGW_TEST_PARENT_SECRET };
+  process.env.HTTP_PROXY = "http://127.0.0.1:9";
+  process.env.LLMGW_TEST_PARENT_SECRET = "must-not-leak";
+  const { supervisor, events, root } = harness(() => ({ FAKE_MODE: "ok", FAKE_READY_AFTER_MS: "300" }));
+  try {
+    supervisor.start();
+    const ready = await waitFor(supervisor, inState("ready"));
+    assert.equal(ready.attempt, 1);
+    assert.equal(ready.failures, 0);
+    assert.ok(ready.endpoint && ready.endpoint.host === "127.0.0.1" && ready.endpoint.port > 0);
+    assert.ok(ready.pid !== null && ready.startedAt !== null && ready.readyAt !== null && ready.readyAt >= ready.startedAt);
+    assert.ok(ready.readyAt - ready.startedAt >= 250, "ready only after the engine stopped answering 503");
+    assert.deepEqual([...new Set(events.map((event) => event.state))], ["starting", "ready"]);
+
+    const health = await request(`http://127.0.0.1:${ready.endpoint.port}/health`);
+    assert.equal(health.statusCode, 200);
+    await health.body.dump();
+
+    const stateDir = ready.stateDir as string;
+    assert.ok(stateDir.startsWith(resolve(root)));
+    const env = JSON.parse(await readFile(join(stateDir, `env-${ready.pid}.json`), "utf8")) as Record<string, string>;
+    assert.equal(env.HOME, join(stateDir, "home"));
+    assert.equal(env.TMPDIR, join(stateDir, "tmp"));
+    assert.equal(env.XDG_CACHE_HOME, join(stateDir, "cache"));
+    assert.ok(env.HF_HOME?.startsWith(stateDir));
+    for (const flag of ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DO_NOT_TRACK", "VLLM_NO_USAGE_STATS"]) assert.equal(env[flag], "1", flag);
+    assert.equal(env.FAKE_MODE, "ok", "the launch's own variables reach the engine");
+    assert.equal(env.PATH, process.env.PATH);
+    assert.equal(env.LLMGW_TEST_PARENT_SECRET, undefined, "the parent's environment is not passed blindly");
+    assert.equal(env.HTTP_PROXY, undefined);
+
+    const [record] = await attemptRecords(stateDir, 1);
+    assert.equal(record?.attempt, 1);
+    assert.equal(record?.result, "ready");
+    assert.equal(record?.log, "attempt-1.log");
+    assert.equal((record?.settings as { command?: string }).command, process.execPath);
+    assert.match(await readFile(join(stateDir, "attempt-1.log"), "utf8"), /fake engine listening/);
+
+    const pid = ready.pid;
+    await supervisor.stop();
+    const stopped = supervisor.snapshot();
+    assert.equal(stopped.state, "stopped");
+    assert.equal(stopped.pid, null);
+    assert.equal(stopped.endpoint, null);
+    assert.deepEqual(stopped.lastExit, { code: null, signal: "SIGTERM" });
+    assert.ok(isGone(pid));
+    assert.ok(!liveEngineGroups().includes(pid));
+    assert.deepEqual(events.slice(-2).map((event) => event.state), ["stopping", "stopped"]);
+  } finally {
+    if (saved.proxy === undefined) delete process.env.HTTP_PROXY;
+    else process.env.HTTP_PROXY = saved.proxy;
+    if (saved.secret === undefined) delete process.env.LLMGW_TEST_PARENT_SECRET;
+    else process.env.LLMGW_TEST_PARENT_SECRET = saved.secret;
+    await supervisor.stop();
+  }
+});
+
+test("an engine that exits before ready is a failure with its exit code and the last lines of its log; stop() cancels the backoff", async () => {
+  const { supervisor } = harness(() => ({ FAKE_MODE: "exit", FAKE_MESSAGE: "error: model file not found: /models/missing.gguf" }), {
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  supervisor.start();
+  const failed = await waitFor(supervisor, inState("failed"));
+  assert.equal(failed.lastErrorCode, "engine_exited");
+  assert.match(failed.lastError ?? "", /exited before it was ready \(exit code 3\) on attempt 1/);
+  assert.match(failed.lastError ?? "", /model file not found: \/models\/missing\.gguf/);
+  assert.deepEqual(failed.lastExit, { code: 3, signal: null });
+  assert.equal(failed.failures, 1);
+  assert.equal(failed.pid, null);
+  assert.equal(failed.endpoint, null);
+  assert.ok(failed.retryAt !== null && failed.retryAt - Date.now() > 20_000, "the retry waits for the backoff");
+
+  const [record] = await attemptRecords(failed.stateDir as string, 1);
+  assert.equal(record?.result, "engine_exited");
+  assert.match(String(record?.error), /model file not found/);
+
+  const startedStop = Date.now();
+  await supervisor.stop();
+  assert.ok(Date.now() - startedStop < 2_000, "stop() does not wait for the backoff");
+  assert.equal(supervisor.snapshot().state, "stopped");
+  assert.equal(supervisor.snapshot().attempt, 1, "no attempt after stop()");
+});
+
+test("restarts after a crash while serving and becomes ready again on attempt 2", async () => {
+  const { supervisor, events } = harness((attempt): Record<string, string> =>
+    attempt === 1 ? { FAKE_MODE: "die-after-ready", FAKE_FAIL_AFTER_MS: "150" } : { FAKE_MODE: "ok" },
+  );
+  supervisor.start();
+  const ready = await waitFor(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
+  assert.equal(ready.failures, 1);
+  const firstPid = events.find((event) => event.attempt === 1 && event.pid !== null)?.pid;
+  assert.ok(firstPid !== undefined && firstPid !== null && firstPid !== ready.pid);
+  const failed = events.find((event) => event.state === "failed");
+  assert.equal(failed?.lastErrorCode, "engine_exited");
+  assert.match(failed?.lastError ?? "", /exited while serving \(exit code 1\) on attempt 1/);
+  assert.match(failed?.lastError ?? "", /crashed while serving/);
+  assert.deepEqual(
+    events.map((event) => `${event.state}:${event.attempt}`).filter((step, i, all) => step !== all[i - 1]),
+    ["starting:1", "ready:1", "failed:1", "starting:2", "ready:2"],
+  );
+  const records = await attemptRecords(ready.stateDir as string, 2);
+  assert.deepEqual(records.map((record) => [record.attempt, record.result, record.log]), [
+    [1, "ready", "attempt-1.log"],
+    [2, "ready", "attempt-2.log"],
+  ]);
+  // The hosting process's shutdown path: stopAllSupervisors stops every started supervisor.
+  await stopAllSupervisors();
+  assert.equal(supervisor.snapshot().state, "stopped");
+  assert.ok(ready.pid !== null && isGone(ready.pid));
+});
+
+test("parks after N failures in the window, spawns nothing more, and unpark() starts a new run in a new folder", async () => {
+  let mode = "exit";
+  const { supervisor, prepared } = harness(() => ({ FAKE_MODE: mode, FAKE_MESSAGE: "fake engine: unsupported architecture" }), {
+    parkAfter: { failures: 3, windowMs: 60_000 },
+    backoff: { initialMs: 10, maxMs: 40 },
+  });
+  supervisor.start();
+  const parked = await waitFor(supervisor, inState("parked"));
+  assert.equal(parked.attempt, 3);
+  assert.equal(parked.failures, 3);
+  assert.equal(parked.lastErrorCode, "engine_exited");
+  assert.match(parked.lastError ?? "", /Parked after 3 failures within 60 s/);
+  assert.match(parked.lastError ?? "", /unsupported architecture/);
+  assert.equal(parked.retryAt, null);
+
+  await new Promise((r) => setTimeout(r, 400));
+  assert.equal(prepared(), 3, "no attempt after parking");
+  assert.equal(supervisor.snapshot().state, "parked");
+  const parkedDir = parked.stateDir as string;
+  assert.ok(!existsSync(join(parkedDir, "attempt-4.log")));
+  assert.equal((await attemptRecords(parkedDir, 3)).length, 3);
+
+  supervisor.start();
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(prepared(), 3, "start() does not leave the parked state; only unpark() does");
+
+  mode = "ok";
+  assert.equal(supervisor.unpark(), true);
+  const ready = await waitFor(supervisor, inState("ready"));
+  assert.equal(ready.attempt, 1);
+  assert.equal(ready.failures, 0);
+  assert.notEqual(ready.stateDir, parkedDir);
+  assert.equal(supervisor.unpark(), false, "unpark() of a replica that is not parked does nothing");
+  await supervisor.stop();
+});
+
+test("the readiness deadline kills the whole process group, including a forked helper that ignores SIGTERM", async () => {
+  const pidFile = join(dir, "grandchild.pid");
+  const { supervisor, events } = harness(() => ({ FAKE_MODE: "never", FAKE_GRANDCHILD_PID_FILE: pidFile }), {
+    readyTimeoutMs: 1_500,
+    stopGraceMs: 200,
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  supervisor.start();
+  const failed = await waitFor(supervisor, inState("failed"));
+  assert.equal(failed.lastErrorCode, "not_ready");
+  // "HTTP 503" normally; "connection refused" only when a loaded machine boots the engine slowly.
+  assert.match(failed.lastError ?? "", /not ready within 1\.5 s on attempt 1 \(last health check of http:\/\/127\.0\.0\.1:\d+\/health: (HTTP 503|connection refused)\)/);
+  const enginePid = events.find((event) => event.pid !== null)?.pid;
+  assert.ok(typeof enginePid === "number");
+  const grandchildPid = Number(await readFile(pidFile, "utf8"));
+  try {
+    assert.ok(grandchildPid > 0);
+    assert.ok(isGone(enginePid), "the engine is gone");
+    assert.ok(isGone(grandchildPid), "the helper it forked is gone too: the whole group was killed");
+    assert.equal(failed.pid, null);
+  } finally {
+    killQuietly(grandchildPid);
+    await supervisor.stop();
+  }
+});
+
+test("stop() escalates to SIGKILL when the engine ignores SIGTERM", async () => {
+  const { supervisor } = harness(() => ({ FAKE_MODE: "ignore-term" }), { stopGraceMs: 400 });
+  supervisor.start();
+  const ready = await waitFor(supervisor, inState("ready"));
+  const startedStop = Date.now();
+  await supervisor.stop();
+  const tookMs = Date.now() - startedStop;
+  assert.ok(tookMs >= 350, `stop() waited the grace before SIGKILL (took ${tookMs} ms)`);
+  assert.deepEqual(supervisor.snapshot().lastExit, { code: null, signal: "SIGKILL" });
+  assert.ok(ready.pid !== null && isGone(ready.pid));
+  assert.match(await readFile(join(ready.stateDir as string, "attempt-1.log"), "utf8"), /ignoring SIGTERM/);
+});
+
+test("stop() while starting cancels cleanly: no process, no timer, the attempt recorded as stopped", async () => {
+  const timers = (): number => process.getActiveResourcesInfo().filter((resource) => resource === "Timeout").length;
+  const timersBefore = timers();
+  const { supervisor } = harness(() => ({ FAKE_MODE: "never" }), { readyTimeoutMs: 60_000 });
+  supervisor.start();
+  const starting = await waitFor(supervisor, (snapshot) => snapshot.state === "starting" && snapshot.pid !== null);
+  await new Promise((r) => setTimeout(r, 100));
+  await supervisor.stop();
+  assert.equal(supervisor.snapshot().state, "stopped");
+  assert.ok(starting.pid !== null && isGone(starting.pid));
+  const [record] = await attemptRecords(starting.stateDir as string, 1);
+  assert.equal(record?.result, "stopped");
+  await new Promise((r) => setImmediate(r));
+  assert.equal(timers(), timersBefore, "the deadline, poll and backoff timers are all cleared");
+  assert.ok(!process.getActiveResourcesInfo().includes("ProcessWrap"), "no child process handle left");
+});
+
+test("a taken port is refused with a clear message and nothing is spawned", async () => {
+  const port = await findFreePort("127.0.0.1");
+  const holder = await listenOn("127.0.0.1", port);
+  const { supervisor } = harness(() => ({ FAKE_MODE: "ok" }), {
+    prepare: ({ host }) => ({ command: process.execPath, args: [fakeEngine, "--port", String(port)], env: {}, host, port, healthPath: "/health" }),
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  try {
+    supervisor.start();
+    const failed = await waitFor(supervisor, inState("failed"));
+    assert.equal(failed.lastErrorCode, "port_in_use");
+    assert.match(failed.lastError ?? "", new RegExp(`127\\.0\\.0\\.1:${port} is already in use`));
+    const stateDir = failed.stateDir as string;
+    assert.ok(!existsSync(join(stateDir, "attempt-1.log")), "no engine was spawned");
+    const [record] = await attemptRecords(stateDir, 1);
+    assert.equal(record?.result, "port_in_use");
+  } finally {
+    holder.close();
+    await supervisor.stop();
+  }
+});
+
+test("a preflight throw and a cache path outside the state folder fail the attempt without a spawn", async () => {
+  const preflightHarness = harness(() => ({}), {
+    preflight: async () => {
+      throw new Error("weights /models/x.gguf are missing or unreadable");
+    },
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  preflightHarness.supervisor.start();
+  const preflightFailed = await waitFor(preflightHarness.supervisor, inState("failed"));
+  assert.equal(preflightFailed.lastErrorCode, "preflight_failed");
+  assert.match(preflightFailed.lastError ?? "", /weights \/models\/x\.gguf are missing or unreadable/);
+  assert.equal(preflightHarness.prepared(), 0, "prepare (and the spawn) never ran");
+  await preflightHarness.supervisor.stop();
+
+  const outside = harness(() => ({ FAKE_MODE: "ok", XDG_CACHE_HOME: "/root/.cache" }), { backoff: { initialMs: 30_000, maxMs: 60_000 } });
+  outside.supervisor.start();
+  const refused = await waitFor(outside.supervisor, inState("failed"));
+  assert.equal(refused.lastErrorCode, "cache_path_outside_state");
+  assert.match(refused.lastError ?? "", /XDG_CACHE_HOME=\/root\/\.cache points outside/);
+  assert.ok(!existsSync(join(refused.stateDir as string, "attempt-1.log")), "no engine was spawned");
+  await outside.supervisor.stop();
+});
+
+test("each run claims a new state folder, and an unwritable attempts.jsonl never blocks start or stop", async () => {
+  const { supervisor } = harness(() => ({ FAKE_MODE: "ok" }), {
+    prepare: async ({ port, host, stateDir }) => {
+      // A folder where the record file should be: every append fails.
+      await mkdir(join(stateDir, "attempts.jsonl"), { recursive: true });
+      return { command: process.execPath, args: [fakeEngine, "--port", String(port), "--host", host], env: {}, host, port, healthPath: "/health" };
+    },
+  });
+  supervisor.start();
+  const first = await waitFor(supervisor, inState("ready"));
+  await supervisor.stop();
+  supervisor.start();
+  const second = await waitFor(supervisor, inState("ready"));
+  assert.equal(second.attempt, 1, "the attempt count starts again in a new run");
+  assert.ok(first.stateDir && second.stateDir && first.stateDir !== second.stateDir);
+  assert.ok(existsSync(join(first.stateDir, "attempt-1.log")), "the first run's folder is kept, not reused");
+  assert.ok(existsSync(join(second.stateDir, "attempt-1.log")));
+  await supervisor.stop();
+  assert.equal(supervisor.snapshot().state, "stopped");
+});
+
+test("an engine that keeps failing its health check after ready is killed and restarted", async () => {
+  const { supervisor, events } = harness((attempt): Record<string, string> =>
+    attempt === 1 ? { FAKE_MODE: "unhealthy-after-ready", FAKE_FAIL_AFTER_MS: "100" } : { FAKE_MODE: "ok" },
+    { livenessFailures: 2 },
+  );
+  supervisor.start();
+  const ready = await waitFor(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
+  const failed = events.find((event) => event.state === "failed");
+  assert.equal(failed?.lastErrorCode, "unhealthy");
+  assert.match(failed?.lastError ?? "", /2 checks of http:\/\/127\.0\.0\.1:\d+\/health failed in a row \(last: HTTP 500\)/);
+  const firstPid = events.find((event) => event.attempt === 1 && event.pid !== null)?.pid;
+  assert.ok(typeof firstPid === "number" && isGone(firstPid), "the unhealthy engine (still running by itself) was killed");
+  assert.notEqual(ready.pid, firstPid);
+  await supervisor.stop();
+});
+
+test("an agent process that exits leaves no engine behind", async () => {
+  const repoRoot = resolve(fileURLToPath(new URL("../..", import.meta.url)));
+  const host = join(dir, "host.mts");
+  const supervisorModule = fileURLToPath(new URL("./engine-supervisor.ts", import.meta.url));
+  await writeFile(
+    host,
+    `import { EngineSupervisor } from ${JSON.stringify(supervisorModule)};
+const supervisor = new EngineSupervisor({
+  replicaId: "host",
+  stateRoot: ${JSON.stringify(join(dir, "host-root"))},
+  healthIntervalMs: 20,
+  prepare: ({ port, host }) => ({ command: process.execPath, args: [${JSON.stringify(fakeEngine)}, "--port", String(port), "--host", host], env: {}, host, port, healthPath: "/health" }),
+});
+supervisor.onChange((snapshot) => {
+  if (snapshot.state !== "ready") return;
+  process.stdout.write(JSON.stringify({ pid: snapshot.pid }) + "\\n");
+  // Exit without stop(): the module's exit hook must still kill the engine.
+  process.exit(0);
+});
+supervisor.start();
+`,
+  );
+  const child = spawn(process.execPath, ["--import", "tsx", host], { cwd: repoRoot, stdio: ["ignore", "pipe", "inherit"] });
+  let stdout = "";
+  child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+  const code = await new Promise<number | null>((resolveExit) => child.once("exit", (exitCode) => resolveExit(exitCode)));
+  assert.equal(code, 0);
+  const { pid } = JSON.parse(stdout.trim()) as { pid: number };
+  assert.ok(pid > 0);
+  try {
+    await eventually(() => isGone(pid), `engine ${pid} gone after its agent exited`);
+  } finally {
+    killQuietly(-pid);
+  }
+});
