@@ -1,0 +1,640 @@
+// The registry module: a small client of the Hugging Face Hub HTTP API, the file sets of a
+// repository, the choice of artifact, and local files as a stand-in for a hub.
+//
+// This file is the Hub client. It is our own thin client over undici rather than
+// @huggingface/hub because llmgw needs control over what that package hides: the endpoint
+// (it ignores HF_ENDPOINT), per-phase timeouts, the tree listing's `Link` pagination, one
+// place that turns the Hub's `X-Error-Code` answers into llmgw errors, and headers that
+// never carry the token to another host. The shapes it speaks are those of
+// reference/protocols.md §1 (from huggingface_hub's hf_api.py, file_download.py, _http.py).
+import { setTimeout as sleep } from "node:timers/promises";
+import { createHash } from "node:crypto";
+import { Agent, request, type Dispatcher } from "undici";
+import { z } from "zod";
+import {
+  BadRequestError,
+  LlmgwError,
+  NotFoundError,
+  PermissionDeniedError,
+  UpstreamError,
+} from "../core/errors.ts";
+import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
+import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "./types.ts";
+
+export const DEFAULT_REGISTRY_ENDPOINT = "https://huggingface.co";
+/** The Hub's default branch; what `repoInfo` reports as `revision` when none was asked for. */
+export const DEFAULT_REVISION = "main";
+
+/**
+ * The registry endpoint: the `--registry` flag, else `HF_ENDPOINT`, else huggingface.co,
+ * with trailing slashes removed (as huggingface_hub does with `.rstrip("/")`).
+ */
+export function resolveRegistryEndpoint(options: { flag?: string | undefined; env?: Record<string, string | undefined> } = {}): string {
+  const env = options.env ?? process.env;
+  const fromFlag = nonEmpty(options.flag);
+  const fromEnv = nonEmpty(env.HF_ENDPOINT);
+  const chosen = fromFlag ?? fromEnv ?? DEFAULT_REGISTRY_ENDPOINT;
+  const source = fromFlag !== undefined ? "--registry" : fromEnv !== undefined ? "HF_ENDPOINT" : "the default";
+  let url: URL;
+  try {
+    url = new URL(chosen);
+  } catch (error) {
+    throw new BadRequestError(`Invalid registry endpoint '${chosen}' from ${source}: expected an http(s) URL such as ${DEFAULT_REGISTRY_ENDPOINT}.`, {
+      code: "invalid_registry_endpoint",
+      param: "registry",
+      cause: error,
+    });
+  }
+  if ((url.protocol !== "http:" && url.protocol !== "https:") || url.search !== "" || url.hash !== "" || url.username !== "" || url.password !== "") {
+    throw new BadRequestError(
+      `Invalid registry endpoint '${chosen}' from ${source}: expected an http(s) URL without query, fragment or credentials, such as ${DEFAULT_REGISTRY_ENDPOINT}.`,
+      { code: "invalid_registry_endpoint", param: "registry" },
+    );
+  }
+  return chosen.replace(/\/+$/, "");
+}
+
+/** The Hub token from `HF_TOKEN`, or undefined. Never log what this returns. */
+export function resolveRegistryToken(env: Record<string, string | undefined> = process.env): string | undefined {
+  return nonEmpty(env.HF_TOKEN);
+}
+
+/** True when both URLs have the same scheme, host and port. */
+export function isSameOrigin(a: string, b: string): boolean {
+  try {
+    return new URL(a).origin === new URL(b).origin;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The headers to send when following a redirect from `from` to `to`. Like huggingface_hub,
+ * the Authorization header is dropped when the redirect leaves the origin: the Hub sends
+ * LFS downloads to a CDN with a signed URL, and the token must not travel there. The
+ * mirror uses this when it follows `resolve` redirects itself.
+ */
+export function headersForRedirect(headers: Record<string, string>, from: string, to: string): Record<string, string> {
+  if (isSameOrigin(from, to)) return { ...headers };
+  const kept: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (name.toLowerCase() !== "authorization") kept[name] = value;
+  }
+  return kept;
+}
+
+/** git's blob id of `content`: sha1 of `blob <size>\0<content>`, which the Hub lists as `oid`. */
+export function gitBlobId(content: Buffer): string {
+  return createHash("sha1").update(`blob ${content.length}\0`).update(content).digest("hex");
+}
+
+export interface HubClientOptions {
+  /** Registry base URL, for example from `resolveRegistryEndpoint`. */
+  endpoint: string;
+  /** Hub token (`HF_TOKEN`); sent only to the endpoint's own origin. */
+  token?: string | undefined;
+  /** HTTP dispatcher to use; by default the client makes its own Agent with the timeouts below. */
+  dispatcher?: Dispatcher;
+  /** TCP/TLS connect timeout of the client's own Agent (ignored when `dispatcher` is given). Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Time to wait for response headers. Default 30 s (undici's own default is 300 s). */
+  headersTimeoutMs?: number;
+  /** Longest silence while reading a response body. Default 30 s. */
+  bodyTimeoutMs?: number;
+  /** Extra attempts for a request that failed in a retryable way (timeout, drop, 408/429/5xx). Default 2. */
+  retries?: number;
+  /** First delay between attempts; doubles each time. Default 500 ms. */
+  retryDelayMs?: number;
+  userAgent?: string;
+}
+
+export interface FileMetadata {
+  /** `X-Repo-Commit`: the commit the revision resolved to. */
+  commit: string;
+  /** `X-Linked-Etag` or `ETag`, without `W/` and quotes: the sha256 for LFS files, the git blob id otherwise. */
+  etag: string;
+  /** `X-Linked-Size` or `Content-Length`. */
+  size: number;
+  /** Where the bytes are: the redirect target for LFS files, else the resolve URL itself. */
+  location: string;
+}
+
+/** What a request is for, so errors can name the repository, revision and file. */
+interface RequestContext {
+  what: string;
+  repo: string;
+  revision?: string;
+  path?: string;
+}
+
+interface Response {
+  url: string;
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: Dispatcher.ResponseData["body"];
+}
+
+const COMMIT_SHA = /^[0-9a-f]{40}$/;
+// A tree page of the real Hub is at most 1000 entries; a model-info answer is a few
+// hundred KiB for the largest repositories. This cap only stops a runaway body.
+const MAX_JSON_BYTES = 32 * 1024 * 1024;
+const MAX_REDIRECTS = 5;
+const MAX_TREE_PAGES = 10_000;
+
+const modelInfoSchema = z.object({
+  id: z.string().optional(),
+  sha: z.string().regex(COMMIT_SHA),
+  private: z.boolean().optional(),
+  gated: z.union([z.boolean(), z.string()]).nullable().optional(),
+  disabled: z.boolean().optional(),
+});
+
+const treeEntrySchema = z.object({
+  type: z.string(),
+  path: z.string(),
+  size: z.number().int().nonnegative().optional(),
+  oid: z.string().optional(),
+  lfs: z
+    .object({
+      oid: z.string(),
+      size: z.number().int().nonnegative(),
+      pointerSize: z.number().int().nonnegative().optional(),
+    })
+    .nullable()
+    .optional(),
+});
+const treePageSchema = z.array(treeEntrySchema);
+
+/**
+ * A client of one Hub endpoint. Pins everything to a commit: `repoInfo` resolves the
+ * revision to a sha once and lists the files at that sha, so a branch that moves while we
+ * read cannot mix two commits.
+ */
+export class HubClient implements Registry {
+  readonly endpoint: string;
+  readonly dispatcher: Dispatcher;
+  readonly hasToken: boolean;
+  // A private field, so the token never shows up in util.inspect or JSON.stringify output.
+  readonly #token: string | undefined;
+  readonly #ownsDispatcher: boolean;
+  readonly #headersTimeoutMs: number;
+  readonly #bodyTimeoutMs: number;
+  readonly #connectTimeoutMs: number;
+  readonly #retries: number;
+  readonly #retryDelayMs: number;
+  readonly #userAgent: string;
+
+  constructor(options: HubClientOptions) {
+    this.endpoint = resolveRegistryEndpoint({ flag: options.endpoint, env: {} });
+    this.#token = nonEmpty(options.token);
+    this.hasToken = this.#token !== undefined;
+    this.#connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
+    this.#headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
+    this.#bodyTimeoutMs = options.bodyTimeoutMs ?? 30_000;
+    this.#retries = Math.max(0, options.retries ?? 2);
+    this.#retryDelayMs = Math.max(0, options.retryDelayMs ?? 500);
+    this.#userAgent = options.userAgent ?? "llmgw";
+    if (options.dispatcher !== undefined) {
+      this.dispatcher = options.dispatcher;
+      this.#ownsDispatcher = false;
+    } else {
+      this.dispatcher = new Agent({
+        connect: { timeout: this.#connectTimeoutMs },
+        headersTimeout: this.#headersTimeoutMs,
+        bodyTimeout: this.#bodyTimeoutMs,
+      });
+      this.#ownsDispatcher = true;
+    }
+  }
+
+  /** Closes the client's own Agent; a dispatcher passed in is left to its owner. */
+  async close(): Promise<void> {
+    if (this.#ownsDispatcher) await this.dispatcher.close();
+  }
+
+  /**
+   * Reads a repository at a revision: the commit sha and gating from model info, every file
+   * with its size and LFS sha256 from the recursive tree listing at that sha (all pages).
+   * For a gated repository it also checks, with a HEAD of one file, that the token may
+   * download, so a missing approval fails here and not halfway through a download.
+   */
+  async repoInfo(options: { repo: string; revision?: string; signal?: AbortSignal }): Promise<RepoInfo> {
+    const repo = validateRepoName(options.repo);
+    const revision = options.revision === undefined ? undefined : validateRevision(options.revision);
+    const context: RequestContext = { what: "reading repository info", repo, ...(revision === undefined ? {} : { revision }) };
+    // Without a revision huggingface_hub asks for the default branch with the plain path.
+    const infoUrl =
+      revision === undefined
+        ? `${this.endpoint}/api/models/${repo}`
+        : `${this.endpoint}/api/models/${repo}/revision/${encodeURIComponent(revision)}`;
+    const info = await this.#getJson(infoUrl, context, modelInfoSchema, options.signal);
+    if (info.disabled === true) throw disabledError(repo, this.endpoint);
+    const canonical = info.id !== undefined && validRepoId(info.id) ? info.id : repo;
+    const gated = normaliseGated(info.gated);
+    const files = await this.#listFiles(canonical, info.sha, { ...context, repo: canonical, what: "listing repository files" }, options.signal);
+    if (gated !== false) await this.#checkDownloadAccess(canonical, info.sha, files, options.signal);
+    return {
+      repo: canonical,
+      revision: revision ?? DEFAULT_REVISION,
+      sha: info.sha,
+      shortSha: info.sha.slice(0, SHORT_SHA_LENGTH),
+      gated,
+      private: info.private ?? false,
+      files,
+    };
+  }
+
+  /**
+   * The download URL of one file, `{endpoint}/{repo}/resolve/{sha}/{path}`, with each path
+   * segment URL-encoded. Send `requestHeaders(url)` with it and, when following the
+   * redirect yourself, `headersForRedirect` (the token is dropped on a cross-host redirect).
+   */
+  downloadUrl(repo: string, sha: string, path: string): string {
+    validateRepoName(repo);
+    validateRevision(sha);
+    sanitizeRepoPath(path, "file");
+    return `${this.endpoint}/${repo}/resolve/${encodeURIComponent(sha)}/${encodeRepoPath(path)}`;
+  }
+
+  /** Headers for a request to `url`: a user agent, and Authorization only on the endpoint's origin. */
+  requestHeaders(url: string): Record<string, string> {
+    const headers: Record<string, string> = { "user-agent": this.#userAgent };
+    if (this.#token !== undefined && isSameOrigin(url, this.endpoint)) headers.authorization = `Bearer ${this.#token}`;
+    return headers;
+  }
+
+  /**
+   * The Hub's metadata for one file without downloading it, as huggingface_hub's
+   * `get_hf_file_metadata` reads it: a HEAD of the resolve URL with `Accept-Encoding:
+   * identity`, following only same-origin redirects (a renamed repository), and reading
+   * `X-Repo-Commit`, `X-Linked-Etag`/`ETag` and `X-Linked-Size`/`Content-Length`.
+   */
+  async fileMetadata(options: { repo: string; revision: string; path: string; signal?: AbortSignal }): Promise<FileMetadata> {
+    const repo = validateRepoName(options.repo);
+    const revision = validateRevision(options.revision);
+    const context: RequestContext = { what: `reading metadata of '${options.path}'`, repo, revision, path: options.path };
+    const url = this.downloadUrl(repo, revision, options.path);
+    return this.#withRetries(async () => {
+      // Only relative redirects are followed here, as huggingface_hub does: the answer to
+      // an LFS file is a redirect to an absolute CDN URL, and its headers are the metadata.
+      const response = await this.#send(url, "HEAD", { "accept-encoding": "identity" }, context, options.signal, "relative");
+      if (response.status >= 400) throw await this.#statusError(response, context);
+      await response.body.dump();
+      const commit = header(response.headers, "x-repo-commit");
+      const etag = normaliseEtag(header(response.headers, "x-linked-etag") ?? header(response.headers, "etag"));
+      const sizeText = header(response.headers, "x-linked-size") ?? header(response.headers, "content-length");
+      const size = sizeText === undefined ? Number.NaN : Number(sizeText);
+      if (commit === undefined || etag === undefined || !Number.isSafeInteger(size) || size < 0) {
+        throw new UpstreamError(
+          `The registry at ${this.endpoint} answered ${context.what} in '${repo}' without X-Repo-Commit, ETag or size headers; it may not be a Hugging Face Hub API.`,
+          { code: "registry_bad_response" },
+        );
+      }
+      const location = header(response.headers, "location");
+      return { commit, etag, size, location: location === undefined ? response.url : new URL(location, response.url).href };
+    }, options.signal);
+  }
+
+  async #listFiles(repo: string, sha: string, context: RequestContext, signal: AbortSignal | undefined): Promise<RepoFile[]> {
+    const files: RepoFile[] = [];
+    const seen = new Set<string>();
+    let url: string | undefined = `${this.endpoint}/api/models/${repo}/tree/${sha}?recursive=true&expand=false`;
+    const visited = new Set<string>();
+    while (url !== undefined) {
+      if (visited.has(url) || visited.size >= MAX_TREE_PAGES) {
+        throw new UpstreamError(`The registry at ${this.endpoint} sent a tree listing for '${repo}' whose pages do not end (page ${visited.size + 1}: ${url}).`, {
+          code: "registry_bad_response",
+        });
+      }
+      visited.add(url);
+      const pageUrl: string = url;
+      const page = await this.#withRetries(async () => {
+        const response = await this.#get(pageUrl, context, signal);
+        const entries = parseOrFail(treePageSchema, await this.#readJson(response, context, signal), this.endpoint, context);
+        return { entries, next: nextLink(header(response.headers, "link"), response.url) };
+      }, signal);
+      for (const entry of page.entries) {
+        if (entry.type !== "file") continue;
+        const problem = pathProblem(entry.path);
+        if (problem !== null) {
+          throw new UpstreamError(`The registry at ${this.endpoint} listed a file '${entry.path}' in '${repo}' that llmgw refuses: ${problem}.`, {
+            code: "registry_bad_response",
+          });
+        }
+        if (seen.has(entry.path)) continue;
+        seen.add(entry.path);
+        files.push({
+          path: entry.path,
+          size: entry.lfs?.size ?? entry.size ?? 0,
+          sha256: entry.lfs?.oid.toLowerCase() ?? null,
+          blobId: entry.oid ?? "",
+        });
+      }
+      url = page.next;
+    }
+    files.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+    return files;
+  }
+
+  async #checkDownloadAccess(repo: string, sha: string, files: RepoFile[], signal: AbortSignal | undefined): Promise<void> {
+    // The Hub shows a gated repository's metadata and file list to anyone; only downloads
+    // need approval. The smallest file is the cheapest to ask about.
+    const smallest = files.reduce<RepoFile | undefined>((best, file) => (best === undefined || file.size < best.size ? file : best), undefined);
+    if (smallest === undefined) return;
+    await this.fileMetadata({ repo, revision: sha, path: smallest.path, ...(signal === undefined ? {} : { signal }) });
+  }
+
+  async #getJson<T extends z.ZodType>(url: string, context: RequestContext, schema: T, signal: AbortSignal | undefined): Promise<z.output<T>> {
+    return this.#withRetries(async () => {
+      const response = await this.#get(url, context, signal);
+      return parseOrFail(schema, await this.#readJson(response, context, signal), this.endpoint, context);
+    }, signal);
+  }
+
+  /** A GET that follows same-origin redirects and turns error statuses into llmgw errors. */
+  async #get(url: string, context: RequestContext, signal: AbortSignal | undefined): Promise<Response> {
+    const response = await this.#send(url, "GET", { accept: "application/json" }, context, signal, "same-origin");
+    if (response.status >= 300 && response.status < 400) {
+      await response.body.dump();
+      throw new UpstreamError(`The registry at ${this.endpoint} redirected ${context.what} for '${context.repo}' to another host (${header(response.headers, "location") ?? "no location"}); llmgw does not follow that.`, {
+        code: "registry_bad_response",
+      });
+    }
+    if (response.status >= 400) throw await this.#statusError(response, context);
+    return response;
+  }
+
+  /** One request (plus same-origin redirects), with transport failures classified once, here. */
+  async #send(
+    url: string,
+    method: "GET" | "HEAD",
+    extraHeaders: Record<string, string>,
+    context: RequestContext,
+    signal: AbortSignal | undefined,
+    follow: "relative" | "same-origin",
+  ): Promise<Response> {
+    let current = url;
+    for (let hop = 0; ; hop += 1) {
+      let data: Dispatcher.ResponseData;
+      try {
+        data = await request(current, {
+          dispatcher: this.dispatcher,
+          method,
+          headers: { ...this.requestHeaders(current), ...extraHeaders },
+          headersTimeout: this.#headersTimeoutMs,
+          bodyTimeout: this.#bodyTimeoutMs,
+          ...(signal === undefined ? {} : { signal }),
+        });
+      } catch (error) {
+        throw this.#transportError(error, context, current, signal);
+      }
+      const response: Response = { url: current, status: data.statusCode, headers: data.headers, body: data.body };
+      const location = header(data.headers, "location");
+      const isRedirect = [301, 302, 303, 307, 308].includes(data.statusCode) && location !== undefined;
+      if (!isRedirect) return response;
+      const target = new URL(location, current).href;
+      // Redirects within the registry (a renamed repository) are followed; one to another
+      // host is the CDN of a download, whose headers the caller reads from this response.
+      const relative = !/^[a-z][a-z0-9+.-]*:|^\/\//i.test(location);
+      const followable = follow === "relative" ? relative : isSameOrigin(target, current);
+      if (!followable || hop >= MAX_REDIRECTS) return response;
+      await data.body.dump();
+      current = target;
+    }
+  }
+
+  async #readJson(response: Response, context: RequestContext, signal: AbortSignal | undefined): Promise<unknown> {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    try {
+      for await (const chunk of response.body) {
+        const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array);
+        total += buffer.length;
+        if (total > MAX_JSON_BYTES) {
+          response.body.destroy();
+          throw new UpstreamError(`The registry at ${this.endpoint} sent more than ${MAX_JSON_BYTES} bytes while ${context.what} for '${context.repo}'.`, {
+            code: "registry_bad_response",
+          });
+        }
+        chunks.push(buffer);
+      }
+    } catch (error) {
+      if (error instanceof LlmgwError) throw error;
+      throw this.#transportError(error, context, response.url, signal);
+    }
+    const text = Buffer.concat(chunks).toString("utf8");
+    try {
+      return JSON.parse(text) as unknown;
+    } catch (error) {
+      throw new UpstreamError(`The registry at ${this.endpoint} answered ${context.what} for '${context.repo}' with something that is not JSON; check --registry / HF_ENDPOINT.`, {
+        code: "registry_bad_response",
+        cause: error,
+      });
+    }
+  }
+
+  async #withRetries<T>(attempt: () => Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+    for (let n = 0; ; n += 1) {
+      try {
+        return await attempt();
+      } catch (error) {
+        const retry = error instanceof LlmgwError && error.retryable && n < this.#retries && signal?.aborted !== true;
+        if (!retry) throw error;
+        await sleep(this.#retryDelayMs * 2 ** n, undefined, signal === undefined ? {} : { signal });
+      }
+    }
+  }
+
+  /** Timeouts, refused and dropped connections: retryable, naming the registry. */
+  #transportError(error: unknown, context: RequestContext, url: string, signal: AbortSignal | undefined): unknown {
+    if (signal?.aborted === true) return signal.reason ?? error;
+    if (error instanceof LlmgwError) return error;
+    const code = errorCode(error);
+    const where = isSameOrigin(url, this.endpoint) ? `The registry at ${this.endpoint}` : `The registry's download host ${new URL(url).origin}`;
+    const about = `${context.what} for '${context.repo}'`;
+    const timeouts: Record<string, [string, number]> = {
+      UND_ERR_CONNECT_TIMEOUT: ["to accept the connection", this.#connectTimeoutMs],
+      UND_ERR_HEADERS_TIMEOUT: ["to answer", this.#headersTimeoutMs],
+      UND_ERR_BODY_TIMEOUT: ["to send the rest of its answer", this.#bodyTimeoutMs],
+    };
+    const timeout = code === undefined ? undefined : timeouts[code];
+    if (timeout !== undefined) {
+      return new UpstreamError(`${where} took longer than ${timeout[1]} ms ${timeout[0]} while ${about}. It is retryable: try again later, or check --registry / HF_ENDPOINT.`, {
+        code: "registry_timeout",
+        status: 504,
+        retryable: true,
+        cause: error,
+      });
+    }
+    return new UpstreamError(
+      `${where} could not be reached or dropped the connection while ${about} (${code ?? describe(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
+      { code: "registry_unreachable", status: 502, retryable: true, cause: error },
+    );
+  }
+
+  /** The one mapping of Hub error answers (status and `X-Error-Code`) to llmgw errors. */
+  async #statusError(response: Response, context: RequestContext): Promise<LlmgwError> {
+    const errorCode = header(response.headers, "x-error-code");
+    const bodyMessage = await errorBodyMessage(response);
+    const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
+    const { repo } = context;
+    const status = response.status;
+    const said = hubMessage === undefined ? "" : ` The registry said: ${hubMessage}`;
+    if (hubMessage === "Access to this resource is disabled.") return disabledError(repo, this.endpoint);
+    if (errorCode === "GatedRepo") {
+      const why = this.hasToken
+        ? "the HF_TOKEN in use is not on its approved list"
+        : "no HF_TOKEN is set";
+      return new PermissionDeniedError(
+        `Repository '${repo}' is gated and ${why}. Downloading it needs a Hugging Face token (HF_TOKEN) of an account with approved access: ` +
+          `request access at ${this.endpoint}/${repo}, then set HF_TOKEN to that account's token.`,
+        { code: "gated_repo", param: "repo" },
+      );
+    }
+    if (errorCode === "RevisionNotFound") {
+      return new NotFoundError(
+        `Revision '${context.revision ?? DEFAULT_REVISION}' was not found in repository '${repo}' on ${this.endpoint}. Give an existing branch, tag or full commit sha.`,
+        { code: "revision_not_found", param: "revision" },
+      );
+    }
+    if (errorCode === "EntryNotFound") {
+      return new NotFoundError(`File '${context.path ?? "?"}' was not found in repository '${repo}' at '${context.revision ?? DEFAULT_REVISION}' on ${this.endpoint}.`, {
+        code: "entry_not_found",
+        param: "file",
+      });
+    }
+    const repoMissing = errorCode === "RepoNotFound" || (status === 404 && errorCode === undefined);
+    if (!this.hasToken && (status === 401 || repoMissing)) {
+      // The Hub answers 401 to anonymous requests for missing, private and gated repositories alike.
+      return new NotFoundError(
+        `Repository '${repo}' was not found on ${this.endpoint}, or it is private: check the name, and set HF_TOKEN to a token with access if it is private.`,
+        { code: "repo_not_found", param: "repo" },
+      );
+    }
+    if (repoMissing) {
+      return new NotFoundError(
+        `Repository '${repo}' was not found on ${this.endpoint}, or it is private and the HF_TOKEN in use has no access to it. Check the name (owner/name).`,
+        { code: "repo_not_found", param: "repo" },
+      );
+    }
+    if (status === 401) {
+      return new PermissionDeniedError(`The registry at ${this.endpoint} rejected HF_TOKEN while ${context.what} for '${repo}': check that the token is valid.${said}`, {
+        code: "registry_token_rejected",
+      });
+    }
+    if (status === 403) {
+      return new PermissionDeniedError(`The registry at ${this.endpoint} refused ${context.what} for '${repo}' (403).${said}`, { code: "registry_forbidden", param: "repo" });
+    }
+    const retryable = status === 408 || status === 429 || status >= 500;
+    const retryAfter = header(response.headers, "retry-after");
+    return new UpstreamError(
+      `The registry at ${this.endpoint} answered ${status} while ${context.what} for '${repo}'.${said}${retryable ? " It is retryable: try again later." : ""}`,
+      {
+        code: status === 429 ? "registry_rate_limited" : "registry_error",
+        retryable,
+        ...(retryAfter !== undefined && /^\d+$/.test(retryAfter) ? { headers: { "retry-after": retryAfter } } : {}),
+      },
+    );
+  }
+}
+
+function disabledError(repo: string, endpoint: string): PermissionDeniedError {
+  return new PermissionDeniedError(`Repository '${repo}' on ${endpoint} is disabled by the registry; pick another repository.`, {
+    code: "repo_disabled",
+    param: "repo",
+  });
+}
+
+function parseOrFail<T extends z.ZodType>(schema: T, value: unknown, endpoint: string, context: RequestContext): z.output<T> {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  const issue = result.error.issues[0];
+  const where = issue === undefined ? "" : ` (at '${issue.path.map(String).join(".")}': ${issue.message})`;
+  throw new UpstreamError(
+    `The registry at ${endpoint} answered ${context.what} for '${context.repo}' in an unexpected shape${where}; check that --registry / HF_ENDPOINT points at a Hugging Face Hub API.`,
+    { code: "registry_bad_response", cause: result.error },
+  );
+}
+
+/** The URL of `rel="next"` in a GitHub-style Link header, resolved against the page URL. */
+export function nextLink(link: string | undefined, base: string): string | undefined {
+  if (link === undefined) return undefined;
+  // Each link-value is `<url>` followed by `; param=value` pairs up to the next `<`.
+  for (const match of link.matchAll(/<([^>]*)>([^<]*)/g)) {
+    const rel = /;\s*rel\s*=\s*(?:"([^"]*)"|([^;,\s]+))/i.exec(match[2] ?? "");
+    const rels = (rel?.[1] ?? rel?.[2] ?? "").toLowerCase().split(/\s+/);
+    if (rels.includes("next")) return new URL(match[1] ?? "", base).href;
+  }
+  return undefined;
+}
+
+function normaliseGated(value: boolean | string | null | undefined): false | "auto" | "manual" {
+  if (value === undefined || value === null || value === false || value === "false") return false;
+  return value === "manual" ? "manual" : "auto";
+}
+
+function normaliseEtag(value: string | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  const stripped = value.replace(/^W\//, "").replace(/^"|"$/g, "");
+  return stripped === "" ? undefined : stripped;
+}
+
+function validRepoId(id: string): boolean {
+  try {
+    validateRepoName(id);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The `{"error": "..."}` message of an error answer, reading at most a few KiB of it. */
+async function errorBodyMessage(response: Response): Promise<string | undefined> {
+  try {
+    const chunks: Buffer[] = [];
+    let total = 0;
+    for await (const chunk of response.body) {
+      const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array);
+      chunks.push(buffer);
+      total += buffer.length;
+      if (total >= 8192) {
+        response.body.destroy();
+        break;
+      }
+    }
+    const text = Buffer.concat(chunks).toString("utf8").slice(0, 2000);
+    try {
+      const parsed = JSON.parse(text) as unknown;
+      if (typeof parsed === "object" && parsed !== null && "error" in parsed && typeof parsed.error === "string") return parsed.error.slice(0, 300);
+    } catch {
+      // Not JSON: fall through to the text itself.
+    }
+    const trimmed = text.trim();
+    return trimmed === "" ? undefined : trimmed.slice(0, 300);
+  } catch {
+    return undefined;
+  }
+}
+
+function header(headers: Record<string, string | string[] | undefined>, name: string): string | undefined {
+  const value = headers[name];
+  if (Array.isArray(value)) return value.join(", ");
+  return value;
+}
+
+function errorCode(error: unknown): string | undefined {
+  for (let current: unknown = error, depth = 0; current !== undefined && current !== null && depth < 5; depth += 1) {
+    if (typeof current === "object" && "code" in current && typeof current.code === "string") return current.code;
+    current = typeof current === "object" && "cause" in current ? current.cause : undefined;
+  }
+  return undefined;
+}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+function nonEmpty(value: string | undefined): string | undefined {
+  const trimmed = value?.trim();
+  return trimmed === undefined || trimmed === "" ? undefined : trimmed;
+}
