@@ -99,6 +99,28 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.createIndex("usage_at").on("usage").column("at").execute();
     },
   }),
+  "0002_mirror": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("mirror_files")
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("version", "text", (c) => c.notNull())
+        .addColumn("file", "text", (c) => c.notNull())
+        .addColumn("repo", "text", (c) => c.notNull())
+        .addColumn("revision", "text", (c) => c.notNull())
+        .addColumn("state", "text", (c) => c.notNull())
+        .addColumn("sha256", "text")
+        .addColumn("actual_sha256", "text")
+        .addColumn("bytes_done", "bigint", (c) => c.notNull())
+        .addColumn("bytes_total", "bigint")
+        .addColumn("error", "text")
+        .addColumn("source_url", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("mirror_files_pk", ["model", "version", "file"])
+        .execute();
+    },
+  }),
 };
 
 export class CodeMigrationProvider implements MigrationProvider {

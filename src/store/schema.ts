@@ -90,6 +90,28 @@ export interface UsageTable {
   stream: number;
 }
 
+/** One file of a mirrored model version (DATA_DIR/mirror/{model}/{version}/{file}). */
+export interface MirrorFilesTable {
+  model: string;
+  version: string;
+  file: string;
+  repo: string;
+  /** Full commit sha (or local content id) the file belongs to. */
+  revision: string;
+  /** pending | fetching | complete | failed */
+  state: string;
+  /** The sha256 the registry published (null when it published none). */
+  sha256: string | null;
+  /** The sha256 actually computed, when it differed or once complete. */
+  actual_sha256: string | null;
+  bytes_done: number;
+  bytes_total: number | null;
+  error: string | null;
+  source_url: string;
+  created_at: string;
+  updated_at: string;
+}
+
 export interface Database {
   models: ModelsTable;
   model_aliases: ModelAliasesTable;
@@ -98,4 +120,5 @@ export interface Database {
   nodes: NodesTable;
   replicas: ReplicasTable;
   usage: UsageTable;
+  mirror_files: MirrorFilesTable;
 }

@@ -10,11 +10,11 @@ import { testBothStores } from "../../test/support/stores.ts";
 testBothStores("migrations create every table and record themselves", async (store) => {
   const tables = await store.db.introspection.getTables();
   const names = tables.map((t) => t.name);
-  for (const table of ["models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage"]) {
+  for (const table of ["models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files"]) {
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
   const applied = await sql<{ name: string }>`select name from kysely_migration`.execute(store.db);
-  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation"]);
+  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror"]);
 });
 
 testBothStores("serial ids, integer round trip and unique violations are detected", async (store) => {
