@@ -4,9 +4,28 @@ import { spawn } from "node:child_process";
 
 const unit = [
   "src/core/errors.test.ts",
+  "src/agent/engine-supervisor.test.ts",
+  "src/store/store.test.ts",
+  "src/catalog/catalog.test.ts",
+  "src/keys/key-service.test.ts",
+  "src/gguf/header.test.ts",
+  "src/gguf/llama-support.test.ts",
+  "src/gguf/memory-estimate.test.ts",
+  "src/plan/plan.test.ts",
+  "src/gguf/tiny-model.test.ts",
+  "src/engines/llamacpp/openai-wire.test.ts",
+  "src/engines/llamacpp/engine-server.test.ts",
+  "src/engines/llamacpp/engine-command.test.ts",
+  "src/registry/hub-client.test.ts",
+  "src/registry/file-sets.test.ts",
+  "src/registry/local-source.test.ts",
+  "test/support/stand-in-hub.test.ts",
+  "src/gateway/gateway.test.ts",
+  "src/agent/local-agent.test.ts",
 ];
 
 const endToEnd = [
+  "test/up-demo.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

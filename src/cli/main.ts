@@ -37,7 +37,7 @@ program
   .option("--key <key>", "engine key required on /v1 (or LLMGW_ENGINE_KEY)")
   .option("--ctx-size <n>", "context size shared by all parallel sequences", "4096")
   .option("--parallel <n>", "requests served at once (parallel sequences)", "2")
-  .option("--threads <n>", "CPU threads (0 = all math cores)", "0")
+  .option("--threads <n>", "CPU threads (0 = one per available core)", "0")
   .option("--model-name <name>", "model id reported by /v1/models")
   .action(async (options: Record<string, string | undefined>) => {
     const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");

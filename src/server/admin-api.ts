@@ -3,7 +3,8 @@
 // error leaves through `renderError`, in the same OpenAI shape as /v1.
 import { Hono, type Context } from "hono";
 import { bearerToken } from "../core/bearer.ts";
-import { BadRequestError, LlmgwError, NotFoundError, renderError } from "../core/errors.ts";
+import { z } from "zod";
+import { BadRequestError, LlmgwError, NotFoundError, parseWith, renderError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import { redactDefinition } from "../catalog/model-schema.ts";
@@ -18,12 +19,24 @@ export interface AdminApiOptions {
   logger: Logger;
   /** Operations the local agent offers (unpark); absent on a server without one. */
   agent?: { unpark(modelName: string): Promise<number> };
+  /** Plans a repository against this server's pool (GET /api/v1/plan). */
+  planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }) => Promise<unknown>;
   /** Whether the server is ready to take traffic (store open, catalog loaded). */
   isReady?: () => boolean;
   version: string;
 }
 
 type Env = { Variables: { principal: Principal } };
+
+/** Context for plans when none is given: the default context pool of a replica (DESIGN.md). */
+export const DEFAULT_PLAN_CONTEXT = 16384;
+
+const planQuerySchema = z.strictObject({
+  repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
+  revision: z.string().min(1).optional(),
+  context: z.coerce.number().int().min(256).max(10_000_000).default(DEFAULT_PLAN_CONTEXT),
+  format: z.enum(["gguf", "safetensors"]).optional(),
+}).transform(({ context, ...rest }) => ({ ...rest, contextSize: context }));
 
 export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   const { catalog, keys, replicas } = options;
@@ -77,6 +90,11 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     return c.json({ model: model.name, unparked: count });
   });
   app.get("/api/v1/audit", async (c) => c.json({ data: await catalog.auditLog({ limit: Number(c.req.query("limit") ?? 100) }) }));
+
+  app.get("/api/v1/plan", async (c) => {
+    if (options.planner === undefined) throw new BadRequestError("This server has no planner configured.");
+    return c.json(await options.planner(parseWith(planQuerySchema, c.req.query(), "plan query")));
+  });
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

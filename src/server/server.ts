@@ -18,6 +18,9 @@ import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi } from "./admin-api.ts";
+import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts";
+import { planRepository } from "../plan/plan-repository.ts";
+import { localPool } from "../plan/local-pool.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
 
@@ -28,6 +31,9 @@ export interface ServerConfig {
   /** SQLite file path or postgres:// URL. */
   database: string;
   maxBodyBytes?: number;
+  /** Hugging Face Hub endpoint (default https://huggingface.co) and token. */
+  registryEndpoint?: string;
+  registryToken?: string;
   logger: Logger;
 }
 
@@ -72,6 +78,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const parts: ServerParts = { store, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
+  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}) });
   const adminApi = createAdminApi({
     catalog,
     keys,
@@ -79,6 +86,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     version: LLMGW_VERSION,
     isReady: () => ready,
+    planner: (query) => planRepository({ ...query, registry, pool: localPool(), dataDir: config.dataDir }),
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
   });
   const adminListener = getRequestListener(adminApi.fetch);
@@ -132,6 +140,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
         setTimeout(() => server.closeAllConnections(), 2000).unref();
       });
       await pools.closeAll();
+      await registry.close();
       await usage.flush();
       await replicas.flush();
       await store.close();

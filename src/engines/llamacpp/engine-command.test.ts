@@ -1,0 +1,164 @@
+// The engine as a process the agent supervises: readiness on /health, the key from the
+// environment, cancellation of abandoned streams, SIGTERM, and the failures the
+// supervisor must be able to record (exit code and one stderr line naming the file).
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
+import { freePort, startEngine, waitForReady, type EngineProcess } from "./test-support.ts";
+
+const KEY = "key-from-the-environment";
+// A long context so an abandoned generation would run for a long time if it were not stopped.
+const CONTEXT = 32768;
+
+let dir: string;
+let modelPath: string;
+let engine: EngineProcess;
+let client: OpenAI;
+const others: EngineProcess[] = [];
+
+const withDeadline = <T>(promise: Promise<T>, ms: number, what: string): Promise<T> =>
+  Promise.race([promise, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms).unref())]);
+
+before(async () => {
+  dir = await mkdtemp(join(tmpdir(), "llmgw-engine-cmd-"));
+  // Endless: greedy decoding never picks an end token, so only an abort stops a generation.
+  modelPath = (await writeTinyLlamaGguf({ path: join(dir, "long.gguf"), seed: 5, contextLength: CONTEXT, endless: true })).path;
+});
+
+after(async () => {
+  await engine?.kill();
+  for (const other of others) await other.kill();
+  await rm(dir, { recursive: true, force: true });
+});
+
+async function expectStartFailure(args: string[], env: Record<string, string> = {}) {
+  const failed = await startEngine({ args, env });
+  others.push(failed);
+  const exit = await withDeadline(failed.exited, 60_000, "exit of the failing engine");
+  return { exit, stderr: failed.stderr() };
+}
+
+test("health answers 503 'Loading model' while loading, then 200; the key comes from LLMGW_ENGINE_KEY", async () => {
+  engine = await startEngine({
+    args: ["--model", modelPath, "--threads", "1", "--parallel", "1", "--ctx-size", String(CONTEXT)],
+    env: { LLMGW_ENGINE_KEY: KEY },
+  });
+  const health = await waitForReady(engine);
+  const answered = health.statuses.filter((s) => s !== 0);
+  assert.deepEqual(answered, [503, 200], `statuses seen: ${health.statuses.join(", ")}`);
+  assert.deepEqual(JSON.parse(health.bodies.get(503) ?? "null"), { error: { code: 503, message: "Loading model", type: "unavailable_error" } });
+  assert.deepEqual(JSON.parse(health.bodies.get(200) ?? "null"), { status: "ok" });
+
+  client = new OpenAI({ baseURL: `${engine.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 30_000 });
+  const models = await client.models.list();
+  assert.deepEqual(
+    models.data.map((m) => m.id),
+    ["long.gguf"],
+    "without --model-name the model is named after the file",
+  );
+});
+
+test("a client that abandons a stream frees the only sequence for the next request", async () => {
+  const controller = new AbortController();
+  const stream = await client.chat.completions.create(
+    { model: "long", messages: [{ role: "user", content: "hello" }], max_tokens: CONTEXT - 100, temperature: 0, stream: true },
+    { signal: controller.signal },
+  );
+  let contentChunks = 0;
+  let finished = false;
+  // Aborting ends the SDK's stream iteration quietly and closes the connection.
+  for await (const chunk of stream) {
+    if (chunk.choices[0]?.finish_reason) finished = true;
+    if (chunk.choices[0]?.delta.content) contentChunks += 1;
+    if (contentChunks === 3) controller.abort();
+  }
+  assert.equal(contentChunks, 3);
+  assert.equal(finished, false);
+
+  // With --parallel 1 this waits for the sequence, which the abandoned generation (tens
+  // of thousands of tokens) would hold far longer than the deadline.
+  const next = await withDeadline(
+    client.chat.completions.create({ model: "long", messages: [{ role: "user", content: "hi" }], max_tokens: 4, temperature: 0 }),
+    15_000,
+    "the request after the abandoned stream",
+  );
+  assert.equal(next.choices[0]?.finish_reason, "length");
+  assert.equal(next.usage?.completion_tokens, 4);
+});
+
+test("SIGTERM aborts the running generation, tells its client, and exits 0", async () => {
+  const stream = await client.chat.completions.create({
+    model: "long",
+    messages: [{ role: "user", content: "hello" }],
+    max_tokens: CONTEXT - 100,
+    temperature: 0,
+    stream: true,
+  });
+  let contentChunks = 0;
+  const reading = (async () => {
+    for await (const chunk of stream) {
+      if (chunk.choices[0]?.delta.content) contentChunks += 1;
+      if (contentChunks === 3) engine.child.kill("SIGTERM");
+    }
+  })();
+  // The stream ends with the engine's error event, not a dropped connection: the
+  // generation was aborted by the shutdown rather than cut off after the grace period.
+  await assert.rejects(reading, (error: unknown) => error instanceof OpenAI.APIError && /shutting down/.test(error.message));
+  const exit = await withDeadline(engine.exited, 10_000, "engine exit after SIGTERM");
+  assert.deepEqual(exit, { code: 0, signal: null });
+});
+
+test("a missing model file: exit code 1 and one stderr line naming the file", async () => {
+  const missing = join(dir, "no-such-model.gguf");
+  const { exit, stderr } = await expectStartFailure(["--model", missing, "--key", "k"]);
+  assert.equal(exit.code, 1);
+  const lines = stderr.trim().split("\n");
+  assert.equal(lines.length, 1, stderr);
+  assert.match(lines[0] ?? "", new RegExp(`'${missing.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}': no such file`));
+});
+
+test("a file that is not GGUF, or a truncated GGUF, is refused with the reason", async () => {
+  const text = join(dir, "notes.gguf");
+  await writeFile(text, "this is not a model\n");
+  const notGguf = await expectStartFailure(["--model", text, "--key", "k"]);
+  assert.equal(notGguf.exit.code, 1);
+  assert.match(notGguf.stderr, /notes\.gguf': not a GGUF file/);
+
+  // Right magic, cut off in the middle of the tensor data: only llama.cpp notices.
+  const truncated = join(dir, "truncated.gguf");
+  const whole = await readFile(modelPath);
+  await writeFile(truncated, whole.subarray(0, whole.length - 4096));
+  const broken = await expectStartFailure(["--model", truncated, "--key", "k", "--threads", "1"]);
+  assert.equal(broken.exit.code, 1);
+  assert.match(broken.stderr, /llmgw engine: cannot serve model file '.*truncated\.gguf': llama\.cpp could not load it: .*(corrupted|incomplete|bounds)/);
+});
+
+test("no engine key or a bad flag: exit code 2 before anything is loaded", async () => {
+  const noKey = await expectStartFailure(["--model", modelPath], { LLMGW_ENGINE_KEY: "" });
+  assert.equal(noKey.exit.code, 2);
+  assert.match(noKey.stderr, /LLMGW_ENGINE_KEY/);
+
+  const badParallel = await expectStartFailure(["--model", modelPath, "--key", "k", "--parallel", "0"]);
+  assert.equal(badParallel.exit.code, 2);
+  assert.match(badParallel.stderr, /--parallel must be an integer/);
+});
+
+test("a port in use: exit code 3 naming the address", async () => {
+  const port = await freePort();
+  const blocker = createServer();
+  await new Promise<void>((resolve) => blocker.listen(port, "127.0.0.1", resolve));
+  try {
+    const busy = await startEngine({ args: ["--model", modelPath, "--key", "k"], port });
+    others.push(busy);
+    const exit = await withDeadline(busy.exited, 30_000, "exit of the engine on a busy port");
+    assert.equal(exit.code, 3);
+    assert.match(busy.stderr(), new RegExp(`cannot listen on 127\\.0\\.0\\.1:${port}`));
+  } finally {
+    blocker.close();
+  }
+});

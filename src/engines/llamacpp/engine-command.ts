@@ -1,0 +1,170 @@
+// `llmgw engine`: the process the agent starts per replica of a GGUF model. It checks its
+// arguments and the model file, listens at once (so /health answers 503 while loading,
+// as llama-server does), loads the model, and serves until SIGTERM/SIGINT. Failures the
+// supervisor must record (bad arguments, a missing or invalid model, a busy port) are one
+// plain line on stderr and a non-zero exit code, never a hang.
+import { open } from "node:fs/promises";
+import { basename, resolve } from "node:path";
+import { createLogger, type Logger } from "../../core/log.ts";
+import { describeError } from "../../core/errors.ts";
+import { createEngineServer } from "./engine-server.ts";
+import type { LlamaRunner } from "./llama-runner.ts";
+
+/** The options commander hands over (`--ctx-size` arrives as `ctxSize`, and so on). */
+export interface EngineCommandOptions {
+  model?: string;
+  port?: string;
+  host?: string;
+  key?: string;
+  ctxSize?: string;
+  parallel?: string;
+  threads?: string;
+  modelName?: string;
+}
+
+export interface EngineSettings {
+  modelPath: string;
+  modelName: string;
+  host: string;
+  port: number;
+  key: string;
+  contextSize: number;
+  parallel: number;
+  threads: number;
+}
+
+/** Exit codes the supervisor can tell apart. */
+export const ENGINE_EXIT = { ok: 0, modelError: 1, usage: 2, listenError: 3 } as const;
+
+class EngineStartError extends Error {
+  constructor(
+    message: string,
+    readonly exitCode: number,
+  ) {
+    super(message);
+    this.name = "EngineStartError";
+  }
+}
+
+function integer(value: string | undefined, flag: string, min: number, max: number, fallback: number): number {
+  if (value === undefined || value === "") return fallback;
+  const parsed = Number(value);
+  if (!Number.isInteger(parsed) || parsed < min || parsed > max) {
+    throw new EngineStartError(`${flag} must be an integer from ${min} to ${max}, got '${value}'`, ENGINE_EXIT.usage);
+  }
+  return parsed;
+}
+
+/** Validates the command's options; the key falls back to LLMGW_ENGINE_KEY (kept out of `ps`). */
+export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.ProcessEnv = process.env): EngineSettings {
+  if (!options.model) throw new EngineStartError("--model is required", ENGINE_EXIT.usage);
+  const key = options.key ?? env.LLMGW_ENGINE_KEY ?? "";
+  if (key === "") throw new EngineStartError("no engine key: pass --key or set LLMGW_ENGINE_KEY", ENGINE_EXIT.usage);
+  const modelPath = resolve(options.model);
+  return {
+    modelPath,
+    modelName: options.modelName && options.modelName !== "" ? options.modelName : basename(modelPath),
+    host: options.host && options.host !== "" ? options.host : "127.0.0.1",
+    port: integer(options.port, "--port", 1, 65535, 0),
+    key,
+    contextSize: integer(options.ctxSize, "--ctx-size", 0, 16_777_216, 4096),
+    parallel: integer(options.parallel, "--parallel", 1, 256, 2),
+    threads: integer(options.threads, "--threads", 0, 1024, 0),
+  };
+}
+
+/**
+ * Cheap checks before anything is loaded, so the common failures get a precise reason:
+ * the file exists, is a regular readable file and starts with the GGUF magic.
+ */
+export async function checkModelFile(path: string): Promise<void> {
+  let handle;
+  try {
+    handle = await open(path, "r");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    const reason = code === "ENOENT" ? "no such file" : code === "EACCES" ? "permission denied" : describeError(error);
+    throw new EngineStartError(reason, ENGINE_EXIT.modelError);
+  }
+  try {
+    const stat = await handle.stat();
+    if (!stat.isFile()) throw new EngineStartError("not a regular file", ENGINE_EXIT.modelError);
+    const magic = Buffer.alloc(4);
+    const { bytesRead } = await handle.read(magic, 0, 4, 0);
+    if (bytesRead < 4 || magic.toString("latin1") !== "GGUF") {
+      throw new EngineStartError(`not a GGUF file (it starts with ${JSON.stringify(magic.subarray(0, bytesRead).toString("latin1"))}, not "GGUF")`, ENGINE_EXIT.modelError);
+    }
+  } catch (error) {
+    if (error instanceof EngineStartError) throw error;
+    throw new EngineStartError(describeError(error), ENGINE_EXIT.modelError);
+  } finally {
+    await handle.close();
+  }
+}
+
+function fail(line: string, exitCode: number): never {
+  process.stderr.write(`llmgw engine: ${line}\n`);
+  process.exit(exitCode);
+}
+
+export async function runEngineCommand(options: EngineCommandOptions): Promise<void> {
+  let settings: EngineSettings;
+  try {
+    settings = parseEngineOptions(options);
+    await checkModelFile(settings.modelPath);
+  } catch (error) {
+    if (error instanceof EngineStartError && error.exitCode === ENGINE_EXIT.modelError) {
+      fail(`cannot serve model file '${options.model ? resolve(options.model) : ""}': ${error.message}`, error.exitCode);
+    }
+    fail(describeError(error), error instanceof EngineStartError ? error.exitCode : ENGINE_EXIT.usage);
+  }
+  const logger: Logger = createLogger({ name: "llmgw-engine" });
+  const engine = createEngineServer({ key: settings.key, modelName: settings.modelName, logger });
+  try {
+    const address = await engine.listen(settings.host, settings.port);
+    logger.info({ host: address.address, port: address.port, model: settings.modelPath }, "engine listening; loading model");
+  } catch (error) {
+    fail(`cannot listen on ${settings.host}:${settings.port}: ${describeError(error)}`, ENGINE_EXIT.listenError);
+  }
+
+  let runner: LlamaRunner | null = null;
+  let stopping = false;
+  const stop = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, "engine stopping");
+    // Whatever happens below, the process is gone within a few seconds.
+    setTimeout(() => process.exit(ENGINE_EXIT.ok), 5000).unref();
+    void (async () => {
+      await engine.shutdown(2000);
+      // While loading there is nothing to wait for: the load cannot be interrupted, and
+      // the process exit releases the memory.
+      await runner?.dispose().catch((error: unknown) => logger.warn({ err: error }, "dispose failed"));
+      process.exit(ENGINE_EXIT.ok);
+    })();
+  };
+  process.on("SIGTERM", stop);
+  process.on("SIGINT", stop);
+
+  try {
+    // Loaded only now: node-llama-cpp takes a while to import, and the failures above
+    // should be reported without waiting for it.
+    const { LlamaRunner } = await import("./llama-runner.ts");
+    runner = await LlamaRunner.load({
+      modelPath: settings.modelPath,
+      contextSize: settings.contextSize,
+      parallel: settings.parallel,
+      threads: settings.threads,
+      logger,
+    });
+  } catch (error) {
+    if (stopping) return;
+    fail(`cannot serve model file '${settings.modelPath}': ${describeError(error)}`, ENGINE_EXIT.modelError);
+  }
+  if (stopping) {
+    await runner.dispose().catch(() => undefined);
+    return;
+  }
+  engine.setGenerator(runner);
+  logger.info({ model: settings.modelName, contextPerRequest: runner.contextPerRequest }, "engine ready");
+}

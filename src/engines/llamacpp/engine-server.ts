@@ -1,0 +1,299 @@
+// The HTTP face of the bundled engine, on node:http: /health (llama-server's semantics:
+// 503 while the model loads, 200 when ready, no key), the engine key on /v1/*, routing,
+// body parsing and validation, JSON and SSE responses, and cancellation: a client that
+// goes away aborts its generation, and shutdown aborts them all. The generation itself
+// is behind `TextGenerator` (llama-runner.ts); the wire shapes are in openai-wire.ts.
+import { createHash, timingSafeEqual } from "node:crypto";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import {
+  AuthenticationError,
+  BadRequestError,
+  LlmgwError,
+  NotFoundError,
+  PayloadTooLargeError,
+  UnavailableError,
+  describeError,
+  parseWith,
+  renderError,
+} from "../../core/errors.ts";
+import type { Logger } from "../../core/log.ts";
+import type { GenerationResult, TextGenerator } from "./llama-runner.ts";
+import {
+  SSE_DONE,
+  SSE_HEADERS,
+  chatChunk,
+  chatCompletion,
+  chatCompletionRequestSchema,
+  completionRequestSchema,
+  modelList,
+  newIdentity,
+  sseData,
+  textCompletion,
+  textCompletionChunk,
+  toChatJob,
+  toCompletionJob,
+  usage,
+} from "./openai-wire.ts";
+
+export interface EngineServerOptions {
+  /** The engine key every /v1 request must present as a Bearer token. */
+  key: string;
+  /** The model id /v1/models reports and responses carry. */
+  modelName: string;
+  logger: Logger;
+  /** Largest accepted request body; chat histories are text, so 16 MiB is generous. */
+  maxBodyBytes?: number;
+  now?: () => number;
+}
+
+export interface EngineServer {
+  readonly server: Server;
+  /** Switches /health to ready and lets /v1 requests through to the generator. */
+  setGenerator(generator: TextGenerator): void;
+  listen(host: string, port: number): Promise<AddressInfo>;
+  /** Stops accepting, aborts running generations and waits (bounded) for them to end. */
+  shutdown(graceMs?: number): Promise<void>;
+}
+
+// llama-server's exact /health bodies; supervisors poll for them (shared/reference/engines.md).
+const HEALTH_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } };
+const HEALTH_OK = { status: "ok" };
+
+class MethodNotAllowedError extends LlmgwError {
+  constructor(method: string, path: string, allowed: string) {
+    super({ message: `${method} is not allowed on ${path}; use ${allowed}.`, code: "method_not_allowed", status: 405, headers: { allow: allowed } });
+  }
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { ...headers, "content-type": "application/json", "content-length": String(Buffer.byteLength(text)) });
+  res.end(text);
+}
+
+async function readJsonBody(req: IncomingMessage, limit: number): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) throw new PayloadTooLargeError(`The request body is larger than ${limit} bytes; send a shorter conversation.`);
+    chunks.push(chunk);
+  }
+  const text = Buffer.concat(chunks).toString("utf8");
+  if (text.trim() === "") throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new BadRequestError(`The request body is not valid JSON: ${describeError(error)}`, { code: "invalid_json", cause: error });
+  }
+}
+
+export function createEngineServer(options: EngineServerOptions): EngineServer {
+  const { logger, modelName } = options;
+  const now = options.now ?? Date.now;
+  const maxBodyBytes = options.maxBodyBytes ?? 16 * 1024 * 1024;
+  // Compare digests so the comparison takes the same time whatever the length of the guess.
+  const expectedKey = createHash("sha256").update(options.key).digest();
+  const startedAt = Math.floor(now() / 1000);
+  let generator: TextGenerator | null = null;
+  let closing = false;
+  const running = new Map<AbortController, Promise<void>>();
+
+  const authorized = (header: string | undefined): boolean => {
+    const match = /^Bearer\s+(\S+)\s*$/i.exec(header ?? "");
+    if (!match?.[1]) return false;
+    return timingSafeEqual(createHash("sha256").update(match[1]).digest(), expectedKey);
+  };
+
+  const requireGenerator = (): TextGenerator => {
+    if (closing) throw new UnavailableError("The engine is shutting down; retry on another replica.", { retryAfterSeconds: 1 });
+    if (!generator) throw new UnavailableError("The model is still loading; retry shortly.", { retryAfterSeconds: 1 });
+    return generator;
+  };
+
+  async function handleChat(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
+    const body = parseWith(chatCompletionRequestSchema, await readJsonBody(req, maxBodyBytes));
+    const job = toChatJob(body);
+    const engine = requireGenerator();
+    const identity = newIdentity("chat", modelName, now);
+    if (!job.stream) {
+      const result = await engine.chat(job.messages, { params: job.params, signal });
+      if (finishAborted(result, res, signal)) return;
+      sendJson(res, 200, chatCompletion(identity, { text: result.text, finishReason: result.finishReason, usage: usage(result.promptTokens, result.completionTokens) }));
+      return;
+    }
+    const stream = sseWriter(res);
+    const result = await engine.chat(job.messages, {
+      params: job.params,
+      signal,
+      // Headers and the role chunk go out only once the request holds a sequence, so
+      // validation failures (such as a prompt longer than the context) are still plain
+      // HTTP errors with their status.
+      onStart: () => stream.start(chatChunk(identity, { delta: { role: "assistant", content: "" }, finishReason: null }, job.includeUsage)),
+      onText: (text) => {
+        if (text !== "") stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null }, job.includeUsage));
+      },
+    });
+    if (finishAborted(result, res, signal)) return;
+    stream.event(chatChunk(identity, { delta: {}, finishReason: result.finishReason }, job.includeUsage));
+    if (job.includeUsage) stream.event(chatChunk(identity, { usage: usage(result.promptTokens, result.completionTokens) }, true));
+    stream.done();
+  }
+
+  async function handleCompletion(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
+    const body = parseWith(completionRequestSchema, await readJsonBody(req, maxBodyBytes));
+    const job = toCompletionJob(body);
+    const engine = requireGenerator();
+    const identity = newIdentity("completion", modelName, now);
+    if (!job.stream) {
+      const result = await engine.complete(job.prompt, { params: job.params, signal });
+      if (finishAborted(result, res, signal)) return;
+      sendJson(res, 200, textCompletion(identity, { text: result.text, finishReason: result.finishReason, usage: usage(result.promptTokens, result.completionTokens) }));
+      return;
+    }
+    const stream = sseWriter(res);
+    const result = await engine.complete(job.prompt, {
+      params: job.params,
+      signal,
+      onStart: () => stream.start(null),
+      onText: (text) => {
+        if (text !== "") stream.event(textCompletionChunk(identity, { text, finishReason: null }, job.includeUsage));
+      },
+    });
+    if (finishAborted(result, res, signal)) return;
+    stream.event(textCompletionChunk(identity, { text: "", finishReason: result.finishReason }, job.includeUsage));
+    if (job.includeUsage) stream.event(textCompletionChunk(identity, { usage: usage(result.promptTokens, result.completionTokens) }, true));
+    stream.done();
+  }
+
+  /**
+   * After an aborted generation: a client that left gets nothing more; one that is still
+   * there (the engine is shutting down) gets the abort reason as its error.
+   */
+  function finishAborted(result: GenerationResult, res: ServerResponse, signal: AbortSignal): boolean {
+    if (!result.aborted && !signal.aborted) return false;
+    if (res.destroyed || res.writableEnded) return true;
+    throw signal.reason instanceof LlmgwError ? signal.reason : new UnavailableError("The generation was stopped.");
+  }
+
+  async function route(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
+    const path = new URL(req.url ?? "/", "http://engine").pathname;
+    const method = req.method ?? "GET";
+    if (path === "/health") {
+      if (method !== "GET" && method !== "HEAD") throw new MethodNotAllowedError(method, path, "GET");
+      if (generator && !closing) sendJson(res, 200, HEALTH_OK);
+      else sendJson(res, 503, HEALTH_LOADING);
+      return;
+    }
+    if (!path.startsWith("/v1/")) throw new NotFoundError(`No route ${method} ${path} on this engine; it serves /health and /v1/*.`);
+    if (!authorized(req.headers.authorization)) {
+      throw new AuthenticationError("Missing or wrong engine key: send 'Authorization: Bearer <engine key>'.");
+    }
+    const routes: Record<string, { method: string; handle: () => Promise<void> | void }> = {
+      // Like llama-server, every /v1 route answers 503 until the model is loaded.
+      "/v1/models": {
+        method: "GET",
+        handle: () => {
+          requireGenerator();
+          sendJson(res, 200, modelList(modelName, startedAt));
+        },
+      },
+      "/v1/chat/completions": { method: "POST", handle: () => handleChat(req, res, signal) },
+      "/v1/completions": { method: "POST", handle: () => handleCompletion(req, res, signal) },
+    };
+    const target = routes[path];
+    if (!target) throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions and /v1/completions.`);
+    if (method !== target.method) throw new MethodNotAllowedError(method, path, target.method);
+    await target.handle();
+  }
+
+  const server = createServer((req, res) => {
+    const started = now();
+    const controller = new AbortController();
+    // 'close' on the response before it finished means the client went away.
+    res.on("close", () => {
+      if (!res.writableFinished) controller.abort(new Error("client closed the connection"));
+    });
+    const work = route(req, res, controller.signal)
+      .catch((error: unknown) => {
+        if (res.destroyed) return;
+        const rendered = renderError(error);
+        if (!(error instanceof LlmgwError)) logger.error({ err: error, path: req.url }, "engine request failed");
+        if (res.headersSent) {
+          // After the first streamed byte the status is gone; OpenAI clients raise an
+          // event whose payload has an `error` field.
+          res.end(sseData(rendered.body));
+          return;
+        }
+        sendJson(res, rendered.status, rendered.body, rendered.headers);
+      })
+      .finally(() => {
+        running.delete(controller);
+        logger.debug({ method: req.method, path: req.url, status: res.statusCode, ms: now() - started }, "engine request");
+      });
+    running.set(controller, work);
+  });
+  // Generations can be long; the gateway bounds them, not node's default request timeout.
+  server.requestTimeout = 0;
+
+  return {
+    server,
+    setGenerator(value) {
+      generator = value;
+    },
+    listen(host, port) {
+      return new Promise((resolve, reject) => {
+        const onError = (error: Error) => reject(error);
+        server.once("error", onError);
+        server.listen(port, host, () => {
+          server.off("error", onError);
+          resolve(server.address() as AddressInfo);
+        });
+      });
+    },
+    async shutdown(graceMs = 3000) {
+      closing = true;
+      server.close();
+      server.closeIdleConnections();
+      const reason = new UnavailableError("The engine is shutting down; retry on another replica.", { retryAfterSeconds: 1 });
+      for (const controller of running.keys()) controller.abort(reason);
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        Promise.allSettled([...running.values()]),
+        new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, graceMs);
+          timer.unref();
+        }),
+      ]);
+      clearTimeout(timer);
+      server.closeAllConnections();
+    },
+  };
+}
+
+interface SseWriter {
+  /** Sends the status and headers, and a first event when given one. */
+  start(first: unknown): void;
+  event(payload: unknown): void;
+  done(): void;
+}
+
+function sseWriter(res: ServerResponse): SseWriter {
+  return {
+    start(first) {
+      if (res.headersSent) return;
+      res.writeHead(200, SSE_HEADERS);
+      if (first !== null) res.write(sseData(first));
+      else res.flushHeaders();
+    },
+    event(payload) {
+      if (!res.headersSent) this.start(null);
+      if (!res.destroyed) res.write(sseData(payload));
+    },
+    done() {
+      if (!res.headersSent) this.start(null);
+      res.end(SSE_DONE);
+    },
+  };
+}

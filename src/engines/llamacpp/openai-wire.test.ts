@@ -1,0 +1,91 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { BadRequestError, parseWith } from "../../core/errors.ts";
+import {
+  SSE_DONE,
+  chatChunk,
+  chatCompletionRequestSchema,
+  completionRequestSchema,
+  newIdentity,
+  sseData,
+  toChatJob,
+  toCompletionJob,
+  usage,
+} from "./openai-wire.ts";
+
+const chat = (body: unknown) => toChatJob(parseWith(chatCompletionRequestSchema, body));
+
+test("chat bodies become engine-neutral jobs", () => {
+  const job = chat({
+    model: "m",
+    messages: [
+      { role: "developer", content: "Be brief." },
+      { role: "user", content: [{ type: "text", text: "Hello, " }, { type: "text", text: "there" }] },
+      { role: "assistant", content: null },
+    ],
+    max_tokens: 50,
+    max_completion_tokens: 7,
+    stop: "END",
+    seed: -1,
+    temperature: 0,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  assert.deepEqual(job.messages, [
+    { role: "system", content: "Be brief." },
+    { role: "user", content: "Hello, there" },
+    { role: "assistant", content: "" },
+  ]);
+  // max_completion_tokens wins over the deprecated max_tokens; int64 seeds fold into uint32.
+  assert.deepEqual(job.params, { maxTokens: 7, temperature: 0, seed: 0xffffffff, stop: ["END"] });
+  assert.equal(job.stream, true);
+  assert.equal(job.includeUsage, true);
+
+  const defaults = chat({ messages: [{ role: "user", content: "hi" }], stream_options: { include_usage: true } });
+  assert.deepEqual(defaults.params, { temperature: 1, stop: [] });
+  assert.equal(defaults.includeUsage, false, "include_usage only applies to streams");
+});
+
+test("unsupported or malformed chat fields are 400s naming the field", () => {
+  const param = (body: unknown) => {
+    try {
+      chat(body);
+    } catch (error) {
+      assert.ok(error instanceof BadRequestError);
+      return error.param;
+    }
+    assert.fail("expected a BadRequestError");
+  };
+  assert.equal(param({}), "messages");
+  assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.role");
+  assert.equal(param({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), "messages.0.content");
+  assert.equal(param({ messages: [{ role: "user", content: null }] }), "messages.0.content");
+  assert.equal(param({ messages: [{ role: "user", content: "x" }], stop: ["a", "b", "c", "d", "e"] }), "stop");
+  assert.equal(param({ messages: [{ role: "user", content: "x" }], max_tokens: 0 }), "max_tokens");
+  assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools");
+});
+
+test("completion prompts: a string, one string in an array, or token ids; 16 tokens by default", () => {
+  const job = (prompt: unknown) => toCompletionJob(parseWith(completionRequestSchema, { prompt }));
+  assert.equal(job("abc").prompt, "abc");
+  assert.equal(job(["abc"]).prompt, "abc");
+  assert.deepEqual(job([1, 2, 3]).prompt, [1, 2, 3]);
+  assert.equal(job("abc").params.maxTokens, 16);
+  assert.throws(() => job(["a", "b"]), BadRequestError);
+  assert.throws(() => job(42), BadRequestError);
+});
+
+test("stream chunks: usage null only with include_usage; SSE framing", () => {
+  const identity = newIdentity("chat", "m", () => 1_700_000_000_500);
+  assert.match(identity.id, /^chatcmpl-[0-9a-f]{24}$/);
+  assert.equal(identity.created, 1_700_000_000);
+  const withUsage = chatChunk(identity, { delta: { content: "x" }, finishReason: null }, true);
+  assert.equal((withUsage as { usage?: unknown }).usage, null);
+  const without = chatChunk(identity, { delta: { content: "x" }, finishReason: null }, false);
+  assert.equal("usage" in without, false);
+  const last = chatChunk(identity, { usage: usage(3, 4) }, true);
+  assert.deepEqual(last.choices, []);
+  assert.deepEqual((last as { usage: unknown }).usage, { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
+  assert.equal(sseData({ a: 1 }), 'data: {"a":1}\n\n');
+  assert.equal(SSE_DONE, "data: [DONE]\n\n");
+});

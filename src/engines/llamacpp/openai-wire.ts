@@ -1,0 +1,268 @@
+// The OpenAI wire format of the bundled engine: request body schemas for
+// /v1/chat/completions and /v1/completions, their normalisation into engine-neutral
+// generation parameters, and the response, stream-chunk and SSE shapes (see
+// shared/reference/protocols.md §4). Nothing here knows about HTTP or llama.cpp, so the
+// shapes are checked in isolation and the same module can serve another engine later.
+import { randomBytes } from "node:crypto";
+import { z } from "zod";
+import { BadRequestError } from "../../core/errors.ts";
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+const stopSchema = z.union([z.string(), z.array(z.string()).max(4, "at most 4 stop sequences are allowed")]).nullish();
+
+const samplingFields = {
+  // The engine serves exactly one model, so `model` is informational (the gateway has
+  // already resolved it); llama-server accepts a missing one as well.
+  model: z.string().optional(),
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().nullish() }).nullish(),
+  max_tokens: z.number().int().min(1).nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().min(0).max(1).nullish(),
+  seed: z.number().int().nullish(),
+  stop: stopSchema,
+  frequency_penalty: z.number().min(-2).max(2).nullish(),
+  presence_penalty: z.number().min(-2).max(2).nullish(),
+  n: z.literal(1, { error: "the bundled engine generates one choice per request (n = 1)" }).nullish(),
+  logprobs: z.literal(false, { error: "logprobs are not supported by the bundled engine" }).nullish(),
+  user: z.string().nullish(),
+};
+
+const textPartSchema = z.object({
+  type: z.literal("text", { error: "only text content parts are supported by the bundled engine" }),
+  text: z.string(),
+});
+
+const contentSchema = z.union([z.string(), z.array(textPartSchema)]);
+
+const messageSchema = z.object({
+  role: z.enum(["system", "developer", "user", "assistant"], {
+    error: "role must be one of system, developer, user, assistant (tool messages are not supported by the bundled engine)",
+  }),
+  content: contentSchema.nullish(),
+  name: z.string().optional(),
+});
+
+export const chatCompletionRequestSchema = z.object({
+  ...samplingFields,
+  messages: z.array(messageSchema).min(1, "messages must hold at least one message"),
+  max_completion_tokens: z.number().int().min(1).nullish(),
+  tools: z.array(z.unknown()).max(0, "tools are not supported by the bundled engine").nullish(),
+  response_format: z
+    .object({ type: z.literal("text", { error: "only response_format type 'text' is supported by the bundled engine" }) })
+    .nullish(),
+});
+
+export const completionRequestSchema = z.object({
+  ...samplingFields,
+  prompt: z.union(
+    [
+      z.string(),
+      z.array(z.string()).length(1, "the bundled engine takes one prompt per request"),
+      z.array(z.number().int().min(0)).min(1),
+    ],
+    { error: "prompt must be a string, an array of one string, or an array of token ids" },
+  ),
+  echo: z.literal(false, { error: "echo is not supported by the bundled engine" }).nullish(),
+});
+
+export type ChatCompletionRequest = z.output<typeof chatCompletionRequestSchema>;
+export type CompletionRequest = z.output<typeof completionRequestSchema>;
+
+export type ChatRole = "system" | "user" | "assistant";
+export interface ChatMessage {
+  role: ChatRole;
+  content: string;
+}
+
+/** What a generation needs, independent of the wire format and the engine. */
+export interface GenerationParams {
+  /** Undefined: until the end of generation or of the context. */
+  maxTokens?: number;
+  temperature: number;
+  topP?: number;
+  seed?: number;
+  stop: string[];
+  frequencyPenalty?: number;
+  presencePenalty?: number;
+}
+
+// OpenAI's documented default temperature; callers that want greedy decoding send 0.
+const DEFAULT_TEMPERATURE = 1;
+
+function normaliseParams(body: ChatCompletionRequest | CompletionRequest, maxTokens: number | null | undefined): GenerationParams {
+  const stop = body.stop == null ? [] : (typeof body.stop === "string" ? [body.stop] : body.stop).filter((s) => s !== "");
+  return {
+    ...(maxTokens == null ? {} : { maxTokens }),
+    temperature: body.temperature ?? DEFAULT_TEMPERATURE,
+    ...(body.top_p == null ? {} : { topP: body.top_p }),
+    // llama.cpp seeds are uint32; OpenAI's are int64, so fold them into that range.
+    ...(body.seed == null ? {} : { seed: Number(BigInt.asUintN(32, BigInt(body.seed))) }),
+    stop,
+    ...(body.frequency_penalty == null ? {} : { frequencyPenalty: body.frequency_penalty }),
+    ...(body.presence_penalty == null ? {} : { presencePenalty: body.presence_penalty }),
+  };
+}
+
+export interface ChatJob {
+  messages: ChatMessage[];
+  params: GenerationParams;
+  stream: boolean;
+  includeUsage: boolean;
+}
+
+export function toChatJob(body: ChatCompletionRequest): ChatJob {
+  const messages = body.messages.map((message, index): ChatMessage => {
+    const content = message.content == null ? "" : typeof message.content === "string" ? message.content : message.content.map((p) => p.text).join("");
+    if (message.content == null && message.role !== "assistant") {
+      throw new BadRequestError(`Invalid request body: field 'messages.${index}.content': a ${message.role} message needs content.`, {
+        code: "invalid_field",
+        param: `messages.${index}.content`,
+      });
+    }
+    // Developer messages are OpenAI's newer name for system messages.
+    return { role: message.role === "developer" ? "system" : message.role, content };
+  });
+  return {
+    messages,
+    // max_completion_tokens replaces the deprecated max_tokens; honour either.
+    params: normaliseParams(body, body.max_completion_tokens ?? body.max_tokens),
+    stream: body.stream === true,
+    includeUsage: body.stream === true && body.stream_options?.include_usage === true,
+  };
+}
+
+export interface CompletionJob {
+  prompt: string | number[];
+  params: GenerationParams;
+  stream: boolean;
+  includeUsage: boolean;
+}
+
+export function toCompletionJob(body: CompletionRequest): CompletionJob {
+  const prompt = typeof body.prompt === "string" ? body.prompt : body.prompt.every((p) => typeof p === "string") ? (body.prompt[0] as string) : (body.prompt as number[]);
+  return {
+    prompt,
+    // The legacy completions API defaults to 16 tokens.
+    params: normaliseParams(body, body.max_tokens ?? 16),
+    stream: body.stream === true,
+    includeUsage: body.stream === true && body.stream_options?.include_usage === true,
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses
+
+export type FinishReason = "stop" | "length";
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+export function usage(promptTokens: number, completionTokens: number): Usage {
+  return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+}
+
+/** Identity shared by every chunk of one response (OpenAI repeats id and created). */
+export interface ResponseIdentity {
+  id: string;
+  created: number;
+  model: string;
+}
+
+export function newIdentity(kind: "chat" | "completion", model: string, now: () => number = Date.now): ResponseIdentity {
+  const prefix = kind === "chat" ? "chatcmpl-" : "cmpl-";
+  return { id: prefix + randomBytes(12).toString("hex"), created: Math.floor(now() / 1000), model };
+}
+
+export function chatCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; usage: Usage }) {
+  return {
+    id: identity.id,
+    object: "chat.completion" as const,
+    created: identity.created,
+    model: identity.model,
+    choices: [
+      {
+        index: 0,
+        message: { role: "assistant" as const, content: result.text, refusal: null },
+        logprobs: null,
+        finish_reason: result.finishReason,
+      },
+    ],
+    usage: result.usage,
+  };
+}
+
+export interface ChatDelta {
+  role?: "assistant";
+  content?: string;
+}
+
+/**
+ * One chat stream chunk. With include_usage every chunk carries `usage: null` and the
+ * last one (empty choices) the numbers; without it the field is left out.
+ */
+export function chatChunk(
+  identity: ResponseIdentity,
+  part: { delta: ChatDelta; finishReason: FinishReason | null } | { usage: Usage },
+  includeUsage: boolean,
+) {
+  const base = { id: identity.id, object: "chat.completion.chunk" as const, created: identity.created, model: identity.model };
+  if ("usage" in part) return { ...base, choices: [], usage: part.usage };
+  return {
+    ...base,
+    choices: [{ index: 0, delta: part.delta, logprobs: null, finish_reason: part.finishReason }],
+    ...(includeUsage ? { usage: null } : {}),
+  };
+}
+
+export function textCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; usage: Usage }) {
+  return {
+    id: identity.id,
+    object: "text_completion" as const,
+    created: identity.created,
+    model: identity.model,
+    choices: [{ index: 0, text: result.text, logprobs: null, finish_reason: result.finishReason }],
+    usage: result.usage,
+  };
+}
+
+/** One legacy-completions stream chunk (OpenAI streams them with object "text_completion"). */
+export function textCompletionChunk(
+  identity: ResponseIdentity,
+  part: { text: string; finishReason: FinishReason | null } | { usage: Usage },
+  includeUsage: boolean,
+) {
+  const base = { id: identity.id, object: "text_completion" as const, created: identity.created, model: identity.model };
+  if ("usage" in part) return { ...base, choices: [], usage: part.usage };
+  return {
+    ...base,
+    choices: [{ index: 0, text: part.text, logprobs: null, finish_reason: part.finishReason }],
+    ...(includeUsage ? { usage: null } : {}),
+  };
+}
+
+export function modelList(model: string, created: number) {
+  return { object: "list" as const, data: [{ id: model, object: "model" as const, created, owned_by: "llmgw" }] };
+}
+
+// ---------------------------------------------------------------------------------------
+// Server-sent events: `data: <json>\n\n` per event, ended by `data: [DONE]`.
+
+export function sseData(payload: unknown): string {
+  return `data: ${JSON.stringify(payload)}\n\n`;
+}
+
+export const SSE_DONE = "data: [DONE]\n\n";
+
+export const SSE_HEADERS: Readonly<Record<string, string>> = {
+  "content-type": "text/event-stream; charset=utf-8",
+  "cache-control": "no-cache",
+  connection: "keep-alive",
+  // Proxies such as nginx buffer responses unless told not to.
+  "x-accel-buffering": "no",
+};

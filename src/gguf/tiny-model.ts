@@ -1,0 +1,314 @@
+// Generator of tiny llama GGUF models that the bundled llama.cpp (node-llama-cpp) loads
+// and runs in milliseconds on a couple of CPU cores. Tests, `llmgw up --demo` and
+// stand-in repository files use it, so nothing ever downloads a real model. The weights
+// are random (a seeded PRNG, so one seed always gives the same bytes); the vocabulary is
+// a real SentencePiece-style one (every byte token, ChatML control tokens, ASCII letters
+// and some words) so text tokenises sensibly and chat generation can end on `<|im_end|>`.
+//
+// Layout rules come from ggml's gguf.md and llama.cpp's loader (see
+// shared/reference/protocols.md §2): hparams are UINT32 and the RMS epsilon FLOAT32
+// because llama.cpp rejects other key types, alignment is 32, each tensor offset is the
+// running sum of the padded sizes before it, and there are no tensors beyond what the
+// `llama` architecture expects. The header and key/values are serialised with
+// @huggingface/gguf; the tensor infos and data are written here.
+import { open } from "node:fs/promises";
+import { GGUFValueType, serializeGgufMetadata, type GGUFTypedMetadata, type MetadataValue } from "@huggingface/gguf";
+
+export { GGUFValueType };
+
+/** One typed key/value, in @huggingface/gguf's typed-metadata form. */
+export interface TypedMetadataValue {
+  value: MetadataValue;
+  type: GGUFValueType;
+  /** Element type of an ARRAY value. */
+  subType?: GGUFValueType;
+}
+
+export interface TinyLlamaOptions {
+  /** Where to write the file (overwritten if present). */
+  path: string;
+  /** Seed of the weight PRNG; the same seed and shape give the same bytes. Default 1. */
+  seed?: number;
+  /** n_embd. Default 64. */
+  embeddingLength?: number;
+  /** block_count. Default 2. */
+  layers?: number;
+  /** attention.head_count. Default 4 (must divide embeddingLength). */
+  heads?: number;
+  /** attention.head_count_kv. Default = heads (must divide heads). */
+  kvHeads?: number;
+  /** feed_forward_length. Default 2 × embeddingLength. */
+  feedForwardLength?: number;
+  /** llama.context_length (the trained context). Default 4096. */
+  contextLength?: number;
+  /** general.name. Default "llmgw tiny llama". */
+  name?: string;
+  /**
+   * Never end a generation on its own: the output projection gives the control tokens
+   * (`</s>`, `<|im_end|>`, ...) a logit of 0, which greedy decoding never picks over the
+   * hundreds of random positive logits. For tests of cancellation and limits, which need
+   * a generation that runs until it is stopped. Default false: the random model then ends
+   * a reply with `<|im_end|>` now and then, like a real one.
+   */
+  endless?: boolean;
+  /**
+   * More typed key/values, added to (or replacing) the generated ones: for example
+   * `general.file_type` or `split.no` for stand-in repository files.
+   */
+  extraMetadata?: Record<string, TypedMetadataValue>;
+}
+
+export interface TinyLlamaInfo {
+  path: string;
+  /** File size in bytes. */
+  bytes: number;
+  /** Number of weights over all tensors. */
+  parameterCount: number;
+  vocabSize: number;
+  tensorCount: number;
+  /** Special token ids, for tests that need them. */
+  tokens: { unk: number; bos: number; eos: number; imStart: number; imEnd: number };
+}
+
+/** ChatML, the template `tokenizer.chat_template` carries (Qwen/Hermes style). */
+export const TINY_CHAT_TEMPLATE =
+  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const ALIGNMENT = 32;
+const GGML_TYPE_F32 = 0;
+
+// SentencePiece token types (llama.cpp llama_token_type).
+const TYPE_NORMAL = 1;
+const TYPE_UNKNOWN = 2;
+const TYPE_CONTROL = 3;
+const TYPE_BYTE = 6;
+
+// Words whose every prefix becomes a token, with and without SentencePiece's "▁" (space)
+// marker: SPM merges adjacent pieces pairwise, so a word is one token only if each step of
+// the merge path exists. The bare forms serve text right after a special token (a role
+// after `<|im_start|>`, a prompt after BOS), where no space marker is added.
+const WORDS = [
+  "the", "a", "an", "and", "to", "of", "is", "are", "you", "I", "it", "in", "that", "this", "for", "with", "on",
+  "hello", "hi", "world", "say", "one", "sentence", "how", "what", "model", "test", "tiny", "llama", "answer",
+  "user", "assistant", "system", "yes", "no", "good", "day", "thank", "please", "count",
+];
+
+interface Vocab {
+  tokens: string[];
+  scores: number[];
+  types: number[];
+  ids: TinyLlamaInfo["tokens"];
+}
+
+function buildVocab(): Vocab {
+  const tokens: string[] = [];
+  const scores: number[] = [];
+  const types: number[] = [];
+  const seen = new Set<string>();
+  const add = (text: string, type: number, score: number): number => {
+    // llama.cpp asserts that token strings are unique.
+    if (seen.has(text)) return tokens.indexOf(text);
+    seen.add(text);
+    tokens.push(text);
+    scores.push(score);
+    types.push(type);
+    return tokens.length - 1;
+  };
+  const unk = add("<unk>", TYPE_UNKNOWN, 0);
+  const bos = add("<s>", TYPE_CONTROL, 0);
+  // Kept at SentencePiece's usual id 2, though `<|im_end|>` is the eos this model declares.
+  add("</s>", TYPE_CONTROL, 0);
+  // Byte fallback looks tokens up as "<0xXX>" (upper-case hex) and throws when one is missing.
+  for (let byte = 0; byte < 256; byte++) add(`<0x${byte.toString(16).toUpperCase().padStart(2, "0")}>`, TYPE_BYTE, 0);
+  const imStart = add("<|im_start|>", TYPE_CONTROL, 0);
+  const imEnd = add("<|im_end|>", TYPE_CONTROL, 0);
+
+  // Ordinary pieces; earlier ones score higher, as in SentencePiece vocabularies.
+  let rank = 0;
+  const normal = (text: string) => add(text, TYPE_NORMAL, -rank++);
+  normal("▁");
+  for (const word of WORDS) {
+    const piece = `▁${word}`;
+    for (let end = 2; end <= piece.length; end++) normal(piece.slice(0, end));
+  }
+  for (const word of WORDS) for (let end = 2; end <= word.length; end++) normal(word.slice(0, end));
+  const singles = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;\"()";
+  for (const char of singles) normal(char);
+  for (const char of singles) normal(`▁${char}`);
+  return { tokens, scores, types, ids: { unk, bos, eos: imEnd, imStart, imEnd } };
+}
+
+/** mulberry32: small, fast and deterministic; quality is irrelevant for random weights. */
+function createPrng(seed: number): () => number {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface TensorPlan {
+  name: string;
+  /** ggml order: dims[0] is the contiguous dimension. */
+  dims: number[];
+  /** "ones" for norm weights, otherwise uniform(-scale, scale). */
+  init: "ones" | { scale: number };
+}
+
+function planTensors(shape: { embd: number; layers: number; heads: number; kvHeads: number; ff: number; vocab: number }): TensorPlan[] {
+  const { embd, layers, heads, kvHeads, ff, vocab } = shape;
+  const headDim = embd / heads;
+  // Uniform(-a, a) with a = sqrt(3 / fan_in) keeps activations at unit variance.
+  const linear = (fanIn: number) => ({ scale: Math.sqrt(3 / fanIn) });
+  const plan: TensorPlan[] = [
+    { name: "token_embd.weight", dims: [embd, vocab], init: { scale: 1 } },
+    { name: "output_norm.weight", dims: [embd], init: "ones" },
+    // A larger scale than unit variance makes the output distribution peaked, so sampled
+    // text from the random model is less uniform noise.
+    { name: "output.weight", dims: [embd, vocab], init: { scale: 4 * Math.sqrt(3 / embd) } },
+  ];
+  for (let layer = 0; layer < layers; layer++) {
+    const p = `blk.${layer}.`;
+    plan.push(
+      { name: `${p}attn_norm.weight`, dims: [embd], init: "ones" },
+      { name: `${p}attn_q.weight`, dims: [embd, heads * headDim], init: linear(embd) },
+      { name: `${p}attn_k.weight`, dims: [embd, kvHeads * headDim], init: linear(embd) },
+      { name: `${p}attn_v.weight`, dims: [embd, kvHeads * headDim], init: linear(embd) },
+      { name: `${p}attn_output.weight`, dims: [heads * headDim, embd], init: linear(heads * headDim) },
+      { name: `${p}ffn_norm.weight`, dims: [embd], init: "ones" },
+      { name: `${p}ffn_gate.weight`, dims: [embd, ff], init: linear(embd) },
+      { name: `${p}ffn_down.weight`, dims: [ff, embd], init: linear(ff) },
+      { name: `${p}ffn_up.weight`, dims: [embd, ff], init: linear(embd) },
+    );
+  }
+  return plan;
+}
+
+const pad = (n: number, alignment: number) => Math.ceil(n / alignment) * alignment;
+const elements = (dims: number[]) => dims.reduce((a, b) => a * b, 1);
+
+function encodeTensorInfos(plan: TensorPlan[]): { bytes: Buffer; offsets: number[] } {
+  const parts: Buffer[] = [];
+  const offsets: number[] = [];
+  let offset = 0;
+  for (const tensor of plan) {
+    const name = Buffer.from(tensor.name, "utf8");
+    const info = Buffer.alloc(8 + name.length + 4 + 8 * tensor.dims.length + 4 + 8);
+    let at = info.writeBigUInt64LE(BigInt(name.length), 0);
+    at += name.copy(info, at);
+    at = info.writeUInt32LE(tensor.dims.length, at);
+    for (const dim of tensor.dims) at = info.writeBigUInt64LE(BigInt(dim), at);
+    at = info.writeUInt32LE(GGML_TYPE_F32, at);
+    info.writeBigUInt64LE(BigInt(offset), at);
+    parts.push(info);
+    offsets.push(offset);
+    // ggml requires each offset to be the running sum of the padded sizes before it.
+    offset += pad(elements(tensor.dims) * 4, ALIGNMENT);
+  }
+  return { bytes: Buffer.concat(parts), offsets };
+}
+
+function positiveInt(value: number, what: string): number {
+  if (!Number.isInteger(value) || value <= 0) throw new RangeError(`writeTinyLlamaGguf: ${what} must be a positive integer, got ${value}.`);
+  return value;
+}
+
+/** Writes a tiny llama GGUF v3 file with random F32 weights and returns what it wrote. */
+export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<TinyLlamaInfo> {
+  const embd = positiveInt(options.embeddingLength ?? 64, "embeddingLength");
+  const layers = positiveInt(options.layers ?? 2, "layers");
+  const heads = positiveInt(options.heads ?? 4, "heads");
+  const kvHeads = positiveInt(options.kvHeads ?? heads, "kvHeads");
+  const ff = positiveInt(options.feedForwardLength ?? embd * 2, "feedForwardLength");
+  const contextLength = positiveInt(options.contextLength ?? 4096, "contextLength");
+  if (embd % heads !== 0) throw new RangeError(`writeTinyLlamaGguf: embeddingLength ${embd} is not a multiple of heads ${heads}.`);
+  if (heads % kvHeads !== 0) throw new RangeError(`writeTinyLlamaGguf: heads ${heads} is not a multiple of kvHeads ${kvHeads}.`);
+  const headDim = embd / heads;
+
+  const vocab = buildVocab();
+  const plan = planTensors({ embd, layers, heads, kvHeads, ff, vocab: vocab.tokens.length });
+
+  const u32 = (value: number): TypedMetadataValue => ({ value, type: GGUFValueType.UINT32 });
+  const metadata: Record<string, TypedMetadataValue> = {
+    "general.architecture": { value: "llama", type: GGUFValueType.STRING },
+    "general.name": { value: options.name ?? "llmgw tiny llama", type: GGUFValueType.STRING },
+    "general.alignment": u32(ALIGNMENT),
+    "general.file_type": u32(0), // ALL_F32
+    "llama.context_length": u32(contextLength),
+    "llama.embedding_length": u32(embd),
+    "llama.block_count": u32(layers),
+    "llama.feed_forward_length": u32(ff),
+    "llama.attention.head_count": u32(heads),
+    "llama.attention.head_count_kv": u32(kvHeads),
+    "llama.attention.layer_norm_rms_epsilon": { value: 1e-5, type: GGUFValueType.FLOAT32 },
+    "llama.rope.dimension_count": u32(headDim),
+    "llama.rope.freq_base": { value: 10000, type: GGUFValueType.FLOAT32 },
+    "tokenizer.ggml.model": { value: "llama", type: GGUFValueType.STRING },
+    "tokenizer.ggml.tokens": { value: vocab.tokens, type: GGUFValueType.ARRAY, subType: GGUFValueType.STRING },
+    "tokenizer.ggml.scores": { value: vocab.scores, type: GGUFValueType.ARRAY, subType: GGUFValueType.FLOAT32 },
+    "tokenizer.ggml.token_type": { value: vocab.types, type: GGUFValueType.ARRAY, subType: GGUFValueType.INT32 },
+    "tokenizer.ggml.unknown_token_id": u32(vocab.ids.unk),
+    "tokenizer.ggml.bos_token_id": u32(vocab.ids.bos),
+    // `<|im_end|>` is the end of generation, so a ChatML turn ends the response.
+    "tokenizer.ggml.eos_token_id": u32(vocab.ids.eos),
+    "tokenizer.ggml.add_bos_token": { value: true, type: GGUFValueType.BOOL },
+    "tokenizer.ggml.add_eos_token": { value: false, type: GGUFValueType.BOOL },
+    "tokenizer.chat_template": { value: TINY_CHAT_TEMPLATE, type: GGUFValueType.STRING },
+    ...options.extraMetadata,
+  };
+
+  const typed = {
+    version: { value: 3, type: GGUFValueType.UINT32 },
+    tensor_count: { value: BigInt(plan.length), type: GGUFValueType.UINT64 },
+    kv_count: { value: BigInt(Object.keys(metadata).length), type: GGUFValueType.UINT64 },
+    ...metadata,
+  } as GGUFTypedMetadata;
+  // serializeGgufMetadata pads its output to the alignment, but the tensor infos must
+  // follow the key/values directly; alignment 1 means "no padding".
+  const header = Buffer.from(serializeGgufMetadata(typed, { alignment: 1 }));
+  const infos = encodeTensorInfos(plan);
+  const dataStart = pad(header.length + infos.bytes.length, ALIGNMENT);
+
+  const random = createPrng(options.seed ?? 1);
+  let parameterCount = 0;
+  const file = await open(options.path, "w");
+  try {
+    let position = 0;
+    const write = async (bytes: Uint8Array) => {
+      await file.write(bytes, 0, bytes.length, position);
+      position += bytes.length;
+    };
+    await write(header);
+    await write(infos.bytes);
+    await write(Buffer.alloc(dataStart - position));
+    for (const [index, tensor] of plan.entries()) {
+      const count = elements(tensor.dims);
+      parameterCount += count;
+      const values = new Float32Array(count);
+      if (tensor.init === "ones") values.fill(1);
+      else for (let i = 0; i < count; i++) values[i] = (random() * 2 - 1) * tensor.init.scale;
+      if (options.endless && tensor.name === "output.weight") {
+        // Row t (ne0 = embd contiguous values) projects the hidden state onto token t.
+        for (const [id, type] of vocab.types.entries()) if (type === TYPE_CONTROL || type === TYPE_UNKNOWN) values.fill(0, id * embd, (id + 1) * embd);
+      }
+      const bytes = Buffer.from(values.buffer, values.byteOffset, values.byteLength);
+      if (position !== dataStart + (infos.offsets[index] ?? -1)) throw new Error(`writeTinyLlamaGguf: tensor ${tensor.name} is out of place.`);
+      await write(bytes);
+      await write(Buffer.alloc(pad(bytes.length, ALIGNMENT) - bytes.length));
+    }
+    return {
+      path: options.path,
+      bytes: position,
+      parameterCount,
+      vocabSize: vocab.tokens.length,
+      tensorCount: plan.length,
+      tokens: vocab.ids,
+    };
+  } finally {
+    await file.close();
+  }
+}
