@@ -26,6 +26,7 @@ const unit = [
 
 const endToEnd = [
   "test/up-demo.e2e.test.ts",
+  "test/plan-cli.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

@@ -7,6 +7,9 @@ import { BadRequestError } from "../core/errors.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { renderTable } from "./output.ts";
+import { renderPlanTable } from "../plan/render.ts";
+import { isLocalSource } from "../registry/local-source.ts";
+import type { ModelPlan } from "../plan/plan.ts";
 
 type Options = Record<string, unknown>;
 
@@ -88,6 +91,23 @@ export function registerCtl(program: Command): void {
       process.stdout.write(`Unparked ${result.unparked} replica(s) of '${name}'.\n`);
     });
 
+  model
+    .command("plan <repo>")
+    .description("Which artifact of a repository (owner/name, or a local file or folder) runs where, and what it needs")
+    .option("--context <n>", "context to plan for (tokens)", String(16384))
+    .option("--format <format>", "only gguf or only safetensors")
+    .option("--revision <rev>", "branch, tag or commit (default main)")
+    .option("--json", "print JSON")
+    .action(async (repo: string, options: Options, command: Command) => {
+      // A relative path means this shell's folder, so it travels to the server as an absolute one.
+      const relative = isLocalSource(repo) && !repo.startsWith("file:") && !repo.startsWith("~");
+      const query = new URLSearchParams({ repo: relative ? path.resolve(repo) : repo, context: String(options.context) });
+      if (typeof options.format === "string") query.set("format", options.format);
+      if (typeof options.revision === "string") query.set("revision", options.revision);
+      const result = await connect(command).call("GET", `/api/v1/plan?${query}`);
+      print(command, result, () => renderRepositoryPlan(result));
+    });
+
   const key = ctl.command("key").description("API keys");
   key
     .command("create")
@@ -138,6 +158,14 @@ export function registerCtl(program: Command): void {
         ),
       );
     });
+}
+
+function renderRepositoryPlan(result: { repo: string; revision: string; sha: string; artifacts: Array<{ description: string; planned: boolean; note?: string }>; plan: ModelPlan }): string {
+  const lines = [`${result.repo} @ ${result.revision} (${result.sha.slice(0, 12)}), context ${result.plan.contextSize} tokens`, ""];
+  const skipped = result.artifacts.filter((a) => !a.planned);
+  lines.push(renderPlanTable(result.plan));
+  if (skipped.length > 0) lines.push("", "Not planned:", ...skipped.map((a) => `  ${a.description}: ${a.note ?? "not planned"}`));
+  return lines.join("\n");
 }
 
 function modelFromFlags(name: string | undefined, options: Options): unknown {

@@ -14,7 +14,8 @@ const serverOptions = (command: Command) =>
     .option("--listen <host:port>", "address to listen on (or LLMGW_LISTEN)", undefined)
     .option("--data-dir <dir>", "data dir (or LLMGW_DATA_DIR; default ~/.llmgw)")
     .option("--database <url>", "postgres://... for PostgreSQL (or LLMGW_DATABASE); default: SQLite in the data dir")
-    .option("--max-body <size>", "largest /v1 request body, e.g. 16m");
+    .option("--max-body <size>", "largest /v1 request body, e.g. 16m")
+    .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN");
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")

@@ -10,6 +10,7 @@ import { LocalAgent } from "../agent/local-agent.ts";
 import { stopAllSupervisors } from "../agent/engine-supervisor.ts";
 import { startServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
 export interface ServerCommandOptions {
@@ -17,6 +18,7 @@ export interface ServerCommandOptions {
   dataDir?: string;
   database?: string;
   maxBody?: string;
+  registry?: string;
   demo?: boolean;
 }
 
@@ -42,6 +44,8 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       port,
       database: resolveDatabase(options.database, dataDir),
       maxBodyBytes: options.maxBody === undefined ? undefined : parseByteSize(options.maxBody, "--max-body"),
+      registryEndpoint: resolveRegistryEndpoint({ flag: options.registry, env: process.env }),
+      registryToken: resolveRegistryToken(),
       logger,
     },
     withAgent,

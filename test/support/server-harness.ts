@@ -18,10 +18,26 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(options: { maxBodyBytes?: number; withAgent?: (parts: ServerParts) => Promise<Attachment> } = {}): Promise<Harness> {
+export interface HarnessOptions {
+  maxBodyBytes?: number;
+  registryEndpoint?: string;
+  registryToken?: string;
+  withAgent?: (parts: ServerParts) => Promise<Attachment>;
+}
+
+export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
   const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-harness-"));
   const server = await startServer(
-    { dataDir, host: "127.0.0.1", port: 0, database: path.join(dataDir, "llmgw.db"), logger: silentLogger(), maxBodyBytes: options.maxBodyBytes },
+    {
+      dataDir,
+      host: "127.0.0.1",
+      port: 0,
+      database: path.join(dataDir, "llmgw.db"),
+      logger: silentLogger(),
+      maxBodyBytes: options.maxBodyBytes,
+      registryEndpoint: options.registryEndpoint,
+      registryToken: options.registryToken,
+    },
     options.withAgent,
   );
   const adminKey = server.createdAdminKey;
