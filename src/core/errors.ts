@@ -125,9 +125,9 @@ function typeForStatus(status: number): string {
 export function fromZodError(error: z.ZodError, what = "request body"): BadRequestError {
   const issue = error.issues[0];
   const path = issue ? issue.path.map(String).join(".") : "";
-  const where = path === "" ? what : `field '${path}'`;
   const reason = issue?.message ?? "invalid";
-  return new BadRequestError(`Invalid ${what}: ${where}: ${reason}.`, {
+  const message = path === "" ? `Invalid ${what}: ${reason}.` : `Invalid ${what}: field '${path}': ${reason}.`;
+  return new BadRequestError(message, {
     code: "invalid_field",
     param: path === "" ? null : path,
     cause: error,

@@ -7,7 +7,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { getRequestListener } from "@hono/node-server";
-import { describeError } from "../core/errors.ts";
+import { ConflictError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { Catalog } from "../catalog/catalog.ts";
 import { KeyService } from "../keys/key-service.ts";
@@ -70,7 +70,6 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   // Replica rows from an earlier run describe processes that no longer exist.
   await store.db.deleteFrom("replicas").execute();
   const stopExternalSync = syncExternalReplicas(catalog, replicas);
-  const createdAdminKey = await ensureAdminKey(keys, config.dataDir);
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
@@ -96,33 +95,42 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
     else void adminListener(req, res);
   });
-  await new Promise<void>((resolve, reject) => {
+  const listening = new Promise<void>((resolve, reject) => {
     server.once("error", (error: NodeJS.ErrnoException) => {
       reject(
         error.code === "EADDRINUSE"
-          ? new Error(`Cannot listen on ${config.host}:${config.port}: the address is in use. Stop the other process or pass --listen with another port.`)
+          ? new ConflictError(`Cannot listen on ${config.host}:${config.port}: the address is in use. Stop the other process or pass --listen with another port.`, { code: "address_in_use" })
           : error,
       );
     });
     server.listen(config.port, config.host, resolve);
   });
-  const address = server.address() as AddressInfo;
-  const url = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
-
-  // Other servers write the same PostgreSQL catalog; see their changes within seconds.
-  const refreshTimer =
-    store.dialect === "postgres"
-      ? setInterval(() => catalog.refresh().catch((error: unknown) => logger.warn({ err: describeError(error) }, "catalog refresh failed")), 5000)
-      : undefined;
-  refreshTimer?.unref();
-
+  let refreshTimer: NodeJS.Timeout | undefined;
+  /** Undoes a start that failed halfway, so a caller that catches the error leaks nothing. */
+  const abandonStart = async () => {
+    if (refreshTimer !== undefined) clearInterval(refreshTimer);
+    stopExternalSync();
+    server.close();
+    await registry.close();
+    await store.close();
+  };
+  let createdAdminKey: string | null;
   try {
+    await listening;
+    // Only once the address is ours: a start that fails must not mint a key nobody saw.
+    createdAdminKey = await ensureAdminKey(keys, config.dataDir);
+    // Other servers write the same PostgreSQL catalog; see their changes within seconds.
+    if (store.dialect === "postgres") {
+      refreshTimer = setInterval(() => catalog.refresh().catch((error: unknown) => logger.warn({ err: describeError(error) }, "catalog refresh failed")), 5000);
+      refreshTimer.unref();
+    }
     attachment = withAgent === undefined ? undefined : await withAgent(parts);
   } catch (error) {
-    server.close();
-    await store.close();
+    await abandonStart();
     throw error;
   }
+  const address = server.address() as AddressInfo;
+  const url = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
   writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid }) + "\n");
   ready = true;
   logger.info({ url, database: store.location }, "llmgw server listening");
