@@ -20,6 +20,7 @@ const unit = [
   "src/registry/file-sets.test.ts",
   "src/registry/local-source.test.ts",
   "test/support/stand-in-hub.test.ts",
+  "src/gateway/usage-tap.test.ts",
   "src/gateway/gateway.test.ts",
   "src/agent/local-agent.test.ts",
 ];

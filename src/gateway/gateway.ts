@@ -174,7 +174,8 @@ export class Gateway {
           this.options.logger.warn({ model: model.name, replica: replica.id, status: upstream.statusCode }, "replica answered with a retryable status; trying another");
           continue;
         }
-        await this.relay({ res, upstream, replica, model, principal, started, stream, path: route.path, release });
+        const includeUsage = (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true;
+        await this.relay({ res, upstream, replica, model, principal, started, stream, includeUsage, path: route.path, release });
         return;
       }
       throw lastFailure ?? this.noReadyReplica(model);
@@ -192,15 +193,17 @@ export class Gateway {
     principal: Principal;
     started: number;
     stream: boolean;
+    includeUsage: boolean;
     path: string;
     release: () => void;
   }): Promise<void> {
-    const { res, upstream, replica, model, principal, started, stream, path, release } = call;
+    const { res, upstream, replica, model, principal, started, stream, includeUsage, path, release } = call;
     res.statusCode = upstream.statusCode;
     for (const [name, value] of Object.entries(upstream.headers)) {
       if (value !== undefined && !HOP_HEADERS.has(name)) res.setHeader(name, value);
     }
-    const tap = new UsageTap(stream);
+    // A stream carries usage only when the client asked for it; without that, keep nothing.
+    const tap = stream && !includeUsage ? null : new UsageTap(stream);
     let firstByteAt: number | null = null;
     return new Promise<void>((resolve) => {
       let settled = false;
@@ -208,7 +211,7 @@ export class Gateway {
         if (settled) return;
         settled = true;
         release();
-        const usage = tap.usage();
+        const usage = tap?.usage() ?? null;
         this.options.usage?.record({
           at: new Date().toISOString(),
           key_id: principal.keyId,
@@ -226,7 +229,7 @@ export class Gateway {
       };
       upstream.body.on("data", (chunk: Buffer) => {
         if (firstByteAt === null) firstByteAt = performance.now();
-        tap.push(chunk);
+        tap?.push(chunk);
         if (!res.write(chunk)) {
           upstream.body.pause();
           res.once("drain", () => upstream.body.resume());

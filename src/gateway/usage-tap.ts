@@ -40,7 +40,7 @@ export class UsageTap {
   usage(): TokenUsage | null {
     if (this.overflow || this.chunks.length === 0) return null;
     const text = Buffer.concat(this.chunks).toString("utf8");
-    if (!this.stream) return pickUsage(safeParse(text));
+    if (!this.stream) return pickUsage(safeParse(usageObjectText(text)));
     const events = text.split("\n");
     for (let i = events.length - 1; i >= 0; i -= 1) {
       const line = events[i]!.trim();
@@ -50,6 +50,28 @@ export class UsageTap {
     }
     return null;
   }
+}
+
+/**
+ * The `{"usage":{...}}` part of a JSON answer, cut out by matching braces, so that only it
+ * is parsed rather than a whole answer that may be long. Falls back to the whole text.
+ */
+function usageObjectText(text: string): string {
+  const key = text.lastIndexOf('"usage"');
+  const open = key === -1 ? -1 : text.indexOf("{", key);
+  if (open === -1) return text;
+  let depth = 0;
+  let inString = false;
+  for (let i = open; i < text.length; i += 1) {
+    const char = text[i];
+    if (inString) {
+      if (char === "\\") i += 1;
+      else if (char === '"') inString = false;
+    } else if (char === '"') inString = true;
+    else if (char === "{") depth += 1;
+    else if (char === "}" && --depth === 0) return `{"usage":${text.slice(open, i + 1)}}`;
+  }
+  return text;
 }
 
 function safeParse(text: string): unknown {

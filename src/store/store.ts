@@ -19,6 +19,11 @@ export interface Store {
   readonly dialect: Dialect;
   /** Where the data lives, for messages (never includes a password). */
   readonly location: string;
+  /**
+   * The SQLite connection itself, for the few hot writes (usage rows) that use a cached
+   * prepared statement instead of compiling a Kysely query each time. Undefined on PostgreSQL.
+   */
+  readonly sqlite?: BetterSqlite3.Database;
   close(): Promise<void>;
 }
 
@@ -61,7 +66,7 @@ function openSqlite(file: string): Store {
   database.pragma("foreign_keys = ON");
   database.pragma("synchronous = NORMAL");
   const db = new Kysely<Database>({ dialect: new SqliteDialect({ database }) });
-  return { db, dialect: "sqlite", location: file, close: () => db.destroy() };
+  return { db, dialect: "sqlite", location: file, sqlite: database, close: () => db.destroy() };
 }
 
 async function openPostgres(options: OpenStoreOptions): Promise<Store> {

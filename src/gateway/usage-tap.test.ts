@@ -1,0 +1,27 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { UsageTap } from "./usage-tap.ts";
+
+test("finds usage in a JSON answer whose text mentions usage and braces", () => {
+  const tap = new UsageTap(false);
+  const body = JSON.stringify({ id: "x", choices: [{ message: { content: 'he said "usage": {' } }], usage: { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 } });
+  tap.push(Buffer.from(body.slice(0, 20)));
+  tap.push(Buffer.from(body.slice(20)));
+  assert.deepEqual(tap.usage(), { prompt_tokens: 3, completion_tokens: 4 });
+});
+
+test("finds the usage event at the end of a long stream split across chunks", () => {
+  const tap = new UsageTap(true);
+  const chunk = (content: string) => `data: ${JSON.stringify({ choices: [{ delta: { content } }], usage: null })}\n\n`;
+  for (let i = 0; i < 2000; i += 1) tap.push(Buffer.from(chunk(`token ${i} `)));
+  const tail = `data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 11, completion_tokens: 2000, total_tokens: 2011 } })}\n\ndata: [DONE]\n\n`;
+  tap.push(Buffer.from(tail.slice(0, 30)));
+  tap.push(Buffer.from(tail.slice(30)));
+  assert.deepEqual(tap.usage(), { prompt_tokens: 11, completion_tokens: 2000 });
+});
+
+test("reports no usage when the answer has none", () => {
+  const tap = new UsageTap(false);
+  tap.push(Buffer.from('{"error":{"message":"x"}}'));
+  assert.equal(tap.usage(), null);
+});
