@@ -1,9 +1,20 @@
 // The one migration history of llmgw, applied on every start for SQLite and PostgreSQL
 // alike. Migrations are code (not files) so the package needs no loader; each is named
 // with a sortable prefix and never edited once released: a change is a new migration.
-import { sql, type Kysely, type Migration, type MigrationProvider } from "kysely";
+//
+// The runner is ours rather than Kysely's Migrator: that one decides whether its tables
+// exist by introspecting every schema of the database, which is slow in a shared database
+// and fails when another schema is dropped at the same moment. Here, one transaction takes
+// a PostgreSQL advisory lock (so servers starting together migrate once), creates the
+// history table if needed, and applies what is missing; DDL is transactional in both
+// databases, so a failed migration leaves nothing half-applied.
+import { sql, type Kysely } from "kysely";
 
 export type Dialect = "sqlite" | "postgres";
+
+interface Migration {
+  up(db: Kysely<unknown>): Promise<void>;
+}
 
 type MigrationFactory = (dialect: Dialect) => Migration;
 
@@ -123,10 +134,40 @@ const migrations: Record<string, MigrationFactory> = {
   }),
 };
 
-export class CodeMigrationProvider implements MigrationProvider {
-  constructor(private readonly dialect: Dialect) {}
+/** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */
+const MIGRATION_LOCK_KEY = 0x6c6d6777;
 
-  async getMigrations(): Promise<Record<string, Migration>> {
-    return Object.fromEntries(Object.entries(migrations).map(([name, factory]) => [name, factory(this.dialect)]));
+/** Applies every migration not yet recorded in `llmgw_migrations`; returns the names applied. */
+export async function applyMigrations(db: Kysely<unknown>, dialect: Dialect): Promise<string[]> {
+  return db.transaction().execute(async (trx) => {
+    if (dialect === "postgres") await sql`select pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`.execute(trx);
+    await trx.schema
+      .createTable("llmgw_migrations")
+      .ifNotExists()
+      .addColumn("name", "text", (c) => c.primaryKey())
+      .addColumn("applied_at", "text", (c) => c.notNull())
+      .execute();
+    const done = new Set((await sql<{ name: string }>`select name from llmgw_migrations`.execute(trx)).rows.map((row) => row.name));
+    const applied: string[] = [];
+    for (const [name, factory] of Object.entries(migrations).sort(([a], [b]) => a.localeCompare(b))) {
+      if (done.has(name)) continue;
+      try {
+        await factory(dialect).up(trx);
+      } catch (error) {
+        throw new MigrationError(name, error);
+      }
+      await sql`insert into llmgw_migrations (name, applied_at) values (${name}, ${new Date().toISOString()})`.execute(trx);
+      applied.push(name);
+    }
+    return applied;
+  });
+}
+
+export class MigrationError extends Error {
+  constructor(
+    readonly migration: string,
+    cause: unknown,
+  ) {
+    super(`migration ${migration} failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
   }
 }

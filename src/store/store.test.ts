@@ -8,13 +8,30 @@ import { openStore, isUniqueViolation } from "./store.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 
 testBothStores("migrations create every table and record themselves", async (store) => {
-  const tables = await store.db.introspection.getTables();
-  const names = tables.map((t) => t.name);
-  for (const table of ["models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files"]) {
+  // Read the catalog of this schema only: introspecting every schema races with other tests dropping theirs.
+  const listed =
+    store.dialect === "postgres"
+      ? await sql<{ name: string }>`select table_name as name from information_schema.tables where table_schema = ${store.schema}`.execute(store.db)
+      : await sql<{ name: string }>`select name from sqlite_master where type = 'table'`.execute(store.db);
+  const names = listed.rows.map((row) => row.name);
+  for (const table of ["llmgw_migrations", "models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files"]) {
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
-  const applied = await sql<{ name: string }>`select name from kysely_migration`.execute(store.db);
+  const applied = await sql<{ name: string }>`select name from llmgw_migrations order by name`.execute(store.db);
   assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror"]);
+});
+
+testBothStores("a store migrates in its own schema even when another schema holds llmgw tables", async (store) => {
+  if (store.dialect !== "postgres") return;
+  const { openPostgresTestStore } = await import("../../test/support/stores.ts");
+  const other = await openPostgresTestStore();
+  try {
+    const rows = await other.store.db.selectFrom("models").select("id").execute();
+    assert.deepEqual(rows, []);
+    assert.notEqual(other.store.schema, store.schema);
+  } finally {
+    await other.cleanup();
+  }
 });
 
 testBothStores("serial ids, integer round trip and unique violations are detected", async (store) => {

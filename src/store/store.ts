@@ -4,10 +4,10 @@
 import { mkdirSync } from "node:fs";
 import path from "node:path";
 import BetterSqlite3 from "better-sqlite3";
-import { Kysely, Migrator, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
+import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
 import pg from "pg";
 import { BadRequestError, InternalError, describeError } from "../core/errors.ts";
-import { CodeMigrationProvider, type Dialect } from "./migrations.ts";
+import { applyMigrations, MigrationError, type Dialect } from "./migrations.ts";
 import type { Database } from "./schema.ts";
 
 export type { Dialect };
@@ -17,6 +17,8 @@ export type Tx = Transaction<Database>;
 export interface Store {
   readonly db: Db;
   readonly dialect: Dialect;
+  /** PostgreSQL: the schema llmgw's tables live in ("public" unless configured). */
+  readonly schema?: string;
   /** Where the data lives, for messages (never includes a password). */
   readonly location: string;
   /**
@@ -104,15 +106,15 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
     });
   }
   const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
-  return { db, dialect: "postgres", location, close: () => db.destroy() };
+  return { db, dialect: "postgres", schema: schema ?? "public", location, close: () => db.destroy() };
 }
 
 async function migrate(store: Store): Promise<void> {
-  const migrator = new Migrator({ db: store.db, provider: new CodeMigrationProvider(store.dialect) });
-  const { error, results } = await migrator.migrateToLatest();
-  if (error !== undefined) {
-    const failed = results?.find((r) => r.status === "Error")?.migrationName ?? "unknown";
-    throw new InternalError(`Database migration ${failed} failed on ${store.location}: ${describeError(error)}`, { cause: error });
+  try {
+    await applyMigrations(store.db as unknown as Kysely<unknown>, store.dialect);
+  } catch (error) {
+    const which = error instanceof MigrationError ? ` (${error.migration})` : "";
+    throw new InternalError(`Database migration${which} failed on ${store.location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, { cause: error });
   }
 }
 
