@@ -20,6 +20,8 @@ const unit = [
   "src/registry/file-sets.test.ts",
   "src/registry/local-source.test.ts",
   "test/support/stand-in-hub.test.ts",
+  "src/mirror/mirror.test.ts",
+  "src/mirror/mirror-routes.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/gateway.test.ts",
   "src/agent/local-agent.test.ts",
@@ -28,6 +30,7 @@ const unit = [
 const endToEnd = [
   "test/up-demo.e2e.test.ts",
   "test/plan-cli.e2e.test.ts",
+  "test/supply-chain.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

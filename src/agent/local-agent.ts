@@ -16,6 +16,7 @@ import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
+import type { Mirror } from "../mirror/mirror.ts";
 import { EngineSupervisor, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
 
 /** Context and parallelism when a profile does not say (DESIGN.md: pool 16384, 4096 per request). */
@@ -31,6 +32,8 @@ export interface LocalAgentOptions {
   /** Engine run folders go below this (DATA_DIR/runs). */
   stateRoot: string;
   nodeId: string;
+  /** Where mirror sources are found (the server's mirror, in `up`). */
+  mirror?: Pick<Mirror, "pathFor">;
   host?: string;
   /** Supervisor timings; tests shorten them. */
   supervisor?: Partial<Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">>;
@@ -120,8 +123,8 @@ export class LocalAgent {
     const engineKey = randomBytes(24).toString("hex");
     const host = this.options.host ?? "127.0.0.1";
     const { replicas, logger } = this.options;
-    const source = model.definition.source;
-    const weightsPath = source?.kind === "file" ? path.resolve(source.path) : null;
+    // Resolved before every attempt: a mirrored file may complete (or vanish) in between.
+    let weightsPath: string | null = null;
     const contextPool = profile.ctx_size ?? DEFAULT_CONTEXT_POOL;
     const parallel = profile.parallel ?? Math.max(1, Math.floor(contextPool / DEFAULT_CONTEXT_PER_REQUEST));
 
@@ -151,7 +154,7 @@ export class LocalAgent {
       logger,
       ...this.options.supervisor,
       preflight: async () => {
-        if (weightsPath === null) throw new BadRequestError(`Model '${model.name}' has no local weights file (source ${JSON.stringify(source)}); this agent serves file sources.`);
+        weightsPath = await this.weightsPath(model);
         await assertReadableFile(weightsPath, model.name);
       },
       prepare: ({ port }) => ({
@@ -187,6 +190,23 @@ export class LocalAgent {
     supervisor.start();
     logger.info({ model: model.name, replica: id }, "starting replica");
     return { id, modelId: model.id, modelName: model.name, fingerprint, supervisor, unsubscribe };
+  }
+
+  /** Where this machine finds a model's GGUF: its file source, or the complete mirrored file. */
+  private async weightsPath(model: CatalogModel): Promise<string> {
+    const source = model.definition.source;
+    if (source?.kind === "file") return path.resolve(source.path);
+    if (source?.kind === "mirror") {
+      const found = this.options.mirror === undefined ? null : await this.options.mirror.pathFor(source.model, source.version, source.file);
+      if (found === null) {
+        throw new BadRequestError(
+          `The weights of model '${model.name}' are not in the mirror yet (${source.model}/${source.version}/${source.file}). Fetch them with 'llmgw ctl mirror fetch' and check 'llmgw ctl mirror list'.`,
+          { code: "weights_not_mirrored" },
+        );
+      }
+      return found;
+    }
+    throw new BadRequestError(`Model '${model.name}' has no weights source; give it a file or mirror source.`, { code: "weights_missing" });
   }
 
   private async retire(replica: RunningReplica): Promise<void> {

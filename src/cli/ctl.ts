@@ -8,6 +8,7 @@ import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { renderTable } from "./output.ts";
 import { renderPlanTable } from "../plan/render.ts";
+import { formatBytes } from "../gguf/memory-estimate.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import type { ModelPlan } from "../plan/plan.ts";
 
@@ -52,6 +53,7 @@ export function registerCtl(program: Command): void {
     .command("add [name]")
     .description("Add a model: a local GGUF file, an external OpenAI-compatible server, or a full JSON definition")
     .option("--gguf <file>", "serve this GGUF file with the bundled llama.cpp")
+    .option("--mirror <model/version/file>", "serve a GGUF file from the mirror (see 'llmgw ctl mirror list')")
     .option("--external <url>", "route to an existing OpenAI-compatible server (base URL)")
     .option("--api-key <key>", "key of the external server")
     .option("--upstream-model <name>", "model name the external server expects")
@@ -106,6 +108,57 @@ export function registerCtl(program: Command): void {
       if (typeof options.revision === "string") query.set("revision", options.revision);
       const result = await connect(command).call("GET", `/api/v1/plan?${query}`);
       print(command, result, () => renderRepositoryPlan(result));
+    });
+
+  const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
+  mirror
+    .command("fetch <repo>")
+    .description("Fetch a repository's artifact (Q4_K_M by default) into the mirror, verifying every file, and show progress")
+    .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
+    .option("--file <path>", "an exact file of the repository")
+    .option("--format <format>", "gguf or safetensors")
+    .option("--revision <rev>", "branch, tag or commit (default main)")
+    .option("--model <name>", "the mirror's name for the model (default owner--name)")
+    .option("--no-wait", "start the fetch and return")
+    .option("--json", "print JSON")
+    .action(async (repo: string, options: Options, command: Command) => {
+      const client = connect(command);
+      const relative = isLocalSource(repo) && !repo.startsWith("file:") && !repo.startsWith("~");
+      const started = await client.call("POST", "/api/v1/mirror", {
+        repo: relative ? path.resolve(repo) : repo,
+        ...pick(options, ["quant", "file", "format", "revision", "model"]),
+      });
+      if (options.wait === false) {
+        print(command, started, () => `Fetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${started.files.length} files, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
+        return;
+      }
+      const final = await followFetch(client, started, command.optsWithGlobals().json !== true);
+      print(command, final, () => describeFetchOutcome(started, final));
+      if (final.some((f: any) => f.state === "failed")) process.exitCode = 1;
+    });
+  mirror
+    .command("list")
+    .option("--model <name>", "only this model")
+    .option("--json", "print JSON")
+    .action(async (options: Options, command: Command) => {
+      const query = typeof options.model === "string" ? `?model=${encodeURIComponent(options.model)}` : "";
+      const result = await connect(command).call("GET", `/api/v1/mirror${query}`);
+      print(command, result, () => {
+        if (result.data.length === 0) return "The mirror is empty. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
+        const table = renderTable(
+          ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", "ERROR"],
+          result.data.map((f: any) => [f.model, f.version, f.file, f.state, f.percent === null ? null : `${f.percent}%`, f.bytesTotal === null ? null : formatBytes(f.bytesTotal), f.error]),
+        );
+        const disk = result.disk;
+        return `${table}\n\nMirror ${disk.root}: ${formatBytes(disk.bytes)} used (${formatBytes(disk.partialBytes)} partial)${disk.freeBytes === null ? "" : `, ${formatBytes(disk.freeBytes)} free`}.`;
+      });
+    });
+  mirror
+    .command("rm <model> <version>")
+    .description("Delete a mirrored version and its files")
+    .action(async (modelName: string, version: string, _options: Options, command: Command) => {
+      const { deleted } = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}`);
+      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${deleted.files} files, ${formatBytes(deleted.bytes)}.\n`);
     });
 
   const key = ctl.command("key").description("API keys");
@@ -168,6 +221,52 @@ function renderRepositoryPlan(result: { repo: string; revision: string; sha: str
   return lines.join("\n");
 }
 
+function pick(options: Options, names: string[]): Record<string, string> {
+  return Object.fromEntries(names.filter((name) => typeof options[name] === "string").map((name) => [name, options[name] as string]));
+}
+
+/** Polls the mirror until every file of the started version is complete or failed, drawing progress. */
+async function followFetch(client: AdminClient, started: { model: string; version: string; files: { path: string }[] }, draw: boolean): Promise<any[]> {
+  const wanted = new Set(started.files.map((f) => f.path));
+  const tty = draw && process.stderr.isTTY === true;
+  let lastLine = 0;
+  for (;;) {
+    const { data } = await client.call<{ data: any[] }>("GET", `/api/v1/mirror?model=${encodeURIComponent(started.model)}`);
+    const files = data.filter((f) => f.version === started.version && wanted.has(f.file));
+    const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
+    const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
+    const settled = files.length === wanted.size && files.every((f) => (f.state === "complete" || f.state === "failed") && !f.active);
+    if (draw) {
+      const line = `${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${files.filter((f) => f.state === "complete").length}/${wanted.size} files`;
+      if (tty) process.stderr.write(`\r${line}\u001b[K`);
+      else if (settled || Date.now() - lastLine > 5000) {
+        process.stderr.write(`${line}\n`);
+        lastLine = Date.now();
+      }
+    }
+    if (settled) {
+      if (tty) process.stderr.write("\n");
+      return files;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 500));
+  }
+}
+
+function progressBar(done: number, total: number, width = 30): string {
+  const ratio = total > 0 ? Math.min(1, done / total) : 0;
+  const filled = Math.round(ratio * width);
+  return `[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${(ratio * 100).toFixed(1).padStart(5)}%`;
+}
+
+function describeFetchOutcome(started: { model: string; version: string; repo: string }, files: any[]): string {
+  const failed = files.filter((f) => f.state === "failed");
+  if (failed.length === 0) {
+    const entry = files[0]?.file ?? "";
+    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${files.length} files verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
+  }
+  return `${failed.length} of ${files.length} files failed:\n${failed.map((f) => `  ${f.file}: ${f.error}`).join("\n")}\nRun the same fetch again to retry; completed files are kept.`;
+}
+
 function modelFromFlags(name: string | undefined, options: Options): unknown {
   if (typeof options.definition === "string") {
     const text = options.definition === "-" ? readFileSync(0, "utf8") : readFileSync(options.definition, "utf8");
@@ -177,12 +276,12 @@ function modelFromFlags(name: string | undefined, options: Options): unknown {
   const aliases = Array.isArray(options.alias) ? (options.alias as string[]) : [];
   const replicas = typeof options.replicas === "string" ? parsePositiveInt(options.replicas, "--replicas", { allowZero: true }) : 1;
   const scaling = { min: replicas, max: Math.max(replicas, 1) };
-  if (typeof options.gguf === "string") {
+  if (typeof options.gguf === "string" || typeof options.mirror === "string") {
     return {
       name,
       aliases,
       scaling,
-      source: { kind: "file", path: path.resolve(options.gguf) },
+      source: typeof options.gguf === "string" ? { kind: "file", path: path.resolve(options.gguf) } : mirrorSource(options.mirror as string),
       profiles: [
         {
           name: "cpu",
@@ -208,7 +307,16 @@ function modelFromFlags(name: string | undefined, options: Options): unknown {
       ],
     };
   }
-  throw new BadRequestError("Say what serves the model: --gguf FILE, --external URL, or --definition FILE.");
+  throw new BadRequestError("Say what serves the model: --gguf FILE, --mirror MODEL/VERSION/FILE, --external URL, or --definition FILE.");
+}
+
+/** `model/version/file` (the file may have folders) → a mirror source. */
+function mirrorSource(value: string): { kind: "mirror"; model: string; version: string; file: string } {
+  const [model, version, ...file] = value.split("/");
+  if (model === undefined || version === undefined || file.length === 0 || file.some((part) => part === "")) {
+    throw new BadRequestError(`Invalid --mirror '${value}': use MODEL/VERSION/FILE as 'llmgw ctl mirror list' shows them.`);
+  }
+  return { kind: "mirror", model, version, file: file.join("/") };
 }
 
 function readJsonArgument(value: string, flag: string): unknown {

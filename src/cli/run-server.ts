@@ -32,7 +32,14 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     mode === "up"
       ? async (parts: ServerParts) => {
           if (options.demo === true) await ensureDemoModel(parts, dataDir);
-          const agent = new LocalAgent({ catalog: parts.catalog, replicas: parts.replicas, logger, stateRoot: path.join(dataDir, "runs"), nodeId: "local" });
+          const agent = new LocalAgent({
+            catalog: parts.catalog,
+            replicas: parts.replicas,
+            mirror: parts.mirror,
+            logger,
+            stateRoot: path.join(dataDir, "runs"),
+            nodeId: "local",
+          });
           agent.start();
           return agent;
         }

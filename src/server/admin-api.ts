@@ -11,6 +11,7 @@ import { redactDefinition } from "../catalog/model-schema.ts";
 import type { KeyService, Principal } from "../keys/key-service.ts";
 import { modelHealth } from "../fleet/model-health.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
+import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
 
 export interface AdminApiOptions {
   catalog: Catalog;
@@ -19,6 +20,8 @@ export interface AdminApiOptions {
   logger: Logger;
   /** Operations the local agent offers (unpark); absent on a server without one. */
   agent?: { unpark(modelName: string): Promise<number> };
+  /** The weights mirror and the registry it fetches from (the /api/v1/mirror routes). */
+  mirror?: MirrorRoutesOptions;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
   planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }) => Promise<unknown>;
   /** Whether the server is ready to take traffic (store open, catalog loaded). */
@@ -95,6 +98,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     if (options.planner === undefined) throw new BadRequestError("This server has no planner configured.");
     return c.json(await options.planner(parseWith(planQuerySchema, c.req.query(), "plan query")));
   });
+
+  if (options.mirror !== undefined) mountMirrorRoutes(app, options.mirror);
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

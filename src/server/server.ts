@@ -21,6 +21,9 @@ import { createAdminApi } from "./admin-api.ts";
 import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts";
 import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
+import { Mirror } from "../mirror/mirror.ts";
+import { createMirrorFileHandler, isMirrorFileRequest } from "../mirror/mirror-routes.ts";
+import { bearerToken } from "../core/bearer.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
 
@@ -39,6 +42,7 @@ export interface ServerConfig {
 
 export interface ServerParts {
   store: Store;
+  mirror: Mirror;
   catalog: Catalog;
   keys: KeyService;
   replicas: ReplicaTable;
@@ -70,11 +74,15 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   // Replica rows from an earlier run describe processes that no longer exist.
   await store.db.deleteFrom("replicas").execute();
   const stopExternalSync = syncExternalReplicas(catalog, replicas);
+  const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
+  // Fetches cut off by the last stop are listed as incomplete, never as present.
+  const recovered = await mirror.recover();
+  if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
   const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes });
-  const parts: ServerParts = { store, catalog, keys, replicas, logger, config };
+  const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}) });
@@ -85,14 +93,24 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     version: LLMGW_VERSION,
     isReady: () => ready,
+    mirror: { mirror, registry, dataDir: config.dataDir, logger },
     planner: (query) => planRepository({ ...query, registry, pool: localPool(), dataDir: config.dataDir }),
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
   });
   const adminListener = getRequestListener(adminApi.fetch);
+  const mirrorFiles = createMirrorFileHandler({
+    mirror,
+    // Until nodes join with their own credentials (fleet), agents fetch with an admin key.
+    authorize: async (req) => {
+      await keys.verifyAdmin(bearerToken(req.headers.authorization));
+    },
+    logger,
+  });
 
   const server = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
+    else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
     else void adminListener(req, res);
   });
   const listening = new Promise<void>((resolve, reject) => {
@@ -111,6 +129,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     if (refreshTimer !== undefined) clearInterval(refreshTimer);
     stopExternalSync();
     server.close();
+    await mirror.close();
     await registry.close();
     await store.close();
   };
@@ -148,6 +167,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
         setTimeout(() => server.closeAllConnections(), 2000).unref();
       });
       await pools.closeAll();
+      await mirror.close();
       await registry.close();
       await usage.flush();
       await replicas.flush();

@@ -45,15 +45,27 @@ export async function openSqliteTestStore(): Promise<{ store: Store; cleanup: ()
 
 export async function openPostgresTestStore(): Promise<{ store: Store; cleanup: () => Promise<void> }> {
   const schema = `llmgw_test_${randomBytes(6).toString("hex")}`;
-  const store = await openStore({ database: TEST_POSTGRES_URL, schema });
+  const dropSchema = async () => {
+    const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
+    await client.connect();
+    try {
+      await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    } finally {
+      await client.end();
+    }
+  };
+  let store: Store;
+  try {
+    store = await openStore({ database: TEST_POSTGRES_URL, schema });
+  } catch (error) {
+    await dropSchema().catch(() => undefined);
+    throw error;
+  }
   return {
     store,
     cleanup: async () => {
       await store.close();
-      const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
-      await client.connect();
-      await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-      await client.end();
+      await dropSchema();
     },
   };
 }

@@ -1,0 +1,72 @@
+// Turns what the registry module knows (a repository read at one commit, and the artifact
+// chosen from its file sets) into the file list `Mirror.fetchVersion` takes: one download
+// URL per file pinned to the commit sha, the registry's headers for it, and the sha256 and
+// size to check the bytes against. Local sources (a folder on this machine) give `file:`
+// URLs, which the mirror copies with the same checks.
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import type { ChosenArtifact } from "../registry/file-sets.ts";
+import type { Registry, RepoFile, RepoInfo } from "../registry/types.ts";
+import type { MirrorFetchFile } from "./mirror.ts";
+
+export interface MirrorFetchPlan {
+  /** The mirror's version name: the short commit sha. */
+  version: string;
+  repo: string;
+  /** The full commit sha (or local content id). */
+  revision: string;
+  files: MirrorFetchFile[];
+  totalBytes: number;
+}
+
+export interface PlanMirrorFetchOptions {
+  /** Gives the download URLs and headers of a Hub repository; not used for local sources. */
+  registry: Pick<Registry, "downloadUrl" | "requestHeaders">;
+  /** The repository as read; a local source also carries `root`, the folder its paths are relative to. */
+  repoInfo: RepoInfo & { root?: string };
+  /** What to fetch (from `chooseArtifact`); or the files themselves. */
+  chosen: Pick<ChosenArtifact<RepoFile>, "files">;
+}
+
+export function planMirrorFetch(options: PlanMirrorFetchOptions): MirrorFetchPlan {
+  const { registry, repoInfo, chosen } = options;
+  const root = repoInfo.root;
+  const files = chosen.files.map((file): MirrorFetchFile => {
+    if (root !== undefined) {
+      return { path: file.path, url: pathToFileURL(join(root, ...file.path.split("/"))).href, sha256: file.sha256, size: file.size };
+    }
+    const url = registry.downloadUrl(repoInfo.repo, repoInfo.sha, file.path);
+    return {
+      path: file.path,
+      url,
+      sha256: file.sha256,
+      size: file.size,
+      // Files kept in git itself (config.json, tokenizer files) have no published sha256;
+      // their git blob id is the hash of their bytes, so it is checked instead. For LFS
+      // files the blob id is the pointer's and says nothing about the content.
+      gitBlobId: file.sha256 === null ? file.blobId : null,
+      headers: registry.requestHeaders(url),
+    };
+  });
+  return {
+    version: repoInfo.shortSha,
+    repo: repoInfo.repo,
+    revision: repoInfo.sha,
+    files,
+    totalBytes: files.reduce((sum, file) => sum + (file.size ?? 0), 0),
+  };
+}
+
+/**
+ * The mirror's default model name for a repository: `owner--name` for a Hub repository
+ * (the `--` the Hub forbids inside names keeps it unambiguous), `local--<folder or file>`
+ * for a local source.
+ */
+export function defaultMirrorModelName(repo: string): string {
+  if (repo.startsWith("file:")) {
+    const base = decodeURIComponent(new URL(repo).pathname.replace(/\/+$/, "").split("/").pop() ?? "");
+    const cleaned = base.replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^[._]+/, "");
+    return `local--${cleaned === "" ? "source" : cleaned}`;
+  }
+  return repo.replace("/", "--");
+}

@@ -1,0 +1,354 @@
+// The mirror's HTTP surface: the admin routes (mounted on a Hono app the way the admin API
+// mounts them, behind a middleware that sets the principal) and the file server for nodes
+// over real HTTP on loopback. Weights come from the stand-in hub (test/support/stand-in-hub.ts,
+// standing for huggingface.co and its CDN) or from a local folder.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { createHash, randomBytes } from "node:crypto";
+import http, { type IncomingHttpHeaders } from "node:http";
+import type { AddressInfo } from "node:net";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { Hono } from "hono";
+import { AuthenticationError, renderError } from "../core/errors.ts";
+import type { Principal } from "../keys/key-service.ts";
+import { HubClient } from "../registry/hub-client.ts";
+import type { RepoInfo } from "../registry/types.ts";
+import type { Store } from "../store/store.ts";
+import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
+import { GGUF_REPO, buildStandInRepos } from "../../test/support/stand-in-repos.ts";
+import { testBothStores } from "../../test/support/stores.ts";
+import { Mirror } from "./mirror.ts";
+import { planMirrorFetch } from "./mirror-plan.ts";
+import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, parseRange, type MirrorRoutesEnv } from "./mirror-routes.ts";
+
+const MODEL = "llmgw-test--tiny-llama-GGUF";
+const Q4 = "tiny-llama-Q4_K_M.gguf";
+const Q8 = "tiny-llama-Q8_0.gguf";
+const NODE_KEY = "node-key-for-tests";
+
+let hub: StandInHub;
+let registry: HubClient;
+let info: RepoInfo;
+const dirs: string[] = [];
+
+before(async () => {
+  hub = await startStandInHub({ repos: (await buildStandInRepos()).all });
+  registry = new HubClient({ endpoint: hub.url, retries: 0 });
+  info = await registry.repoInfo({ repo: GGUF_REPO });
+});
+
+after(async () => {
+  await registry.close();
+  await hub.close();
+  await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));
+});
+
+async function tempDir(): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "llmgw-mirror-routes-"));
+  dirs.push(dir);
+  return dir;
+}
+
+function adminApp(mirror: Mirror, dataDir: string): Hono<MirrorRoutesEnv> {
+  const app = new Hono<MirrorRoutesEnv>();
+  app.onError((error, c) => {
+    const rendered = renderError(error);
+    return c.json(rendered.body, rendered.status as 400, rendered.headers);
+  });
+  // Stands for the admin API's admin-key middleware.
+  app.use("/api/v1/*", async (c, next) => {
+    const principal: Principal = { keyId: "k1", name: "admin", role: "admin", allowedModels: null, expiresAt: null };
+    c.set("principal", principal);
+    await next();
+  });
+  mountMirrorRoutes(app, { mirror, registry, dataDir });
+  return app;
+}
+
+async function json(response: Response): Promise<Record<string, any>> {
+  return (await response.json()) as Record<string, any>;
+}
+
+async function waitForVersion(app: Hono<MirrorRoutesEnv>, model: string, state: string): Promise<Record<string, any>> {
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const body = await json(await app.request(`/api/v1/mirror?model=${encodeURIComponent(model)}`));
+    if (body.versions?.[0]?.state === state) return body;
+    if (Date.now() > deadline) throw new Error(`version of ${model} never reached ${state}: ${JSON.stringify(body.versions)}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+describe("admin routes", () => {
+  testBothStores("POST mirrors the chosen artifact in the background; GET shows progress and disk use; DELETE removes it", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror"), retries: 0 });
+    const app = adminApp(mirror, dataDir);
+    try {
+      hub.setFault({ kind: "delay", ms: 300, match: "/cdn/" });
+      const started = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q2_K" }) });
+      assert.equal(started.status, 202);
+      const plan = await json(started);
+      assert.equal(plan.model, MODEL);
+      assert.equal(plan.version, info.shortSha);
+      assert.equal(plan.revision, info.sha);
+      assert.deepEqual(
+        plan.files.map((f: { path: string }) => f.path),
+        ["Q2_K/tiny-llama-Q2_K-00001-of-00002.gguf", "Q2_K/tiny-llama-Q2_K-00002-of-00002.gguf"],
+      );
+      assert.equal(plan.progress, `/api/v1/mirror?model=${MODEL}`);
+
+      // Deleting while it fetches is refused.
+      const busy = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
+      assert.equal(busy.status, 409);
+      assert.equal((await json(busy)).error.code, "mirror_version_busy");
+
+      const listing = await waitForVersion(app, MODEL, "complete");
+      hub.setFault(null);
+      assert.equal(listing.data.length, 2);
+      for (const file of listing.data) {
+        assert.equal(file.state, "complete");
+        assert.equal(file.percent, 100);
+        assert.equal(file.bytesDone, file.bytesTotal);
+      }
+      assert.deepEqual(
+        { ...listing.versions[0], bytesDone: undefined, bytesTotal: undefined },
+        { model: MODEL, version: info.shortSha, repo: GGUF_REPO, revision: info.sha, files: 2, complete: 2, failed: 0, state: "complete", bytesDone: undefined, bytesTotal: undefined },
+      );
+      assert.equal(listing.disk.bytes, 655392 * 2);
+      assert.equal(listing.disk.root, path.join(dataDir, "mirror"));
+
+      const deleted = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
+      assert.equal(deleted.status, 200);
+      assert.deepEqual((await json(deleted)).deleted, { model: MODEL, version: info.shortSha, files: 2, bytes: 655392 * 2 });
+      const again = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
+      assert.equal(again.status, 404);
+      assert.equal((await json(await app.request("/api/v1/mirror"))).data.length, 0);
+    } finally {
+      hub.setFault(null);
+      await mirror.close();
+    }
+  });
+
+  testBothStores("POST takes a local folder as the repository", async (store) => {
+    const dataDir = await tempDir();
+    const source = await tempDir();
+    const content = randomBytes(100_000);
+    await writeFile(path.join(source, "my-model-Q4_K_M.gguf"), content);
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    const app = adminApp(mirror, dataDir);
+    try {
+      const started = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model" }) });
+      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+      const plan = await json(started);
+      assert.equal(plan.model, "my-model");
+      await waitForVersion(app, "my-model", "complete");
+      const file = await mirror.pathFor("my-model", plan.version, "my-model-Q4_K_M.gguf");
+      assert.ok(file !== null);
+      assert.deepEqual(await readFile(file), content);
+    } finally {
+      await mirror.close();
+    }
+  });
+
+  testBothStores("bad requests are 400s naming the field; unknown repositories and quantisations are 404s", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    const app = adminApp(mirror, dataDir);
+    try {
+      const post = async (body: unknown) => {
+        const response = await app.request("/api/v1/mirror", { method: "POST", body: typeof body === "string" ? body : JSON.stringify(body) });
+        return { status: response.status, error: (await json(response)).error as { code: string; param: string | null; message: string } };
+      };
+      const noRepo = await post({});
+      assert.deepEqual([noRepo.status, noRepo.error.param], [400, "repo"]);
+      const extra = await post({ repo: GGUF_REPO, colour: "blue" });
+      assert.equal(extra.status, 400);
+      assert.equal((await post("{not json")).error.code, "invalid_json");
+      const badName = await post({ repo: "not a repo" });
+      assert.deepEqual([badName.status, badName.error.code], [400, "invalid_repo_name"]);
+      const badModel = await post({ repo: GGUF_REPO, model: "../escape" });
+      assert.deepEqual([badModel.status, badModel.error.code, badModel.error.param], [400, "invalid_path", "model"]);
+      const missing = await post({ repo: "llmgw-test/no-such-repo" });
+      assert.equal(missing.status, 404);
+      const noQuant = await post({ repo: GGUF_REPO, quant: "IQ1_S" });
+      assert.equal(noQuant.status, 404);
+      assert.match(noQuant.error.message, /Q4_K_M/);
+      const badDelete = await app.request("/api/v1/mirror/..%2F/x", { method: "DELETE" });
+      assert.equal(badDelete.status, 400);
+      assert.equal((await mirror.list()).length, 0);
+    } finally {
+      await mirror.close();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------------------
+
+interface Answer {
+  status: number;
+  headers: IncomingHttpHeaders;
+  body: Buffer;
+}
+
+/** A raw request: node:http sends the path exactly as given (fetch and undici would normalise `..`). */
+function raw(base: string, requestPath: string, options: { method?: string; headers?: Record<string, string> } = {}): Promise<Answer> {
+  const url = new URL(base);
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      { host: url.hostname, port: url.port, path: requestPath, method: options.method ?? "GET", headers: { authorization: `Bearer ${NODE_KEY}`, ...(options.headers ?? {}) } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (chunk: Buffer) => chunks.push(chunk));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+        res.on("error", reject);
+      },
+    );
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+async function withFileServer(mirror: Mirror, body: (base: string) => Promise<void>): Promise<void> {
+  const handler = createMirrorFileHandler({
+    mirror,
+    // Stands for the server's node-credential check (an admin key until the fleet issue lands).
+    authorize: async (req) => {
+      if (req.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
+    },
+  });
+  const server = http.createServer((req, res) => {
+    if (isMirrorFileRequest(req.url)) void handler(req, res);
+    else {
+      res.writeHead(404);
+      res.end();
+    }
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    await body(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
+}
+
+describe("file server", () => {
+  testBothStores("serves complete files with Range, ETag and conditional requests; refuses bad paths, missing keys and incomplete files", async (store: Store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror"), retries: 0 });
+    try {
+      const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q4 || f.path === Q8) } });
+      const args = { model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files };
+      // Q4 lands complete; Q8's connection drops, leaving a partial that must never be served.
+      hub.setFault({ kind: "drop", afterBytes: 1000, match: /^\/cdn\/repos\/a8c0/ });
+      const summary = await mirror.fetchVersion(args);
+      hub.setFault(null);
+      assert.deepEqual(
+        summary.files.map((f) => [f.file, f.state]),
+        [
+          [Q4, "complete"],
+          [Q8, "failed"],
+        ],
+      );
+      const q4 = await readFile((await mirror.pathFor(MODEL, made.version, Q4)) as string);
+      const sha = createHash("sha256").update(q4).digest("hex");
+      const base = `/mirror/${MODEL}/${made.version}`;
+
+      await withFileServer(mirror, async (url) => {
+        const whole = await raw(url, `${base}/${Q4}`);
+        assert.equal(whole.status, 200);
+        assert.equal(whole.headers.etag, `"${sha}"`);
+        assert.equal(whole.headers["content-length"], String(q4.length));
+        assert.equal(whole.headers["accept-ranges"], "bytes");
+        assert.ok(whole.body.equals(q4));
+
+        const part = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=1000-1999" } });
+        assert.equal(part.status, 206);
+        assert.equal(part.headers["content-range"], `bytes 1000-1999/${q4.length}`);
+        assert.equal(part.headers["content-length"], "1000");
+        assert.ok(part.body.equals(q4.subarray(1000, 2000)));
+
+        const open = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length - 10}-` } });
+        assert.equal(open.status, 206);
+        assert.ok(open.body.equals(q4.subarray(q4.length - 10)));
+        const suffix = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=-5" } });
+        assert.ok(suffix.body.equals(q4.subarray(q4.length - 5)));
+
+        const outside = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length}-` } });
+        assert.equal(outside.status, 416);
+        assert.equal(outside.headers["content-range"], `bytes */${q4.length}`);
+        assert.equal(JSON.parse(outside.body.toString()).error.code, "range_not_satisfiable");
+
+        // If-Range with another entity tag: the range is ignored and the whole (current) file is sent.
+        const stale = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=0-9", "if-range": '"something-older"' } });
+        assert.equal(stale.status, 200);
+        assert.equal(stale.body.length, q4.length);
+
+        const cached = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": `"${sha}"` } });
+        assert.equal(cached.status, 304);
+        assert.equal(cached.body.length, 0);
+        assert.equal(cached.headers.etag, `"${sha}"`);
+        const changed = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": '"other"' } });
+        assert.equal(changed.status, 200);
+
+        const head = await raw(url, `${base}/${Q4}`, { method: "HEAD" });
+        assert.equal(head.status, 200);
+        assert.equal(head.headers["content-length"], String(q4.length));
+        assert.equal(head.body.length, 0);
+
+        const noKey = await raw(url, `${base}/${Q4}`, { headers: { authorization: "" } });
+        assert.equal(noKey.status, 401);
+        assert.equal(noKey.headers["www-authenticate"], "Bearer");
+        assert.equal(JSON.parse(noKey.body.toString()).error.type, "authentication_error");
+        // Auth comes first: a caller without a key learns nothing about paths.
+        assert.equal((await raw(url, "/mirror/../etc/passwd", { headers: { authorization: "Bearer wrong" } })).status, 401);
+
+        const incomplete = await raw(url, `${base}/${Q8}`);
+        assert.equal(incomplete.status, 404);
+        assert.match(JSON.parse(incomplete.body.toString()).error.message, /no complete file 'tiny-llama-Q8_0\.gguf'/);
+        assert.equal((await raw(url, `${base}/nothing.gguf`)).status, 404);
+        assert.equal((await raw(url, `${base}/`)).status, 404);
+        assert.equal((await raw(url, `${base}/${Q4}`, { method: "POST" })).status, 405);
+
+        const refused: [string, RegExp][] = [
+          [`${base}/../${made.version}/${Q4}`, /file segment 1 '\.\.' is not allowed \(it is '\.\.'/],
+          [`/mirror/${MODEL}/../x/${Q4}`, /the version '\.\.' is not allowed/],
+          [`/mirror/%2e%2e/${made.version}/${Q4}`, /the model '\.\.' is not allowed/],
+          [`/mirror/..%2F..%2Fetc/${made.version}/passwd`, /the model '\.\.\/\.\.\/etc' is not allowed \(it contains '\/'\)/],
+          [`${base}/Q2_K%2F..%2F..%2Fx.gguf`, /contains '\/'/],
+          [`${base}/%2Fetc%2Fpasswd`, /contains '\/'/],
+          [`${base}/a%5Cb.gguf`, /contains a backslash/],
+          [`${base}//${Q4}`, /file segment 1 '' is not allowed \(it is empty\)/],
+          [`${base}/${Q8}.partial`, /reserves for downloads in progress/],
+          [`${base}/%0Aevil`, /control characters/],
+          [`${base}/%E0%A4%A`, /not valid percent-encoding/],
+        ];
+        for (const [requestPath, message] of refused) {
+          const answer = await raw(url, requestPath);
+          assert.equal(answer.status, 400, `${requestPath}: ${answer.body.toString()}`);
+          const error = JSON.parse(answer.body.toString()).error;
+          assert.equal(error.code, "invalid_path");
+          assert.match(error.message, message, requestPath);
+        }
+      });
+    } finally {
+      hub.setFault(null);
+      await mirror.close();
+    }
+  });
+});
+
+test("parseRange reads one range and ignores what it does not serve", () => {
+  assert.deepEqual(parseRange("bytes=0-0", 10), { start: 0, end: 0 });
+  assert.deepEqual(parseRange("bytes=5-100", 10), { start: 5, end: 9 });
+  assert.deepEqual(parseRange("bytes=-3", 10), { start: 7, end: 9 });
+  assert.deepEqual(parseRange("bytes=-30", 10), { start: 0, end: 9 });
+  assert.equal(parseRange("bytes=10-", 10), "unsatisfiable");
+  assert.equal(parseRange("bytes=-0", 10), "unsatisfiable");
+  assert.equal(parseRange("bytes=0-1,3-4", 10), null);
+  assert.equal(parseRange("bytes=5-2", 10), null);
+  assert.equal(parseRange("items=0-1", 10), null);
+});
