@@ -2,12 +2,7 @@
 // do. Machine-readable output is `--json` on each command, not a parse of these tables.
 import { LlmgwError, describeError } from "../core/errors.ts";
 
-export function renderTable(headers: string[], rows: Array<Array<string | number | null | undefined>>): string {
-  const cells = rows.map((row) => row.map((cell) => (cell === null || cell === undefined ? "-" : String(cell))));
-  const widths = headers.map((header, i) => Math.max(header.length, ...cells.map((row) => row[i]?.length ?? 0)));
-  const line = (row: string[]) => row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join("  ").trimEnd();
-  return [line(headers), ...cells.map(line)].join("\n");
-}
+export { renderTable } from "../core/text-table.ts";
 
 /** Prints an error for a person and sets a failing exit code; never a stack trace for known errors. */
 export function reportCliError(error: unknown): void {

@@ -18,6 +18,7 @@ import {
   renderError,
 } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
+import { parseJsonBody } from "../core/json-body.ts";
 import type { Logger } from "../core/log.ts";
 import { modelNotFound, type Catalog, type CatalogModel } from "../catalog/catalog.ts";
 import type { KeyService, Principal } from "../keys/key-service.ts";
@@ -97,7 +98,7 @@ export class Gateway {
     }
     const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
     const raw = await readBody(req, this.maxBodyBytes);
-    const body = parseWith(route.schema, parseJson(raw), "request");
+    const body = parseWith(route.schema, parseJsonBody(raw.toString("utf8")), "request");
     const model = this.options.catalog.resolve(body.model);
     if (model === undefined) throw modelNotFound(body.model);
     assertAllowed(principal, model, body.model);
@@ -407,14 +408,6 @@ function tooLarge(limit: number): PayloadTooLargeError {
   });
 }
 
-function parseJson(raw: Buffer): unknown {
-  if (raw.length === 0) throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
-  try {
-    return JSON.parse(raw.toString("utf8"));
-  } catch (error) {
-    throw new BadRequestError(`The request body is not valid JSON: ${describeError(error)}.`, { code: "invalid_json", cause: error });
-  }
-}
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   const text = JSON.stringify(body);

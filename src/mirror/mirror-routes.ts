@@ -14,6 +14,7 @@ import { pipeline } from "node:stream/promises";
 import type { Hono } from "hono";
 import { z } from "zod";
 import { BadRequestError, LlmgwError, NotFoundError, describeError, parseWith, renderError } from "../core/errors.ts";
+import { parseJsonBody } from "../core/json-body.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { chooseArtifact, classifyFiles } from "../registry/file-sets.ts";
@@ -72,7 +73,7 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   });
 
   app.post("/api/v1/mirror", async (c) => {
-    const body = parseWith(startSchema, await jsonBody(c.req.raw));
+    const body = parseWith(startSchema, parseJsonBody(await c.req.text()));
     const info: RepoInfo & { root?: string } = isLocalSource(body.repo)
       ? await readLocalSource({ source: body.repo, dataDir: options.dataDir, ...(options.cwd === undefined ? {} : { cwd: options.cwd }) })
       : await options.registry.repoInfo({ repo: body.repo, ...(body.revision === undefined ? {} : { revision: body.revision }) });
@@ -131,15 +132,6 @@ function summarizeVersions(files: MirrorFileList) {
   }));
 }
 
-async function jsonBody(request: Request): Promise<unknown> {
-  const text = await request.text();
-  if (text.trim() === "") throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new BadRequestError(`The request body is not valid JSON: ${describeError(error)}.`, { code: "invalid_json" });
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 

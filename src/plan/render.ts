@@ -2,6 +2,7 @@
 // option that does not fit, then the recommendation or, when nothing fits, the explanation.
 import { formatBytes } from "../gguf/memory-estimate.ts";
 import { describePlacement, type ModelPlan } from "./plan.ts";
+import { renderTable } from "../core/text-table.ts";
 
 const COLUMNS = ["artifact", "format", "engine", "where", "needs", "available", "hosts", "fits"] as const;
 
@@ -19,13 +20,7 @@ export function renderPlanTable(plan: ModelPlan): string {
       option.fits ? "yes" : "no",
     ];
   });
-  const widths = COLUMNS.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]?.length ?? 0)));
-  const line = (cells: readonly string[]) =>
-    cells
-      .map((cell, i) => cell.padEnd(widths[i] ?? 0))
-      .join("  ")
-      .trimEnd();
-  const lines = [`Plan for a ${plan.contextSize}-token context`, "", line(COLUMNS), line(widths.map((w) => "-".repeat(w))), ...rows.map(line)];
+  const lines = [`Plan for a ${plan.contextSize}-token context`, "", renderTable(COLUMNS, rows)];
   const notes = plan.options.filter((option) => !option.fits && option.why !== undefined);
   if (notes.length > 0) {
     lines.push("", "Does not fit:");

@@ -3,6 +3,7 @@
 // error leaves through `renderError`, in the same OpenAI shape as /v1.
 import { Hono, type Context } from "hono";
 import { bearerToken } from "../core/bearer.ts";
+import { parseJsonBody } from "../core/json-body.ts";
 import { z } from "zod";
 import { BadRequestError, LlmgwError, NotFoundError, parseWith, renderError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
@@ -114,11 +115,5 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
 }
 
 async function jsonBody(c: Context): Promise<unknown> {
-  const text = await c.req.text();
-  if (text.trim() === "") throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new BadRequestError(`The request body is not valid JSON: ${(error as Error).message}.`, { code: "invalid_json" });
-  }
+  return parseJsonBody(await c.req.text());
 }
