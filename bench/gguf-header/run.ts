@@ -10,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { AddressInfo } from "node:net";
 import { readGgufHeader } from "../../src/gguf/header.ts";
-import { llamaMetadata, llamaTensors, writeGgufFixture, type LlamaShape } from "../../src/gguf/gguf-fixture.ts";
+import { llamaMetadata, llamaTensors, writeGgufFixture, type LlamaShape } from "../../test/support/gguf-fixture.ts";
 
 const GiB = 1024 ** 3;
 const LLAMA_8B: LlamaShape = { layers: 32, embedding: 4096, heads: 32, kvHeads: 8, feedForward: 14336, vocab: 32000, weightType: 12 };

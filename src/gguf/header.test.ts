@@ -8,7 +8,7 @@ import { join } from "node:path";
 import type { AddressInfo } from "node:net";
 import { Agent } from "undici";
 import { readGgufHeader } from "./header.ts";
-import { llamaMetadata, llamaTensors, str, u32, writeGgufFixture, type LlamaShape } from "./gguf-fixture.ts";
+import { llamaMetadata, llamaTensors, str, u32, writeGgufFixture, type LlamaShape } from "../../test/support/gguf-fixture.ts";
 import { BadRequestError, NotFoundError, UpstreamError } from "../core/errors.ts";
 
 // A small llama with a large token embedding (Q4_K): ~25 MB of tensor data the check must not read.

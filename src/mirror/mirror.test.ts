@@ -633,7 +633,7 @@ describe("restart", () => {
     // Migrations first, so the child and this process do not race to apply them.
     await (await database.open()).close();
     hub.setFault({ kind: "drop", afterBytes: DROP_AT, match: "/cdn/", times: 1 });
-    const child = spawn(process.execPath, ["--import", "tsx", path.join(HERE, "mirror-fetch-child.ts")], { stdio: ["pipe", "inherit", "inherit"] });
+    const child = spawn(process.execPath, ["--import", "tsx", path.join(HERE, "../../test/support/mirror-fetch-child.ts")], { stdio: ["pipe", "inherit", "inherit"] });
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
       child.stdin.end(JSON.stringify({ ...database.spec, root, fetch: args, retryDelayMs: 60_000 }));

@@ -10,7 +10,7 @@ import { renderPlanTable } from "./render.ts";
 import type { GgufModelShape } from "../gguf/memory-estimate.ts";
 import { readGgufHeader } from "../gguf/header.ts";
 import { checkArchitectureSupport } from "../gguf/llama-support.ts";
-import { llamaMetadata, llamaTensors, writeGgufFixture } from "../gguf/gguf-fixture.ts";
+import { llamaMetadata, llamaTensors, writeGgufFixture } from "../../test/support/gguf-fixture.ts";
 
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;

@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
-import { freePort, startEngine, waitForReady, type EngineProcess } from "./test-support.ts";
+import { freePort, startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "key-from-the-environment";
 // A long context so an abandoned generation would run for a long time if it were not stopped.

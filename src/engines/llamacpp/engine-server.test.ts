@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
-import { startEngine, waitForReady, type EngineProcess } from "./test-support.ts";
+import { startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "engine-key-for-tests";
 const MODEL_NAME = "tiny-chat";

@@ -7,7 +7,7 @@
 // llama.cpp actually loads, use tiny-model.ts.
 import { open } from "node:fs/promises";
 import { GGUFValueType, serializeGgufMetadata, type GGUFTypedMetadata, type MetadataValue } from "@huggingface/gguf";
-import { ggmlTensorBytes } from "./ggml-types.ts";
+import { ggmlTensorBytes } from "../../src/gguf/ggml-types.ts";
 
 export interface FixtureValue {
   value: MetadataValue;

@@ -3,8 +3,8 @@
 // what `recover()` makes of it. It reads one JSON object on stdin:
 // `{database, schema?, root, fetch: FetchVersionOptions without signal, retryDelayMs}`.
 import { text } from "node:stream/consumers";
-import { openStore } from "../store/store.ts";
-import { Mirror, type FetchVersionOptions } from "./mirror.ts";
+import { openStore } from "../../src/store/store.ts";
+import { Mirror, type FetchVersionOptions } from "../../src/mirror/mirror.ts";
 
 interface ChildInput {
   database: string;

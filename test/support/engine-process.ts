@@ -5,7 +5,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 
-const BIN = fileURLToPath(new URL("../../../bin/llmgw.js", import.meta.url));
+const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
