@@ -13,6 +13,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { formatHost } from "../core/format.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
@@ -236,9 +237,6 @@ function fromSnapshot(snapshot: SupervisorSnapshot) {
   };
 }
 
-function formatHost(host: string): string {
-  return host.includes(":") ? `[${host}]` : host;
-}
 
 async function assertReadableFile(file: string, modelName: string): Promise<void> {
   let info;

@@ -161,8 +161,19 @@ export function renderError(error: unknown): RenderedError {
   };
 }
 
-export function isLlmgwError(error: unknown): error is LlmgwError {
-  return error instanceof LlmgwError;
+/**
+ * The first string `code` on an error or its chain of causes (Node's errno codes such as
+ * ECONNREFUSED, undici's UND_ERR_*), for classifying failures without reading messages.
+ * undici's generic "UND_ERR" says nothing, so the search goes on past it.
+ */
+export function errorCode(error: unknown): string | undefined {
+  let current: unknown = error;
+  for (let depth = 0; depth < 5 && typeof current === "object" && current !== null; depth += 1) {
+    const code = (current as { code?: unknown }).code;
+    if (typeof code === "string" && code !== "UND_ERR") return code;
+    current = (current as { cause?: unknown }).cause;
+  }
+  return undefined;
 }
 
 /** Best-effort text of any thrown value, for logs and recorded failures. */

@@ -4,7 +4,7 @@
 // reset before the first byte, and 408/409/429/5xx answers may be retried on another
 // replica; anything after the first streamed byte may not.
 import { Pool } from "undici";
-import { UpstreamError, LlmgwError, describeError } from "../core/errors.ts";
+import { UpstreamError, LlmgwError, describeError, errorCode } from "../core/errors.ts";
 
 export interface UpstreamTimeouts {
   /** Connect deadline: a replica that does not accept within this is treated as down. */
@@ -90,14 +90,4 @@ export function classifyUpstreamFailure(error: unknown, replicaLabel: string): L
     retryable,
     cause: error,
   });
-}
-
-function errorCode(error: unknown): string | undefined {
-  let current: unknown = error;
-  for (let depth = 0; depth < 4 && typeof current === "object" && current !== null; depth += 1) {
-    const code = (current as { code?: unknown }).code;
-    if (typeof code === "string" && code !== "UND_ERR") return code;
-    current = (current as { cause?: unknown }).cause;
-  }
-  return undefined;
 }

@@ -6,18 +6,15 @@
 // of the llama.cpp that node-llama-cpp 3.21.1 bundles (llama.cpp v0.4.0) where those
 // differ; each approximation is named where it is made.
 import { BadRequestError } from "../core/errors.ts";
+import { formatBytes } from "../core/format.ts";
+
+export { formatBytes };
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
 const GiB = 1024 * MiB;
 
 /** "4.6 GiB", or "258 MiB" below 0.1 GiB. */
-export function formatBytes(bytes: number): string {
-  if (bytes >= 0.1 * GiB) return `${(bytes / GiB).toFixed(1)} GiB`;
-  if (bytes >= MiB) return `${Math.round(bytes / MiB)} MiB`;
-  if (bytes >= KiB) return `${Math.round(bytes / KiB)} KiB`;
-  return `${Math.round(bytes)} B`;
-}
 
 // ---------------------------------------------------------------------------------------
 // GGUF on llama.cpp
