@@ -24,6 +24,7 @@ const unit = [
   "src/mirror/mirror-routes.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/gateway.test.ts",
+  "src/server/admin-api.test.ts",
   "src/agent/local-agent.test.ts",
 ];
 

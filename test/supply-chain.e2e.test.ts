@@ -36,7 +36,7 @@ describe("weights supply chain", () => {
           stateRoot: path.join(parts.config.dataDir, "runs"),
           nodeId: "local",
         });
-        agent.start();
+        await agent.start();
         return agent;
       },
     });

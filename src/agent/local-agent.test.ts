@@ -3,7 +3,7 @@
 // so failures park quickly.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
@@ -51,7 +51,7 @@ describe("local agent", () => {
           nodeId: "local",
           supervisor: { backoff: { initialMs: 50, maxMs: 200 }, parkAfter: { failures: 3, windowMs: 60_000 }, stopGraceMs: 3000 },
         });
-        agent.start();
+        await agent.start();
         return agent;
       },
     });
@@ -88,7 +88,16 @@ describe("local agent", () => {
     assert.equal(error.code, "model_parked");
     assert.match(error.message, /missing\.gguf/);
 
-    // Fixing the definition replaces the replica, which starts afresh.
+    // Any change to the definition ends parking: the same replica starts a new run (a new
+    // state folder) even though nothing about how the engine runs changed.
+    const parkedReplica = harness.server.replicas.all().find((r) => r.modelName === "broken")!;
+    const runsOf = () => readdirSync(path.join(harness.dataDir, "runs")).filter((d) => d.startsWith(parkedReplica.id)).length;
+    assert.equal(runsOf(), 1);
+    assert.equal((await harness.admin("PATCH", "/api/v1/models/broken", { description: "try again" })).status, 200);
+    await waitFor("a second run of the parked replica", async () => (runsOf() === 2 ? true : undefined), 10_000);
+    assert.equal(harness.server.replicas.get(parkedReplica.id)?.id, parkedReplica.id, "the replica was unparked, not replaced");
+
+    // Fixing the weights source replaces the replica, which starts afresh.
     const fixed = await harness.admin("PATCH", "/api/v1/models/broken", { source: { kind: "file", path: modelFile } });
     assert.equal(fixed.status, 200);
     await waitFor("the fixed model to become ready", async () => {

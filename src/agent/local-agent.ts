@@ -46,6 +46,8 @@ interface RunningReplica {
   modelName: string;
   /** What the replica was started from; a different fingerprint means replace it. */
   fingerprint: string;
+  /** The model's updated_at when the replica was started or last unparked. */
+  definitionAt: string;
   supervisor: EngineSupervisor;
   unsubscribe: () => void;
 }
@@ -58,7 +60,9 @@ export class LocalAgent {
 
   constructor(private readonly options: LocalAgentOptions) {}
 
-  start(): void {
+  async start(): Promise<void> {
+    // Rows of this node from an earlier run describe engine processes that are gone.
+    await this.options.replicas.forgetNode(this.options.nodeId);
     this.unsubscribeCatalog = this.options.catalog.onChange((models) => this.schedule(models));
     this.schedule(this.options.catalog.list());
   }
@@ -115,7 +119,15 @@ export class LocalAgent {
     }
     await Promise.all(retiring);
     for (const [slotKey, want] of wanted) {
-      if (!this.running.has(slotKey)) this.running.set(slotKey, this.launch(want.model, want.profile, want.fingerprint));
+      const running = this.running.get(slotKey);
+      if (running === undefined) {
+        this.running.set(slotKey, this.launch(want.model, want.profile, want.fingerprint));
+      } else if (running.definitionAt !== want.model.updated_at) {
+        // Any change to the model's definition ends parking (DESIGN.md "Replica lifecycle"),
+        // even one that does not change how the engine runs (say, a description).
+        running.definitionAt = want.model.updated_at;
+        running.supervisor.unpark();
+      }
     }
   }
 
@@ -190,7 +202,7 @@ export class LocalAgent {
     const unsubscribe = supervisor.onChange((snapshot) => replicas.update(id, fromSnapshot(snapshot)));
     supervisor.start();
     logger.info({ model: model.name, replica: id }, "starting replica");
-    return { id, modelId: model.id, modelName: model.name, fingerprint, supervisor, unsubscribe };
+    return { id, modelId: model.id, modelName: model.name, fingerprint, definitionAt: model.updated_at, supervisor, unsubscribe };
   }
 
   /** Where this machine finds a model's GGUF: its file source, or the complete mirrored file. */

@@ -81,6 +81,8 @@ test("malformed models are refused with the field named", async () => {
       [fileModel("m", { scaling: { min: 2, max: 1 } }), "scaling.max"],
       [fileModel("m", { role: "guard" }), "guard_format"],
       [fileModel("m", { colour: "red" }), ""],
+      [{ name: "m", profiles: [{ name: "p", engine: "external", url: "https://user:secret@h/v1" }] }, "profiles.0.url"],
+      [{ name: "m", profiles: [{ name: "p", engine: "external", url: "https://h/v1?api-version=2" }] }, "profiles.0.url"],
     ];
     for (const [body, field] of cases) {
       await assert.rejects(catalog.create(body, "t"), (e: unknown) => {
@@ -95,4 +97,19 @@ test("malformed models are refused with the field named", async () => {
   } finally {
     await cleanup();
   }
+});
+
+testBothStores("changes through an alias are refused, and an unreadable stored row does not take the catalog down", async (store) => {
+  const catalog = new Catalog({ store });
+  await catalog.refresh();
+  await catalog.create(fileModel("real", { aliases: ["nick"] }), "t");
+  await assert.rejects(catalog.delete("nick", "t"), (e: unknown) => e instanceof NotFoundError && e.code === "model_is_alias" && /alias of model 'real'/.test(e.message));
+  await assert.rejects(catalog.update("nick", { description: "x" }, "t"), (e: unknown) => e instanceof NotFoundError && e.code === "model_is_alias");
+  assert.equal(catalog.get("real").definition.description, "");
+
+  await store.db.insertInto("models").values({ id: "future", name: "from-a-newer-llmgw", definition: JSON.stringify({ profiles: [{ name: "p", engine: "quantum" }] }), created_by: "t", created_at: "t", updated_by: "t", updated_at: "t" }).execute();
+  const other = new Catalog({ store });
+  await other.refresh();
+  assert.deepEqual(other.list().map((m) => m.name), ["real"]);
+  assert.match(other.unreadableModels()[0] ?? "", /^from-a-newer-llmgw: profiles\.0\.engine/);
 });

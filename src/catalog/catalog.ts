@@ -32,6 +32,8 @@ export class Catalog {
   private models: readonly CatalogModel[] = [];
   private byName = new Map<string, CatalogModel>();
   private readonly listeners = new Set<CatalogListener>();
+  /** Stored models this version could not read, with why (shown by the admin API). */
+  private unreadable: string[] = [];
 
   constructor(options: CatalogOptions) {
     this.store = options.store;
@@ -41,7 +43,16 @@ export class Catalog {
   /** Reloads the snapshot from the store (after start, and to see other servers' changes). */
   async refresh(): Promise<void> {
     const rows = await this.store.db.selectFrom("models").selectAll().orderBy("name").execute();
-    const models = rows.map((row) => ({ ...row, definition: modelDefinitionSchema.parse(JSON.parse(row.definition)) }));
+    const models: CatalogModel[] = [];
+    const unreadable: string[] = [];
+    for (const row of rows) {
+      // One row this version cannot read (written by a newer llmgw sharing the database, or
+      // edited by hand) must not take the whole catalog down: skip it and say so.
+      const parsed = modelDefinitionSchema.safeParse(safeJson(row.definition));
+      if (parsed.success) models.push({ ...row, definition: parsed.data });
+      else unreadable.push(`${row.name}: ${parsed.error.issues[0]?.path.join(".") || "definition"} ${parsed.error.issues[0]?.message ?? "is invalid"}`);
+    }
+    this.unreadable = unreadable;
     const byName = new Map<string, CatalogModel>();
     for (const model of models) {
       byName.set(model.name, model);
@@ -74,6 +85,23 @@ export class Catalog {
     return model;
   }
 
+  /** Models stored in the database that this version could not read, with the reason. */
+  unreadableModels(): readonly string[] {
+    return this.unreadable;
+  }
+
+  /**
+   * The model a change is about, by its own name only. Changing or deleting through an
+   * alias would touch a model the caller may not have meant (and record a false rename).
+   */
+  private getForChange(name: string): CatalogModel {
+    const model = this.byName.get(name);
+    if (model !== undefined && model.name !== name) {
+      throw new NotFoundError(`'${name}' is an alias of model '${model.name}'; change or delete the model by its name.`, { code: "model_is_alias", param: "name" });
+    }
+    return this.get(name);
+  }
+
   async create(body: unknown, actor: string): Promise<CatalogModel> {
     const { name, ...definition } = parseNewModel(body);
     const now = nowIso(this.clock);
@@ -91,7 +119,7 @@ export class Catalog {
   }
 
   async update(name: string, patch: unknown, actor: string): Promise<CatalogModel> {
-    const current = this.get(name);
+    const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
     const now = nowIso(this.clock);
@@ -110,7 +138,7 @@ export class Catalog {
   }
 
   async delete(name: string, actor: string): Promise<void> {
-    const current = this.get(name);
+    const current = this.getForChange(name);
     await this.write(async (trx) => {
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
       await trx.deleteFrom("models").where("id", "=", current.id).execute();
@@ -168,4 +196,12 @@ function describeDefinition(definition: ModelDefinition): Record<string, unknown
 function changedFields(before: ModelDefinition, after: ModelDefinition): string[] {
   const keys = new Set([...Object.keys(before), ...Object.keys(after)]) as Set<keyof ModelDefinition>;
   return [...keys].filter((key) => JSON.stringify(before[key]) !== JSON.stringify(after[key])).sort();
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
 }

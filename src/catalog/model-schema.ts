@@ -50,6 +50,16 @@ export const profileSchema = z
     if (profile.engine === "external" && profile.url === undefined) {
       ctx.addIssue({ code: "custom", path: ["url"], message: "an external profile needs the URL of the server it routes to" });
     }
+    if (profile.url !== undefined) {
+      const url = new URL(profile.url);
+      // Credentials in the URL would be shown by GET /api/v1/models and dropped when routing.
+      if (url.username !== "" || url.password !== "") {
+        ctx.addIssue({ code: "custom", path: ["url"], message: "must not carry a user or password; put the server's key in api_key" });
+      }
+      if (url.search !== "" || url.hash !== "") {
+        ctx.addIssue({ code: "custom", path: ["url"], message: "must be a base URL without ?query or #fragment (requests go to URL/v1/...)" });
+      }
+    }
     if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined)) {
       ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });
     }

@@ -7,7 +7,7 @@ import { createLogger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE } from "../core/data-dir.ts";
 import { LocalAgent } from "../agent/local-agent.ts";
-import { stopAllSupervisors } from "../agent/engine-supervisor.ts";
+import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
 import { startServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
@@ -40,7 +40,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
             stateRoot: path.join(dataDir, "runs"),
             nodeId: "local",
           });
-          agent.start();
+          await agent.start();
           return agent;
         }
       : undefined;
@@ -74,7 +74,12 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
 
   let stopping = false;
   const shutdown = (signal: NodeJS.Signals) => {
-    if (stopping) return;
+    if (stopping) {
+      // A second signal means "now": kill every engine group at once rather than wait.
+      logger.warn({ signal }, "second signal: killing engines and exiting");
+      killAllSupervisedSync();
+      process.exit(1);
+    }
     stopping = true;
     logger.info({ signal }, "shutting down");
     server
@@ -88,8 +93,9 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
         },
       );
   };
-  process.on("SIGINT", shutdown);
-  process.on("SIGTERM", shutdown);
+  // SIGHUP (the terminal closed, an ssh session dropped) would otherwise end the process
+  // without its exit hooks, leaving the detached engines running.
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, shutdown);
 }
 
 /**

@@ -98,6 +98,16 @@ export class ReplicaTable {
     return () => this.listeners.delete(listener);
   }
 
+  /**
+   * Removes the stored rows of a node's replicas from an earlier run of its agent: those
+   * processes are gone. Other nodes' rows (other servers sharing the database) stay.
+   */
+  async forgetNode(nodeId: string): Promise<void> {
+    const store = this.options.store;
+    if (store === undefined) return;
+    await store.db.deleteFrom("replicas").where("node_ids", "like", `%${JSON.stringify(nodeId)}%`).execute();
+  }
+
   /** Resolves when every write-through so far has reached the store. */
   flush(): Promise<void> {
     return this.persistChain;
@@ -112,7 +122,8 @@ export class ReplicaTable {
   /** Writes are chained so they land in order; a failed write is logged, never thrown at the writer. */
   private persist(replica: Replica, removed: boolean): void {
     const store = this.options.store;
-    if (store === undefined) return;
+    // External replicas follow from the catalog; every server derives them itself.
+    if (store === undefined || replica.engine === "external") return;
     const now = nowIso(this.options.clock);
     this.persistChain = this.persistChain.then(async () => {
       try {
@@ -125,7 +136,10 @@ export class ReplicaTable {
           profile: replica.profile,
           node_ids: JSON.stringify(replica.nodeIds),
           endpoint: replica.endpoint === null ? null : replica.endpoint.origin + replica.endpoint.basePath,
-          engine_key: replica.engineKey,
+          // Keys stay in memory: an engine key dies with its process, and an external
+          // profile's key already lives in the catalog. A copy here would only be one more
+          // place a secret sits in clear.
+          engine_key: null,
           state: replica.state,
           attempt: replica.attempt,
           failures: replica.failures,

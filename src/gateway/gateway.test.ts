@@ -123,6 +123,62 @@ describe("gateway", () => {
     }
   });
 
+  test("embeddings pass through with usage, and the upstream's own headers stay behind", async () => {
+    const response = await fetch(`${harness.url}/v1/embeddings`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "ext", input: ["a", "b"] }),
+    });
+    assert.equal(response.status, 200);
+    assert.equal(response.headers.get("set-cookie"), null, "cookies of the external server are not the client's");
+    const answer = (await response.json()) as { data: { embedding: number[] }[]; usage: { prompt_tokens: number } };
+    assert.equal(answer.data.length, 2);
+    assert.deepEqual(answer.data[0]?.embedding, [0.25, -0.5, 0.75]);
+    assert.equal(answer.usage.prompt_tokens, 6);
+    assert.equal(upstream.requests.at(-1)?.path, "/v1/embeddings");
+  });
+
+  test("a replica that resets the connection before answering is replaced by another", async () => {
+    const resetting = await startFakeUpstream({ resetOnRequest: true });
+    const good = await startFakeUpstream({ reply: "after the reset" });
+    try {
+      assert.equal(
+        (await harness.admin("POST", "/api/v1/models", {
+          name: "reset",
+          profiles: [
+            { name: "a-resets", engine: "external", url: resetting.url },
+            { name: "b-good", engine: "external", url: good.url },
+          ],
+        })).status,
+        201,
+      );
+      for (let i = 0; i < 4; i += 1) {
+        const answer = await client.chat.completions.create({ model: "reset", messages: [{ role: "user", content: "hi" }] });
+        assert.equal(answer.choices[0]?.message.content, "after the reset");
+      }
+      assert.ok(resetting.requests.length >= 1, "the resetting replica was tried");
+    } finally {
+      await harness.admin("DELETE", "/api/v1/models/reset");
+      await resetting.close();
+      await good.close();
+    }
+  });
+
+  test("an external server that refuses llmgw's key gives a 502 naming the profile, not a 401 about the client's key", async () => {
+    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "wrong-key", profiles: [{ name: "up", engine: "external", url: upstream.url, api_key: "not-the-upstream-key" }] })).status, 201);
+    try {
+      await assert.rejects(client.chat.completions.create({ model: "wrong-key", messages: [{ role: "user", content: "x" }] }), (error: unknown) => {
+        assert.ok(error instanceof OpenAI.InternalServerError, String(error));
+        assert.equal(error.status, 502);
+        assert.equal(error.code, "upstream_auth_failed");
+        assert.match(error.message, /wrong-key\/up/);
+        return true;
+      });
+    } finally {
+      await harness.admin("DELETE", "/api/v1/models/wrong-key");
+    }
+  });
+
   test("errors come back in OpenAI's shape with the SDK's classes", async () => {
     const bad = new OpenAI({ apiKey: "llmgw-not-a-real-key", baseURL: `${harness.url}/v1`, maxRetries: 0 });
     await assert.rejects(bad.models.list(), OpenAI.AuthenticationError);

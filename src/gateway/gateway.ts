@@ -8,6 +8,7 @@ import { performance } from "node:perf_hooks";
 import type { z } from "zod";
 import {
   BadRequestError,
+  UpstreamError,
   LlmgwError,
   NotFoundError,
   PayloadTooLargeError,
@@ -52,8 +53,25 @@ const PROXY_ROUTES = new Map<string, ProxyRoute>([
   ["/v1/embeddings", { path: "/v1/embeddings", schema: embeddingSchema as z.ZodType<GatewayRequestBody> }],
 ]);
 
-/** Response headers that describe one hop, not the message, and are not forwarded. */
-const HOP_HEADERS = new Set(["connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te", "trailer"]);
+/**
+ * Upstream response headers passed to the client. Everything else stays behind: hop-by-hop
+ * headers, and what an external server says about itself (cookies, auth challenges, CORS,
+ * its own rate limits) which would mislead a client of the gateway.
+ */
+const FORWARDED_HEADERS = new Set(["content-type", "content-length", "content-encoding", "cache-control", "retry-after", "retry-after-ms", "x-request-id"]);
+
+/** Usage status of an answer cut short: nginx's "client closed request", and a bad gateway. */
+const STATUS_CLIENT_GONE = 499;
+const STATUS_UPSTREAM_FAILED = 502;
+
+function forwardedHeaders(headers: Record<string, string | string[] | undefined>): Record<string, string | string[]> {
+  const kept: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name];
+    if (value !== undefined && (FORWARDED_HEADERS.has(name) || name.startsWith("openai-"))) kept[name] = value;
+  }
+  return kept;
+}
 
 export const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
 const COOLDOWN_MS = 5000;
@@ -66,9 +84,38 @@ export class Gateway {
   private readonly maxBodyBytes: number;
   private readonly maxAttempts: number;
 
+  /** The origin each replica was last seen at, so a pool no replica uses any more is closed. */
+  private readonly originOf = new Map<string, string>();
+  private readonly unsubscribe: () => void;
+
   constructor(private readonly options: GatewayOptions) {
     this.maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
     this.maxAttempts = options.maxAttempts ?? 3;
+    this.unsubscribe = options.replicas.onChange((replica, removed) => this.forget(replica, removed));
+  }
+
+  /** Stops following the replica table (the pools themselves are closed by their owner). */
+  close(): void {
+    this.unsubscribe();
+  }
+
+  /**
+   * Drops what the gateway keeps per replica when the replica goes away or moves (an
+   * engine restart gets a new port): its counters, and its connection pool once no other
+   * replica uses that origin.
+   */
+  private forget(replica: Replica, removed: boolean): void {
+    const previous = this.originOf.get(replica.id);
+    const current = removed ? undefined : replica.endpoint?.origin;
+    if (removed) {
+      this.inFlight.delete(replica.id);
+      this.coolingUntil.delete(replica.id);
+    }
+    if (current === undefined) this.originOf.delete(replica.id);
+    else this.originOf.set(replica.id, current);
+    if (previous !== undefined && previous !== current && ![...this.originOf.values()].includes(previous)) {
+      void this.options.pools.release(previous);
+    }
   }
 
   /** Requests in flight per replica id (for tests and, later, metrics). */
@@ -134,13 +181,24 @@ export class Gateway {
     res.on("close", onClose);
     const tried = new Set<string>();
     const stream = body.stream === true;
+    // The body is re-serialised only when a replica knows the model by another name, and
+    // then once per name, not once per attempt.
+    const payloads = new Map<string, Buffer>([[body.model, call.raw]]);
+    const payloadFor = (upstreamModel: string) => {
+      let payload = payloads.get(upstreamModel);
+      if (payload === undefined) {
+        payload = Buffer.from(JSON.stringify({ ...body, model: upstreamModel }));
+        payloads.set(upstreamModel, payload);
+      }
+      return payload;
+    };
     let lastFailure: LlmgwError | undefined;
     try {
       for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
         const replica = this.choose(model, tried);
         if (replica === undefined) break;
         tried.add(replica.id);
-        const payload = body.model === replica.upstreamModel ? call.raw : Buffer.from(JSON.stringify({ ...body, model: replica.upstreamModel }));
+        const payload = payloadFor(replica.upstreamModel);
         const more = this.hasAlternative(model, tried) && attempt + 1 < this.maxAttempts;
         this.inFlight.set(replica.id, (this.inFlight.get(replica.id) ?? 0) + 1);
         let released = false;
@@ -167,12 +225,24 @@ export class Gateway {
           if (lastFailure.retryable && more) continue;
           throw lastFailure;
         }
-        if (isRetryableStatus(upstream.statusCode) && more) {
+        const refusedUs = upstream.statusCode === 401 || upstream.statusCode === 403;
+        if ((isRetryableStatus(upstream.statusCode) && more) || refusedUs) {
           // Nothing has reached the client yet, so another replica can still answer.
           upstream.body.resume();
           upstream.body.on("error", () => undefined);
           release();
-          this.options.logger.warn({ model: model.name, replica: replica.id, status: upstream.statusCode }, "replica answered with a retryable status; trying another");
+          this.options.logger.warn({ model: model.name, replica: replica.id, status: upstream.statusCode }, "replica did not answer; trying another");
+          if (refusedUs) {
+            // The replica refused llmgw's own credentials (a wrong external api_key, an engine
+            // restarted with another key). Passing its 401 on would tell the client that the
+            // client's key is wrong, so it becomes a 502 that names the profile.
+            lastFailure = new UpstreamError(
+              `Replica ${model.name}/${replica.profile} refused llmgw's credentials (HTTP ${upstream.statusCode}). An administrator should check the profile's api_key.`,
+              { code: "upstream_auth_failed" },
+            );
+            if (more) continue;
+            throw lastFailure;
+          }
           continue;
         }
         const includeUsage = (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage === true;
@@ -199,22 +269,20 @@ export class Gateway {
     release: () => void;
   }): Promise<void> {
     const { res, upstream, replica, model, principal, started, stream, includeUsage, path, release } = call;
-    res.statusCode = upstream.statusCode;
-    for (const [name, value] of Object.entries(upstream.headers)) {
-      if (value !== undefined && !HOP_HEADERS.has(name)) res.setHeader(name, value);
-    }
+    res.writeHead(upstream.statusCode, forwardedHeaders(upstream.headers));
     // A stream carries usage only when the client asked for it; without that, keep nothing.
     const tap = stream && !includeUsage ? null : new UsageTap(stream);
     let firstByteAt: number | null = null;
     return new Promise<void>((resolve) => {
       let settled = false;
-      const finish = (completed: boolean) => {
+      /** `outcome`: the upstream status when the answer was relayed whole, else why not. */
+      const finish = (outcome: "completed" | "client-gone" | "upstream-failed") => {
         if (settled) return;
         settled = true;
         release();
         const usage = tap?.usage() ?? null;
         this.options.usage?.record({
-          at: new Date().toISOString(),
+          at: new Date(performance.timeOrigin + started).toISOString(),
           key_id: principal.keyId,
           model: model.name,
           replica_id: replica.id,
@@ -223,7 +291,7 @@ export class Gateway {
           completion_tokens: usage?.completion_tokens ?? null,
           ttft_ms: firstByteAt === null ? null : Math.round(firstByteAt - started),
           duration_ms: Math.round(performance.now() - started),
-          status: completed ? upstream.statusCode : 499,
+          status: outcome === "completed" ? upstream.statusCode : outcome === "client-gone" ? STATUS_CLIENT_GONE : STATUS_UPSTREAM_FAILED,
           stream: stream ? 1 : 0,
         });
         resolve();
@@ -238,7 +306,7 @@ export class Gateway {
       });
       upstream.body.on("end", () => {
         res.end();
-        finish(true);
+        finish("completed");
       });
       upstream.body.on("error", (error: Error) => {
         // After the first byte nothing can be retried: end the response so the client
@@ -247,12 +315,12 @@ export class Gateway {
           this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(error) }, "upstream failed mid-response");
           res.destroy(error);
         }
-        finish(false);
+        finish("upstream-failed");
       });
       res.on("close", () => {
         if (!res.writableFinished) {
           upstream.body.destroy();
-          finish(false);
+          finish("client-gone");
         }
       });
     });
@@ -372,6 +440,11 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
     return Promise.reject(tooLarge(limit));
   }
   return new Promise<Buffer>((resolve, reject) => {
+    if (req.destroyed || req.readableEnded) {
+      // The client left (or the body was consumed) while the key was being checked.
+      reject(new BadRequestError("The request body is gone: the client closed the connection.", { code: "body_read_failed" }));
+      return;
+    }
     const chunks: Buffer[] = [];
     let size = 0;
     const onData = (chunk: Buffer) => {
@@ -391,14 +464,20 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       cleanup();
       reject(new BadRequestError(`The request body could not be read: ${error.message}.`, { code: "body_read_failed", cause: error }));
     };
+    const onClose = () => {
+      cleanup();
+      reject(new BadRequestError("The client closed the connection before sending the whole body.", { code: "body_read_failed" }));
+    };
     const cleanup = () => {
       req.off("data", onData);
       req.off("end", onEnd);
       req.off("error", onError);
+      req.off("close", onClose);
     };
     req.on("data", onData);
     req.on("end", onEnd);
     req.on("error", onError);
+    req.on("close", onClose);
   });
 }
 

@@ -25,3 +25,12 @@ test("reports no usage when the answer has none", () => {
   tap.push(Buffer.from('{"error":{"message":"x"}}'));
   assert.equal(tap.usage(), null);
 });
+
+test("finds usage at the end of a JSON answer far larger than the tail it keeps", () => {
+  const tap = new UsageTap(false);
+  const data = Array.from({ length: 100 }, (_, index) => ({ object: "embedding", index, embedding: Array.from({ length: 1536 }, () => 0.123456789) }));
+  const body = Buffer.from(JSON.stringify({ object: "list", data, model: "e", usage: { prompt_tokens: 100, total_tokens: 100 } }));
+  assert.ok(body.length > 1024 * 1024);
+  for (let offset = 0; offset < body.length; offset += 16 * 1024) tap.push(body.subarray(offset, offset + 16 * 1024));
+  assert.deepEqual(tap.usage(), { prompt_tokens: 100, completion_tokens: 0 });
+});

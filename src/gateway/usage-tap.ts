@@ -1,44 +1,33 @@
 // Finds the token usage in a response the gateway relays, without holding up a byte of
-// it. A JSON answer carries `usage` at the top level; a stream carries it in its last
-// data event when the client asked for `stream_options.include_usage`. The tap keeps at
-// most a bounded amount of the response and parses it once, after the end.
+// it. A JSON answer carries `usage` at the top level (last, in practice); a stream carries
+// it in its last data event when the client asked for `stream_options.include_usage`. The
+// tap keeps only the last 64 KiB of the response and parses what it needs once, after the
+// end.
 export interface TokenUsage {
   prompt_tokens: number;
   completion_tokens: number;
 }
 
-const MAX_JSON_BYTES = 1024 * 1024;
-const STREAM_TAIL_BYTES = 16 * 1024;
+/** Usage sits at the end of an answer (the last JSON field, or the last event of a stream). */
+const TAIL_BYTES = 64 * 1024;
 
 export class UsageTap {
   private chunks: Buffer[] = [];
   private size = 0;
-  private overflow = false;
 
   constructor(private readonly stream: boolean) {}
 
+  /** Keeps only the tail of the answer, so a long answer costs no more than a short one. */
   push(chunk: Buffer): void {
-    if (this.stream) {
-      this.chunks.push(chunk);
-      this.size += chunk.length;
-      // Keep only the tail: the usage event is the last one before [DONE].
-      while (this.chunks.length > 1 && this.size - this.chunks[0]!.length >= STREAM_TAIL_BYTES) {
-        this.size -= this.chunks.shift()!.length;
-      }
-      return;
-    }
-    if (this.overflow) return;
-    this.size += chunk.length;
-    if (this.size > MAX_JSON_BYTES) {
-      this.overflow = true;
-      this.chunks = [];
-      return;
-    }
     this.chunks.push(chunk);
+    this.size += chunk.length;
+    while (this.chunks.length > 1 && this.size - this.chunks[0]!.length >= TAIL_BYTES) {
+      this.size -= this.chunks.shift()!.length;
+    }
   }
 
   usage(): TokenUsage | null {
-    if (this.overflow || this.chunks.length === 0) return null;
+    if (this.chunks.length === 0) return null;
     const text = Buffer.concat(this.chunks).toString("utf8");
     if (!this.stream) return pickUsage(safeParse(usageObjectText(text)));
     const events = text.split("\n");

@@ -53,3 +53,20 @@ testBothStores("bad key requests name the field", async (store) => {
   await keys.create({ name: "root", role: "admin" }, "t");
   assert.equal(await keys.hasActiveAdminKey(), true);
 });
+
+testBothStores("an unknown key is remembered briefly, and a key created meanwhile works at once", async (store) => {
+  let queries = 0;
+  const counted = store.db.withPlugin({
+    transformQuery: (args) => {
+      if (args.node.kind === "SelectQueryNode") queries += 1;
+      return args.node;
+    },
+    transformResult: async (args) => args.result,
+  });
+  const keys = new KeyService({ store: { ...store, db: counted } });
+  await assert.rejects(keys.verify("llmgw-unknown"), AuthenticationError);
+  await assert.rejects(keys.verify("llmgw-unknown"), AuthenticationError);
+  assert.equal(queries, 1, "the second try of the same bad key did not query the database");
+  const { key } = await keys.create({ name: "fresh" }, "t");
+  assert.equal((await keys.verify(key)).name, "fresh");
+});

@@ -48,6 +48,12 @@ const KEY_BODY_LENGTH = 40;
 const SHOWN_PREFIX_LENGTH = KEY_PREFIX.length + 6;
 const CACHE_TTL_MS = 5000;
 const LAST_USED_RESOLUTION_MS = 60_000;
+const UNKNOWN_TTL_MS = 2000;
+const UNKNOWN_MAX = 10_000;
+
+function invalidKey(): AuthenticationError {
+  return new AuthenticationError("The API key is not valid. Check that it was copied whole, or create a new one.");
+}
 
 export interface KeyServiceOptions {
   store: Store;
@@ -58,6 +64,13 @@ export class KeyService {
   private readonly store: Store;
   private readonly clock: () => number;
   private readonly cache = new Map<string, { principal: Principal; checkedAt: number }>();
+  /**
+   * Hashes of keys found unknown, briefly, so a client retrying a bad key does not cost a
+   * database query each time. Bounded: a flood of random keys only refills it.
+   */
+  private readonly unknown = new Map<string, number>();
+  /** Bumped by every revocation: a lookup that started before one must not refill the cache. */
+  private generation = 0;
   private readonly lastUsedWritten = new Map<string, number>();
 
   constructor(options: KeyServiceOptions) {
@@ -86,6 +99,7 @@ export class KeyService {
       created_by: actor,
       last_used_at: null,
     };
+    this.unknown.clear();
     await this.store.db.transaction().execute(async (trx) => {
       await trx.insertInto("api_keys").values(row).execute();
       await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at } });
@@ -115,6 +129,7 @@ export class KeyService {
         await recordAudit(trx, { at: now, actor, action: "key.revoke", target: row.prefix, detail: { id: row.id, name: row.name } });
       });
     }
+    this.generation += 1;
     this.cache.clear();
     return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
   }
@@ -134,8 +149,15 @@ export class KeyService {
     if (cached !== undefined && now - cached.checkedAt < CACHE_TTL_MS) {
       principal = cached.principal;
     } else {
+      const unknownAt = this.unknown.get(hash);
+      if (unknownAt !== undefined && now - unknownAt < UNKNOWN_TTL_MS) throw invalidKey();
+      const generation = this.generation;
       const row = await this.store.db.selectFrom("api_keys").selectAll().where("hash", "=", hash).executeTakeFirst();
-      if (row === undefined) throw new AuthenticationError("The API key is not valid. Check that it was copied whole, or create a new one.");
+      if (row === undefined) {
+        if (this.unknown.size >= UNKNOWN_MAX) this.unknown.clear();
+        this.unknown.set(hash, now);
+        throw invalidKey();
+      }
       if (row.revoked_at !== null) {
         this.cache.delete(hash);
         throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, { code: "revoked_api_key" });
@@ -147,7 +169,7 @@ export class KeyService {
         allowedModels: row.allowed_models === null ? null : new Set(JSON.parse(row.allowed_models) as string[]),
         expiresAt: row.expires_at === null ? null : Date.parse(row.expires_at),
       };
-      this.cache.set(hash, { principal, checkedAt: now });
+      if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now });
     }
     if (principal.expiresAt !== null && principal.expiresAt <= now) {
       throw new AuthenticationError(`The API key '${principal.name}' expired at ${new Date(principal.expiresAt).toISOString()}. Ask an administrator for a new key.`, { code: "expired_api_key" });

@@ -35,6 +35,8 @@ type Env = { Variables: { principal: Principal } };
 /** Context for plans when none is given: the default context pool of a replica (DESIGN.md). */
 export const DEFAULT_PLAN_CONTEXT = 16384;
 
+const auditQuerySchema = z.strictObject({ limit: z.coerce.number().int().min(1).max(1000).default(100) });
+
 const planQuerySchema = z.strictObject({
   repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
   revision: z.string().min(1).optional(),
@@ -79,7 +81,10 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   };
   const actor = (c: Context<Env>) => `${c.get("principal").role}:${c.get("principal").name}`;
 
-  app.get("/api/v1/models", (c) => c.json({ data: catalog.list().map(view) }));
+  app.get("/api/v1/models", (c) => {
+    const unreadable = catalog.unreadableModels();
+    return c.json({ data: catalog.list().map(view), ...(unreadable.length > 0 ? { unreadable } : {}) });
+  });
   app.post("/api/v1/models", async (c) => c.json(view(await catalog.create(await jsonBody(c), actor(c))), 201));
   app.get("/api/v1/models/:name", (c) => c.json(view(catalog.get(c.req.param("name")))));
   app.patch("/api/v1/models/:name", async (c) => c.json(view(await catalog.update(c.req.param("name"), await jsonBody(c), actor(c)))));
@@ -93,7 +98,10 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     const count = await options.agent.unpark(model.name);
     return c.json({ model: model.name, unparked: count });
   });
-  app.get("/api/v1/audit", async (c) => c.json({ data: await catalog.auditLog({ limit: Number(c.req.query("limit") ?? 100) }) }));
+  app.get("/api/v1/audit", async (c) => {
+    const { limit } = parseWith(auditQuerySchema, c.req.query(), "audit query");
+    return c.json({ data: await catalog.auditLog({ limit }) });
+  });
 
   app.get("/api/v1/plan", async (c) => {
     if (options.planner === undefined) throw new BadRequestError("This server has no planner configured.");

@@ -71,8 +71,6 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   await catalog.refresh();
   const keys = new KeyService({ store });
   const replicas = new ReplicaTable({ store, logger });
-  // Replica rows from an earlier run describe processes that no longer exist.
-  await store.db.deleteFrom("replicas").execute();
   const stopExternalSync = syncExternalReplicas(catalog, replicas);
   const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
   // Fetches cut off by the last stop are listed as incomplete, never as present.
@@ -166,6 +164,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
         server.closeIdleConnections();
         setTimeout(() => server.closeAllConnections(), 2000).unref();
       });
+      gateway.close();
       await pools.closeAll();
       await mirror.close();
       await registry.close();

@@ -1,7 +1,7 @@
 // The store: one Kysely handle over SQLite (better-sqlite3, a file in the data dir, WAL)
 // or PostgreSQL (pg), with the migration history applied on open. Domains receive a
 // Store and write their own tables; nothing else opens the database.
-import { mkdirSync } from "node:fs";
+import { chmodSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import BetterSqlite3 from "better-sqlite3";
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
@@ -64,6 +64,16 @@ function openSqlite(file: string): Store {
   // WAL lets the gateway read while the agent writes; a busy timeout rides out the short
   // moments when another connection holds the write lock.
   database.pragma("journal_mode = WAL");
+  // The database holds key hashes and external servers' keys: owner only, whatever the umask.
+  if (file !== ":memory:") {
+    for (const suffix of ["", "-wal", "-shm"]) {
+      try {
+        chmodSync(file + suffix, 0o600);
+      } catch {
+        // -wal and -shm exist only while a connection is open; the main file always does.
+      }
+    }
+  }
   database.pragma("busy_timeout = 5000");
   database.pragma("foreign_keys = ON");
   database.pragma("synchronous = NORMAL");

@@ -13,6 +13,8 @@ export interface FakeUpstreamOptions {
   failWithStatus?: number;
   /** Required Bearer token, if any. */
   key?: string;
+  /** Reset the connection as soon as a request arrives (a crash before the first byte). */
+  resetOnRequest?: boolean;
 }
 
 export interface FakeUpstream {
@@ -30,6 +32,11 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
   let cancelled = 0;
   const words = (options.reply ?? "hello from the fake upstream").split(" ");
   const server = http.createServer((req, res) => {
+    if (options.resetOnRequest === true) {
+      requests.push({ path: req.url ?? "", authorization: req.headers.authorization, body: null });
+      req.socket.destroy();
+      return;
+    }
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
@@ -41,6 +48,18 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       }
       if (options.failWithStatus !== undefined) {
         res.writeHead(options.failWithStatus, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "upstream failure", type: "server_error", param: null, code: null } }));
+        return;
+      }
+      if (req.url === "/v1/embeddings") {
+        const inputs: unknown[] = Array.isArray(body?.input) ? body.input : [body?.input];
+        res.writeHead(200, { "content-type": "application/json", "set-cookie": "upstream-session=1" }).end(
+          JSON.stringify({
+            object: "list",
+            data: inputs.map((_, index) => ({ object: "embedding", index, embedding: [0.25, -0.5, 0.75] })),
+            model: body?.model,
+            usage: { prompt_tokens: inputs.length * 3, total_tokens: inputs.length * 3 },
+          }),
+        );
         return;
       }
       const id = "chatcmpl-fake";
