@@ -4,12 +4,15 @@
 // model",...}} while loading, then 200 {"status":"ok"}), and its modes reproduce what
 // real engines do wrong: exit at once with a message on stderr (a missing model file),
 // never finish loading, ignore SIGTERM, crash or turn unhealthy after becoming ready,
-// and fork a helper process (vLLM's workers) that ignores SIGTERM.
+// and fork a helper process (vLLM's workers) that ignores SIGTERM. Its /v1/models
+// follows the OpenAI protocol the bundled engine, llama-server and vLLM share (401
+// without the right Bearer key, else {"object":"list","data":[{"id":...}]}); mode
+// "foreign" is some other HTTP service that answers /health but has no such route.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -19,7 +22,11 @@ import { ConflictError } from "../core/errors.ts";
 import {
   EngineSupervisor,
   liveEngineGroups,
+  openAiModelsValidator,
+  pruneRunFolders,
   stopAllSupervisors,
+  type EngineLaunch,
+  type EngineValidationContext,
   type SupervisorOptions,
   type SupervisorSnapshot,
   type SupervisorState,
@@ -55,7 +62,17 @@ if (process.env.FAKE_GRANDCHILD_PID_FILE) {
 const startedAt = Date.now();
 let readyAt = null;
 const server = http.createServer((req, res) => {
-  if (req.url !== "/health") { res.writeHead(404); res.end(); return; }
+  if (req.url === "/v1/models" && mode !== "foreign") {
+    if (req.headers.authorization !== "Bearer " + (process.env.FAKE_KEY ?? "")) {
+      res.writeHead(401, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { message: "Invalid API Key", type: "authentication_error", code: 401 } }));
+      return;
+    }
+    res.writeHead(200, { "content-type": "application/json" });
+    res.end(JSON.stringify({ object: "list", data: [{ id: process.env.FAKE_MODEL ?? "fake", object: "model", owned_by: "fake" }] }));
+    return;
+  }
+  if (req.url !== "/health") { res.writeHead(404); res.end("Not Found"); return; }
   if (mode === "never" || Date.now() - startedAt < readyAfterMs) {
     res.writeHead(503, { "content-type": "application/json" });
     res.end(JSON.stringify({ error: { code: 503, message: "Loading model", type: "unavailable_error" } }));
@@ -100,7 +117,7 @@ let rootCounter = 0;
 /** A supervisor over the fake engine with short timeouts; `env` gives FAKE_* per attempt. */
 function harness(
   env: (attempt: number) => Record<string, string>,
-  overrides: Partial<SupervisorOptions> = {},
+  { validate, ...overrides }: Partial<SupervisorOptions> & Pick<EngineLaunch, "validate"> = {},
 ): Harness {
   rootCounter += 1;
   const root = join(dir, `root-${rootCounter}`);
@@ -110,7 +127,7 @@ function harness(
     stateRoot: root,
     prepare: ({ attempt, port, host }) => {
       prepared += 1;
-      return { command: process.execPath, args: [fakeEngine, "--port", String(port), "--host", host], env: env(attempt), host, port, healthPath: "/health" };
+      return { command: process.execPath, args: [fakeEngine, "--port", String(port), "--host", host], env: env(attempt), host, port, healthPath: "/health", validate };
     },
     readyTimeoutMs: 5_000,
     healthIntervalMs: 20,
@@ -540,4 +557,128 @@ supervisor.start();
   } finally {
     killQuietly(-pid);
   }
+});
+
+test("readiness validates what the engine reports: the attempt's key and model make it ready; another key, another model or a foreign server fail the attempt, which parks like any failure", async () => {
+  const key = "engine-key-of-this-attempt";
+  const validate = openAiModelsValidator({ key, expectedModel: "tiny-chat", timeoutMs: 2_000 });
+
+  const good = harness(() => ({ FAKE_MODE: "ok", FAKE_KEY: key, FAKE_MODEL: "tiny-chat" }), { validate });
+  good.supervisor.start();
+  const ready = await waitFor(good.supervisor, inState("ready"));
+  assert.equal(ready.attempt, 1);
+  assert.equal(ready.lastErrorCode, null);
+  await good.supervisor.stop();
+
+  // An engine started with another key answers /health with 200 but would refuse every request.
+  const otherKey = harness(() => ({ FAKE_MODE: "ok", FAKE_KEY: "someone-elses-key", FAKE_MODEL: "tiny-chat" }), {
+    validate,
+    parkAfter: { failures: 2, windowMs: 60_000 },
+  });
+  otherKey.supervisor.start();
+  const parked = await waitFor(otherKey.supervisor, inState("parked"));
+  try {
+    assert.equal(parked.lastErrorCode, "validation_failed");
+    assert.equal(otherKey.prepared(), 2, "each failed validation counts as a failure");
+    assert.ok(!otherKey.events.some((event) => event.state === "ready"), "never ready, not even for a moment");
+    assert.match(parked.lastError ?? "", /Parked after 2 failures/);
+    assert.match(
+      parked.lastError ?? "",
+      /failed validation: GET http:\/\/127\.0\.0\.1:\d+\/v1\/models refused this attempt's engine key \(HTTP 401\)/,
+    );
+    assert.ok(!(parked.lastError ?? "").includes(key), "the engine key is never printed");
+    const records = await attemptRecords(parked.stateDir as string, 2);
+    assert.deepEqual(records.map((record) => record.result), ["validation_failed", "validation_failed"]);
+    const pids = [...new Set(otherKey.events.flatMap((event) => (event.pid === null ? [] : [event.pid])))];
+    assert.equal(pids.length, 2);
+    for (const pid of pids) assert.ok(isGone(pid), `engine ${pid} that failed validation was stopped`);
+  } finally {
+    await otherKey.supervisor.stop();
+  }
+
+  const otherModel = harness(() => ({ FAKE_MODE: "ok", FAKE_KEY: key, FAKE_MODEL: "other-model" }), {
+    validate,
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  otherModel.supervisor.start();
+  const wrongModel = await waitFor(otherModel.supervisor, inState("failed"));
+  await otherModel.supervisor.stop();
+  assert.equal(wrongModel.lastErrorCode, "validation_failed");
+  assert.match(wrongModel.lastError ?? "", /lists 'other-model', not the expected 'tiny-chat'/);
+
+  // Some other HTTP service on the port: /health says 200, there is no model list.
+  const foreign = harness(() => ({ FAKE_MODE: "foreign" }), { validate, backoff: { initialMs: 30_000, maxMs: 60_000 } });
+  foreign.supervisor.start();
+  const notOurs = await waitFor(foreign.supervisor, inState("failed"));
+  await foreign.supervisor.stop();
+  assert.equal(notOurs.lastErrorCode, "validation_failed");
+  assert.match(notOurs.lastError ?? "", /answered HTTP 404 instead of a model list \(Not Found\)/);
+});
+
+test("a launch's own validator runs after the first health 200, on the engine's endpoint; its message becomes lastError", async () => {
+  const seen: Array<EngineValidationContext & { health: number }> = [];
+  const { supervisor, events } = harness(() => ({ FAKE_MODE: "ok", FAKE_READY_AFTER_MS: "200" }), {
+    validate: async (context) => {
+      const health = await request(`http://${context.host}:${context.port}/health`);
+      await health.body.dump();
+      seen.push({ ...context, health: health.statusCode });
+      throw new Error("the engine reports a context of 512 tokens, expected 4096");
+    },
+    backoff: { initialMs: 30_000, maxMs: 60_000 },
+  });
+  supervisor.start();
+  const failed = await waitFor(supervisor, inState("failed"));
+  await supervisor.stop();
+  assert.equal(failed.lastErrorCode, "validation_failed");
+  assert.match(failed.lastError ?? "", /with 200 on attempt 1 but failed validation: the engine reports a context of 512 tokens, expected 4096\. Its process group was stopped/);
+  const endpoint = events.find((event) => event.endpoint !== null)?.endpoint;
+  assert.equal(seen.length, 1);
+  assert.equal(seen[0]?.health, 200, "validation starts only once the engine is healthy");
+  assert.deepEqual({ host: seen[0]?.host, port: seen[0]?.port }, endpoint);
+  assert.equal(seen[0]?.signal.aborted, true, "the signal is aborted once the attempt is over");
+});
+
+test("pruneRunFolders deletes the oldest run folders beyond keep, never an active run's folder, a protected one or anything else", async () => {
+  const root = join(dir, "prune-root");
+  await mkdir(root, { recursive: true });
+  const now = Date.now();
+  // Run folders from 1 to 5 minutes ago, named as claimStateDir names them.
+  const old = [1, 2, 3, 4, 5].map((minutes) => join(root, `r-0a1b2c3d4e5f-${(now - minutes * 60_000).toString(36)}-abcde${minutes}`));
+  for (const folder of old) {
+    await mkdir(join(folder, "home"), { recursive: true });
+    await writeFile(join(folder, "attempt-1.log"), "engine output\n");
+  }
+  // Not run folders, whatever their age: left alone, and a symlink's target never followed.
+  await writeFile(join(root, "notes.txt"), "not a run\n");
+  await mkdir(join(root, "models"));
+  const target = join(dir, "prune-link-target");
+  await mkdir(target);
+  await writeFile(join(target, "precious"), "x");
+  const link = join(root, `r-link-${(now - 3_600_000).toString(36)}-ffffff`);
+  await symlink(target, link);
+
+  const { supervisor } = harness(() => ({ FAKE_MODE: "ok" }), { stateRoot: root });
+  supervisor.start();
+  const live = (await waitFor(supervisor, inState("ready"))).stateDir as string;
+  try {
+    const first = await pruneRunFolders({ stateRoot: root, keep: 3, protect: new Set([`${old[3]?.slice(root.length + 1)}`]) });
+    // Newest first: live, 1 and 2 minutes are the 3 kept; 4 minutes is protected by name.
+    assert.deepEqual(first.removed.sort(), [old[2], old[4]].sort());
+    assert.equal(first.kept, 4);
+    assert.deepEqual(first.failed, []);
+
+    const second = await pruneRunFolders({ stateRoot: root, keep: 0, protect: new Set([old[3] as string]) });
+    assert.deepEqual(second.removed.sort(), [old[0], old[1]].sort());
+    assert.ok(existsSync(join(live, "attempt-1.log")), "the folder of the running replica is never deleted");
+    assert.ok(existsSync(old[3] as string), "a protected folder is kept");
+  } finally {
+    await supervisor.stop();
+  }
+  // Once stopped, the run no longer holds its folder.
+  const third = await pruneRunFolders({ stateRoot: root, keep: 0 });
+  assert.deepEqual(third.removed.sort(), [live, old[3]].sort());
+  assert.deepEqual((await readdir(root)).sort(), ["models", "notes.txt", link.slice(root.length + 1)].sort());
+  assert.ok(existsSync(join(target, "precious")));
+
+  assert.deepEqual(await pruneRunFolders({ stateRoot: join(dir, "no-such-root") }), { removed: [], kept: 0, failed: [] });
 });

@@ -15,25 +15,37 @@
 //   group, SIGKILL after the grace) also stops what it forked: llama-swap could not stop
 //   engines that fork (its #804);
 // - readiness is a health poll over a plain undici Agent (never an environment proxy)
-//   with a per-attempt deadline; a failure records why (exit code or signal and the last
-//   lines of the attempt log) and is retried with exponential backoff, and too many
-//   failures within a window PARK the replica: no more attempts until unpark(). Peers
-//   without that protection loop or stay failed forever (llama-swap #92).
+//   with a per-attempt deadline, and then the launch's `validate` check of what the
+//   engine reports (`openAiModelsValidator`: our key is accepted and our model is
+//   listed). A bare 200 is not enough: a foreign server on a reused port, or an engine
+//   started with another key, answers /health too and would then fail every request;
+// - a failure records why (exit code or signal and the last lines of the attempt log)
+//   and is retried with exponential backoff, and too many failures within a window PARK
+//   the replica: no more attempts until unpark(). Peers without that protection loop or
+//   stay failed forever (llama-swap #92).
 //
 // How a hosting process (`llmgw agent`, `llmgw up`) must use it: on SIGINT/SIGTERM call
 // `await stopAllSupervisors()` (graceful: SIGTERM, grace, SIGKILL for every engine) and
 // then exit. As a last line of defence this module installs one `process.on("exit")`
 // hook that SIGKILLs every process group still registered (`killAllSupervisedSync`), so
-// an agent that exits, even through an uncaught exception, leaves no engine behind. Only
-// a SIGKILL of the agent itself escapes that; the next agent start then finds the port
-// taken and reports it.
+// an agent that exits, even through an uncaught exception, leaves no engine behind. A
+// SIGKILL (or OOM kill) of the agent escapes that hook; the bundled `llmgw engine`
+// therefore watches its parent and shuts down when the agent is gone
+// (engine-command.ts). An external engine without such a watch survives it, and the
+// next agent start finds its port taken and reports it.
+//
+// Run folders are kept after a run (their attempt logs explain failures), so they pile
+// up: a hosting process calls `pruneRunFolders({ stateRoot })` at start to delete all
+// but the newest ones; folders of runs that are active in this process are never
+// deleted.
 import { spawn } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
-import { appendFile, mkdir, open } from "node:fs/promises";
+import { appendFile, lstat, mkdir, open, readdir, rm } from "node:fs/promises";
 import { randomBytes } from "node:crypto";
 import { isAbsolute, join, relative, resolve } from "node:path";
 import { Agent, request } from "undici";
-import { ConflictError, LlmgwError, describeError } from "../core/errors.ts";
+import { ConflictError, LlmgwError, describeError, errorCode } from "../core/errors.ts";
+import { formatHost, printable } from "../core/format.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { assertPortFree, findFreePort } from "./free-port.ts";
 
@@ -52,12 +64,31 @@ export interface EngineLaunch {
   /** Path polled for readiness and liveness, for example "/health". */
   healthPath: string;
   /**
+   * Checks what the engine reports once its health check first answers 200, before the
+   * replica is marked ready (for OpenAI-compatible engines: `openAiModelsValidator`). A
+   * throw fails the attempt with code `validation_failed` and the thrown message, kills
+   * the engine's process group, and counts like any other failure (backoff, parking).
+   * Runs within the attempt's readiness deadline; `signal` aborts on stop(), on the
+   * engine's exit and at the deadline.
+   */
+  validate?: EngineValidator;
+  /**
    * What attempts.jsonl records as this attempt's `settings` (for example
    * `{ flashAttention: false }`). Defaults to command, args with the values of
    * key/token/secret/password flags redacted, host and port; never the environment.
    */
   settings?: Record<string, unknown>;
 }
+
+export interface EngineValidationContext {
+  /** Where the engine listens (the launch's host and port). */
+  host: string;
+  port: number;
+  signal: AbortSignal;
+}
+
+/** Resolves when the engine on host:port is the one this attempt started, as it was configured; throws a message naming what was expected and what was found otherwise. */
+export type EngineValidator = (context: EngineValidationContext) => Promise<void>;
 
 export interface AttemptContext {
   /** 1-based attempt number within this run. */
@@ -81,7 +112,7 @@ export interface SupervisorOptions {
   preflight?: (signal: AbortSignal) => Promise<void>;
   /** Host the supervisor picks a free port on before calling prepare. Default "127.0.0.1". */
   host?: string;
-  /** Deadline for one attempt to answer its health check with 200. Default 120 000 ms. */
+  /** Deadline for one attempt to answer its health check with 200 and pass the launch's validation. Default 120 000 ms. */
   readyTimeoutMs?: number;
   /** Readiness poll interval while starting. Default 250 ms. */
   healthIntervalMs?: number;
@@ -112,7 +143,7 @@ export interface SupervisorSnapshot {
   failures: number;
   /** Why the last attempt failed, or why the replica is parked. */
   lastError: string | null;
-  /** Stable code of the last failure: preflight_failed, state_dir_failed, prepare_failed, cache_path_outside_state, port_in_use, spawn_failed, engine_exited, not_ready, unhealthy, internal_error. */
+  /** Stable code of the last failure: preflight_failed, state_dir_failed, prepare_failed, cache_path_outside_state, port_in_use, spawn_failed, engine_exited, not_ready, validation_failed, unhealthy, internal_error. */
   lastErrorCode: string | null;
   /** How the last engine process ended. */
   lastExit: { code: number | null; signal: string | null } | null;
@@ -185,6 +216,8 @@ const SECRET_FLAG = /key|token|secret|password/i;
 const LOG_TAIL_BYTES = 8192;
 const LOG_TAIL_LINES = 20;
 const GROUP_POLL_MS = 50;
+/** How long terminate() waits, after SIGKILL, for the kernel to tear the group's processes down. */
+const KILL_SETTLE_MS = 2_000;
 
 interface Failure {
   code: string;
@@ -208,6 +241,8 @@ interface Run {
 /** Process groups of engines that are running, by pgid (= the engine's pid). */
 const liveGroups = new Map<number, string>();
 const liveSupervisors = new Set<EngineSupervisor>();
+/** State folders (absolute) of the runs active in this process; pruneRunFolders never deletes them. */
+const activeStateDirs = new Set<string>();
 let exitHookInstalled = false;
 
 /**
@@ -304,6 +339,7 @@ export class EngineSupervisor {
   /** Leaves the parked state: forgets the failures and starts a new run (new state folder). Returns false when not parked. */
   unpark(): boolean {
     if (this.snap.state !== "parked" || this.stopping) return false;
+    if (this.run) releaseRun(this.run);
     this.run = null;
     this.loop = null;
     this.beginRun();
@@ -322,6 +358,7 @@ export class EngineSupervisor {
       this.update({ state: "stopping", retryAt: null });
       run.controller.abort();
       await this.loop;
+      releaseRun(run);
       this.run = null;
       this.loop = null;
       liveSupervisors.delete(this);
@@ -511,11 +548,22 @@ export class EngineSupervisor {
       const readySignal = AbortSignal.any([signal, exitController.signal, deadline.signal]);
       let lastObservation = "no answer yet";
       let ready = false;
+      let validationError: string | null = null;
       try {
         while (!readySignal.aborted) {
           const probe = await probeHealth(agent, url, healthTimeoutMs, readySignal);
           if (readySignal.aborted) break;
           if (probe.ok) {
+            if (launch.validate) {
+              try {
+                await launch.validate({ host: launch.host, port: launch.port, signal: readySignal });
+              } catch (error) {
+                // Aborted by stop(), the engine's exit or the deadline: those paths below say why.
+                if (readySignal.aborted) lastObservation = `HTTP 200, validation unfinished: ${describeError(error)}`;
+                else validationError = describeError(error);
+                break;
+              }
+            }
             ready = true;
             break;
           }
@@ -529,6 +577,18 @@ export class EngineSupervisor {
       if (signal.aborted) {
         if (!ready) record({ settings, result: "stopped", log: logName });
         return null;
+      }
+      if (validationError !== null) {
+        // Kill first, so the log tail includes whatever the engine printed on the way out.
+        await this.terminate(pid, exited, () => exit !== null);
+        const failure = {
+          code: "validation_failed",
+          message:
+            `Engine answered ${url} with 200 on attempt ${attempt} but failed validation: ${asSentence(validationError)} ` +
+            `Its process group was stopped (${describeExit()}). ${await logTail(logPath)}`,
+        };
+        record({ settings, result: failure.code, log: logName, error: failure.message });
+        return failure;
       }
       if (!ready) {
         if (exit !== null) {
@@ -613,8 +673,12 @@ export class EngineSupervisor {
         signalGroup(pgid, "SIGKILL");
       }
     }
-    // SIGKILL cannot be ignored; the wait is only as long as the kernel takes to tear the process down.
+    // SIGKILL cannot be ignored; the wait is only as long as the kernel takes to tear the
+    // processes down. Members other than the engine are not our children, so their end is
+    // polled (bounded): a caller that is told "stopped" may reuse the port or the GPU at once.
     await exited;
+    const settleDeadline = Date.now() + KILL_SETTLE_MS;
+    while (groupHasLiveMembers(pgid) && Date.now() < settleDeadline) await sleep(GROUP_POLL_MS);
     liveGroups.delete(pgid);
   }
 
@@ -688,6 +752,181 @@ export function buildEngineEnv(stateDir: string, launchEnv: Record<string, strin
   return Object.assign(env, OFFLINE_ENV);
 }
 
+/** A run folder's name: `<replica id, made safe>-<creation time, base 36 ms>-<6 hex>` (see claimStateDir). */
+const RUN_FOLDER_NAME = /^[A-Za-z0-9._-]{1,24}-([0-9a-z]{1,11})-[0-9a-f]{6}$/;
+
+export const DEFAULT_RUN_FOLDERS_KEPT = 20;
+
+export interface PruneRunFoldersOptions {
+  /** The supervisors' `stateRoot`. A root that does not exist has nothing to prune. */
+  stateRoot: string;
+  /** How many of the newest run folders to keep, whatever their replica. Default 20. */
+  keep?: number;
+  /** Further folders never to delete: absolute paths, or names below stateRoot. */
+  protect?: ReadonlySet<string>;
+  logger?: Logger;
+}
+
+export interface PruneRunFoldersResult {
+  /** Absolute paths of the folders deleted. */
+  removed: string[];
+  /** Run folders left in place (the newest `keep`, the protected and the active ones). */
+  kept: number;
+  /** Folders that could not be deleted, with the reason (also logged). */
+  failed: Array<{ path: string; error: string }>;
+}
+
+/**
+ * Deletes the oldest run folders below `stateRoot` beyond the newest `keep`. Every run
+ * (start() or unpark()) claims a new folder and keeps it afterwards, for its attempt logs,
+ * so without pruning they accumulate forever. Only entries named like a run folder that
+ * are real folders (not symlinks) are considered; age comes from the creation time in the
+ * name. Folders of runs active in this process (starting, ready, failed or parked; from
+ * claim until stop() or unpark()) and those in `protect` are never deleted. Meant to be
+ * called when an agent starts; safe to call at any time.
+ */
+export async function pruneRunFolders(options: PruneRunFoldersOptions): Promise<PruneRunFoldersResult> {
+  const keep = options.keep ?? DEFAULT_RUN_FOLDERS_KEPT;
+  if (!Number.isInteger(keep) || keep < 0) {
+    throw new LlmgwError({ code: "invalid_keep", status: 500, message: `pruneRunFolders: keep must be a whole number of at least 0, got ${keep}.` });
+  }
+  const root = resolve(options.stateRoot);
+  const log = options.logger ?? silentLogger();
+  const protect = new Set([...(options.protect ?? [])].map((entry) => resolve(root, entry)));
+  let names: string[];
+  try {
+    names = await readdir(root);
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return { removed: [], kept: 0, failed: [] };
+    throw error;
+  }
+  const folders: Array<{ path: string; createdAt: number }> = [];
+  for (const name of names) {
+    const match = RUN_FOLDER_NAME.exec(name);
+    if (!match) continue;
+    const path = join(root, name);
+    try {
+      if (!(await lstat(path)).isDirectory()) continue;
+    } catch {
+      continue;
+    }
+    folders.push({ path, createdAt: parseInt(match[1] as string, 36) });
+  }
+  // Newest first; equal times (same millisecond) in a fixed order.
+  folders.sort((a, b) => b.createdAt - a.createdAt || (a.path < b.path ? 1 : -1));
+  const result: PruneRunFoldersResult = { removed: [], kept: 0, failed: [] };
+  for (const [index, folder] of folders.entries()) {
+    // Checked right before each deletion: a run may have claimed a folder meanwhile.
+    if (index < keep || protect.has(folder.path) || activeStateDirs.has(folder.path)) {
+      result.kept += 1;
+      continue;
+    }
+    try {
+      await rm(folder.path, { recursive: true, force: true });
+      result.removed.push(folder.path);
+    } catch (error) {
+      log.warn({ err: error, path: folder.path }, "could not delete an old engine run folder");
+      result.failed.push({ path: folder.path, error: describeError(error) });
+    }
+  }
+  if (result.removed.length > 0) log.info({ stateRoot: root, removed: result.removed.length, kept: result.kept }, "deleted old engine run folders");
+  return result;
+}
+
+export interface OpenAiModelsValidatorOptions {
+  /** The engine key this attempt gave the engine; sent as `Authorization: Bearer`. Never printed. */
+  key: string;
+  /** The model id the engine must list (llmgw engine's --model-name, vLLM's --served-model-name). */
+  expectedModel: string;
+  /** Path of the model list. Default "/v1/models". */
+  path?: string;
+  /** Deadline of the whole request (connect, headers, body). Default 5 000 ms. */
+  timeoutMs?: number;
+}
+
+/** A model list is a few hundred bytes; anything far larger is not the engine we started. */
+const MODEL_LIST_MAX_BYTES = 1024 * 1024;
+
+/**
+ * A validator for OpenAI-compatible engines (llmgw engine, llama-server, vLLM): GET
+ * /v1/models with the attempt's engine key must answer 200 with a `data[].id` list that
+ * includes the expected model. It catches what a health check cannot: a foreign server on
+ * a reused port (no such route, or no key check), an engine started with another key
+ * (401), or one serving another model. Plain undici with its own Agent, so no proxy from
+ * the environment is ever used.
+ */
+export function openAiModelsValidator(options: OpenAiModelsValidatorOptions): EngineValidator {
+  const path = options.path ?? "/v1/models";
+  const timeoutMs = options.timeoutMs ?? 5_000;
+  // A server that echoes what it received must not put the key into lastError.
+  const redact = (text: string): string => (options.key === "" ? text : text.split(options.key).join("[redacted]"));
+  const fail = (message: string): LlmgwError => new LlmgwError({ code: "validation_failed", status: 502, message: redact(message) });
+  return async ({ host, port, signal }) => {
+    const url = `http://${formatHost(host)}:${port}${path}`;
+    const agent = new Agent({ connect: { timeout: timeoutMs } });
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(), timeoutMs);
+    try {
+      let response;
+      try {
+        response = await request(url, {
+          method: "GET",
+          dispatcher: agent,
+          headers: { authorization: `Bearer ${options.key}`, accept: "application/json" },
+          headersTimeout: timeoutMs,
+          bodyTimeout: timeoutMs,
+          signal: AbortSignal.any([signal, timeout.signal]),
+        });
+      } catch (error) {
+        const why = timeout.signal.aborted ? `no answer within ${timeoutMs} ms` : (errorCode(error) ?? describeError(error));
+        throw fail(`GET ${url} failed (${why}); the engine did not answer its model list.`);
+      }
+      const chunks: Buffer[] = [];
+      let size = 0;
+      try {
+        for await (const chunk of response.body as AsyncIterable<Buffer>) {
+          size += chunk.length;
+          if (size > MODEL_LIST_MAX_BYTES) {
+            response.body.destroy();
+            throw fail(`GET ${url} answered more than ${MODEL_LIST_MAX_BYTES} bytes; that is not a model list, so the server on port ${port} is not the engine this attempt started.`);
+          }
+          chunks.push(chunk);
+        }
+      } catch (error) {
+        if (error instanceof LlmgwError) throw error;
+        throw fail(`GET ${url} failed while reading the answer (${errorCode(error) ?? describeError(error)}).`);
+      }
+      const text = Buffer.concat(chunks).toString("utf8");
+      const status = response.statusCode;
+      if (status === 401 || status === 403) {
+        throw fail(
+          `GET ${url} refused this attempt's engine key (HTTP ${status}): the server on port ${port} was started with another key or is not the engine this attempt started.`,
+        );
+      }
+      if (status !== 200) {
+        throw fail(`GET ${url} answered HTTP ${status} instead of a model list (${printable(redact(text)) || "empty body"}); the server on port ${port} is not the engine this attempt started, or is not serving yet.`);
+      }
+      let ids: string[];
+      try {
+        const body = JSON.parse(text) as { data?: unknown };
+        if (!Array.isArray(body.data)) throw new Error("no data array");
+        ids = body.data.flatMap((entry: unknown) =>
+          typeof entry === "object" && entry !== null && typeof (entry as { id?: unknown }).id === "string" ? [(entry as { id: string }).id] : [],
+        );
+      } catch {
+        throw fail(`GET ${url} answered 200 but not with an OpenAI model list ({"data":[{"id":...}]}): ${printable(redact(text)) || "empty body"}.`);
+      }
+      if (!ids.includes(options.expectedModel)) {
+        const found = ids.length === 0 ? "no models" : ids.map((id) => `'${printable(id)}'`).join(", ");
+        throw fail(`GET ${url} lists ${found}, not the expected '${printable(options.expectedModel)}': the engine on port ${port} serves another model.`);
+      }
+    } finally {
+      clearTimeout(timer);
+      await agent.destroy().catch(() => undefined);
+    }
+  };
+}
+
 async function claimStateDir(stateRoot: string, replicaId: string): Promise<string> {
   const root = resolve(stateRoot);
   await mkdir(root, { recursive: true, mode: 0o700 });
@@ -699,10 +938,17 @@ async function claimStateDir(stateRoot: string, replicaId: string): Promise<stri
       // Not recursive: an existing folder (or a symlink planted under that name) must fail, never be reused.
       await mkdir(dir, { mode: 0o700 });
     } catch (error) {
-      if (errnoCode(error) === "EEXIST") continue;
+      if (errorCode(error) === "EEXIST") continue;
       throw error;
     }
-    for (const sub of ["home", "tmp", "cache"]) await mkdir(join(dir, sub), { mode: 0o700 });
+    // Registered at once, so a concurrent pruneRunFolders cannot take it while it is set up.
+    activeStateDirs.add(dir);
+    try {
+      for (const sub of ["home", "tmp", "cache"]) await mkdir(join(dir, sub), { mode: 0o700 });
+    } catch (error) {
+      activeStateDirs.delete(dir);
+      throw error;
+    }
     return dir;
   }
   throw new Error(`no unused folder name found below ${root}`);
@@ -717,7 +963,7 @@ async function probeHealth(agent: Agent, url: string, timeoutMs: number, signal:
     if (response.statusCode === 200) return { ok: true };
     return { ok: false, detail: `HTTP ${response.statusCode}` };
   } catch (error) {
-    const code = errnoCode(error);
+    const code = errorCode(error);
     if (code === "ECONNREFUSED") return { ok: false, detail: "connection refused" };
     if (code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_CONNECT_TIMEOUT") return { ok: false, detail: `no answer within ${timeoutMs} ms` };
     return { ok: false, detail: code ? `${code}: ${describeError(error)}` : describeError(error) };
@@ -843,13 +1089,14 @@ function formatSeconds(ms: number): string {
   return String(Number((ms / 1000).toFixed(3)));
 }
 
-function formatHost(host: string): string {
-  return host.includes(":") ? `[${host}]` : host;
+/** A thrown message as a sentence that can be followed by another one. */
+function asSentence(text: string): string {
+  const trimmed = text.trim();
+  return /[.!?]$/.test(trimmed) ? trimmed : `${trimmed}.`;
 }
 
-function errnoCode(error: unknown): string | undefined {
-  if (typeof error === "object" && error !== null && "code" in error && typeof error.code === "string") return error.code;
-  return undefined;
+function releaseRun(run: Run): void {
+  if (run.stateDir !== null) activeStateDirs.delete(run.stateDir);
 }
 
 function copySnapshot(snapshot: SupervisorSnapshot): SupervisorSnapshot {

@@ -4,7 +4,8 @@
 // to misread (or, worse, another server answers the health check and the replica looks
 // ready while it is not ours).
 import { createServer } from "node:net";
-import { ConflictError, LlmgwError } from "../core/errors.ts";
+import { ConflictError, LlmgwError, describeError, errorCode } from "../core/errors.ts";
+import { formatHost } from "../core/format.ts";
 
 /** Asks the kernel for a port that is free on `host` right now (bind to port 0, read, close). */
 export async function findFreePort(host: string): Promise<number> {
@@ -40,7 +41,7 @@ export async function assertPortFree(host: string, port: number): Promise<void> 
 }
 
 function bindError(error: unknown, host: string, port: number): LlmgwError {
-  const code = errnoCode(error);
+  const code = errorCode(error);
   const where = `${formatHost(host)}:${port}`;
   if (code === "EADDRINUSE") {
     return new ConflictError(
@@ -67,7 +68,7 @@ function bindError(error: unknown, host: string, port: number): LlmgwError {
   return new LlmgwError({
     code: "port_check_failed",
     status: 500,
-    message: `Could not check port ${where}: ${error instanceof Error ? error.message : String(error)}.`,
+    message: `Could not check port ${where}: ${describeError(error)}.`,
     cause: error,
   });
 }
@@ -89,13 +90,4 @@ function close(server: ReturnType<typeof createServer>): Promise<void> {
     if (!server.listening) return resolve();
     server.close(() => resolve());
   });
-}
-
-function errnoCode(error: unknown): string | undefined {
-  if (typeof error === "object" && error !== null && "code" in error && typeof error.code === "string") return error.code;
-  return undefined;
-}
-
-function formatHost(host: string): string {
-  return host.includes(":") ? `[${host}]` : host;
 }

@@ -18,7 +18,7 @@ import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
 import type { Mirror } from "../mirror/mirror.ts";
-import { EngineSupervisor, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
+import { EngineSupervisor, openAiModelsValidator, pruneRunFolders, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
 
 /** Context and parallelism when a profile does not say (DESIGN.md: pool 16384, 4096 per request). */
 export const DEFAULT_CONTEXT_POOL = 16384;
@@ -61,6 +61,10 @@ export class LocalAgent {
   constructor(private readonly options: LocalAgentOptions) {}
 
   async start(): Promise<void> {
+    // Old run folders (attempt logs) would pile up forever; keep the newest few.
+    void pruneRunFolders({ stateRoot: this.options.stateRoot, logger: this.options.logger }).catch((error: unknown) =>
+      this.options.logger.warn({ err: describeError(error) }, "could not prune old engine run folders"),
+    );
     // Rows of this node from an earlier run describe engine processes that are gone.
     await this.options.replicas.forgetNode(this.options.nodeId);
     this.unsubscribeCatalog = this.options.catalog.onChange((models) => this.schedule(models));
@@ -196,6 +200,9 @@ export class LocalAgent {
         host,
         port,
         healthPath: "/health",
+        // Ready means this attempt's engine answers with its key and our model, not just
+        // that something on the port says 200.
+        validate: openAiModelsValidator({ key: engineKey, expectedModel: model.name }),
         settings: { contextPool, parallel, threads: profile.threads ?? 0 },
       }),
     });

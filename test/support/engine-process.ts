@@ -1,7 +1,9 @@
 // Test support for the bundled engine: starts `node bin/llmgw.js engine ...` as a real
 // child process on a free loopback port and waits for its /health, the way the agent's
-// supervisor does. Used only by the engine's tests.
+// supervisor does, or starts it from a stand-in agent process that a test can kill.
+// Used only by the engine's tests.
 import { spawn, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 
@@ -65,6 +67,114 @@ export async function startEngine(options: StartEngineOptions): Promise<EnginePr
   };
 }
 
+export interface EngineUnderAgent {
+  /** The stand-in agent: the engine's parent until a test kills it. */
+  agent: ChildProcess;
+  agentExited: Promise<unknown>;
+  /** The engine, detached in its own session and process group like under the supervisor. */
+  enginePid: number;
+  port: number;
+  url: string;
+  /** The engine's stdout and stderr (its log lines), read from the log file. */
+  stderr(): string;
+  /** Resolves when the engine process is gone (it is not our child, so this polls). */
+  exited: Promise<void>;
+  /** SIGKILLs the engine and the stand-in agent if they still run. */
+  kill(): Promise<void>;
+}
+
+// CommonJS for `node -e`. It starts the engine as engine-supervisor.ts does (detached,
+// output to a file), prints its pid and then only waits, to be killed by the test.
+const STAND_IN_AGENT = `
+const { spawn } = require("node:child_process");
+const { openSync } = require("node:fs");
+const spec = JSON.parse(process.env.LLMGW_TEST_ENGINE_SPEC);
+const log = openSync(spec.logPath, "a");
+const engine = spawn(process.execPath, spec.args, { detached: true, stdio: ["ignore", log, log], env: spec.env });
+process.stdout.write(engine.pid + "\\n");
+setInterval(() => {}, 60000);
+`;
+
+/**
+ * Starts the engine from an intermediate node process standing in for the agent, so a
+ * test can SIGKILL that "agent" (as the OOM killer would) and watch the orphaned engine.
+ * The engine logs at info level into `logPath`.
+ */
+export async function startEngineUnderAgent(options: StartEngineOptions & { logPath: string }): Promise<EngineUnderAgent> {
+  const port = options.port ?? (await freePort());
+  const spec = {
+    logPath: options.logPath,
+    args: [BIN, "engine", "--port", String(port), ...options.args],
+    env: { ...process.env, LLMGW_LOG_LEVEL: "info", ...options.env },
+  };
+  const agent = spawn(process.execPath, ["-e", STAND_IN_AGENT], {
+    env: { ...process.env, LLMGW_TEST_ENGINE_SPEC: JSON.stringify(spec) },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const agentExited = new Promise((resolve) => agent.once("exit", resolve));
+  const enginePid = await new Promise<number>((resolve, reject) => {
+    let out = "";
+    agent.stdout?.setEncoding("utf8").on("data", (text: string) => {
+      out += text;
+      if (out.includes("\n")) resolve(Number(out.trim()));
+    });
+    void agentExited.then(() => reject(new Error("the stand-in agent exited before it started the engine")));
+  });
+  let gone = false;
+  const exited = new Promise<void>((resolve) => {
+    const poll = setInterval(() => {
+      if (!processIsGone(enginePid)) return;
+      gone = true;
+      clearInterval(poll);
+      resolve();
+    }, 50);
+  });
+  return {
+    agent,
+    agentExited,
+    enginePid,
+    port,
+    url: `http://127.0.0.1:${port}`,
+    stderr: () => {
+      try {
+        return readFileSync(options.logPath, "utf8");
+      } catch {
+        return "";
+      }
+    },
+    exited,
+    async kill() {
+      if (agent.exitCode === null && agent.signalCode === null) {
+        agent.kill("SIGKILL");
+        await agentExited;
+      }
+      if (!gone) {
+        try {
+          process.kill(enginePid, "SIGKILL");
+        } catch {
+          // Already gone.
+        }
+        await exited;
+      }
+    },
+  };
+}
+
+/** Gone = no such process, or a zombie (PID 1 in a container may never reap an orphan). */
+function processIsGone(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return true;
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return /^[ZX]/.test(stat.slice(stat.lastIndexOf(")") + 2));
+  } catch {
+    return true;
+  }
+}
+
 export interface HealthHistory {
   /** Distinct statuses in the order seen (0 = no answer yet). */
   statuses: number[];
@@ -76,7 +186,7 @@ export interface HealthHistory {
  * Polls /health until it answers 200 and returns what it saw on the way. Fails if the
  * process exits or the deadline passes first.
  */
-export async function waitForReady(engine: EngineProcess, timeoutMs = 60_000): Promise<HealthHistory> {
+export async function waitForReady(engine: Pick<EngineProcess, "url" | "stderr"> & { exited: Promise<unknown> }, timeoutMs = 60_000): Promise<HealthHistory> {
   const seen: number[] = [];
   const bodies = new Map<number, string>();
   const deadline = Date.now() + timeoutMs;

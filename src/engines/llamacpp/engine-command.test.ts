@@ -9,7 +9,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
-import { freePort, startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
+import { LlmgwError } from "../../core/errors.ts";
+import { openAiModelsValidator } from "../../agent/engine-supervisor.ts";
+import { freePort, startEngine, startEngineUnderAgent, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "key-from-the-environment";
 // A long context so an abandoned generation would run for a long time if it were not stopped.
@@ -19,7 +21,7 @@ let dir: string;
 let modelPath: string;
 let engine: EngineProcess;
 let client: OpenAI;
-const others: EngineProcess[] = [];
+const others: Array<{ kill(): Promise<void> }> = [];
 
 const withDeadline = <T>(promise: Promise<T>, ms: number, what: string): Promise<T> =>
   Promise.race([promise, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms).unref())]);
@@ -60,6 +62,22 @@ test("health answers 503 'Loading model' while loading, then 200; the key comes 
     models.data.map((m) => m.id),
     ["long.gguf"],
     "without --model-name the model is named after the file",
+  );
+});
+
+test("openAiModelsValidator accepts this engine with its key and model, and says what is wrong otherwise", async () => {
+  const context = { host: "127.0.0.1", port: engine.port, signal: new AbortController().signal };
+  await openAiModelsValidator({ key: KEY, expectedModel: "long.gguf" })(context);
+  await assert.rejects(openAiModelsValidator({ key: "a-stale-engine-key", expectedModel: "long.gguf" })(context), (error: unknown) => {
+    assert.ok(error instanceof LlmgwError);
+    assert.equal(error.code, "validation_failed");
+    assert.match(error.message, new RegExp(`GET http://127\\.0\\.0\\.1:${engine.port}/v1/models refused this attempt's engine key \\(HTTP 401\\)`));
+    assert.ok(!error.message.includes("a-stale-engine-key"), "the key is never printed");
+    return true;
+  });
+  await assert.rejects(
+    openAiModelsValidator({ key: KEY, expectedModel: "tiny-chat" })(context),
+    /lists 'long\.gguf', not the expected 'tiny-chat'/,
   );
 });
 
@@ -161,4 +179,30 @@ test("a port in use: exit code 3 naming the address", async () => {
   } finally {
     blocker.close();
   }
+});
+
+test("SIGHUP stops the engine cleanly, like SIGTERM", async () => {
+  const hup = await startEngine({ args: ["--model", modelPath, "--key", "k", "--threads", "1", "--parallel", "1", "--ctx-size", "512"] });
+  others.push(hup);
+  await waitForReady(hup);
+  hup.child.kill("SIGHUP");
+  // Without a handler SIGHUP's default action ends the process: { code: null, signal: "SIGHUP" }.
+  assert.deepEqual(await withDeadline(hup.exited, 10_000, "engine exit after SIGHUP"), { code: 0, signal: null });
+});
+
+test("an engine whose agent is SIGKILLed notices within seconds and shuts down", async () => {
+  const logPath = join(dir, "orphan.log");
+  const orphan = await startEngineUnderAgent({
+    args: ["--model", modelPath, "--key", "k", "--threads", "1", "--parallel", "1", "--ctx-size", "512"],
+    logPath,
+  });
+  others.push(orphan);
+  await waitForReady(orphan);
+  // Like an OOM kill: the agent's exit hook never runs, and the engine runs in its own
+  // session and process group, so no signal reaches it.
+  orphan.agent.kill("SIGKILL");
+  await orphan.agentExited;
+  await withDeadline(orphan.exited, 10_000, `exit of engine ${orphan.enginePid} after its agent was killed`);
+  assert.match(orphan.stderr(), /the agent that started this engine is gone; stopping the engine/);
+  assert.match(orphan.stderr(), /"reason":"parent-exited"/);
 });

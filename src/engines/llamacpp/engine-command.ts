@@ -1,8 +1,18 @@
 // `llmgw engine`: the process the agent starts per replica of a GGUF model. It checks its
 // arguments and the model file, listens at once (so /health answers 503 while loading,
-// as llama-server does), loads the model, and serves until SIGTERM/SIGINT. Failures the
-// supervisor must record (bad arguments, a missing or invalid model, a busy port) are one
-// plain line on stderr and a non-zero exit code, never a hang.
+// as llama-server does), loads the model, and serves until SIGTERM, SIGINT or SIGHUP, or
+// until the agent that started it is gone. Failures the supervisor must record (bad
+// arguments, a missing or invalid model, a busy port) are one plain line on stderr and a
+// non-zero exit code, never a hang.
+//
+// Why the parent watch: the agent starts engines detached, in their own process group,
+// so stopping one stops everything it forked. That also means nothing tells an engine
+// when the agent is SIGKILLed or OOM-killed (the agent's exit hook never runs, and there
+// is no terminal to hang up), and an orphaned engine would hold its port and memory
+// forever. So the engine checks its parent pid every second and shuts down, like on
+// SIGTERM, once it has changed (the orphan was handed to PID 1 or a subreaper).
+// LLMGW_ENGINE_WATCH_PARENT=0 turns this off for an engine started by hand under a
+// parent that exits on purpose (nohup, a shell script).
 import { open } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import { createLogger, type Logger } from "../../core/log.ts";
@@ -32,6 +42,9 @@ export interface EngineSettings {
   parallel: number;
   threads: number;
 }
+
+/** How often the engine checks that the agent that started it is still its parent. */
+const PARENT_CHECK_MS = 1_000;
 
 /** Exit codes the supervisor can tell apart. */
 export const ENGINE_EXIT = { ok: 0, modelError: 1, usage: 2, listenError: 3 } as const;
@@ -108,6 +121,8 @@ function fail(line: string, exitCode: number): never {
 }
 
 export async function runEngineCommand(options: EngineCommandOptions): Promise<void> {
+  // Recorded first: if the agent dies while the engine starts, the watch below still sees the change.
+  const parentPid = process.ppid;
   let settings: EngineSettings;
   try {
     settings = parseEngineOptions(options);
@@ -129,10 +144,12 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
 
   let runner: LlamaRunner | null = null;
   let stopping = false;
-  const stop = (signal: NodeJS.Signals) => {
+  let parentWatch: NodeJS.Timeout | undefined;
+  const stop = (reason: string) => {
     if (stopping) return;
     stopping = true;
-    logger.info({ signal }, "engine stopping");
+    clearInterval(parentWatch);
+    logger.info({ reason }, "engine stopping");
     // Whatever happens below, the process is gone within a few seconds.
     setTimeout(() => process.exit(ENGINE_EXIT.ok), 5000).unref();
     void (async () => {
@@ -145,6 +162,18 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
   };
   process.on("SIGTERM", stop);
   process.on("SIGINT", stop);
+  // The default action of SIGHUP would end the process without aborting running
+  // generations or answering their clients.
+  process.on("SIGHUP", stop);
+  if (process.env.LLMGW_ENGINE_WATCH_PARENT !== "0") {
+    parentWatch = setInterval(() => {
+      if (process.ppid === parentPid) return;
+      logger.warn({ parentPid, ppid: process.ppid }, "the agent that started this engine is gone; stopping the engine");
+      stop("parent-exited");
+    }, PARENT_CHECK_MS);
+    // The server keeps the process alive; the watch alone must not.
+    parentWatch.unref();
+  }
 
   try {
     // Loaded only now: node-llama-cpp takes a while to import, and the failures above

@@ -7,8 +7,12 @@ import assert from "node:assert/strict";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createServer, type IncomingMessage } from "node:http";
+import { connect, type AddressInfo } from "node:net";
 import OpenAI from "openai";
+import { LlmgwError } from "../../core/errors.ts";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
+import { readJsonBody } from "./engine-server.ts";
 import { startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "engine-key-for-tests";
@@ -17,6 +21,9 @@ const CTX_SIZE = 2048;
 const PARALLEL = 2;
 
 let dir: string;
+
+const withDeadline = <T>(promise: Promise<T>, ms: number, what: string): Promise<T> =>
+  Promise.race([promise, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms).unref())]);
 let engine: EngineProcess;
 let client: OpenAI;
 
@@ -283,4 +290,66 @@ test("bad requests are 400s naming the field; unknown routes 404; over-long prom
   const fits = "hello ".repeat(CTX_SIZE / PARALLEL - 100);
   const ok = await client.chat.completions.create({ model: MODEL_NAME, messages: [{ role: "user", content: fits }], max_tokens: 2, temperature: 0 });
   assert.ok((ok.usage?.prompt_tokens ?? 0) > CTX_SIZE / PARALLEL - 100);
+});
+
+test("reading a request body always settles: a client gone before or while it is read is client_closed, not a bad request", async () => {
+  // In-process: a plain node:http server whose handler reads the body at a chosen moment,
+  // driven by a raw socket that sends part of a body and then disappears.
+  const outcomes = new Map<string, Promise<{ value?: unknown; code?: string }>>();
+  const settle = (req: IncomingMessage): Promise<{ value?: unknown; code?: string }> =>
+    readJsonBody(req, 64).then(
+      (value) => ({ value }),
+      (error: unknown) => ({ code: error instanceof LlmgwError ? error.code : `not an LlmgwError: ${String(error)}` }),
+    );
+  const server = createServer((req, res) => {
+    const path = req.url ?? "";
+    let reading: Promise<{ value?: unknown; code?: string }>;
+    if (path === "/destroyed-first") {
+      // The request is gone before the handler reads: no 'end' or 'error' will ever come.
+      req.destroy();
+      reading = settle(req);
+    } else if (path === "/after-socket-close") {
+      reading = new Promise((resolve) => req.socket.once("close", () => setTimeout(() => resolve(settle(req)), 20)));
+    } else {
+      reading = settle(req);
+    }
+    outcomes.set(path, reading);
+    void reading.then(() => {
+      if (!res.destroyed) res.end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  const send = (path: string, body: string, contentLength: number, hangUp: boolean): Promise<void> =>
+    new Promise((resolve) => {
+      const socket = connect(port, "127.0.0.1", () => {
+        socket.write(`POST ${path} HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\nContent-Length: ${contentLength}\r\n\r\n${body}`);
+        if (hangUp) setTimeout(() => socket.destroy(), 50);
+      });
+      socket.on("data", () => socket.destroy());
+      socket.on("error", () => undefined);
+      socket.on("close", () => resolve());
+    });
+  const outcome = async (path: string) => {
+    await new Promise<void>((resolve) => {
+      const check = () => (outcomes.has(path) ? resolve() : setTimeout(check, 5));
+      check();
+    });
+    return withDeadline(outcomes.get(path) as Promise<{ value?: unknown; code?: string }>, 5_000, `the body read of ${path} settling`);
+  };
+  try {
+    await send("/whole", '{"a":1}', 7, false);
+    assert.deepEqual(await outcome("/whole"), { value: { a: 1 } });
+    await send("/mid-body", '{"a":', 40, true);
+    assert.deepEqual(await outcome("/mid-body"), { code: "client_closed" });
+    await send("/after-socket-close", '{"a":', 40, true);
+    assert.deepEqual(await outcome("/after-socket-close"), { code: "client_closed" });
+    await send("/destroyed-first", '{"a":1}', 7, false);
+    assert.deepEqual(await outcome("/destroyed-first"), { code: "client_closed" });
+    await send("/too-large", `"${"x".repeat(100)}"`, 102, false);
+    assert.deepEqual(await outcome("/too-large"), { code: "payload_too_large" });
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
 });

@@ -8,15 +8,14 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import {
   AuthenticationError,
-  BadRequestError,
   LlmgwError,
   NotFoundError,
   PayloadTooLargeError,
   UnavailableError,
-  describeError,
   parseWith,
   renderError,
 } from "../../core/errors.ts";
+import { parseJsonBody } from "../../core/json-body.ts";
 import type { Logger } from "../../core/log.ts";
 import type { GenerationResult, TextGenerator } from "./llama-runner.ts";
 import {
@@ -72,21 +71,60 @@ function sendJson(res: ServerResponse, status: number, body: unknown, headers: R
   res.end(text);
 }
 
-async function readJsonBody(req: IncomingMessage, limit: number): Promise<unknown> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) throw new PayloadTooLargeError(`The request body is larger than ${limit} bytes; send a shorter conversation.`);
-    chunks.push(chunk);
-  }
-  const text = Buffer.concat(chunks).toString("utf8");
-  if (text.trim() === "") throw new BadRequestError("The request body is empty; send a JSON object.", { code: "invalid_json" });
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw new BadRequestError(`The request body is not valid JSON: ${describeError(error)}`, { code: "invalid_json", cause: error });
-  }
+/**
+ * Reads a JSON request body of at most `limit` bytes. It settles in every case: 'end'
+ * parses, 'error' rejects, and a 'close' before 'end' (the client went away, including a
+ * socket destroyed before reading began, which emits nothing more) rejects with code
+ * `client_closed`, so a handler never waits forever and never reports a vanished client
+ * as a bad request.
+ */
+export function readJsonBody(req: IncomingMessage, limit: number): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const clientClosed = (cause?: unknown): LlmgwError =>
+      // 499: nginx's "client closed request"; nobody receives it, it only keeps logs honest.
+      new LlmgwError({ code: "client_closed", status: 499, message: "The client closed the connection before its request body was read.", cause });
+    if (req.destroyed) {
+      reject(clientClosed());
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const settle = (outcome: () => void): void => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("error", onError);
+      req.off("close", onClose);
+      outcome();
+    };
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > limit) {
+        // Reading stops here; the 413 closes the connection instead of draining the rest.
+        req.pause();
+        settle(() =>
+          reject(new PayloadTooLargeError(`The request body is larger than ${limit} bytes; send a shorter conversation.`, { headers: { connection: "close" } })),
+        );
+        return;
+      }
+      chunks.push(chunk);
+    };
+    const onEnd = (): void => {
+      settle(() => {
+        try {
+          resolve(parseJsonBody(Buffer.concat(chunks).toString("utf8")));
+        } catch (error) {
+          reject(error);
+        }
+      });
+    };
+    // An aborted request emits 'error' (ECONNRESET "aborted") before 'close': still the client leaving.
+    const onError = (error: Error): void => settle(() => reject(clientClosed(error)));
+    const onClose = (): void => settle(() => reject(clientClosed()));
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("error", onError);
+    req.on("close", onClose);
+  });
 }
 
 export function createEngineServer(options: EngineServerOptions): EngineServer {
