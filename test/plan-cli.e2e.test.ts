@@ -4,14 +4,14 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { startHarness, type Harness } from "./support/server-harness.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
-import { buildStandInRepos, GATED_REPO, GGUF_REPO, SAFETENSORS_REPO } from "./support/stand-in-repos.ts";
+import { buildStandInRepos, GATED_REPO, GGUF_REPO, makeUnreadableFile, SAFETENSORS_REPO } from "./support/stand-in-repos.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
@@ -75,6 +75,25 @@ describe("llmgw ctl model plan", () => {
     assert.match(result.repo, /^file:\/\//);
     assert.equal(result.plan.recommendation.engine, "llamacpp");
     assert.equal(result.plan.recommendation.artifact.format, "gguf");
+  });
+
+  test("plans a local folder from its listing and headers: nothing is hashed, and a quantisation it cannot read is noted by name", async (t) => {
+    const folder = path.join(workDir, "folder");
+    mkdirSync(folder);
+    await writeTinyLlamaGguf({ path: path.join(folder, "tiny-Q4_K_M.gguf"), seed: 4 });
+    const unreadable = path.join(folder, "tiny-Q8_0.gguf");
+    if (!(await makeUnreadableFile(unreadable))) {
+      t.skip("no way to make a file this process cannot read here");
+      return;
+    }
+    const { stdout } = await ctl(["model", "plan", "./folder", "--json"]);
+    const result = JSON.parse(stdout);
+    const byName = Object.fromEntries(result.artifacts.map((a: { name: string; planned: boolean; note?: string }) => [a.name, a]));
+    assert.equal(byName.Q4_K_M.planned, true);
+    assert.equal(byName.Q8_0.planned, false);
+    assert.match(byName.Q8_0.note, /llmgw cannot read '.*tiny-Q8_0\.gguf': permission denied/);
+    assert.equal(result.plan.recommendation.artifact.label, "Q4_K_M");
+    assert.equal(existsSync(path.join(harness.dataDir, "registry", "local-hashes.json")), false, "planning hashed nothing");
   });
 
   test("a gated repository without a token and an unknown one fail with errors that say what to do", async () => {

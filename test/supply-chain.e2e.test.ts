@@ -10,6 +10,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
+import { followFetch } from "../src/cli/ctl.ts";
+import { LlmgwError } from "../src/core/errors.ts";
 import { silentLogger } from "../src/core/log.ts";
 import { LocalAgent } from "../src/agent/local-agent.ts";
 import { startHarness, type Harness } from "./support/server-harness.ts";
@@ -105,5 +107,97 @@ describe("weights supply chain", () => {
     }
     assert.match(reason, /not in the mirror yet \(nobody\/000000000000\/x\.gguf\).*ctl mirror fetch/);
     await harness.admin("DELETE", "/api/v1/models/absent");
+  });
+});
+
+describe("ctl mirror fetch when the fetch stops", () => {
+  let hub: StandInHub;
+  let harness: Harness;
+
+  before(async () => {
+    hub = await startStandInHub({ repos: (await buildStandInRepos()).all });
+    harness = await startHarness({ registryEndpoint: hub.url });
+  });
+
+  after(async () => {
+    await harness.close();
+    await hub.close();
+  });
+
+  test("a fetch the server stops ends as interrupted with a non-zero exit, not a poll without end", { timeout: 60_000 }, async () => {
+    // The CDN never answers, so the download is certainly in flight when the server stops it.
+    hub.setFault({ kind: "hang", match: "/cdn/" });
+    try {
+      const fetching = run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "mirror", "fetch", GGUF_REPO, "--quant", "Q8_0", "--model", "stopped"], {
+        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+        timeout: 30_000,
+      }).then(
+        () => null,
+        (error: { code: number | null; stdout: string; stderr: string }) => error,
+      );
+      const deadline = Date.now() + 20_000;
+      for (;;) {
+        const { body } = await harness.admin("GET", "/api/v1/mirror?model=stopped");
+        if (body.data[0]?.state === "fetching") break;
+        assert.ok(Date.now() < deadline, `the fetch never started: ${JSON.stringify(body.data)}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      // Stands for the server stopping: the rows are left pending with nothing working on
+      // them, exactly as recover() leaves them after a restart.
+      await harness.server.mirror.close();
+      const failure = await fetching;
+      assert.ok(failure !== null, "ctl exited 0");
+      assert.equal(failure.code, 1, failure.stderr);
+      assert.match(failure.stdout, /was interrupted: 1 of 1 files are unfinished/);
+      assert.match(failure.stdout, /Run the same fetch again to resume/);
+    } finally {
+      hub.setFault(null);
+    }
+  });
+});
+
+describe("followFetch", () => {
+  const started = { model: "m", version: "0123456789ab", repo: "owner/name", files: [{ path: "a.gguf" }, { path: "b.gguf" }] };
+  const row = (file: string, state: string, active: boolean) => ({ model: "m", version: started.version, file, state, active, bytesDone: 10, bytesTotal: 100 });
+  /** Stands for the admin API: answers GET /api/v1/mirror with the next listing (the last one repeats). */
+  const serving = (...listings: unknown[][]) => {
+    let polls = 0;
+    return {
+      get polls() {
+        return polls;
+      },
+      call: async <T>(): Promise<T> => ({ data: listings[Math.min(polls++, listings.length - 1)] }) as T,
+    };
+  };
+
+  test("rows left pending with nothing active end the wait as interrupted", { timeout: 10_000 }, async () => {
+    const client = serving([row("a.gguf", "complete", false), row("b.gguf", "pending", false)]);
+    const followed = await followFetch(client, started, { draw: false, pollMs: 5 });
+    assert.equal(followed.state, "interrupted");
+    assert.equal(followed.files.length, 2);
+  });
+
+  test("rows an earlier run left pending are waited on while the server marks them active", { timeout: 10_000 }, async () => {
+    const client = serving(
+      [row("a.gguf", "pending", true), row("b.gguf", "pending", true)],
+      [row("a.gguf", "complete", false), row("b.gguf", "fetching", true)],
+      [row("a.gguf", "complete", false), row("b.gguf", "failed", false)],
+    );
+    const followed = await followFetch(client, started, { draw: false, pollMs: 5 });
+    assert.equal(followed.state, "settled");
+    assert.equal(client.polls, 3);
+  });
+
+  test("a fetch whose rows never appear is given up with what to do", { timeout: 10_000 }, async () => {
+    const client = serving([], [row("a.gguf", "complete", false)]);
+    await assert.rejects(followFetch(client, started, { draw: false, pollMs: 10, appearTimeoutMs: 200 }), (error: unknown) => {
+      assert.ok(error instanceof LlmgwError);
+      assert.equal(error.code, "mirror_fetch_lost");
+      assert.match(error.message, /only 1 of its 2 files appeared in the mirror within 0.2 s and nothing is fetching them/);
+      assert.match(error.message, /m\/0123456789ab/);
+      assert.match(error.message, /run the same fetch again/i);
+      return true;
+    });
+    assert.ok(client.polls > 2);
   });
 });

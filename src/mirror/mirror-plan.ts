@@ -2,11 +2,11 @@
 // chosen from its file sets) into the file list `Mirror.fetchVersion` takes: one download
 // URL per file pinned to the commit sha, the registry's headers for it, and the sha256 and
 // size to check the bytes against. Local sources (a folder on this machine) give `file:`
-// URLs, which the mirror copies with the same checks.
-import { join } from "node:path";
+// URLs, which the mirror copies and hashes while it copies.
 import { pathToFileURL } from "node:url";
 import type { ChosenArtifact } from "../registry/file-sets.ts";
-import type { Registry, RepoFile, RepoInfo } from "../registry/types.ts";
+import { localSourceId, type LocalFile, type LocalListing } from "../registry/local-source.ts";
+import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "../registry/types.ts";
 import type { MirrorFetchFile } from "./mirror.ts";
 
 export interface MirrorFetchPlan {
@@ -20,21 +20,18 @@ export interface MirrorFetchPlan {
 }
 
 export interface PlanMirrorFetchOptions {
-  /** Gives the download URLs and headers of a Hub repository; not used for local sources. */
+  /** Gives the download URLs and headers of the repository. */
   registry: Pick<Registry, "downloadUrl" | "requestHeaders">;
-  /** The repository as read; a local source also carries `root`, the folder its paths are relative to. */
-  repoInfo: RepoInfo & { root?: string };
+  /** The repository as read. */
+  repoInfo: RepoInfo;
   /** What to fetch (from `chooseArtifact`); or the files themselves. */
   chosen: Pick<ChosenArtifact<RepoFile>, "files">;
 }
 
+/** The fetch of files of a registry repository, pinned to the commit it was read at. */
 export function planMirrorFetch(options: PlanMirrorFetchOptions): MirrorFetchPlan {
   const { registry, repoInfo, chosen } = options;
-  const root = repoInfo.root;
   const files = chosen.files.map((file): MirrorFetchFile => {
-    if (root !== undefined) {
-      return { path: file.path, url: pathToFileURL(join(root, ...file.path.split("/"))).href, sha256: file.sha256, size: file.size };
-    }
     const url = registry.downloadUrl(repoInfo.repo, repoInfo.sha, file.path);
     return {
       path: file.path,
@@ -52,6 +49,34 @@ export function planMirrorFetch(options: PlanMirrorFetchOptions): MirrorFetchPla
     version: repoInfo.shortSha,
     repo: repoInfo.repo,
     revision: repoInfo.sha,
+    files,
+    totalBytes: files.reduce((sum, file) => sum + (file.size ?? 0), 0),
+  };
+}
+
+/**
+ * The copy of files of a listed local source. Nothing is hashed first: the mirror hashes
+ * each file while it copies it (one read instead of two), records that sha256, and serves
+ * it as the file's ETag. The version is named after the chosen files' paths, sizes and
+ * mtimes (`localSourceId`), so the same untouched files are the same version (a second
+ * fetch copies nothing) and unrelated files in the folder do not matter; each file carries
+ * the mtime it was listed with, and the mirror refuses to copy it when its size or mtime
+ * changed, so the version name never describes other bytes.
+ */
+export function planLocalMirrorFetch(options: { listing: Pick<LocalListing, "repo">; chosen: Pick<ChosenArtifact<LocalFile>, "files"> }): MirrorFetchPlan {
+  const { listing, chosen } = options;
+  const revision = localSourceId(chosen.files);
+  const files = chosen.files.map((file): MirrorFetchFile => ({
+    path: file.path,
+    url: pathToFileURL(file.absolute).href,
+    sha256: null,
+    size: file.size,
+    sourceMtimeMs: file.mtimeMs,
+  }));
+  return {
+    version: revision.slice(0, SHORT_SHA_LENGTH),
+    repo: listing.repo,
+    revision,
     files,
     totalBytes: files.reduce((sum, file) => sum + (file.size ?? 0), 0),
   };

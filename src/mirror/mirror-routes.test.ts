@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import http, { type IncomingHttpHeaders } from "node:http";
 import type { AddressInfo } from "node:net";
+import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -14,11 +15,11 @@ import { Hono } from "hono";
 import { AuthenticationError, renderError } from "../core/errors.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { HubClient } from "../registry/hub-client.ts";
-import type { RepoInfo } from "../registry/types.ts";
+import type { Registry, RepoInfo } from "../registry/types.ts";
 import type { Store } from "../store/store.ts";
 import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
-import { GGUF_REPO, buildStandInRepos } from "../../test/support/stand-in-repos.ts";
-import { testBothStores } from "../../test/support/stores.ts";
+import { GGUF_REPO, buildStandInRepos, makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
+import { openSqliteTestStore, testBothStores } from "../../test/support/stores.ts";
 import { Mirror } from "./mirror.ts";
 import { planMirrorFetch } from "./mirror-plan.ts";
 import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, parseRange, type MirrorRoutesEnv } from "./mirror-routes.ts";
@@ -51,7 +52,7 @@ async function tempDir(): Promise<string> {
   return dir;
 }
 
-function adminApp(mirror: Mirror, dataDir: string): Hono<MirrorRoutesEnv> {
+function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry): Hono<MirrorRoutesEnv> {
   const app = new Hono<MirrorRoutesEnv>();
   app.onError((error, c) => {
     const rendered = renderError(error);
@@ -63,7 +64,7 @@ function adminApp(mirror: Mirror, dataDir: string): Hono<MirrorRoutesEnv> {
     c.set("principal", principal);
     await next();
   });
-  mountMirrorRoutes(app, { mirror, registry, dataDir });
+  mountMirrorRoutes(app, { mirror, registry: reader });
   return app;
 }
 
@@ -153,6 +154,88 @@ describe("admin routes", () => {
     }
   });
 
+  testBothStores("POST lists a local folder without hashing it: another quantisation it cannot read does not matter, and the same files are the same version", async (store, t) => {
+    const dataDir = await tempDir();
+    const source = await tempDir();
+    const content = randomBytes(100_000);
+    await writeFile(path.join(source, "my-model-Q4_K_M.gguf"), content);
+    if (!(await makeUnreadableFile(path.join(source, "my-model-Q8_0.gguf")))) {
+      t.skip("no way to make a file this process cannot read here");
+      return;
+    }
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    const app = adminApp(mirror, dataDir);
+    try {
+      const post = () => app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model", quant: "Q4_K_M" }) });
+      const started = await post();
+      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+      const plan = await json(started);
+      assert.deepEqual(plan.files.map((f: { path: string; sha256: string | null }) => [f.path, f.sha256]), [["my-model-Q4_K_M.gguf", null]]);
+      const listing = await waitForVersion(app, "my-model", "complete");
+      assert.equal(listing.data[0].actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
+      assert.equal(existsSync(path.join(dataDir, "registry", "local-hashes.json")), false, "nothing was hashed before the copy");
+
+      const again = await post();
+      assert.equal(again.status, 202);
+      assert.equal((await json(again)).version, plan.version);
+      await waitForVersion(app, "my-model", "complete");
+    } finally {
+      await mirror.close();
+    }
+  });
+
+  testBothStores("POST of a local file this server may not read is a 403 naming it, and records nothing", async (store, t) => {
+    const dataDir = await tempDir();
+    const source = await tempDir();
+    const file = path.join(source, "my-model-Q4_K_M.gguf");
+    if (!(await makeUnreadableFile(file))) {
+      t.skip("no way to make a file this process cannot read here");
+      return;
+    }
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    const app = adminApp(mirror, dataDir);
+    try {
+      const refused = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source }) });
+      assert.equal(refused.status, 403);
+      const { error } = await json(refused);
+      assert.equal(error.code, "local_source_unreadable");
+      assert.ok(error.message.includes(file), error.message);
+      assert.equal((await mirror.list()).length, 0);
+    } finally {
+      await mirror.close();
+    }
+  });
+
+  testBothStores("POST refuses, before its 202, a plan the mirror could not store, and records nothing", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    // Stands for a registry whose answers llmgw's HubClient would not produce: the route
+    // must not rely on the registry's checks to accept only what the mirror takes.
+    const changed = (change: (files: RepoInfo["files"]) => RepoInfo["files"]): Registry => ({
+      repoInfo: async (options) => {
+        const read = await registry.repoInfo(options);
+        return { ...read, files: change(read.files) };
+      },
+      downloadUrl: (repo, sha, file) => `${hub.url}/${repo}/resolve/${sha}/${file.split("/").map(encodeURIComponent).join("/")}`,
+      requestHeaders: (url) => registry.requestHeaders(url),
+      readSmallFile: (options) => registry.readSmallFile(options),
+    });
+    const post = async (reader: Registry) => {
+      const response = await adminApp(mirror, dataDir, reader).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }) });
+      return { status: response.status, error: (await json(response)).error as { code: string; param: string | null; message: string } };
+    };
+    try {
+      const badHash = await post(changed((files) => files.map((f) => (f.path === Q4 ? { ...f, sha256: "NOT-A-SHA256" } : f))));
+      assert.deepEqual([badHash.status, badHash.error.code, badHash.error.param], [400, "invalid_field", "files.0.sha256"]);
+      const longName = await post(changed((files) => files.map((f) => (f.path === Q4 ? { ...f, path: `${"d".repeat(256)}/${Q4}` } : f))));
+      assert.deepEqual([longName.status, longName.error.code], [400, "invalid_path"]);
+      assert.match(longName.error.message, /longer than 255 bytes/);
+      assert.equal((await mirror.list()).length, 0);
+    } finally {
+      await mirror.close();
+    }
+  });
+
   testBothStores("bad requests are 400s naming the field; unknown repositories and quantisations are 404s", async (store) => {
     const dataDir = await tempDir();
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
@@ -183,6 +266,32 @@ describe("admin routes", () => {
       await mirror.close();
     }
   });
+});
+
+test("POST stops reading the repository when its client goes away", async () => {
+  const { store, cleanup } = await openSqliteTestStore();
+  const dataDir = await tempDir();
+  const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+  // A registry that never answers: only the request's signal can end the read.
+  hub.setFault({ kind: "hang", match: "/api/" });
+  try {
+    const since = hub.requests.length;
+    const controller = new AbortController();
+    const pending = Promise.resolve(adminApp(mirror, dataDir).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }));
+    for (let waited = 0; !hub.requests.slice(since).some((r) => r.path.startsWith("/api/")); waited += 10) {
+      assert.ok(waited < 5000, "the route never asked the registry");
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    controller.abort();
+    // Without the signal the read would wait for the registry client's 30 s headers timeout.
+    const outcome = await Promise.race([pending.then(() => "ended", () => "ended"), new Promise((resolve) => setTimeout(() => resolve("still reading"), 5000))]);
+    assert.equal(outcome, "ended");
+    assert.equal((await mirror.list()).length, 0);
+  } finally {
+    hub.setFault(null);
+    await mirror.close();
+    await cleanup();
+  }
 });
 
 // ---------------------------------------------------------------------------------------

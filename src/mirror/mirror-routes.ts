@@ -14,14 +14,15 @@ import { pipeline } from "node:stream/promises";
 import type { Hono } from "hono";
 import { z } from "zod";
 import { BadRequestError, LlmgwError, NotFoundError, describeError, parseWith, renderError } from "../core/errors.ts";
+import { printable } from "../core/format.ts";
 import { parseJsonBody } from "../core/json-body.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { chooseArtifact, classifyFiles } from "../registry/file-sets.ts";
-import { isLocalSource, readLocalSource } from "../registry/local-source.ts";
-import type { Registry, RepoInfo } from "../registry/types.ts";
-import { validateMirrorFile, validateMirrorKey, printable, segmentProblem } from "./mirror-paths.ts";
-import { defaultMirrorModelName, planMirrorFetch } from "./mirror-plan.ts";
+import { assertLocalFilesReadable, isLocalSource, listLocalSource } from "../registry/local-source.ts";
+import type { Registry } from "../registry/types.ts";
+import { validateMirrorFile, validateMirrorKey, segmentProblem } from "./mirror-paths.ts";
+import { defaultMirrorModelName, planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "./mirror-plan.ts";
 import type { Mirror } from "./mirror.ts";
 
 /** The admin API's context variables: its middleware sets the verified principal. */
@@ -31,8 +32,6 @@ export interface MirrorRoutesOptions {
   mirror: Mirror;
   /** Reads Hub repositories (a HubClient). */
   registry: Registry;
-  /** llmgw's data dir, where local sources remember their file hashes. */
-  dataDir: string;
   logger?: Logger;
   /** Base of relative local paths. Default: the server's working directory. */
   cwd?: string;
@@ -74,17 +73,34 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
 
   app.post("/api/v1/mirror", async (c) => {
     const body = parseWith(startSchema, parseJsonBody(await c.req.text()));
-    const info: RepoInfo & { root?: string } = isLocalSource(body.repo)
-      ? await readLocalSource({ source: body.repo, dataDir: options.dataDir, ...(options.cwd === undefined ? {} : { cwd: options.cwd }) })
-      : await options.registry.repoInfo({ repo: body.repo, ...(body.revision === undefined ? {} : { revision: body.revision }) });
-    const chosen = chooseArtifact({ sets: classifyFiles(info.files), quant: body.quant, file: body.file, format: body.format, projector: body.projector });
-    const model = validateMirrorKey("model", body.model ?? defaultMirrorModelName(info.repo));
-    const plan = planMirrorFetch({ registry: options.registry, repoInfo: info, chosen });
+    // Reading the repository stops when the client goes away; the fetch itself does not.
+    const signal = c.req.raw.signal;
+    const choice = { quant: body.quant, file: body.file, format: body.format, projector: body.projector };
+    let plan: MirrorFetchPlan;
+    let setName: string;
+    if (isLocalSource(body.repo)) {
+      // Listed, not hashed: the mirror hashes the chosen files while it copies them.
+      const listing = await listLocalSource({ source: body.repo, signal, ...(options.cwd === undefined ? {} : { cwd: options.cwd }) });
+      const chosen = chooseArtifact({ sets: classifyFiles(listing.files), ...choice });
+      await assertLocalFilesReadable(chosen.files, signal);
+      plan = planLocalMirrorFetch({ listing, chosen });
+      setName = chosen.set.name;
+    } else {
+      const info = await options.registry.repoInfo({ repo: body.repo, signal, ...(body.revision === undefined ? {} : { revision: body.revision }) });
+      const chosen = chooseArtifact({ sets: classifyFiles(info.files), ...choice });
+      plan = planMirrorFetch({ registry: options.registry, repoInfo: info, chosen });
+      setName = chosen.set.name;
+    }
+    const model = validateMirrorKey("model", body.model ?? defaultMirrorModelName(plan.repo));
+    const fetch = { model, version: plan.version, repo: plan.repo, revision: plan.revision, files: plan.files };
+    // Everything fetchVersion would refuse is refused here, before the 202: a fetch that is
+    // accepted always gets its rows, so `ctl mirror fetch` has something to follow.
+    mirror.checkFetch(fetch);
     const actor = `${c.get("principal").role}:${c.get("principal").name}`;
     logger.info({ actor, model, version: plan.version, repo: plan.repo, files: plan.files.length, bytes: plan.totalBytes }, "mirror fetch requested");
     // The fetch outlives this request: its progress and outcome are in the rows (GET), and
     // Mirror.close() stops it when the server stops.
-    mirror.fetchVersion({ model, version: plan.version, repo: plan.repo, revision: plan.revision, files: plan.files }).then(
+    mirror.fetchVersion(fetch).then(
       (summary) =>
         logger.info({ model, version: plan.version, complete: summary.complete, fetched: summary.fetched, skipped: summary.skipped, failed: summary.failed }, "mirror fetch finished"),
       (error: unknown) => logger.warn({ model, version: plan.version, err: describeError(error) }, "mirror fetch stopped"),
@@ -95,7 +111,7 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
         version: plan.version,
         repo: plan.repo,
         revision: plan.revision,
-        set: chosen.set.name,
+        set: setName,
         files: plan.files.map((file) => ({ path: file.path, size: file.size, sha256: file.sha256 })),
         totalBytes: plan.totalBytes,
         progress: `/api/v1/mirror?model=${encodeURIComponent(model)}`,

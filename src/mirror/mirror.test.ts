@@ -7,24 +7,23 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { createWriteStream, existsSync } from "node:fs";
-import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { createWriteStream, existsSync, utimesSync } from "node:fs";
+import { mkdtemp, readFile, rm, stat, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
-import pg from "pg";
 import { BadRequestError, ConflictError, LlmgwError } from "../core/errors.ts";
 import { createLogger } from "../core/log.ts";
 import { HubClient } from "../registry/hub-client.ts";
-import { readLocalSource } from "../registry/local-source.ts";
+import { listLocalSource } from "../registry/local-source.ts";
 import type { RepoFile, RepoInfo } from "../registry/types.ts";
-import { openStore, type Store } from "../store/store.ts";
+import type { Store } from "../store/store.ts";
 import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
-import { GGUF_REPO, SAFETENSORS_REPO, buildStandInRepos } from "../../test/support/stand-in-repos.ts";
-import { TEST_POSTGRES_URL, postgresProblem, testBothStores } from "../../test/support/stores.ts";
+import { GGUF_REPO, SAFETENSORS_REPO, buildStandInRepos, makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
+import { testBothDatabases, testBothStores } from "../../test/support/stores.ts";
 import { Mirror, type MirrorFetchFile, type MirrorIo, type MirrorOptions } from "./mirror.ts";
-import { defaultMirrorModelName, planMirrorFetch } from "./mirror-plan.ts";
+import { defaultMirrorModelName, planLocalMirrorFetch, planMirrorFetch } from "./mirror-plan.ts";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const TOKEN = "hf_mirror_test_token";
@@ -518,11 +517,11 @@ describe("local sources", () => {
     const dir = await tempRoot();
     const content = randomBytes(300_000);
     await writeFile(path.join(dir, "model-Q4_K_M.gguf"), content);
-    const info = await readLocalSource({ source: dir, dataDir: await tempRoot() });
-    const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files } });
+    const listing = await listLocalSource({ source: dir });
+    const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
     assert.ok(made.files[0]?.url.startsWith("file:"));
     const root = await tempRoot();
-    const model = defaultMirrorModelName(info.repo);
+    const model = defaultMirrorModelName(listing.repo);
     const args = { model, version: made.version, repo: made.repo, revision: made.revision, files: made.files };
     const final = path.join(root, model, made.version, "model-Q4_K_M.gguf");
     const full = mirrorFor(store, root, { io: fillingDisk(123_456) });
@@ -543,44 +542,178 @@ describe("local sources", () => {
   });
 });
 
-// ---------------------------------------------------------------------------------------
-// Restarts. These need a database the test can open twice (and a child process can open),
-// so they make their own SQLite file or PostgreSQL schema per case.
-
-interface Database {
-  open(): Promise<Store>;
-  /** What the child process needs to open the same database. */
-  spec: { database: string; schema?: string };
-}
-
-function testBothDatabases(name: string, body: (database: Database) => Promise<void>): void {
-  test(`${name} [sqlite]`, async () => {
-    const dir = await mkdtemp(path.join(tmpdir(), "llmgw-mirror-db-"));
-    const spec = { database: path.join(dir, "llmgw.db") };
+describe("local sources, hashed while copied", () => {
+  testBothStores("a local file is hashed while it is copied; the same files again copy nothing; a file touched since it was listed is not copied", async (store) => {
+    const dir = await tempRoot();
+    const content = randomBytes(200_000);
+    const file = path.join(dir, "model-Q4_K_M.gguf");
+    await writeFile(file, content);
+    const mirror = mirrorFor(store, await tempRoot());
     try {
-      await body({ spec, open: () => openStore(spec) });
+      const listing = await listLocalSource({ source: dir });
+      const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+      assert.equal(made.files[0]?.sha256, null, "nothing was hashed before the copy");
+      const args = { model: "local", version: made.version, repo: made.repo, revision: made.revision, files: made.files };
+      const first = await mirror.fetchVersion(args);
+      assert.equal(first.complete, true, JSON.stringify(first.files[0]?.error));
+      const sha = createHash("sha256").update(content).digest("hex");
+      assert.equal(first.files[0]?.sha256, sha);
+      assert.equal((await mirror.list())[0]?.actualSha256, sha, "the row records the hash of the bytes copied");
+
+      // Listed again, untouched: the same version, and nothing is copied.
+      const unchanged = await listLocalSource({ source: dir });
+      const again = planLocalMirrorFetch({ listing: unchanged, chosen: { files: unchanged.files } });
+      assert.equal(again.version, made.version);
+      const second = await mirror.fetchVersion(args);
+      assert.deepEqual([second.skipped, second.bytesFetched], [1, 0]);
+
+      // Touched after it was listed: the old listing's version is not filled with these bytes.
+      const stale = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+      const later = new Date(Date.now() + 60_000);
+      await utimes(file, later, later);
+      const refused = await mirror.fetchVersion({ ...args, model: "local-stale", files: stale.files });
+      assert.equal(refused.files[0]?.state, "failed");
+      assert.equal(refused.files[0]?.error?.code, "mirror_local_source_changed");
+      assert.ok(refused.files[0]?.error?.message.includes(file), refused.files[0]?.error?.message);
+      assert.equal(await mirror.pathFor("local-stale", made.version, "model-Q4_K_M.gguf"), null);
+      const relisted = await listLocalSource({ source: dir });
+      const fresh = planLocalMirrorFetch({ listing: relisted, chosen: { files: relisted.files } });
+      assert.notEqual(fresh.version, made.version, "a touched file is a new version");
     } finally {
-      await rm(dir, { recursive: true, force: true });
+      await mirror.close();
     }
   });
-  test(`${name} [postgres]`, async (t) => {
-    const problem = await postgresProblem();
-    if (problem !== null) {
-      if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required but not reachable: ${problem}`);
-      t.skip(`PostgreSQL not reachable at ${TEST_POSTGRES_URL} (${problem})`);
+
+  testBothStores("a local file that changes while it is copied is not presented", async (store) => {
+    const dir = await tempRoot();
+    const file = path.join(dir, "model-Q4_K_M.gguf");
+    await writeFile(file, randomBytes(300_000));
+    const listing = await listLocalSource({ source: dir });
+    const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+    let touched = false;
+    // Stands for another program writing the source while the mirror copies it: the first
+    // chunk the mirror writes touches the source.
+    const io: Partial<MirrorIo> = {
+      createWriteStream(target, options) {
+        const real = createWriteStream(target, options);
+        return new Writable({
+          highWaterMark: options.highWaterMark,
+          write(chunk: Buffer, _encoding, callback) {
+            if (!touched) {
+              touched = true;
+              const later = new Date(Date.now() + 60_000);
+              utimesSync(file, later, later);
+            }
+            real.write(chunk, callback);
+          },
+          final(callback) {
+            real.end(callback);
+          },
+        });
+      },
+    };
+    const root = await tempRoot();
+    const mirror = mirrorFor(store, root, { io });
+    try {
+      const summary = await mirror.fetchVersion({ model: "local", version: made.version, repo: made.repo, revision: made.revision, files: made.files });
+      assert.equal(touched, true);
+      assert.equal(summary.files[0]?.state, "failed");
+      assert.equal(summary.files[0]?.error?.code, "mirror_local_source_changed");
+      assert.match(summary.files[0]?.error?.message ?? "", /while it was being copied/);
+      assert.equal(await mirror.pathFor("local", made.version, "model-Q4_K_M.gguf"), null);
+      assert.equal(existsSync(path.join(root, "local", made.version, "model-Q4_K_M.gguf.partial")), false, "the bytes of another file are not kept to resume from");
+    } finally {
+      await mirror.close();
+    }
+  });
+
+  testBothStores("a local file this process may not read fails at once with a 403 naming it, not as a flaky source", async (store, t) => {
+    const dir = await tempRoot();
+    const file = path.join(dir, "model-Q4_K_M.gguf");
+    if (!(await makeUnreadableFile(file))) {
+      t.skip("no way to make a file this process cannot read here");
       return;
     }
-    const spec = { database: TEST_POSTGRES_URL, schema: `llmgw_mirror_${randomBytes(6).toString("hex")}` };
+    const listing = await listLocalSource({ source: dir });
+    if (listing.files[0]?.size === 0) {
+      t.skip("the only unreadable file here is empty, and an empty file is never opened");
+      return;
+    }
+    const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+    // Retries with a long delay: a failure taken for a flaky source would wait here.
+    const mirror = mirrorFor(store, await tempRoot(), { retries: 3, retryDelayMs: 60_000 });
     try {
-      await body({ spec, open: () => openStore(spec) });
+      const summary = await mirror.fetchVersion({ model: "local", version: made.version, repo: made.repo, revision: made.revision, files: made.files });
+      const outcome = summary.files[0];
+      assert.equal(outcome?.state, "failed");
+      assert.equal(outcome?.error?.code, "local_source_unreadable");
+      assert.equal(outcome?.error?.retryable, false);
+      assert.ok(outcome?.error?.message.includes(file), outcome?.error?.message);
+      assert.match((await mirror.list())[0]?.error ?? "", /permission denied/);
     } finally {
-      const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
-      await client.connect();
-      await client.query(`DROP SCHEMA IF EXISTS ${spec.schema} CASCADE`);
-      await client.end();
+      await mirror.close();
     }
   });
-}
+});
+
+describe("following a fetch", () => {
+  testBothStores("a fetch lists its files as active from the moment it is called, over rows an earlier run left pending", async (store) => {
+    const root = await tempRoot();
+    const args = plan([Q4, Q8]);
+    // An earlier run stopped mid-fetch: its rows are pending, and nothing works on them.
+    const earlier = mirrorFor(store, root);
+    hub.setFault({ kind: "hang", match: "/cdn/" });
+    try {
+      const running = earlier.fetchVersion(args);
+      running.catch(() => undefined);
+      await waitFor("the first downloads", async () => (await earlier.list()).filter((row) => row.state === "fetching").length === 2);
+      await earlier.close();
+      const left = await mirrorFor(store, root).list();
+      assert.deepEqual(left.map((row) => [row.state, row.active]), [["pending", false], ["pending", false]]);
+
+      hub.setFault({ kind: "delay", ms: 300, match: "/cdn/" });
+      const mirror = mirrorFor(store, root);
+      try {
+        const fetching = mirror.fetchVersion(args);
+        const rows = await mirror.list();
+        assert.deepEqual(
+          rows.map((row) => [row.file, row.state, row.active]),
+          [
+            [Q4, "pending", true],
+            [Q8, "pending", true],
+          ],
+          "a poller must not take the earlier run's rows for this fetch having stopped",
+        );
+        assert.equal((await fetching).complete, true);
+        assert.deepEqual((await mirror.list()).map((row) => [row.state, row.active]), [["complete", false], ["complete", false]]);
+      } finally {
+        await mirror.close();
+      }
+    } finally {
+      hub.setFault(null);
+    }
+  });
+
+  testBothStores("checkFetch refuses what fetchVersion would refuse, without recording anything", async (store) => {
+    const mirror = mirrorFor(store, await tempRoot());
+    try {
+      const args = plan([Q4]);
+      const file = args.files[0] as MirrorFetchFile;
+      assert.equal(mirror.checkFetch(args).length, 1);
+      assert.throws(() => mirror.checkFetch({ ...args, files: [{ ...file, sha256: "NOT-A-SHA" }] }), (error: unknown) => error instanceof BadRequestError && error.param === "files.0.sha256");
+      assert.throws(() => mirror.checkFetch({ ...args, files: [{ ...file, path: `${"d".repeat(256)}/x.gguf` }] }), (error: unknown) => error instanceof BadRequestError && /longer than 255 bytes/.test(error.message));
+      await mirror.close();
+      assert.throws(() => mirror.checkFetch(args), (error: unknown) => error instanceof ConflictError && error.code === "mirror_closed");
+      assert.equal((await mirror.list()).length, 0);
+    } finally {
+      await mirror.close();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------------------
+// Restarts. These need a database the test can open twice (and a child process can open):
+// `testBothDatabases` makes a SQLite file or PostgreSQL schema per case.
 
 describe("restart", () => {
   // The first attempt drops after DROP_AT bytes and the mirror then waits a minute before

@@ -15,18 +15,22 @@
 //   in, never by reading the file again; only a resume in a new process re-reads the
 //   partial prefix once to rebuild the hash state.
 // - The registry's Authorization header never follows a redirect to another host (the
-//   Hub's CDN gets a signed URL), so redirects are followed here by hand.
+//   Hub's CDN gets a signed URL), so redirects are followed by hand (src/registry/redirects.ts).
+// - A local source (`file:` URL) is hashed while it is copied, not before; its version is
+//   named after the files' paths, sizes and mtimes, and a file whose size or mtime changed
+//   since it was listed is refused, before and after the copy.
 import { createHash, type Hash } from "node:crypto";
 import { createReadStream, createWriteStream } from "node:fs";
-import { mkdir, open, readdir, rename, rm, rmdir, stat, statfs, truncate, unlink } from "node:fs/promises";
+import { mkdir, open, readdir, rename, rm, rmdir, stat, statfs, truncate, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { Agent, request, type Dispatcher } from "undici";
-import { BadRequestError, ConflictError, LlmgwError, NotFoundError, UpstreamError, describeError } from "../core/errors.ts";
+import { BadRequestError, ConflictError, LlmgwError, NotFoundError, UpstreamError, describeError, errorCode } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
-import { headersForRedirect as registryHeadersForRedirect } from "../registry/hub-client.ts";
+import { localReadError } from "../registry/local-source.ts";
+import { followRedirects, headersForRedirect as registryHeadersForRedirect } from "../registry/redirects.ts";
 import type { MirrorFilesTable } from "../store/schema.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "./mirror-paths.ts";
@@ -50,6 +54,12 @@ export interface MirrorFetchFile {
   gitBlobId?: string | null;
   /** Headers for the first request (the registry's Authorization); dropped on cross-host redirects. */
   headers?: Record<string, string>;
+  /**
+   * For a `file:` source: the modification time (ms) the file had when it was listed. The
+   * copy is refused when the file's size or mtime differ, when it is opened and after it
+   * was copied: a local version is named after them (`planLocalMirrorFetch`).
+   */
+  sourceMtimeMs?: number | null;
 }
 
 export interface MirrorProgressEvent {
@@ -222,7 +232,6 @@ interface Transfer {
 }
 
 const MAX_REDIRECTS = 5;
-const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 // Large enough that a fast source rarely waits on the writer (fs.WriteStream joins queued
 // chunks into one writev), small enough to bound memory per download.
 const WRITE_HIGH_WATER_MARK = 8 * 1024 * 1024;
@@ -266,6 +275,13 @@ export class Mirror {
   readonly #slots: Semaphore;
   /** Files in flight in this process (queued or downloading), by key. */
   readonly #active = new Map<string, ActiveFile>();
+  /**
+   * Files a running fetchVersion call will work on, counted per call, from the moment the
+   * call is made: its rows list as active at once, even before the file's turn comes, so
+   * a client polling after `POST /api/v1/mirror` never mistakes a row left `pending` by an
+   * earlier run for an interrupted fetch.
+   */
+  readonly #claimed = new Map<string, number>();
   /** The running task of each file, so a second call for the same file waits for the first. */
   readonly #fileTasks = new Map<string, Promise<unknown>>();
   /** fetchVersion calls running per version, so a delete can refuse. */
@@ -277,6 +293,7 @@ export class Mirror {
   readonly #liveHashes = new Map<string, ContentHasher>();
   readonly #running = new Set<Promise<unknown>>();
   readonly #closing = new AbortController();
+  #closed: Promise<void> | null = null;
 
   constructor(options: MirrorOptions) {
     this.root = path.resolve(options.root);
@@ -315,27 +332,27 @@ export class Mirror {
    * only for invalid input, or with the abort reason when `signal` (or `close()`) stops it.
    */
   fetchVersion(options: FetchVersionOptions): Promise<FetchVersionSummary> {
-    let model: string;
-    let version: string;
     let files: MirrorFetchFile[];
     try {
-      model = validateMirrorKey("model", options.model);
-      version = validateMirrorKey("version", options.version);
-      files = validateFetchFiles(options.files);
-      if (typeof options.revision !== "string" || options.revision === "") {
-        throw new BadRequestError("fetchVersion needs the revision (commit sha) the files belong to.", { code: "invalid_field", param: "revision" });
-      }
-      if (this.#closing.signal.aborted) throw new ConflictError("The mirror is shutting down; fetch again after the server restarts.", { code: "mirror_closed" });
+      files = this.checkFetch(options);
     } catch (error) {
       return Promise.reject(error);
     }
+    const { model, version } = options;
     const signal = options.signal === undefined ? this.#closing.signal : AbortSignal.any([options.signal, this.#closing.signal]);
     const context: FetchContext = { model, version, repo: options.repo, revision: options.revision, signal, onProgress: options.onProgress };
     const versionKey = keyOf(model, version, "");
     this.#busyVersions.set(versionKey, (this.#busyVersions.get(versionKey) ?? 0) + 1);
+    const keys = files.map((file) => keyOf(model, version, file.path));
+    for (const key of keys) this.#claimed.set(key, (this.#claimed.get(key) ?? 0) + 1);
+    const unclaim = (key: string): void => {
+      const count = (this.#claimed.get(key) ?? 1) - 1;
+      if (count <= 0) this.#claimed.delete(key);
+      else this.#claimed.set(key, count);
+    };
     const run = (async () => {
       try {
-        const settled = await Promise.allSettled(files.map((file) => this.#fetchFile(context, file)));
+        const settled = await Promise.allSettled(files.map((file, index) => this.#fetchFile(context, file).finally(() => unclaim(keys[index] as string))));
         signal.throwIfAborted();
         const outcomes = settled.map((result) => {
           if (result.status === "fulfilled") return result.value;
@@ -354,6 +371,24 @@ export class Mirror {
       () => this.#running.delete(run),
     );
     return run;
+  }
+
+  /**
+   * Checks everything `fetchVersion` checks before it starts (the model and version names,
+   * every file's path, URL, sha256, size and blob id, the revision, and that the mirror is
+   * not shutting down) and returns the files. Throws the 400 (or 409) fetchVersion would
+   * reject with, so a caller that runs the fetch in the background can refuse the request
+   * itself instead of accepting a fetch that never starts.
+   */
+  checkFetch(options: Pick<FetchVersionOptions, "model" | "version" | "revision" | "files">): MirrorFetchFile[] {
+    validateMirrorKey("model", options.model);
+    validateMirrorKey("version", options.version);
+    const files = validateFetchFiles(options.files);
+    if (typeof options.revision !== "string" || options.revision === "") {
+      throw new BadRequestError("fetchVersion needs the revision (commit sha) the files belong to.", { code: "invalid_field", param: "revision" });
+    }
+    if (this.#closing.signal.aborted) throw new ConflictError("The mirror is shutting down; fetch again after the server restarts.", { code: "mirror_closed" });
+    return files;
   }
 
   /** Every mirrored file (optionally of one model) with its state and progress. */
@@ -445,6 +480,13 @@ export class Mirror {
    * gone or has another size become `failed`; a file under its final name whose row is not
    * `complete` (a crash between the rename and the row update) is moved back to `.partial`,
    * where the next fetch verifies it before presenting it.
+   *
+   * Only the server that owns this mirror root may run this. On a PostgreSQL shared by
+   * several servers the rows are shared but the files and the in-flight map (`#active`)
+   * are not: another server's recover() would see this server's live downloads as
+   * `fetching` rows with nothing active, turn them back to `pending`, and move its freshly
+   * renamed files back to `.partial`. Until the fleet work adds an owner per mirror root
+   * (and a lease that says it is alive), run one mirror per database.
    */
   async recover(): Promise<RecoverSummary> {
     const summary: RecoverSummary = { interrupted: 0, missing: 0, unconfirmed: 0 };
@@ -490,10 +532,13 @@ export class Mirror {
   }
 
   /** Stops every fetch (their rows go back to `pending`, partials kept) and waits for them. */
-  async close(): Promise<void> {
-    this.#closing.abort(new ConflictError("The mirror was closed while fetching; fetch again to resume.", { code: "mirror_closed" }));
-    await Promise.allSettled([...this.#running]);
-    if (this.#ownsDispatcher) await this.#dispatcher.close();
+  close(): Promise<void> {
+    this.#closed ??= (async () => {
+      this.#closing.abort(new ConflictError("The mirror was closed while fetching; fetch again to resume.", { code: "mirror_closed" }));
+      await Promise.allSettled([...this.#running]);
+      if (this.#ownsDispatcher) await this.#dispatcher.close();
+    })();
+    return this.#closed;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -605,6 +650,14 @@ export class Mirror {
       await this.#transferWithRetries(context, spec, transfer, active);
       await transfer.persisting;
       await transfer.syncing;
+      if (isLocalUrl(spec.url)) {
+        // The copy came from the file as listed only if it is still that file now.
+        const problem = localSourceChange(spec, await statLocalSource(spec));
+        if (problem !== null) {
+          await this.#discard(partial);
+          throw localSourceChangedError(spec, problem, "while it was being copied");
+        }
+      }
       const total = transfer.written;
       const expected = spec.size ?? transfer.announcedSize;
       if (expected !== null && total !== expected) {
@@ -791,73 +844,69 @@ export class Mirror {
 
   /** Opens the bytes of a file from `offset`: an HTTP request following redirects, or a local file. */
   async #openSource(spec: MirrorFetchFile, offset: number, signal: AbortSignal): Promise<Source> {
-    const url = new URL(spec.url);
-    if (url.protocol === "file:") return openLocalSource(spec, offset, signal);
-    let current = spec.url;
-    let headers: Record<string, string> = {
-      ...(spec.headers ?? {}),
-      // Compressed bodies would hash differently from the published sha256.
-      "accept-encoding": "identity",
-      ...(offset > 0 ? { range: `bytes=${offset}-` } : {}),
-    };
-    for (let hop = 0; ; hop += 1) {
-      let response: Dispatcher.ResponseData;
-      try {
-        response = await request(current, {
-          dispatcher: this.#dispatcher,
-          method: "GET",
-          headers,
-          headersTimeout: this.#headersTimeoutMs,
-          bodyTimeout: this.#bodyTimeoutMs,
-          highWaterMark: 1024 * 1024,
-          signal,
-        });
-      } catch (error) {
-        throw new SourceError(error, current);
-      }
-      const status = response.statusCode;
-      const location = header(response.headers, "location");
-      if (REDIRECTS.has(status) && location !== undefined) {
-        await response.body.dump().catch(() => undefined);
-        if (hop >= MAX_REDIRECTS) {
-          throw new UpstreamError(`The source of '${spec.path}' redirected more than ${MAX_REDIRECTS} times (last: ${origin(current)}).`, { code: "mirror_too_many_redirects" });
-        }
-        const target = new URL(location, current);
-        if (target.protocol !== "http:" && target.protocol !== "https:") {
-          throw new UpstreamError(`The source of '${spec.path}' redirected to a ${target.protocol} URL; only http and https are followed.`, { code: "mirror_bad_redirect" });
-        }
-        // The registry's token must not reach another host (the CDN gets a signed URL).
-        headers = this.#headersForRedirect(headers, current, target.href);
-        current = target.href;
-        continue;
-      }
-      if (status === 200) {
-        return { start: 0, total: contentLength(response.headers), body: response.body, url: current };
-      }
-      if (status === 206) {
-        const range = parseContentRange(header(response.headers, "content-range"));
-        if (range === null) {
-          response.body.destroy();
-          throw new MirrorTransientError(`The source of '${spec.path}' at ${origin(current)} answered 206 without a usable Content-Range.`, {
-            code: "mirror_bad_range",
-            restartFromZero: true,
+    if (isLocalUrl(spec.url)) return openLocalSource(spec, offset, signal);
+    const followed = await followRedirects({
+      url: spec.url,
+      headers: {
+        ...(spec.headers ?? {}),
+        // Compressed bodies would hash differently from the published sha256.
+        "accept-encoding": "identity",
+        ...(offset > 0 ? { range: `bytes=${offset}-` } : {}),
+      },
+      maxRedirects: MAX_REDIRECTS,
+      // The registry's token must not reach another host (the CDN gets a signed URL).
+      headersForRedirect: this.#headersForRedirect,
+      send: async (url, headers) => {
+        try {
+          return await request(url, {
+            dispatcher: this.#dispatcher,
+            method: "GET",
+            headers,
+            headersTimeout: this.#headersTimeoutMs,
+            bodyTimeout: this.#bodyTimeoutMs,
+            highWaterMark: 1024 * 1024,
+            signal,
           });
+        } catch (error) {
+          throw new SourceError(error, url);
         }
-        return { start: range.start, total: range.total, body: response.body, url: current };
+      },
+    });
+    const { response, url: current } = followed;
+    if (followed.redirect !== null) {
+      await response.body.dump().catch(() => undefined);
+      if (followed.redirect.protocol !== "http:" && followed.redirect.protocol !== "https:") {
+        throw new UpstreamError(`The source of '${spec.path}' redirected to a ${followed.redirect.protocol} URL; only http and https are followed.`, { code: "mirror_bad_redirect" });
       }
-      if (status === 416) {
-        await response.body.dump().catch(() => undefined);
-        const total = parseUnsatisfiedRange(header(response.headers, "content-range"));
-        // Asked from exactly the end: the partial already holds the whole file.
-        if (total !== null && total === offset) return { start: offset, total, body: null, url: current };
-        throw new MirrorTransientError(
-          `The source of '${spec.path}' refused the range from byte ${offset}${total === null ? "" : ` (it has ${total} bytes)`}; starting the file over.`,
-          { code: "mirror_bad_range", restartFromZero: true },
-        );
-      }
-      const said = await errorText(response.body);
-      throw sourceStatusError(status, spec, current, said);
+      throw new UpstreamError(`The source of '${spec.path}' redirected more than ${MAX_REDIRECTS} times (last: ${origin(current)}).`, { code: "mirror_too_many_redirects" });
     }
+    const status = response.statusCode;
+    if (status === 200) {
+      return { start: 0, total: contentLength(response.headers), body: response.body, url: current };
+    }
+    if (status === 206) {
+      const range = parseContentRange(header(response.headers, "content-range"));
+      if (range === null) {
+        response.body.destroy();
+        throw new MirrorTransientError(`The source of '${spec.path}' at ${origin(current)} answered 206 without a usable Content-Range.`, {
+          code: "mirror_bad_range",
+          restartFromZero: true,
+        });
+      }
+      return { start: range.start, total: range.total, body: response.body, url: current };
+    }
+    if (status === 416) {
+      await response.body.dump().catch(() => undefined);
+      const total = parseUnsatisfiedRange(header(response.headers, "content-range"));
+      // Asked from exactly the end: the partial already holds the whole file.
+      if (total !== null && total === offset) return { start: offset, total, body: null, url: current };
+      throw new MirrorTransientError(
+        `The source of '${spec.path}' refused the range from byte ${offset}${total === null ? "" : ` (it has ${total} bytes)`}; starting the file over.`,
+        { code: "mirror_bad_range", restartFromZero: true },
+      );
+    }
+    const said = await errorText(response.body);
+    throw sourceStatusError(status, spec, current, said);
   }
 
   #progressed(context: FetchContext, spec: MirrorFetchFile, transfer: Transfer, active: ActiveFile): void {
@@ -994,8 +1043,11 @@ export class Mirror {
   }
 
   #view(row: Row): MirrorFileView {
-    const active = this.#active.get(keyOf(row.model, row.version, row.file));
-    const state = (active?.state ?? row.state) as MirrorFileState;
+    const key = keyOf(row.model, row.version, row.file);
+    const active = this.#active.get(key);
+    // Claimed by a running call but not started yet: queued, whatever an earlier run left.
+    const claimed = active === undefined && this.#claimed.has(key);
+    const state = (active?.state ?? (claimed && row.state !== "complete" ? "pending" : row.state)) as MirrorFileState;
     const bytesDone = active !== undefined ? active.bytesDone : row.bytes_done;
     const bytesTotal = row.bytes_total;
     return {
@@ -1012,7 +1064,7 @@ export class Mirror {
       percent: bytesTotal === null ? null : bytesTotal === 0 ? (state === "complete" ? 100 : 0) : Math.floor((bytesDone / bytesTotal) * 1000) / 10,
       error: row.error,
       sourceUrl: row.source_url,
-      active: active !== undefined,
+      active: active !== undefined || claimed,
       createdAt: row.created_at,
       updatedAt: row.updated_at,
     };
@@ -1059,26 +1111,69 @@ interface Source {
   url: string;
 }
 
+function isLocalUrl(url: string): boolean {
+  return url.startsWith("file:");
+}
+
+/** Size and mtime of a local source file now; a failure to look is an llmgw error naming the file. */
+async function statLocalSource(spec: MirrorFetchFile, handle?: FileHandle): Promise<{ size: number; mtimeMs: number }> {
+  const file = fileURLToPath(spec.url);
+  try {
+    const info = handle === undefined ? await stat(file) : await handle.stat();
+    return { size: info.size, mtimeMs: info.mtimeMs };
+  } catch (error) {
+    throw localReadError(error, file);
+  }
+}
+
+/** How a local source differs from what it was listed as, or null when it does not. */
+function localSourceChange(spec: MirrorFetchFile, now: { size: number; mtimeMs: number }): string | null {
+  if (spec.size !== null && now.size !== spec.size) return `it is ${now.size} bytes, it was listed with ${spec.size}`;
+  if (spec.sourceMtimeMs !== undefined && spec.sourceMtimeMs !== null && now.mtimeMs !== spec.sourceMtimeMs) {
+    return `it was modified at ${new Date(now.mtimeMs).toISOString()}, after it was listed (${new Date(spec.sourceMtimeMs).toISOString()})`;
+  }
+  return null;
+}
+
+function localSourceChangedError(spec: MirrorFetchFile, problem: string, when: string): ConflictError {
+  return new ConflictError(
+    `The local source file '${fileURLToPath(spec.url)}' of '${spec.path}' changed ${when} (${problem}). ` +
+      `A local version is named after its files' sizes and modification times, so fetch again: the files are listed anew and copied as a new version.`,
+    { code: "mirror_local_source_changed" },
+  );
+}
+
 async function openLocalSource(spec: MirrorFetchFile, offset: number, signal: AbortSignal): Promise<Source> {
   const file = fileURLToPath(spec.url);
-  let size: number;
+  // Opened before anything else, so a file this process may not read is a clear failure
+  // naming it, not a stream error classified as a flaky source and retried.
+  let handle: FileHandle;
   try {
-    size = (await stat(file)).size;
+    handle = await open(file, "r");
   } catch (error) {
-    throw new NotFoundError(`The local source file '${file}' for '${spec.path}' cannot be read (${errorCode(error) ?? describeError(error)}); check that it still exists.`, {
-      code: "mirror_local_source_missing",
-      cause: error,
-    });
+    throw localReadError(error, file);
   }
-  if (offset === size) return { start: offset, total: size, body: null, url: spec.url };
-  if (offset > size) {
-    throw new MirrorTransientError(`The local source '${file}' is shorter (${size} bytes) than the partial copy (${offset}); starting over.`, {
-      code: "mirror_bad_range",
-      restartFromZero: true,
-    });
+  try {
+    const now = await statLocalSource(spec, handle);
+    const problem = localSourceChange(spec, now);
+    if (problem !== null) throw localSourceChangedError(spec, problem, "since it was listed");
+    if (offset === now.size) {
+      await handle.close();
+      return { start: offset, total: now.size, body: null, url: spec.url };
+    }
+    if (offset > now.size) {
+      throw new MirrorTransientError(`The local source '${file}' is shorter (${now.size} bytes) than the partial copy (${offset}); starting over.`, {
+        code: "mirror_bad_range",
+        restartFromZero: true,
+      });
+    }
+    // The stream owns the handle from here and closes it when it ends or is destroyed.
+    const body = createReadStream(file, { fd: handle, start: offset, highWaterMark: READ_HIGH_WATER_MARK, signal });
+    return { start: offset, total: now.size, body, url: spec.url };
+  } catch (error) {
+    await handle.close().catch(() => undefined);
+    throw error;
   }
-  const body = createReadStream(file, { start: offset, highWaterMark: READ_HIGH_WATER_MARK, signal });
-  return { start: offset, total: size, body, url: spec.url };
 }
 
 /**
@@ -1351,6 +1446,9 @@ function validateFetchFiles(files: unknown): MirrorFetchFile[] {
     if (file.gitBlobId !== undefined && file.gitBlobId !== null && !BLOB_ID_HEX.test(file.gitBlobId)) {
       throw new BadRequestError(`The git blob id of '${file.path}' must be 40 lowercase hex characters.`, { code: "invalid_field", param: `${where}.gitBlobId` });
     }
+    if (file.sourceMtimeMs !== undefined && file.sourceMtimeMs !== null && !(Number.isFinite(file.sourceMtimeMs) && url.protocol === "file:")) {
+      throw new BadRequestError(`The source mtime of '${file.path}' must be a number, and is only for file: URLs.`, { code: "invalid_field", param: `${where}.sourceMtimeMs` });
+    }
     return file;
   });
 }
@@ -1488,14 +1586,6 @@ function origin(url: string): string {
   } catch {
     return "the source";
   }
-}
-
-function errorCode(error: unknown): string | undefined {
-  for (let current: unknown = error, depth = 0; current !== undefined && current !== null && depth < 5; depth += 1) {
-    if (typeof current === "object" && "code" in current && typeof current.code === "string") return current.code;
-    current = typeof current === "object" && "cause" in current ? current.cause : undefined;
-  }
-  return undefined;
 }
 
 function compare(a: string, b: string): number {

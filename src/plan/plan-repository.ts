@@ -1,19 +1,20 @@
-// Plans a whole repository: reads it from the registry (or a local file or folder),
+// Plans a whole repository: reads it from the registry (or lists a local file or folder),
 // classifies its files into artifacts, reads what each artifact needs for an estimate
 // (the GGUF header over HTTP ranges or from disk; config.json and the safetensors index),
 // and hands the candidates to `planModel` with the pool of nodes. This is what
 // `GET /api/v1/plan` and `llmgw ctl model plan` run; the serve job will use the same.
+// Nothing here reads or hashes whole weight files: a plan needs sizes and headers only.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
-import { request, type Dispatcher } from "undici";
-import { BadRequestError, NotFoundError, UpstreamError, describeError } from "../core/errors.ts";
+import type { Dispatcher } from "undici";
+import { BadRequestError, NotFoundError, describeError } from "../core/errors.ts";
+import { formatBytes } from "../core/format.ts";
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
 import type { SafetensorsIndex } from "../gguf/memory-estimate.ts";
-import { classifyFiles, describeSet, type ArtifactSet } from "../registry/file-sets.ts";
-import { headersForRedirect } from "../registry/hub-client.ts";
-import { isLocalSource, readLocalSource } from "../registry/local-source.ts";
-import type { Registry, RepoFile, RepoInfo } from "../registry/types.ts";
+import { classifyFiles, describeSet, type ArtifactSet, type ListedFile } from "../registry/file-sets.ts";
+import { assertLocalFilesReadable, isLocalSource, listLocalSource, localReadError } from "../registry/local-source.ts";
+import type { Registry } from "../registry/types.ts";
 import { ggufArtifact, planModel, safetensorsArtifact, type ModelPlan, type PlanArtifact, type Pool } from "./plan.ts";
 
 export interface PlanRepositoryOptions {
@@ -24,8 +25,7 @@ export interface PlanRepositoryOptions {
   format?: "gguf" | "safetensors";
   registry: Registry;
   pool: Pool;
-  /** llmgw's data dir (local sources remember their hashes there). */
-  dataDir: string;
+  /** For GGUF header reads over HTTP; small files go through `registry.readSmallFile`. */
   dispatcher?: Dispatcher;
   signal?: AbortSignal;
 }
@@ -44,14 +44,25 @@ const MAX_JSON_BYTES = 16 * 1024 * 1024;
 /** Headers are read a few at a time: a repository can hold twenty quantisations. */
 const HEADER_CONCURRENCY = 4;
 
+/** What a plan needs of a repository: its files' paths and sizes, and where it was read. */
+interface Listing {
+  repo: string;
+  revision: string;
+  sha: string;
+  files: ListedFile[];
+  /** The folder of a local source; null for a registry repository. */
+  root: string | null;
+}
+
 export async function planRepository(options: PlanRepositoryOptions): Promise<RepositoryPlan> {
-  const local = isLocalSource(options.repo);
-  const info = local
-    ? await readLocalSource({ source: options.repo, dataDir: options.dataDir, ...(options.signal ? { signal: options.signal } : {}) })
-    : await options.registry.repoInfo({ repo: options.repo, ...(options.revision ? { revision: options.revision } : {}), ...(options.signal ? { signal: options.signal } : {}) });
-  const root = local ? (info as RepoInfo & { root: string }).root : null;
+  const signal = options.signal;
+  // A local source is listed (paths, sizes, mtimes), never hashed: the sha of a local plan
+  // is the listing's id, which is all a plan needs to name what it looked at.
+  const info: Listing = isLocalSource(options.repo)
+    ? await listLocalSource({ source: options.repo, ...(signal ? { signal } : {}) })
+    : { ...(await options.registry.repoInfo({ repo: options.repo, ...(options.revision ? { revision: options.revision } : {}), ...(signal ? { signal } : {}) })), root: null };
   const sets = classifyFiles(info.files);
-  const reader = new ArtifactReader(options, info, root);
+  const reader = new ArtifactReader(options, info);
 
   const wanted = (format: "gguf" | "safetensors") => options.format === undefined || options.format === format;
   const listing: RepositoryPlan["artifacts"] = [];
@@ -73,6 +84,7 @@ export async function planRepository(options: PlanRepositoryOptions): Promise<Re
         entry.planned = true;
         return artifact;
       } catch (error) {
+        if (signal?.aborted === true) throw signal.reason ?? error;
         entry.note = `could not be read: ${describeError(error)}`;
         return null;
       }
@@ -93,11 +105,10 @@ export async function planRepository(options: PlanRepositoryOptions): Promise<Re
 class ArtifactReader {
   constructor(
     private readonly options: PlanRepositoryOptions,
-    private readonly info: RepoInfo,
-    private readonly root: string | null,
+    private readonly info: Listing,
   ) {}
 
-  async gguf(set: ArtifactSet<RepoFile>): Promise<PlanArtifact> {
+  async gguf(set: ArtifactSet<ListedFile>): Promise<PlanArtifact> {
     const header = await this.header(set.entry);
     // Split files: the first part's header describes the model; the weights are in all parts.
     const weightsBytes = set.files.length > 1 ? set.totalBytes - header.headerBytes : undefined;
@@ -112,14 +123,15 @@ class ArtifactReader {
     });
   }
 
-  async safetensors(set: ArtifactSet<RepoFile>, companions: RepoFile[]): Promise<PlanArtifact> {
+  async safetensors(set: ArtifactSet<ListedFile>, companions: ListedFile[]): Promise<PlanArtifact> {
     const configPath = path.posix.join(set.dir, "config.json");
-    if (!companions.some((c) => c.path === configPath)) {
+    const configFile = companions.find((c) => c.path === configPath);
+    if (configFile === undefined) {
       throw new NotFoundError(`${configPath} is missing; vLLM needs it next to the weights`, { code: "config_missing" });
     }
-    const config = (await this.json(configPath)) as Record<string, unknown>;
+    const config = (await this.json(configFile)) as Record<string, unknown>;
     const indexFile = set.files.find((f) => f.path.endsWith(".index.json"));
-    const index = indexFile === undefined ? undefined : ((await this.json(indexFile.path)) as SafetensorsIndex);
+    const index = indexFile === undefined ? undefined : ((await this.json(indexFile)) as SafetensorsIndex);
     const weights = set.files.filter((f) => f.path.endsWith(".safetensors"));
     return safetensorsArtifact({
       config,
@@ -130,17 +142,19 @@ class ArtifactReader {
     });
   }
 
-  private download(file: string): Promise<Dispatcher.ResponseData> {
-    const url = this.options.registry.downloadUrl(this.info.repo, this.info.sha, file);
-    return downloadSmallFile(this.options.registry, url, {
-      ...(this.options.dispatcher ? { dispatcher: this.options.dispatcher } : {}),
-      ...(this.options.signal ? { signal: this.options.signal } : {}),
-    });
-  }
-
-  private header(file: string): Promise<GgufHeaderSummary> {
+  private async header(file: string): Promise<GgufHeaderSummary> {
     const signal = this.options.signal;
-    if (this.root !== null) return readGgufHeader({ file: path.join(this.root, file), ...(signal ? { signal } : {}) });
+    if (this.info.root !== null) {
+      const absolute = path.join(this.info.root, file);
+      // Opened first so a file the server may not read is named with what to change
+      // (the header reader's own message is about GGUF, not permissions).
+      await assertLocalFilesReadable([{ absolute }], signal);
+      try {
+        return await readGgufHeader({ file: absolute, ...(signal ? { signal } : {}) });
+      } catch (error) {
+        throw signal?.aborted === true ? (signal.reason ?? error) : localReadError(error, absolute);
+      }
+    }
     const url = this.options.registry.downloadUrl(this.info.repo, this.info.sha, file);
     return readGgufHeader({
       url,
@@ -150,54 +164,29 @@ class ArtifactReader {
     });
   }
 
-  private async json(file: string): Promise<unknown> {
+  private async json(file: ListedFile): Promise<unknown> {
+    const signal = this.options.signal;
     let text: string;
-    if (this.root !== null) {
-      text = await readFile(path.join(this.root, file), "utf8");
-    } else {
-      const response = await this.download(file);
-      const declared = Number(response.headers["content-length"] ?? 0);
-      if (declared > MAX_JSON_BYTES) {
-        await response.body.dump();
-        throw new BadRequestError(`${file} is ${declared} bytes; llmgw reads JSON companions up to ${MAX_JSON_BYTES} bytes`);
+    if (this.info.root !== null) {
+      const absolute = path.join(this.info.root, file.path);
+      if (file.size > MAX_JSON_BYTES) {
+        throw new BadRequestError(`${file.path} is ${formatBytes(file.size)}; llmgw reads JSON companions up to ${formatBytes(MAX_JSON_BYTES)}`, { code: "file_too_large" });
       }
-      text = await response.body.text();
+      try {
+        text = await readFile(absolute, { encoding: "utf8", ...(signal ? { signal } : {}) });
+      } catch (error) {
+        throw signal?.aborted === true ? (signal.reason ?? error) : localReadError(error, absolute);
+      }
+    } else {
+      const bytes = await this.options.registry.readSmallFile({ repo: this.info.repo, sha: this.info.sha, path: file.path, maxBytes: MAX_JSON_BYTES, ...(signal ? { signal } : {}) });
+      text = bytes.toString("utf8");
     }
     try {
       return JSON.parse(text);
     } catch (error) {
-      throw new BadRequestError(`${file} is not valid JSON (${describeError(error)})`, { code: "invalid_json" });
+      throw new BadRequestError(`${file.path} is not valid JSON (${describeError(error)})`, { code: "invalid_json" });
     }
   }
-}
-
-/** GET of a small file, following up to three redirects (Authorization kept only on the registry's own origin). */
-async function downloadSmallFile(registry: Registry, firstUrl: string, options: { dispatcher?: Dispatcher; signal?: AbortSignal }): Promise<Dispatcher.ResponseData> {
-  let url = firstUrl;
-  let headers = registry.requestHeaders(url);
-  for (let hop = 0; hop <= 3; hop += 1) {
-    const response = await request(url, {
-      headers,
-      headersTimeout: 30_000,
-      bodyTimeout: 30_000,
-      ...(options.dispatcher ? { dispatcher: options.dispatcher } : {}),
-      ...(options.signal ? { signal: options.signal } : {}),
-    });
-    const location = response.headers.location;
-    if (response.statusCode >= 300 && response.statusCode < 400 && typeof location === "string") {
-      await response.body.dump();
-      const next = new URL(location, url).toString();
-      headers = headersForRedirect(headers, url, next);
-      url = next;
-      continue;
-    }
-    if (response.statusCode !== 200) {
-      await response.body.dump();
-      throw new UpstreamError(`${firstUrl} answered HTTP ${response.statusCode}`, { code: "registry_error", retryable: response.statusCode >= 500 || response.statusCode === 429 });
-    }
-    return response;
-  }
-  throw new UpstreamError(`${firstUrl} redirected more than three times`, { code: "registry_error" });
 }
 
 async function runLimited<T>(jobs: Array<() => Promise<T>>, limit: number): Promise<T[]> {

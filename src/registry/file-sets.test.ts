@@ -4,6 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { BadRequestError, LlmgwError, NotFoundError } from "../core/errors.ts";
 import { chooseArtifact, classifyFiles, describeSet, ggufQuantLabel, type ArtifactSet, type ListedFile } from "./file-sets.ts";
+import { validateMirrorFile } from "../mirror/mirror-paths.ts";
 import { sanitizeRepoPath } from "./repo-path.ts";
 
 const files = (...paths: string[]): ListedFile[] => paths.map((path, i) => ({ path, size: 1000 * (i + 1) }));
@@ -218,6 +219,24 @@ test("paths with '..', absolute paths and backslashes are refused, naming the va
   }
   assert.throws(() => chooseArtifact({ sets: classifyFiles(GGUF_REPO), file: "../Llama-3.2-1B-Instruct-Q8_0.gguf" }), assertError(BadRequestError, "invalid_path", "'../Llama-3.2-1B-Instruct-Q8_0.gguf'", ".."));
   assert.equal(sanitizeRepoPath("Q4_K_M/model-Q4_K_M.gguf"), "Q4_K_M/model-Q4_K_M.gguf");
+});
+
+test("the registry refuses every path the mirror could not store: segments over 255 bytes, and '.partial' names", () => {
+  // Linux's NAME_MAX counts bytes: 126 two-byte characters and ".gguf" are 257 bytes, 125 are 255.
+  for (const bad of [`${"d".repeat(256)}/model.gguf`, `Q4/${"é".repeat(126)}.gguf`, "Q4/model.gguf.partial"]) {
+    assert.throws(() => sanitizeRepoPath(bad), assertError(BadRequestError, "invalid_path"), bad.slice(0, 20));
+    assert.throws(() => validateMirrorFile(bad), assertError(BadRequestError, "invalid_path"), bad.slice(0, 20));
+  }
+  assert.throws(() => sanitizeRepoPath(`${"d".repeat(256)}/model.gguf`), /segment 1 \('d{200}…'\) is not allowed: it is longer than 255 bytes/);
+  for (const good of [`${"d".repeat(255)}/model.gguf`, `Q4/${"é".repeat(125)}.gguf`, "model.partial.gguf"]) {
+    assert.equal(sanitizeRepoPath(good), good);
+    assert.equal(validateMirrorFile(good), good);
+  }
+});
+
+test("set descriptions give sizes in binary units", () => {
+  const sets = classifyFiles([{ path: "m-Q4_K_M.gguf", size: 4.6 * 1024 ** 3 }, { path: "m-Q8_0.gguf", size: 512 * 1024 ** 2 }]);
+  assert.deepEqual(sets.gguf.map(describeSet).sort(), ["Q4_K_M (1 file, 4.6 GiB)", "Q8_0 (1 file, 0.5 GiB)"]);
 });
 
 test("two sets with the same quantisation ask for a file", () => {

@@ -6,6 +6,7 @@
 // chat template). These are pure functions over a file list, so the serve job, the CLI and
 // tests all classify the same way. Naming facts: reference/protocols.md, "Shard naming".
 import { BadRequestError, NotFoundError } from "../core/errors.ts";
+import { formatBytes } from "../core/format.ts";
 import { sanitizeRepoPath } from "./repo-path.ts";
 
 /** The least a file needs for classification; RepoFile satisfies it. */
@@ -305,7 +306,7 @@ export function chooseArtifact<F extends ListedFile>(options: ChooseArtifactOpti
   };
 }
 
-/** One line per set, for listings and error messages: `Q4_K_M (1 file, 4.9 GB)`. */
+/** One line per set, for listings and error messages: `Q4_K_M (1 file, 4.6 GiB)`. */
 export function describeSet(set: ArtifactSet): string {
   const count = set.split === null ? `${set.files.length} file${set.files.length === 1 ? "" : "s"}` : `${set.split.count} parts`;
   const missing = set.split !== null && set.split.missing.length > 0 ? `, incomplete: part${set.split.missing.length === 1 ? "" : "s"} ${set.split.missing.join(", ")} missing` : "";
@@ -481,15 +482,4 @@ function listNames(names: string[]): string {
   if (names.length === 0) return "none";
   const shown = names.slice(0, 40).join(", ");
   return names.length > 40 ? `${shown} and ${names.length - 40} more` : shown;
-}
-
-function formatBytes(bytes: number): string {
-  const units = ["B", "KB", "MB", "GB", "TB"];
-  let value = bytes;
-  let unit = 0;
-  while (value >= 1000 && unit < units.length - 1) {
-    value /= 1000;
-    unit += 1;
-  }
-  return `${unit === 0 ? value : value.toFixed(1)} ${units[unit]}`;
 }

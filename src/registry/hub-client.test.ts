@@ -166,6 +166,16 @@ describe("repoInfo", () => {
     );
   });
 
+  test("a listing with a path the mirror could not store (a segment over 255 bytes) is refused naming it", async () => {
+    const name = "llmgw-test/long-names";
+    hub.putRepo({ name, files: [{ path: `${"d".repeat(256)}/m-Q4_K_M.gguf`, content: Buffer.from("GGUF") }] });
+    try {
+      await assert.rejects(client().repoInfo({ repo: name }), isError(UpstreamError, "registry_bad_response", name, "longer than 255 bytes"));
+    } finally {
+      hub.removeRepo(name);
+    }
+  });
+
   test("names that are not owner/name are refused before any request", async () => {
     hub.requests.length = 0;
     for (const bad of ["just-a-name", "a/b/c", "../etc", "owner/..", "owner/na me", "-owner/name", "owner/name.", "own--er/name", "", "owner/"]) {
@@ -299,6 +309,48 @@ describe("downloads", () => {
     assert.equal(smallMeta.size, small.size);
 
     await assert.rejects(c.fileMetadata({ repo: GGUF_REPO, revision: sha, path: "nope.gguf" }), isError(NotFoundError, "entry_not_found", "nope.gguf"));
+  });
+
+  test("readSmallFile reads a git file and an LFS file through the CDN, the token only on the registry", async () => {
+    const c = client({ token: APPROVED_TOKEN });
+    const info = await c.repoInfo({ repo: SAFETENSORS_REPO });
+    const config = repos.safetensors.files.find((f) => f.path === "config.json");
+    assert.ok(config !== undefined && Buffer.isBuffer(config.content));
+    assert.deepEqual(await c.readSmallFile({ repo: SAFETENSORS_REPO, sha: info.sha, path: "config.json", maxBytes: 1024 * 1024 }), config.content);
+
+    const since = hub.requests.length;
+    const gguf = await c.repoInfo({ repo: GGUF_REPO });
+    const q4 = gguf.files.find((f) => f.path === "tiny-llama-Q4_K_M.gguf");
+    assert.ok(q4 !== undefined);
+    const bytes = await c.readSmallFile({ repo: GGUF_REPO, sha: gguf.sha, path: q4.path, maxBytes: 1024 * 1024 });
+    assert.equal(createHash("sha256").update(bytes).digest("hex"), q4.sha256);
+    const reads = hub.requests.slice(since).filter((r) => r.path.includes("/resolve/") || r.path.startsWith("/cdn/"));
+    assert.deepEqual(
+      reads.map((r) => [r.path.startsWith("/cdn/") ? "cdn" : "resolve", r.authorization]),
+      [
+        ["resolve", `Bearer ${APPROVED_TOKEN}`],
+        ["cdn", undefined],
+      ],
+    );
+  });
+
+  test("readSmallFile refuses a file over its cap, announced or not, and maps the Hub's errors", async () => {
+    const c = client();
+    const sha = fakeCommitSha(GGUF_REPO);
+    const path = "tiny-llama-Q4_K_M.gguf";
+    await assert.rejects(c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }), isError(BadRequestError, "file_too_large", path, "640 KiB, more than 1000 B"));
+    // Without Content-Length the bytes are counted as they arrive.
+    hub.setFault({ kind: "chunked", match: "/cdn/" });
+    try {
+      await assert.rejects(c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }), isError(BadRequestError, "file_too_large", path, "larger than 1000 B"));
+    } finally {
+      hub.setFault(null);
+    }
+    await assert.rejects(c.readSmallFile({ repo: GGUF_REPO, sha, path: "nope.json", maxBytes: 1000 }), isError(NotFoundError, "entry_not_found", "nope.json"));
+    await assert.rejects(
+      c.readSmallFile({ repo: GATED_REPO, sha: fakeCommitSha(GATED_REPO), path: "README.md", maxBytes: 1000 }),
+      isError(PermissionDeniedError, "gated_repo", "HF_TOKEN", GATED_REPO),
+    );
   });
 
   test("the corrupt fault serves bytes that do not match the published sha256", async () => {

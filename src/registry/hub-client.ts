@@ -17,9 +17,16 @@ import {
   NotFoundError,
   PermissionDeniedError,
   UpstreamError,
+  describeError,
+  errorCode,
 } from "../core/errors.ts";
+import { formatBytes } from "../core/format.ts";
+import { followRedirects, isSameOrigin } from "./redirects.ts";
 import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
 import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "./types.ts";
+
+// The redirect rules live in redirects.ts (the mirror follows redirects with them too).
+export { headersForRedirect, isSameOrigin } from "./redirects.ts";
 
 export const DEFAULT_REGISTRY_ENDPOINT = "https://huggingface.co";
 /** The Hub's default branch; what `repoInfo` reports as `revision` when none was asked for. */
@@ -57,30 +64,6 @@ export function resolveRegistryEndpoint(options: { flag?: string | undefined; en
 /** The Hub token from `HF_TOKEN`, or undefined. Never log what this returns. */
 export function resolveRegistryToken(env: Record<string, string | undefined> = process.env): string | undefined {
   return nonEmpty(env.HF_TOKEN);
-}
-
-/** True when both URLs have the same scheme, host and port. */
-export function isSameOrigin(a: string, b: string): boolean {
-  try {
-    return new URL(a).origin === new URL(b).origin;
-  } catch {
-    return false;
-  }
-}
-
-/**
- * The headers to send when following a redirect from `from` to `to`. Like huggingface_hub,
- * the Authorization header is dropped when the redirect leaves the origin: the Hub sends
- * LFS downloads to a CDN with a signed URL, and the token must not travel there. The
- * mirror uses this when it follows `resolve` redirects itself.
- */
-export function headersForRedirect(headers: Record<string, string>, from: string, to: string): Record<string, string> {
-  if (isSameOrigin(from, to)) return { ...headers };
-  const kept: Record<string, string> = {};
-  for (const [name, value] of Object.entries(headers)) {
-    if (name.toLowerCase() !== "authorization") kept[name] = value;
-  }
-  return kept;
 }
 
 /** git's blob id of `content`: sha1 of `blob <size>\0<content>`, which the Hub lists as `oid`. */
@@ -295,6 +278,45 @@ export class HubClient implements Registry {
     }, options.signal);
   }
 
+  /**
+   * The bytes of one small file at a commit (config.json, a safetensors index): a GET of
+   * its resolve URL that follows every redirect (an LFS file's goes to the CDN, without the
+   * token), with this client's dispatcher, timeouts, retries and Hub error mapping. A file
+   * larger than `maxBytes` is refused: by its Content-Length before reading, and by
+   * counting while reading when the answer does not say.
+   */
+  async readSmallFile(options: { repo: string; sha: string; path: string; maxBytes: number; signal?: AbortSignal }): Promise<Buffer> {
+    const repo = validateRepoName(options.repo);
+    const revision = validateRevision(options.sha);
+    const context: RequestContext = { what: `downloading '${options.path}'`, repo, revision, path: options.path };
+    const url = this.downloadUrl(repo, revision, options.path);
+    const tooLarge = (size: number | null) =>
+      new BadRequestError(
+        `'${options.path}' in '${repo}' at ${revision} is ${size === null ? "larger than" : `${formatBytes(size)}, more than`} ${formatBytes(options.maxBytes)}, ` +
+          `the most llmgw reads of a small file such as a config or an index; check that the repository holds what its name says.`,
+        { code: "file_too_large", param: "file" },
+      );
+    return this.#withRetries(async () => {
+      const response = await this.#send(url, "GET", { "accept-encoding": "identity" }, context, options.signal, "any");
+      if (response.status >= 400) throw await this.#statusError(response, context);
+      if (response.status !== 200) {
+        await response.body.dump().catch(() => undefined);
+        const location = header(response.headers, "location");
+        throw new UpstreamError(
+          `The registry at ${this.endpoint} answered ${response.status} while ${context.what} for '${repo}'` +
+            `${location === undefined ? "" : ` (a redirect llmgw does not follow: more than ${MAX_REDIRECTS} hops, or not to http(s))`}.`,
+          { code: "registry_bad_response" },
+        );
+      }
+      const declared = Number(header(response.headers, "content-length") ?? Number.NaN);
+      if (Number.isSafeInteger(declared) && declared > options.maxBytes) {
+        response.body.destroy();
+        throw tooLarge(declared);
+      }
+      return this.#readBody(response, context, options.signal, options.maxBytes, () => tooLarge(null));
+    }, options.signal);
+  }
+
   async #listFiles(repo: string, sha: string, context: RequestContext, signal: AbortSignal | undefined): Promise<RepoFile[]> {
     const files: RepoFile[] = [];
     const seen = new Set<string>();
@@ -364,57 +386,64 @@ export class HubClient implements Registry {
     return response;
   }
 
-  /** One request (plus same-origin redirects), with transport failures classified once, here. */
+  /**
+   * One request plus the redirects `follow` allows, with transport failures classified
+   * once, here. `relative`: only a Location without scheme or host (a renamed repository;
+   * an LFS file's absolute CDN redirect is handed back, its headers are the metadata).
+   * `same-origin`: redirects within the registry. `any`: every http(s) redirect, the token
+   * dropped when one leaves the registry's origin (`headersForRedirect`).
+   */
   async #send(
     url: string,
     method: "GET" | "HEAD",
     extraHeaders: Record<string, string>,
     context: RequestContext,
     signal: AbortSignal | undefined,
-    follow: "relative" | "same-origin",
+    follow: "relative" | "same-origin" | "any",
   ): Promise<Response> {
-    let current = url;
-    for (let hop = 0; ; hop += 1) {
-      let data: Dispatcher.ResponseData;
-      try {
-        data = await request(current, {
-          dispatcher: this.dispatcher,
-          method,
-          headers: { ...this.requestHeaders(current), ...extraHeaders },
-          headersTimeout: this.#headersTimeoutMs,
-          bodyTimeout: this.#bodyTimeoutMs,
-          ...(signal === undefined ? {} : { signal }),
-        });
-      } catch (error) {
-        throw this.#transportError(error, context, current, signal);
-      }
-      const response: Response = { url: current, status: data.statusCode, headers: data.headers, body: data.body };
-      const location = header(data.headers, "location");
-      const isRedirect = [301, 302, 303, 307, 308].includes(data.statusCode) && location !== undefined;
-      if (!isRedirect) return response;
-      const target = new URL(location, current).href;
-      // Redirects within the registry (a renamed repository) are followed; one to another
-      // host is the CDN of a download, whose headers the caller reads from this response.
-      const relative = !/^[a-z][a-z0-9+.-]*:|^\/\//i.test(location);
-      const followable = follow === "relative" ? relative : isSameOrigin(target, current);
-      if (!followable || hop >= MAX_REDIRECTS) return response;
-      await data.body.dump();
-      current = target;
-    }
+    const followed = await followRedirects({
+      url,
+      headers: { ...this.requestHeaders(url), ...extraHeaders },
+      maxRedirects: MAX_REDIRECTS,
+      follow: (from, to, location) => {
+        if (to.protocol !== "http:" && to.protocol !== "https:") return false;
+        if (follow === "relative") return !/^[a-z][a-z0-9+.-]*:|^\/\//i.test(location);
+        if (follow === "same-origin") return isSameOrigin(to.href, from);
+        return true;
+      },
+      send: async (current, headers) => {
+        try {
+          return await request(current, {
+            dispatcher: this.dispatcher,
+            method,
+            headers,
+            headersTimeout: this.#headersTimeoutMs,
+            bodyTimeout: this.#bodyTimeoutMs,
+            ...(signal === undefined ? {} : { signal }),
+          });
+        } catch (error) {
+          throw this.#transportError(error, context, current, signal);
+        }
+      },
+    });
+    const { response } = followed;
+    return { url: followed.url, status: response.statusCode, headers: response.headers, body: response.body };
   }
 
-  async #readJson(response: Response, context: RequestContext, signal: AbortSignal | undefined): Promise<unknown> {
+  /**
+   * The whole body, refused (with `tooLarge`) once more than `maxBytes` arrived, so a
+   * runaway answer is cut off whether or not it announced its length.
+   */
+  async #readBody(response: Response, context: RequestContext, signal: AbortSignal | undefined, maxBytes: number, tooLarge: () => LlmgwError): Promise<Buffer> {
     const chunks: Buffer[] = [];
     let total = 0;
     try {
       for await (const chunk of response.body) {
         const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array);
         total += buffer.length;
-        if (total > MAX_JSON_BYTES) {
+        if (total > maxBytes) {
           response.body.destroy();
-          throw new UpstreamError(`The registry at ${this.endpoint} sent more than ${MAX_JSON_BYTES} bytes while ${context.what} for '${context.repo}'.`, {
-            code: "registry_bad_response",
-          });
+          throw tooLarge();
         }
         chunks.push(buffer);
       }
@@ -422,9 +451,19 @@ export class HubClient implements Registry {
       if (error instanceof LlmgwError) throw error;
       throw this.#transportError(error, context, response.url, signal);
     }
-    const text = Buffer.concat(chunks).toString("utf8");
+    return Buffer.concat(chunks);
+  }
+
+  async #readJson(response: Response, context: RequestContext, signal: AbortSignal | undefined): Promise<unknown> {
+    const body = await this.#readBody(
+      response,
+      context,
+      signal,
+      MAX_JSON_BYTES,
+      () => new UpstreamError(`The registry at ${this.endpoint} sent more than ${MAX_JSON_BYTES} bytes while ${context.what} for '${context.repo}'.`, { code: "registry_bad_response" }),
+    );
     try {
-      return JSON.parse(text) as unknown;
+      return JSON.parse(body.toString("utf8")) as unknown;
     } catch (error) {
       throw new UpstreamError(`The registry at ${this.endpoint} answered ${context.what} for '${context.repo}' with something that is not JSON; check --registry / HF_ENDPOINT.`, {
         code: "registry_bad_response",
@@ -467,21 +506,21 @@ export class HubClient implements Registry {
       });
     }
     return new UpstreamError(
-      `${where} could not be reached or dropped the connection while ${about} (${code ?? describe(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
+      `${where} could not be reached or dropped the connection while ${about} (${code ?? describeError(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
       { code: "registry_unreachable", status: 502, retryable: true, cause: error },
     );
   }
 
   /** The one mapping of Hub error answers (status and `X-Error-Code`) to llmgw errors. */
   async #statusError(response: Response, context: RequestContext): Promise<LlmgwError> {
-    const errorCode = header(response.headers, "x-error-code");
+    const hubCode = header(response.headers, "x-error-code");
     const bodyMessage = await errorBodyMessage(response);
     const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
     const { repo } = context;
     const status = response.status;
     const said = hubMessage === undefined ? "" : ` The registry said: ${hubMessage}`;
     if (hubMessage === "Access to this resource is disabled.") return disabledError(repo, this.endpoint);
-    if (errorCode === "GatedRepo") {
+    if (hubCode === "GatedRepo") {
       const why = this.hasToken
         ? "the HF_TOKEN in use is not on its approved list"
         : "no HF_TOKEN is set";
@@ -491,19 +530,19 @@ export class HubClient implements Registry {
         { code: "gated_repo", param: "repo" },
       );
     }
-    if (errorCode === "RevisionNotFound") {
+    if (hubCode === "RevisionNotFound") {
       return new NotFoundError(
         `Revision '${context.revision ?? DEFAULT_REVISION}' was not found in repository '${repo}' on ${this.endpoint}. Give an existing branch, tag or full commit sha.`,
         { code: "revision_not_found", param: "revision" },
       );
     }
-    if (errorCode === "EntryNotFound") {
+    if (hubCode === "EntryNotFound") {
       return new NotFoundError(`File '${context.path ?? "?"}' was not found in repository '${repo}' at '${context.revision ?? DEFAULT_REVISION}' on ${this.endpoint}.`, {
         code: "entry_not_found",
         param: "file",
       });
     }
-    const repoMissing = errorCode === "RepoNotFound" || (status === 404 && errorCode === undefined);
+    const repoMissing = hubCode === "RepoNotFound" || (status === 404 && hubCode === undefined);
     if (!this.hasToken && (status === 401 || repoMissing)) {
       // The Hub answers 401 to anonymous requests for missing, private and gated repositories alike.
       return new NotFoundError(
@@ -620,18 +659,6 @@ function header(headers: Record<string, string | string[] | undefined>, name: st
   const value = headers[name];
   if (Array.isArray(value)) return value.join(", ");
   return value;
-}
-
-function errorCode(error: unknown): string | undefined {
-  for (let current: unknown = error, depth = 0; current !== undefined && current !== null && depth < 5; depth += 1) {
-    if (typeof current === "object" && "code" in current && typeof current.code === "string") return current.code;
-    current = typeof current === "object" && "cause" in current ? current.cause : undefined;
-  }
-  return undefined;
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 function nonEmpty(value: string | undefined): string | undefined {

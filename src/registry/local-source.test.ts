@@ -1,16 +1,19 @@
-// Local sources on real files in a temporary folder: hashing, the remembered hashes, split
-// siblings, Hugging Face cache-style symlinks, and the errors for paths that are not there.
+// Local sources on real files in a temporary folder: listing without reading, hashing on
+// request with the remembered hashes, split siblings, Hugging Face cache-style symlinks,
+// files this process may not read, and the errors for paths that are not there.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, symlink, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { BadRequestError, NotFoundError } from "../core/errors.ts";
+import { BadRequestError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
+import { makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
 import { chooseArtifact, classifyFiles } from "./file-sets.ts";
 import { gitBlobId } from "./hub-client.ts";
-import { isLocalSource, readLocalSource } from "./local-source.ts";
+import { assertLocalFilesReadable, hashLocalFiles, isLocalSource, listLocalSource, localSourceId } from "./local-source.ts";
 
 let work: string;
 let dataDir: string;
@@ -25,8 +28,9 @@ after(async () => {
 });
 
 const sha256 = (bytes: Buffer): string => createHash("sha256").update(bytes).digest("hex");
+const cachePath = (dir: string) => join(dir, "registry", "local-hashes.json");
 
-test("a relative file path is hashed once and remembered by path, size and mtime", async () => {
+test("a relative file path is listed without reading it, then hashed once and remembered by path, size and mtime", async () => {
   const models = join(work, "single", "models");
   await mkdir(models, { recursive: true });
   const bytes = Buffer.from("GGUF first version of the weights");
@@ -37,16 +41,20 @@ test("a relative file path is hashed once and remembered by path, size and mtime
   await utimes(path, mtime, mtime);
   const cwd = join(work, "single");
 
-  const first = await readLocalSource({ source: "./models/tiny-Q4_K_M.gguf", cwd, dataDir });
-  assert.equal(first.repo, pathToFileURL(path).href);
-  assert.equal(first.revision, "local");
-  assert.equal(first.root, models);
+  const listing = await listLocalSource({ source: "./models/tiny-Q4_K_M.gguf", cwd });
+  assert.equal(listing.repo, pathToFileURL(path).href);
+  assert.equal(listing.revision, "local");
+  assert.equal(listing.root, models);
+  assert.deepEqual(listing.files, [{ path: "tiny-Q4_K_M.gguf", size: bytes.length, mtimeMs: mtime.getTime(), absolute: path }]);
+  assert.match(listing.sha, /^[0-9a-f]{64}$/);
+  assert.equal(listing.sha, localSourceId(listing.files));
+  assert.equal(listing.shortSha, listing.sha.slice(0, 12));
+  assert.equal(existsSync(cachePath(dataDir)), false, "listing hashes nothing, so it remembers nothing");
+
+  const first = await hashLocalFiles({ files: listing.files, dataDir });
   assert.deepEqual(first.files, [{ path: "tiny-Q4_K_M.gguf", size: bytes.length, sha256: sha256(bytes), blobId: gitBlobId(bytes) }]);
-  assert.match(first.sha, /^[0-9a-f]{64}$/);
-  assert.equal(first.shortSha, first.sha.slice(0, 12));
-  assert.equal(first.hashed, 1);
-  assert.equal(first.fromCache, 0);
-  const cache = JSON.parse(await readFile(join(dataDir, "registry", "local-hashes.json"), "utf8")) as { files: Record<string, { sha256: string }> };
+  assert.deepEqual([first.hashed, first.fromCache], [1, 0]);
+  const cache = JSON.parse(await readFile(cachePath(dataDir), "utf8")) as { files: Record<string, { sha256: string }> };
   assert.equal(Object.values(cache.files).find((entry) => entry.sha256 === sha256(bytes))?.sha256, sha256(bytes));
 
   // Same size and mtime, different bytes: the remembered hash is used, so the file was not read again.
@@ -54,18 +62,23 @@ test("a relative file path is hashed once and remembered by path, size and mtime
   assert.equal(other.length, bytes.length);
   await writeFile(path, other);
   await utimes(path, mtime, mtime);
-  const second = await readLocalSource({ source: "./models/tiny-Q4_K_M.gguf", cwd, dataDir });
-  assert.equal(second.hashed, 0);
-  assert.equal(second.fromCache, 1);
+  const again = await listLocalSource({ source: "./models/tiny-Q4_K_M.gguf", cwd });
+  assert.equal(again.sha, listing.sha, "the same path, size and mtime are the same listing");
+  const second = await hashLocalFiles({ files: again.files, dataDir });
+  assert.deepEqual([second.hashed, second.fromCache], [0, 1]);
   assert.equal(second.files[0]?.sha256, sha256(bytes));
-  assert.equal(second.sha, first.sha);
 
-  // A new mtime means new content: hashed again.
+  // A new mtime means new content: a new listing id, and hashed again.
   await utimes(path, mtime, new Date(mtime.getTime() + 5_000));
-  const third = await readLocalSource({ source: pathToFileURL(path).href, dataDir });
+  const touched = await listLocalSource({ source: pathToFileURL(path).href });
+  assert.notEqual(touched.sha, listing.sha);
+  const third = await hashLocalFiles({ files: touched.files, dataDir });
   assert.equal(third.hashed, 1);
   assert.equal(third.files[0]?.sha256, sha256(other));
-  assert.notEqual(third.sha, first.sha);
+
+  // Hashing a listing that is out of date is refused rather than hashing other bytes.
+  await utimes(path, mtime, new Date(mtime.getTime() + 9_000));
+  await assert.rejects(hashLocalFiles({ files: touched.files, dataDir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_changed" && error.message.includes(path));
 });
 
 test("a folder lists every file below it, skips dot entries, and follows Hugging Face cache links", async () => {
@@ -84,19 +97,24 @@ test("a folder lists every file below it, skips dot entries, and follows Hugging
   await writeFile(join(snapshot, ".cache", "huggingface", "download.lock"), "");
   await writeFile(join(snapshot, ".gitattributes"), "*.gguf filter=lfs");
 
-  const info = await readLocalSource({ source: snapshot, dataDir });
+  const listing = await listLocalSource({ source: snapshot });
   assert.deepEqual(
-    info.files.map((f) => f.path),
-    ["Q2_K/m-Q2_K-00001-of-00002.gguf", "Q2_K/m-Q2_K-00002-of-00002.gguf", "m-Q4_K_M.gguf", "m-Q8_0.gguf"],
+    listing.files.map((f) => [f.path, f.size]),
+    [
+      ["Q2_K/m-Q2_K-00001-of-00002.gguf", 8],
+      ["Q2_K/m-Q2_K-00002-of-00002.gguf", 8],
+      ["m-Q4_K_M.gguf", weights.length],
+      ["m-Q8_0.gguf", weights.length],
+    ],
   );
-  // Both links point at one blob: it is read once.
-  assert.equal(info.hashed, 3);
-  assert.equal(info.fromCache, 1);
-  assert.equal(info.files.find((f) => f.path === "m-Q8_0.gguf")?.sha256, sha256(weights));
-
-  // The result classifies like a Hub repository.
-  const chosen = chooseArtifact({ sets: classifyFiles(info.files), quant: "Q2_K" });
+  // The listing classifies like a Hub repository.
+  const chosen = chooseArtifact({ sets: classifyFiles(listing.files), quant: "Q2_K" });
   assert.equal(chosen.files.length, 2);
+
+  // Both links point at one blob: it is read once.
+  const hashed = await hashLocalFiles({ files: listing.files, dataDir });
+  assert.deepEqual([hashed.hashed, hashed.fromCache], [3, 1]);
+  assert.equal(hashed.files.find((f) => f.path === "m-Q8_0.gguf")?.sha256, sha256(weights));
 });
 
 test("a split part brings its sibling parts", async () => {
@@ -105,15 +123,57 @@ test("a split part brings its sibling parts", async () => {
   await writeFile(join(dir, "big-Q4_K_M-00001-of-00002.gguf"), "one");
   await writeFile(join(dir, "big-Q4_K_M-00002-of-00002.gguf"), "two");
   await writeFile(join(dir, "unrelated.gguf"), "other");
-  const info = await readLocalSource({ source: join(dir, "big-Q4_K_M-00001-of-00002.gguf"), dataDir });
+  const listing = await listLocalSource({ source: join(dir, "big-Q4_K_M-00001-of-00002.gguf") });
   assert.deepEqual(
-    info.files.map((f) => f.path),
+    listing.files.map((f) => f.path),
     ["big-Q4_K_M-00001-of-00002.gguf", "big-Q4_K_M-00002-of-00002.gguf"],
   );
 });
 
+test("listing opens no file: a file this process may not read is listed, and refused with a 403 naming it only when it is read", async (t) => {
+  const dir = join(work, "unreadable");
+  await mkdir(dir, { recursive: true });
+  await writeFile(join(dir, "m-Q4_K_M.gguf"), "GGUF readable");
+  const unreadable = join(dir, "m-Q8_0.gguf");
+  if (!(await makeUnreadableFile(unreadable))) {
+    t.skip("no way to make a file this process cannot read here");
+    return;
+  }
+  const listing = await listLocalSource({ source: dir });
+  assert.deepEqual(
+    listing.files.map((f) => f.path),
+    ["m-Q4_K_M.gguf", "m-Q8_0.gguf"],
+  );
+  const readable = listing.files.filter((f) => f.path === "m-Q4_K_M.gguf");
+  await assertLocalFilesReadable(readable);
+  assert.equal((await hashLocalFiles({ files: readable, dataDir })).files.length, 1);
+
+  const refused = (error: unknown): boolean => {
+    assert.ok(error instanceof PermissionDeniedError, String(error));
+    assert.equal(error.status, 403);
+    assert.equal(error.code, "local_source_unreadable");
+    assert.ok(error.message.includes(unreadable), error.message);
+    assert.match(error.message, /permission denied/);
+    return true;
+  };
+  await assert.rejects(assertLocalFilesReadable(listing.files), refused);
+  await assert.rejects(hashLocalFiles({ files: listing.files, dataDir }), refused);
+});
+
+test("a folder of more than 10 000 files is refused as the wrong folder", async () => {
+  const dir = join(work, "huge");
+  await mkdir(dir, { recursive: true });
+  await Promise.all(Array.from({ length: 10_001 }, (_, i) => writeFile(join(dir, `f${i}.txt`), "")));
+  await assert.rejects(listLocalSource({ source: dir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_too_large" && error.message.includes("10000"));
+});
+
+test("an aborted listing stops with the caller's reason", async () => {
+  const reason = new Error("the client went away");
+  await assert.rejects(listLocalSource({ source: join(work), signal: AbortSignal.abort(reason) }), (error: unknown) => error === reason);
+});
+
 test("a path that does not exist, a broken link and a bad file URL are clear errors", async () => {
-  await assert.rejects(readLocalSource({ source: "./no/such/model.gguf", cwd: work, dataDir }), (error: unknown) => {
+  await assert.rejects(listLocalSource({ source: "./no/such/model.gguf", cwd: work }), (error: unknown) => {
     assert.ok(error instanceof NotFoundError);
     assert.equal(error.code, "local_source_not_found");
     assert.ok(error.message.includes(join(work, "no/such/model.gguf")), error.message);
@@ -122,11 +182,11 @@ test("a path that does not exist, a broken link and a bad file URL are clear err
   const dir = join(work, "broken");
   await mkdir(dir, { recursive: true });
   await symlink(join(dir, "gone.gguf"), join(dir, "model.gguf"));
-  await assert.rejects(readLocalSource({ source: dir, dataDir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_broken_link" && error.message.includes("model.gguf"));
-  await assert.rejects(readLocalSource({ source: "file://remote-host/x.gguf", dataDir }), (error: unknown) => error instanceof BadRequestError && error.code === "invalid_local_source");
+  await assert.rejects(listLocalSource({ source: dir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_broken_link" && error.message.includes("model.gguf"));
+  await assert.rejects(listLocalSource({ source: "file://remote-host/x.gguf" }), (error: unknown) => error instanceof BadRequestError && error.code === "invalid_local_source");
   const empty = join(work, "empty");
   await mkdir(empty, { recursive: true });
-  await assert.rejects(readLocalSource({ source: empty, dataDir }), (error: unknown) => error instanceof NotFoundError && error.code === "local_source_empty");
+  await assert.rejects(listLocalSource({ source: empty }), (error: unknown) => error instanceof NotFoundError && error.code === "local_source_empty");
 });
 
 test("isLocalSource tells paths from repository ids", () => {

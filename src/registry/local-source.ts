@@ -1,35 +1,76 @@
 // Local sources: weights that are already on disk, for machines without a hub. A file or
-// folder (`./models/x.gguf`, `/srv/models/llama`, `file:///srv/models/llama`) is read into
-// the same RepoInfo a Hub repository gives, so file sets, the mirror and the catalog treat
-// it the same way. Every file is hashed (sha256, and git's blob id) once; the result is
+// folder (`./models/x.gguf`, `/srv/models/llama`, `file:///srv/models/llama`) is listed
+// into the same path-and-size file list a Hub repository gives, so file sets, the plan and
+// the mirror treat it the same way.
+//
+// Listing and hashing are separate steps. `listLocalSource` reads only directory entries
+// and `stat`s (path, size, mtime): planning a folder of twenty quantisations, or picking
+// one of them to mirror, must not read every byte of every one of them. `hashLocalFiles`
+// hashes the files a caller names (sha256, and git's blob id), each once: the result is
 // remembered in `{dataDir}/registry/local-hashes.json` keyed by real path, size and mtime,
-// so reading the same folder again does not re-read gigabytes.
+// so hashing the same files again does not re-read gigabytes.
+//
+// Until its files are hashed, a local source is identified by its files' paths, sizes and
+// mtimes (`localSourceId`): the stand-in for a commit sha. The mirror names a local
+// version after the chosen files' id and refuses to copy a file whose size or mtime no
+// longer match it (src/mirror/mirror.ts), so the id always describes the bytes copied.
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { mkdir, readdir, readFile, realpath, rename, stat, writeFile } from "node:fs/promises";
+import { mkdir, open, readdir, readFile, realpath, rename, stat, writeFile } from "node:fs/promises";
 import { homedir } from "node:os";
 import { basename, dirname, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { BadRequestError, NotFoundError } from "../core/errors.ts";
+import { BadRequestError, LlmgwError, NotFoundError, PermissionDeniedError, describeError, errorCode } from "../core/errors.ts";
 import { pathProblem } from "./repo-path.ts";
-import { SHORT_SHA_LENGTH, type RepoFile, type RepoInfo } from "./types.ts";
+import { SHORT_SHA_LENGTH, type RepoFile } from "./types.ts";
 
-export interface LocalSourceOptions {
+export interface ListLocalSourceOptions {
   /** `./models/x.gguf`, `../x`, `/abs/path`, `~/x` or `file:///abs/path`. */
   source: string;
-  /** llmgw's data dir; the remembered hashes live in `registry/local-hashes.json` below it. */
-  dataDir: string;
   /** Base for relative paths. Default: the process's working directory. */
   cwd?: string;
+  signal?: AbortSignal;
+}
+
+/** One file of a local source, as listed: no content has been read. */
+export interface LocalFile {
+  /** Path relative to the listing's root, with `/` separators, already sanitised. */
+  path: string;
+  size: number;
+  /** Modification time in ms (of the file a link points at), as `stat` gave it. */
+  mtimeMs: number;
+  /** Where the file is: the listing's root joined with `path` (links not resolved). */
+  absolute: string;
+}
+
+export interface LocalListing {
+  /** A `file://` URL of the folder, or of the file when a single file was named. */
+  repo: string;
+  revision: "local";
+  /** `localSourceId` of every listed file: changes when any file is added, removed, resized or touched. */
+  sha: string;
+  /** The first 12 hex characters of `sha`. */
+  shortSha: string;
+  /** The absolute folder that `files[].path` are relative to. */
+  root: string;
+  /** Every file below root (a single file: it and its split siblings), sorted by path. */
+  files: LocalFile[];
+}
+
+export interface HashLocalFilesOptions {
+  /** Files from a listing; each is checked to still have the size and mtime it was listed with. */
+  files: readonly LocalFile[];
+  /** llmgw's data dir; the remembered hashes live in `registry/local-hashes.json` below it. */
+  dataDir: string;
   signal?: AbortSignal;
   /** Called while a file is hashed (not for remembered ones). */
   onProgress?: (event: { path: string; bytesDone: number; bytesTotal: number }) => void;
 }
 
-export interface LocalRepoInfo extends RepoInfo {
-  /** The absolute folder that `files[].path` are relative to. */
-  root: string;
-  /** Files hashed by this call, and files whose hash was remembered from an earlier one. */
+export interface HashedLocalFiles {
+  /** The files in the order given, with their sha256 and git blob id. */
+  files: RepoFile[];
+  /** Files read and hashed by this call, and files whose hash was remembered from an earlier one. */
   hashed: number;
   fromCache: number;
 }
@@ -48,7 +89,7 @@ interface CacheFile {
 }
 
 // Walking a folder with more files than this is almost certainly the wrong folder (a home
-// directory, `/`), and hashing it would take hours.
+// directory, `/`), and listing it would take long enough to look like a hang.
 const MAX_FILES = 10_000;
 const GGUF_SPLIT = /^(?<prefix>.*)-(?<shard>\d{5})-of-(?<total>\d{5})\.gguf$/i;
 
@@ -73,28 +114,42 @@ export function localSourcePath(source: string, cwd: string = process.cwd()): st
   return resolve(cwd, source);
 }
 
-/** Reads a local file or folder into a RepoInfo, hashing each file at most once per size and mtime. */
-export async function readLocalSource(options: LocalSourceOptions): Promise<LocalRepoInfo> {
+/**
+ * The id of a set of local files as listed: sha256 over each file's path, size and mtime,
+ * sorted by path. The same files, untouched, give the same id; touching, resizing, adding
+ * or removing one gives another.
+ */
+export function localSourceId(files: readonly Pick<LocalFile, "path" | "size" | "mtimeMs">[]): string {
+  const lines = [...files]
+    .sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0))
+    .map((file) => `${file.path}\u0000${file.size}\u0000${file.mtimeMs}\n`)
+    .join("");
+  return createHash("sha256").update(lines).digest("hex");
+}
+
+/** Lists a local file or folder: paths, sizes and mtimes only; no file is opened. */
+export async function listLocalSource(options: ListLocalSourceOptions): Promise<LocalListing> {
   const target = localSourcePath(options.source, options.cwd);
+  options.signal?.throwIfAborted();
   let top;
   try {
     top = await stat(target);
   } catch (error) {
-    if (isCode(error, "ENOENT") || isCode(error, "ENOTDIR")) {
+    if (errorCode(error) === "ENOENT" || errorCode(error) === "ENOTDIR") {
       throw new NotFoundError(`No file or folder at '${target}' (from '${options.source}'). Check the path; relative paths start from ${options.cwd ?? process.cwd()}.`, {
         code: "local_source_not_found",
         param: "source",
         cause: error,
       });
     }
-    throw new BadRequestError(`Cannot read '${target}' (from '${options.source}'): ${describe(error)}.`, { code: "local_source_unreadable", param: "source", cause: error });
+    throw localReadError(error, target);
   }
 
   let root: string;
   let relatives: string[];
   if (top.isDirectory()) {
     root = target;
-    relatives = await walk(root, options.source);
+    relatives = await walk(root, options.source, options.signal);
   } else if (top.isFile()) {
     root = dirname(target);
     relatives = await withSplitSiblings(root, basename(target));
@@ -105,60 +160,131 @@ export async function readLocalSource(options: LocalSourceOptions): Promise<Loca
     throw new NotFoundError(`The folder '${root}' (from '${options.source}') has no files.`, { code: "local_source_empty", param: "source" });
   }
 
+  const files: LocalFile[] = [];
+  for (const path of relatives.sort()) {
+    options.signal?.throwIfAborted();
+    const absolute = join(root, ...path.split("/"));
+    // stat follows links: a Hugging Face cache snapshot is a folder of links into ../../blobs.
+    const info = await stat(absolute).catch((error: unknown) => {
+      throw localReadError(error, absolute);
+    });
+    files.push({ path, size: info.size, mtimeMs: info.mtimeMs, absolute });
+  }
+  const sha = localSourceId(files);
+  return {
+    repo: pathToFileURL(top.isDirectory() ? root : target).href,
+    revision: "local",
+    sha,
+    shortSha: sha.slice(0, SHORT_SHA_LENGTH),
+    root,
+    files,
+  };
+}
+
+/**
+ * Checks that this process may read each file by opening it (reading nothing), so a
+ * request that will copy or hash them fails now with the file's name rather than later in
+ * the background. open(2), not access(2): access answers for the real user id and lets
+ * root pass where open still refuses.
+ */
+export async function assertLocalFilesReadable(files: readonly Pick<LocalFile, "absolute">[], signal?: AbortSignal): Promise<void> {
+  for (const file of files) {
+    signal?.throwIfAborted();
+    try {
+      await (await open(file.absolute, "r")).close();
+    } catch (error) {
+      throw localReadError(error, file.absolute);
+    }
+  }
+}
+
+/**
+ * Hashes the given files (sha256 and git's blob id), each at most once per real path,
+ * size and mtime: remembered hashes are used without reading the file. A file whose size
+ * or mtime differ from its listing is refused (it changed since it was listed).
+ */
+export async function hashLocalFiles(options: HashLocalFilesOptions): Promise<HashedLocalFiles> {
   const cachePath = join(options.dataDir, "registry", "local-hashes.json");
   const cache = await loadCache(cachePath);
   const updates: Record<string, CacheEntry> = {};
   const files: RepoFile[] = [];
   let hashed = 0;
   let fromCache = 0;
-  for (const path of relatives.sort()) {
+  for (const file of options.files) {
     options.signal?.throwIfAborted();
-    const absolute = join(root, ...path.split("/"));
-    // Symlinks are followed (a Hugging Face cache snapshot is a folder of links into
-    // ../../blobs); the remembered hash is keyed by the real file, so each blob is hashed once.
-    const real = await realpath(absolute);
-    const info = await stat(real);
+    // The remembered hash is keyed by the real file, so each blob behind several links is hashed once.
+    let real: string;
+    let info;
+    try {
+      real = await realpath(file.absolute);
+      info = await stat(real);
+    } catch (error) {
+      throw localReadError(error, file.absolute);
+    }
+    if (info.size !== file.size || info.mtimeMs !== file.mtimeMs) throw changedError(file.absolute, "since it was listed");
     const known = updates[real] ?? cache.files[real];
     if (known !== undefined && known.size === info.size && known.mtimeMs === info.mtimeMs) {
-      files.push({ path, size: info.size, sha256: known.sha256, blobId: known.blobId });
+      files.push({ path: file.path, size: info.size, sha256: known.sha256, blobId: known.blobId });
       fromCache += 1;
       continue;
     }
-    const digest = await hashFile({ path: real, size: info.size, display: path, ...pick(options) });
-    const after = await stat(real);
-    if (after.size !== info.size || after.mtimeMs !== info.mtimeMs) {
-      throw new BadRequestError(`'${absolute}' changed while it was being hashed; try again once nothing writes to it.`, { code: "local_source_changed", param: "source" });
+    let digest: { sha256: string; blobId: string };
+    try {
+      digest = await hashFile({ path: real, size: info.size, display: file.path, signal: options.signal, onProgress: options.onProgress });
+    } catch (error) {
+      if (options.signal?.aborted === true) throw options.signal.reason ?? error;
+      throw localReadError(error, file.absolute);
     }
+    const after = await stat(real).catch((error: unknown) => {
+      throw localReadError(error, file.absolute);
+    });
+    if (after.size !== info.size || after.mtimeMs !== info.mtimeMs) throw changedError(file.absolute, "while it was being hashed");
     updates[real] = { size: info.size, mtimeMs: info.mtimeMs, ...digest, hashedAt: new Date().toISOString() };
-    files.push({ path, size: info.size, ...digest });
+    files.push({ path: file.path, size: info.size, ...digest });
     hashed += 1;
   }
   if (hashed > 0) await saveCache(cachePath, updates);
+  return { files, hashed, fromCache };
+}
 
-  // A content id standing in for a commit sha: the same files with the same bytes give the same id.
-  const listing = files.map((file) => `${file.path}\u0000${file.size}\u0000${file.sha256}\n`).join("");
-  const sha = createHash("sha256").update(listing).digest("hex");
-  return {
-    repo: pathToFileURL(top.isDirectory() ? root : target).href,
-    revision: "local",
-    sha,
-    shortSha: sha.slice(0, SHORT_SHA_LENGTH),
-    gated: false,
-    private: false,
-    files,
-    root,
-    hashed,
-    fromCache,
-  };
+/**
+ * A failure to read a local file or folder as an llmgw error naming it: permission
+ * problems are 403s that say what to change, a file that vanished is a 404, anything else
+ * a 400. Errors that already are llmgw errors pass through.
+ */
+export function localReadError(error: unknown, file: string): LlmgwError {
+  if (error instanceof LlmgwError) return error;
+  const code = errorCode(error);
+  if (code === "EACCES" || code === "EPERM") {
+    return new PermissionDeniedError(
+      `llmgw cannot read '${file}': permission denied (${code}). Make it readable by the user the llmgw server runs as (for example 'chmod a+r'), or point at another copy.`,
+      { code: "local_source_unreadable", param: "source", cause: error },
+    );
+  }
+  if (code === "ENOENT" || code === "ENOTDIR") {
+    return new NotFoundError(`'${file}' is no longer there (it was removed or renamed after it was found); check the folder and try again.`, {
+      code: "local_source_not_found",
+      param: "source",
+      cause: error,
+    });
+  }
+  return new BadRequestError(`Cannot read '${file}': ${describeError(error)}.`, { code: "local_source_unreadable", param: "source", cause: error });
+}
+
+function changedError(file: string, when: string): BadRequestError {
+  return new BadRequestError(`'${file}' changed ${when}; try again once nothing writes to it.`, { code: "local_source_changed", param: "source" });
 }
 
 /** Every regular file below `root` (following links to files), as `/`-separated relative paths. Dot entries are skipped. */
-async function walk(root: string, source: string): Promise<string[]> {
+async function walk(root: string, source: string, signal: AbortSignal | undefined): Promise<string[]> {
   const found: string[] = [];
   const pending = [root];
   while (pending.length > 0) {
+    signal?.throwIfAborted();
     const dir = pending.pop() as string;
-    const entries = await readdir(dir, { withFileTypes: true });
+    const entries = await readdir(dir, { withFileTypes: true }).catch((error: unknown) => {
+      throw localReadError(error, dir);
+    });
     for (const entry of entries) {
       // .git, .cache (huggingface_hub's download metadata), editor files: never weights.
       if (entry.name.startsWith(".")) continue;
@@ -173,6 +299,7 @@ async function walk(root: string, source: string): Promise<string[]> {
         try {
           target = await stat(absolute);
         } catch (error) {
+          if (errorCode(error) !== "ENOENT" && errorCode(error) !== "ENOTDIR") throw localReadError(error, absolute);
           throw new BadRequestError(`'${absolute}' is a symbolic link to something that does not exist; fix or remove it.`, {
             code: "local_source_broken_link",
             param: "source",
@@ -207,7 +334,10 @@ async function withSplitSiblings(dir: string, name: string): Promise<string[]> {
   const split = GGUF_SPLIT.exec(name);
   if (split?.groups === undefined) return [name];
   const { prefix, total } = split.groups;
-  const siblings = (await readdir(dir)).filter((other) => {
+  const names = await readdir(dir).catch((error: unknown) => {
+    throw localReadError(error, dir);
+  });
+  const siblings = names.filter((other) => {
     const match = GGUF_SPLIT.exec(other);
     return match?.groups !== undefined && match.groups.prefix === prefix && match.groups.total === total;
   });
@@ -218,8 +348,8 @@ async function hashFile(options: {
   path: string;
   size: number;
   display: string;
-  signal?: AbortSignal;
-  onProgress?: LocalSourceOptions["onProgress"];
+  signal: AbortSignal | undefined;
+  onProgress: HashLocalFilesOptions["onProgress"];
 }): Promise<{ sha256: string; blobId: string }> {
   const sha256 = createHash("sha256");
   // git's blob id, which the Hub lists as `oid`: sha1 over a `blob <size>\0` header and the bytes.
@@ -260,19 +390,4 @@ async function saveCache(path: string, updates: Record<string, CacheEntry>): Pro
   const temporary = `${path}.${process.pid}.${Date.now()}.tmp`;
   await writeFile(temporary, `${JSON.stringify(next, null, 1)}\n`, { mode: 0o600 });
   await rename(temporary, path);
-}
-
-function pick(options: LocalSourceOptions): { signal?: AbortSignal; onProgress?: LocalSourceOptions["onProgress"] } {
-  return {
-    ...(options.signal === undefined ? {} : { signal: options.signal }),
-    ...(options.onProgress === undefined ? {} : { onProgress: options.onProgress }),
-  };
-}
-
-function isCode(error: unknown, code: string): boolean {
-  return typeof error === "object" && error !== null && "code" in error && error.code === code;
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }

@@ -1,13 +1,27 @@
 // Validation of the names that come from users and from registries: repository ids,
 // revisions and file paths inside a repository. Every path here later becomes part of a
 // file name on disk (the mirror, the node's weight cache), so a path that could climb out
-// of its folder is refused here, once, with a message that names the value.
+// of its folder, or that no file system could hold, is refused here, once, with a message
+// that names the value. This is the one path rule: the mirror checks its file paths with
+// `pathProblem` too (src/mirror/mirror-paths.ts), so a path the registry accepts is one
+// the mirror can store.
 import { BadRequestError } from "../core/errors.ts";
+import { printable } from "../core/format.ts";
 
 const REPO_PART = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 // The Hub's own limit on each part of a repository id.
 const MAX_REPO_PART = 96;
 const CONTROL = /[\u0000-\u001f\u007f]/;
+// Linux's NAME_MAX: the longest file name one directory entry can hold, in bytes.
+const MAX_SEGMENT_BYTES = 255;
+const MAX_PATH_LENGTH = 1024;
+
+/**
+ * Suffix of a mirror download in progress (`<final>.partial`). The mirror keeps a file
+ * being fetched under this name next to where it will land, so no repository file may
+ * end with it: it would collide with the download of its neighbour.
+ */
+export const PARTIAL_SUFFIX = ".partial";
 
 /**
  * Checks a repository id of the form `owner/name` and returns it unchanged. Each part
@@ -52,8 +66,7 @@ export function validateRevision(value: unknown): string {
 }
 
 /**
- * Checks a path inside a repository and returns it unchanged: relative, `/`-separated, no
- * empty, `.` or `..` segments, no backslashes, drive letters or control characters.
+ * Checks a path inside a repository and returns it unchanged (the rule is `pathProblem`).
  * `param` names the request field the path came from, for the error.
  */
 export function sanitizeRepoPath(value: unknown, param = "file"): string {
@@ -68,28 +81,38 @@ export function sanitizeRepoPath(value: unknown, param = "file"): string {
   return text;
 }
 
-/** Why `value` is not a safe repository path, or null when it is. */
+/**
+ * Why `value` is not a safe repository path, or null when it is: relative, at most
+ * 1024 characters, each `/`-separated segment a plain file name (`segmentProblem`), and
+ * not ending in `.partial`.
+ */
 export function pathProblem(value: unknown): string | null {
   if (typeof value !== "string" || value.length === 0) return "it is empty";
-  if (value.length > 1024) return "it is longer than 1024 characters";
-  if (CONTROL.test(value)) return "it contains control characters";
-  if (value.includes("\\")) return "it contains a backslash";
+  if (value.length > MAX_PATH_LENGTH) return `it is longer than ${MAX_PATH_LENGTH} characters`;
   if (value.startsWith("/")) return "it is absolute";
-  if (/^[A-Za-z]:/.test(value)) return "it starts with a drive letter";
   const segments = value.split("/");
-  if (segments.includes("..")) return "it contains '..'";
-  if (segments.includes(".")) return "it contains a '.' segment";
-  if (segments.includes("")) return "it contains an empty segment";
+  for (const [index, segment] of segments.entries()) {
+    const problem = segmentProblem(segment);
+    if (problem !== null) return `segment ${index + 1} ('${printable(segment)}') is not allowed: ${problem}`;
+  }
+  if (value.endsWith(PARTIAL_SUFFIX)) return `it ends with '${PARTIAL_SUFFIX}', which the mirror reserves for downloads in progress`;
+  return null;
+}
+
+/** Why `segment` cannot be one file or folder name on disk, or null when it can. */
+export function segmentProblem(segment: string): string | null {
+  if (segment.length === 0) return "it is empty";
+  if (Buffer.byteLength(segment) > MAX_SEGMENT_BYTES) return `it is longer than ${MAX_SEGMENT_BYTES} bytes`;
+  if (CONTROL.test(segment)) return "it contains control characters";
+  if (segment.includes("/")) return "it contains '/'";
+  if (segment.includes("\\")) return "it contains a backslash";
+  if (segment === "..") return "it is '..' (a parent folder)";
+  if (segment === ".") return "it is '.'";
+  if (/^[A-Za-z]:/.test(segment)) return "it starts with a drive letter";
   return null;
 }
 
 /** Encodes each segment of a repository path for use in a URL, keeping the `/` separators. */
 export function encodeRepoPath(path: string): string {
   return path.split("/").map(encodeURIComponent).join("/");
-}
-
-/** Control characters made visible, so an error message cannot be used to forge log lines. */
-function printable(text: string): string {
-  const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
-  return shown.replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 }

@@ -1,6 +1,7 @@
-// The shapes the registry module hands to the rest of llmgw. A repository on the Hub and
-// a local file or folder both come back as a `RepoInfo`, so the serve job, the file-set
-// classifier and the mirror do not care where the weights come from.
+// The shapes the registry module hands to the rest of llmgw. A repository on the Hub comes
+// back as a `RepoInfo`; a local file or folder is listed into the same path-and-size file
+// list (src/registry/local-source.ts), so the file-set classifier, the plan and the mirror
+// do not care where the weights come from.
 /** One file of a repository at one commit. */
 export interface RepoFile {
   /** Path inside the repository, with `/` separators, already sanitised (no `..`, not absolute). */
@@ -10,7 +11,7 @@ export interface RepoFile {
   /**
    * sha256 of the content, lowercase hex. From the Hub this is the LFS object id, so it is
    * null for small files kept in git itself (config.json and friends); check those against
-   * `blobId` instead. Local sources always carry it.
+   * `blobId` instead. Hashed local files (`hashLocalFiles`) always carry it.
    */
   sha256: string | null;
   /** The git blob id (sha1 of `blob <size>\0<content>`, or of the LFS pointer for LFS files). */
@@ -18,11 +19,11 @@ export interface RepoFile {
 }
 
 export interface RepoInfo {
-  /** `owner/name` for the Hub; a `file://` URL for a local source. */
+  /** `owner/name`. */
   repo: string;
-  /** The revision that was asked for (`main` when none was given; `local` for local sources). */
+  /** The revision that was asked for (`main` when none was given). */
   revision: string;
-  /** The full commit sha the revision pointed at when read (40 hex; 64 hex content id for local sources). */
+  /** The full commit sha the revision pointed at when read (40 hex). */
   sha: string;
   /** The first 12 hex characters of `sha`: the version name used in mirror paths. */
   shortSha: string;
@@ -40,6 +41,12 @@ export interface Registry {
   downloadUrl(repo: string, sha: string, path: string): string;
   /** Headers to send with a request to `url`: Authorization only when `url` is on the registry's own origin. */
   requestHeaders(url: string): Record<string, string>;
+  /**
+   * The bytes of one small file (a config, an index) at a commit sha, redirects followed
+   * with the token kept on the registry's origin. Refused when it is larger than
+   * `maxBytes`, whether or not the answer announced its length.
+   */
+  readSmallFile(options: { repo: string; sha: string; path: string; maxBytes: number; signal?: AbortSignal }): Promise<Buffer>;
 }
 
 /** Length of `RepoInfo.shortSha`. */

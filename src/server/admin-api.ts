@@ -24,7 +24,7 @@ export interface AdminApiOptions {
   /** The weights mirror and the registry it fetches from (the /api/v1/mirror routes). */
   mirror?: MirrorRoutesOptions;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
-  planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }) => Promise<unknown>;
+  planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<unknown>;
   /** Whether the server is ready to take traffic (store open, catalog loaded). */
   isReady?: () => boolean;
   version: string;
@@ -105,7 +105,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
 
   app.get("/api/v1/plan", async (c) => {
     if (options.planner === undefined) throw new BadRequestError("This server has no planner configured.");
-    return c.json(await options.planner(parseWith(planQuerySchema, c.req.query(), "plan query")));
+    // The request's signal: a ctl that gives up stops the registry reads it started.
+    return c.json(await options.planner(parseWith(planQuerySchema, c.req.query(), "plan query"), c.req.raw.signal));
   });
 
   if (options.mirror !== undefined) mountMirrorRoutes(app, options.mirror);

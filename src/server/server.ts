@@ -91,8 +91,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     version: LLMGW_VERSION,
     isReady: () => ready,
-    mirror: { mirror, registry, dataDir: config.dataDir, logger },
-    planner: (query) => planRepository({ ...query, registry, pool: localPool(), dataDir: config.dataDir }),
+    mirror: { mirror, registry, logger },
+    planner: (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal }),
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
   });
   const adminListener = getRequestListener(adminApi.fetch);

@@ -26,7 +26,8 @@
 //
 // Faults (`setFault`) make it misbehave the ways a registry does: answer late or never,
 // reset the connection, drop it after N body bytes, serve bytes that do not match the
-// published sha256, or answer with an error status.
+// published sha256, send a body without Content-Length (chunked, as a streaming proxy or
+// CDN may), or answer with an error status.
 import { createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -83,6 +84,7 @@ export type StandInFault = {
   | { kind: "reset" }
   | { kind: "drop"; afterBytes: number }
   | { kind: "corrupt"; offset?: number }
+  | { kind: "chunked" }
   | { kind: "status"; status: number; headers?: Record<string, string>; body?: string }
 );
 
@@ -610,7 +612,7 @@ function sendText(res: ServerResponse, status: number, text: string, fault: Stan
  * the body go out and then the connection is destroyed, as when a link fails mid-transfer.
  */
 function send(res: ServerResponse, status: number, headers: Record<string, string>, body: Buffer | Readable, fault: StandInFault | undefined, length?: number): void {
-  const contentLength = length ?? (Buffer.isBuffer(body) ? body.length : undefined);
+  const contentLength = fault?.kind === "chunked" ? undefined : (length ?? (Buffer.isBuffer(body) ? body.length : undefined));
   res.writeHead(status, { ...headers, ...(contentLength === undefined ? {} : { "content-length": String(contentLength) }) });
   if (res.req.method === "HEAD") {
     res.end();

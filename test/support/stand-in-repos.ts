@@ -15,7 +15,10 @@
 // Each part of the split set is a whole tiny model carrying `split.no`/`split.count`
 // metadata: right for registry and mirror tests, not a split llama.cpp would load. The
 // projector and the importance matrix are tiny models too, with other metadata.
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+//
+// For local sources (a folder on the server's disk) `makeUnreadableFile` stands for a
+// weights file the server may not read.
+import { chmod, mkdtemp, open, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { GGUFValueType } from "@huggingface/gguf";
@@ -231,4 +234,33 @@ export async function buildStandInRepos(): Promise<StandInRepos> {
   const gated: StandInRepo = { name: GATED_REPO, gated: "manual", approvedTokens: [APPROVED_TOKEN], files: small };
   const privateRepo: StandInRepo = { name: PRIVATE_REPO, private: true, approvedTokens: [APPROVED_TOKEN], files: small };
   return { gguf, safetensors, gated, private: privateRepo, all: [gguf, safetensors, gated, privateRepo] };
+}
+
+// Write-only kernel files (mode 0200): open(2) for reading fails with EACCES even for
+// root, whom file modes do not stop. The sysfs one has a size (4096), the /proc/sys one 0.
+const WRITE_ONLY_FILES = ["/sys/bus/pci/rescan", "/proc/sys/vm/compact_memory"];
+
+/**
+ * Makes `path` a file this process cannot read, standing for a weights file with the wrong
+ * owner or mode in a local source: a file with mode 000 for an ordinary user; for root, a
+ * symbolic link to a write-only kernel file (never written to). Resolves false when
+ * neither is possible here (the caller skips the check).
+ */
+export async function makeUnreadableFile(path: string): Promise<boolean> {
+  if (process.getuid?.() !== 0) {
+    await writeFile(path, "weights nobody may read");
+    await chmod(path, 0o000);
+    return true;
+  }
+  for (const candidate of WRITE_ONLY_FILES) {
+    // open(2), not access(2): access lets root pass where open still refuses.
+    try {
+      await (await open(candidate, "r")).close();
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "EACCES") continue;
+      await symlink(candidate, path);
+      return true;
+    }
+  }
+  return false;
 }

@@ -45,39 +45,55 @@ export async function openSqliteTestStore(): Promise<{ store: Store; cleanup: ()
 
 export async function openPostgresTestStore(): Promise<{ store: Store; cleanup: () => Promise<void> }> {
   const schema = `llmgw_test_${randomBytes(6).toString("hex")}`;
-  const dropSchema = async () => {
-    const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
-    await client.connect();
-    try {
-      await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    } finally {
-      await client.end();
-    }
-  };
   let store: Store;
   try {
     store = await openStore({ database: TEST_POSTGRES_URL, schema });
   } catch (error) {
-    await dropSchema().catch(() => undefined);
+    await dropSchema(schema).catch(() => undefined);
     throw error;
   }
   return {
     store,
     cleanup: async () => {
       await store.close();
-      await dropSchema();
+      await dropSchema(schema);
     },
   };
 }
 
 /** Declares `name` twice, once per database, each with a fresh empty store. */
 export function testBothStores(name: string, body: (store: Store, t: TestContext) => Promise<void>): void {
-  test(`${name} [sqlite]`, async (t) => {
-    const { store, cleanup } = await openSqliteTestStore();
+  testBothDatabases(name, async (database, t) => {
+    const store = await database.open();
     try {
       await body(store, t);
     } finally {
-      await cleanup();
+      await store.close();
+    }
+  });
+}
+
+/** A fresh database that a test may open more than once, and hand to a child process. */
+export interface TestDatabase {
+  /** What `openStore` (here or in a child process) needs to open it. */
+  spec: { database: string; schema?: string };
+  /** Opens a new store on it; the caller closes each one. */
+  open(): Promise<Store>;
+}
+
+/**
+ * Declares `name` twice, once per database, each with a fresh empty database that the
+ * test opens itself, as often as it likes: for tests of what survives a restart. The
+ * PostgreSQL case is skipped (or fails, with LLMGW_REQUIRE_POSTGRES=1) when it is not reachable.
+ */
+export function testBothDatabases(name: string, body: (database: TestDatabase, t: TestContext) => Promise<void>): void {
+  test(`${name} [sqlite]`, async (t) => {
+    const dir = mkdtempSync(path.join(tmpdir(), "llmgw-store-"));
+    const spec = { database: path.join(dir, "llmgw.db") };
+    try {
+      await body({ spec, open: () => openStore(spec) }, t);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
   test(`${name} [postgres]`, async (t) => {
@@ -89,11 +105,21 @@ export function testBothStores(name: string, body: (store: Store, t: TestContext
       t.skip(`PostgreSQL not reachable at ${TEST_POSTGRES_URL} (${problem}); set LLMGW_TEST_POSTGRES or start it to run this case`);
       return;
     }
-    const { store, cleanup } = await openPostgresTestStore();
+    const spec = { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
     try {
-      await body(store, t);
+      await body({ spec, open: () => openStore(spec) }, t);
     } finally {
-      await cleanup();
+      await dropSchema(spec.schema);
     }
   });
+}
+
+async function dropSchema(schema: string): Promise<void> {
+  const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
+  await client.connect();
+  try {
+    await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  } finally {
+    await client.end();
+  }
 }
