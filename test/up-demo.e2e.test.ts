@@ -5,21 +5,14 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
-import net from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
+import { findFreePort } from "../src/agent/free-port.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
 
 /** Pids of every process whose command line mentions `needle` (the engines name the data dir). */
 function processesMentioning(needle: string): number[] {
@@ -71,7 +64,7 @@ async function waitForAnswer(client: OpenAI): Promise<OpenAI.Chat.Completions.Ch
 test("llmgw up --demo answers the openai client and leaves no engine behind", { timeout: 240_000 }, async (t) => {
   const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-e2e-"));
   try {
-    const port = await freePort();
+    const port = await findFreePort("127.0.0.1");
     const { child, stdout, exited } = await startUp(dataDir, port);
     const keyFile = path.join(dataDir, "admin.key");
     const adminKey = readFileSync(keyFile, "utf8").trim();

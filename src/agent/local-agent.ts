@@ -15,14 +15,11 @@ import { BadRequestError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { formatHost } from "../core/format.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import type { Profile } from "../catalog/model-schema.ts";
+import { DEFAULT_CONTEXT_PER_REQUEST, DEFAULT_CONTEXT_POOL, type Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { EngineSupervisor, openAiModelsValidator, pruneRunFolders, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
 
-/** Context and parallelism when a profile does not say (DESIGN.md: pool 16384, 4096 per request). */
-export const DEFAULT_CONTEXT_POOL = 16384;
-export const DEFAULT_CONTEXT_PER_REQUEST = 4096;
 
 const LLMGW_BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 

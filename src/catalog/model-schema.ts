@@ -5,6 +5,13 @@
 import { z } from "zod";
 import { BadRequestError, parseWith } from "../core/errors.ts";
 
+/**
+ * A llama.cpp replica's context when its profile does not say: a pool shared by its
+ * parallel requests, each given this much (DESIGN.md, the serve job). Plans use the pool.
+ */
+export const DEFAULT_CONTEXT_POOL = 16384;
+export const DEFAULT_CONTEXT_PER_REQUEST = 4096;
+
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
 

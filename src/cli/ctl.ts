@@ -6,6 +6,7 @@ import type { Command } from "commander";
 import { BadRequestError, UpstreamError } from "../core/errors.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
+import { DEFAULT_CONTEXT_POOL } from "../catalog/model-schema.ts";
 import { renderTable } from "./output.ts";
 import { renderPlanTable } from "../plan/render.ts";
 import { formatBytes } from "../gguf/memory-estimate.ts";
@@ -96,7 +97,7 @@ export function registerCtl(program: Command): void {
   model
     .command("plan <repo>")
     .description("Which artifact of a repository (owner/name, or a local file or folder) runs where, and what it needs")
-    .option("--context <n>", "context to plan for (tokens)", String(16384))
+    .option("--context <n>", "context to plan for (tokens)", String(DEFAULT_CONTEXT_POOL))
     .option("--format <format>", "only gguf or only safetensors")
     .option("--revision <rev>", "branch, tag or commit (default main)")
     .option("--json", "print JSON")

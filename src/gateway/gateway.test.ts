@@ -3,18 +3,11 @@
 // the official openai client where the behaviour is the client's to see.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import net from "node:net";
 import OpenAI from "openai";
+import { findFreePort } from "../agent/free-port.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
 
-async function closedPort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
 
 describe("gateway", () => {
   let harness: Harness;
@@ -101,7 +94,8 @@ describe("gateway", () => {
     const failing = await startFakeUpstream({ failWithStatus: 503 });
     const good = await startFakeUpstream({ reply: "from the good one" });
     try {
-      const refusedPort = await closedPort();
+      // A port that was free a moment ago: nothing listens there, so connecting is refused.
+      const refusedPort = await findFreePort("127.0.0.1");
       const created = await harness.admin("POST", "/api/v1/models", {
         name: "multi",
         profiles: [

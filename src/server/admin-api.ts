@@ -8,7 +8,7 @@ import { z } from "zod";
 import { BadRequestError, LlmgwError, NotFoundError, parseWith, renderError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { redactDefinition } from "../catalog/model-schema.ts";
+import { DEFAULT_CONTEXT_POOL, redactDefinition } from "../catalog/model-schema.ts";
 import type { KeyService, Principal } from "../keys/key-service.ts";
 import { modelHealth } from "../fleet/model-health.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
@@ -32,15 +32,13 @@ export interface AdminApiOptions {
 
 type Env = { Variables: { principal: Principal } };
 
-/** Context for plans when none is given: the default context pool of a replica (DESIGN.md). */
-export const DEFAULT_PLAN_CONTEXT = 16384;
 
 const auditQuerySchema = z.strictObject({ limit: z.coerce.number().int().min(1).max(1000).default(100) });
 
 const planQuerySchema = z.strictObject({
   repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
   revision: z.string().min(1).optional(),
-  context: z.coerce.number().int().min(256).max(10_000_000).default(DEFAULT_PLAN_CONTEXT),
+  context: z.coerce.number().int().min(256).max(10_000_000).default(DEFAULT_CONTEXT_POOL),
   format: z.enum(["gguf", "safetensors"]).optional(),
 }).transform(({ context, ...rest }) => ({ ...rest, contextSize: context }));
 

@@ -4,20 +4,14 @@
 // Used only by the engine's tests.
 import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
+import { findFreePort } from "../../src/agent/free-port.ts";
 
 const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() => (typeof address === "object" && address ? resolve(address.port) : reject(new Error("no port"))));
-    });
-  });
+/** A free loopback port (the agent's own helper). */
+export function freePort(): Promise<number> {
+  return findFreePort("127.0.0.1");
 }
 
 export interface EngineProcess {
