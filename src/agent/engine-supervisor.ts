@@ -431,8 +431,10 @@ export class EngineSupervisor {
       }
       this.update({ stateDir: run.stateDir });
       if (join(run.stateDir, "tmp").length > 60) {
-        // Unix socket paths are limited to 107 bytes; engines (Ray under vLLM) put sockets several levels below TMPDIR.
-        this.log.warn({ stateDir: run.stateDir }, "engine TMPDIR path is long; engines that create Unix sockets below it may fail");
+        // Unix socket paths are limited to 107 bytes; engines (Ray under vLLM) put sockets
+        // several levels below TMPDIR. The bundled engine makes none, so this is only a hint
+        // for whoever reads a vLLM start failure, not a warning on every start.
+        this.log.debug({ stateDir: run.stateDir }, "engine TMPDIR path is long; engines that create Unix sockets below it may fail");
       }
       if (signal.aborted) return null;
     }
