@@ -11,7 +11,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from "node:fs/promises";
 import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
@@ -32,6 +32,7 @@ import {
   type SupervisorState,
 } from "./engine-supervisor.ts";
 import { assertPortFree, findFreePort } from "./free-port.ts";
+import { processIsGone } from "../../test/support/engine-process.ts";
 
 const FAKE_ENGINE = `
 import http from "node:http";
@@ -166,20 +167,6 @@ function waitFor(
 
 const inState = (state: SupervisorState) => (snapshot: SupervisorSnapshot) => snapshot.state === state;
 
-/** Gone = no such process, or a zombie (PID 1 in containers may never reap orphans). */
-function isGone(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-  } catch {
-    return true;
-  }
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return stat.slice(stat.lastIndexOf(")") + 2).startsWith("Z");
-  } catch {
-    return true;
-  }
-}
 
 /** Cleanup after a failed assertion, so a broken supervisor does not leave processes behind. */
 function killQuietly(pid: number): void {
@@ -283,7 +270,7 @@ test("becomes ready with an endpoint, in an offline environment below a fresh st
     assert.equal(stopped.pid, null);
     assert.equal(stopped.endpoint, null);
     assert.deepEqual(stopped.lastExit, { code: null, signal: "SIGTERM" });
-    assert.ok(isGone(pid));
+    assert.ok(processIsGone(pid));
     assert.ok(!liveEngineGroups().includes(pid));
     assert.deepEqual(events.slice(-2).map((event) => event.state), ["stopping", "stopped"]);
   } finally {
@@ -346,7 +333,7 @@ test("restarts after a crash while serving and becomes ready again on attempt 2"
   // The hosting process's shutdown path: stopAllSupervisors stops every started supervisor.
   await stopAllSupervisors();
   assert.equal(supervisor.snapshot().state, "stopped");
-  assert.ok(ready.pid !== null && isGone(ready.pid));
+  assert.ok(ready.pid !== null && processIsGone(ready.pid));
 });
 
 test("parks after N failures in the window, spawns nothing more, and unpark() starts a new run in a new folder", async () => {
@@ -402,8 +389,8 @@ test("the readiness deadline kills the whole process group, including a forked h
   const grandchildPid = Number(await readFile(pidFile, "utf8"));
   try {
     assert.ok(grandchildPid > 0);
-    assert.ok(isGone(enginePid), "the engine is gone");
-    assert.ok(isGone(grandchildPid), "the helper it forked is gone too: the whole group was killed");
+    assert.ok(processIsGone(enginePid), "the engine is gone");
+    assert.ok(processIsGone(grandchildPid), "the helper it forked is gone too: the whole group was killed");
     assert.equal(failed.pid, null);
   } finally {
     killQuietly(grandchildPid);
@@ -420,7 +407,7 @@ test("stop() escalates to SIGKILL when the engine ignores SIGTERM", async () => 
   const tookMs = Date.now() - startedStop;
   assert.ok(tookMs >= 350, `stop() waited the grace before SIGKILL (took ${tookMs} ms)`);
   assert.deepEqual(supervisor.snapshot().lastExit, { code: null, signal: "SIGKILL" });
-  assert.ok(ready.pid !== null && isGone(ready.pid));
+  assert.ok(ready.pid !== null && processIsGone(ready.pid));
   assert.match(await readFile(join(ready.stateDir as string, "attempt-1.log"), "utf8"), /ignoring SIGTERM/);
 });
 
@@ -433,7 +420,7 @@ test("stop() while starting cancels cleanly: no process, no timer, the attempt r
   await new Promise((r) => setTimeout(r, 100));
   await supervisor.stop();
   assert.equal(supervisor.snapshot().state, "stopped");
-  assert.ok(starting.pid !== null && isGone(starting.pid));
+  assert.ok(starting.pid !== null && processIsGone(starting.pid));
   const [record] = await attemptRecords(starting.stateDir as string, 1);
   assert.equal(record?.result, "stopped");
   await new Promise((r) => setImmediate(r));
@@ -518,7 +505,7 @@ test("an engine that keeps failing its health check after ready is killed and re
   assert.equal(failed?.lastErrorCode, "unhealthy");
   assert.match(failed?.lastError ?? "", /2 checks of http:\/\/127\.0\.0\.1:\d+\/health failed in a row \(last: HTTP 500\)/);
   const firstPid = events.find((event) => event.attempt === 1 && event.pid !== null)?.pid;
-  assert.ok(typeof firstPid === "number" && isGone(firstPid), "the unhealthy engine (still running by itself) was killed");
+  assert.ok(typeof firstPid === "number" && processIsGone(firstPid), "the unhealthy engine (still running by itself) was killed");
   assert.notEqual(ready.pid, firstPid);
   await supervisor.stop();
 });
@@ -553,7 +540,7 @@ supervisor.start();
   const { pid } = JSON.parse(stdout.trim()) as { pid: number };
   assert.ok(pid > 0);
   try {
-    await eventually(() => isGone(pid), `engine ${pid} gone after its agent exited`);
+    await eventually(() => processIsGone(pid), `engine ${pid} gone after its agent exited`);
   } finally {
     killQuietly(-pid);
   }
@@ -591,7 +578,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
     assert.deepEqual(records.map((record) => record.result), ["validation_failed", "validation_failed"]);
     const pids = [...new Set(otherKey.events.flatMap((event) => (event.pid === null ? [] : [event.pid])))];
     assert.equal(pids.length, 2);
-    for (const pid of pids) assert.ok(isGone(pid), `engine ${pid} that failed validation was stopped`);
+    for (const pid of pids) assert.ok(processIsGone(pid), `engine ${pid} that failed validation was stopped`);
   } finally {
     await otherKey.supervisor.stop();
   }

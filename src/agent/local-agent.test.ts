@@ -11,6 +11,7 @@ import { silentLogger } from "../core/log.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { LocalAgent } from "./local-agent.ts";
+import { processIsGone } from "../../test/support/engine-process.ts";
 
 async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
@@ -22,14 +23,6 @@ async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, tim
   }
 }
 
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 describe("local agent", () => {
   let harness: Harness;
@@ -126,9 +119,9 @@ describe("local agent", () => {
     assert.equal(engineResponse.status, 401, "the engine refuses requests without the engine key");
 
     const pid = agent.engineProcesses().find((p) => p.modelName === "tiny")!.pid;
-    assert.ok(processAlive(pid));
+    assert.ok(!processIsGone(pid));
     await harness.admin("DELETE", "/api/v1/models/tiny");
-    await waitFor("the engine to exit", async () => (processAlive(pid) ? undefined : true), 15_000);
+    await waitFor("the engine to exit", async () => (processIsGone(pid) ? true : undefined), 15_000);
     assert.equal(harness.server.replicas.all().filter((r) => r.modelName === "tiny").length, 0);
   });
 });

@@ -155,7 +155,7 @@ export async function startEngineUnderAgent(options: StartEngineOptions & { logP
 }
 
 /** Gone = no such process, or a zombie (PID 1 in a container may never reap an orphan). */
-function processIsGone(pid: number): boolean {
+export function processIsGone(pid: number): boolean {
   try {
     process.kill(pid, 0);
   } catch {

@@ -296,13 +296,7 @@ export class LlamaRunner implements TextGenerator {
           onToken: counter.onToken,
           ...(options.onText ? { onTextChunk: options.onText } : {}),
         });
-        return {
-          text: result.response,
-          finishReason: STOP_REASON_TO_FINISH[result.metadata.stopReason] ?? "stop",
-          promptTokens,
-          completionTokens: counter.total(result.metadata.stopReason, maxTokens),
-          aborted: result.metadata.stopReason === "abort" || options.signal.aborted,
-        };
+        return toResult({ response: result.response, stopReason: result.metadata.stopReason, promptTokens, counter, maxTokens, signal: options.signal });
       } finally {
         chat.dispose({ disposeSequence: false });
       }
@@ -339,13 +333,7 @@ export class LlamaRunner implements TextGenerator {
           onToken: counter.onToken,
           ...(options.onText ? { onTextChunk: options.onText } : {}),
         });
-        return {
-          text: result.response,
-          finishReason: STOP_REASON_TO_FINISH[result.metadata.stopReason] ?? "stop",
-          promptTokens,
-          completionTokens: counter.total(result.metadata.stopReason, maxTokens),
-          aborted: result.metadata.stopReason === "abort" || options.signal.aborted,
-        };
+        return toResult({ response: result.response, stopReason: result.metadata.stopReason, promptTokens, counter, maxTokens, signal: options.signal });
       } finally {
         completion.dispose({ disposeSequence: false });
       }
@@ -395,4 +383,22 @@ export class LlamaRunner implements TextGenerator {
       this.pool.release(sequence);
     }
   }
+}
+
+/** One generation's outcome in the shape the HTTP layer renders, for chat and completion alike. */
+function toResult(outcome: {
+  response: string;
+  stopReason: Parameters<ReturnType<typeof tokenCounter>["total"]>[0];
+  promptTokens: number;
+  counter: ReturnType<typeof tokenCounter>;
+  maxTokens: number;
+  signal: AbortSignal;
+}): GenerationResult {
+  return {
+    text: outcome.response,
+    finishReason: STOP_REASON_TO_FINISH[outcome.stopReason] ?? "stop",
+    promptTokens: outcome.promptTokens,
+    completionTokens: outcome.counter.total(outcome.stopReason, outcome.maxTokens),
+    aborted: outcome.stopReason === "abort" || outcome.signal.aborted,
+  };
 }
