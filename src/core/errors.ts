@@ -80,6 +80,38 @@ export class PayloadTooLargeError extends LlmgwError {
   }
 }
 
+/** 408: the client did not send its request (headers or body) in time; the connection closes. */
+export class RequestTimeoutError extends LlmgwError {
+  constructor(message: string, detail: Detail = {}) {
+    super({ code: "request_timeout", ...detail, message, status: 408, headers: { ...(detail.headers ?? {}), connection: "close" } });
+  }
+}
+
+/** 429: too much at once (a full queue, a rate limit); Retry-After says when to come back. */
+export class TooManyRequestsError extends LlmgwError {
+  constructor(message: string, detail: Detail & { retryAfterSeconds?: number } = {}) {
+    const { retryAfterSeconds, ...rest } = detail;
+    super({
+      code: "too_many_requests",
+      retryable: true,
+      ...rest,
+      message,
+      status: 429,
+      headers: { ...(rest.headers ?? {}), ...(retryAfterSeconds === undefined ? {} : { "retry-after": String(retryAfterSeconds) }) },
+    });
+  }
+}
+
+/**
+ * 499 (nginx's "client closed request"): the client went away before the answer. Nobody
+ * receives it; it keeps usage rows and logs honest about why a request ended.
+ */
+export class ClientClosedError extends LlmgwError {
+  constructor(message = "The client closed the connection before the answer.", detail: Detail = {}) {
+    super({ code: "client_closed", ...detail, message, status: 499 });
+  }
+}
+
 /** 503: nothing can serve this right now; Retry-After tells the client when to come back. */
 export class UnavailableError extends LlmgwError {
   constructor(message: string, detail: Detail & { retryAfterSeconds?: number } = {}) {
@@ -113,6 +145,7 @@ function typeForStatus(status: number): string {
   if (status === 401) return "authentication_error";
   if (status === 403) return "permission_error";
   if (status === 404) return "not_found_error";
+  if (status === 408) return "invalid_request_error";
   if (status === 409) return "conflict_error";
   if (status === 413) return "invalid_request_error";
   if (status === 429) return "rate_limit_error";

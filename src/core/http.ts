@@ -1,0 +1,156 @@
+// The raw `node:http` helpers every handler outside Hono shares: the gateway (/v1), the
+// mirror file server and the bundled engine. One JSON reply, one limited body reader
+// (size and time), one error writer, one 405, and the one policy for a stream that fails
+// after its first byte: a final SSE `data: {"error": ...}` event, then close, never
+// `[DONE]` (the OpenAI SDKs raise an APIError for such an event, where a bare socket reset
+// would surface as a connection error or, worse, as a clean end).
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { ClientClosedError, LlmgwError, PayloadTooLargeError, RequestTimeoutError, renderError } from "./errors.ts";
+
+export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { ...headers, "content-type": "application/json", "content-length": String(Buffer.byteLength(text)) });
+  res.end(text);
+}
+
+export const SSE_HEADERS: Readonly<Record<string, string>> = {
+  "content-type": "text/event-stream; charset=utf-8",
+  "cache-control": "no-cache",
+  connection: "keep-alive",
+  // Proxies such as nginx buffer responses unless told not to.
+  "x-accel-buffering": "no",
+};
+
+export const SSE_DONE = "data: [DONE]\n\n";
+
+export function sseData(payload: unknown): string {
+  return `data: ${JSON.stringify(payload)}\n\n`;
+}
+
+/** What the last event of a failed stream says; `code` tells the client which failure it was. */
+export interface StreamFailure {
+  message: string;
+  code: string;
+}
+
+/** The final event of a stream that broke after its first byte (OpenAI's error object). */
+export function streamFailureEvent(failure: StreamFailure): string {
+  return sseData({ error: { message: failure.message, type: "server_error", param: null, code: failure.code } });
+}
+
+/**
+ * Ends a response whose headers are already out because something failed mid-answer. An
+ * event stream gets the failure event and then closes; any other body cannot say anything
+ * any more, so the connection is destroyed and the client sees a truncated answer, never
+ * one that looks complete.
+ */
+export function endBrokenResponse(res: ServerResponse, failure: StreamFailure): void {
+  if (res.destroyed || res.writableEnded) return;
+  const type = res.getHeader("content-type");
+  if (typeof type === "string" && type.startsWith("text/event-stream")) {
+    // Close the connection after this: the stream's framing is intact, but the upstream
+    // that fed it is gone, and a keep-alive reuse gains nothing.
+    res.end(streamFailureEvent(failure), () => res.socket?.destroySoon?.());
+    return;
+  }
+  res.destroy();
+}
+
+export function methodNotAllowed(method: string, path: string, allowed: string): LlmgwError {
+  return new LlmgwError({ message: `${method} is not allowed on ${path}; use ${allowed}.`, code: "method_not_allowed", status: 405, headers: { allow: allowed } });
+}
+
+/**
+ * Answers an error: the OpenAI error shape with its status and headers, or, when the
+ * answer had already begun, `endBrokenResponse`. A HEAD request gets the headers only.
+ */
+export function sendError(req: IncomingMessage, res: ServerResponse, error: unknown): void {
+  if (res.headersSent) {
+    const rendered = renderError(error).body.error;
+    endBrokenResponse(res, { message: rendered.message, code: rendered.code ?? "internal_error" });
+    return;
+  }
+  const rendered = renderError(error);
+  const text = JSON.stringify(rendered.body);
+  res.writeHead(rendered.status, {
+    ...rendered.headers,
+    "content-type": "application/json",
+    "content-length": String(Buffer.byteLength(text)),
+  });
+  res.end(req.method === "HEAD" ? undefined : text);
+}
+
+export interface BodyLimits {
+  /** Largest body accepted, in bytes; more is a 413 and the connection closes. */
+  maxBytes: number;
+  /** The whole body must arrive within this after reading starts; else 408 and the connection closes. */
+  timeoutMs?: number;
+  /** What to tell the client about the size limit (how to get under it). */
+  tooLargeHint?: string;
+}
+
+/**
+ * Reads a request body of at most `maxBytes`. It settles in every case: the whole body,
+ * a 413 (declared or actual size over the limit), a 408 (the body stalled past
+ * `timeoutMs`: a client with a valid key must not hold a socket forever), or a 499 when
+ * the client went away first. The 413 and 408 carry `connection: close`, so the rest of
+ * the body is never read.
+ */
+export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promise<Buffer> {
+  const tooLarge = () =>
+    new PayloadTooLargeError(`The request body is larger than ${limits.maxBytes} bytes, the limit here.${limits.tooLargeHint ? ` ${limits.tooLargeHint}` : ""}`, {
+      code: "request_too_large",
+      headers: { connection: "close" },
+    });
+  const declared = Number(req.headers["content-length"] ?? NaN);
+  if (Number.isFinite(declared) && declared > limits.maxBytes) return Promise.reject(tooLarge());
+  return new Promise<Buffer>((resolve, reject) => {
+    if (req.destroyed || req.readableEnded) {
+      // The client left (or the body was consumed) while the request waited, say on a key check.
+      reject(new ClientClosedError("The client closed the connection before its request body was read."));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let timer: NodeJS.Timeout | undefined;
+    const settle = (outcome: () => void): void => {
+      if (timer !== undefined) clearTimeout(timer);
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("error", onError);
+      req.off("close", onClose);
+      outcome();
+    };
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > limits.maxBytes) {
+        req.pause();
+        settle(() => reject(tooLarge()));
+        return;
+      }
+      chunks.push(chunk);
+    };
+    const onEnd = (): void => settle(() => resolve(Buffer.concat(chunks, size)));
+    // An aborted request emits 'error' (ECONNRESET "aborted") before 'close': still the client leaving.
+    const onError = (error: Error): void => settle(() => reject(new ClientClosedError("The client closed the connection before sending the whole body.", { cause: error })));
+    const onClose = (): void => settle(() => reject(new ClientClosedError("The client closed the connection before sending the whole body.")));
+    if (limits.timeoutMs !== undefined && limits.timeoutMs > 0) {
+      const seconds = limits.timeoutMs / 1000;
+      timer = setTimeout(() => {
+        req.pause();
+        settle(() =>
+          reject(
+            new RequestTimeoutError(`The request body did not arrive within ${seconds} s (received ${size} bytes). Send the whole body at once, or ask the operator to raise --body-timeout.`, {
+              code: "body_timeout",
+            }),
+          ),
+        );
+      }, limits.timeoutMs);
+      timer.unref();
+    }
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("error", onError);
+    req.on("close", onClose);
+  });
+}
