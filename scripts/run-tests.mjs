@@ -23,7 +23,10 @@ const unit = [
   "src/mirror/mirror.test.ts",
   "src/mirror/mirror-routes.test.ts",
   "src/gateway/usage-tap.test.ts",
+  "src/gateway/stream-usage.test.ts",
   "src/gateway/gateway.test.ts",
+  "src/gateway/gateway-faults.test.ts",
+  "src/gateway/admission.test.ts",
   "src/server/admin-api.test.ts",
   "src/agent/local-agent.test.ts",
 ];

@@ -154,6 +154,7 @@ export class LocalAgent {
       engineKey,
       upstreamModel: model.name,
       weight: profile.weight,
+      slots: parallel,
       attempt: 0,
       failures: 0,
       lastError: null,

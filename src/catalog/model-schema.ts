@@ -12,6 +12,12 @@ import { BadRequestError, parseWith } from "../core/errors.ts";
 export const DEFAULT_CONTEXT_POOL = 16384;
 export const DEFAULT_CONTEXT_PER_REQUEST = 4096;
 
+/** Requests the gateway has in flight at one external server unless its profile says otherwise. */
+export const DEFAULT_EXTERNAL_MAX_INFLIGHT = 64;
+/** Requests that may wait for a free replica of a model, and how long each may wait. */
+export const DEFAULT_QUEUE_SIZE = 256;
+export const DEFAULT_QUEUE_TIMEOUT_SECONDS = 60;
+
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
 
@@ -52,6 +58,8 @@ export const profileSchema = z
     api_key: z.string().min(1).optional(),
     /** external: the model name that server knows this model by (default: the catalog name). */
     upstream_model: z.string().min(1).optional(),
+    /** external: requests the gateway sends that server at once (default 64); more wait in the model's queue. */
+    max_inflight: z.number().int().min(1).max(4096).optional(),
   })
   .superRefine((profile, ctx) => {
     if (profile.engine === "external" && profile.url === undefined) {
@@ -69,6 +77,9 @@ export const profileSchema = z
     }
     if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined)) {
       ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });
+    }
+    if (profile.engine !== "external" && profile.max_inflight !== undefined) {
+      ctx.addIssue({ code: "custom", path: ["max_inflight"], message: `belongs to external profiles; a ${profile.engine} replica serves 'parallel' requests at once` });
     }
     if (profile.hardware.cpu !== undefined && profile.hardware.gpu !== undefined) {
       ctx.addIssue({ code: "custom", path: ["hardware"], message: "give either cpu or gpu hardware, not both" });
@@ -100,6 +111,10 @@ const modelFields = {
   scaling: z
     .strictObject({ min: z.number().int().min(0).default(1), max: z.number().int().min(0).default(1), idle_seconds: z.number().int().min(0).default(0) })
     .default({ min: 1, max: 1, idle_seconds: 0 }),
+  /** Requests that may wait for a free replica (0: none wait; a busy model answers 429 at once). */
+  queue_size: z.number().int().min(0).max(100_000).default(DEFAULT_QUEUE_SIZE),
+  /** Seconds a waiting request may wait before it gets 503 queue_timeout. */
+  queue_timeout: z.number().positive().max(3600).default(DEFAULT_QUEUE_TIMEOUT_SECONDS),
   prices: z
     .strictObject({ input_per_million: z.number().min(0).default(0), output_per_million: z.number().min(0).default(0) })
     .default({ input_per_million: 0, output_per_million: 0 }),
@@ -152,6 +167,8 @@ export const modelPatchSchema = z.strictObject({
   guard_format: z.enum(["llama-guard-3", "shieldgemma"]).nullable().optional(),
   profiles: z.array(z.unknown()).optional(),
   scaling: z.record(z.string(), z.unknown()).optional(),
+  queue_size: z.unknown().optional(),
+  queue_timeout: z.unknown().optional(),
   prices: z.record(z.string(), z.unknown()).optional(),
   origin: z.unknown().optional(),
   source: z.unknown().optional(),

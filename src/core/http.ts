@@ -23,6 +23,25 @@ export const SSE_HEADERS: Readonly<Record<string, string>> = {
 
 export const SSE_DONE = "data: [DONE]\n\n";
 
+/**
+ * Responses that are event streams. Node does not keep the headers given to
+ * `writeHead(status, headers)` where `getHeader` can read them, so a response is marked
+ * here when its stream starts, and `endBrokenResponse` knows to end it with an event.
+ */
+const eventStreams = new WeakSet<ServerResponse>();
+
+/** Sends the status and headers of an event stream (SSE_HEADERS unless given others). */
+export function startEventStream(res: ServerResponse, status = 200, headers: Readonly<Record<string, string | string[]>> = SSE_HEADERS): void {
+  res.writeHead(status, headers);
+  eventStreams.add(res);
+}
+
+function isEventStream(res: ServerResponse): boolean {
+  if (eventStreams.has(res)) return true;
+  const type = res.getHeader("content-type");
+  return typeof type === "string" && type.startsWith("text/event-stream");
+}
+
 export function sseData(payload: unknown): string {
   return `data: ${JSON.stringify(payload)}\n\n`;
 }
@@ -46,8 +65,7 @@ export function streamFailureEvent(failure: StreamFailure): string {
  */
 export function endBrokenResponse(res: ServerResponse, failure: StreamFailure): void {
   if (res.destroyed || res.writableEnded) return;
-  const type = res.getHeader("content-type");
-  if (typeof type === "string" && type.startsWith("text/event-stream")) {
+  if (isEventStream(res)) {
     // Close the connection after this: the stream's framing is intact, but the upstream
     // that fed it is gone, and a keep-alive reuse gains nothing.
     res.end(streamFailureEvent(failure), () => res.socket?.destroySoon?.());
@@ -65,6 +83,8 @@ export function methodNotAllowed(method: string, path: string, allowed: string):
  * answer had already begun, `endBrokenResponse`. A HEAD request gets the headers only.
  */
 export function sendError(req: IncomingMessage, res: ServerResponse, error: unknown): void {
+  // The client is gone (or the answer is done): nobody would read it.
+  if (res.destroyed || res.writableEnded) return;
   if (res.headersSent) {
     const rendered = renderError(error).body.error;
     endBrokenResponse(res, { message: rendered.message, code: rendered.code ?? "internal_error" });

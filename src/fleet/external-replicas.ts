@@ -2,6 +2,7 @@
 // runs. Nothing is started for them: each external profile becomes one replica that is
 // always `ready`, kept in step with the catalog by this sync.
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
 import { endpointFromUrl, type Replica, type ReplicaTable } from "./replica-table.ts";
 
 export function externalReplicaId(modelId: string, profile: string): string {
@@ -23,6 +24,7 @@ export function externalReplicasOf(model: CatalogModel): Replica[] {
       engineKey: profile.api_key ?? null,
       upstreamModel: profile.upstream_model ?? model.name,
       weight: profile.weight,
+      slots: profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT,
       attempt: 0,
       failures: 0,
       lastError: null,

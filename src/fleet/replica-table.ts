@@ -30,6 +30,12 @@ export interface Replica {
   /** The model name the engine or external server expects in request bodies. */
   upstreamModel: string;
   weight: number;
+  /**
+   * Requests the replica serves at once: an engine's parallel sequences, an external
+   * server's max_inflight. The gateway never has more in flight there; the rest wait in
+   * the model's queue.
+   */
+  slots: number;
   attempt: number;
   failures: number;
   lastError: string | null;

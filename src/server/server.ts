@@ -34,6 +34,12 @@ export interface ServerConfig {
   /** SQLite file path or postgres:// URL. */
   database: string;
   maxBodyBytes?: number;
+  /** A request body must arrive whole within this (408 and the connection closes). Default 30 s. */
+  bodyTimeoutMs?: number;
+  /** Request headers must arrive within this (408 and the connection closes). Default 60 s. */
+  headerTimeoutMs?: number;
+  /** An idle keep-alive connection is closed after this. Default 65 s (above common load balancers' 60 s). */
+  keepAliveTimeoutMs?: number;
   /** Hugging Face Hub endpoint (default https://huggingface.co) and token. */
   registryEndpoint?: string;
   registryToken?: string;
@@ -58,10 +64,15 @@ export interface Attachment {
 
 export interface RunningServer extends ServerParts {
   url: string;
+  /** The /v1 gateway (its admission counters are read by tests and, later, metrics). */
+  gateway: Gateway;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
 }
+
+const DEFAULT_HEADER_TIMEOUT_MS = 60_000;
+const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 
 export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
   const { logger } = config;
@@ -79,7 +90,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
-  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes });
+  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes, bodyTimeoutMs: config.bodyTimeoutMs });
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
@@ -105,7 +116,18 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
   });
 
-  const server = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, headersTimeout: 60_000 }, (req, res) => {
+  const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
+  const listenerOptions: http.ServerOptions = {
+    keepAliveTimeout: config.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
+    // Node answers 408 and closes a connection whose headers are late; it checks every
+    // connectionsCheckingInterval, so that interval bounds how late the check can be.
+    headersTimeout: headerTimeoutMs,
+    connectionsCheckingInterval: Math.min(30_000, Math.max(50, Math.floor(headerTimeoutMs / 4))),
+    // No whole-request deadline: bodies have their own (bodyTimeoutMs), and answers (long
+    // generations) are bounded by the upstream timeouts, not by this listener.
+    requestTimeout: 0,
+  };
+  const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
@@ -175,7 +197,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, createdAdminKey, close };
+  return { ...parts, url, gateway, createdAdminKey, close };
 }
 
 /**

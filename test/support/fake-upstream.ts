@@ -15,6 +15,16 @@ export interface FakeUpstreamOptions {
   key?: string;
   /** Reset the connection as soon as a request arrives (a crash before the first byte). */
   resetOnRequest?: boolean;
+  /** Send 200 and the headers, then reset before any body byte (a crash between the two). */
+  resetAfterHeaders?: boolean;
+  /** Streams: reset the connection after this many chunks (a crash mid-stream). */
+  resetAfterChunks?: number;
+  /** Non-stream answers: send the headers and half the JSON, then reset. */
+  resetMidBody?: boolean;
+  /** Non-stream answers: wait for this before answering (a busy engine; the test decides when). */
+  beforeAnswer?: () => Promise<void>;
+  /** Streams: wait for this before sending each chunk after the first (the test decides the pace). */
+  beforeNextChunk?: () => Promise<void>;
 }
 
 export interface FakeUpstream {
@@ -24,12 +34,17 @@ export interface FakeUpstream {
   requests: Array<{ path: string; authorization: string | undefined; body: any }>;
   /** Resolves with the number of streams whose client went away before the end. */
   cancelledStreams: () => number;
+  /** Requests being answered now, and the most there ever were at once. */
+  inFlight: () => number;
+  maxInFlight: () => number;
   close(): Promise<void>;
 }
 
 export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Promise<FakeUpstream> {
   const requests: FakeUpstream["requests"] = [];
   let cancelled = 0;
+  let inFlight = 0;
+  let maxInFlight = 0;
   const words = (options.reply ?? "hello from the fake upstream").split(" ");
   const server = http.createServer((req, res) => {
     if (options.resetOnRequest === true) {
@@ -38,10 +53,21 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       return;
     }
     const chunks: Buffer[] = [];
+    inFlight += 1;
+    maxInFlight = Math.max(maxInFlight, inFlight);
+    res.on("close", () => {
+      inFlight -= 1;
+    });
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
       const body = chunks.length > 0 ? JSON.parse(Buffer.concat(chunks).toString("utf8")) : null;
       requests.push({ path: req.url ?? "", authorization: req.headers.authorization, body });
+      if (options.resetAfterHeaders === true) {
+        res.writeHead(200, { "content-type": body?.stream === true ? "text/event-stream" : "application/json" });
+        res.flushHeaders();
+        setTimeout(() => req.socket.destroy(), 20);
+        return;
+      }
       if (options.key !== undefined && req.headers.authorization !== `Bearer ${options.key}`) {
         res.writeHead(401, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "bad engine key", type: "authentication_error", param: null, code: null } }));
         return;
@@ -66,9 +92,18 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       const created = 1764500000;
       const usage = { prompt_tokens: 7, completion_tokens: words.length, total_tokens: 7 + words.length };
       if (body?.stream !== true) {
-        res.writeHead(200, { "content-type": "application/json" }).end(
-          JSON.stringify({ id, object: "chat.completion", created, model: body?.model, choices: [{ index: 0, message: { role: "assistant", content: words.join(" ") }, finish_reason: "stop", logprobs: null }], usage }),
-        );
+        const answer = JSON.stringify({ id, object: "chat.completion", created, model: body?.model, choices: [{ index: 0, message: { role: "assistant", content: words.join(" ") }, finish_reason: "stop", logprobs: null }], usage });
+        const send = () => {
+          if (res.destroyed) return;
+          if (options.resetMidBody === true) {
+            res.writeHead(200, { "content-type": "application/json", "content-length": String(Buffer.byteLength(answer)) });
+            res.write(answer.slice(0, Math.floor(answer.length / 2)), () => setTimeout(() => req.socket.destroy(), 20));
+            return;
+          }
+          res.writeHead(200, { "content-type": "application/json" }).end(answer);
+        };
+        if (options.beforeAnswer === undefined) send();
+        else void options.beforeAnswer().then(send);
         return;
       }
       res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
@@ -80,11 +115,16 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       const includeUsage = body?.stream_options?.include_usage === true;
       const send = () => {
         if (res.destroyed) return;
+        if (options.resetAfterChunks !== undefined && index === options.resetAfterChunks) {
+          req.socket.destroy();
+          return;
+        }
         if (index < words.length) {
           const delta = index === 0 ? { role: "assistant", content: words[index] } : { content: ` ${words[index]}` };
           res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta, finish_reason: null }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
           index += 1;
-          setTimeout(send, options.chunkDelayMs ?? 0);
+          if (options.beforeNextChunk !== undefined) void options.beforeNextChunk().then(send);
+          else setTimeout(send, options.chunkDelayMs ?? 0);
           return;
         }
         res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta: {}, finish_reason: "stop" }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
@@ -103,6 +143,8 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
     port,
     requests,
     cancelledStreams: () => cancelled,
+    inFlight: () => inFlight,
+    maxInFlight: () => maxInFlight,
     close: () =>
       new Promise<void>((resolve) => {
         server.closeAllConnections();

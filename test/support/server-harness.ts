@@ -20,6 +20,9 @@ export interface Harness {
 
 export interface HarnessOptions {
   maxBodyBytes?: number;
+  bodyTimeoutMs?: number;
+  headerTimeoutMs?: number;
+  keepAliveTimeoutMs?: number;
   registryEndpoint?: string;
   registryToken?: string;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
@@ -35,6 +38,9 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       database: path.join(dataDir, "llmgw.db"),
       logger: silentLogger(),
       maxBodyBytes: options.maxBodyBytes,
+      bodyTimeoutMs: options.bodyTimeoutMs,
+      headerTimeoutMs: options.headerTimeoutMs,
+      keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       registryEndpoint: options.registryEndpoint,
       registryToken: options.registryToken,
     },

@@ -1,0 +1,213 @@
+// Admission control: how many requests each replica has in flight, which replica a request
+// gets, and the per-model FIFO queue for requests that find every replica busy.
+//
+// A replica never has more than its `slots` requests in flight (an engine's parallel
+// sequences, an external server's max_inflight): more would only queue inside the engine,
+// where nobody can bound the wait or see it. Requests beyond that wait here, first come
+// first served, and go to whichever replica frees a slot first. The queue is bounded
+// (`queue_size`; full means 429 model_overloaded at once) and each wait has a deadline
+// (`queue_timeout`; 503 queue_timeout). The fleet's on-demand start will park requests in
+// this same queue while a replica starts.
+import { ClientClosedError, TooManyRequestsError, UnavailableError } from "../core/errors.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import type { Replica, ReplicaListener } from "../fleet/replica-table.ts";
+
+/** What admission reads of the replica table. */
+export interface ReplicaSource {
+  forModel(modelId: string): readonly Replica[];
+  onChange(listener: ReplicaListener): () => void;
+}
+
+/** A slot held at one replica; release it exactly once, when the request is over there. */
+export interface Lease {
+  replica: Replica;
+  release(): void;
+}
+
+export interface AcquireOptions {
+  /** Replicas this request already tried (a retry goes elsewhere). */
+  exclude: ReadonlySet<string>;
+  /** The client's request: a client that leaves stops waiting. */
+  signal: AbortSignal;
+}
+
+interface Waiter {
+  model: CatalogModel;
+  exclude: ReadonlySet<string>;
+  settle(lease: Lease | null, error?: Error): void;
+}
+
+/** A replica that just failed at the transport level is tried last for this long. */
+const COOLDOWN_MS = 5000;
+
+/** States from which a replica may still become ready: waiting for it is worthwhile. */
+const COMING_UP = new Set(["pending", "placed", "fetching", "starting"]);
+
+export class Admission {
+  private readonly inFlight = new Map<string, number>();
+  private readonly coolingUntil = new Map<string, number>();
+  private readonly queues = new Map<string, Waiter[]>();
+  private rotation = 0;
+  private readonly unsubscribe: () => void;
+
+  constructor(
+    private readonly replicas: ReplicaSource,
+    private readonly clock: () => number = Date.now,
+  ) {
+    this.unsubscribe = replicas.onChange((replica, removed) => {
+      if (removed) {
+        this.inFlight.delete(replica.id);
+        this.coolingUntil.delete(replica.id);
+      }
+      // A replica that became ready (or left) changes what the model's waiters can get.
+      this.pump(replica.modelId);
+    });
+  }
+
+  close(): void {
+    this.unsubscribe();
+  }
+
+  /** Requests in flight at a replica now. */
+  inFlightAt(replicaId: string): number {
+    return this.inFlight.get(replicaId) ?? 0;
+  }
+
+  /** Requests waiting for a replica of a model now. */
+  waiting(modelId: string): number {
+    return this.queues.get(modelId)?.length ?? 0;
+  }
+
+  /** Marks a replica as just failed, so others are preferred for a few seconds. */
+  coolDown(replicaId: string): void {
+    this.coolingUntil.set(replicaId, this.clock() + COOLDOWN_MS);
+  }
+
+  /**
+   * A slot at the least busy ready replica of `model` not in `exclude`; when all of them
+   * are full, a place in the model's queue until one frees. Resolves null when no ready
+   * replica (outside `exclude`) exists or can come up, so the caller can say why.
+   * Rejects with 429 when the queue is full, 503 when the wait passes `queue_timeout`,
+   * and 499 when the client leaves while waiting.
+   */
+  acquire(model: CatalogModel, options: AcquireOptions): Promise<Lease | null> {
+    const now = this.pick(model, options.exclude);
+    if (now !== undefined) return Promise.resolve(this.lease(now));
+    if (!this.worthWaiting(model, options.exclude)) return Promise.resolve(null);
+    const queue = this.queues.get(model.id) ?? [];
+    const { queue_size: size, queue_timeout: timeoutSeconds } = model.definition;
+    if (queue.length >= size) {
+      return Promise.reject(
+        new TooManyRequestsError(
+          `Model '${model.name}' is overloaded: every replica is busy and ${size === 0 ? "it queues no requests" : `its queue of ${size} is full`}. Retry after a short pause, or ask an administrator to add replicas or raise queue_size.`,
+          { code: "model_overloaded", retryAfterSeconds: 1 },
+        ),
+      );
+    }
+    return new Promise<Lease | null>((resolve, reject) => {
+      let settled = false;
+      const onAbort = () => waiter.settle(null, new ClientClosedError("The client left while its request waited for a free replica."));
+      const timer = setTimeout(
+        () =>
+          waiter.settle(
+            null,
+            new UnavailableError(
+              `Model '${model.name}' stayed busy: the request waited ${timeoutSeconds} s in its queue without a free replica. Retry later, or ask an administrator to add replicas.`,
+              { code: "queue_timeout", retryAfterSeconds: 5 },
+            ),
+          ),
+        timeoutSeconds * 1000,
+      );
+      const waiter: Waiter = {
+        model,
+        exclude: options.exclude,
+        settle: (lease, error) => {
+          if (settled) {
+            // Never leak a slot to a request that already left or timed out.
+            lease?.release();
+            return;
+          }
+          settled = true;
+          clearTimeout(timer);
+          options.signal.removeEventListener("abort", onAbort);
+          this.dequeue(model.id, waiter);
+          if (error !== undefined) reject(error);
+          else resolve(lease);
+        },
+      };
+      options.signal.addEventListener("abort", onAbort, { once: true });
+      queue.push(waiter);
+      this.queues.set(model.id, queue);
+    });
+  }
+
+  private lease(replica: Replica): Lease {
+    this.inFlight.set(replica.id, (this.inFlight.get(replica.id) ?? 0) + 1);
+    let released = false;
+    return {
+      replica,
+      release: () => {
+        if (released) return;
+        released = true;
+        const left = (this.inFlight.get(replica.id) ?? 1) - 1;
+        if (left > 0) this.inFlight.set(replica.id, left);
+        else this.inFlight.delete(replica.id);
+        this.pump(replica.modelId);
+      },
+    };
+  }
+
+  /**
+   * The least loaded ready replica with a free slot (in-flight requests over weight). Ties
+   * go to a rotating start, so equal replicas share sequential traffic evenly; a replica
+   * that just failed counts as fully loaded until its cooldown ends.
+   */
+  private pick(model: CatalogModel, exclude: ReadonlySet<string>): Replica | undefined {
+    const candidates = this.replicas.forModel(model.id);
+    const count = candidates.length;
+    if (count === 0) return undefined;
+    const now = this.clock();
+    const start = this.rotation++ % count;
+    let best: Replica | undefined;
+    let bestLoad = Infinity;
+    for (let i = 0; i < count; i += 1) {
+      const replica = candidates[(start + i) % count]!;
+      if (replica.state !== "ready" || replica.endpoint === null || exclude.has(replica.id)) continue;
+      const inFlight = this.inFlight.get(replica.id) ?? 0;
+      if (inFlight >= replica.slots) continue;
+      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now;
+      const load = cooling ? Number.MAX_SAFE_INTEGER : inFlight / replica.weight;
+      if (load < bestLoad) {
+        best = replica;
+        bestLoad = load;
+      }
+    }
+    return best;
+  }
+
+  /** Whether some replica outside `exclude` is ready (busy) or on its way up. */
+  private worthWaiting(model: CatalogModel, exclude: ReadonlySet<string>): boolean {
+    return this.replicas
+      .forModel(model.id)
+      .some((r) => !exclude.has(r.id) && ((r.state === "ready" && r.endpoint !== null) || COMING_UP.has(r.state)));
+  }
+
+  /** Hands freed slots to the model's waiters in arrival order; ends waits that became hopeless. */
+  private pump(modelId: string): void {
+    const queue = this.queues.get(modelId);
+    if (queue === undefined) return;
+    for (const waiter of [...queue]) {
+      const replica = this.pick(waiter.model, waiter.exclude);
+      if (replica !== undefined) waiter.settle(this.lease(replica));
+      else if (!this.worthWaiting(waiter.model, waiter.exclude)) waiter.settle(null);
+    }
+  }
+
+  private dequeue(modelId: string, waiter: Waiter): void {
+    const queue = this.queues.get(modelId);
+    if (queue === undefined) return;
+    const index = queue.indexOf(waiter);
+    if (index >= 0) queue.splice(index, 1);
+    if (queue.length === 0) this.queues.delete(modelId);
+  }
+}

@@ -1,0 +1,131 @@
+// Copies one upstream answer to the client, and says how that ended. The rules:
+// - The client gets the status and headers only when the upstream's first body byte (or
+//   its end) arrives. Until then nothing is committed, so an upstream that fails after
+//   its headers but before any byte is retried on another replica like a refused
+//   connection (outcome `failed-before-first-byte`).
+// - After the first byte a broken upstream cannot be retried: a stream ends with the one
+//   failure event of core/http (the OpenAI SDKs raise an APIError), never `[DONE]`; a
+//   JSON answer cut mid-way closes the connection, so it never looks complete.
+// - A client that leaves cancels the upstream request.
+import type { ServerResponse } from "node:http";
+import { performance } from "node:perf_hooks";
+import { endBrokenResponse, startEventStream } from "../core/http.ts";
+import type { StreamUsageFilter } from "./stream-usage.ts";
+import type { TokenUsage, UsageTap } from "./usage-tap.ts";
+
+export interface UpstreamAnswer {
+  statusCode: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: NodeJS.ReadableStream & { destroy(error?: Error): void };
+}
+
+export type RelayOutcome =
+  /** The whole answer reached the client. */
+  | { kind: "answered"; status: number }
+  /** The upstream failed after the client got its first byte. */
+  | { kind: "broken"; error: Error }
+  /** The upstream failed before sending a byte: nothing reached the client; try another replica. */
+  | { kind: "failed-before-first-byte"; error: Error }
+  /** The client left first. */
+  | { kind: "client-gone" };
+
+export interface RelayResult {
+  outcome: RelayOutcome;
+  usage: TokenUsage | null;
+  /** performance.now() when the first body byte arrived, if it did. */
+  firstByteAt: number | null;
+}
+
+export interface RelayOptions {
+  res: ServerResponse;
+  upstream: UpstreamAnswer;
+  /** Finds the usage in what passes (when the client asked for it, or for JSON answers). */
+  tap: UsageTap | null;
+  /** Takes out the usage the gateway asked for on the client's behalf. */
+  filter: StreamUsageFilter | null;
+  /** What the failure event says when the upstream breaks mid-stream. */
+  brokenMessage: string;
+}
+
+/**
+ * Upstream response headers passed to the client. Everything else stays behind: hop-by-hop
+ * headers, and what an external server says about itself (cookies, auth challenges, CORS,
+ * its own rate limits) which would mislead a client of the gateway.
+ */
+const FORWARDED_HEADERS = new Set(["content-type", "content-length", "content-encoding", "cache-control", "retry-after", "retry-after-ms", "x-request-id"]);
+
+function forwardedHeaders(headers: UpstreamAnswer["headers"], rewritten: boolean): Record<string, string | string[]> {
+  const kept: Record<string, string | string[]> = {};
+  for (const name in headers) {
+    const value = headers[name];
+    if (value === undefined) continue;
+    // A rewritten body no longer has the upstream's length.
+    if (rewritten && name === "content-length") continue;
+    if (FORWARDED_HEADERS.has(name) || name.startsWith("openai-")) kept[name] = value;
+  }
+  return kept;
+}
+
+export function relay(options: RelayOptions): Promise<RelayResult> {
+  const { res, upstream, tap, filter } = options;
+  const body = upstream.body;
+  let firstByteAt: number | null = null;
+  let headersOut = false;
+  const sendHeaders = () => {
+    if (headersOut) return;
+    headersOut = true;
+    const headers = forwardedHeaders(upstream.headers, filter !== null);
+    const type = upstream.headers["content-type"];
+    if (typeof type === "string" && type.startsWith("text/event-stream")) startEventStream(res, upstream.statusCode, headers);
+    else res.writeHead(upstream.statusCode, headers);
+  };
+  const write = (bytes: Buffer) => {
+    if (bytes.length === 0 || res.write(bytes)) return;
+    body.pause();
+    res.once("drain", () => body.resume());
+  };
+
+  return new Promise<RelayResult>((resolve) => {
+    let settled = false;
+    const finish = (outcome: RelayOutcome) => {
+      if (settled) return;
+      settled = true;
+      body.removeListener("data", onData);
+      body.removeListener("end", onEnd);
+      res.removeListener("close", onClientClose);
+      // Late errors of a body we stopped caring about must not become unhandled.
+      body.removeListener("error", onError);
+      body.on("error", () => undefined);
+      resolve({ outcome, usage: filter?.usage() ?? tap?.usage() ?? null, firstByteAt });
+    };
+    const onData = (chunk: Buffer) => {
+      if (firstByteAt === null) firstByteAt = performance.now();
+      sendHeaders();
+      tap?.push(chunk);
+      write(filter === null ? chunk : filter.push(chunk));
+    };
+    const onEnd = () => {
+      sendHeaders();
+      if (filter !== null) write(filter.end());
+      res.end();
+      finish({ kind: "answered", status: upstream.statusCode });
+    };
+    const onError = (error: Error) => {
+      if (!headersOut) {
+        finish({ kind: "failed-before-first-byte", error });
+        return;
+      }
+      endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" });
+      finish({ kind: "broken", error });
+    };
+    const onClientClose = () => {
+      if (res.writableFinished) return;
+      body.destroy();
+      finish({ kind: "client-gone" });
+    };
+    body.on("data", onData);
+    body.on("end", onEnd);
+    body.on("error", onError);
+    res.on("close", onClientClose);
+  });
+}

@@ -1,0 +1,42 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { StreamUsageFilter } from "./stream-usage.ts";
+
+const chunk = (fields: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", ...fields })}\n\n`;
+
+/** Feeds `text` to a filter in pieces of `size` bytes and returns what the client would get. */
+function filterInPieces(text: string, size: number): { out: string; filter: StreamUsageFilter } {
+  const filter = new StreamUsageFilter();
+  const bytes = Buffer.from(text);
+  const parts: Buffer[] = [];
+  for (let i = 0; i < bytes.length; i += size) parts.push(filter.push(bytes.subarray(i, i + size)));
+  parts.push(filter.end());
+  return { out: Buffer.concat(parts).toString(), filter };
+}
+
+test("takes out the usage-only chunk and the usage:null fields, whatever the chunk boundaries", () => {
+  const upstream =
+    chunk({ choices: [{ index: 0, delta: { content: "é" }, finish_reason: null }], usage: null }) +
+    chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }], usage: null }) +
+    chunk({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } }) +
+    "data: [DONE]\n\n";
+  const expected =
+    chunk({ choices: [{ index: 0, delta: { content: "é" }, finish_reason: null }] }) + chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }) + "data: [DONE]\n\n";
+  for (const size of [1, 7, 64, upstream.length]) {
+    const { out, filter } = filterInPieces(upstream, size);
+    assert.equal(out, expected, `pieces of ${size} bytes`);
+    assert.deepEqual(filter.usage(), { prompt_tokens: 3, completion_tokens: 2 });
+  }
+});
+
+test("events without usage pass byte for byte, CRLF framing included", () => {
+  const upstream = 'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\ndata: [DONE]\r\n\r\n';
+  const { out, filter } = filterInPieces(upstream, 5);
+  assert.equal(out, upstream);
+  assert.equal(filter.usage(), null);
+});
+
+test("an event cut by the upstream's end is passed on as it is", () => {
+  const { out } = filterInPieces('data: {"choices":[]', 4);
+  assert.equal(out, 'data: {"choices":[]');
+});

@@ -1,0 +1,40 @@
+// The 503 a client gets when no replica of a model can take its request, worded from the
+// model's health (fleet/model-health.ts, the same line the admin API shows), so the
+// gateway never re-derives health on its own. Client keys learn what is wrong and what
+// to do; the replica's recorded error (engine log lines, file paths of the server) is
+// for administrators, who see it in this message and in /api/v1/replicas.
+import { UnavailableError } from "../core/errors.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { modelHealth } from "../fleet/model-health.ts";
+import type { Replica } from "../fleet/replica-table.ts";
+
+export function unavailableError(model: CatalogModel, replicas: readonly Replica[], audience: "admin" | "client"): UnavailableError {
+  const health = modelHealth(model, replicas);
+  const name = model.name;
+  const detail = audience === "admin" && health.reason !== null ? ` (${health.reason})` : "";
+  switch (health.state) {
+    case "parked":
+      return new UnavailableError(
+        `Model '${name}' is parked: its replicas failed to start repeatedly${detail}. An administrator can see why with 'llmgw ctl replicas' and run 'llmgw ctl model unpark ${name}' once it is fixed.`,
+        { code: "model_parked", retryAfterSeconds: 60 },
+      );
+    case "starting":
+      return new UnavailableError(`Model '${name}' is starting; retry in a few seconds.`, { code: "model_starting", retryAfterSeconds: 5 });
+    case "failed":
+      return new UnavailableError(`Model '${name}' has no ready replica: its last start failed and is being retried${detail}. Retry shortly; if it persists, tell an administrator.`, {
+        code: "model_failed",
+        retryAfterSeconds: 10,
+      });
+    case "no-replicas":
+      return new UnavailableError(
+        model.definition.scaling.min === 0
+          ? `Model '${name}' has no replica running (scaling.min is 0). An administrator must raise scaling.min to run one.`
+          : `Model '${name}' has no replica yet; it has not been placed. An administrator can check 'llmgw ctl model list'.`,
+        { code: "no_ready_replica", retryAfterSeconds: 10 },
+      );
+    case "stopped":
+    case "ready":
+      // Ready replicas exist but this request could use none (each failed it) or they are stopping.
+      return new UnavailableError(`No replica of model '${name}' could answer this request right now; retry shortly.`, { code: "no_ready_replica", retryAfterSeconds: 5 });
+  }
+}
