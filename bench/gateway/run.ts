@@ -27,16 +27,15 @@
 //   --compare L      BENCH_COMPARE      NAME=FILE,...: also measure these llmgw command
 //                                       scripts (another build or branch of the CLI), each
 //                                       as one more target in the same alternating windows
-import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, closeSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
-import { fileURLToPath } from "node:url";
 import { request } from "undici";
 import { LoadTarget, summarize } from "./load.ts";
+import { ROOT, api, startService, stopService, tail, type Service } from "./services.ts";
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 /** The three targets every run measures; `--compare` adds more llmgw builds after them. */
 const TARGETS = ["direct", "floor", "llmgw"] as const;
 type Target = string;
@@ -111,67 +110,6 @@ function parseOptions(argv: string[]): Options {
 // ---------------------------------------------------------------------------------------
 // Child processes
 
-interface Service {
-  name: string;
-  child: ChildProcess;
-  url: string;
-  logFile: string;
-}
-
-const LISTEN_LINE = /(?:LISTENING|listening on) (http:\/\/[^\s]+)/;
-
-/** Starts a child and resolves with its URL once it prints that it listens. */
-function startService(options: { name: string; args: string[]; logDir: string; env?: NodeJS.ProcessEnv }): Promise<Service> {
-  const logFile = path.join(options.logDir, `${options.name}.log`);
-  const log = openSync(logFile, "w");
-  const child = spawn(process.execPath, options.args, { cwd: ROOT, stdio: ["ignore", "pipe", log], env: { ...process.env, ...options.env } });
-  closeSync(log);
-  return new Promise((resolve, reject) => {
-    let seen = "";
-    const timer = setTimeout(() => fail(new Error(`${options.name} did not report a listening URL within 30 s; see ${logFile}.`)), 30_000);
-    const fail = (error: Error) => {
-      clearTimeout(timer);
-      child.kill("SIGKILL");
-      reject(error);
-    };
-    child.once("exit", (code, signal) => fail(new Error(`${options.name} exited (${signal ?? `code ${code}`}) before listening; see ${logFile}:\n${tail(logFile)}`)));
-    child.stdout!.setEncoding("utf8");
-    child.stdout!.on("data", (text: string) => {
-      seen += text;
-      const match = LISTEN_LINE.exec(seen);
-      if (match === null) return;
-      clearTimeout(timer);
-      child.removeAllListeners("exit");
-      // Keep reading (and dropping) what it prints later, so its pipe never fills.
-      child.stdout!.removeAllListeners("data");
-      child.stdout!.resume();
-      resolve({ name: options.name, child, url: match[1]!, logFile });
-    });
-  });
-}
-
-function tail(file: string, lines = 20): string {
-  try {
-    return readFileSync(file, "utf8").trimEnd().split("\n").slice(-lines).join("\n");
-  } catch {
-    return "(no log)";
-  }
-}
-
-/** SIGTERM, then SIGKILL after a grace period; resolves when the child has exited. */
-function stopService(service: Service): Promise<void> {
-  const { child } = service;
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
-    child.once("exit", () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill("SIGTERM");
-  });
-}
-
 /** CPU seconds (user + system) a process has used so far, from /proc; null elsewhere. */
 const CLOCK_TICKS = (() => {
   try {
@@ -194,17 +132,6 @@ function cpuSeconds(pid: number | undefined): number | null {
 
 // ---------------------------------------------------------------------------------------
 // llmgw setup through its admin API
-
-async function api(url: string, key: string, method: "GET" | "POST", body?: unknown): Promise<unknown> {
-  const response = await request(url, {
-    method,
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.body.text();
-  if (response.statusCode >= 300) throw new Error(`${method} ${url} answered ${response.statusCode}: ${text}`);
-  return JSON.parse(text) as unknown;
-}
 
 function requestBody(mode: Mode): Buffer {
   return Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "Say hello." }], max_tokens: 32, ...(mode === "stream" ? { stream: true } : {}) }));

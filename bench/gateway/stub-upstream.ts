@@ -4,7 +4,9 @@
 // without delays. It parses no JSON (a substring test finds `stream`), so its own cost
 // stays small and equal for every target; the benchmark measures what sits in front.
 //
-// Run alone: `npx tsx bench/gateway/stub-upstream.ts [--port N]`; it prints
+// With `--delay-ms D --slots S` it paces itself like an engine (overload benchmark).
+//
+// Run alone: `npx tsx bench/gateway/stub-upstream.ts [--port N] [--delay-ms D --slots S]`; it prints
 // `LISTENING http://127.0.0.1:PORT` once it accepts connections.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -60,6 +62,37 @@ export const STREAM_BYTES = STREAM_EVENTS.reduce((sum, event) => sum + event.len
 
 const STREAM_FLAG = /"stream"\s*:\s*true/;
 
+/**
+ * An engine's pace, for the overload benchmark: it works on at most `slots` requests at
+ * once, each for `delayMs`, and queues the rest itself (as llama-server queues requests
+ * beyond its slots), so a client that sends more than that waits longer.
+ */
+export interface StubPace {
+  delayMs: number;
+  slots: number;
+}
+
+function createHandler(pace: StubPace | undefined): (req: http.IncomingMessage, res: http.ServerResponse) => void {
+  if (pace === undefined) return handle;
+  let busy = 0;
+  const waiting: Array<() => void> = [];
+  const finished = () => {
+    const next = waiting.shift();
+    if (next !== undefined) next();
+    else busy -= 1;
+  };
+  return (req, res) => {
+    const work = () => setTimeout(() => {
+      finished();
+      handle(req, res);
+    }, pace.delayMs);
+    if (busy < pace.slots) {
+      busy += 1;
+      work();
+    } else waiting.push(work);
+  };
+}
+
 function handle(req: http.IncomingMessage, res: http.ServerResponse): void {
   const chunks: Buffer[] = [];
   req.on("data", (chunk: Buffer) => chunks.push(chunk));
@@ -82,8 +115,8 @@ function handle(req: http.IncomingMessage, res: http.ServerResponse): void {
   });
 }
 
-export function startStub(port = 0, host = "127.0.0.1"): Promise<http.Server> {
-  const server = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, handle);
+export function startStub(port = 0, host = "127.0.0.1", pace?: StubPace): Promise<http.Server> {
+  const server = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, createHandler(pace));
   return new Promise((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () => resolve(server));
@@ -91,9 +124,12 @@ export function startStub(port = 0, host = "127.0.0.1"): Promise<http.Server> {
 }
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const portIndex = process.argv.indexOf("--port");
-  const port = portIndex === -1 ? 0 : Number(process.argv[portIndex + 1]);
-  const server = await startStub(port);
+  const argument = (name: string) => {
+    const index = process.argv.indexOf(name);
+    return index === -1 ? undefined : Number(process.argv[index + 1]);
+  };
+  const delayMs = argument("--delay-ms");
+  const server = await startStub(argument("--port") ?? 0, "127.0.0.1", delayMs === undefined ? undefined : { delayMs, slots: argument("--slots") ?? 1 });
   const address = server.address() as AddressInfo;
   process.stdout.write(`LISTENING http://127.0.0.1:${address.port}\n`);
   // Nothing to flush: exit at once (a --cpu-prof profile is still written on exit).
