@@ -101,6 +101,25 @@ describe("gateway under faults", () => {
     assert.ok(!events.some((event) => event.includes("[DONE]")), "never [DONE] after a failure");
   });
 
+  test("a stream the upstream ends early without [DONE] is a failure: its own error event passes, silence gets llmgw's", async () => {
+    const silent = await upstream({ reply: "one two three", endStreamEarly: "silently" });
+    const saying = await upstream({ reply: "one two three", endStreamEarly: "with-error" });
+    await addModel({ name: "ends-silently", profiles: [{ name: "p", engine: "external", url: silent.url }] });
+    await addModel({ name: "ends-saying-why", profiles: [{ name: "p", engine: "external", url: saying.url }] });
+    const consume = async (model: string) => {
+      for await (const _chunk of await client.chat.completions.create({ model, messages: hi, stream: true })) {
+        // the first chunk arrives; then the stream ends early
+      }
+    };
+    await assert.rejects(consume("ends-silently"), (error: unknown) => error instanceof OpenAI.APIError && error.code === "upstream_failed");
+    await assert.rejects(consume("ends-saying-why"), (error: unknown) => error instanceof OpenAI.APIError && error.code === "engine_stopping");
+    const rows = await eventually("usage rows of both streams", async () => {
+      const found = (await usageRows()).filter((r) => r.model === "ends-silently" || r.model === "ends-saying-why");
+      return found.length === 2 ? found : undefined;
+    });
+    assert.deepEqual(rows.map((r) => r.status), [502, 502]);
+  });
+
   test("a JSON answer cut mid-way closes the connection instead of looking complete", async () => {
     const cut = await upstream({ resetMidBody: true });
     await addModel({ name: "cut-json", profiles: [{ name: "p", engine: "external", url: cut.url }] });

@@ -66,6 +66,15 @@ function forwardedHeaders(headers: UpstreamAnswer["headers"], rewritten: boolean
   return kept;
 }
 
+/** Enough of a stream's last bytes to find `data: [DONE]` or the start of an error event. */
+const TAIL_CHARS = 512;
+const SSE_DONE_TEXT = "data: [DONE]";
+
+function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
+  const type = headers["content-type"];
+  return typeof type === "string" && type.startsWith("text/event-stream");
+}
+
 export function relay(options: RelayOptions): Promise<RelayResult> {
   const { res, upstream, tap, filter } = options;
   const body = upstream.body;
@@ -75,10 +84,13 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     if (headersOut) return;
     headersOut = true;
     const headers = forwardedHeaders(upstream.headers, filter !== null);
-    const type = upstream.headers["content-type"];
-    if (typeof type === "string" && type.startsWith("text/event-stream")) startEventStream(res, upstream.statusCode, headers);
+    if (eventStream) startEventStream(res, upstream.statusCode, headers);
     else res.writeHead(upstream.statusCode, headers);
   };
+  // An event stream that ends without `[DONE]` did not finish: the upstream stopped (an
+  // engine shutting down, say). Its last bytes tell whether it said so itself.
+  const eventStream = isEventStream(upstream.headers);
+  let tail = "";
   const write = (bytes: Buffer) => {
     if (bytes.length === 0 || res.write(bytes)) return;
     body.pause();
@@ -102,11 +114,20 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       if (firstByteAt === null) firstByteAt = performance.now();
       sendHeaders();
       tap?.push(chunk);
+      if (eventStream) tail = (tail + chunk.toString("latin1")).slice(-TAIL_CHARS);
       write(filter === null ? chunk : filter.push(chunk));
     };
     const onEnd = () => {
       sendHeaders();
       if (filter !== null) write(filter.end());
+      if (eventStream && upstream.statusCode === 200 && !tail.includes(SSE_DONE_TEXT)) {
+        const error = new Error("the upstream ended its event stream without [DONE]");
+        // Its own error event already told the client; otherwise say it here.
+        if (tail.includes('{"error"')) res.end();
+        else endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" });
+        finish({ kind: "broken", error });
+        return;
+      }
       res.end();
       finish({ kind: "answered", status: upstream.statusCode });
     };

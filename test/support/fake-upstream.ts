@@ -19,6 +19,8 @@ export interface FakeUpstreamOptions {
   resetAfterHeaders?: boolean;
   /** Streams: reset the connection after this many chunks (a crash mid-stream). */
   resetAfterChunks?: number;
+  /** Streams: end the response cleanly after the first chunk, without [DONE]: silently, or after an error event of its own (an engine stopping). */
+  endStreamEarly?: "silently" | "with-error";
   /** Non-stream answers: send the headers and half the JSON, then reset. */
   resetMidBody?: boolean;
   /** Non-stream answers: wait for this before answering (a busy engine; the test decides when). */
@@ -117,6 +119,12 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
         if (res.destroyed) return;
         if (options.resetAfterChunks !== undefined && index === options.resetAfterChunks) {
           req.socket.destroy();
+          return;
+        }
+        if (options.endStreamEarly !== undefined && index === 1) {
+          finished = true;
+          if (options.endStreamEarly === "silently") res.end();
+          else res.end(`data: ${JSON.stringify({ error: { message: "The engine is shutting down.", type: "server_error", param: null, code: "engine_stopping" } })}\n\n`);
           return;
         }
         if (index < words.length) {
