@@ -19,7 +19,7 @@
 //
 // How a hosting process (`llmgw agent`, `llmgw up`) must use it: on SIGINT/SIGTERM call
 // `await stopAllSupervisors()` and then exit; at start, `pruneRunFolders({ stateRoot })`.
-// Both are re-exported here, with the other names importers use, from where they live.
+// Both are re-exported here from where they live.
 import { ConflictError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { AttemptRecorder } from "./attempt-log.ts";
@@ -35,12 +35,12 @@ import {
   type SupervisorSnapshot,
 } from "./supervisor-options.ts";
 
-export { killAllSupervisedSync, liveEngineGroups, stopAllSupervisors } from "./process-groups.ts";
-export { DEFAULT_RUN_FOLDERS_KEPT, pruneRunFolders, type PruneRunFoldersOptions, type PruneRunFoldersResult } from "./run-folders.ts";
-export { buildEngineEnv } from "./engine-env.ts";
-export * from "./supervisor-options.ts";
-// The validator is an engine adapter's (src/engines/); re-exported for importers of the old place.
-export { openAiModelsValidator, type OpenAiModelsValidatorOptions } from "../engines/openai-models-validator.ts";
+// For hosting processes (src/cli/run-server.ts) and the users of the supervisor's types.
+export { killAllSupervisedSync, stopAllSupervisors } from "./process-groups.ts";
+export { pruneRunFolders } from "./run-folders.ts";
+export type * from "./supervisor-options.ts";
+// The validator belongs to the engine adapters (src/engines/); re-exported for importers of its old place.
+export { openAiModelsValidator } from "../engines/openai-models-validator.ts";
 
 interface Run {
   controller: AbortController;
