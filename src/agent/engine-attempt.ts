@@ -106,9 +106,16 @@ export async function runAttempt(input: AttemptInput): Promise<AttemptFailure | 
   };
   const terminate = (): Promise<void> => terminateGroup(engine, { graceMs: options.stopGraceMs ?? SUPERVISOR_DEFAULTS.stopGraceMs, log: input.log });
   try {
-    const failure = await superviseEngine({ input, launch, engine, target, logFile, terminate });
-    if (failure === "stopped") return null;
-    if (failure !== null) return fail(failure, settings, logFile.name);
+    const outcome = await awaitReady({ input, launch, engine, target, logFile, terminate });
+    if (outcome === "stopped") {
+      record({ settings, result: "stopped", log: logFile.name });
+      return null;
+    }
+    if (outcome !== "ready") return fail(outcome, settings, logFile.name);
+    // Recorded before the state changes, so whoever sees "ready" finds its record queued.
+    record({ settings, result: "ready", log: logFile.name });
+    input.log.info({ attempt, pid: engine.pid, port: launch.port }, "engine ready");
+    input.report({ state: "ready", readyAt: Date.now() });
     return await superviseLiveness({ input, engine, target, logFile, terminate });
   } finally {
     await terminate();
@@ -127,10 +134,10 @@ interface Running {
 
 /**
  * From the spawn to "ready": readiness and validation within the attempt's deadline.
- * Returns null once ready (recorded as such), "stopped" when stop() came first, or the
- * failure, with the process group already killed so the log tail has its last words.
+ * Returns "ready", "stopped" when stop() came first, or the failure, with the process
+ * group already killed so the log tail has the engine's last words.
  */
-async function superviseEngine(running: Running & { launch: EngineLaunch }): Promise<AttemptFailure | "stopped" | null> {
+async function awaitReady(running: Running & { launch: EngineLaunch }): Promise<AttemptFailure | "stopped" | "ready"> {
   const { input, launch, engine, target, logFile } = running;
   const { options, attempt, signal } = input;
   const readyTimeoutMs = options.readyTimeoutMs ?? SUPERVISOR_DEFAULTS.readyTimeoutMs;
@@ -149,16 +156,8 @@ async function superviseEngine(running: Running & { launch: EngineLaunch }): Pro
   } finally {
     clearTimeout(deadlineTimer);
   }
-  if (signal.aborted) {
-    if (!readiness.ready) input.recorder.append(input.stateDir, { attempt, settings: recordedSettings(launch), result: "stopped", log: logFile.name });
-    return "stopped";
-  }
-  if (readiness.ready) {
-    input.recorder.append(input.stateDir, { attempt, settings: recordedSettings(launch), result: "ready", log: logFile.name });
-    input.log.info({ attempt, pid: engine.pid, port: launch.port }, "engine ready");
-    input.report({ state: "ready", readyAt: Date.now() });
-    return null;
-  }
+  if (signal.aborted) return "stopped";
+  if (readiness.ready) return "ready";
   if (readiness.validationError !== null) {
     // Kill first, so the log tail includes whatever the engine printed on the way out.
     await running.terminate();
