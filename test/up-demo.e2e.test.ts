@@ -10,6 +10,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
+import { eventually } from "./support/eventually.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 
@@ -39,26 +40,33 @@ async function startUp(dataDir: string, port: number): Promise<{ child: ChildPro
   child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
   child.stderr!.on("data", (chunk: Buffer) => (err += chunk.toString()));
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  const deadline = Date.now() + 60_000;
-  while (!out.includes("listening on")) {
-    if (child.exitCode !== null) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
-    if (Date.now() > deadline) throw new Error(`llmgw up did not start: ${out}\n${err}`);
-    await new Promise((r) => setTimeout(r, 100));
+  try {
+    // Either it listens, or it exited: then there is nothing more to wait for.
+    await eventually("llmgw up to listen", () => out.includes("listening on") || child.exitCode !== null);
+  } catch (error) {
+    child.kill("SIGKILL");
+    throw new Error(`llmgw up did not start (${(error as Error).message}): ${out}\n${err}`);
   }
+  if (!out.includes("listening on")) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
   return { child, stdout: () => out, exited };
 }
 
 async function waitForAnswer(client: OpenAI): Promise<OpenAI.Chat.Completions.ChatCompletion> {
-  const deadline = Date.now() + 120_000;
-  for (;;) {
-    try {
-      return await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 });
-    } catch (error) {
-      // 503 while the demo engine loads; anything else is a real failure.
-      if (!(error instanceof OpenAI.InternalServerError) || error.status !== 503 || Date.now() > deadline) throw error;
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  }
+  const outcome = await eventually(
+    "the demo model to answer",
+    async () => {
+      try {
+        return { answer: await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 }) };
+      } catch (error) {
+        // 503 while the demo engine loads: not yet. Anything else is a real failure, returned to end the wait.
+        if (error instanceof OpenAI.InternalServerError && error.status === 503) return undefined;
+        return { error };
+      }
+    },
+    { timeoutMs: 120_000, intervalMs: 250 },
+  );
+  if ("error" in outcome) throw outcome.error;
+  return outcome.answer;
 }
 
 test("llmgw up --demo answers the openai client and leaves no engine behind", { timeout: 240_000 }, async (t) => {

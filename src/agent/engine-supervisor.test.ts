@@ -1,13 +1,6 @@
-// Drives the supervisor with REAL child processes: a tiny node HTTP server written to a
-// temp folder stands in for an engine. It speaks llama-server's readiness protocol
-// (reference/engines.md: /health answers 503 {"error":{"code":503,"message":"Loading
-// model",...}} while loading, then 200 {"status":"ok"}), and its modes reproduce what
-// real engines do wrong: exit at once with a message on stderr (a missing model file),
-// never finish loading, ignore SIGTERM, crash or turn unhealthy after becoming ready,
-// and fork a helper process (vLLM's workers) that ignores SIGTERM. Its /v1/models
-// follows the OpenAI protocol the bundled engine, llama-server and vLLM share (401
-// without the right Bearer key, else {"object":"list","data":[{"id":...}]}); mode
-// "foreign" is some other HTTP service that answers /health but has no such route.
+// Drives the supervisor with REAL child processes: a tiny node HTTP server stands in for
+// an engine (test/support/stand-in-engine.ts says which real behaviour each of its modes
+// reproduces).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -19,86 +12,21 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { request } from "undici";
 import { ConflictError } from "../core/errors.ts";
-import {
-  EngineSupervisor,
-  liveEngineGroups,
-  openAiModelsValidator,
-  pruneRunFolders,
-  stopAllSupervisors,
-  type EngineLaunch,
-  type EngineValidationContext,
-  type SupervisorOptions,
-  type SupervisorSnapshot,
-  type SupervisorState,
-} from "./engine-supervisor.ts";
+import { openAiModelsValidator } from "../engines/openai-models-validator.ts";
+import type { EngineLaunch, EngineValidationContext, SupervisorOptions } from "./engine-supervisor.ts";
 import { assertPortFree, findFreePort } from "./free-port.ts";
+import { liveEngineGroups, stopAllSupervisors } from "./process-groups.ts";
+import { pruneRunFolders } from "./run-folders.ts";
+import { eventually } from "../../test/support/eventually.ts";
 import { processIsGone } from "../../test/support/engine-process.ts";
-
-const FAKE_ENGINE = `
-import http from "node:http";
-import { spawn } from "node:child_process";
-import { writeFileSync } from "node:fs";
-
-const args = process.argv.slice(2);
-const arg = (name) => { const i = args.indexOf(name); return i === -1 ? undefined : args[i + 1]; };
-const port = Number(arg("--port"));
-const host = arg("--host") ?? "127.0.0.1";
-const mode = process.env.FAKE_MODE ?? "ok";
-const readyAfterMs = Number(process.env.FAKE_READY_AFTER_MS ?? "0");
-const failAfterMs = Number(process.env.FAKE_FAIL_AFTER_MS ?? "100");
-
-// The engine's cwd is the run's state folder: leave the environment there for the test.
-writeFileSync("env-" + process.pid + ".json", JSON.stringify(process.env));
-
-if (mode === "exit") {
-  console.error(process.env.FAKE_MESSAGE ?? "fake engine: failed");
-  process.exit(3);
-}
-if (mode === "ignore-term") process.on("SIGTERM", () => console.log("fake engine: ignoring SIGTERM"));
-if (process.env.FAKE_GRANDCHILD_PID_FILE) {
-  const helper = spawn(process.execPath, ["-e", "process.on('SIGTERM', () => {}); setInterval(() => {}, 1000);"], { stdio: "ignore" });
-  writeFileSync(process.env.FAKE_GRANDCHILD_PID_FILE, String(helper.pid));
-}
-
-const startedAt = Date.now();
-let readyAt = null;
-const server = http.createServer((req, res) => {
-  if (req.url === "/v1/models" && mode !== "foreign") {
-    if (req.headers.authorization !== "Bearer " + (process.env.FAKE_KEY ?? "")) {
-      res.writeHead(401, { "content-type": "application/json" });
-      res.end(JSON.stringify({ error: { message: "Invalid API Key", type: "authentication_error", code: 401 } }));
-      return;
-    }
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify({ object: "list", data: [{ id: process.env.FAKE_MODEL ?? "fake", object: "model", owned_by: "fake" }] }));
-    return;
-  }
-  if (req.url !== "/health") { res.writeHead(404); res.end("Not Found"); return; }
-  if (mode === "never" || Date.now() - startedAt < readyAfterMs) {
-    res.writeHead(503, { "content-type": "application/json" });
-    res.end(JSON.stringify({ error: { code: 503, message: "Loading model", type: "unavailable_error" } }));
-    return;
-  }
-  if (readyAt === null) {
-    readyAt = Date.now();
-    if (mode === "die-after-ready") {
-      setTimeout(() => { console.error("fake engine: crashed while serving"); process.exit(1); }, failAfterMs);
-    }
-  }
-  if (mode === "unhealthy-after-ready" && Date.now() - readyAt > failAfterMs) { res.writeHead(500); res.end(); return; }
-  res.writeHead(200, { "content-type": "application/json" });
-  res.end('{"status":"ok"}');
-});
-server.listen(port, host, () => console.log("fake engine listening on " + host + ":" + port));
-`;
+import { attemptRecords, inState, settled, supervisorHarness, untilSnapshot, writeStandInEngine, type SupervisorHarness } from "../../test/support/stand-in-engine.ts";
 
 let dir = "";
 let fakeEngine = "";
 
 before(async () => {
   dir = await mkdtemp(join(tmpdir(), "llmgw-sup-"));
-  fakeEngine = join(dir, "fake-engine.mjs");
-  await writeFile(fakeEngine, FAKE_ENGINE);
+  fakeEngine = await writeStandInEngine(dir);
 });
 
 after(async () => {
@@ -106,67 +34,16 @@ after(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-interface Harness {
-  supervisor: EngineSupervisor;
-  events: SupervisorSnapshot[];
-  prepared: () => number;
-  root: string;
-}
-
 let rootCounter = 0;
 
-/** A supervisor over the fake engine with short timeouts; `env` gives FAKE_* per attempt. */
+/** A supervisor over the stand-in engine, in its own state root; `env` gives FAKE_* per attempt. */
 function harness(
   env: (attempt: number) => Record<string, string>,
   { validate, ...overrides }: Partial<SupervisorOptions> & Pick<EngineLaunch, "validate"> = {},
-): Harness {
+): SupervisorHarness {
   rootCounter += 1;
-  const root = join(dir, `root-${rootCounter}`);
-  let prepared = 0;
-  const supervisor = new EngineSupervisor({
-    replicaId: `replica-${rootCounter}`,
-    stateRoot: root,
-    prepare: ({ attempt, port, host }) => {
-      prepared += 1;
-      return { command: process.execPath, args: [fakeEngine, "--port", String(port), "--host", host], env: env(attempt), host, port, healthPath: "/health", validate };
-    },
-    readyTimeoutMs: 5_000,
-    healthIntervalMs: 20,
-    livenessIntervalMs: 50,
-    healthTimeoutMs: 1_000,
-    stopGraceMs: 300,
-    backoff: { initialMs: 20, maxMs: 100 },
-    parkAfter: { failures: 3, windowMs: 60_000 },
-    ...overrides,
-  });
-  const events: SupervisorSnapshot[] = [];
-  supervisor.onChange((snapshot) => events.push(snapshot));
-  return { supervisor, events, prepared: () => prepared, root };
+  return supervisorHarness({ script: fakeEngine, replicaId: `replica-${rootCounter}`, root: join(dir, `root-${rootCounter}`), env, validate, overrides });
 }
-
-function waitFor(
-  supervisor: EngineSupervisor,
-  predicate: (snapshot: SupervisorSnapshot) => boolean,
-  timeoutMs = 8_000,
-): Promise<SupervisorSnapshot> {
-  return new Promise((resolveWait, rejectWait) => {
-    const now = supervisor.snapshot();
-    if (predicate(now)) return resolveWait(now);
-    const timer = setTimeout(() => {
-      unsubscribe();
-      rejectWait(new Error(`condition not met within ${timeoutMs} ms; last snapshot ${JSON.stringify(supervisor.snapshot())}`));
-    }, timeoutMs);
-    const unsubscribe = supervisor.onChange((snapshot) => {
-      if (!predicate(snapshot)) return;
-      clearTimeout(timer);
-      unsubscribe();
-      resolveWait(snapshot);
-    });
-  });
-}
-
-const inState = (state: SupervisorState) => (snapshot: SupervisorSnapshot) => snapshot.state === state;
-
 
 /** Cleanup after a failed assertion, so a broken supervisor does not leave processes behind. */
 function killQuietly(pid: number): void {
@@ -175,27 +52,6 @@ function killQuietly(pid: number): void {
   } catch {
     // Already gone: the expected case.
   }
-}
-
-async function eventually(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 3_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) assert.fail(`timed out waiting for: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-/** attempts.jsonl is written fire-and-forget, so wait for the expected number of lines. */
-async function attemptRecords(stateDir: string, count: number): Promise<Record<string, unknown>[]> {
-  const file = join(stateDir, "attempts.jsonl");
-  let lines: string[] = [];
-  await eventually(async () => {
-    lines = existsSync(file) ? (await readFile(file, "utf8")).split("\n").filter((line) => line !== "") : [];
-    return lines.length >= count;
-  }, `${count} lines in ${file}`);
-  await new Promise((r) => setTimeout(r, 50));
-  lines = (await readFile(file, "utf8")).split("\n").filter((line) => line !== "");
-  return lines.map((line) => JSON.parse(line) as Record<string, unknown>);
 }
 
 function listenOn(host: string, port: number): Promise<Server> {
@@ -231,7 +87,7 @@ test("becomes ready with an endpoint, in an offline environment below a fresh st
   const { supervisor, events, root } = harness(() => ({ FAKE_MODE: "ok", FAKE_READY_AFTER_MS: "300" }));
   try {
     supervisor.start();
-    const ready = await waitFor(supervisor, inState("ready"));
+    const ready = await untilSnapshot(supervisor, inState("ready"));
     assert.equal(ready.attempt, 1);
     assert.equal(ready.failures, 0);
     assert.ok(ready.endpoint && ready.endpoint.host === "127.0.0.1" && ready.endpoint.port > 0);
@@ -256,7 +112,9 @@ test("becomes ready with an endpoint, in an offline environment below a fresh st
     assert.equal(env.LLMGW_TEST_PARENT_SECRET, undefined, "the parent's environment is not passed blindly");
     assert.equal(env.HTTP_PROXY, undefined);
 
-    const [record] = await attemptRecords(stateDir, 1);
+    const records = await attemptRecords(supervisor, stateDir);
+    assert.equal(records.length, 1);
+    const [record] = records;
     assert.equal(record?.attempt, 1);
     assert.equal(record?.result, "ready");
     assert.equal(record?.log, "attempt-1.log");
@@ -287,7 +145,7 @@ test("an engine that exits before ready is a failure with its exit code and the 
     backoff: { initialMs: 30_000, maxMs: 60_000 },
   });
   supervisor.start();
-  const failed = await waitFor(supervisor, inState("failed"));
+  const failed = await untilSnapshot(supervisor, inState("failed"));
   assert.equal(failed.lastErrorCode, "engine_exited");
   assert.match(failed.lastError ?? "", /exited before it was ready \(exit code 3\) on attempt 1/);
   assert.match(failed.lastError ?? "", /model file not found: \/models\/missing\.gguf/);
@@ -297,14 +155,15 @@ test("an engine that exits before ready is a failure with its exit code and the 
   assert.equal(failed.endpoint, null);
   assert.ok(failed.retryAt !== null && failed.retryAt - Date.now() > 20_000, "the retry waits for the backoff");
 
-  const [record] = await attemptRecords(failed.stateDir as string, 1);
-  assert.equal(record?.result, "engine_exited");
-  assert.match(String(record?.error), /model file not found/);
+  const records = await attemptRecords(supervisor, failed.stateDir as string);
+  assert.deepEqual(records.map((record) => record.result), ["engine_exited"]);
+  assert.match(String(records[0]?.error), /model file not found/);
 
-  const startedStop = Date.now();
   await supervisor.stop();
-  assert.ok(Date.now() - startedStop < 2_000, "stop() does not wait for the backoff");
+  // The retry was due 30 s after the failure: resolving before then means stop() did not wait for it.
+  assert.ok(Date.now() < failed.retryAt, "stop() does not wait for the backoff");
   assert.equal(supervisor.snapshot().state, "stopped");
+  await settled(supervisor);
   assert.equal(supervisor.snapshot().attempt, 1, "no attempt after stop()");
 });
 
@@ -313,7 +172,7 @@ test("restarts after a crash while serving and becomes ready again on attempt 2"
     attempt === 1 ? { FAKE_MODE: "die-after-ready", FAKE_FAIL_AFTER_MS: "150" } : { FAKE_MODE: "ok" },
   );
   supervisor.start();
-  const ready = await waitFor(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
+  const ready = await untilSnapshot(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
   assert.equal(ready.failures, 1);
   const firstPid = events.find((event) => event.attempt === 1 && event.pid !== null)?.pid;
   assert.ok(firstPid !== undefined && firstPid !== null && firstPid !== ready.pid);
@@ -325,7 +184,7 @@ test("restarts after a crash while serving and becomes ready again on attempt 2"
     events.map((event) => `${event.state}:${event.attempt}`).filter((step, i, all) => step !== all[i - 1]),
     ["starting:1", "ready:1", "failed:1", "starting:2", "ready:2"],
   );
-  const records = await attemptRecords(ready.stateDir as string, 2);
+  const records = await attemptRecords(supervisor, ready.stateDir as string);
   assert.deepEqual(records.map((record) => [record.attempt, record.result, record.log]), [
     [1, "ready", "attempt-1.log"],
     [2, "ready", "attempt-2.log"],
@@ -343,7 +202,7 @@ test("parks after N failures in the window, spawns nothing more, and unpark() st
     backoff: { initialMs: 10, maxMs: 40 },
   });
   supervisor.start();
-  const parked = await waitFor(supervisor, inState("parked"));
+  const parked = await untilSnapshot(supervisor, inState("parked"));
   assert.equal(parked.attempt, 3);
   assert.equal(parked.failures, 3);
   assert.equal(parked.lastErrorCode, "engine_exited");
@@ -351,20 +210,23 @@ test("parks after N failures in the window, spawns nothing more, and unpark() st
   assert.match(parked.lastError ?? "", /unsupported architecture/);
   assert.equal(parked.retryAt, null);
 
-  await new Promise((r) => setTimeout(r, 400));
+  // settled(): the run loop has returned, so nothing is scheduled that could make a 4th attempt.
+  await settled(supervisor);
   assert.equal(prepared(), 3, "no attempt after parking");
   assert.equal(supervisor.snapshot().state, "parked");
   const parkedDir = parked.stateDir as string;
   assert.ok(!existsSync(join(parkedDir, "attempt-4.log")));
-  assert.equal((await attemptRecords(parkedDir, 3)).length, 3);
+  assert.equal((await attemptRecords(supervisor, parkedDir)).length, 3);
 
+  // A new run would report "starting" at once, within start().
   supervisor.start();
-  await new Promise((r) => setTimeout(r, 100));
-  assert.equal(prepared(), 3, "start() does not leave the parked state; only unpark() does");
+  assert.equal(supervisor.snapshot().state, "parked", "start() does not leave the parked state; only unpark() does");
+  await settled(supervisor);
+  assert.equal(prepared(), 3);
 
   mode = "ok";
   assert.equal(supervisor.unpark(), true);
-  const ready = await waitFor(supervisor, inState("ready"));
+  const ready = await untilSnapshot(supervisor, inState("ready"));
   assert.equal(ready.attempt, 1);
   assert.equal(ready.failures, 0);
   assert.notEqual(ready.stateDir, parkedDir);
@@ -373,25 +235,31 @@ test("parks after N failures in the window, spawns nothing more, and unpark() st
 });
 
 test("the readiness deadline kills the whole process group, including a forked helper that ignores SIGTERM", async () => {
-  const pidFile = join(dir, "grandchild.pid");
-  const { supervisor, events } = harness(() => ({ FAKE_MODE: "never", FAKE_GRANDCHILD_PID_FILE: pidFile }), {
+  const pidFile = (attempt: number): string => join(dir, `grandchild-${attempt}.pid`);
+  const { supervisor, events } = harness((attempt) => ({ FAKE_MODE: "never", FAKE_GRANDCHILD_PID_FILE: pidFile(attempt) }), {
     readyTimeoutMs: 1_500,
     stopGraceMs: 200,
-    backoff: { initialMs: 30_000, maxMs: 60_000 },
+    // A loaded machine may boot an engine so slowly that its deadline passes before it
+    // listens; the next attempt then tries again, soon, until one sees the engine answer.
+    backoff: { initialMs: 20, maxMs: 20 },
+    parkAfter: { failures: 100, windowMs: 60_000 },
   });
   supervisor.start();
-  const failed = await waitFor(supervisor, inState("failed"));
-  assert.equal(failed.lastErrorCode, "not_ready");
-  // "HTTP 503" normally; "connection refused" only when a loaded machine boots the engine slowly.
-  assert.match(failed.lastError ?? "", /not ready within 1\.5 s on attempt 1 \(last health check of http:\/\/127\.0\.0\.1:\d+\/health: (HTTP 503|connection refused)\)/);
-  const enginePid = events.find((event) => event.pid !== null)?.pid;
-  assert.ok(typeof enginePid === "number");
-  const grandchildPid = Number(await readFile(pidFile, "utf8"));
+  // The engine forks its helper before it listens, so an attempt whose last health check
+  // saw HTTP 503 had the helper in its group when the deadline passed.
+  const failed = await untilSnapshot(supervisor, (snapshot) => snapshot.state === "failed" && /HTTP 503/.test(snapshot.lastError ?? ""));
+  const enginePid = events.find((event) => event.attempt === failed.attempt && event.pid !== null)?.pid;
+  const grandchildPid = Number(await readFile(pidFile(failed.attempt), "utf8"));
   try {
+    await supervisor.stop();
+    assert.equal(failed.lastErrorCode, "not_ready");
+    assert.match(failed.lastError ?? "", /not ready within 1\.5 s on attempt \d+ \(last health check of http:\/\/127\.0\.0\.1:\d+\/health: HTTP 503\); its process group was killed/);
+    assert.equal(failed.pid, null);
+    assert.ok(typeof enginePid === "number");
     assert.ok(grandchildPid > 0);
+    // stop() ended a later attempt's group at most; this one was ended by its deadline.
     assert.ok(processIsGone(enginePid), "the engine is gone");
     assert.ok(processIsGone(grandchildPid), "the helper it forked is gone too: the whole group was killed");
-    assert.equal(failed.pid, null);
   } finally {
     killQuietly(grandchildPid);
     await supervisor.stop();
@@ -401,7 +269,7 @@ test("the readiness deadline kills the whole process group, including a forked h
 test("stop() escalates to SIGKILL when the engine ignores SIGTERM", async () => {
   const { supervisor } = harness(() => ({ FAKE_MODE: "ignore-term" }), { stopGraceMs: 400 });
   supervisor.start();
-  const ready = await waitFor(supervisor, inState("ready"));
+  const ready = await untilSnapshot(supervisor, inState("ready"));
   const startedStop = Date.now();
   await supervisor.stop();
   const tookMs = Date.now() - startedStop;
@@ -416,13 +284,15 @@ test("stop() while starting cancels cleanly: no process, no timer, the attempt r
   const timersBefore = timers();
   const { supervisor } = harness(() => ({ FAKE_MODE: "never" }), { readyTimeoutMs: 60_000 });
   supervisor.start();
-  const starting = await waitFor(supervisor, (snapshot) => snapshot.state === "starting" && snapshot.pid !== null);
-  await new Promise((r) => setTimeout(r, 100));
+  const starting = await untilSnapshot(supervisor, (snapshot) => snapshot.state === "starting" && snapshot.pid !== null);
+  // Stop once the engine listens and answers 503, so the readiness poll and its timers are running.
+  const log = join(starting.stateDir as string, "attempt-1.log");
+  await eventually("the engine to listen", async () => (await readFile(log, "utf8")).includes("fake engine listening"));
   await supervisor.stop();
   assert.equal(supervisor.snapshot().state, "stopped");
   assert.ok(starting.pid !== null && processIsGone(starting.pid));
-  const [record] = await attemptRecords(starting.stateDir as string, 1);
-  assert.equal(record?.result, "stopped");
+  const records = await attemptRecords(supervisor, starting.stateDir as string);
+  assert.deepEqual(records.map((record) => record.result), ["stopped"]);
   await new Promise((r) => setImmediate(r));
   assert.equal(timers(), timersBefore, "the deadline, poll and backoff timers are all cleared");
   assert.ok(!process.getActiveResourcesInfo().includes("ProcessWrap"), "no child process handle left");
@@ -437,13 +307,13 @@ test("a taken port is refused with a clear message and nothing is spawned", asyn
   });
   try {
     supervisor.start();
-    const failed = await waitFor(supervisor, inState("failed"));
+    const failed = await untilSnapshot(supervisor, inState("failed"));
     assert.equal(failed.lastErrorCode, "port_in_use");
     assert.match(failed.lastError ?? "", new RegExp(`127\\.0\\.0\\.1:${port} is already in use`));
     const stateDir = failed.stateDir as string;
     assert.ok(!existsSync(join(stateDir, "attempt-1.log")), "no engine was spawned");
-    const [record] = await attemptRecords(stateDir, 1);
-    assert.equal(record?.result, "port_in_use");
+    const records = await attemptRecords(supervisor, stateDir);
+    assert.deepEqual(records.map((record) => record.result), ["port_in_use"]);
   } finally {
     holder.close();
     await supervisor.stop();
@@ -458,7 +328,7 @@ test("a preflight throw and a cache path outside the state folder fail the attem
     backoff: { initialMs: 30_000, maxMs: 60_000 },
   });
   preflightHarness.supervisor.start();
-  const preflightFailed = await waitFor(preflightHarness.supervisor, inState("failed"));
+  const preflightFailed = await untilSnapshot(preflightHarness.supervisor, inState("failed"));
   assert.equal(preflightFailed.lastErrorCode, "preflight_failed");
   assert.match(preflightFailed.lastError ?? "", /weights \/models\/x\.gguf are missing or unreadable/);
   assert.equal(preflightHarness.prepared(), 0, "prepare (and the spawn) never ran");
@@ -466,7 +336,7 @@ test("a preflight throw and a cache path outside the state folder fail the attem
 
   const outside = harness(() => ({ FAKE_MODE: "ok", XDG_CACHE_HOME: "/root/.cache" }), { backoff: { initialMs: 30_000, maxMs: 60_000 } });
   outside.supervisor.start();
-  const refused = await waitFor(outside.supervisor, inState("failed"));
+  const refused = await untilSnapshot(outside.supervisor, inState("failed"));
   assert.equal(refused.lastErrorCode, "cache_path_outside_state");
   assert.match(refused.lastError ?? "", /XDG_CACHE_HOME=\/root\/\.cache points outside/);
   assert.ok(!existsSync(join(refused.stateDir as string, "attempt-1.log")), "no engine was spawned");
@@ -482,10 +352,10 @@ test("each run claims a new state folder, and an unwritable attempts.jsonl never
     },
   });
   supervisor.start();
-  const first = await waitFor(supervisor, inState("ready"));
+  const first = await untilSnapshot(supervisor, inState("ready"));
   await supervisor.stop();
   supervisor.start();
-  const second = await waitFor(supervisor, inState("ready"));
+  const second = await untilSnapshot(supervisor, inState("ready"));
   assert.equal(second.attempt, 1, "the attempt count starts again in a new run");
   assert.ok(first.stateDir && second.stateDir && first.stateDir !== second.stateDir);
   assert.ok(existsSync(join(first.stateDir, "attempt-1.log")), "the first run's folder is kept, not reused");
@@ -500,7 +370,7 @@ test("an engine that keeps failing its health check after ready is killed and re
     { livenessFailures: 2 },
   );
   supervisor.start();
-  const ready = await waitFor(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
+  const ready = await untilSnapshot(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
   const failed = events.find((event) => event.state === "failed");
   assert.equal(failed?.lastErrorCode, "unhealthy");
   assert.match(failed?.lastError ?? "", /2 checks of http:\/\/127\.0\.0\.1:\d+\/health failed in a row \(last: HTTP 500\)/);
@@ -540,7 +410,7 @@ supervisor.start();
   const { pid } = JSON.parse(stdout.trim()) as { pid: number };
   assert.ok(pid > 0);
   try {
-    await eventually(() => processIsGone(pid), `engine ${pid} gone after its agent exited`);
+    await eventually(`engine ${pid} gone after its agent exited`, () => processIsGone(pid));
   } finally {
     killQuietly(-pid);
   }
@@ -552,7 +422,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
 
   const good = harness(() => ({ FAKE_MODE: "ok", FAKE_KEY: key, FAKE_MODEL: "tiny-chat" }), { validate });
   good.supervisor.start();
-  const ready = await waitFor(good.supervisor, inState("ready"));
+  const ready = await untilSnapshot(good.supervisor, inState("ready"));
   assert.equal(ready.attempt, 1);
   assert.equal(ready.lastErrorCode, null);
   await good.supervisor.stop();
@@ -563,7 +433,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
     parkAfter: { failures: 2, windowMs: 60_000 },
   });
   otherKey.supervisor.start();
-  const parked = await waitFor(otherKey.supervisor, inState("parked"));
+  const parked = await untilSnapshot(otherKey.supervisor, inState("parked"));
   try {
     assert.equal(parked.lastErrorCode, "validation_failed");
     assert.equal(otherKey.prepared(), 2, "each failed validation counts as a failure");
@@ -574,7 +444,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
       /failed validation: GET http:\/\/127\.0\.0\.1:\d+\/v1\/models refused this attempt's engine key \(HTTP 401\)/,
     );
     assert.ok(!(parked.lastError ?? "").includes(key), "the engine key is never printed");
-    const records = await attemptRecords(parked.stateDir as string, 2);
+    const records = await attemptRecords(otherKey.supervisor, parked.stateDir as string);
     assert.deepEqual(records.map((record) => record.result), ["validation_failed", "validation_failed"]);
     const pids = [...new Set(otherKey.events.flatMap((event) => (event.pid === null ? [] : [event.pid])))];
     assert.equal(pids.length, 2);
@@ -588,7 +458,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
     backoff: { initialMs: 30_000, maxMs: 60_000 },
   });
   otherModel.supervisor.start();
-  const wrongModel = await waitFor(otherModel.supervisor, inState("failed"));
+  const wrongModel = await untilSnapshot(otherModel.supervisor, inState("failed"));
   await otherModel.supervisor.stop();
   assert.equal(wrongModel.lastErrorCode, "validation_failed");
   assert.match(wrongModel.lastError ?? "", /lists 'other-model', not the expected 'tiny-chat'/);
@@ -596,7 +466,7 @@ test("readiness validates what the engine reports: the attempt's key and model m
   // Some other HTTP service on the port: /health says 200, there is no model list.
   const foreign = harness(() => ({ FAKE_MODE: "foreign" }), { validate, backoff: { initialMs: 30_000, maxMs: 60_000 } });
   foreign.supervisor.start();
-  const notOurs = await waitFor(foreign.supervisor, inState("failed"));
+  const notOurs = await untilSnapshot(foreign.supervisor, inState("failed"));
   await foreign.supervisor.stop();
   assert.equal(notOurs.lastErrorCode, "validation_failed");
   assert.match(notOurs.lastError ?? "", /answered HTTP 404 instead of a model list \(Not Found\)/);
@@ -614,7 +484,7 @@ test("a launch's own validator runs after the first health 200, on the engine's 
     backoff: { initialMs: 30_000, maxMs: 60_000 },
   });
   supervisor.start();
-  const failed = await waitFor(supervisor, inState("failed"));
+  const failed = await untilSnapshot(supervisor, inState("failed"));
   await supervisor.stop();
   assert.equal(failed.lastErrorCode, "validation_failed");
   assert.match(failed.lastError ?? "", /with 200 on attempt 1 but failed validation: the engine reports a context of 512 tokens, expected 4096\. Its process group was stopped/);
@@ -646,7 +516,7 @@ test("pruneRunFolders deletes the oldest run folders beyond keep, never an activ
 
   const { supervisor } = harness(() => ({ FAKE_MODE: "ok" }), { stateRoot: root });
   supervisor.start();
-  const live = (await waitFor(supervisor, inState("ready"))).stateDir as string;
+  const live = (await untilSnapshot(supervisor, inState("ready"))).stateDir as string;
   try {
     const first = await pruneRunFolders({ stateRoot: root, keep: 3, protect: new Set([`${old[3]?.slice(root.length + 1)}`]) });
     // Newest first: live, 1 and 2 minutes are the 3 kept; 4 minutes is protected by name.

@@ -7,21 +7,16 @@
 // replicas stop. The remote `llmgw agent` of the fleet issue reuses the supervisor and
 // engine launch; only where the assignments come from differs.
 import { randomBytes } from "node:crypto";
-import { constants } from "node:fs";
-import { access, stat } from "node:fs/promises";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
-import { BadRequestError, describeError } from "../core/errors.ts";
+import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { formatHost } from "../core/format.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { DEFAULT_CONTEXT_PER_REQUEST, DEFAULT_CONTEXT_POOL, type Profile } from "../catalog/model-schema.ts";
+import type { Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
 import type { Mirror } from "../mirror/mirror.ts";
-import { EngineSupervisor, openAiModelsValidator, pruneRunFolders, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
-
-
-const LLMGW_BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
+import { llamaCppLaunch, llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
+import { EngineSupervisor, pruneRunFolders, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
+import { assertWeightsUsable, locateWeights } from "./weights-preflight.ts";
 
 export interface LocalAgentOptions {
   catalog: Catalog;
@@ -139,8 +134,6 @@ export class LocalAgent {
     const { replicas, logger } = this.options;
     // Resolved before every attempt: a mirrored file may complete (or vanish) in between.
     let weightsPath: string | null = null;
-    const contextPool = profile.ctx_size ?? DEFAULT_CONTEXT_POOL;
-    const parallel = profile.parallel ?? Math.max(1, Math.floor(contextPool / DEFAULT_CONTEXT_PER_REQUEST));
 
     replicas.upsert({
       id,
@@ -154,7 +147,7 @@ export class LocalAgent {
       engineKey,
       upstreamModel: model.name,
       weight: profile.weight,
-      slots: parallel,
+      slots: llamaCppSlots(profile).parallel,
       attempt: 0,
       failures: 0,
       lastError: null,
@@ -169,62 +162,15 @@ export class LocalAgent {
       logger,
       ...this.options.supervisor,
       preflight: async () => {
-        weightsPath = await this.weightsPath(model);
-        await assertReadableFile(weightsPath, model.name);
+        weightsPath = await locateWeights(model, this.options.mirror);
+        await assertWeightsUsable(weightsPath, model.name);
       },
-      prepare: ({ port }) => ({
-        command: process.execPath,
-        args: [
-          LLMGW_BIN,
-          "engine",
-          "--model",
-          weightsPath!,
-          "--host",
-          host,
-          "--port",
-          String(port),
-          "--ctx-size",
-          String(contextPool),
-          "--parallel",
-          String(parallel),
-          "--threads",
-          String(profile.threads ?? 0),
-          "--model-name",
-          model.name,
-          ...profile.engine_args,
-        ],
-        // The key travels in the environment so it does not show in `ps`.
-        env: { LLMGW_ENGINE_KEY: engineKey, LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "info", NODE_OPTIONS: "" },
-        host,
-        port,
-        healthPath: "/health",
-        // Ready means this attempt's engine answers with its key and our model, not just
-        // that something on the port says 200.
-        validate: openAiModelsValidator({ key: engineKey, expectedModel: model.name }),
-        settings: { contextPool, parallel, threads: profile.threads ?? 0 },
-      }),
+      prepare: ({ port }) => llamaCppLaunch({ weightsPath: weightsPath!, modelName: model.name, profile, engineKey, host, port }),
     });
     const unsubscribe = supervisor.onChange((snapshot) => replicas.update(id, fromSnapshot(snapshot)));
     supervisor.start();
     logger.info({ model: model.name, replica: id }, "starting replica");
     return { id, modelId: model.id, modelName: model.name, fingerprint, definitionAt: model.updated_at, supervisor, unsubscribe };
-  }
-
-  /** Where this machine finds a model's GGUF: its file source, or the complete mirrored file. */
-  private async weightsPath(model: CatalogModel): Promise<string> {
-    const source = model.definition.source;
-    if (source?.kind === "file") return path.resolve(source.path);
-    if (source?.kind === "mirror") {
-      const found = this.options.mirror === undefined ? null : await this.options.mirror.pathFor(source.model, source.version, source.file);
-      if (found === null) {
-        throw new BadRequestError(
-          `The weights of model '${model.name}' are not in the mirror yet (${source.model}/${source.version}/${source.file}). Fetch them with 'llmgw ctl mirror fetch' and check 'llmgw ctl mirror list'.`,
-          { code: "weights_not_mirrored" },
-        );
-      }
-      return found;
-    }
-    throw new BadRequestError(`Model '${model.name}' has no weights source; give it a file or mirror source.`, { code: "weights_missing" });
   }
 
   private async retire(replica: RunningReplica): Promise<void> {
@@ -254,20 +200,3 @@ function fromSnapshot(snapshot: SupervisorSnapshot) {
   };
 }
 
-
-async function assertReadableFile(file: string, modelName: string): Promise<void> {
-  let info;
-  try {
-    info = await stat(file);
-  } catch (error) {
-    throw new BadRequestError(`The weights of model '${modelName}' are missing: ${file} (${(error as NodeJS.ErrnoException).code ?? describeError(error)}). Put the file back or change the model's source.`, {
-      code: "weights_missing",
-    });
-  }
-  if (!info.isFile()) throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not a regular file.`, { code: "weights_invalid" });
-  try {
-    await access(file, constants.R_OK);
-  } catch {
-    throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not readable by this user; fix the file's permissions.`, { code: "weights_unreadable" });
-  }
-}
