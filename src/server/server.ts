@@ -83,7 +83,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
-  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}) });
+  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
   const adminApi = createAdminApi({
     catalog,
     keys,
