@@ -7,14 +7,13 @@
 // replicas stop. The remote `llmgw agent` of the fleet issue reuses the supervisor and
 // engine launch; only where the assignments come from differs.
 import { randomBytes } from "node:crypto";
-import { constants } from "node:fs";
-import { access, stat } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { formatHost } from "../core/format.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import { checkWeightsFile } from "../catalog/weights-check.ts";
 import { DEFAULT_CONTEXT_PER_REQUEST, DEFAULT_CONTEXT_POOL, type Profile } from "../catalog/model-schema.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
 import type { Mirror } from "../mirror/mirror.ts";
@@ -169,7 +168,8 @@ export class LocalAgent {
       ...this.options.supervisor,
       preflight: async () => {
         weightsPath = await this.weightsPath(model);
-        await assertReadableFile(weightsPath, model.name);
+        // The catalog's check at the door, again: the file may have changed since.
+        await checkWeightsFile({ file: weightsPath, modelName: model.name });
       },
       prepare: ({ port }) => ({
         command: process.execPath,
@@ -251,22 +251,4 @@ function fromSnapshot(snapshot: SupervisorSnapshot) {
     startedAt: snapshot.startedAt === null ? null : new Date(snapshot.startedAt).toISOString(),
     readyAt: snapshot.readyAt === null ? null : new Date(snapshot.readyAt).toISOString(),
   };
-}
-
-
-async function assertReadableFile(file: string, modelName: string): Promise<void> {
-  let info;
-  try {
-    info = await stat(file);
-  } catch (error) {
-    throw new BadRequestError(`The weights of model '${modelName}' are missing: ${file} (${(error as NodeJS.ErrnoException).code ?? describeError(error)}). Put the file back or change the model's source.`, {
-      code: "weights_missing",
-    });
-  }
-  if (!info.isFile()) throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not a regular file.`, { code: "weights_invalid" });
-  try {
-    await access(file, constants.R_OK);
-  } catch {
-    throw new BadRequestError(`The weights of model '${modelName}' at ${file} are not readable by this user; fix the file's permissions.`, { code: "weights_unreadable" });
-  }
 }

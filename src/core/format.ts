@@ -23,3 +23,11 @@ export function printable(text: string): string {
   const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
   return shown.replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 }
+
+/**
+ * Text that a message goes on after, without its final full stop: an error's message is
+ * a sentence, and "failed: ${message}. Try again" would otherwise end it twice ("..").
+ */
+export function clause(text: string): string {
+  return text.trimEnd().replace(/(?<!\.)\.$/, "");
+}
