@@ -8,6 +8,7 @@ const unit = [
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
   "src/catalog/weights-check.test.ts",
+  "src/cli/local-paths.test.ts",
   "src/keys/key-service.test.ts",
   "src/gguf/header.test.ts",
   "src/gguf/llama-support.test.ts",

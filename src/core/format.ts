@@ -31,3 +31,8 @@ export function printable(text: string): string {
 export function clause(text: string): string {
   return text.trimEnd().replace(/(?<!\.)\.$/, "");
 }
+
+/** "1 file", "2 files": a count with its noun; `plural` for nouns that do not just add "s". */
+export function countOf(count: number, singular: string, plural = `${singular}s`): string {
+  return `${count} ${count === 1 ? singular : plural}`;
+}
