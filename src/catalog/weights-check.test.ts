@@ -79,6 +79,20 @@ describe("checkWeightsFile", () => {
     await assert.rejects(checkWeightsFile({ file: gptj, modelName: "m" }), refusal("architecture_unsupported", "source.path", /a 'gptj' model/, /no implementation for it/));
   });
 
+  test("a split GGUF is named by its first part, and every other part must be there", async () => {
+    const split = (no: number) => ({ "split.no": { value: no, type: GGUFValueType.UINT16 }, "split.count": { value: 2, type: GGUFValueType.UINT16 } });
+    const first = path.join(dir, "big-00001-of-00002.gguf");
+    const second = path.join(dir, "big-00002-of-00002.gguf");
+    await writeTinyLlamaGguf({ path: first, seed: 8, extraMetadata: split(0) });
+    await assert.rejects(checkWeightsFile({ file: first, modelName: "m" }), refusal("weights_missing", "source.path", /big-00002-of-00002\.gguf does not exist/));
+    await writeTinyLlamaGguf({ path: second, seed: 9, extraMetadata: split(1) });
+    assert.deepEqual((await checkWeightsFile({ file: first, modelName: "m" })).header?.split, { no: 0, count: 2 });
+    await assert.rejects(checkWeightsFile({ file: second, modelName: "m" }), refusal("weights_not_first_part", "source.path", /part 2 of a 2-part split GGUF/, /ending in -00001-of-00002\.gguf/));
+    const renamed = path.join(dir, "big-renamed.gguf");
+    await writeTinyLlamaGguf({ path: renamed, seed: 10, extraMetadata: split(0) });
+    await assert.rejects(checkWeightsFile({ file: renamed, modelName: "m" }), refusal("weights_split_name", "source.path", /cannot find the other parts/));
+  });
+
   test("a file the server's user cannot read is refused with what to change", async (t) => {
     if (process.getuid?.() === 0) {
       t.skip("file modes do not stop root, and a link to an unreadable file is refused as a link first");

@@ -145,5 +145,36 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
   }
   const support = checkArchitectureSupport({ architecture: header.architecture, engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! } });
   if (!support.supported) throw refuse(`${weights} at ${file} are a '${header.architecture}' model. ${support.reason}`, "architecture_unsupported");
+  if (header.split !== undefined && header.split.count > 1) await checkSplitParts({ ...options, param }, header.split);
   return { path: file, header };
+}
+
+/**
+ * A split GGUF (written by gguf-split) is loaded from its first part, and llama.cpp finds
+ * the other parts by name beside it: PREFIX-00001-of-0000N.gguf, PREFIX-00002-of-0000N.gguf
+ * and so on (llama_split_prefix and llama_split_path in src/llama.cpp of the bundled
+ * build); it refuses to start from any other part. Each other part must be there as a
+ * regular readable file. Their headers are not read: gguf-split writes the model's keys
+ * into the first part only.
+ */
+async function checkSplitParts(options: CheckWeightsFileOptions & { param: string }, split: { no: number; count: number }): Promise<void> {
+  const { file, modelName, param } = options;
+  const suffix = (no: number) => `-${String(no + 1).padStart(5, "0")}-of-${String(split.count).padStart(5, "0")}.gguf`;
+  const first = suffix(0);
+  if (split.no !== 0) {
+    throw new BadRequestError(
+      `The weights of model '${modelName}' at ${file} are part ${split.no + 1} of a ${split.count}-part split GGUF; llama.cpp loads a split model from its first part, so give the file ending in ${first} instead.`,
+      { code: "weights_not_first_part", param },
+    );
+  }
+  if (!file.endsWith(first)) {
+    throw new BadRequestError(
+      `The weights of model '${modelName}' at ${file} are the first part of a ${split.count}-part split GGUF, but the name does not end in ${first}, so llama.cpp cannot find the other parts; keep the names gguf-split gave the parts.`,
+      { code: "weights_split_name", param },
+    );
+  }
+  const prefix = file.slice(0, -first.length);
+  for (let no = 1; no < split.count; no += 1) {
+    await checkWeightsFile({ ...options, file: `${prefix}${suffix(no)}`, llamaCpp: false });
+  }
 }
