@@ -3,12 +3,12 @@
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import type { Command } from "commander";
-import { BadRequestError, UpstreamError } from "../core/errors.ts";
+import { BadRequestError, UpstreamError, describeError } from "../core/errors.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { DEFAULT_CONTEXT_POOL } from "../catalog/model-schema.ts";
 import { renderTable } from "./output.ts";
-import { countOf } from "../core/format.ts";
+import { clause, countOf } from "../core/format.ts";
 import { renderPlanTable } from "../plan/render.ts";
 import { formatBytes } from "../gguf/memory-estimate.ts";
 import { isLocalSource } from "../registry/local-source.ts";
@@ -398,7 +398,7 @@ function parseJsonText(text: string, what: string): unknown {
   try {
     return JSON.parse(text);
   } catch (error) {
-    throw new BadRequestError(`${what} is not valid JSON: ${(error as Error).message}.`);
+    throw new BadRequestError(`${what} is not valid JSON: ${clause(describeError(error))}.`);
   }
 }
 

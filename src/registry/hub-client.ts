@@ -536,7 +536,7 @@ export class HubClient implements Registry {
     const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
     const { repo } = context;
     const status = response.status;
-    const said = hubMessage === undefined ? "" : ` The registry said: ${hubMessage}`;
+    const said = hubMessage === undefined ? "" : ` The registry said: ${clause(hubMessage)}.`;
     if (hubMessage === "Access to this resource is disabled.") return disabledError(repo, this.endpoint);
     if (hubCode === "GatedRepo") {
       const why = this.hasToken ? `${this.#tokenOwner()} HF_TOKEN is not on its approved list` : `no HF_TOKEN is set${this.#inServer ? " in the llmgw server's environment" : ""}`;
