@@ -7,6 +7,8 @@ const unit = [
   "src/agent/engine-supervisor.test.ts",
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
+  "src/catalog/weights-check.test.ts",
+  "src/cli/local-paths.test.ts",
   "src/keys/key-service.test.ts",
   "src/gguf/header.test.ts",
   "src/gguf/llama-support.test.ts",

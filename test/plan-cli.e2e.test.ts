@@ -4,7 +4,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -35,14 +35,17 @@ describe("llmgw ctl model plan", () => {
     rmSync(workDir, { recursive: true, force: true });
   });
 
-  const ctl = (args: string[], cwd = workDir) =>
-    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { cwd, env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (args: string[], cwd = workDir, env: Record<string, string> = {}) =>
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { cwd, env: { ...process.env, LLMGW_LOG_LEVEL: "silent", ...env } });
 
   test("plans every quantisation of a GGUF repository on this machine and recommends one", async () => {
     const { stdout } = await ctl(["model", "plan", GGUF_REPO, "--context", "4096"]);
     assert.match(stdout, new RegExp(`${GGUF_REPO} @ main`));
     for (const quant of ["Q4_K_M", "Q8_0", "F16"]) assert.match(stdout, new RegExp(`^${quant}\\s+gguf\\s+llama\\.cpp\\s+CPU`, "m"));
     assert.match(stdout, /Recommend/i);
+    // What each artifact's memory is made of, as in the JSON; 4096 is the trained context, so no warning.
+    assert.match(stdout, /^  Q4_K_M: weights \S+ \S+ \+ KV cache \S+ \S+ \(4096 tokens, f16\) \+ compute buffer \S+ \S+ \((logits|feed-forward|attention) [^)]*\) \+ output buffer and tokenizer \S+ \S+ = \S+ \S+ on llama\.cpp$/m);
+    assert.doesNotMatch(stdout, /Warning/);
 
     const { stdout: json } = await ctl(["model", "plan", GGUF_REPO, "--context", "4096", "--json"]);
     const result = JSON.parse(json);
@@ -77,6 +80,59 @@ describe("llmgw ctl model plan", () => {
     assert.equal(result.plan.recommendation.artifact.format, "gguf");
   });
 
+  test("the text plan shows each artifact's memory with the stage that sized the compute buffer, and warns past the trained context", async () => {
+    const file = path.join(workDir, "long.gguf");
+    await writeTinyLlamaGguf({ path: file, seed: 5, contextLength: 4096 });
+    const { stdout: text } = await ctl(["model", "plan", "./long.gguf", "--context", "8192"]);
+    const { stdout: json } = await ctl(["model", "plan", "./long.gguf", "--context", "8192", "--json"]);
+    const memory = JSON.parse(json).plan.artifacts[0].memory;
+    // A tiny vocabulary and an 8192-token context: the attention stage sizes the buffer.
+    assert.equal(memory.overhead.computeStage, "attention");
+    assert.ok(text.includes(`compute buffer`), text);
+    assert.ok(text.includes(`(${memory.overhead.computeStageName})`), text);
+    assert.match(text, /KV cache \S+ \S+ \(8192 tokens, f16\)/);
+    assert.match(text, /^Warning: The 8192-token context exceeds the 4096 tokens the model was trained for.*--context 4096/m);
+    assert.deepEqual(memory.warnings.map((w: string) => `Warning: ${w}`), text.split("\n").filter((line) => line.startsWith("Warning: ")));
+  });
+
+  test("a GGUF cut after its header is not planned", async () => {
+    const file = path.join(workDir, "cut.gguf");
+    const { bytes } = await writeTinyLlamaGguf({ path: file, seed: 6 });
+    truncateSync(file, Math.floor(bytes / 2));
+    await assert.rejects(ctl(["model", "plan", "./cut.gguf"]), (error: { code: number; stderr: string }) => {
+      assert.equal(error.code, 1);
+      assert.match(error.stderr, /cut\.gguf is truncated: its tensor data ends at byte \d+/);
+      assert.doesNotMatch(error.stderr, /\.\./, "no double full stop");
+      return true;
+    });
+  });
+
+  test("ctl model add sends the absolute path of a relative or ~ file, and the server refuses weights cut short", async () => {
+    const file = path.join(workDir, "add.gguf");
+    await writeTinyLlamaGguf({ path: file, seed: 7 });
+    const elsewhere = path.join(workDir, "elsewhere");
+    mkdirSync(elsewhere);
+    await ctl(["model", "add", "relative", "--gguf", "./add.gguf", "--replicas", "0"]);
+    assert.equal((await harness.admin("GET", "/api/v1/models/relative")).body.source.path, file);
+    await ctl(["model", "add", "home", "--gguf", "~/add.gguf", "--replicas", "0"], elsewhere, { HOME: workDir });
+    assert.equal((await harness.admin("GET", "/api/v1/models/home")).body.source.path, file);
+
+    const definition = path.join(workDir, "definition.json");
+    writeFileSync(definition, JSON.stringify({ name: "defined", source: { kind: "file", path: "add.gguf" }, scaling: { min: 0, max: 1 }, profiles: [{ name: "cpu", engine: "llamacpp" }] }));
+    await ctl(["model", "add", "--definition", definition], elsewhere);
+    assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, file, "relative to the definition file");
+
+    const cut = path.join(workDir, "add-cut.gguf");
+    const { bytes } = await writeTinyLlamaGguf({ path: cut, seed: 8 });
+    truncateSync(cut, Math.floor(bytes / 2));
+    await assert.rejects(ctl(["model", "add", "cut", "--gguf", "./add-cut.gguf"]), (error: { code: number; stderr: string }) => {
+      assert.equal(error.code, 1);
+      assert.match(error.stderr, /The weights of model 'cut' cannot be loaded: .*add-cut\.gguf is truncated/);
+      return true;
+    });
+    assert.equal((await harness.admin("GET", "/api/v1/models/cut")).status, 404);
+  });
+
   test("plans a local folder from its listing and headers: nothing is hashed, and a quantisation it cannot read is noted by name", async (t) => {
     const folder = path.join(workDir, "folder");
     mkdirSync(folder);
@@ -101,6 +157,8 @@ describe("llmgw ctl model plan", () => {
       assert.equal(error.code, 1);
       assert.match(error.stderr, /HF_TOKEN/);
       assert.match(error.stderr, new RegExp(GATED_REPO));
+      // The plan ran on the server: a token in ctl's shell would change nothing.
+      assert.match(error.stderr, /set HF_TOKEN to that account's token in the environment of the llmgw server \(not of ctl\) and restart it/);
       return true;
     });
     await assert.rejects(ctl(["model", "plan", "llmgw-test/does-not-exist"]), (error: { stderr: string }) => /does-not-exist/.test(error.stderr) && /not found/i.test(error.stderr));

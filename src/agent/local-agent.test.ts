@@ -3,7 +3,7 @@
 // so failures park quickly.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, truncateSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
@@ -46,18 +46,25 @@ describe("local agent", () => {
     rmSync(modelDir, { recursive: true, force: true });
   });
 
-  test("a missing weights file is recorded and parks the model instead of looping", async () => {
+  test("weights that went bad after the model was added are recorded and park the model instead of looping", async () => {
+    // The catalog refuses bad weights at the door, so the file is cut short (as by an
+    // interrupted copy) after the model was accepted, then the model is started.
+    const brokenFile = path.join(modelDir, "broken.gguf");
+    const { bytes } = await writeTinyLlamaGguf({ path: brokenFile, seed: 8 });
     const created = await harness.admin("POST", "/api/v1/models", {
       name: "broken",
-      source: { kind: "file", path: path.join(modelDir, "missing.gguf") },
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: brokenFile },
       profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
     });
     assert.equal(created.status, 201);
+    truncateSync(brokenFile, Math.floor(bytes / 2));
+    assert.equal((await harness.admin("PATCH", "/api/v1/models/broken", { scaling: { min: 1 } })).status, 200);
     const parked = await eventually("the broken model to park", async () => {
       const { body } = await harness.admin("GET", "/api/v1/models/broken");
       return body.health.state === "parked" ? body : undefined;
     });
-    assert.match(parked.health.reason, /missing\.gguf/);
+    assert.match(parked.health.reason, /broken\.gguf is truncated/);
     assert.match(parked.health.reason, /parked after 3 failed starts/);
     assert.equal(parked.replicas[0].failures, 3);
 
@@ -71,6 +78,7 @@ describe("local agent", () => {
     const error = ((await response.json()) as any).error;
     // The reason (with the path) is for administrators (above); what a client is told is the gateway's.
     assert.equal(error.code, "model_parked");
+    assert.doesNotMatch(error.message, /broken\.gguf/, "a client key is not shown the server's paths");
 
     // Any change to the definition ends parking: the same replica starts a new run (a new
     // state folder) even though nothing about how the engine runs changed.

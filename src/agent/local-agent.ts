@@ -7,16 +7,15 @@
 // replicas stop. The remote `llmgw agent` of the fleet issue reuses the supervisor and
 // engine launch; only where the assignments come from differs.
 import { randomBytes } from "node:crypto";
-import { describeError } from "../core/errors.ts";
+import { BadRequestError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { formatHost } from "../core/format.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Profile } from "../catalog/model-schema.ts";
+import { checkWeightsFile, locateWeights, type MirrorLocator } from "../catalog/weights-check.ts";
 import type { ReplicaState, ReplicaTable } from "../fleet/replica-table.ts";
-import type { Mirror } from "../mirror/mirror.ts";
 import { llamaCppLaunch, llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import { EngineSupervisor, pruneRunFolders, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
-import { assertWeightsUsable, locateWeights } from "./weights-preflight.ts";
 
 export interface LocalAgentOptions {
   catalog: Catalog;
@@ -26,7 +25,7 @@ export interface LocalAgentOptions {
   stateRoot: string;
   nodeId: string;
   /** Where mirror sources are found (the server's mirror, in `up`). */
-  mirror?: Pick<Mirror, "pathFor">;
+  mirror?: MirrorLocator;
   host?: string;
   /** Supervisor timings; tests shorten them. */
   supervisor?: Partial<Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">>;
@@ -162,8 +161,13 @@ export class LocalAgent {
       logger,
       ...this.options.supervisor,
       preflight: async () => {
-        weightsPath = await locateWeights(model, this.options.mirror);
-        await assertWeightsUsable(weightsPath, model.name);
+        // Where the weights are, and the catalog's check at the door again: the file may
+        // have changed (or a mirrored one completed or vanished) since.
+        const source = model.definition.source;
+        if (source === undefined) throw new BadRequestError(`Model '${model.name}' has no weights source; give it a file or mirror source.`, { code: "weights_missing" });
+        const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
+        weightsPath = located.file;
+        await checkWeightsFile({ ...located, modelName: model.name });
       },
       prepare: ({ port }) => llamaCppLaunch({ weightsPath: weightsPath!, modelName: model.name, profile, engineKey, host, port }),
     });
@@ -199,4 +203,3 @@ function fromSnapshot(snapshot: SupervisorSnapshot) {
     readyAt: snapshot.readyAt === null ? null : new Date(snapshot.readyAt).toISOString(),
   };
 }
-

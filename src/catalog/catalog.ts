@@ -2,12 +2,15 @@
 // scaling, prices and origin. It owns the `models`, `model_aliases` and `audit_log`
 // tables and records who changed what. Readers on the hot path (the gateway) use the
 // in-memory snapshot, rebuilt after every change made here and on `refresh()`, so
-// resolving a model name never touches the database.
+// resolving a model name never touches the database. Nothing is stored that cannot run:
+// a new or changed definition passes the schema's bounds and the weights check
+// (weights-check.ts) before it is written.
 import { randomUUID } from "node:crypto";
 import { ConflictError, NotFoundError } from "../core/errors.ts";
 import { readAudit, recordAudit as audit, type AuditEntry } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
 import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
+import type { WeightsChecker } from "./weights-check.ts";
 
 export interface CatalogModel {
   id: string;
@@ -23,11 +26,14 @@ export type CatalogListener = (models: readonly CatalogModel[]) => void;
 
 export interface CatalogOptions {
   store: Store;
+  /** Refuses a model whose weights cannot run (the server's: DiskWeightsChecker with its mirror). */
+  weights: WeightsChecker;
   clock?: () => number;
 }
 
 export class Catalog {
   private readonly store: Store;
+  private readonly weights: WeightsChecker;
   private readonly clock: () => number;
   private models: readonly CatalogModel[] = [];
   private byName = new Map<string, CatalogModel>();
@@ -37,6 +43,7 @@ export class Catalog {
 
   constructor(options: CatalogOptions) {
     this.store = options.store;
+    this.weights = options.weights;
     this.clock = options.clock ?? Date.now;
   }
 
@@ -104,6 +111,7 @@ export class Catalog {
 
   async create(body: unknown, actor: string): Promise<CatalogModel> {
     const { name, ...definition } = parseNewModel(body);
+    await this.weights.check({ name, definition });
     const now = nowIso(this.clock);
     const id = randomUUID();
     await this.write(async (trx) => {
@@ -122,6 +130,12 @@ export class Catalog {
     const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
+    // Only a change to where the weights are or what loads them is checked against the
+    // disk: a model whose file went bad must still take other changes (scaling.min 0 to
+    // stop it, a description); its replicas park with the reason meanwhile.
+    if (JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) || JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles)) {
+      await this.weights.check({ name: finalName, definition });
+    }
     const now = nowIso(this.clock);
     await this.write(async (trx) => {
       await assertNamesFree(trx, [finalName, ...definition.aliases], current.id);

@@ -2,8 +2,10 @@
 // (snake_case, like the rest of the wire formats). One zod schema validates a new model;
 // `applyModelPatch` merges a partial change and re-validates the result, so a malformed
 // entry is refused with the field named, whatever the route.
+import path from "node:path";
 import { z } from "zod";
 import { BadRequestError, parseWith } from "../core/errors.ts";
+import { pathProblem, segmentProblem } from "../registry/repo-path.ts";
 
 /**
  * A llama.cpp replica's context when its profile does not say: a pool shared by its
@@ -17,6 +19,28 @@ export const DEFAULT_EXTERNAL_MAX_INFLIGHT = 64;
 /** Requests that may wait for a free replica of a model, and how long each may wait. */
 export const DEFAULT_QUEUE_SIZE = 256;
 export const DEFAULT_QUEUE_TIMEOUT_SECONDS = 60;
+
+/**
+ * Bounds a model must keep to be accepted (POST and PATCH of /api/v1/models). They are
+ * checked at the door only, not on rows read back from the store: a row stored before a
+ * bound existed still loads and runs as before, and the next change to it must bring it
+ * within the bounds.
+ *
+ * - ctx_size: llama.cpp keeps n_ctx in a uint32 and pads it up to a multiple of 256
+ *   (src/llama-context.cpp of the bundled v0.4.0: `GGML_PAD(cparams.n_ctx, 256)`), so a
+ *   context below 256 tokens would allocate 256 anyway; the bundled engine (`llmgw engine
+ *   --ctx-size`, src/engines/llamacpp/engine-command.ts) accepts at most 16,777,216.
+ * - parallel: llama.cpp allows 256 sequences (LLAMA_MAX_SEQ), but the slots of one replica
+ *   share its context and its CPU: past 64 each request gets a sliver of both. More
+ *   requests at once need more replicas (scaling.max). 64 is also the in-flight limit of an
+ *   external profile by default.
+ * - scaling.max: 64 replicas per model; more is a typo or a runaway script.
+ */
+export const LIMITS = {
+  ctxSize: { min: 256, max: 16_777_216 },
+  parallel: { max: 64 },
+  replicas: { max: 64 },
+} as const;
 
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
@@ -145,10 +169,63 @@ function checkModel(model: { name?: string; aliases: string[]; role: string; gua
   }
 }
 
-export const newModelSchema = z.strictObject({ name: modelName, ...modelFields }).superRefine(checkModel);
+type DoorFields = {
+  profiles: { ctx_size?: number | undefined; parallel?: number | undefined }[];
+  scaling: { max: number };
+  source?: { kind: "file"; path: string } | { kind: "mirror"; model: string; version: string; file: string } | undefined;
+};
+
+/** The bounds of LIMITS and the shape of a weights source, for what is about to be stored. */
+function checkLimits(model: DoorFields, ctx: z.RefinementCtx): void {
+  model.profiles.forEach((profile, index) => {
+    const { ctx_size: ctxSize, parallel } = profile;
+    if (ctxSize !== undefined && (ctxSize < LIMITS.ctxSize.min || ctxSize > LIMITS.ctxSize.max)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["profiles", index, "ctx_size"],
+        message: `must be from ${LIMITS.ctxSize.min} to ${LIMITS.ctxSize.max} tokens (llama.cpp allocates the context in steps of 256; the bundled engine accepts at most ${LIMITS.ctxSize.max}), got ${ctxSize}`,
+      });
+    }
+    if (parallel !== undefined && parallel > LIMITS.parallel.max) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["profiles", index, "parallel"],
+        message: `must be at most ${LIMITS.parallel.max} requests per replica, got ${parallel}; serve more at once with more replicas (scaling.max)`,
+      });
+    }
+  });
+  if (model.scaling.max > LIMITS.replicas.max) {
+    ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at most ${LIMITS.replicas.max} replicas, got ${model.scaling.max}` });
+  }
+  const source = model.source;
+  if (source?.kind === "file" && !path.isAbsolute(source.path)) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["source", "path"],
+      message: `must be an absolute path on the server's machine, got '${source.path}' ('llmgw ctl model add --gguf' turns a relative path into an absolute one)`,
+    });
+  }
+  if (source?.kind === "mirror") {
+    // The mirror keeps files at MIRROR/{model}/{version}/{file}: no part may climb out of it.
+    for (const key of ["model", "version"] as const) {
+      const problem = segmentProblem(source[key]);
+      if (problem !== null) ctx.addIssue({ code: "custom", path: ["source", key], message: `must be one folder name as 'llmgw ctl mirror list' shows it, but ${problem}` });
+    }
+    const problem = pathProblem(source.file);
+    if (problem !== null) ctx.addIssue({ code: "custom", path: ["source", "file"], message: `must be a file path inside the mirrored version as 'llmgw ctl mirror list' shows it, but ${problem}` });
+  }
+}
+
+export const newModelSchema = z
+  .strictObject({ name: modelName, ...modelFields })
+  .superRefine(checkModel)
+  .superRefine(checkLimits);
 
 /** A stored model definition: everything but the name, which is its own column. */
 export const modelDefinitionSchema = z.strictObject(modelFields).superRefine(checkModel);
+
+/** A changed definition about to be stored: the stored shape within LIMITS. */
+const changedDefinitionSchema = modelDefinitionSchema.superRefine(checkLimits);
 
 export type NewModel = z.output<typeof newModelSchema>;
 export type ModelDefinition = z.output<typeof modelDefinitionSchema>;
@@ -203,7 +280,7 @@ export function applyModelPatch(current: ModelDefinition, patchBody: unknown): {
   if (Array.isArray(fields.profiles)) {
     merged.profiles = fields.profiles.map((profile) => keepStoredApiKey(profile, current.profiles));
   }
-  const definition = parseWith(modelDefinitionSchema, merged, "model");
+  const definition = parseWith(changedDefinitionSchema, merged, "model");
   if (name !== undefined && definition.aliases.includes(name)) {
     throw new BadRequestError(`Invalid model: field 'aliases': '${name}' repeats the model name.`, { param: "aliases", code: "invalid_field" });
   }

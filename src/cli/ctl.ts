@@ -3,14 +3,16 @@
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import type { Command } from "commander";
-import { BadRequestError, UpstreamError } from "../core/errors.ts";
+import { BadRequestError, UpstreamError, describeError } from "../core/errors.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { DEFAULT_CONTEXT_POOL } from "../catalog/model-schema.ts";
 import { renderTable } from "./output.ts";
+import { clause, countOf } from "../core/format.ts";
 import { renderPlanTable } from "../plan/render.ts";
 import { formatBytes } from "../gguf/memory-estimate.ts";
 import { isLocalSource } from "../registry/local-source.ts";
+import { absoluteFilePath, absoluteRepoArgument } from "./local-paths.ts";
 import type { ModelPlan } from "../plan/plan.ts";
 
 type Options = Record<string, unknown>;
@@ -62,7 +64,7 @@ export function registerCtl(program: Command): void {
     .option("--replicas <n>", "replicas to keep running (default 1)")
     .option("--ctx-size <n>", "llama.cpp context shared by parallel requests")
     .option("--parallel <n>", "llama.cpp requests served at once")
-    .option("--definition <file>", "JSON model definition ('-' for stdin)")
+    .option("--definition <file>", "JSON model definition ('-' for stdin); a relative source.path is relative to that file")
     .option("--json", "print JSON")
     .action(async (name: string | undefined, options: Options, command: Command) => {
       const body = modelFromFlags(name, options);
@@ -91,7 +93,7 @@ export function registerCtl(program: Command): void {
     .description("Start a parked model again after fixing what made it fail")
     .action(async (name: string, _options: Options, command: Command) => {
       const result = await connect(command).call("POST", `/api/v1/models/${encodeURIComponent(name)}/unpark`);
-      process.stdout.write(`Unparked ${result.unparked} replica(s) of '${name}'.\n`);
+      process.stdout.write(`Unparked ${countOf(result.unparked, "replica")} of '${name}'.\n`);
     });
 
   model
@@ -103,8 +105,7 @@ export function registerCtl(program: Command): void {
     .option("--json", "print JSON")
     .action(async (repo: string, options: Options, command: Command) => {
       // A relative path means this shell's folder, so it travels to the server as an absolute one.
-      const relative = isLocalSource(repo) && !repo.startsWith("file:") && !repo.startsWith("~");
-      const query = new URLSearchParams({ repo: relative ? path.resolve(repo) : repo, context: String(options.context) });
+      const query = new URLSearchParams({ repo: absoluteRepoArgument(repo), context: String(options.context) });
       if (typeof options.format === "string") query.set("format", options.format);
       if (typeof options.revision === "string") query.set("revision", options.revision);
       const result = await connect(command).call("GET", `/api/v1/plan?${query}`);
@@ -326,8 +327,11 @@ function describeFetchOutcome(started: { model: string; version: string; repo: s
 
 function modelFromFlags(name: string | undefined, options: Options): unknown {
   if (typeof options.definition === "string") {
-    const text = options.definition === "-" ? readFileSync(0, "utf8") : readFileSync(options.definition, "utf8");
-    return parseJsonText(text, `--definition ${options.definition}`);
+    const fromStdin = options.definition === "-";
+    const text = fromStdin ? readFileSync(0, "utf8") : readFileSync(options.definition, "utf8");
+    const definition = parseJsonText(text, `--definition ${options.definition}`);
+    // A relative weights path in a definition file means next to that file (stdin: here).
+    return withAbsoluteFileSource(definition, fromStdin ? process.cwd() : path.dirname(path.resolve(options.definition)));
   }
   if (name === undefined) throw new BadRequestError("Give the model a name: 'llmgw ctl model add NAME --gguf FILE' (or use --definition FILE).");
   const aliases = Array.isArray(options.alias) ? (options.alias as string[]) : [];
@@ -338,7 +342,7 @@ function modelFromFlags(name: string | undefined, options: Options): unknown {
       name,
       aliases,
       scaling,
-      source: typeof options.gguf === "string" ? { kind: "file", path: path.resolve(options.gguf) } : mirrorSource(options.mirror as string),
+      source: typeof options.gguf === "string" ? { kind: "file", path: absoluteFilePath(options.gguf) } : mirrorSource(options.mirror as string),
       profiles: [
         {
           name: "cpu",
@@ -367,6 +371,16 @@ function modelFromFlags(name: string | undefined, options: Options): unknown {
   throw new BadRequestError("Say what serves the model: --gguf FILE, --mirror MODEL/VERSION/FILE, --external URL, or --definition FILE.");
 }
 
+/** The definition with a relative `source.path` of a file source made absolute against `base`. */
+function withAbsoluteFileSource(definition: unknown, base: string): unknown {
+  if (typeof definition !== "object" || definition === null) return definition;
+  const source = (definition as { source?: unknown }).source;
+  if (typeof source !== "object" || source === null) return definition;
+  const { kind, path: file } = source as { kind?: unknown; path?: unknown };
+  if (kind !== "file" || typeof file !== "string" || file === "") return definition;
+  return { ...definition, source: { ...source, path: absoluteFilePath(file, base) } };
+}
+
 /** `model/version/file` (the file may have folders) → a mirror source. */
 function mirrorSource(value: string): { kind: "mirror"; model: string; version: string; file: string } {
   const [model, version, ...file] = value.split("/");
@@ -384,7 +398,7 @@ function parseJsonText(text: string, what: string): unknown {
   try {
     return JSON.parse(text);
   } catch (error) {
-    throw new BadRequestError(`${what} is not valid JSON: ${(error as Error).message}.`);
+    throw new BadRequestError(`${what} is not valid JSON: ${clause(describeError(error))}.`);
   }
 }
 

@@ -23,3 +23,16 @@ export function printable(text: string): string {
   const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
   return shown.replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 }
+
+/**
+ * Text that a message goes on after, without its final full stop: an error's message is
+ * a sentence, and "failed: ${message}. Try again" would otherwise end it twice ("..").
+ */
+export function clause(text: string): string {
+  return text.trimEnd().replace(/(?<!\.)\.$/, "");
+}
+
+/** "1 file", "2 files": a count with its noun; `plural` for nouns that do not just add "s". */
+export function countOf(count: number, singular: string, plural = `${singular}s`): string {
+  return `${count} ${count === 1 ? singular : plural}`;
+}

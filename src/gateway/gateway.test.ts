@@ -4,6 +4,8 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import path from "node:path";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { findFreePort } from "../agent/free-port.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
@@ -229,7 +231,10 @@ describe("gateway", () => {
   });
 
   test("a model without a ready replica answers 503 with Retry-After and the reason", async () => {
-    const created = await harness.admin("POST", "/api/v1/models", { name: "idle", scaling: { min: 0, max: 1 }, source: { kind: "file", path: "/nonexistent.gguf" }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
+    // Real weights: the catalog refuses a source that cannot run.
+    const weights = path.join(harness.dataDir, "idle.gguf");
+    await writeTinyLlamaGguf({ path: weights, seed: 1 });
+    const created = await harness.admin("POST", "/api/v1/models", { name: "idle", scaling: { min: 0, max: 1 }, source: { kind: "file", path: weights }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
     assert.equal(created.status, 201);
     const response = await fetch(`${harness.url}/v1/chat/completions`, {
       method: "POST",

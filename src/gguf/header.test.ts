@@ -170,12 +170,15 @@ describe("readGgufHeader", () => {
 
   test("reads under 0.1% of a 1 GiB file", async () => {
     const path = join(dir, "one-gib.gguf");
-    const shape: LlamaShape = { layers: 32, embedding: 4096, heads: 32, kvHeads: 8, feedForward: 14336, vocab: 32000, weightType: 2 };
-    await writeGgufFixture({ path, metadata: llamaMetadata({ ...shape, contextLength: 4096, fileType: 2 }), tensors: llamaTensors(shape) });
+    // A 1.7B-parameter Q4_0 llama: just under 1 GiB of (sparse) tensor data.
+    const shape: LlamaShape = { layers: 22, embedding: 2048, heads: 32, kvHeads: 8, feedForward: 5632, vocab: 32000, weightType: 2 };
+    const info = await writeGgufFixture({ path, metadata: llamaMetadata({ ...shape, contextLength: 4096, fileType: 2 }), tensors: llamaTensors(shape) });
+    assert.ok(info.fileBytes <= 1024 ** 3, `fixture is ${info.fileBytes} bytes`);
     await truncate(path, 1024 ** 3); // pad the (sparse) data region to exactly 1 GiB
     const summary = await readGgufHeader({ file: path });
     assert.equal(summary.quantisation, "Q4_0");
     assert.equal(summary.vocabSize, 32000);
+    assert.equal(summary.fileBytes, 1024 ** 3);
     assert.ok(summary.bytesRead / 1024 ** 3 < 0.001, `read ${summary.bytesRead} bytes`);
   });
 
@@ -240,6 +243,50 @@ describe("readGgufHeader", () => {
       assert.ok(error instanceof BadRequestError);
       assert.match(error.code, /gguf_truncated|gguf_malformed/);
       assert.match(error.message, /truncated\.gguf/);
+      return true;
+    });
+  });
+
+  test("a file cut after its header is refused as truncated, from disk and over HTTP", async () => {
+    // The header and tensor infos are intact; only tensor data is missing, as after an
+    // interrupted copy. llama.cpp refuses such a file, so the check must too.
+    const path = join(dir, "cut-data.gguf");
+    const info = await writeGgufFixture({ path, metadata: llamaMetadata({ ...SHAPE, contextLength: 2048, fileType: 15 }), tensors: llamaTensors(SHAPE) });
+    const truncatedTo = (bytes: number) => (error: unknown) => {
+      assert.ok(error instanceof BadRequestError);
+      assert.equal(error.code, "gguf_truncated");
+      assert.match(error.message, /cut-data\.gguf is truncated/);
+      assert.match(error.message, new RegExp(`has only ${bytes} bytes`));
+      assert.match(error.message, /fetch the file again/);
+      return true;
+    };
+    await truncate(path, info.headerBytes + 1000);
+    await assert.rejects(readGgufHeader({ file: path }), truncatedTo(info.headerBytes + 1000));
+    const server = rangeServer();
+    const base = await server.start();
+    try {
+      await assert.rejects(readGgufHeader({ url: `${base}/cut-data.gguf` }), truncatedTo(info.headerBytes + 1000));
+    } finally {
+      await server.close();
+    }
+
+    // Every tensor of this shape is a multiple of 32 bytes, so the data ends with the file:
+    // one byte less is already too short.
+    await truncate(path, info.fileBytes - 1);
+    await assert.rejects(readGgufHeader({ file: path }), truncatedTo(info.fileBytes - 1));
+    await truncate(path, info.fileBytes);
+    assert.equal((await readGgufHeader({ file: path })).fileBytes, info.fileBytes);
+  });
+
+  test("a tensor offset that is not where ggml expects it is refused as malformed", async () => {
+    const path = join(dir, "bad-offset.gguf");
+    const tensors = llamaTensors(SHAPE);
+    tensors[1] = { ...tensors[1]!, offset: 7 };
+    await writeGgufFixture({ path, metadata: llamaMetadata({ ...SHAPE, contextLength: 2048, fileType: 15 }), tensors });
+    await assert.rejects(readGgufHeader({ file: path }), (error: unknown) => {
+      assert.ok(error instanceof BadRequestError);
+      assert.equal(error.code, "gguf_malformed");
+      assert.match(error.message, /tensor 'output_norm\.weight' starts at byte 7 of the data section, where ggml expects byte \d+/);
       return true;
     });
   });

@@ -12,10 +12,16 @@
 // library asks beyond the prefix or fails on the filler, the prefix doubles and the parse
 // runs again. Every byte that comes over the wire or off the disk is counted in
 // `bytesRead`.
+//
+// A header that parses is not yet a file llama.cpp loads: the tensor infos must also
+// place every tensor's data where ggml expects it and inside the file (see
+// `checkTensorLayout`). A GGUF cut after its header (an interrupted copy) is refused here,
+// so the plan, the catalog and the agent all refuse it the same way.
 import { open, type FileHandle } from "node:fs/promises";
 import { fetch as undiciFetch, type Dispatcher } from "undici";
 import { GGMLFileQuantizationType, GGMLQuantizationType, gguf, type GGUFParseOutput, type MetadataValue } from "@huggingface/gguf";
 import { BadRequestError, LlmgwError, NotFoundError, UpstreamError, describeError } from "../core/errors.ts";
+import { clause, formatBytes } from "../core/format.ts";
 import { ggmlTensorBytes } from "./ggml-types.ts";
 
 /** The part of a fetch Response this module uses; global fetch and undici's both fit. */
@@ -118,10 +124,12 @@ export async function readGgufHeader(source: GgufSource, options: ReadGgufHeader
     // is a placeholder that never leaves this process.
     const libraryUrl = "url" in source ? source.url : "http://gguf.invalid/file";
     for (;;) {
-      let parsed: (GGUFParseOutput & { parameterCount: number }) | undefined;
+      let parsed: GGUFParseOutput | undefined;
       let failure: unknown;
       try {
-        parsed = await gguf(libraryUrl, { fetch: prefix.libraryFetch, computeParametersCount: true });
+        // Parameters are counted in `summarise`: the library's own count also compares the
+        // file size with 1 bit per parameter, a weaker test than `checkTensorLayout`'s.
+        parsed = await gguf(libraryUrl, { fetch: prefix.libraryFetch });
       } catch (error) {
         failure = error;
       }
@@ -135,14 +143,14 @@ export async function readGgufHeader(source: GgufSource, options: ReadGgufHeader
             { code: "gguf_truncated" },
           );
         }
-        throw new BadRequestError(`${range.label} has a malformed GGUF header: ${describeError(failure)}. Fetch the file again or pick another file.`, {
+        throw new BadRequestError(`${range.label} has a malformed GGUF header: ${clause(describeError(failure))}. Fetch the file again or pick another file.`, {
           code: "gguf_malformed",
           cause: failure,
         });
       }
       if (prefix.bytes.length >= maxHeaderBytes) {
         throw new BadRequestError(
-          `${range.label}: no complete GGUF header in its first ${maxHeaderBytes} bytes${failure === undefined || failure instanceof NeedMoreBytes ? "" : ` (${describeError(failure)})`}. The header is malformed or larger than llmgw reads.`,
+          `${range.label}: no complete GGUF header in its first ${maxHeaderBytes} bytes${failure === undefined || failure instanceof NeedMoreBytes ? "" : ` (${clause(describeError(failure))})`}. The header is malformed or larger than llmgw reads.`,
           { code: "gguf_malformed", cause: failure },
         );
       }
@@ -237,7 +245,7 @@ async function openFileRange(source: GgufFileSource): Promise<ByteRange> {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") {
       throw new NotFoundError(`GGUF file ${label} does not exist.`, { cause: error });
     }
-    throw new BadRequestError(`Cannot open GGUF file ${label}: ${describeError(error)}.`, { cause: error });
+    throw new BadRequestError(`Cannot open GGUF file ${label}: ${clause(describeError(error))}.`, { cause: error });
   }
   const size = (await handle.stat()).size;
   const range: ByteRange = {
@@ -281,7 +289,7 @@ function httpRange(source: GgufUrlSource): ByteRange {
         // Classified once, here: a refused connection or a failure mid-body (reset, timeout)
         // may pass on retry; HTTP statuses were classified below.
         if (error instanceof LlmgwError || source.signal?.aborted) throw error;
-        throw new UpstreamError(`Reading the GGUF header of ${label} failed: ${describeError(error)}.`, {
+        throw new UpstreamError(`Reading the GGUF header of ${label} failed: ${clause(describeError(error))}.`, {
           code: "gguf_fetch_failed",
           retryable: true,
           cause: error,
@@ -365,6 +373,57 @@ function withoutQuery(url: string): string {
 
 type Metadata = Record<string, MetadataValue | undefined>;
 
+/** ggml's default when `general.alignment` is absent (GGUF_DEFAULT_ALIGNMENT). */
+const DEFAULT_ALIGNMENT = 32;
+
+/**
+ * Refuses tensor infos that put data where llama.cpp will not find it. Two rules of the
+ * bundled llama.cpp (v0.4.0): ggml's reader (ggml/src/gguf.cpp) requires each tensor's
+ * offset, counted from the start of the data section, to be the running sum of the sizes
+ * of the tensors before it, each padded to `general.alignment`; and the model loader
+ * (src/llama-model-loader.h) refuses a tensor whose data ends past the end of the file
+ * ("data is not within the file bounds, model is corrupted or incomplete"). The last
+ * tensor's padding need not be in the file. Tensors of a type this build cannot size end
+ * the offset rule there (the next expected offset is unknown) and are left out of the
+ * bounds rule. Without a known file size (an HTTP server that told none) only the offsets
+ * are checked.
+ */
+function checkTensorLayout(parsed: GGUFParseOutput, meta: Metadata, context: { source: string; fileBytes: number | undefined }): void {
+  const declared = numberOf(meta["general.alignment"]);
+  // ggml refuses an alignment that is not a power of two; the parse would have failed on it.
+  const alignment = declared !== undefined && declared > 0 && Number.isInteger(Math.log2(declared)) ? declared : DEFAULT_ALIGNMENT;
+  const dataStart = Number(parsed.tensorDataOffset);
+  let expectedOffset: number | undefined = 0;
+  let furthest: { name: string; end: number } | undefined;
+  for (const tensor of parsed.tensorInfos) {
+    const offset = Number(tensor.offset);
+    if (expectedOffset !== undefined && offset !== expectedOffset) {
+      throw new BadRequestError(
+        `${context.source} has a malformed GGUF header: tensor '${tensor.name}' starts at byte ${offset} of the data section, where ggml expects byte ${expectedOffset} ` +
+          `(the sizes of the tensors before it, each padded to ${alignment} bytes), so llama.cpp refuses the file. Re-create the file or fetch it again.`,
+        { code: "gguf_malformed" },
+      );
+    }
+    const elements = tensor.shape.reduce((product, dim) => product * Number(dim), 1);
+    const bytes = ggmlTensorBytes(tensor.dtype, elements);
+    if (bytes === undefined) {
+      expectedOffset = undefined;
+      continue;
+    }
+    if (expectedOffset !== undefined) expectedOffset += Math.ceil(bytes / alignment) * alignment;
+    const end = dataStart + offset + bytes;
+    if (furthest === undefined || end > furthest.end) furthest = { name: tensor.name, end };
+  }
+  if (furthest !== undefined && context.fileBytes !== undefined && furthest.end > context.fileBytes) {
+    const missing = furthest.end - context.fileBytes;
+    throw new BadRequestError(
+      `${context.source} is truncated: its tensor data ends at byte ${furthest.end} (tensor '${furthest.name}'), but the file has only ${context.fileBytes} bytes ` +
+        `(${formatBytes(missing)} missing), so llama.cpp cannot load it. The copy or download was cut short: copy or fetch the file again.`,
+      { code: "gguf_truncated" },
+    );
+  }
+}
+
 function numberOf(value: MetadataValue | undefined): number | undefined {
   if (typeof value === "number") return value;
   if (typeof value === "bigint") return Number(value);
@@ -385,7 +444,7 @@ function scalarOrArray(value: MetadataValue | undefined): { value?: number; perL
 const FTYPE_GUESSED = 1024;
 
 function summarise(
-  parsed: GGUFParseOutput & { parameterCount: number },
+  parsed: GGUFParseOutput,
   context: { source: string; bytesRead: number; fileBytes: number | undefined },
 ): GgufHeaderSummary {
   const meta = parsed.metadata as unknown as Metadata;
@@ -415,10 +474,12 @@ function summarise(
   const defaultHeadSize = firstHeads > 0 ? embeddingLength / firstHeads : 0;
 
   let tensorBytes = 0;
+  let parameterCount = 0;
   const unknownTensorTypes = new Set<number>();
   const bytesByType = new Map<number, number>();
   for (const tensor of parsed.tensorInfos) {
     const elements = tensor.shape.reduce((product, dim) => product * Number(dim), 1);
+    parameterCount += elements;
     const bytes = ggmlTensorBytes(tensor.dtype, elements);
     if (bytes === undefined) {
       unknownTensorTypes.add(tensor.dtype);
@@ -427,6 +488,8 @@ function summarise(
     tensorBytes += bytes;
     if (tensor.n_dims >= 2) bytesByType.set(tensor.dtype, (bytesByType.get(tensor.dtype) ?? 0) + bytes);
   }
+
+  checkTensorLayout(parsed, meta, context);
 
   const rawFileType = numberOf(meta["general.file_type"]);
   const fileType = rawFileType === undefined ? undefined : rawFileType & ~FTYPE_GUESSED;
@@ -454,7 +517,7 @@ function summarise(
     ggufVersion: parsed.metadata.version,
     architecture,
     ...(typeof name === "string" ? { name } : {}),
-    parameterCount: parsed.parameterCount,
+    parameterCount,
     ...(fileType === undefined ? {} : { fileType }),
     quantisation,
     quantisationFrom,

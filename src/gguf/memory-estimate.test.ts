@@ -72,6 +72,31 @@ describe("estimateGgufMemory", () => {
     assert.match(off.basis, /attention scores without flash attention/);
   });
 
+  test("the compute buffer names the stage that sized it, whichever it is", () => {
+    assert.equal(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192 }).overhead.computeStage, "logits");
+    // A small vocabulary and a long context: with flash attention the attention stage
+    // (half the context per batch token) outgrows logits and feed-forward.
+    const small: GgufModelShape = { ...LLAMA3_8B, vocabSize: 1000, embeddingLength: 64, feedForwardLength: 128, contextLength: 131072 };
+    const long = estimateGgufMemory({ header: small, contextSize: 65536 });
+    assert.equal(long.overhead.computeStage, "attention");
+    assert.equal(long.overhead.computeBytes, 4 * 512 * (65536 / 2 + 6 * 64));
+    assert.equal(long.overhead.computeStageName, "attention stage, flash attention");
+    assert.match(long.basis, /for a 512-token batch, attention stage, flash attention;/);
+    assert.doesNotMatch(long.basis, /logits stage/);
+    const wide = estimateGgufMemory({ header: { ...small, feedForwardLength: 1_000_000 }, contextSize: 4096 });
+    assert.equal(wide.overhead.computeStageName, "feed-forward stage");
+    assert.equal(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192, flashAttention: false }).overhead.computeStageName, "attention scores without flash attention");
+  });
+
+  test("the basis counts in words that agree with their numbers", () => {
+    const single = estimateGgufMemory({ header: { ...LLAMA3_8B, blockCount: 1, headCountKv: 1 }, contextSize: 256 });
+    assert.match(single.basis, /\(1 layer × 1 KV head × 128 dims × 2 \(K\+V\)/);
+    assert.match(single.basis, /one cache shared by 1 slot\)/);
+    assert.match(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 256, parallel: 2 }).basis, /32 layers × 8 KV heads .* shared by 2 slots\)/);
+    const mqa = estimateSafetensorsMemory({ config: { ...LLAMA3_8B_CONFIG, num_hidden_layers: 1, num_key_value_heads: 1 }, totalBytes: GiB, contextSize: 1024 });
+    assert.match(mqa.basis, /\(1 layer × 1 KV head × 128 dims/);
+  });
+
   test("the context is padded to a multiple of 256 and shared by all slots", () => {
     const one = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 1000 });
     assert.equal(one.allocatedContext, 1024);
@@ -94,7 +119,12 @@ describe("estimateGgufMemory", () => {
   });
 
   test("a context beyond the trained one is said in the basis; a bad context is a 400", () => {
-    assert.match(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 16384 }).basis, /exceeds the 8192 tokens the model was trained for/);
+    const beyond = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 16384 });
+    assert.match(beyond.basis, /exceeds the 8192 tokens the model was trained for/);
+    assert.equal(beyond.trainedContext, 8192);
+    assert.equal(beyond.warnings.length, 1);
+    assert.match(beyond.warnings[0]!, /^The 16384-token context exceeds the 8192 tokens the model was trained for.*--context 8192/);
+    assert.deepEqual(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192 }).warnings, []);
     assert.throws(() => estimateGgufMemory({ header: LLAMA3_8B, contextSize: 0 }), BadRequestError);
   });
 

@@ -6,7 +6,7 @@
 // of the llama.cpp that node-llama-cpp 3.21.1 bundles (llama.cpp v0.4.0) where those
 // differ; each approximation is named where it is made.
 import { BadRequestError } from "../core/errors.ts";
-import { formatBytes } from "../core/format.ts";
+import { countOf, formatBytes } from "../core/format.ts";
 
 export { formatBytes };
 
@@ -63,9 +63,14 @@ export interface GgufMemoryOptions {
   flashAttention?: boolean;
 }
 
+/** The part of the graph that sizes llama.cpp's compute buffer (the largest of them). */
+export type ComputeStage = "logits" | "feed-forward" | "attention";
+
 export interface GgufMemoryEstimate {
   engine: "llamacpp";
   contextSize: number;
+  /** The context the model was trained for (`{arch}.context_length`); 0 when the header does not say. */
+  trainedContext: number;
   /** The context llama.cpp allocates: contextSize padded to a multiple of 256. */
   allocatedContext: number;
   parallel: number;
@@ -74,9 +79,12 @@ export interface GgufMemoryEstimate {
   kvCacheBytes: number;
   kvBytesPerToken: number;
   overheadBytes: number;
-  overhead: { computeBytes: number; outputBytes: number; fixedBytes: number };
+  /** `computeStage` is the stage that sized the compute buffer; `computeStageName` says it for people. */
+  overhead: { computeBytes: number; computeStage: ComputeStage; computeStageName: string; outputBytes: number; fixedBytes: number };
   totalBytes: number;
   basis: string;
+  /** What the operator should know before serving with this context (for example a context beyond the trained one). */
+  warnings: string[];
 }
 
 // llama.cpp v0.4.0 pads n_ctx to a multiple of 256 whatever the attention kernel
@@ -131,7 +139,17 @@ export function estimateGgufMemory(options: GgufMemoryOptions): GgufMemoryEstima
   const attentionStage = flashAttention
     ? 4 * microBatch * (allocatedContext / 2 + 6 * embd)
     : 4 * microBatch * (allocatedContext * (header.headCount + 1) + 6 * embd);
-  const computeBytes = Math.max(logitsStage, ffnStage, attentionStage);
+  // The first of equal stages wins, in this order, so a tie names the stage named before.
+  const stages: Array<{ stage: ComputeStage; bytes: number }> = [
+    { stage: "logits", bytes: logitsStage },
+    { stage: "feed-forward", bytes: ffnStage },
+    { stage: "attention", bytes: attentionStage },
+  ];
+  const largest = stages.reduce((best, next) => (next.bytes > best.bytes ? next : best));
+  const computeBytes = largest.bytes;
+  const computeStage = largest.stage;
+  const computeStageName =
+    computeStage === "attention" ? (flashAttention ? "attention stage, flash attention" : "attention scores without flash attention") : `${computeStage} stage`;
   // Output buffer: llama.cpp v0.4.0 reserves logits for one token per sequence
   // (llama_context::output_reserve(n_seq_max)), growing only when a request asks for more
   // outputs (prompt logprobs). engines.md's 4 · min(n_ctx, 512) · (n_embd + n_vocab) is
@@ -142,23 +160,27 @@ export function estimateGgufMemory(options: GgufMemoryOptions): GgufMemoryEstima
   const totalBytes = weightsBytes + kvCacheBytes + overheadBytes;
 
   const kvShape = header.headCountKvPerLayer
-    ? `${kvHeadsTotal} KV heads summed over ${header.blockCount} layers`
-    : `${header.blockCount} layers × ${header.headCountKv} KV heads`;
+    ? `${countOf(kvHeadsTotal, "KV head")} summed over ${countOf(header.blockCount, "layer")}`
+    : `${countOf(header.blockCount, "layer")} × ${countOf(header.headCountKv, "KV head")}`;
   const dims = header.keyLength === header.valueLength ? `${header.keyLength} dims × 2 (K+V)` : `(${header.keyLength} K + ${header.valueLength} V) dims`;
   const tokens = allocatedContext === options.contextSize ? `${allocatedContext} tokens` : `${allocatedContext} tokens (${options.contextSize} padded to a multiple of ${CONTEXT_PADDING})`;
   const beyondTraining = header.contextLength > 0 && options.contextSize > header.contextLength ? `; the context exceeds the ${header.contextLength} tokens the model was trained for` : "";
+  const warnings =
+    beyondTraining === ""
+      ? []
+      : [`The ${options.contextSize}-token context exceeds the ${header.contextLength} tokens the model was trained for: answers that run past ${header.contextLength} tokens may lose coherence. Plan with --context ${header.contextLength} or less unless the model is known to extend its context.`];
   const noAttention = kvHeadsTotal === 0 ? " (the header has no attention heads, so no KV cache is counted)" : "";
-  const computeWhy = computeBytes === attentionStage && !flashAttention ? "attention scores without flash attention" : computeBytes === ffnStage ? "feed-forward stage" : "logits stage";
   const basis =
     `weights ${formatBytes(weightsBytes)} (tensor data in the header)` +
-    ` + KV cache ${formatBytes(kvCacheBytes)} (${kvShape} × ${dims} × ${elementBytes} bytes (${kvType}) × ${tokens}, one cache shared by ${parallel} slot${parallel === 1 ? "" : "s"})${noAttention}` +
-    ` + engine overhead ${formatBytes(overheadBytes)} (compute buffer ${formatBytes(computeBytes)} for a ${microBatch}-token batch, ${computeWhy}${flashAttention ? ", flash attention on" : ""};` +
+    ` + KV cache ${formatBytes(kvCacheBytes)} (${kvShape} × ${dims} × ${elementBytes} bytes (${kvType}) × ${tokens}, one cache shared by ${countOf(parallel, "slot")})${noAttention}` +
+    ` + engine overhead ${formatBytes(overheadBytes)} (compute buffer ${formatBytes(computeBytes)} for a ${microBatch}-token batch, ${computeStageName}${flashAttention && computeStage !== "attention" ? ", flash attention on" : ""};` +
     ` output buffer ${formatBytes(outputBytes)}; metadata and tokenizer ${formatBytes(fixedBytes)})` +
     ` = ${formatBytes(totalBytes)} on llama.cpp${beyondTraining}`;
 
   return {
     engine: "llamacpp",
     contextSize: options.contextSize,
+    trainedContext: header.contextLength,
     allocatedContext,
     parallel,
     kvType,
@@ -166,9 +188,10 @@ export function estimateGgufMemory(options: GgufMemoryOptions): GgufMemoryEstima
     kvCacheBytes,
     kvBytesPerToken,
     overheadBytes,
-    overhead: { computeBytes, outputBytes, fixedBytes },
+    overhead: { computeBytes, computeStage, computeStageName, outputBytes, fixedBytes },
     totalBytes,
     basis,
+    warnings,
   };
 }
 
@@ -339,7 +362,7 @@ export function estimateSafetensorsMemory(options: SafetensorsMemoryOptions): Sa
 
   const basis =
     `weights ${formatBytes(weightsBytes)} (${weightsWhy}); KV cache ${formatBytes(kvCacheBytes)} for one ${options.contextSize}-token sequence` +
-    ` (${layers} layers × ${kvHeads} KV heads × ${headDim} dims × 2 (K+V) × ${servedBytes} bytes); needs the larger of` +
+    ` (${countOf(layers, "layer")} × ${countOf(kvHeads, "KV head")} × ${headDim} dims × 2 (K+V) × ${servedBytes} bytes); needs the larger of` +
     ` weights × ${VLLM_WEIGHTS_FACTOR} + 2 GiB = ${formatBytes(ruleOfThumbBytes)} (GPUStack's rule) and weights + KV cache + 2 GiB runtime = ${formatBytes(withKvBytes)}` +
     ` → ${formatBytes(totalBytes)} on one GPU; vLLM claims ${VLLM_GPU_MEMORY_UTILIZATION * 100}% of each GPU (--gpu-memory-utilization), so a GPU offers 0.9 × its memory`;
 

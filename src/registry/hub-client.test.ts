@@ -121,6 +121,18 @@ describe("repoInfo", () => {
     );
   });
 
+  test("inside the server, the token messages say it belongs in the server's environment, not ctl's", async () => {
+    const where = "in the environment of the llmgw server (not of ctl) and restart it";
+    await assert.rejects(client({ inServer: true }).repoInfo({ repo: GATED_REPO }), isError(PermissionDeniedError, "gated_repo", GATED_REPO, "no HF_TOKEN is set in the llmgw server's environment", where));
+    await assert.rejects(
+      client({ inServer: true, token: "hf_not_approved" }).repoInfo({ repo: GATED_REPO }),
+      isError(PermissionDeniedError, "gated_repo", "the llmgw server's HF_TOKEN is not on its approved list", where),
+    );
+    await assert.rejects(client({ inServer: true }).repoInfo({ repo: PRIVATE_REPO }), isError(NotFoundError, "repo_not_found", PRIVATE_REPO, where));
+    // A client outside a server (a script, a test) does not send anyone to a server.
+    await assert.rejects(client().repoInfo({ repo: GATED_REPO }), (error: unknown) => error instanceof PermissionDeniedError && !/llmgw server/.test(error.message));
+  });
+
   test("a gated repository with an approved token is read, and the token went only to the hub", async () => {
     hub.requests.length = 0;
     const info = await client({ token: APPROVED_TOKEN }).repoInfo({ repo: GATED_REPO });
@@ -153,6 +165,10 @@ describe("repoInfo", () => {
       await assert.rejects(
         client({ endpoint: strict.url, token: "hf_revoked" }).repoInfo({ repo: GGUF_REPO }),
         isError(PermissionDeniedError, "registry_token_rejected", "HF_TOKEN", "Invalid credentials"),
+      );
+      await assert.rejects(
+        client({ endpoint: strict.url, token: "hf_revoked", inServer: true }).repoInfo({ repo: GGUF_REPO }),
+        isError(PermissionDeniedError, "registry_token_rejected", "the llmgw server's HF_TOKEN", "restart the llmgw server"),
       );
     } finally {
       await strict.close();

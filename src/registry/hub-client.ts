@@ -20,7 +20,7 @@ import {
   describeError,
   errorCode,
 } from "../core/errors.ts";
-import { formatBytes } from "../core/format.ts";
+import { clause, formatBytes } from "../core/format.ts";
 import { followRedirects, isSameOrigin } from "./redirects.ts";
 import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
 import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "./types.ts";
@@ -76,6 +76,12 @@ export interface HubClientOptions {
   endpoint: string;
   /** Hub token (`HF_TOKEN`); sent only to the endpoint's own origin. */
   token?: string | undefined;
+  /**
+   * The client runs inside the llmgw server on behalf of a remote caller (`ctl`, the
+   * console). The token is then the server's, read from its environment at start, so
+   * messages about HF_TOKEN say to set it there, not in the shell that ran ctl.
+   */
+  inServer?: boolean;
   /** HTTP dispatcher to use; by default the client makes its own Agent with the timeouts below. */
   dispatcher?: Dispatcher;
   /** TCP/TLS connect timeout of the client's own Agent (ignored when `dispatcher` is given). Default 10 s. */
@@ -157,6 +163,7 @@ export class HubClient implements Registry {
   readonly endpoint: string;
   readonly dispatcher: Dispatcher;
   readonly hasToken: boolean;
+  readonly #inServer: boolean;
   // A private field, so the token never shows up in util.inspect or JSON.stringify output.
   readonly #token: string | undefined;
   readonly #ownsDispatcher: boolean;
@@ -171,6 +178,7 @@ export class HubClient implements Registry {
     this.endpoint = resolveRegistryEndpoint({ flag: options.endpoint, env: {} });
     this.#token = nonEmpty(options.token);
     this.hasToken = this.#token !== undefined;
+    this.#inServer = options.inServer === true;
     this.#connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
     this.#headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
     this.#bodyTimeoutMs = options.bodyTimeoutMs ?? 30_000;
@@ -506,9 +514,19 @@ export class HubClient implements Registry {
       });
     }
     return new UpstreamError(
-      `${where} could not be reached or dropped the connection while ${about} (${code ?? describeError(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
+      `${where} could not be reached or dropped the connection while ${about} (${code ?? clause(describeError(error))}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
       { code: "registry_unreachable", status: 502, retryable: true, cause: error },
     );
+  }
+
+  /** Whose token was sent, for messages: the server's, or this process's. */
+  #tokenOwner(): string {
+    return this.#inServer ? "the llmgw server's" : "the";
+  }
+
+  /** How to give the client a token: where the request ran decides whose environment. */
+  #setToken(which: string): string {
+    return this.#inServer ? `set HF_TOKEN to ${which} in the environment of the llmgw server (not of ctl) and restart it` : `set HF_TOKEN to ${which}`;
   }
 
   /** The one mapping of Hub error answers (status and `X-Error-Code`) to llmgw errors. */
@@ -518,15 +536,13 @@ export class HubClient implements Registry {
     const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
     const { repo } = context;
     const status = response.status;
-    const said = hubMessage === undefined ? "" : ` The registry said: ${hubMessage}`;
+    const said = hubMessage === undefined ? "" : ` The registry said: ${clause(hubMessage)}.`;
     if (hubMessage === "Access to this resource is disabled.") return disabledError(repo, this.endpoint);
     if (hubCode === "GatedRepo") {
-      const why = this.hasToken
-        ? "the HF_TOKEN in use is not on its approved list"
-        : "no HF_TOKEN is set";
+      const why = this.hasToken ? `${this.#tokenOwner()} HF_TOKEN is not on its approved list` : `no HF_TOKEN is set${this.#inServer ? " in the llmgw server's environment" : ""}`;
       return new PermissionDeniedError(
         `Repository '${repo}' is gated and ${why}. Downloading it needs a Hugging Face token (HF_TOKEN) of an account with approved access: ` +
-          `request access at ${this.endpoint}/${repo}, then set HF_TOKEN to that account's token.`,
+          `request access at ${this.endpoint}/${repo}, then ${this.#setToken("that account's token")}.`,
         { code: "gated_repo", param: "repo" },
       );
     }
@@ -546,18 +562,19 @@ export class HubClient implements Registry {
     if (!this.hasToken && (status === 401 || repoMissing)) {
       // The Hub answers 401 to anonymous requests for missing, private and gated repositories alike.
       return new NotFoundError(
-        `Repository '${repo}' was not found on ${this.endpoint}, or it is private: check the name, and set HF_TOKEN to a token with access if it is private.`,
+        `Repository '${repo}' was not found on ${this.endpoint}, or it is private: check the name, and if it is private, ${this.#setToken("a token with access")}.`,
         { code: "repo_not_found", param: "repo" },
       );
     }
     if (repoMissing) {
       return new NotFoundError(
-        `Repository '${repo}' was not found on ${this.endpoint}, or it is private and the HF_TOKEN in use has no access to it. Check the name (owner/name).`,
+        `Repository '${repo}' was not found on ${this.endpoint}, or it is private and ${this.#tokenOwner()} HF_TOKEN has no access to it. Check the name (owner/name).`,
         { code: "repo_not_found", param: "repo" },
       );
     }
     if (status === 401) {
-      return new PermissionDeniedError(`The registry at ${this.endpoint} rejected HF_TOKEN while ${context.what} for '${repo}': check that the token is valid.${said}`, {
+      const fix = this.#inServer ? "check that the token is valid; the server reads it from its environment at start, so change it there and restart the llmgw server" : "check that the token is valid";
+      return new PermissionDeniedError(`The registry at ${this.endpoint} rejected ${this.#tokenOwner()} HF_TOKEN while ${context.what} for '${repo}': ${fix}.${said}`, {
         code: "registry_token_rejected",
       });
     }

@@ -2,8 +2,10 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { statSync } from "node:fs";
+import { truncate } from "node:fs/promises";
 import path from "node:path";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 
 describe("admin API", () => {
   let harness: Harness;
@@ -49,6 +51,33 @@ describe("admin API", () => {
     const key = await harness.admin("POST", "/api/v1/keys", { name: "app" });
     const keys = await harness.admin("GET", "/api/v1/keys");
     assert.doesNotMatch(JSON.stringify(keys.body), new RegExp(key.body.key));
+  });
+
+  test("POST and PATCH of a model refuse weights that cannot run with a 400 naming the field and what to do", async () => {
+    const cut = path.join(harness.dataDir, "cut.gguf");
+    // Cut inside the tensor data, as an interrupted copy leaves it: the header is whole.
+    const { bytes } = await writeTinyLlamaGguf({ path: cut, seed: 1 });
+    await truncate(cut, Math.floor(bytes / 2));
+    const model = (source: unknown, extra: Record<string, unknown> = {}) => ({ name: "door", scaling: { min: 0, max: 1 }, source, profiles: [{ name: "cpu", engine: "llamacpp" }], ...extra });
+    const refused = async (body: unknown, param: string, code: string, mention: RegExp, method = "POST", pathname = "/api/v1/models") => {
+      const answer = await harness.admin(method, pathname, body);
+      assert.equal(answer.status, 400, JSON.stringify(answer.body));
+      assert.equal(answer.body.error.param, param);
+      assert.equal(answer.body.error.code, code);
+      assert.match(answer.body.error.message, mention);
+    };
+    await refused(model({ kind: "file", path: path.join(harness.dataDir, "absent.gguf") }), "source.path", "weights_missing", /absent\.gguf does not exist\. Put the file there/);
+    await refused(model({ kind: "file", path: cut }), "source.path", "gguf_truncated", /cut\.gguf is truncated: its tensor data ends at byte \d+.*fetch the file again/);
+    // The server's own mirror: nothing has been fetched into it.
+    await refused(model({ kind: "mirror", model: "owner--x", version: "0123456789ab", file: "x.gguf" }), "source", "weights_not_mirrored", /llmgw ctl mirror fetch/);
+    assert.equal((await harness.admin("GET", "/api/v1/models/door")).status, 404);
+
+    const good = path.join(harness.dataDir, "good.gguf");
+    await writeTinyLlamaGguf({ path: good, seed: 2 });
+    assert.equal((await harness.admin("POST", "/api/v1/models", model({ kind: "file", path: good }))).status, 201);
+    await refused({ profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] }, "profiles.0.parallel", "invalid_field", /at most 64/, "PATCH", "/api/v1/models/door");
+    await refused({ source: { kind: "file", path: cut } }, "source.path", "gguf_truncated", /truncated/, "PATCH", "/api/v1/models/door");
+    assert.equal((await harness.admin("GET", "/api/v1/models/door")).body.source.path, good);
   });
 
   test("the SQLite file and the admin key file are readable by their owner only", () => {

@@ -10,6 +10,7 @@ import { getRequestListener } from "@hono/node-server";
 import { ConflictError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { Catalog } from "../catalog/catalog.ts";
+import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { KeyService } from "../keys/key-service.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
 import { syncExternalReplicas } from "../fleet/external-replicas.ts";
@@ -78,12 +79,12 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const { logger } = config;
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
   const store = await openStore({ database: config.database });
-  const catalog = new Catalog({ store });
+  const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
+  const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
   await catalog.refresh();
   const keys = new KeyService({ store });
   const replicas = new ReplicaTable({ store, logger });
   const stopExternalSync = syncExternalReplicas(catalog, replicas);
-  const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
   // Fetches cut off by the last stop are listed as incomplete, never as present.
   const recovered = await mirror.recover();
   if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
@@ -94,7 +95,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
-  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}) });
+  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
   const adminApi = createAdminApi({
     catalog,
     keys,

@@ -21,6 +21,8 @@ export interface FixtureTensor {
   dims: number[];
   /** ggml type id (0 F32, 1 F16, 8 Q8_0, 12 Q4_K, 14 Q6_K …). */
   type: number;
+  /** Data offset to write instead of the running sum ggml expects (for tests of malformed files). */
+  offset?: number;
 }
 
 export interface GgufFixtureOptions {
@@ -70,7 +72,7 @@ export async function writeGgufFixture(options: GgufFixtureOptions): Promise<Ggu
     at = info.writeUInt32LE(tensor.dims.length, at);
     for (const dim of tensor.dims) at = info.writeBigUInt64LE(BigInt(dim), at);
     at = info.writeUInt32LE(tensor.type, at);
-    info.writeBigUInt64LE(BigInt(offset), at);
+    info.writeBigUInt64LE(BigInt(tensor.offset ?? offset), at);
     infos.push(info);
     offset += pad(bytes, alignment);
     tensorBytes += bytes;

@@ -1,0 +1,136 @@
+// The weights check on real files: tiny GGUF models that the bundled llama.cpp loads
+// (src/gguf/tiny-model.ts), cut short, linked, replaced; and a mirror folder read through
+// a small real MirrorLocator (a file is complete once it has its final name).
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { chmod, mkdir, mkdtemp, rm, stat, symlink, truncate, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { BadRequestError } from "../core/errors.ts";
+import { GGUFValueType, writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { checkWeightsFile, locateWeights } from "./weights-check.ts";
+import { folderMirror } from "../../test/support/folder-mirror.ts";
+
+let dir: string;
+
+function refusal(code: string, param: string, ...mentions: RegExp[]) {
+  return (error: unknown): boolean => {
+    assert.ok(error instanceof BadRequestError, `expected a 400, got ${String(error)}`);
+    assert.equal(error.code, code, error.message);
+    assert.equal(error.param, param);
+    for (const mention of mentions) assert.match(error.message, mention);
+    assert.doesNotMatch(error.message, /\.\./, "no double full stop");
+    return true;
+  };
+}
+
+before(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), "llmgw-weights-check-"));
+});
+
+after(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("checkWeightsFile", () => {
+  test("accepts a tiny GGUF that llama.cpp loads and returns its header", async () => {
+    const file = path.join(dir, "ok.gguf");
+    await writeTinyLlamaGguf({ path: file, seed: 1 });
+    const checked = await checkWeightsFile({ file, modelName: "ok" });
+    assert.equal(checked.path, file);
+    assert.equal(checked.header?.architecture, "llama");
+  });
+
+  test("a file accepted earlier that was later cut short or removed fails the same check the agent runs before each start", async () => {
+    const file = path.join(dir, "later-broken.gguf");
+    const info = await writeTinyLlamaGguf({ path: file, seed: 2 });
+    await checkWeightsFile({ file, modelName: "m" });
+
+    // An interrupted copy over the good file: the header is intact, the tensor data is not.
+    await truncate(file, Math.floor(info.bytes / 2));
+    await assert.rejects(checkWeightsFile({ file, modelName: "m" }), refusal("gguf_truncated", "source.path", /model 'm'/, /later-broken\.gguf is truncated/, /copy or fetch the file again/));
+
+    await rm(file);
+    await assert.rejects(checkWeightsFile({ file, modelName: "m", param: "source.file" }), refusal("weights_missing", "source.file", /later-broken\.gguf does not exist/, /change the model's source\.file/));
+  });
+
+  test("a symbolic link is refused, naming the real path to give instead", async () => {
+    const real = path.join(dir, "real.gguf");
+    await writeTinyLlamaGguf({ path: real, seed: 3 });
+    const link = path.join(dir, "link.gguf");
+    await symlink(real, link);
+    await assert.rejects(checkWeightsFile({ file: link, modelName: "m" }), refusal("weights_symlink", "source.path", /symbolic link/, new RegExp(`give the file's real path \\(${real}\\)`)));
+    const dangling = path.join(dir, "dangling.gguf");
+    await symlink(path.join(dir, "nowhere.gguf"), dangling);
+    await assert.rejects(checkWeightsFile({ file: dangling, modelName: "m" }), refusal("weights_symlink", "source.path", /dangling link/));
+  });
+
+  test("folders, files that are not GGUF and architectures llama.cpp cannot load are refused", async () => {
+    await assert.rejects(checkWeightsFile({ file: dir, modelName: "m" }), refusal("weights_not_file", "source.path", /a folder/, /the \.gguf file/));
+
+    const html = path.join(dir, "page.gguf");
+    await writeFile(html, "<!DOCTYPE html><html>a download page</html>");
+    await assert.rejects(checkWeightsFile({ file: html, modelName: "m" }), refusal("not_gguf", "source.path", /page\.gguf is not a GGUF file/));
+    // Without a llama.cpp profile the file is not read as a GGUF.
+    assert.equal((await checkWeightsFile({ file: html, modelName: "m", llamaCpp: false })).header, undefined);
+
+    const gptj = path.join(dir, "gptj.gguf");
+    await writeTinyLlamaGguf({ path: gptj, seed: 4, extraMetadata: { "general.architecture": { value: "gptj", type: GGUFValueType.STRING } } });
+    await assert.rejects(checkWeightsFile({ file: gptj, modelName: "m" }), refusal("architecture_unsupported", "source.path", /a 'gptj' model/, /no implementation for it/));
+  });
+
+  test("a split GGUF is named by its first part, and every other part must be there", async () => {
+    const split = (no: number) => ({ "split.no": { value: no, type: GGUFValueType.UINT16 }, "split.count": { value: 2, type: GGUFValueType.UINT16 } });
+    const first = path.join(dir, "big-00001-of-00002.gguf");
+    const second = path.join(dir, "big-00002-of-00002.gguf");
+    await writeTinyLlamaGguf({ path: first, seed: 8, extraMetadata: split(0) });
+    await assert.rejects(checkWeightsFile({ file: first, modelName: "m" }), refusal("weights_missing", "source.path", /big-00002-of-00002\.gguf does not exist/));
+    await writeTinyLlamaGguf({ path: second, seed: 9, extraMetadata: split(1) });
+    assert.deepEqual((await checkWeightsFile({ file: first, modelName: "m" })).header?.split, { no: 0, count: 2 });
+    await assert.rejects(checkWeightsFile({ file: second, modelName: "m" }), refusal("weights_not_first_part", "source.path", /part 2 of a 2-part split GGUF/, /ending in -00001-of-00002\.gguf/));
+    const renamed = path.join(dir, "big-renamed.gguf");
+    await writeTinyLlamaGguf({ path: renamed, seed: 10, extraMetadata: split(0) });
+    await assert.rejects(checkWeightsFile({ file: renamed, modelName: "m" }), refusal("weights_split_name", "source.path", /cannot find the other parts/));
+  });
+
+  test("a file the server's user cannot read is refused with what to change", async (t) => {
+    if (process.getuid?.() === 0) {
+      t.skip("file modes do not stop root, and a link to an unreadable file is refused as a link first");
+      return;
+    }
+    const file = path.join(dir, "secret.gguf");
+    await writeTinyLlamaGguf({ path: file, seed: 5 });
+    await chmod(file, 0o000);
+    await assert.rejects(checkWeightsFile({ file, modelName: "m" }), refusal("weights_unreadable", "source.path", /not readable/, /chmod/));
+  });
+});
+
+describe("locateWeights", () => {
+  test("a mirror source is the complete file inside the mirror, and nothing else", async () => {
+    const root = path.join(dir, "mirror");
+    const mirror = folderMirror(root);
+    const source = { kind: "mirror" as const, model: "owner--tiny", version: "0123456789ab", file: "tiny-Q4_K_M.gguf" };
+    await assert.rejects(
+      locateWeights({ source, modelName: "m", mirror }),
+      refusal("weights_not_mirrored", "source", /not a complete file in the mirror: owner--tiny\/0123456789ab\/tiny-Q4_K_M\.gguf/, /llmgw ctl mirror fetch/),
+    );
+    await assert.rejects(locateWeights({ source, modelName: "m" }), refusal("weights_not_mirrored", "source", /this server has no mirror/));
+
+    await mkdir(path.join(root, "owner--tiny", "0123456789ab"), { recursive: true });
+    await writeTinyLlamaGguf({ path: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), seed: 6 });
+    const located = await locateWeights({ source, modelName: "m", mirror });
+    assert.deepEqual(located, { file: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), param: "source.file" });
+    assert.ok((await stat(located.file)).isFile());
+
+    // A version folder that is a link to elsewhere leads outside the mirror.
+    const outside = path.join(dir, "outside");
+    await mkdir(outside);
+    await writeTinyLlamaGguf({ path: path.join(outside, "tiny-Q4_K_M.gguf"), seed: 7 });
+    await symlink(outside, path.join(root, "owner--tiny", "linked"));
+    await assert.rejects(locateWeights({ source: { ...source, version: "linked" }, modelName: "m", mirror }), refusal("weights_outside_mirror", "source", /outside the mirror/, /llmgw ctl mirror rm/));
+  });
+
+  test("a file source is its absolute path", async () => {
+    assert.deepEqual(await locateWeights({ source: { kind: "file", path: "/srv/models/x.gguf" }, modelName: "m" }), { file: "/srv/models/x.gguf", param: "source.path" });
+  });
+});

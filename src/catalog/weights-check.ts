@@ -1,0 +1,180 @@
+// The check of a model's weights, at the door and before every start. A model's source
+// must name a file that is there, is a regular file (not a link), is readable, and, for
+// llama.cpp, is a GGUF whose header and tensor layout llama.cpp accepts (src/gguf/header.ts),
+// of an architecture the bundled llama.cpp loads (src/gguf/llama-support.ts); a mirror
+// source must name a complete file of a mirrored version, inside the mirror's folder.
+//
+// The catalog runs it before it stores a model (POST and PATCH /api/v1/models, `ctl model
+// add`), so what cannot run is refused with a 400 naming the field and what to do. The
+// local agent runs `checkWeightsFile` before every engine start, so a file that changed
+// after it was accepted (removed, replaced by a truncated copy) fails the start with the
+// same reason and parks the model with it, instead of failing inside llama.cpp.
+import { constants } from "node:fs";
+import { access, lstat, readlink, realpath } from "node:fs/promises";
+import path from "node:path";
+import { BadRequestError, LlmgwError, NotFoundError, describeError, errorCode } from "../core/errors.ts";
+import { clause } from "../core/format.ts";
+import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
+import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
+import type { ModelDefinition } from "./model-schema.ts";
+
+/** What the check needs of the mirror: where it keeps files, and the path of a complete one. */
+export interface MirrorLocator {
+  readonly root: string;
+  /** The absolute path of a complete mirrored file, or null when it is not complete. */
+  pathFor(model: string, version: string, file: string): Promise<string | null>;
+}
+
+/** Checks the weights a model definition names; throws a 400 naming the field when they cannot run. */
+export interface WeightsChecker {
+  check(model: { name: string; definition: ModelDefinition }, signal?: AbortSignal): Promise<void>;
+}
+
+export interface CheckWeightsFileOptions {
+  /** Absolute path of the weights file on this machine. */
+  file: string;
+  modelName: string;
+  /** The request field the file came from, named by the 400. Default "source.path". */
+  param?: string;
+  /** Whether llama.cpp loads the file, so it must be a GGUF of a supported architecture. Default true. */
+  llamaCpp?: boolean;
+  signal?: AbortSignal;
+}
+
+export interface CheckedWeights {
+  path: string;
+  /** The GGUF header, when the file was checked for llama.cpp. */
+  header?: GgufHeaderSummary;
+}
+
+/** The weights check on this machine's disk, with the server's mirror for mirror sources. */
+export class DiskWeightsChecker implements WeightsChecker {
+  constructor(private readonly options: { mirror?: MirrorLocator } = {}) {}
+
+  async check(model: { name: string; definition: ModelDefinition }, signal?: AbortSignal): Promise<void> {
+    const { source, profiles } = model.definition;
+    // External profiles load nothing here; the schema already requires a source otherwise.
+    if (source === undefined || profiles.every((p) => p.engine === "external")) return;
+    const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
+    await checkWeightsFile({ ...located, modelName: model.name, llamaCpp: profiles.some((p) => p.engine === "llamacpp"), ...(signal ? { signal } : {}) });
+  }
+}
+
+type WeightsSource = NonNullable<ModelDefinition["source"]>;
+
+/** The file a source names on this machine, and the request field to blame for it. */
+export async function locateWeights(options: { source: WeightsSource; modelName: string; mirror?: MirrorLocator }): Promise<{ file: string; param: string }> {
+  const { source, modelName, mirror } = options;
+  if (source.kind === "file") return { file: path.resolve(source.path), param: "source.path" };
+  const named = `${source.model}/${source.version}/${source.file}`;
+  if (mirror === undefined) {
+    throw new BadRequestError(`Model '${modelName}' names mirrored weights (${named}), but this server has no mirror; give a file source instead.`, {
+      code: "weights_not_mirrored",
+      param: "source",
+    });
+  }
+  const found = await mirror.pathFor(source.model, source.version, source.file);
+  if (found === null) {
+    throw new BadRequestError(
+      `The weights of model '${modelName}' are not a complete file in the mirror: ${named}. ` +
+        `Fetch them with 'llmgw ctl mirror fetch', wait until 'llmgw ctl mirror list --model ${source.model}' shows the file complete, then add the model.`,
+      { code: "weights_not_mirrored", param: "source" },
+    );
+  }
+  // A link or a bind inside the mirror's folder must not lead a model to a file outside it.
+  const [real, root] = await Promise.all([realpath(found).catch(() => found), realpath(mirror.root).catch(() => path.resolve(mirror.root))]);
+  if (!real.startsWith(root + path.sep)) {
+    throw new BadRequestError(
+      `The mirrored file ${named} of model '${modelName}' resolves to ${real}, outside the mirror (${root}); delete that version with 'llmgw ctl mirror rm' and fetch it again.`,
+      { code: "weights_outside_mirror", param: "source" },
+    );
+  }
+  return { file: found, param: "source.file" };
+}
+
+/**
+ * Checks one weights file: there, a regular file and not a link, readable, and for
+ * llama.cpp a GGUF with its tensor data inside the file, of an architecture the bundled
+ * llama.cpp loads. Throws a 400 whose `param` is `options.param`.
+ *
+ * A link is refused rather than followed: the check and the engine's open are moments
+ * apart, and a link can be re-pointed in between (or later, by whoever owns its folder),
+ * so the file that was checked would not be the one loaded. The message names the real
+ * path to use instead.
+ */
+export async function checkWeightsFile(options: CheckWeightsFileOptions): Promise<CheckedWeights> {
+  const { file, modelName } = options;
+  const param = options.param ?? "source.path";
+  const refuse = (message: string, code: string, cause?: unknown) => new BadRequestError(message, { code, param, ...(cause === undefined ? {} : { cause }) });
+  const weights = `The weights of model '${modelName}'`;
+
+  let info;
+  try {
+    info = await lstat(file);
+  } catch (error) {
+    const code = errorCode(error);
+    if (code === "ENOENT" || code === "ENOTDIR") throw refuse(`${weights} are missing: ${file} does not exist. Put the file there or change the model's ${param}.`, "weights_missing", error);
+    throw refuse(`${weights} cannot be reached at ${file} (${code ?? describeError(error)}): the user llmgw runs as needs search permission on every folder above it.`, "weights_unreadable", error);
+  }
+  if (info.isSymbolicLink()) {
+    const target = await readlink(file).catch(() => "?");
+    const real = await realpath(file).catch(() => null);
+    const instead = real === null ? "it points nowhere (a dangling link): give the path of the file itself" : `give the file's real path (${real}) instead`;
+    throw refuse(`${weights} at ${file} are a symbolic link (to ${target}). llmgw does not follow links to weights, since a link can be re-pointed after the check: ${instead}.`, "weights_symlink");
+  }
+  if (!info.isFile()) {
+    const what = info.isDirectory() ? "a folder" : "not a regular file";
+    throw refuse(`${weights} at ${file} are ${what}; give the path of the weights file itself (for a GGUF model, the .gguf file).`, "weights_not_file");
+  }
+  try {
+    await access(file, constants.R_OK);
+  } catch (error) {
+    throw refuse(`${weights} at ${file} are not readable by the user llmgw runs as; fix the file's permissions (for example chmod a+r) or its owner.`, "weights_unreadable", error);
+  }
+  if (options.llamaCpp === false) return { path: file };
+
+  let header: GgufHeaderSummary;
+  try {
+    header = await readGgufHeader({ file, ...(options.signal ? { signal: options.signal } : {}) });
+  } catch (error) {
+    if (options.signal?.aborted === true) throw options.signal.reason ?? error;
+    // The header check's messages name the file and what to do; they become this field's 400.
+    if (error instanceof BadRequestError || error instanceof NotFoundError) throw refuse(`${weights} cannot be loaded: ${error.message}`, error.code, error);
+    if (error instanceof LlmgwError) throw error;
+    throw refuse(`${weights} at ${file} could not be read: ${clause(describeError(error))}.`, "weights_unreadable", error);
+  }
+  const support = checkArchitectureSupport({ architecture: header.architecture, engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! } });
+  if (!support.supported) throw refuse(`${weights} at ${file} are a '${header.architecture}' model. ${support.reason}`, "architecture_unsupported");
+  if (header.split !== undefined && header.split.count > 1) await checkSplitParts({ ...options, param }, header.split);
+  return { path: file, header };
+}
+
+/**
+ * A split GGUF (written by gguf-split) is loaded from its first part, and llama.cpp finds
+ * the other parts by name beside it: PREFIX-00001-of-0000N.gguf, PREFIX-00002-of-0000N.gguf
+ * and so on (llama_split_prefix and llama_split_path in src/llama.cpp of the bundled
+ * build); it refuses to start from any other part. Each other part must be there as a
+ * regular readable file. Their headers are not read: gguf-split writes the model's keys
+ * into the first part only.
+ */
+async function checkSplitParts(options: CheckWeightsFileOptions & { param: string }, split: { no: number; count: number }): Promise<void> {
+  const { file, modelName, param } = options;
+  const suffix = (no: number) => `-${String(no + 1).padStart(5, "0")}-of-${String(split.count).padStart(5, "0")}.gguf`;
+  const first = suffix(0);
+  if (split.no !== 0) {
+    throw new BadRequestError(
+      `The weights of model '${modelName}' at ${file} are part ${split.no + 1} of a ${split.count}-part split GGUF; llama.cpp loads a split model from its first part, so give the file ending in ${first} instead.`,
+      { code: "weights_not_first_part", param },
+    );
+  }
+  if (!file.endsWith(first)) {
+    throw new BadRequestError(
+      `The weights of model '${modelName}' at ${file} are the first part of a ${split.count}-part split GGUF, but the name does not end in ${first}, so llama.cpp cannot find the other parts; keep the names gguf-split gave the parts.`,
+      { code: "weights_split_name", param },
+    );
+  }
+  const prefix = file.slice(0, -first.length);
+  for (let no = 1; no < split.count; no += 1) {
+    await checkWeightsFile({ ...options, file: `${prefix}${suffix(no)}`, llamaCpp: false });
+  }
+}
