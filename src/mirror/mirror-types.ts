@@ -156,6 +156,8 @@ export interface VerifyOptions {
   model?: string;
   version?: string;
   signal?: AbortSignal;
+  /** Called once the files in scope are known, before any is read. */
+  onStart?: (files: { model: string; version: string; file: string; bytesTotal: number | null }[]) => void;
   /** Called as files are hashed: which file, and bytes hashed of its size. */
   onProgress?: (event: { model: string; version: string; file: string; bytesDone: number; bytesTotal: number }) => void;
   /** Called once per file with its result, in the order files finish. */

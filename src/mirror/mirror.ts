@@ -274,6 +274,7 @@ export class Mirror {
       const what = version === undefined ? `model ${model}` : `version ${model}/${version}`;
       throw new NotFoundError(`The mirror has no ${what}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
     }
+    options.onStart?.(rows.map((row) => ({ model: row.model, version: row.version, file: row.file, bytesTotal: row.bytes_total })));
     const signal = options.signal === undefined ? this.#closing.signal : AbortSignal.any([options.signal, this.#closing.signal]);
     const versions = [...new Set(rows.map((row) => fileKey(row.model, row.version, "")))];
     for (const key of versions) count(this.#busyVersions.verifying, key, +1);
