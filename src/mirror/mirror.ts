@@ -124,9 +124,9 @@ export class Mirror {
   /**
    * Fetches the files of one version, at most `concurrency` at once across the mirror.
    * A file already complete from the same revision and sha256, on disk as it was verified,
-   * is skipped without a request; one whose size or mtime changed since is hashed again
-   * first (and fetched anew when it no longer matches); a partial left by an earlier
-   * attempt is resumed. Resolves with what happened to each file (failures included, each
+   * is skipped without a request; one modified since (same size, another mtime) is hashed
+   * again first and fetched anew only when it no longer matches; one gone or resized is
+   * fetched anew; a partial left by an earlier attempt is resumed. Resolves with what happened to each file (failures included, each
    * recorded in its row); rejects only for invalid input, or with the abort reason when
    * `signal` (or `close()`) stops it.
    */
