@@ -22,6 +22,7 @@ const unit = [
   "test/support/stand-in-hub.test.ts",
   "src/mirror/mirror.test.ts",
   "src/mirror/mirror-routes.test.ts",
+  "src/mirror/verification.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/gateway.test.ts",
   "src/server/admin-api.test.ts",
