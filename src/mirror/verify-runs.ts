@@ -100,21 +100,22 @@ export class VerifyRuns {
         },
       });
       verifying.then(
+        // The audit entry is written before the run says it ended, so whoever saw it end finds the entry.
         async (summary) => {
           if (run === undefined) return;
-          run.state = "done";
-          run.finishedAt = new Date().toISOString();
           await this.#audit(actor, run, { ok: summary.ok, failed: summary.failed, skipped: summary.skipped, bytes: summary.bytesHashed });
+          run.finishedAt = new Date().toISOString();
+          run.state = "done";
         },
         async (error: unknown) => {
           if (run === undefined) {
             reject(error);
             return;
           }
-          run.state = "stopped";
+          await this.#audit(actor, run, { ok: run.ok, failed: run.failed, skipped: run.skipped, stopped: describeError(error) });
           run.finishedAt = new Date().toISOString();
           run.error = `The verification stopped before it was done: ${describeError(error).replace(/\.$/, "")}. Run it again.`;
-          await this.#audit(actor, run, { ok: run.ok, failed: run.failed, skipped: run.skipped, stopped: describeError(error) });
+          run.state = "stopped";
         },
       );
     });
