@@ -24,6 +24,7 @@ const unit = [
   "test/support/stand-in-hub.test.ts",
   "src/mirror/mirror.test.ts",
   "src/mirror/mirror-routes.test.ts",
+  "src/mirror/verification.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/stream-usage.test.ts",
   "src/gateway/gateway.test.ts",

@@ -6,14 +6,17 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
+import { readFile, utimes, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
-import { followFetch } from "../src/cli/ctl.ts";
+import { followFetch } from "../src/cli/ctl-mirror.ts";
 import { LlmgwError } from "../src/core/errors.ts";
 import { silentLogger } from "../src/core/log.ts";
 import { LocalAgent } from "../src/agent/local-agent.ts";
+import { readAudit } from "../src/store/audit.ts";
+import { eventually } from "./support/eventually.ts";
 import { startHarness, type Harness } from "./support/server-harness.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
@@ -50,6 +53,12 @@ describe("weights supply chain", () => {
   });
 
   const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  /** A ctl run expected to fail: its exit code and output. */
+  const ctlFails = (args: string[]) =>
+    ctl(args).then(
+      (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
+      (error: { code: number | null; stdout: string; stderr: string }) => error,
+    );
 
   test("ctl mirror fetch, model add --mirror, and a chat answer from the mirrored file", { timeout: 120_000 }, async () => {
     const fetched = await ctl(["mirror", "fetch", GGUF_REPO, "--quant", "Q8_0", "--model", "tiny"]);
@@ -82,17 +91,79 @@ describe("weights supply chain", () => {
 
     await ctl(["model", "add", "tiny", "--mirror", serveLine[1]!, "--ctx-size", "1024", "--parallel", "1"]);
     const client = new OpenAI({ apiKey: harness.adminKey, baseURL: `${harness.url}/v1`, maxRetries: 0 });
-    const deadline = Date.now() + 90_000;
-    for (;;) {
-      try {
-        const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 4 });
-        assert.equal(answer.usage?.completion_tokens, 4);
-        break;
-      } catch (error) {
-        if (!(error instanceof OpenAI.APIError) || error.status !== 503 || Date.now() > deadline) throw error;
-        await new Promise((r) => setTimeout(r, 250));
-      }
-    }
+    // 503 while the engine starts; any other failure ends the wait at once.
+    const outcome = await eventually(
+      "a chat answer from the mirrored model",
+      async () => {
+        try {
+          return { answer: await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 4 }) };
+        } catch (error) {
+          return error instanceof OpenAI.APIError && error.status === 503 ? false : { error };
+        }
+      },
+      { timeoutMs: 90_000 },
+    );
+    if ("error" in outcome) throw outcome.error;
+    assert.equal(outcome.answer.usage?.completion_tokens, 4);
+  });
+
+  test("mirror fetch without --quant takes what model plan recommends; verify reports a changed file and exits non-zero; rm of a used version needs --force; all audited", { timeout: 120_000 }, async () => {
+    const planned = JSON.parse((await ctl(["model", "plan", GGUF_REPO, "--json"])).stdout);
+    const recommendation = planned.plan.recommendation;
+    const recommended = planned.plan.artifacts.find((a: { id: string }) => a.id === recommendation.artifact.id);
+    // The default would be Q4_K_M; the plan recommends the best quality that fits this machine.
+    assert.notEqual(recommended.label, "Q4_K_M");
+
+    const fetched = await ctl(["mirror", "fetch", GGUF_REPO, "--model", "planned"]);
+    assert.match(fetched.stdout, new RegExp(`^Picked ${recommended.label}: what 'llmgw ctl model plan' recommends for this server`, "m"));
+    const serveLine = /llmgw ctl model add NAME --mirror (\S+)/.exec(fetched.stdout);
+    assert.ok(serveLine, fetched.stdout);
+    const [, version, ...fileParts] = serveLine[1]!.split("/");
+    const file = fileParts.join("/");
+    assert.equal(file, recommended.files[0], "mirror fetch and model plan pick the same file");
+
+    const clean = await ctl(["mirror", "verify", "planned", version!]);
+    assert.match(clean.stdout, new RegExp(`^ok +planned/${version}/${file}$`, "m"));
+    assert.match(clean.stdout, /Verified 1 file: 1 ok, 0 failed, 0 skipped\./);
+
+    await ctl(["model", "add", "planned-model", "--mirror", serveLine[1]!, "--replicas", "0"]);
+
+    // Same size, other bytes, as a bad disk or a stray editor would leave it.
+    const onDisk = path.join(harness.dataDir, "mirror", "planned", version!, file);
+    const bytes = await readFile(onDisk);
+    bytes[4096] = (bytes[4096] ?? 0) ^ 0xff;
+    await writeFile(onDisk, bytes);
+    const later = new Date(Date.now() + 120_000);
+    await utimes(onDisk, later, later);
+    const served = await fetch(`${harness.url}/mirror/planned/${version}/${file}`, { headers: { authorization: `Bearer ${harness.adminKey}` } });
+    assert.equal(served.status, 409, "a changed file is not served under its old sha256");
+    await served.body?.cancel();
+
+    const failing = await ctlFails(["mirror", "verify", "planned"]);
+    assert.equal(failing.code, 1);
+    assert.match(failing.stdout, new RegExp(`^FAILED +planned/${version}/${file}: The bytes .* no longer match: they were verified with sha256 [0-9a-f]{64}, the file now has sha256 [0-9a-f]{64}`, "m"));
+    assert.match(failing.stdout, /Verified 1 file: 0 ok, 1 failed, 0 skipped\. Failed files are no longer served/);
+
+    const refused = await ctlFails(["mirror", "rm", "planned", version!]);
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /in use by the catalog model 'planned-model'.*--force/);
+    const forced = await ctl(["mirror", "rm", "planned", version!, "--force"]);
+    assert.match(forced.stdout, /^Deleted planned\/\w+: 1 file, .*The catalog model 'planned-model' used it and now has no weights\.$/m);
+
+    const audit = await readAudit(harness.server.store.db, { actionPrefix: "mirror." });
+    const mine = audit.filter((e) => e.target.startsWith("planned")).reverse();
+    assert.deepEqual(
+      mine.map((e) => [e.actor, e.action]),
+      [
+        ["admin:admin", "mirror.fetch"],
+        ["admin:admin", "mirror.verify"],
+        ["admin:admin", "mirror.verify"],
+        ["admin:admin", "mirror.delete"],
+      ],
+    );
+    assert.deepEqual([mine[2]?.detail.ok, mine[2]?.detail.failed], [0, 1]);
+    assert.equal(mine[3]?.detail.force, true);
+    await harness.admin("DELETE", "/api/v1/models/planned-model");
   });
 
   test("ctl model add of a mirrored file that is not there is refused at the door, saying to fetch it", async () => {
@@ -130,13 +201,7 @@ describe("ctl mirror fetch when the fetch stops", () => {
         () => null,
         (error: { code: number | null; stdout: string; stderr: string }) => error,
       );
-      const deadline = Date.now() + 20_000;
-      for (;;) {
-        const { body } = await harness.admin("GET", "/api/v1/mirror?model=stopped");
-        if (body.data[0]?.state === "fetching") break;
-        assert.ok(Date.now() < deadline, `the fetch never started: ${JSON.stringify(body.data)}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await eventually("the fetch to start", async () => (await harness.admin("GET", "/api/v1/mirror?model=stopped")).body.data[0]?.state === "fetching");
       // Stands for the server stopping: the rows are left pending with nothing working on
       // them, exactly as recover() leaves them after a restart.
       await harness.server.mirror.close();

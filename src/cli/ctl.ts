@@ -3,15 +3,14 @@
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import type { Command } from "commander";
-import { BadRequestError, UpstreamError, describeError } from "../core/errors.ts";
+import { BadRequestError, describeError } from "../core/errors.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { DEFAULT_CONTEXT_POOL } from "../catalog/model-schema.ts";
 import { renderTable } from "./output.ts";
 import { clause, countOf } from "../core/format.ts";
 import { renderPlanTable } from "../plan/render.ts";
-import { formatBytes } from "../gguf/memory-estimate.ts";
-import { isLocalSource } from "../registry/local-source.ts";
+import { registerMirrorCommands } from "./ctl-mirror.ts";
 import { absoluteFilePath, absoluteRepoArgument } from "./local-paths.ts";
 import type { ModelPlan } from "../plan/plan.ts";
 
@@ -112,56 +111,7 @@ export function registerCtl(program: Command): void {
       print(command, result, () => renderRepositoryPlan(result));
     });
 
-  const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
-  mirror
-    .command("fetch <repo>")
-    .description("Fetch a repository's artifact (Q4_K_M by default) into the mirror, verifying every file, and show progress")
-    .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
-    .option("--file <path>", "an exact file of the repository")
-    .option("--format <format>", "gguf or safetensors")
-    .option("--revision <rev>", "branch, tag or commit (default main)")
-    .option("--model <name>", "the mirror's name for the model (default owner--name)")
-    .option("--no-wait", "start the fetch and return")
-    .option("--json", "print JSON")
-    .action(async (repo: string, options: Options, command: Command) => {
-      const client = connect(command);
-      const relative = isLocalSource(repo) && !repo.startsWith("file:") && !repo.startsWith("~");
-      const started = await client.call("POST", "/api/v1/mirror", {
-        repo: relative ? path.resolve(repo) : repo,
-        ...pick(options, ["quant", "file", "format", "revision", "model"]),
-      });
-      if (options.wait === false) {
-        print(command, started, () => `Fetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${started.files.length} files, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
-        return;
-      }
-      const followed = await followFetch(client, started, { draw: command.optsWithGlobals().json !== true });
-      print(command, followed.files, () => describeFetchOutcome(started, followed));
-      if (followed.state === "interrupted" || followed.files.some((f: any) => f.state === "failed")) process.exitCode = 1;
-    });
-  mirror
-    .command("list")
-    .option("--model <name>", "only this model")
-    .option("--json", "print JSON")
-    .action(async (options: Options, command: Command) => {
-      const query = typeof options.model === "string" ? `?model=${encodeURIComponent(options.model)}` : "";
-      const result = await connect(command).call("GET", `/api/v1/mirror${query}`);
-      print(command, result, () => {
-        if (result.data.length === 0) return "The mirror is empty. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
-        const table = renderTable(
-          ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", "ERROR"],
-          result.data.map((f: any) => [f.model, f.version, f.file, f.state, f.percent === null ? null : `${f.percent}%`, f.bytesTotal === null ? null : formatBytes(f.bytesTotal), f.error]),
-        );
-        const disk = result.disk;
-        return `${table}\n\nMirror ${disk.root}: ${formatBytes(disk.bytes)} used (${formatBytes(disk.partialBytes)} partial)${disk.freeBytes === null ? "" : `, ${formatBytes(disk.freeBytes)} free`}.`;
-      });
-    });
-  mirror
-    .command("rm <model> <version>")
-    .description("Delete a mirrored version and its files")
-    .action(async (modelName: string, version: string, _options: Options, command: Command) => {
-      const { deleted } = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}`);
-      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${deleted.files} files, ${formatBytes(deleted.bytes)}.\n`);
-    });
+  registerMirrorCommands(ctl, { connect, print });
 
   const key = ctl.command("key").description("API keys");
   key
@@ -221,108 +171,6 @@ function renderRepositoryPlan(result: { repo: string; revision: string; sha: str
   lines.push(renderPlanTable(result.plan));
   if (skipped.length > 0) lines.push("", "Not planned:", ...skipped.map((a) => `  ${a.description}: ${a.note ?? "not planned"}`));
   return lines.join("\n");
-}
-
-function pick(options: Options, names: string[]): Record<string, string> {
-  return Object.fromEntries(names.filter((name) => typeof options[name] === "string").map((name) => [name, options[name] as string]));
-}
-
-export interface FollowFetchOptions {
-  /** Draw a progress bar on stderr. */
-  draw: boolean;
-  /** How long the fetch's rows may take to appear before ctl gives up. Default 10 s. */
-  appearTimeoutMs?: number;
-  /** Time between two polls. Default 500 ms. */
-  pollMs?: number;
-}
-
-/**
- * How a followed fetch ended: `settled` when every file is complete or failed and nothing
- * works on it any more; `interrupted` when files are left pending (or fetching) that the
- * server no longer works on: it restarted (recover() leaves them pending) or stopped the fetch.
- */
-export interface FollowedFetch {
-  state: "settled" | "interrupted";
-  files: any[];
-}
-
-/**
- * Polls the mirror until the started version settles or stops moving, drawing progress.
- * It never waits on rows that nothing will change: files that are not active on the
- * server end the wait as interrupted, and a fetch whose rows do not appear within
- * `appearTimeoutMs` (while nothing is active) is given up with an error that says what to do.
- */
-export async function followFetch(
-  client: Pick<AdminClient, "call">,
-  started: { model: string; version: string; repo: string; files: { path: string }[] },
-  options: FollowFetchOptions,
-): Promise<FollowedFetch> {
-  const wanted = new Set(started.files.map((f) => f.path));
-  const tty = options.draw && process.stderr.isTTY === true;
-  const appearTimeoutMs = options.appearTimeoutMs ?? 10_000;
-  const appearBy = Date.now() + appearTimeoutMs;
-  let lastLine = 0;
-  for (;;) {
-    const { data } = await client.call<{ data: any[] }>("GET", `/api/v1/mirror?model=${encodeURIComponent(started.model)}`);
-    const files = data.filter((f) => f.version === started.version && wanted.has(f.file));
-    const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
-    const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
-    // Only the server's in-memory `active` says that something still works on a file: a
-    // row's state alone may be what an earlier run left behind.
-    const idle = files.every((f) => f.active !== true);
-    const allListed = files.length === wanted.size;
-    const state: FollowedFetch["state"] | null =
-      !allListed || !idle ? null : files.every((f) => f.state === "complete" || f.state === "failed") ? "settled" : "interrupted";
-    if (options.draw) {
-      const line = `${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${files.filter((f) => f.state === "complete").length}/${wanted.size} files`;
-      if (tty) process.stderr.write(`\r${line}\u001b[K`);
-      else if (state !== null || Date.now() - lastLine > 5000) {
-        process.stderr.write(`${line}\n`);
-        lastLine = Date.now();
-      }
-    }
-    if (state !== null) {
-      if (tty) process.stderr.write("\n");
-      return { state, files };
-    }
-    if (!allListed && idle && Date.now() >= appearBy) {
-      if (tty) process.stderr.write("\n");
-      throw new UpstreamError(
-        `The server accepted the fetch of ${started.repo} as ${started.model}/${started.version}, but ${files.length === 0 ? "none" : `only ${files.length}`} of its ` +
-          `${wanted.size} file${wanted.size === 1 ? "" : "s"} appeared in the mirror within ${appearTimeoutMs / 1000} s and nothing is fetching them. ` +
-          `The server log says why ('mirror fetch stopped'); 'llmgw ctl mirror list --model ${started.model}' shows what is there. Then run the same fetch again.`,
-        { code: "mirror_fetch_lost" },
-      );
-    }
-    await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 500));
-  }
-}
-
-function progressBar(done: number, total: number, width = 30): string {
-  const ratio = total > 0 ? Math.min(1, done / total) : 0;
-  const filled = Math.round(ratio * width);
-  return `[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${(ratio * 100).toFixed(1).padStart(5)}%`;
-}
-
-function describeFetchOutcome(started: { model: string; version: string; repo: string }, followed: FollowedFetch): string {
-  const { files } = followed;
-  const failed = files.filter((f) => f.state === "failed");
-  const failures = failed.map((f) => `  ${f.file}: ${f.error}`).join("\n");
-  if (followed.state === "interrupted") {
-    const left = files.filter((f) => f.state !== "complete" && f.state !== "failed");
-    const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
-    const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
-    return (
-      `The fetch of ${started.repo} as ${started.model}/${started.version} was interrupted: ${left.length} of ${files.length} files are unfinished ` +
-      `(${formatBytes(done)} of ${formatBytes(total)} on disk) and the server is no longer fetching them; it was restarted or stopped the fetch.` +
-      `${failed.length === 0 ? "" : `\n${failed.length} failed:\n${failures}`}\nRun the same fetch again to resume; completed files and partial downloads are kept.`
-    );
-  }
-  if (failed.length === 0) {
-    const entry = files[0]?.file ?? "";
-    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${files.length} files verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
-  }
-  return `${failed.length} of ${files.length} files failed:\n${failures}\nRun the same fetch again to retry; completed files are kept.`;
 }
 
 function modelFromFlags(name: string | undefined, options: Options): unknown {

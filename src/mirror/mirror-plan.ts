@@ -7,7 +7,7 @@ import { pathToFileURL } from "node:url";
 import type { ChosenArtifact } from "../registry/file-sets.ts";
 import { localSourceId, type LocalFile, type LocalListing } from "../registry/local-source.ts";
 import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "../registry/types.ts";
-import type { MirrorFetchFile } from "./mirror.ts";
+import type { MirrorFetchFile } from "./mirror-types.ts";
 
 export interface MirrorFetchPlan {
   /** The mirror's version name: the short commit sha. */

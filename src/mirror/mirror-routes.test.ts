@@ -8,7 +8,7 @@ import { createHash, randomBytes } from "node:crypto";
 import http, { type IncomingHttpHeaders } from "node:http";
 import type { AddressInfo } from "node:net";
 import { existsSync } from "node:fs";
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Hono } from "hono";
@@ -20,9 +20,16 @@ import type { Store } from "../store/store.ts";
 import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
 import { GGUF_REPO, buildStandInRepos, makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
 import { openSqliteTestStore, testBothStores } from "../../test/support/stores.ts";
+import { Catalog } from "../catalog/catalog.ts";
+import { planRepository } from "../plan/plan-repository.ts";
+import { localPool } from "../plan/local-pool.ts";
+import { readAudit } from "../store/audit.ts";
 import { Mirror } from "./mirror.ts";
+import { DiskWeightsChecker } from "../catalog/weights-check.ts";
+import { catalogModelsUsing } from "./mirror-users.ts";
 import { planMirrorFetch } from "./mirror-plan.ts";
-import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, parseRange, type MirrorRoutesEnv } from "./mirror-routes.ts";
+import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, parseRange, type MirrorPlanner, type MirrorRoutesEnv, type MirrorRoutesOptions } from "./mirror-routes.ts";
+import { eventually } from "../../test/support/eventually.ts";
 
 const MODEL = "llmgw-test--tiny-llama-GGUF";
 const Q4 = "tiny-llama-Q4_K_M.gguf";
@@ -52,7 +59,7 @@ async function tempDir(): Promise<string> {
   return dir;
 }
 
-function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry): Hono<MirrorRoutesEnv> {
+function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry, extra: Partial<MirrorRoutesOptions> = {}): Hono<MirrorRoutesEnv> {
   const app = new Hono<MirrorRoutesEnv>();
   app.onError((error, c) => {
     const rendered = renderError(error);
@@ -64,7 +71,7 @@ function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry):
     c.set("principal", principal);
     await next();
   });
-  mountMirrorRoutes(app, { mirror, registry: reader });
+  mountMirrorRoutes(app, { mirror, registry: reader, ...extra });
   return app;
 }
 
@@ -72,14 +79,12 @@ async function json(response: Response): Promise<Record<string, any>> {
   return (await response.json()) as Record<string, any>;
 }
 
-async function waitForVersion(app: Hono<MirrorRoutesEnv>, model: string, state: string): Promise<Record<string, any>> {
-  const deadline = Date.now() + 15_000;
-  for (;;) {
+/** The listing once the model's first version is in `state`. */
+function versionIn(app: Hono<MirrorRoutesEnv>, model: string, state: string): Promise<Record<string, any>> {
+  return eventually(`the version of ${model} to be ${state}`, async () => {
     const body = await json(await app.request(`/api/v1/mirror?model=${encodeURIComponent(model)}`));
-    if (body.versions?.[0]?.state === state) return body;
-    if (Date.now() > deadline) throw new Error(`version of ${model} never reached ${state}: ${JSON.stringify(body.versions)}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
+    return body.versions?.[0]?.state === state ? body : false;
+  });
 }
 
 describe("admin routes", () => {
@@ -106,7 +111,7 @@ describe("admin routes", () => {
       assert.equal(busy.status, 409);
       assert.equal((await json(busy)).error.code, "mirror_version_busy");
 
-      const listing = await waitForVersion(app, MODEL, "complete");
+      const listing = await versionIn(app, MODEL, "complete");
       hub.setFault(null);
       assert.equal(listing.data.length, 2);
       for (const file of listing.data) {
@@ -145,7 +150,7 @@ describe("admin routes", () => {
       assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
       const plan = await json(started);
       assert.equal(plan.model, "my-model");
-      await waitForVersion(app, "my-model", "complete");
+      await versionIn(app, "my-model", "complete");
       const file = await mirror.pathFor("my-model", plan.version, "my-model-Q4_K_M.gguf");
       assert.ok(file !== null);
       assert.deepEqual(await readFile(file), content);
@@ -171,14 +176,14 @@ describe("admin routes", () => {
       assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
       const plan = await json(started);
       assert.deepEqual(plan.files.map((f: { path: string; sha256: string | null }) => [f.path, f.sha256]), [["my-model-Q4_K_M.gguf", null]]);
-      const listing = await waitForVersion(app, "my-model", "complete");
+      const listing = await versionIn(app, "my-model", "complete");
       assert.equal(listing.data[0].actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
       assert.equal(existsSync(path.join(dataDir, "registry", "local-hashes.json")), false, "nothing was hashed before the copy");
 
       const again = await post();
       assert.equal(again.status, 202);
       assert.equal((await json(again)).version, plan.version);
-      await waitForVersion(app, "my-model", "complete");
+      await versionIn(app, "my-model", "complete");
     } finally {
       await mirror.close();
     }
@@ -268,27 +273,28 @@ describe("admin routes", () => {
   });
 });
 
-test("POST stops reading the repository when its client goes away", async () => {
+test("POST stops reading the repository when its client goes away", { timeout: 60_000 }, async () => {
   const { store, cleanup } = await openSqliteTestStore();
   const dataDir = await tempDir();
   const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-  // A registry that never answers: only the request's signal can end the read.
+  // A registry that never answers, read by a client that would wait an hour for headers:
+  // only the request's signal can end the read before the test's deadline.
   hub.setFault({ kind: "hang", match: "/api/" });
+  const patient = new HubClient({ endpoint: hub.url, retries: 0, headersTimeoutMs: 3_600_000 });
   try {
     const since = hub.requests.length;
     const controller = new AbortController();
-    const pending = Promise.resolve(adminApp(mirror, dataDir).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }));
-    for (let waited = 0; !hub.requests.slice(since).some((r) => r.path.startsWith("/api/")); waited += 10) {
-      assert.ok(waited < 5000, "the route never asked the registry");
-      await new Promise((resolve) => setTimeout(resolve, 10));
-    }
+    const pending = Promise.resolve(adminApp(mirror, dataDir, patient).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }));
+    await eventually("the route to ask the registry", () => hub.requests.slice(since).some((r) => r.path.startsWith("/api/")));
     controller.abort();
-    // Without the signal the read would wait for the registry client's 30 s headers timeout.
-    const outcome = await Promise.race([pending.then(() => "ended", () => "ended"), new Promise((resolve) => setTimeout(() => resolve("still reading"), 5000))]);
-    assert.equal(outcome, "ended");
+    await pending.then(
+      () => undefined,
+      () => undefined,
+    );
     assert.equal((await mirror.list()).length, 0);
   } finally {
     hub.setFault(null);
+    await patient.close();
     await mirror.close();
     await cleanup();
   }
@@ -460,4 +466,193 @@ test("parseRange reads one range and ignores what it does not serve", () => {
   assert.equal(parseRange("bytes=0-1,3-4", 10), null);
   assert.equal(parseRange("bytes=5-2", 10), null);
   assert.equal(parseRange("items=0-1", 10), null);
+});
+
+// ---------------------------------------------------------------------------------------
+
+describe("what a fetch picks", () => {
+  const GiB = 1024 ** 3;
+  const planner =
+    (memoryBytes: number): MirrorPlanner =>
+    (query, signal) =>
+      planRepository({ ...query, registry, pool: localPool({ hostname: "stand-in-node", cores: 8, totalMemoryBytes: memoryBytes, freeMemoryBytes: memoryBytes }), signal });
+
+  testBothStores("without quant or file a fetch takes the plan's recommendation, says so, and agrees with the plan; with nothing fitting it takes the default and says why", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    try {
+      // The stand-in repository's quantisations are all tiny: on a 16 GiB node every one fits,
+      // and the plan recommends the best quality (F16), not the default Q4_K_M.
+      const roomy = planner(16 * GiB);
+      const planned = await roomy({ repo: GGUF_REPO, contextSize: 2048 }, new AbortController().signal);
+      const recommended = planned.plan.artifacts.find((a) => a.id === planned.plan.recommendation?.artifact.id);
+      assert.equal(recommended?.label, "F16");
+      const started = await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
+        method: "POST",
+        body: JSON.stringify({ repo: GGUF_REPO, model: "planned", context: 2048 }),
+      });
+      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+      const answer = await json(started);
+      assert.deepEqual(answer.files.map((f: { path: string }) => f.path), recommended?.files, "the fetch and the plan pick the same file");
+      assert.deepEqual([answer.picked.by, answer.picked.artifact, answer.set], ["plan", "F16", "F16"]);
+      assert.match(answer.picked.reason, /what 'llmgw ctl model plan' recommends for this server for a 2048-token context\. Recommended: F16 on the CPU/);
+      await versionIn(adminApp(mirror, dataDir), "planned", "complete");
+
+      // A 1 GiB node offers nothing once the OS reserve is kept: nothing fits, so the default.
+      const cramped = await adminApp(mirror, dataDir, registry, { planner: planner(1 * GiB) }).request("/api/v1/mirror", {
+        method: "POST",
+        body: JSON.stringify({ repo: GGUF_REPO, model: "cramped" }),
+      });
+      assert.equal(cramped.status, 202);
+      const fallback = await json(cramped);
+      assert.deepEqual([fallback.picked.by, fallback.set], ["default", "Q4_K_M"]);
+      assert.match(fallback.picked.reason, /nothing in the plan fits this server for a 16384-token context\. Nothing fits this pool/);
+
+      // Asked for a quantisation: that one, said as such; the planner is not consulted.
+      const asked = await json(await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q8_0", model: "asked" }) }));
+      assert.deepEqual(asked.picked, { by: "quant", artifact: "Q8_0", reason: "asked for with quant Q8_0" });
+      await versionIn(adminApp(mirror, dataDir), "cramped", "complete");
+      await versionIn(adminApp(mirror, dataDir), "asked", "complete");
+
+      const fetches = await readAudit(store.db, { actionPrefix: "mirror.fetch" });
+      assert.deepEqual(
+        fetches.map((e) => [e.actor, e.target, e.detail.set, e.detail.picked_by]).reverse(),
+        [
+          ["admin:admin", `planned/${info.shortSha}`, "F16", "plan"],
+          ["admin:admin", `cramped/${info.shortSha}`, "Q4_K_M", "default"],
+          ["admin:admin", `asked/${info.shortSha}`, "Q8_0", "quant"],
+        ],
+      );
+    } finally {
+      await mirror.close();
+    }
+  });
+});
+
+describe("deleting a version the catalog uses", () => {
+  testBothStores("DELETE is refused naming the catalog models that use the version, unless forced; both are audited", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    // The real door check: the catalog models below must name complete mirrored files.
+    const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
+    await catalog.refresh();
+    const app = adminApp(mirror, dataDir, registry, { modelsUsing: catalogModelsUsing(catalog) });
+    try {
+      const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q8) } });
+      assert.equal((await mirror.fetchVersion({ model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files })).complete, true);
+      const other = await mirror.fetchVersion({ model: MODEL, version: "otherversion", repo: made.repo, revision: made.revision, files: made.files });
+      assert.equal(other.complete, true);
+      const source = { kind: "mirror", model: MODEL, version: made.version, file: Q8 };
+      for (const name of ["tiny-b", "tiny-a"]) {
+        await catalog.create({ name, source, profiles: [{ name: "cpu", engine: "llamacpp" }], scaling: { min: 0, max: 1 } }, "admin:root");
+      }
+
+      const refused = await app.request(`/api/v1/mirror/${MODEL}/${made.version}`, { method: "DELETE" });
+      assert.equal(refused.status, 409);
+      const { error } = await json(refused);
+      assert.equal(error.code, "mirror_version_in_use");
+      assert.match(error.message, /in use by the catalog models 'tiny-a', 'tiny-b'.*--force \(DELETE \/api\/v1\/mirror\/.*\?force=true\)/);
+      assert.ok((await mirror.pathFor(MODEL, made.version, Q8)) !== null, "nothing was deleted");
+
+      const badForce = await app.request(`/api/v1/mirror/${MODEL}/${made.version}?force=maybe`, { method: "DELETE" });
+      assert.deepEqual([badForce.status, (await json(badForce)).error.param], [400, "force"]);
+
+      // A version nobody uses goes without force.
+      const unused = await app.request(`/api/v1/mirror/${MODEL}/otherversion`, { method: "DELETE" });
+      assert.equal(unused.status, 200);
+      assert.equal((await json(unused)).deleted.forced, undefined);
+
+      const forced = await app.request(`/api/v1/mirror/${MODEL}/${made.version}?force=true`, { method: "DELETE" });
+      assert.equal(forced.status, 200);
+      assert.deepEqual((await json(forced)).deleted, { model: MODEL, version: made.version, files: 1, bytes: 655360, forced: true, usedBy: ["tiny-a", "tiny-b"] });
+      assert.equal(await mirror.pathFor(MODEL, made.version, Q8), null);
+
+      const deletes = await readAudit(store.db, { actionPrefix: "mirror.delete" });
+      assert.deepEqual(
+        deletes.map((e) => [e.actor, e.target, e.detail]).reverse(),
+        [
+          ["admin:admin", `${MODEL}/otherversion`, { bytes: 655360, files: 1 }],
+          ["admin:admin", `${MODEL}/${made.version}`, { bytes: 655360, force: true, used_by: ["tiny-a", "tiny-b"], files: 1 }],
+        ],
+      );
+    } finally {
+      await mirror.close();
+    }
+  });
+});
+
+describe("verification over the API", () => {
+  testBothStores("POST /api/v1/mirror/verify hashes in the background and GET shows each file; a changed file is refused by the file server with the reason; runs are audited", async (store) => {
+    const dataDir = await tempDir();
+    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+    const app = adminApp(mirror, dataDir);
+    const verify = async (body: unknown) => {
+      const started = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
+      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+      const run = await json(started);
+      assert.equal(run.progress, `/api/v1/mirror/verify/${run.id}`);
+      return eventually("the verification to end", async () => {
+        const now = await json(await app.request(run.progress));
+        return now.state === "running" ? false : now;
+      });
+    };
+    try {
+      assert.equal((await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }) })).status, 202);
+      await versionIn(app, MODEL, "complete");
+      const file = path.join(dataDir, "mirror", MODEL, info.shortSha, Q4);
+      const published = createHash("sha256").update(await readFile(file)).digest("hex");
+
+      const clean = await verify({ model: MODEL, version: info.shortSha });
+      assert.deepEqual([clean.state, clean.ok, clean.failed, clean.skipped], ["done", 1, 0, 0]);
+      assert.deepEqual(clean.files.map((f: any) => [f.file, f.result, f.bytesDone, f.actualSha256]), [[Q4, "ok", 655360, published]]);
+
+      // Same size, other bytes: served with the old sha256 as ETag before this change.
+      const bytes = await readFile(file);
+      bytes[1000] = (bytes[1000] ?? 0) ^ 0xff;
+      await writeFile(file, bytes);
+      const later = new Date(Date.now() + 120_000);
+      await utimes(file, later, later);
+      await withFileServer(mirror, async (url) => {
+        const changed = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
+        assert.equal(changed.status, 409);
+        assert.equal(changed.headers.etag, undefined);
+        assert.equal(JSON.parse(changed.body.toString()).error.code, "mirror_file_changed");
+
+        const failed = await verify({ model: MODEL });
+        assert.deepEqual([failed.ok, failed.failed], [0, 1]);
+        const tampered = createHash("sha256").update(bytes).digest("hex");
+        assert.ok(failed.files[0].message.includes(published) && failed.files[0].message.includes(tampered), failed.files[0].message);
+        const refused = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
+        assert.equal(refused.status, 404);
+        const error = JSON.parse(refused.body.toString()).error;
+        assert.equal(error.code, "mirror_file_failed");
+        assert.ok(error.message.includes(tampered), error.message);
+      });
+
+      const everything = await verify({});
+      assert.deepEqual([everything.model, everything.files.length], [null, 1]);
+
+      const bad = async (body: unknown, status: number) => {
+        const response = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
+        assert.equal(response.status, status, JSON.stringify(body));
+        return (await json(response)).error;
+      };
+      assert.equal((await bad({ version: info.shortSha }, 400)).param, "model");
+      assert.equal((await bad({ colour: "blue" }, 400)).code, "invalid_field");
+      assert.equal((await bad({ model: "nobody" }, 404)).code, "mirror_version_not_found");
+      assert.equal((await app.request("/api/v1/mirror/verify/no-such-run")).status, 404);
+
+      const audited = await readAudit(store.db, { actionPrefix: "mirror.verify" });
+      assert.deepEqual(
+        audited.map((e) => [e.actor, e.target, e.detail.ok, e.detail.failed]).reverse(),
+        [
+          ["admin:admin", `${MODEL}/${info.shortSha}`, 1, 0],
+          ["admin:admin", MODEL, 0, 1],
+          ["admin:admin", "mirror", 0, 1],
+        ],
+      );
+    } finally {
+      await mirror.close();
+    }
+  });
 });

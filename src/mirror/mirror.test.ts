@@ -3,7 +3,7 @@
 // huggingface.co: resolve URLs answer LFS files with a 302 to a CDN on another host name,
 // the CDN serves bytes with Range, and its faults stand for what a real registry does
 // (a connection dropped mid-body, a reset, an answer that never comes, corrupted bytes).
-import { after, before, describe, test } from "node:test";
+import { after, before, describe } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
@@ -21,6 +21,7 @@ import type { RepoFile, RepoInfo } from "../registry/types.ts";
 import type { Store } from "../store/store.ts";
 import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
 import { GGUF_REPO, SAFETENSORS_REPO, buildStandInRepos, makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
+import { eventually } from "../../test/support/eventually.ts";
 import { testBothDatabases, testBothStores } from "../../test/support/stores.ts";
 import { Mirror, type MirrorFetchFile, type MirrorIo, type MirrorOptions } from "./mirror.ts";
 import { defaultMirrorModelName, planLocalMirrorFetch, planMirrorFetch } from "./mirror-plan.ts";
@@ -95,16 +96,6 @@ async function sizeOf(file: string): Promise<number | null> {
     return (await stat(file)).size;
   } catch {
     return null;
-  }
-}
-
-async function waitFor<T>(what: string, check: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined && value !== false) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
 
@@ -666,7 +657,7 @@ describe("following a fetch", () => {
     try {
       const running = earlier.fetchVersion(args);
       running.catch(() => undefined);
-      await waitFor("the first downloads", async () => (await earlier.list()).filter((row) => row.state === "fetching").length === 2);
+      await eventually("the first downloads", async () => (await earlier.list()).filter((row) => row.state === "fetching").length === 2);
       await earlier.close();
       const left = await mirrorFor(store, root).list();
       assert.deepEqual(left.map((row) => [row.state, row.active]), [["pending", false], ["pending", false]]);
@@ -731,7 +722,7 @@ describe("restart", () => {
       let mirror = mirrorFor(store, root, { retries: 3, retryDelayMs: 60_000 });
       const running = mirror.fetchVersion(args);
       running.catch(() => undefined);
-      await waitFor("the partial download", async () => (await sizeOf(partial)) === DROP_AT);
+      await eventually("the partial download", async () => (await sizeOf(partial)) === DROP_AT);
       await mirror.close();
       await assert.rejects(running, (error: unknown) => error instanceof ConflictError && error.code === "mirror_closed");
       await store.close();
@@ -770,7 +761,7 @@ describe("restart", () => {
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
       child.stdin.end(JSON.stringify({ ...database.spec, root, fetch: args, retryDelayMs: 60_000 }));
-      await waitFor("the child's partial download", async () => (await sizeOf(partial)) === DROP_AT, 30_000);
+      await eventually("the child's partial download", async () => (await sizeOf(partial)) === DROP_AT);
       child.kill("SIGKILL");
       await exited;
     } finally {

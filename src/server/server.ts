@@ -23,7 +23,8 @@ import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts"
 import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
 import { Mirror } from "../mirror/mirror.ts";
-import { createMirrorFileHandler, isMirrorFileRequest } from "../mirror/mirror-routes.ts";
+import { createMirrorFileHandler, isMirrorFileRequest, type MirrorPlanner } from "../mirror/mirror-routes.ts";
+import { catalogModelsUsing } from "../mirror/mirror-users.ts";
 import { bearerToken } from "../core/bearer.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
@@ -96,6 +97,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   let attachment: Attachment | undefined;
   let ready = false;
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
+  // One planner for GET /api/v1/plan and for mirror fetches without a quant, so both pick the same artifact.
+  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal });
   const adminApi = createAdminApi({
     catalog,
     keys,
@@ -103,8 +106,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     version: LLMGW_VERSION,
     isReady: () => ready,
-    mirror: { mirror, registry, logger },
-    planner: (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal }),
+    mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog) },
+    planner,
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
   });
   const adminListener = getRequestListener(adminApi.fetch);

@@ -132,6 +132,15 @@ const migrations: Record<string, MigrationFactory> = {
         .execute();
     },
   }),
+  // What a complete mirror file looked like on disk when its bytes were last hashed, so a
+  // stat (not a hash) tells whether it changed since: a new size or mtime means hash again.
+  "0003_mirror_verified": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("mirror_files").addColumn("verified_size", "bigint").execute();
+      await db.schema.alterTable("mirror_files").addColumn("verified_mtime_ns", "text").execute();
+      await db.schema.alterTable("mirror_files").addColumn("verified_at", "text").execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

@@ -108,6 +108,12 @@ export interface MirrorFilesTable {
   bytes_total: number | null;
   error: string | null;
   source_url: string;
+  /** Size of the file on disk when its bytes were last hashed and matched (null: never, or before 0003). */
+  verified_size: number | null;
+  /** Its mtime then, in nanoseconds (text: exact, and wider than a double). */
+  verified_mtime_ns: string | null;
+  /** When that was. */
+  verified_at: string | null;
   created_at: string;
   updated_at: string;
 }

@@ -18,7 +18,7 @@ testBothStores("migrations create every table and record themselves", async (sto
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
   const applied = await sql<{ name: string }>`select name from llmgw_migrations order by name`.execute(store.db);
-  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror"]);
+  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror", "0003_mirror_verified"]);
 });
 
 testBothStores("a store migrates in its own schema even when another schema holds llmgw tables", async (store) => {

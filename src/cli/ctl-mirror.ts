@@ -1,0 +1,275 @@
+// `llmgw ctl mirror ...`: the weights mirror over the admin API. `fetch` starts a fetch
+// (what the plan recommends for the server's hardware unless told a quantisation or file)
+// and follows it with a progress bar; `verify` hashes mirrored files again and reports each
+// one; `list` and `rm` show and delete versions (a version a catalog model uses only with
+// --force). Each command exits non-zero when what it did failed.
+import type { Command } from "commander";
+import { UpstreamError } from "../core/errors.ts";
+import { formatBytes } from "../gguf/memory-estimate.ts";
+import { absoluteRepoArgument } from "./local-paths.ts";
+import type { AdminClient } from "./admin-client.ts";
+import { parsePositiveInt } from "./config.ts";
+import { renderTable } from "./output.ts";
+
+type Options = Record<string, unknown>;
+
+/** What ctl's commands share: the admin client from the flags, and printing JSON or text. */
+export interface CtlHelpers {
+  connect: (command: Command) => AdminClient;
+  print: (command: Command, json: unknown, human: () => string) => void;
+}
+
+export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelpers): void {
+  const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
+  mirror
+    .command("fetch <repo>")
+    .description("Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the server's hardware")
+    .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
+    .option("--file <path>", "an exact file of the repository")
+    .option("--format <format>", "gguf or safetensors")
+    .option("--revision <rev>", "branch, tag or commit (default main)")
+    .option("--model <name>", "the mirror's name for the model (default owner--name)")
+    .option("--context <n>", "context (tokens) the plan picks an artifact for (default: as 'ctl model plan')")
+    .option("--no-wait", "start the fetch and return")
+    .option("--json", "print JSON")
+    .action(async (repo: string, options: Options, command: Command) => {
+      const client = connect(command);
+      const started = await client.call("POST", "/api/v1/mirror", {
+        // The server resolves paths on its own machine: send this shell's paths absolute.
+        repo: absoluteRepoArgument(repo),
+        ...pick(options, ["quant", "file", "format", "revision", "model"]),
+        ...(typeof options.context === "string" ? { context: parsePositiveInt(options.context, "--context") } : {}),
+      });
+      const json = command.optsWithGlobals().json === true;
+      if (options.wait === false) {
+        print(command, started, () => `${describePick(started.picked)}\nFetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${count(started.files.length, "file")}, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
+        return;
+      }
+      if (!json) process.stdout.write(`${describePick(started.picked)}\n`);
+      const followed = await followFetch(client, started, { draw: !json });
+      print(command, followed.files, () => describeFetchOutcome(started, followed));
+      if (followed.state === "interrupted" || followed.files.some((f: any) => f.state === "failed")) process.exitCode = 1;
+    });
+  mirror
+    .command("list")
+    .option("--model <name>", "only this model")
+    .option("--json", "print JSON")
+    .action(async (options: Options, command: Command) => {
+      const query = typeof options.model === "string" ? `?model=${encodeURIComponent(options.model)}` : "";
+      const result = await connect(command).call("GET", `/api/v1/mirror${query}`);
+      print(command, result, () => {
+        if (result.data.length === 0) return "The mirror is empty. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
+        const table = renderTable(
+          ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", "ERROR"],
+          result.data.map((f: any) => [f.model, f.version, f.file, f.state, f.percent === null ? null : `${f.percent}%`, f.bytesTotal === null ? null : formatBytes(f.bytesTotal), f.error]),
+        );
+        const disk = result.disk;
+        return `${table}\n\nMirror ${disk.root}: ${formatBytes(disk.bytes)} used (${formatBytes(disk.partialBytes)} partial)${disk.freeBytes === null ? "" : `, ${formatBytes(disk.freeBytes)} free`}.`;
+      });
+    });
+  mirror
+    .command("verify [model] [version]")
+    .description("Hash mirrored files again (all, one model's, or one version's); a file that no longer matches is marked failed and no longer served")
+    .option("--json", "print JSON")
+    .action(async (modelName: string | undefined, version: string | undefined, _options: Options, command: Command) => {
+      const client = connect(command);
+      const json = command.optsWithGlobals().json === true;
+      const started = await client.call("POST", "/api/v1/mirror/verify", { ...(modelName === undefined ? {} : { model: modelName }), ...(version === undefined ? {} : { version }) });
+      const run = await followVerification(client, started, {
+        draw: !json,
+        onFile: json ? undefined : (file) => process.stdout.write(`${describeVerifiedFile(file)}\n`),
+      });
+      print(command, run, () => describeVerification(run));
+      if (run.state !== "done" || run.failed > 0) process.exitCode = 1;
+    });
+  mirror
+    .command("rm <model> <version>")
+    .description("Delete a mirrored version and its files (refused while a catalog model uses it, unless --force)")
+    .option("--force", "delete even though catalog models use it (they are left without weights)")
+    .action(async (modelName: string, version: string, options: Options, command: Command) => {
+      const query = options.force === true ? "?force=true" : "";
+      const { deleted } = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
+      const forced = deleted.forced === true ? ` The catalog model${deleted.usedBy.length === 1 ? "" : "s"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.` : "";
+      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${count(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}\n`);
+    });
+}
+
+function pick(options: Options, names: string[]): Record<string, string> {
+  return Object.fromEntries(names.filter((name) => typeof options[name] === "string").map((name) => [name, options[name] as string]));
+}
+
+/** "1 file", "2 files". */
+function count(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
+}
+
+/** The line that says which artifact the server picked and why. */
+function describePick(picked: { artifact: string; reason: string } | undefined): string {
+  if (picked === undefined) return "";
+  const reason = picked.reason.trim();
+  return `Picked ${picked.artifact}: ${reason}${reason.endsWith(".") ? "" : "."}`;
+}
+
+export interface FollowFetchOptions {
+  /** Draw a progress bar on stderr. */
+  draw: boolean;
+  /** How long the fetch's rows may take to appear before ctl gives up. Default 10 s. */
+  appearTimeoutMs?: number;
+  /** Time between two polls. Default 500 ms. */
+  pollMs?: number;
+}
+
+/**
+ * How a followed fetch ended: `settled` when every file is complete or failed and nothing
+ * works on it any more; `interrupted` when files are left pending (or fetching) that the
+ * server no longer works on: it restarted (recover() leaves them pending) or stopped the fetch.
+ */
+export interface FollowedFetch {
+  state: "settled" | "interrupted";
+  files: any[];
+}
+
+/**
+ * Polls the mirror until the started version settles or stops moving, drawing progress.
+ * It never waits on rows that nothing will change: files that are not active on the
+ * server end the wait as interrupted, and a fetch whose rows do not appear within
+ * `appearTimeoutMs` (while nothing is active) is given up with an error that says what to do.
+ */
+export async function followFetch(
+  client: Pick<AdminClient, "call">,
+  started: { model: string; version: string; repo: string; files: { path: string }[] },
+  options: FollowFetchOptions,
+): Promise<FollowedFetch> {
+  const wanted = new Set(started.files.map((f) => f.path));
+  const tty = options.draw && process.stderr.isTTY === true;
+  const appearTimeoutMs = options.appearTimeoutMs ?? 10_000;
+  const appearBy = Date.now() + appearTimeoutMs;
+  let lastLine = 0;
+  for (;;) {
+    const { data } = await client.call<{ data: any[] }>("GET", `/api/v1/mirror?model=${encodeURIComponent(started.model)}`);
+    const files = data.filter((f) => f.version === started.version && wanted.has(f.file));
+    const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
+    const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
+    // Only the server's in-memory `active` says that something still works on a file: a
+    // row's state alone may be what an earlier run left behind.
+    const idle = files.every((f) => f.active !== true);
+    const allListed = files.length === wanted.size;
+    const state: FollowedFetch["state"] | null =
+      !allListed || !idle ? null : files.every((f) => f.state === "complete" || f.state === "failed") ? "settled" : "interrupted";
+    if (options.draw) {
+      const line = `${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${files.filter((f) => f.state === "complete").length}/${wanted.size} files`;
+      if (tty) process.stderr.write(`\r${line}\u001b[K`);
+      else if (state !== null || Date.now() - lastLine > 5000) {
+        process.stderr.write(`${line}\n`);
+        lastLine = Date.now();
+      }
+    }
+    if (state !== null) {
+      if (tty) process.stderr.write("\n");
+      return { state, files };
+    }
+    if (!allListed && idle && Date.now() >= appearBy) {
+      if (tty) process.stderr.write("\n");
+      throw new UpstreamError(
+        `The server accepted the fetch of ${started.repo} as ${started.model}/${started.version}, but ${files.length === 0 ? "none" : `only ${files.length}`} of its ` +
+          `${count(wanted.size, "file")} appeared in the mirror within ${appearTimeoutMs / 1000} s and nothing is fetching them. ` +
+          `The server log says why ('mirror fetch stopped'); 'llmgw ctl mirror list --model ${started.model}' shows what is there. Then run the same fetch again.`,
+        { code: "mirror_fetch_lost" },
+      );
+    }
+    await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 500));
+  }
+}
+
+function progressBar(done: number, total: number, width = 30): string {
+  const ratio = total > 0 ? Math.min(1, done / total) : 0;
+  const filled = Math.round(ratio * width);
+  return `[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${(ratio * 100).toFixed(1).padStart(5)}%`;
+}
+
+function describeFetchOutcome(started: { model: string; version: string; repo: string }, followed: FollowedFetch): string {
+  const { files } = followed;
+  const failed = files.filter((f) => f.state === "failed");
+  const failures = failed.map((f) => `  ${f.file}: ${f.error}`).join("\n");
+  if (followed.state === "interrupted") {
+    const left = files.filter((f) => f.state !== "complete" && f.state !== "failed");
+    const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
+    const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
+    return (
+      `The fetch of ${started.repo} as ${started.model}/${started.version} was interrupted: ${left.length} of ${files.length} files are unfinished ` +
+      `(${formatBytes(done)} of ${formatBytes(total)} on disk) and the server is no longer fetching them; it was restarted or stopped the fetch.` +
+      `${failed.length === 0 ? "" : `\n${failed.length} failed:\n${failures}`}\nRun the same fetch again to resume; completed files and partial downloads are kept.`
+    );
+  }
+  if (failed.length === 0) {
+    const entry = files[0]?.file ?? "";
+    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${count(files.length, "file")} verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
+  }
+  return `${failed.length} of ${count(files.length, "file")} failed:\n${failures}\nRun the same fetch again to retry; completed files are kept.`;
+}
+
+export interface VerifiedFile {
+  model: string;
+  version: string;
+  file: string;
+  result: "pending" | "hashing" | "ok" | "failed" | "skipped";
+  bytesDone: number;
+  message: string | null;
+}
+
+export interface VerificationRun {
+  id: string;
+  state: "running" | "done" | "stopped";
+  totalBytes: number;
+  ok: number;
+  failed: number;
+  skipped: number;
+  files: VerifiedFile[];
+  error: string | null;
+  progress?: string;
+}
+
+/**
+ * Polls a verification until it ends, drawing progress (bytes hashed of all) and handing
+ * each file's result to `onFile` once, as it arrives.
+ */
+export async function followVerification(
+  client: Pick<AdminClient, "call">,
+  started: VerificationRun,
+  options: { draw: boolean; onFile?: ((file: VerifiedFile) => void) | undefined; pollMs?: number },
+): Promise<VerificationRun> {
+  const tty = options.draw && process.stderr.isTTY === true;
+  const reported = new Set<string>();
+  for (let run = started; ; ) {
+    const fresh = run.files.filter((f) => (f.result === "ok" || f.result === "failed" || f.result === "skipped") && !reported.has(`${f.model}/${f.version}/${f.file}`));
+    if (fresh.length > 0 && tty) process.stderr.write("\r\u001b[K");
+    for (const file of fresh) {
+      reported.add(`${file.model}/${file.version}/${file.file}`);
+      options.onFile?.(file);
+    }
+    if (tty) {
+      const done = run.files.reduce((sum, f) => sum + f.bytesDone, 0);
+      process.stderr.write(`\r${progressBar(done, run.totalBytes)} ${formatBytes(done)} / ${formatBytes(run.totalBytes)}  ${reported.size}/${count(run.files.length, "file")} checked\u001b[K`);
+    }
+    if (run.state !== "running") {
+      if (tty) process.stderr.write("\n");
+      return run;
+    }
+    await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 500));
+    run = await client.call<VerificationRun>("GET", `/api/v1/mirror/verify/${encodeURIComponent(started.id)}`);
+  }
+}
+
+function describeVerifiedFile(file: VerifiedFile): string {
+  const name = `${file.model}/${file.version}/${file.file}`;
+  if (file.result === "ok") return `ok       ${name}`;
+  return `${file.result === "failed" ? "FAILED " : "skipped"}  ${name}: ${file.message ?? ""}`;
+}
+
+function describeVerification(run: VerificationRun): string {
+  if (run.files.length === 0) return "Nothing to verify: the mirror holds no files. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
+  const counts = `${count(run.files.length, "file")}: ${run.ok} ok, ${run.failed} failed, ${run.skipped} skipped`;
+  if (run.state === "stopped") return `${run.error ?? "The verification stopped."} So far ${counts}.`;
+  const failed = run.failed === 0 ? "" : " Failed files are no longer served; fetch their versions again to replace them.";
+  return `Verified ${counts}.${failed}`;
+}

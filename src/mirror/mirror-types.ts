@@ -1,0 +1,228 @@
+// The mirror's vocabulary: what callers hand to `Mirror` (files to fetch, options) and what
+// they get back (outcomes, file views, disk use, recovery and verification summaries).
+// Types only, so every part of the mirror and its consumers share one definition.
+import type { Writable } from "node:stream";
+import type { Dispatcher } from "undici";
+import type { LlmgwError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Store } from "../store/store.ts";
+
+export type MirrorFileState = "pending" | "fetching" | "complete" | "failed";
+
+/** One file to fetch into a version. */
+export interface MirrorFetchFile {
+  /** Path inside the repository; becomes the path inside the version folder. */
+  path: string;
+  /** Where the bytes are: an http(s) URL (a registry resolve URL) or a `file:` URL of a local source. */
+  url: string;
+  /** The sha256 the registry published (lowercase hex), or null when it published none. */
+  sha256: string | null;
+  /** The size the registry published, or null when unknown. */
+  size: number | null;
+  /**
+   * git's blob id of the content, checked when no sha256 was published (the Hub lists
+   * small files kept in git, such as config.json, with only their blob id). Needs `size`.
+   */
+  gitBlobId?: string | null;
+  /** Headers for the first request (the registry's Authorization); dropped on cross-host redirects. */
+  headers?: Record<string, string>;
+  /**
+   * For a `file:` source: the modification time (ms) the file had when it was listed. The
+   * copy is refused when the file's size or mtime differ, when it is opened and after it
+   * was copied: a local version is named after them (`planLocalMirrorFetch`).
+   */
+  sourceMtimeMs?: number | null;
+}
+
+export interface MirrorProgressEvent {
+  model: string;
+  version: string;
+  file: string;
+  state: MirrorFileState;
+  bytesDone: number;
+  bytesTotal: number | null;
+}
+
+export interface FetchVersionOptions {
+  /** The slug the caller chose (a catalog model name, or `owner--name`); one path segment. */
+  model: string;
+  /** The short revision; one path segment. */
+  version: string;
+  /** Where the files come from (`owner/name`, or a `file:` URL), for the rows and messages. */
+  repo: string;
+  /** The full commit sha (or local content id) the files belong to. */
+  revision: string;
+  files: MirrorFetchFile[];
+  signal?: AbortSignal;
+  onProgress?: (event: MirrorProgressEvent) => void;
+}
+
+export interface MirrorFileOutcome {
+  file: string;
+  state: "complete" | "failed";
+  /** True when the file was already complete from the same commit and nothing was fetched. */
+  skipped: boolean;
+  /** True when a complete file had changed on disk (size or mtime) and was hashed again before it was skipped. */
+  reverified?: boolean;
+  /** Where the download started (bytes already on disk); 0 for a fresh download. */
+  resumedFrom: number;
+  /** Bytes received over the network (or copied) by this call. */
+  bytesFetched: number;
+  bytesTotal: number | null;
+  sha256: string | null;
+  error: { code: string; message: string; retryable: boolean } | null;
+}
+
+export interface FetchVersionSummary {
+  model: string;
+  version: string;
+  repo: string;
+  revision: string;
+  /** True when every file is complete and verified. */
+  complete: boolean;
+  files: MirrorFileOutcome[];
+  fetched: number;
+  skipped: number;
+  failed: number;
+  bytesFetched: number;
+}
+
+export interface MirrorFileView {
+  model: string;
+  version: string;
+  file: string;
+  repo: string;
+  revision: string;
+  /**
+   * The row's state, except that a `complete` file found missing, resized or modified on
+   * disk (a stat, not a hash) is shown `failed` with the reason in `error`.
+   */
+  state: MirrorFileState;
+  /** The sha256 the registry published. */
+  sha256: string | null;
+  /** The sha256 computed from the bytes (set once complete, or on a mismatch). */
+  actualSha256: string | null;
+  bytesDone: number;
+  bytesTotal: number | null;
+  /** bytesDone / bytesTotal in percent with one decimal; null when the size is unknown. */
+  percent: number | null;
+  error: string | null;
+  sourceUrl: string;
+  /** True while this process is fetching (or about to fetch) the file. */
+  active: boolean;
+  /** When the bytes on disk were last hashed and matched (at the end of the download, or by a verification). */
+  verifiedAt: string | null;
+  createdAt: string;
+  updatedAt: string;
+}
+
+export interface MirrorDiskUsage {
+  root: string;
+  /** Every byte under root, partial downloads included. */
+  bytes: number;
+  /** Bytes in `.partial` files (downloads in progress or interrupted). */
+  partialBytes: number;
+  /** Space left on the disk that holds root, for an unprivileged writer; null when unknown. */
+  freeBytes: number | null;
+  versions: { model: string; version: string; bytes: number; partialBytes: number; files: number; tracked: boolean }[];
+}
+
+export interface RecoverSummary {
+  /** Rows left `fetching` by a process that stopped; now `pending` with their partial size. */
+  interrupted: number;
+  /** `complete` rows whose file is missing or has the wrong size; now `failed`. */
+  missing: number;
+  /** Final-named files without a `complete` row, moved back to `.partial` (verified before use). */
+  unconfirmed: number;
+}
+
+/** What a complete file is, for a reader: where it is, its size and the sha256 it was verified with. */
+export interface MirrorFileFound {
+  path: string;
+  size: number;
+  sha256: string;
+  updatedAt: string;
+}
+
+/**
+ * Whether a file can be served now: `ok` with where it is, or `refused` with the error a
+ * reader answers (404 when it is not there or failed, 409 when it changed on disk since it
+ * was verified), whose message says why and what to do.
+ */
+export type MirrorFileCheck = ({ kind: "ok" } & MirrorFileFound) | { kind: "refused"; error: LlmgwError };
+
+export interface VerifyOptions {
+  /** Only this model (and, with `version`, only that version); every complete file when absent. */
+  model?: string;
+  version?: string;
+  signal?: AbortSignal;
+  /** Called once the files in scope are known, before any is read. */
+  onStart?: (files: { model: string; version: string; file: string; bytesTotal: number | null }[]) => void;
+  /** Called as files are hashed: which file, and bytes hashed of its size. */
+  onProgress?: (event: { model: string; version: string; file: string; bytesDone: number; bytesTotal: number }) => void;
+  /** Called once per file with its result, in the order files finish. */
+  onFile?: (result: VerifyFileResult) => void;
+}
+
+export interface VerifyFileResult {
+  model: string;
+  version: string;
+  file: string;
+  /** `ok`: the bytes match; `failed`: they do not (or the file is gone), and the row is now failed; `skipped`: not checked now. */
+  result: "ok" | "failed" | "skipped";
+  /** The sha256 the file was verified with before (published by the registry, or computed at its download). */
+  expectedSha256: string | null;
+  /** The sha256 of the bytes on disk now; null when they were not read. */
+  actualSha256: string | null;
+  bytes: number | null;
+  /** Why it failed or was skipped. */
+  message: string | null;
+}
+
+export interface VerifySummary {
+  files: VerifyFileResult[];
+  ok: number;
+  failed: number;
+  skipped: number;
+  /** Bytes read and hashed. */
+  bytesHashed: number;
+}
+
+/** The file operations the mirror writes through; tests replace them to simulate a full disk. */
+export interface MirrorIo {
+  createWriteStream(file: string, options: { flags: "w" | "a"; highWaterMark: number }): Writable;
+  /** Bytes an unprivileged process can still write on the filesystem holding `dir`; null when unknown. */
+  freeBytes(dir: string): Promise<number | null>;
+}
+
+export interface MirrorOptions {
+  store: Store;
+  /** The content store's folder, DATA_DIR/mirror. */
+  root: string;
+  logger?: Logger;
+  /** HTTP dispatcher; by default the mirror makes its own Agent with the timeouts below. */
+  dispatcher?: Dispatcher;
+  /** Files downloading at once, across all versions. Default 4. */
+  concurrency?: number;
+  clock?: () => number;
+  /** TCP/TLS connect timeout of the mirror's own Agent. Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Time to wait for response headers. Default 30 s (undici's own default is 300 s). */
+  headersTimeoutMs?: number;
+  /** Longest silence while a body streams. Default 60 s. */
+  bodyTimeoutMs?: number;
+  /** Further attempts after a transient failure (timeout, drop, 408/429/5xx) that made no progress. Default 4. */
+  retries?: number;
+  /** First delay between attempts; doubles each time up to `maxRetryDelayMs`. Default 1 s. */
+  retryDelayMs?: number;
+  maxRetryDelayMs?: number;
+  /** How often `bytes_done` is written to the store while a file streams: every this many ms ... Default 1 s. */
+  persistIntervalMs?: number;
+  /** ... or every this many bytes, whichever comes first. Default 64 MiB. */
+  persistBytes?: number;
+  /** Least time between two `onProgress` calls for one file. Default 250 ms. */
+  progressIntervalMs?: number;
+  /** Which headers survive a redirect; default the registry's rule (Authorization dropped across hosts). */
+  headersForRedirect?: (headers: Record<string, string>, from: string, to: string) => Record<string, string>;
+  io?: Partial<MirrorIo>;
+}
