@@ -20,6 +20,7 @@
 // How a hosting process (`llmgw agent`, `llmgw up`) must use it: on SIGINT/SIGTERM call
 // `await stopAllSupervisors()` and then exit; at start, `pruneRunFolders({ stateRoot })`.
 // Both are re-exported here from where they live.
+import { countOf } from "../core/format.ts";
 import { ConflictError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { AttemptRecorder } from "./attempt-log.ts";
@@ -191,7 +192,7 @@ export class EngineSupervisor {
       const recent = run.recentFailures.length;
       if (recent >= parkAfter.failures) {
         const message =
-          `Parked after ${recent} failures within ${formatSeconds(parkAfter.windowMs)} s (${run.failures} in this run); ` +
+          `Parked after ${countOf(recent, "failure")} within ${formatSeconds(parkAfter.windowMs)} s (${run.failures} in this run); ` +
           `no more attempts until the replica is unparked or its model changes. Last failure: ${failure.message}`;
         this.log.error({ attempt: run.attempt, failures: run.failures, code: failure.code }, "engine parked");
         this.update({ state: "parked", failures: run.failures, lastError: message, lastErrorCode: failure.code, retryAt: null });

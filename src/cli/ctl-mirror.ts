@@ -3,6 +3,7 @@
 // and follows it with a progress bar; `verify` hashes mirrored files again and reports each
 // one; `list` and `rm` show and delete versions (a version a catalog model uses only with
 // --force). Each command exits non-zero when what it did failed.
+import { countOf } from "../core/format.ts";
 import type { Command } from "commander";
 import { UpstreamError } from "../core/errors.ts";
 import { formatBytes } from "../gguf/memory-estimate.ts";
@@ -157,7 +158,7 @@ export async function followFetch(
     const state: FollowedFetch["state"] | null =
       !allListed || !idle ? null : files.every((f) => f.state === "complete" || f.state === "failed") ? "settled" : "interrupted";
     if (options.draw) {
-      const line = `${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${files.filter((f) => f.state === "complete").length}/${wanted.size} files`;
+      const line = `${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${files.filter((f) => f.state === "complete").length}/${countOf(wanted.size, "file")}`;
       if (tty) process.stderr.write(`\r${line}\u001b[K`);
       else if (state !== null || Date.now() - lastLine > 5000) {
         process.stderr.write(`${line}\n`);
@@ -196,7 +197,7 @@ function describeFetchOutcome(started: { model: string; version: string; repo: s
     const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
     const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
     return (
-      `The fetch of ${started.repo} as ${started.model}/${started.version} was interrupted: ${left.length} of ${files.length} files are unfinished ` +
+      `The fetch of ${started.repo} as ${started.model}/${started.version} was interrupted: ${left.length} of ${countOf(files.length, "file")} ${left.length === 1 ? "is" : "are"} unfinished ` +
       `(${formatBytes(done)} of ${formatBytes(total)} on disk) and the server is no longer fetching them; it was restarted or stopped the fetch.` +
       `${failed.length === 0 ? "" : `\n${failed.length} failed:\n${failures}`}\nRun the same fetch again to resume; completed files and partial downloads are kept.`
     );

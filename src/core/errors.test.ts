@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { z } from "zod";
-import { BadRequestError, UnavailableError, parseWith, renderError } from "./errors.ts";
+import { BadRequestError, UnavailableError, describeError, parseWith, renderError } from "./errors.ts";
 
 test("renderError gives the OpenAI error shape with status and headers", () => {
   const rendered = renderError(new UnavailableError("No ready replica for 'demo'.", { retryAfterSeconds: 5 }));
@@ -24,4 +24,10 @@ test("parseWith names the offending field", () => {
     () => parseWith(schema, { scaling: { min: -1 } }),
     (error: unknown) => error instanceof BadRequestError && error.param === "scaling.min" && /scaling\.min/.test(error.message),
   );
+});
+
+test("describeError drops a final full stop so messages that go on after it do not end twice", () => {
+  assert.equal(describeError(new Error("disk full.")), "disk full");
+  assert.equal(describeError(new Error("wait...")), "wait...");
+  assert.equal(`failed: ${describeError(new Error("No space left on device."))}. Free some space.`, "failed: No space left on device. Free some space.");
 });

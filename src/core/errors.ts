@@ -4,6 +4,7 @@
 // OpenAI error shape `{"error":{"message","type","param","code"}}`, so every prefix
 // (/v1, /api/v1, /agent/v1, /mirror) answers failures the same way.
 import { z } from "zod";
+import { clause } from "./format.ts";
 
 export interface LlmgwErrorOptions {
   message: string;
@@ -209,8 +210,11 @@ export function errorCode(error: unknown): string | undefined {
   return undefined;
 }
 
-/** Best-effort text of any thrown value, for logs and recorded failures. */
+/**
+ * Best-effort text of any thrown value, for logs, recorded failures and messages that go
+ * on after it. A final full stop is dropped (an ellipsis is kept): most messages are
+ * sentences, and "failed: ${describeError(error)}. Try again" would otherwise end one twice.
+ */
 export function describeError(error: unknown): string {
-  if (error instanceof Error) return error.message;
-  return String(error);
+  return clause(error instanceof Error ? error.message : String(error));
 }

@@ -1,6 +1,7 @@
 // One line of truth about whether a model can answer, derived from its replicas. The
 // admin API, `ctl model list` and (later) notifications show this, so it says why in
 // words when the answer is no.
+import { countOf } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { Replica } from "./replica-table.ts";
 
@@ -18,7 +19,7 @@ export function modelHealth(model: CatalogModel, replicas: readonly Replica[]): 
   const base = { ready, replicas: replicas.length };
   if (ready > 0) return { state: "ready", ...base, reason: null };
   const parked = replicas.find((r) => r.state === "parked");
-  if (parked !== undefined) return { state: "parked", ...base, reason: `parked after ${parked.failures} failed starts: ${parked.lastError ?? "no error recorded"}` };
+  if (parked !== undefined) return { state: "parked", ...base, reason: `parked after ${countOf(parked.failures, "failed start")}: ${parked.lastError ?? "no error recorded"}` };
   const starting = replicas.find((r) => ["pending", "placed", "fetching", "starting"].includes(r.state));
   if (starting !== undefined) return { state: "starting", ...base, reason: `replica ${starting.state} (attempt ${starting.attempt})` };
   const failed = replicas.find((r) => r.state === "failed");
