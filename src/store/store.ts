@@ -55,9 +55,13 @@ export interface OpenStoreOptions {
 
 const INT8_OID = 20;
 
+/** Whether a --database value names PostgreSQL (else it is a SQLite file). */
+export function isPostgresUrl(database: string): boolean {
+  return /^postgres(ql)?:\/\//.test(database);
+}
+
 export async function openStore(options: OpenStoreOptions): Promise<Store> {
-  const isPostgres = /^postgres(ql)?:\/\//.test(options.database);
-  const store = isPostgres ? await openPostgres(options) : openSqlite(options.database);
+  const store = isPostgresUrl(options.database) ? await openPostgres(options) : openSqlite(options.database);
   try {
     await migrate(store);
   } catch (error) {
