@@ -6,6 +6,7 @@ import path from "node:path";
 import { sql } from "kysely";
 import { openStore, isUniqueViolation } from "./store.ts";
 import { StorageUnavailableError } from "./storage-fault.ts";
+import { readAudit, recordAudit } from "./audit.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
 
@@ -143,4 +144,26 @@ testBothStores("a write refused by the database is a named storage fault", async
     () => store.db.insertInto("nodes").values({ id: "n1", name: "x", address: "a", labels: "{}", inventory: "{}", state: "ready", last_heartbeat: "t" }).execute(),
   ).catch((error: unknown) => error);
   assert.ok(isUniqueViolation(unrelated), "other database errors stay what they are");
+});
+
+testBothStores("the audit is read newest first, by exact action, by action prefix and by target", async (store) => {
+  const entries = [
+    ["key.create", "llmgw-aaa"],
+    ["key.revoke", "llmgw-aaa"],
+    ["model.create", "m_1"],
+    ["model.unpark", "m_1"],
+    ["mirror.fetch", "m_1/abc"],
+    ["keyring.x", "other"],
+  ];
+  for (const [action, target] of entries) await recordAudit(store.db, { at: "2026-11-30T10:00:00.000Z", actor: "admin:root", action: action!, target: target!, detail: { n: 1 } });
+  const actions = async (query: Parameters<typeof readAudit>[1]) => (await readAudit(store.db, query)).map((e) => e.action);
+  assert.deepEqual(await actions({}), ["keyring.x", "mirror.fetch", "model.unpark", "model.create", "key.revoke", "key.create"]);
+  assert.deepEqual(await actions({ action: "key." }), ["key.revoke", "key.create"], "a prefix ends at the dot: keyring.x is not key.*");
+  assert.deepEqual(await actions({ action: "key.revoke" }), ["key.revoke"]);
+  assert.deepEqual(await actions({ action: "key" }), []);
+  assert.deepEqual(await actions({ action: "k_y." }), [], "'_' is a character, not a wildcard");
+  assert.deepEqual(await actions({ target: "m_1" }), ["model.unpark", "model.create"]);
+  assert.deepEqual(await actions({ target: "m%" }), []);
+  assert.deepEqual(await actions({ action: "model.", target: "m_1", limit: 1 }), ["model.unpark"]);
+  assert.deepEqual((await readAudit(store.db, { action: "mirror." }))[0]?.detail, { n: 1 });
 });
