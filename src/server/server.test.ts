@@ -70,6 +70,9 @@ async function storageFaultScenario(t: TestContext, fault: Fault, dataDir?: stri
     assert.ok(refused.body.error.message.includes(`the data dir ${harness.dataDir}`), refused.body.error.message);
     assert.match(refused.body.error.message, fault.cause);
     assert.doesNotMatch(refused.body.error.message, /rollback/);
+    const model = await harness.admin("POST", "/api/v1/models", { name: "during", profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    assert.equal(model.status, 503, JSON.stringify(model.body));
+    assert.equal(model.body.error.code, "storage_unavailable");
 
     const notReady = await fetch(`${harness.url}/readyz`);
     assert.equal(notReady.status, 503);
