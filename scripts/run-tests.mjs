@@ -4,6 +4,7 @@ import { spawn } from "node:child_process";
 
 const unit = [
   "src/core/errors.test.ts",
+  "src/core/log.test.ts",
   "src/agent/engine-supervisor.test.ts",
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
@@ -27,15 +28,19 @@ const unit = [
   "src/mirror/verification.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/stream-usage.test.ts",
+  "src/gateway/usage-recorder.test.ts",
   "src/gateway/gateway.test.ts",
   "src/gateway/gateway-faults.test.ts",
   "src/gateway/admission.test.ts",
   "src/server/admin-api.test.ts",
+  "src/server/data-dir-lock.test.ts",
+  "src/server/server.test.ts",
   "src/agent/local-agent.test.ts",
 ];
 
 const endToEnd = [
   "test/up-demo.e2e.test.ts",
+  "test/server-process.e2e.test.ts",
   "test/plan-cli.e2e.test.ts",
   "test/supply-chain.e2e.test.ts",
 ];

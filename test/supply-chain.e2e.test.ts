@@ -150,7 +150,7 @@ describe("weights supply chain", () => {
     const forced = await ctl(["mirror", "rm", "planned", version!, "--force"]);
     assert.match(forced.stdout, /^Deleted planned\/\w+: 1 file, .*The catalog model 'planned-model' used it and now has no weights\.$/m);
 
-    const audit = await readAudit(harness.server.store.db, { actionPrefix: "mirror." });
+    const audit = await readAudit(harness.server.store.db, { action: "mirror." });
     const mine = audit.filter((e) => e.target.startsWith("planned")).reverse();
     assert.deepEqual(
       mine.map((e) => [e.actor, e.action]),
@@ -208,7 +208,7 @@ describe("ctl mirror fetch when the fetch stops", () => {
       const failure = await fetching;
       assert.ok(failure !== null, "ctl exited 0");
       assert.equal(failure.code, 1, failure.stderr);
-      assert.match(failure.stdout, /was interrupted: 1 of 1 files are unfinished/);
+      assert.match(failure.stdout, /was interrupted: 1 of 1 file is unfinished/);
       assert.match(failure.stdout, /Run the same fetch again to resume/);
     } finally {
       hub.setFault(null);

@@ -1,10 +1,11 @@
 // End to end, as a user runs it: `llmgw up --demo` as a child process on a free port with
-// a fresh data dir, driven by the official openai client, then stopped with SIGTERM (and
-// a second run with SIGINT); afterwards no engine process may be left.
-import { test } from "node:test";
+// a fresh data dir, driven by the official openai client and by the SDK example of
+// README.md, then stopped with SIGTERM (and a second run with SIGINT); afterwards no
+// engine process may be left.
+import { after, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -13,6 +14,7 @@ import { findFreePort } from "../src/agent/free-port.ts";
 import { eventually } from "./support/eventually.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
+const ROOT = fileURLToPath(new URL("../", import.meta.url));
 
 
 /** Pids of every process whose command line mentions `needle` (the engines name the data dir). */
@@ -30,43 +32,44 @@ function processesMentioning(needle: string): number[] {
   return pids;
 }
 
+/** Every `up` this file started, so a failing test leaves none running. */
+const started: ChildProcess[] = [];
+after(() => {
+  for (const child of started) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+});
+
 async function startUp(dataDir: string, port: number): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
   const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, LLMGW_LOG_LEVEL: "warn" },
   });
+  started.push(child);
   let out = "";
   let err = "";
   child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
   child.stderr!.on("data", (chunk: Buffer) => (err += chunk.toString()));
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  try {
-    // Either it listens, or it exited: then there is nothing more to wait for.
-    await eventually("llmgw up to listen", () => out.includes("listening on") || child.exitCode !== null);
-  } catch (error) {
-    child.kill("SIGKILL");
-    throw new Error(`llmgw up did not start (${(error as Error).message}): ${out}\n${err}`);
-  }
-  if (!out.includes("listening on")) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
+  // The demo hint is the last line of what `up` prints once it listens.
+  await eventually("llmgw up to listen", () => {
+    if (child.exitCode !== null) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
+    return out.includes("is starting. Try:");
+  });
   return { child, stdout: () => out, exited };
 }
 
-async function waitForAnswer(client: OpenAI): Promise<OpenAI.Chat.Completions.ChatCompletion> {
-  const outcome = await eventually(
-    "the demo model to answer",
-    async () => {
-      try {
-        return { answer: await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 }) };
-      } catch (error) {
-        // 503 while the demo engine loads: not yet. Anything else is a real failure, returned to end the wait.
-        if (error instanceof OpenAI.InternalServerError && error.status === 503) return undefined;
-        return { error };
-      }
-    },
-    { timeoutMs: 120_000, intervalMs: 250 },
-  );
-  if ("error" in outcome) throw outcome.error;
-  return outcome.answer;
+/** Waits for the line `up` prints when the demo model can answer, and checks its address. */
+async function readyLine(stdout: () => string, port: number): Promise<void> {
+  const line = await eventually("the ready line of the demo model", () => /^ready: .*$/m.exec(stdout())?.[0], { timeoutMs: 120_000 });
+  assert.equal(line, `ready: model 'demo' answers at http://127.0.0.1:${port}/v1`);
+}
+
+/** The SDK example of README.md, and the shell lines that say how to run it. */
+function readmeSdkExample(): { script: string; shell: string } {
+  const readme = readFileSync(path.join(ROOT, "README.md"), "utf8");
+  const script = /```js\n(\/\/ hello\.mjs\n[\s\S]*?)```/.exec(readme)?.[1];
+  const shell = /```sh\n(npm i openai\n[\s\S]*?)```/.exec(readme)?.[1];
+  assert.ok(script !== undefined && shell !== undefined, "README.md has the hello.mjs example and the lines to run it");
+  return { script, shell };
 }
 
 test("llmgw up --demo answers the openai client and leaves no engine behind", { timeout: 240_000 }, async (t) => {
@@ -81,8 +84,10 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
 
     const client = new OpenAI({ apiKey: adminKey, baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0 });
     const startedAt = Date.now();
-    const answer = await waitForAnswer(client);
+    await readyLine(stdout, port);
     const readyAfter = Date.now() - startedAt;
+    // Ready means ready: the first request after the line is answered, no 503 to retry.
+    const answer = await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 });
     assert.equal(answer.object, "chat.completion");
     assert.equal(answer.model, "demo");
     assert.equal(answer.choices[0]?.message.role, "assistant");
@@ -103,6 +108,27 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
     assert.equal(finish, "length");
     assert.equal(usage?.completion_tokens, 6);
 
+    // README's example, as written, in a folder of its own with the openai package.
+    const { script, shell } = readmeSdkExample();
+    assert.match(shell, /export OPENAI_BASE_URL=http:\/\/127\.0\.0\.1:8700\/v1\n/);
+    assert.match(shell, /export OPENAI_API_KEY=\$\(cat ~\/\.llmgw\/admin\.key\)\n/);
+    const folder = mkdtempSync(path.join(tmpdir(), "llmgw-readme-"));
+    try {
+      writeFileSync(path.join(folder, "hello.mjs"), script);
+      symlinkSync(path.join(ROOT, "node_modules"), path.join(folder, "node_modules")); // what `npm i openai` gives
+      const { OPENAI_BASE_URL: _url, OPENAI_API_KEY: _key, ...env } = process.env;
+      const run = spawnSync(process.execPath, ["hello.mjs"], {
+        cwd: folder,
+        encoding: "utf8",
+        timeout: 60_000,
+        env: { ...env, OPENAI_BASE_URL: `http://127.0.0.1:${port}/v1`, OPENAI_API_KEY: adminKey },
+      });
+      assert.equal(run.status, 0, `hello.mjs failed: ${run.stderr}`);
+      assert.equal(run.stdout.split("\n").length, 2, `it prints the answer on one line: ${JSON.stringify(run.stdout)}`);
+    } finally {
+      rmSync(folder, { recursive: true, force: true });
+    }
+
     const listed = await client.models.list();
     assert.deepEqual(listed.data.map((m) => m.id), ["demo"]);
 
@@ -119,7 +145,8 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
     // A second start keeps the catalog and the key, prints no new key, and stops on SIGINT.
     const again = await startUp(dataDir, port);
     assert.ok(!again.stdout().includes("Admin key"), "the admin key is printed only on the first start");
-    await waitForAnswer(client);
+    await readyLine(again.stdout, port);
+    await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 4 });
     again.child.kill("SIGINT");
     assert.equal(await again.exited, 0);
     assert.deepEqual(processesMentioning(dataDir), [], "no engine survives SIGINT either");
@@ -127,4 +154,11 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
   } finally {
     rmSync(dataDir, { recursive: true, force: true });
   }
+});
+
+test("llmgw --version prints the version of package.json", () => {
+  const { version } = JSON.parse(readFileSync(path.join(ROOT, "package.json"), "utf8")) as { version: string };
+  const run = spawnSync(process.execPath, [BIN, "--version"], { encoding: "utf8", timeout: 60_000 });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout, `${version}\n`);
 });

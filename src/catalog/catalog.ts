@@ -162,7 +162,7 @@ export class Catalog {
 
   /** Recent changes to models, newest first. */
   auditLog(options: { limit?: number; target?: string } = {}): Promise<AuditEntry[]> {
-    return readAudit(this.store.db, { ...options, actionPrefix: "model." });
+    return readAudit(this.store.db, { ...options, action: "model." });
   }
 
   private async write(body: (trx: Tx) => Promise<void>, name: string): Promise<void> {

@@ -198,7 +198,7 @@ function describeFetchOutcome(started: { model: string; version: string; repo: s
     const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);
     return (
       `The fetch of ${started.repo} as ${started.model}/${started.version} was interrupted: ${left.length} of ${countOf(files.length, "file")} ${left.length === 1 ? "is" : "are"} unfinished ` +
-      `(${formatBytes(done)} of ${formatBytes(total)} on disk) and the server is no longer fetching them; it was restarted or stopped the fetch.` +
+      `(${formatBytes(done)} of ${formatBytes(total)} on disk) and the server is no longer fetching ${left.length === 1 ? "it" : "them"}; it was restarted or stopped the fetch.` +
       `${failed.length === 0 ? "" : `\n${failed.length} failed:\n${failures}`}\nRun the same fetch again to resume; completed files and partial downloads are kept.`
     );
   }

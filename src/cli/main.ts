@@ -5,9 +5,10 @@
 import { Command } from "commander";
 import { reportCliError } from "./output.ts";
 import { registerCtl } from "./ctl.ts";
+import { LLMGW_VERSION } from "../core/version.ts";
 
 const program = new Command();
-program.name("llmgw").description("Self-hosted LLM gateway and control plane").showHelpAfterError();
+program.name("llmgw").description("Self-hosted LLM gateway and control plane").version(LLMGW_VERSION, "-V, --version", "print the llmgw version").showHelpAfterError();
 
 const serverOptions = (command: Command) =>
   command
@@ -15,7 +16,8 @@ const serverOptions = (command: Command) =>
     .option("--data-dir <dir>", "data dir (or LLMGW_DATA_DIR; default ~/.llmgw)")
     .option("--database <url>", "postgres://... for PostgreSQL (or LLMGW_DATABASE); default: SQLite in the data dir")
     .option("--max-body <size>", "largest /v1 request body, e.g. 16m")
-    .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN");
+    .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
+    .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)");
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")
@@ -43,6 +45,18 @@ program
   .action(async (options: Record<string, string | undefined>) => {
     const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");
     await runEngineCommand(options);
+  });
+
+program
+  .command("admin-key")
+  .description("The admin key, on the server's machine")
+  .command("reset")
+  .description("Mint a new admin key offline (lost admin.key): needs the data dir, not a running server or a key")
+  .option("--data-dir <dir>", "the server's data dir (or LLMGW_DATA_DIR; default ~/.llmgw)")
+  .option("--database <url>", "postgres://... when the server uses PostgreSQL (or LLMGW_DATABASE)")
+  .action(async (options: { dataDir?: string; database?: string }) => {
+    const { runAdminKeyReset } = await import("./admin-key-command.ts");
+    await runAdminKeyReset(options);
   });
 
 registerCtl(program);

@@ -1,14 +1,15 @@
 // `llmgw server` and `llmgw up`: start the server (and for `up`, the local agent that runs
-// this machine's engines), print where it listens and, on the first start, the admin key;
-// stop everything cleanly on SIGINT or SIGTERM so no engine process outlives `up`.
+// this machine's engines), print where it listens, on the first start the admin key, and a
+// `ready:` line each time a model gets its first ready replica; stop everything cleanly
+// on SIGINT or SIGTERM so no engine process outlives `up`.
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
-import { createLogger } from "../core/log.ts";
+import { createLogger, parseLogFormat } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE } from "../core/data-dir.ts";
 import { LocalAgent } from "../agent/local-agent.ts";
 import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
-import { startServer, type ServerParts } from "../server/server.ts";
+import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
@@ -19,6 +20,7 @@ export interface ServerCommandOptions {
   database?: string;
   maxBody?: string;
   registry?: string;
+  logFormat?: string;
   demo?: boolean;
 }
 
@@ -27,7 +29,7 @@ export const DEMO_MODEL_NAME = "demo";
 export async function runServerCommand(options: ServerCommandOptions, mode: "server" | "up"): Promise<void> {
   const dataDir = resolveDataDir(options.dataDir);
   const { host, port } = parseListen(options.listen ?? process.env.LLMGW_LISTEN ?? DEFAULT_LISTEN);
-  const logger = createLogger();
+  const logger = createLogger(options.logFormat === undefined ? {} : { format: parseLogFormat(options.logFormat) });
   const withAgent =
     mode === "up"
       ? async (parts: ServerParts) => {
@@ -71,6 +73,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
         `    -H 'content-type: application/json' -d '{"model":"${DEMO_MODEL_NAME}","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'\n`,
     );
   }
+  announceReadyModels(server, out);
 
   let stopping = false;
   const shutdown = (signal: NodeJS.Signals) => {
@@ -96,6 +99,29 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
   // SIGHUP (the terminal closed, an ssh session dropped) would otherwise end the process
   // without its exit hooks, leaving the detached engines running.
   for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, shutdown);
+}
+
+/**
+ * Prints `ready: model 'NAME' answers at URL/v1` when a model goes from no ready replica
+ * to one: the moment a person waiting at the terminal can send the first request.
+ */
+function announceReadyModels(server: RunningServer, out: NodeJS.WritableStream): void {
+  const answering = new Set<string>();
+  const check = (modelId: string) => {
+    const ready = server.replicas.forModel(modelId).some((replica) => replica.state === "ready");
+    if (!ready) {
+      answering.delete(modelId);
+      return;
+    }
+    if (answering.has(modelId)) return;
+    const model = server.catalog.list().find((candidate) => candidate.id === modelId);
+    if (model === undefined) return;
+    answering.add(modelId);
+    out.write(`ready: model '${model.name}' answers at ${server.url}/v1\n`);
+  };
+  server.replicas.onChange((replica) => check(replica.modelId));
+  // Replicas that became ready while the server started (external ones are at once).
+  for (const replica of server.replicas.all()) check(replica.modelId);
 }
 
 /**

@@ -4,7 +4,9 @@
 // shutdown so nothing recorded is lost. On SQLite the write is synchronous and blocks the
 // event loop, so it uses one cached prepared statement in a transaction (a few µs a row)
 // rather than a many-parameter Kysely insert compiled per batch, which the gateway
-// benchmark measured at ~15 µs a row and up to 40 ms of blocking per flush.
+// benchmark measured at ~15 µs a row and up to 40 ms of blocking per flush. When the
+// store refuses writes (a full disk), rows are dropped, never retried into an ever
+// growing queue: the count is kept (/readyz shows it) and logged at most once a minute.
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Statement } from "better-sqlite3";
@@ -32,7 +34,11 @@ export interface UsageRecorderOptions {
   logger?: Logger;
   flushIntervalMs?: number;
   maxBatch?: number;
+  clock?: () => number;
 }
+
+/** At most one log line a minute about dropped rows, however many requests there are. */
+const DROP_LOG_INTERVAL_MS = 60_000;
 
 export class UsageRecorder {
   private queue: UsageRow[] = [];
@@ -41,10 +47,16 @@ export class UsageRecorder {
   private readonly flushIntervalMs: number;
   private readonly maxBatch: number;
   private readonly insertSqlite: ((rows: UsageRow[]) => void) | undefined;
+  private readonly clock: () => number;
+  private droppedTotal = 0;
+  /** Dropped since the last log line about it. */
+  private droppedUnlogged = 0;
+  private lastDropLogAt = Number.NEGATIVE_INFINITY;
 
   constructor(private readonly options: UsageRecorderOptions) {
     this.flushIntervalMs = options.flushIntervalMs ?? 1000;
     this.maxBatch = options.maxBatch ?? 500;
+    this.clock = options.clock ?? Date.now;
     const sqlite = options.store.sqlite;
     if (sqlite !== undefined) {
       const statement: Statement<UsageRow> = sqlite.prepare(
@@ -80,10 +92,39 @@ export class UsageRecorder {
           if (this.insertSqlite !== undefined) this.insertSqlite(batch);
           else await this.options.store.db.insertInto("usage").values(batch).execute();
         } catch (error) {
-          this.options.logger?.error({ rows: batch.length, err: describeError(error) }, "could not record usage rows");
+          this.dropped(batch.length, error);
         }
       });
     }
     return this.writing;
+  }
+
+  /** Usage rows lost since start because the store refused them. */
+  droppedRows(): number {
+    return this.droppedTotal;
+  }
+
+  /** Writes what is queued and logs the drops not yet logged (on shutdown). */
+  async close(): Promise<void> {
+    await this.flush();
+    if (this.droppedUnlogged > 0) this.logDrops(undefined);
+  }
+
+  private dropped(rows: number, error: unknown): void {
+    // The SQLite path runs outside Kysely: let the store name the fault (and note it for /readyz).
+    const named = this.options.store.nameFault(error);
+    this.droppedTotal += rows;
+    this.droppedUnlogged += rows;
+    if (this.clock() - this.lastDropLogAt >= DROP_LOG_INTERVAL_MS) this.logDrops(named);
+  }
+
+  private logDrops(error: unknown): void {
+    const rows = this.droppedUnlogged;
+    this.options.logger?.error(
+      { rows, total: this.droppedTotal, ...(error === undefined ? {} : { err: describeError(error) }) },
+      `dropped ${rows} usage ${rows === 1 ? "row" : "rows"} the store refused (${this.droppedTotal} since start); requests are still answered`,
+    );
+    this.droppedUnlogged = 0;
+    this.lastDropLogAt = this.clock();
   }
 }

@@ -1,8 +1,12 @@
 import assert from "node:assert/strict";
-import { AuthenticationError, BadRequestError, PermissionDeniedError } from "../core/errors.ts";
+import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { AuthenticationError, BadRequestError, ConflictError, PermissionDeniedError } from "../core/errors.ts";
 import { readAudit } from "../store/audit.ts";
 import { hashKey, KeyService } from "./key-service.ts";
-import { testBothStores } from "../../test/support/stores.ts";
+import { resetAdminKey } from "./admin-key-reset.ts";
+import { testBothDatabases, testBothStores } from "../../test/support/stores.ts";
 
 testBothStores("keys are stored as hashes, verified, limited and revoked at once", async (store) => {
   let now = Date.parse("2026-11-30T10:00:00Z");
@@ -69,4 +73,66 @@ testBothStores("an unknown key is remembered briefly, and a key created meanwhil
   assert.equal(queries, 1, "the second try of the same bad key did not query the database");
   const { key } = await keys.create({ name: "fresh" }, "t");
   assert.equal((await keys.verify(key)).name, "fresh");
+});
+
+testBothStores("the last active admin key cannot be revoked; with another admin key first it can", async (store) => {
+  let now = Date.parse("2026-11-30T10:00:00Z");
+  const keys = new KeyService({ store, clock: () => now });
+  const first = await keys.create({ name: "root", role: "admin" }, "system:first-start");
+  await assert.rejects(
+    keys.revoke("root", "admin:root"),
+    (e: unknown) => e instanceof ConflictError && e.status === 409 && e.code === "last_admin_key" && /last active admin key.*Create another admin key first/.test(e.message),
+  );
+  assert.equal((await keys.verifyAdmin(first.key)).name, "root", "the refused revocation changed nothing");
+
+  // An expired admin key opens nothing, so it does not count.
+  await keys.create({ name: "temp", role: "admin", expires_at: "2026-11-30T11:00:00Z" }, "admin:root");
+  now = Date.parse("2026-11-30T12:00:00Z");
+  await assert.rejects(keys.revoke("root", "admin:root"), (e: unknown) => e instanceof ConflictError && e.code === "last_admin_key");
+
+  await keys.create({ name: "second", role: "admin" }, "admin:root");
+  await keys.revoke("root", "admin:second");
+  await assert.rejects(keys.verify(first.key), AuthenticationError);
+  const revocations = await readAudit(store.db, { action: "key.revoke" });
+  assert.deepEqual(revocations.map((e) => [e.actor, e.target]), [["admin:second", first.info.prefix]], "only the revocation that happened is audited, with its actor");
+});
+
+testBothDatabases("two revocations of the last two admin keys at once leave one admin key", async (database) => {
+  // Two servers (two connection pools) on PostgreSQL; on SQLite, one process's store.
+  const storeA = await database.open();
+  const storeB = storeA.dialect === "postgres" ? await database.open() : storeA;
+  try {
+    const serverA = new KeyService({ store: storeA });
+    const serverB = new KeyService({ store: storeB });
+    const one = await serverA.create({ name: "one", role: "admin" }, "t");
+    const two = await serverA.create({ name: "two", role: "admin" }, "t");
+    const outcomes = await Promise.allSettled([serverA.revoke(one.info.id, "admin:two"), serverB.revoke(two.info.id, "admin:one")]);
+    assert.equal(outcomes.filter((o) => o.status === "fulfilled").length, 1, JSON.stringify(outcomes));
+    const refused = outcomes.find((o) => o.status === "rejected") as PromiseRejectedResult;
+    assert.ok(refused.reason instanceof ConflictError && refused.reason.code === "last_admin_key", String(refused.reason));
+    assert.equal(await serverA.hasActiveAdminKey(), true);
+  } finally {
+    if (storeB !== storeA) await storeB.close();
+    await storeA.close();
+  }
+});
+
+testBothStores("an admin key reset adds a working admin key, rewrites admin.key and is audited", async (store) => {
+  const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-reset-"));
+  try {
+    const keys = new KeyService({ store });
+    const lost = await keys.create({ name: "admin", role: "admin" }, "system:first-start");
+    const { key, info, file } = await resetAdminKey({ store, dataDir, clock: () => Date.parse("2026-11-30T10:00:00.123Z") });
+    assert.equal(info.name, "admin-reset-2026-11-30T10:00:00Z");
+    assert.equal((await keys.verifyAdmin(key)).role, "admin");
+    assert.equal(file, path.join(dataDir, "admin.key"));
+    assert.equal(readFileSync(file, "utf8"), `${key}\n`);
+    assert.equal(statSync(file).mode & 0o777, 0o600);
+    const [entry] = await readAudit(store.db, { action: "key.create", target: info.prefix });
+    assert.equal(entry?.actor, "system:admin-key-reset");
+    assert.doesNotMatch(JSON.stringify(await readAudit(store.db)), new RegExp(key), "the key itself is not audited");
+    assert.equal((await keys.verifyAdmin(lost.key)).name, "admin", "the old key stays valid until revoked");
+  } finally {
+    rmSync(dataDir, { recursive: true, force: true });
+  }
 });

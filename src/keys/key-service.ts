@@ -4,10 +4,11 @@
 // so verified keys are cached for a few seconds; a revocation made through this service
 // clears the cache at once, and one made by another server takes effect within the TTL.
 import { hash, randomBytes, randomUUID } from "node:crypto";
+import { sql } from "kysely";
 import { z } from "zod";
 import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, PermissionDeniedError, parseWith } from "../core/errors.ts";
 import { recordAudit } from "../store/audit.ts";
-import { nowIso, type Store } from "../store/store.ts";
+import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
 
 export type KeyRole = "admin" | "client";
@@ -50,6 +51,8 @@ const CACHE_TTL_MS = 5000;
 const LAST_USED_RESOLUTION_MS = 60_000;
 const UNKNOWN_TTL_MS = 2000;
 const UNKNOWN_MAX = 10_000;
+/** Any number, the same in every llmgw: the PostgreSQL advisory lock admin-key revocations hold. */
+const ADMIN_KEYS_LOCK_KEY = 0x6c6b6579;
 
 function invalidKey(): AuthenticationError {
   return new AuthenticationError("The API key is not valid. Check that it was copied whole, or create a new one.");
@@ -112,7 +115,12 @@ export class KeyService {
     return rows.map(toInfo);
   }
 
-  /** Revokes by id, shown prefix or name (a name must be unambiguous). */
+  /**
+   * Revokes by id, shown prefix or name (a name must be unambiguous). The last active
+   * admin key cannot be revoked: nobody could use the admin API afterwards. The check and
+   * the revocation are one transaction, so two admins revoking the last two admin keys at
+   * once leave one of them.
+   */
   async revoke(reference: string, actor: string): Promise<ApiKeyInfo> {
     const rows = await this.store.db
       .selectFrom("api_keys")
@@ -125,8 +133,19 @@ export class KeyService {
     const now = nowIso(this.clock);
     if (row.revoked_at === null) {
       await this.store.db.transaction().execute(async (trx) => {
-        await trx.updateTable("api_keys").set({ revoked_at: now }).where("id", "=", row.id).execute();
-        await recordAudit(trx, { at: now, actor, action: "key.revoke", target: row.prefix, detail: { id: row.id, name: row.name } });
+        // PostgreSQL: revocations wait for each other, so each counts the others' result.
+        // SQLite needs nothing: it runs one write transaction at a time, and the update
+        // below is this one's first statement.
+        if (this.store.dialect === "postgres") await sql`select pg_advisory_xact_lock(${ADMIN_KEYS_LOCK_KEY})`.execute(trx);
+        const revoked = await trx.updateTable("api_keys").set({ revoked_at: now }).where("id", "=", row.id).where("revoked_at", "is", null).executeTakeFirst();
+        if (Number(revoked.numUpdatedRows) === 0) return; // Someone else revoked it meanwhile.
+        if (row.role === "admin" && (await countActiveAdminKeys(trx, now)) === 0) {
+          throw new ConflictError(
+            `The key '${row.name}' (${row.prefix}…) is the last active admin key: without it nobody could use the admin API. Create another admin key first ('llmgw ctl key create --name NAME --admin'), then revoke this one.`,
+            { code: "last_admin_key" },
+          );
+        }
+        await recordAudit(trx, { at: now, actor, action: "key.revoke", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role } });
       });
     }
     this.generation += 1;
@@ -207,6 +226,18 @@ export class KeyService {
         this.lastUsedWritten.delete(keyId);
       });
   }
+}
+
+/** Admin keys that work now: not revoked, not expired. */
+async function countActiveAdminKeys(trx: Tx, now: string): Promise<number> {
+  const { count } = await trx
+    .selectFrom("api_keys")
+    .select((eb) => eb.fn.countAll<number>().as("count"))
+    .where("role", "=", "admin")
+    .where("revoked_at", "is", null)
+    .where((eb) => eb.or([eb("expires_at", "is", null), eb("expires_at", ">", now)]))
+    .executeTakeFirstOrThrow();
+  return Number(count);
 }
 
 export function hashKey(key: string): string {

@@ -514,7 +514,7 @@ describe("what a fetch picks", () => {
       await versionIn(adminApp(mirror, dataDir), "cramped", "complete");
       await versionIn(adminApp(mirror, dataDir), "asked", "complete");
 
-      const fetches = await readAudit(store.db, { actionPrefix: "mirror.fetch" });
+      const fetches = await readAudit(store.db, { action: "mirror.fetch" });
       assert.deepEqual(
         fetches.map((e) => [e.actor, e.target, e.detail.set, e.detail.picked_by]).reverse(),
         [
@@ -567,7 +567,7 @@ describe("deleting a version the catalog uses", () => {
       assert.deepEqual((await json(forced)).deleted, { model: MODEL, version: made.version, files: 1, bytes: 655360, forced: true, usedBy: ["tiny-a", "tiny-b"] });
       assert.equal(await mirror.pathFor(MODEL, made.version, Q8), null);
 
-      const deletes = await readAudit(store.db, { actionPrefix: "mirror.delete" });
+      const deletes = await readAudit(store.db, { action: "mirror.delete" });
       assert.deepEqual(
         deletes.map((e) => [e.actor, e.target, e.detail]).reverse(),
         [
@@ -642,7 +642,7 @@ describe("verification over the API", () => {
       assert.equal((await bad({ model: "nobody" }, 404)).code, "mirror_version_not_found");
       assert.equal((await app.request("/api/v1/mirror/verify/no-such-run")).status, 404);
 
-      const audited = await readAudit(store.db, { actionPrefix: "mirror.verify" });
+      const audited = await readAudit(store.db, { action: "mirror.verify" });
       assert.deepEqual(
         audited.map((e) => [e.actor, e.target, e.detail.ok, e.detail.failed]).reverse(),
         [

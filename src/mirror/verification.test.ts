@@ -225,7 +225,7 @@ describe("integrity", () => {
       await mirror.fetchVersion(args);
       await mirror.deleteVersion(MODEL, args.version, { actor: "admin:ops", force: true, usedBy: ["tiny"] });
       await assert.rejects(mirror.deleteVersion(MODEL, args.version, { actor: "admin:ops" }), (error: unknown) => error instanceof LlmgwError && error.status === 404);
-      const entries = await readAudit(store.db, { actionPrefix: "mirror." });
+      const entries = await readAudit(store.db, { action: "mirror." });
       assert.deepEqual(
         entries.map((e) => [e.actor, e.action, e.target, e.detail]),
         [["admin:ops", "mirror.delete", `${MODEL}/${args.version}`, { bytes: repoFile(Q4).size + 69, force: true, used_by: ["tiny"], files: 2 }]],

@@ -11,7 +11,8 @@ describe("admin API", () => {
   let harness: Harness;
 
   before(async () => {
-    harness = await startHarness();
+    // A stand-in for the local agent of `llmgw up`: unpark answers how many replicas it woke.
+    harness = await startHarness({ withAgent: async () => ({ unpark: async (name) => (name === "audited" ? 1 : 0), stop: async () => undefined }) });
   });
 
   after(async () => {
@@ -78,6 +79,51 @@ describe("admin API", () => {
     await refused({ profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] }, "profiles.0.parallel", "invalid_field", /at most 64/, "PATCH", "/api/v1/models/door");
     await refused({ source: { kind: "file", path: cut } }, "source.path", "gguf_truncated", /truncated/, "PATCH", "/api/v1/models/door");
     assert.equal((await harness.admin("GET", "/api/v1/models/door")).body.source.path, good);
+  });
+
+  test("the audit lists every action with its actor, filtered by action (exact or prefix) and target", async () => {
+    const key = await harness.admin("POST", "/api/v1/keys", { name: "audited-key" });
+    assert.equal((await harness.admin("DELETE", "/api/v1/keys/audited-key")).status, 200);
+    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "audited", profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9" }] })).status, 201);
+    assert.equal((await harness.admin("PATCH", "/api/v1/models/audited", { description: "changed" })).status, 200);
+    assert.deepEqual((await harness.admin("POST", "/api/v1/models/audited/unpark")).body, { model: "audited", unparked: 1 });
+
+    const all = await harness.admin("GET", "/api/v1/audit?limit=1000");
+    const seen = all.body.data.map((e: any) => `${e.action} ${e.target} ${e.actor}`);
+    for (const expected of [
+      `key.create ${key.body.prefix} admin:admin`,
+      `key.revoke ${key.body.prefix} admin:admin`,
+      "model.create audited admin:admin",
+      "model.update audited admin:admin",
+      "model.unpark audited admin:admin",
+    ]) {
+      assert.ok(seen.includes(expected), `${expected} in ${seen.join(", ")}`);
+    }
+    const keyActions = await harness.admin("GET", "/api/v1/audit?action=key.");
+    assert.ok(keyActions.body.data.length >= 2);
+    assert.ok(keyActions.body.data.every((e: any) => e.action.startsWith("key.")), "a prefix ending in '.' selects a domain");
+    const revokes = await harness.admin("GET", "/api/v1/audit?action=key.revoke");
+    assert.deepEqual(revokes.body.data.map((e: any) => e.target), [key.body.prefix], "an action without '.' at the end is exact");
+    const ofModel = await harness.admin("GET", "/api/v1/audit?target=audited");
+    assert.deepEqual(ofModel.body.data.map((e: any) => e.action), ["model.unpark", "model.update", "model.create"]);
+    assert.deepEqual(ofModel.body.data[0].detail, { replicas: 1 });
+    assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=key")).body.data, [], "no partial word matches");
+    assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=k_y.")).body.data, [], "'_' is no wildcard");
+    assert.equal((await harness.admin("GET", "/api/v1/audit?actor=x")).status, 400, "unknown filters are refused");
+  });
+
+  test("the last admin key cannot be revoked: 409 saying what to do first", async () => {
+    const refused = await harness.admin("DELETE", "/api/v1/keys/admin");
+    assert.equal(refused.status, 409);
+    assert.equal(refused.body.error.code, "last_admin_key");
+    assert.match(refused.body.error.message, /last active admin key.*Create another admin key first \('llmgw ctl key create --name NAME --admin'\)/);
+    assert.equal((await harness.admin("GET", "/api/v1/keys")).status, 200, "the admin key still works");
+  });
+
+  test("/readyz says ready, with the count of dropped usage rows", async () => {
+    const ready = await fetch(`${harness.url}/readyz`);
+    assert.equal(ready.status, 200);
+    assert.deepEqual(await ready.json(), { status: "ready", usage_rows_dropped: 0 });
   });
 
   test("the SQLite file and the admin key file are readable by their owner only", () => {

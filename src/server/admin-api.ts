@@ -13,6 +13,18 @@ import type { KeyService, Principal } from "../keys/key-service.ts";
 import { modelHealth } from "../fleet/model-health.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
 import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
+import type { AuditTrail } from "../store/audit.ts";
+import type { StorageFaultState } from "../store/storage-fault.ts";
+
+/** What /readyz answers: 200 when ready, else 503 with the reason. */
+export interface Readiness {
+  status: "ready" | "starting" | "not_ready";
+  reason?: string;
+  /** The storage fault that makes the server not ready (a full disk, a read-only data dir). */
+  storage?: StorageFaultState;
+  /** Usage rows lost since start because the store refused them; the gateway answers regardless. */
+  usage_rows_dropped: number;
+}
 
 export interface AdminApiOptions {
   catalog: Catalog;
@@ -25,15 +37,21 @@ export interface AdminApiOptions {
   mirror?: MirrorRoutesOptions;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
   planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<unknown>;
-  /** Whether the server is ready to take traffic (store open, catalog loaded). */
-  isReady?: () => boolean;
+  /** Whether the server is ready to take traffic (started, and its store takes writes). */
+  readiness?: () => Promise<Readiness>;
+  /** Every action of every domain, for GET /api/v1/audit; records unparks. */
+  audit: AuditTrail;
   version: string;
 }
 
 type Env = { Variables: { principal: Principal } };
 
 
-const auditQuerySchema = z.strictObject({ limit: z.coerce.number().int().min(1).max(1000).default(100) });
+const auditQuerySchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+  action: z.string().min(1).max(100, "is at most 100 characters: one action (key.revoke) or a prefix ending in '.' (key.)").optional(),
+  target: z.string().min(1).max(500).optional(),
+});
 
 const planQuerySchema = z.strictObject({
   repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
@@ -57,7 +75,10 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   });
 
   app.get("/healthz", (c) => c.json({ status: "ok", version: options.version }));
-  app.get("/readyz", (c) => (options.isReady?.() ?? true ? c.json({ status: "ready" }) : c.json({ status: "starting" }, 503)));
+  app.get("/readyz", async (c) => {
+    const readiness = (await options.readiness?.()) ?? { status: "ready", usage_rows_dropped: 0 };
+    return c.json(readiness, readiness.status === "ready" ? 200 : 503);
+  });
 
   app.use("/api/v1/*", async (c, next) => {
     c.set("principal", await keys.verifyAdmin(bearerToken(c.req.header("authorization"))));
@@ -94,12 +115,10 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     const model = catalog.get(c.req.param("name"));
     if (options.agent === undefined) throw new BadRequestError("This server runs no local agent; unpark applies to models served by `llmgw up`.");
     const count = await options.agent.unpark(model.name);
+    await options.audit.record({ actor: actor(c), action: "model.unpark", target: model.name, detail: { replicas: count } });
     return c.json({ model: model.name, unparked: count });
   });
-  app.get("/api/v1/audit", async (c) => {
-    const { limit } = parseWith(auditQuerySchema, c.req.query(), "audit query");
-    return c.json({ data: await catalog.auditLog({ limit }) });
-  });
+  app.get("/api/v1/audit", async (c) => c.json({ data: await options.audit.read(parseWith(auditQuerySchema, c.req.query(), "audit query")) }));
 
   app.get("/api/v1/plan", async (c) => {
     if (options.planner === undefined) throw new BadRequestError("This server has no planner configured.");

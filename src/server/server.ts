@@ -1,8 +1,9 @@
 // Assembles a running llmgw server: opens the store, loads the catalog, prepares keys,
 // the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed)
 // and everything else (admin API, health) on one listener. `llmgw server` runs this
-// alone; `llmgw up` adds a local agent through the `withAgent` hook.
-import { chmodSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+// alone; `llmgw up` adds a local agent through the `withAgent` hook. One server per data
+// dir: the data dir lock is taken before anything else is opened.
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -18,7 +19,9 @@ import { Gateway } from "../gateway/gateway.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { openStore, type Store } from "../store/store.ts";
-import { createAdminApi } from "./admin-api.ts";
+import { createAdminApi, type Readiness } from "./admin-api.ts";
+import { acquireDataDirLock } from "./data-dir-lock.ts";
+import { auditTrail } from "../store/audit.ts";
 import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts";
 import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
@@ -27,7 +30,7 @@ import { createMirrorFileHandler, isMirrorFileRequest, type MirrorPlanner } from
 import { catalogModelsUsing } from "../mirror/mirror-users.ts";
 import { bearerToken } from "../core/bearer.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
-import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
+import { SERVER_INFO_FILE, writeAdminKeyFile } from "../core/data-dir.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -79,7 +82,15 @@ const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
   const { logger } = config;
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
-  const store = await openStore({ database: config.database });
+  // Before the store or any engine: a second server on this data dir stops here.
+  const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
+  let store: Store;
+  try {
+    store = await openStore({ database: config.database });
+  } catch (error) {
+    lock.release();
+    throw error;
+  }
   const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
   const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
   await catalog.refresh();
@@ -99,13 +110,21 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
   // One planner for GET /api/v1/plan and for mirror fetches without a quant, so both pick the same artifact.
   const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal });
+  const readiness = async (): Promise<Readiness> => {
+    const usageRowsDropped = usage.droppedRows();
+    if (!ready) return { status: "starting", reason: "The server is starting.", usage_rows_dropped: usageRowsDropped };
+    const fault = await store.checkWrites();
+    if (fault !== null) return { status: "not_ready", reason: fault.message, storage: fault, usage_rows_dropped: usageRowsDropped };
+    return { status: "ready", usage_rows_dropped: usageRowsDropped };
+  };
   const adminApi = createAdminApi({
     catalog,
     keys,
     replicas,
     logger,
     version: LLMGW_VERSION,
-    isReady: () => ready,
+    readiness,
+    audit: auditTrail(store),
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog) },
     planner,
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
@@ -156,6 +175,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     await mirror.close();
     await registry.close();
     await store.close();
+    lock.release();
   };
   let createdAdminKey: string | null;
   try {
@@ -174,7 +194,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   }
   const address = server.address() as AddressInfo;
   const url = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
-  writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid }) + "\n");
+  lock.setAddress(url);
+  const instance = lock.holder.instance;
+  writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid, instance }) + "\n");
   ready = true;
   logger.info({ url, database: store.location }, "llmgw server listening");
 
@@ -194,10 +216,11 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       await pools.closeAll();
       await mirror.close();
       await registry.close();
-      await usage.flush();
+      await usage.close();
       await replicas.flush();
       await store.close();
-      rmSync(path.join(config.dataDir, SERVER_INFO_FILE), { force: true });
+      removeServerInfoIfOurs(config.dataDir, instance);
+      lock.release();
     })();
     return closing;
   };
@@ -211,8 +234,16 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 async function ensureAdminKey(keys: KeyService, dataDir: string): Promise<string | null> {
   if (await keys.hasActiveAdminKey()) return null;
   const { key } = await keys.create({ name: "admin", role: "admin" }, "system:first-start");
-  const file = path.join(dataDir, ADMIN_KEY_FILE);
-  writeFileSync(file, key + "\n", { mode: 0o600 });
-  chmodSync(file, 0o600);
+  writeAdminKeyFile(dataDir, key);
   return key;
+}
+
+/** server.json tells `ctl` where this server listens; only the server that wrote it removes it. */
+function removeServerInfoIfOurs(dataDir: string, instance: string): void {
+  const file = path.join(dataDir, SERVER_INFO_FILE);
+  try {
+    if ((JSON.parse(readFileSync(file, "utf8")) as { instance?: unknown }).instance === instance) rmSync(file, { force: true });
+  } catch {
+    // Gone, or not ours to judge: leave it.
+  }
 }

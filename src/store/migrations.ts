@@ -141,6 +141,17 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.alterTable("mirror_files").addColumn("verified_at", "text").execute();
     },
   }),
+  // One row the store rewrites to learn whether writes work again after a storage fault
+  // (a full disk, a read-only data dir), so /readyz recovers by itself.
+  "0004_store_probe": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("store_probe")
+        .addColumn("name", "text", (c) => c.primaryKey())
+        .addColumn("at", "text", (c) => c.notNull())
+        .execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

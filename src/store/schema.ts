@@ -118,6 +118,12 @@ export interface MirrorFilesTable {
   updated_at: string;
 }
 
+/** One row the store rewrites to learn whether writes work again after a storage fault. */
+export interface StoreProbeTable {
+  name: string;
+  at: string;
+}
+
 export interface Database {
   models: ModelsTable;
   model_aliases: ModelAliasesTable;
@@ -127,4 +133,5 @@ export interface Database {
   replicas: ReplicasTable;
   usage: UsageTable;
   mirror_files: MirrorFilesTable;
+  store_probe: StoreProbeTable;
 }

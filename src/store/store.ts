@@ -1,7 +1,9 @@
 // The store: one Kysely handle over SQLite (better-sqlite3, a file in the data dir, WAL)
 // or PostgreSQL (pg), with the migration history applied on open. Domains receive a
-// Store and write their own tables; nothing else opens the database.
-import { chmodSync, mkdirSync } from "node:fs";
+// Store and write their own tables; nothing else opens the database. Storage faults (a
+// full disk, a read-only data dir, an unreachable PostgreSQL) are named here, once, for
+// every query (fault-naming-dialect.ts), and the store keeps its own health for /readyz.
+import { chmodSync, mkdirSync, statfsSync } from "node:fs";
 import path from "node:path";
 import BetterSqlite3 from "better-sqlite3";
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
@@ -9,6 +11,8 @@ import pg from "pg";
 import { BadRequestError, InternalError, describeError } from "../core/errors.ts";
 import { applyMigrations, MigrationError, type Dialect } from "./migrations.ts";
 import type { Database } from "./schema.ts";
+import { FaultNamingDialect } from "./fault-naming-dialect.ts";
+import { asStorageFault, StorageHealth, StorageUnavailableError, type StorageFaultState } from "./storage-fault.ts";
 
 export type { Dialect };
 export type Db = Kysely<Database>;
@@ -26,6 +30,19 @@ export interface Store {
    * prepared statement instead of compiling a Kysely query each time. Undefined on PostgreSQL.
    */
   readonly sqlite?: BetterSqlite3.Database;
+  /** The last storage fault (full disk, read-only, unreachable), kept until a probe write succeeds. */
+  readonly health: StorageHealth;
+  /**
+   * Names an error of a write made outside Kysely (the usage recorder's prepared
+   * statement): a storage fault comes back as a StorageUnavailableError and is noted in
+   * `health`; anything else comes back unchanged.
+   */
+  nameFault(error: unknown): unknown;
+  /**
+   * The current storage fault, re-checked first with a probe write (at most once a
+   * second) when there is one; null when writes work.
+   */
+  checkWrites(): Promise<StorageFaultState | null>;
   close(): Promise<void>;
 }
 
@@ -38,9 +55,13 @@ export interface OpenStoreOptions {
 
 const INT8_OID = 20;
 
+/** Whether a --database value names PostgreSQL (else it is a SQLite file). */
+export function isPostgresUrl(database: string): boolean {
+  return /^postgres(ql)?:\/\//.test(database);
+}
+
 export async function openStore(options: OpenStoreOptions): Promise<Store> {
-  const isPostgres = /^postgres(ql)?:\/\//.test(options.database);
-  const store = isPostgres ? await openPostgres(options) : openSqlite(options.database);
+  const store = isPostgresUrl(options.database) ? await openPostgres(options) : openSqlite(options.database);
   try {
     await migrate(store);
   } catch (error) {
@@ -51,34 +72,46 @@ export async function openStore(options: OpenStoreOptions): Promise<Store> {
 }
 
 function openSqlite(file: string): Store {
-  if (file !== ":memory:") mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
-  let database: BetterSqlite3.Database;
+  const inMemory = file === ":memory:";
+  const where = inMemory ? "an in-memory SQLite database" : `the data dir ${path.dirname(path.resolve(file))} (database ${file})`;
+  let database: BetterSqlite3.Database | undefined;
   try {
+    if (!inMemory) mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
     database = new BetterSqlite3(file);
-  } catch (error) {
-    throw new BadRequestError(`Cannot open the SQLite database at ${file}: ${describeError(error)}. Check the data dir and its permissions.`, {
-      code: "database_unavailable",
-      cause: error,
-    });
-  }
-  // WAL lets the gateway read while the agent writes; a busy timeout rides out the short
-  // moments when another connection holds the write lock.
-  database.pragma("journal_mode = WAL");
-  // The database holds key hashes and external servers' keys: owner only, whatever the umask.
-  if (file !== ":memory:") {
-    for (const suffix of ["", "-wal", "-shm"]) {
-      try {
-        chmodSync(file + suffix, 0o600);
-      } catch {
-        // -wal and -shm exist only while a connection is open; the main file always does.
+    // WAL lets the gateway read while the agent writes; a busy timeout rides out the short
+    // moments when another connection holds the write lock.
+    database.pragma("journal_mode = WAL");
+    // The database holds key hashes and external servers' keys: owner only, whatever the umask.
+    if (!inMemory) {
+      for (const suffix of ["", "-wal", "-shm"]) {
+        try {
+          chmodSync(file + suffix, 0o600);
+        } catch {
+          // -wal and -shm exist only while a connection is open; the main file always does.
+        }
       }
     }
+    database.pragma("busy_timeout = 5000");
+    database.pragma("foreign_keys = ON");
+    database.pragma("synchronous = NORMAL");
+  } catch (error) {
+    database?.close();
+    throw (
+      asStorageFault(error, where) ??
+      new BadRequestError(`Cannot open the SQLite database at ${file}: ${describeError(error)}. Check the data dir and its permissions.`, {
+        code: "database_unavailable",
+        cause: error,
+      })
+    );
   }
-  database.pragma("busy_timeout = 5000");
-  database.pragma("foreign_keys = ON");
-  database.pragma("synchronous = NORMAL");
-  const db = new Kysely<Database>({ dialect: new SqliteDialect({ database }) });
-  return { db, dialect: "sqlite", location: file, sqlite: database, close: () => db.destroy() };
+  const sqlite = database;
+  const health = new StorageHealth();
+  const dialect = new FaultNamingDialect(new SqliteDialect({ database: sqlite }), { where, health, inTransaction: () => sqlite.inTransaction });
+  const db = new Kysely<Database>({ dialect });
+  // A full disk is only over once there is room again: a probe row can still fit in the
+  // WAL file SQLite reuses while the next bigger write fails.
+  const hasRoom = () => inMemory || freeBytes(path.dirname(path.resolve(file))) >= MIN_FREE_BYTES;
+  return { db, dialect: "sqlite", location: file, sqlite, health, ...faultHandling(db, where, health, hasRoom), close: () => db.destroy() };
 }
 
 async function openPostgres(options: OpenStoreOptions): Promise<Store> {
@@ -115,14 +148,66 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
       cause: error,
     });
   }
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
-  return { db, dialect: "postgres", schema: schema ?? "public", location, close: () => db.destroy() };
+  const health = new StorageHealth();
+  const where = `PostgreSQL at ${location}`;
+  const db = new Kysely<Database>({ dialect: new FaultNamingDialect(new PostgresDialect({ pool }), { where, health }) });
+  return { db, dialect: "postgres", schema: schema ?? "public", location, health, ...faultHandling(db, where, health, () => true), close: () => db.destroy() };
+}
+
+/** Below this much free space a data dir that ran full does not count as writable again. */
+const MIN_FREE_BYTES = 4 * 1024 * 1024;
+const PROBE_INTERVAL_MS = 1000;
+
+/** Bytes the user running llmgw may still write where `dir` lives (root may use the reserved blocks). */
+function freeBytes(dir: string): number {
+  try {
+    const stats = statfsSync(dir);
+    return (process.getuid?.() === 0 ? stats.bfree : stats.bavail) * stats.bsize;
+  } catch {
+    // Cannot tell (the directory went away): let the probe write decide.
+    return Number.POSITIVE_INFINITY;
+  }
+}
+
+/** The store's `nameFault` and `checkWrites`, the same for both databases. */
+function faultHandling(db: Db, where: string, health: StorageHealth, hasRoom: () => boolean): Pick<Store, "nameFault" | "checkWrites"> {
+  let lastProbeAt = 0;
+  let probing: Promise<void> | undefined;
+  const probe = async () => {
+    if (health.fault()?.kind === "full" && !hasRoom()) return;
+    try {
+      const at = new Date().toISOString();
+      await db.insertInto("store_probe").values({ name: "probe", at }).onConflict((oc) => oc.column("name").doUpdateSet({ at })).execute();
+      health.clear();
+    } catch {
+      // Still failing: the dialect noted the fault again; anything else (a bug) leaves the old one.
+    }
+  };
+  return {
+    nameFault(error) {
+      const fault = asStorageFault(error, where);
+      if (fault === undefined) return error;
+      health.noteFault(fault);
+      return fault;
+    },
+    async checkWrites() {
+      if (health.fault() !== null && Date.now() - lastProbeAt >= PROBE_INTERVAL_MS) {
+        lastProbeAt = Date.now();
+        probing ??= probe().finally(() => (probing = undefined));
+      }
+      await probing;
+      return health.fault();
+    },
+  };
 }
 
 async function migrate(store: Store): Promise<void> {
   try {
     await applyMigrations(store.db as unknown as Kysely<unknown>, store.dialect);
   } catch (error) {
+    // A full or read-only data dir is said as such, not as a broken migration.
+    const cause = error instanceof MigrationError ? error.cause : error;
+    if (cause instanceof StorageUnavailableError) throw cause;
     const which = error instanceof MigrationError ? ` (${error.migration})` : "";
     throw new InternalError(`Database migration${which} failed on ${store.location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, { cause: error });
   }

@@ -1,6 +1,7 @@
 // Starts a real llmgw server in this process on a free loopback port, with a fresh data
-// dir and SQLite store, and hands tests its URL, the first-start admin key and the parts.
-import { mkdtempSync, rmSync } from "node:fs";
+// dir (or one the test gives) and SQLite store, and hands tests its URL, the first-start
+// admin key and the parts.
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { silentLogger } from "../../src/core/log.ts";
@@ -19,6 +20,8 @@ export interface Harness {
 }
 
 export interface HarnessOptions {
+  /** An empty (or missing) directory to use as the data dir, e.g. on a small file system; removed on close. */
+  dataDir?: string;
   maxBodyBytes?: number;
   bodyTimeoutMs?: number;
   headerTimeoutMs?: number;
@@ -29,7 +32,8 @@ export interface HarnessOptions {
 }
 
 export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
-  const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-harness-"));
+  const dataDir = options.dataDir ?? mkdtempSync(path.join(tmpdir(), "llmgw-harness-"));
+  mkdirSync(dataDir, { recursive: true });
   const server = await startServer(
     {
       dataDir,
