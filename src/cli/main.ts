@@ -16,6 +16,8 @@ const serverOptions = (command: Command) =>
     .option("--data-dir <dir>", "data dir (or LLMGW_DATA_DIR; default ~/.llmgw)")
     .option("--database <url>", "postgres://... for PostgreSQL (or LLMGW_DATABASE); default: SQLite in the data dir")
     .option("--max-body <size>", "largest /v1 request body, e.g. 16m")
+    .option("--body-timeout <duration>", "a request body must arrive whole within this, else 408 (default 30s)")
+    .option("--header-timeout <duration>", "request headers must arrive within this, else 408 (default 60s)")
     .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
     .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)");
 

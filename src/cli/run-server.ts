@@ -12,13 +12,15 @@ import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-super
 import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
-import { parseByteSize, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
+import { parseByteSize, parseDuration, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
 export interface ServerCommandOptions {
   listen?: string;
   dataDir?: string;
   database?: string;
   maxBody?: string;
+  bodyTimeout?: string;
+  headerTimeout?: string;
   registry?: string;
   logFormat?: string;
   demo?: boolean;
@@ -53,6 +55,8 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       port,
       database: resolveDatabase(options.database, dataDir),
       maxBodyBytes: options.maxBody === undefined ? undefined : parseByteSize(options.maxBody, "--max-body"),
+      bodyTimeoutMs: options.bodyTimeout === undefined ? undefined : parseDuration(options.bodyTimeout, "--body-timeout"),
+      headerTimeoutMs: options.headerTimeout === undefined ? undefined : parseDuration(options.headerTimeout, "--header-timeout"),
       registryEndpoint: resolveRegistryEndpoint({ flag: options.registry, env: process.env }),
       registryToken: resolveRegistryToken(),
       logger,

@@ -6,6 +6,10 @@
 // would surface as a connection error or, worse, as a clean end).
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { ClientClosedError, LlmgwError, PayloadTooLargeError, RequestTimeoutError, renderError } from "./errors.ts";
+import { parseJsonBody } from "./json-body.ts";
+
+/** How long a request body may take to arrive whole, unless the server is told otherwise (--body-timeout). */
+export const DEFAULT_BODY_TIMEOUT_MS = 30_000;
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   const text = JSON.stringify(body);
@@ -173,4 +177,34 @@ export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promi
     req.on("error", onError);
     req.on("close", onClose);
   });
+}
+
+/**
+ * Body limits of the JSON APIs beyond /v1 (admin API, mirror routes): their documents (a
+ * model definition, a key, a fetch request) are small, so 1 MiB is plenty.
+ */
+export const JSON_API_BODY_LIMITS: BodyLimits = {
+  maxBytes: 1024 * 1024,
+  timeoutMs: DEFAULT_BODY_TIMEOUT_MS,
+  tooLargeHint: "Admin API bodies are small JSON documents; check what is being sent.",
+};
+
+/** What a Hono route on @hono/node-server offers for reading its body. */
+export interface JsonRequestSource {
+  env?: unknown;
+  req: { text(): Promise<string> };
+}
+
+/**
+ * The JSON body of an admin route, read with the same size and time limits as /v1 bodies:
+ * on the node server straight from the socket (`env.incoming`), so a stalled body gets
+ * its 408 like any other; in Hono's in-process test requests, which have no socket, from
+ * the request object.
+ */
+export async function readJsonRequest(c: JsonRequestSource, limits: BodyLimits, options: { emptyAs?: unknown } = {}): Promise<unknown> {
+  const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
+  const text = incoming === undefined ? await c.req.text() : (await readLimitedBody(incoming, limits)).toString("utf8");
+  // Routes whose every field is optional may take no body at all.
+  if (options.emptyAs !== undefined && text.trim() === "") return options.emptyAs;
+  return parseJsonBody(text);
 }

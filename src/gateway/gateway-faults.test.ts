@@ -310,6 +310,18 @@ describe("gateway time limits", () => {
     assert.equal(row.status, 408);
   });
 
+  test("an admin API body that stalls gets the same 408, and an oversized one 413", async () => {
+    const exchange = await rawExchange(
+      `POST /api/v1/models HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer ${harness.adminKey}\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"name":`,
+    );
+    await eventually("the server to close the stalled admin request", () => exchange.closed(), { timeoutMs: 30_000 });
+    assert.match(exchange.received(), /^HTTP\/1\.1 408 /);
+    assert.match(exchange.received(), /body_timeout/);
+    const huge = await harness.admin("POST", "/api/v1/models", { name: "big", description: "x".repeat(2 * 1024 * 1024) });
+    assert.equal(huge.status, 413);
+    assert.equal(huge.body.error.code, "request_too_large");
+  });
+
   test("headers that stall get 408 and the connection closes", async () => {
     const exchange = await rawExchange("POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\n");
     await eventually("the server to close the connection with stalled headers", () => exchange.closed(), { timeoutMs: 30_000 });

@@ -20,7 +20,7 @@ import {
   parseWith,
 } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
-import { methodNotAllowed, readLimitedBody, sendError, sendJson } from "../core/http.ts";
+import { DEFAULT_BODY_TIMEOUT_MS, methodNotAllowed, readLimitedBody, sendError, sendJson } from "../core/http.ts";
 import { parseJsonBody } from "../core/json-body.ts";
 import type { Logger } from "../core/log.ts";
 import { modelNotFound, type CatalogModel } from "../catalog/catalog.ts";
@@ -80,7 +80,6 @@ const PROXY_ROUTES = new Map<string, ProxyRoute>([
 const STATUS_UPSTREAM_BROKE = 502;
 
 export const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
-export const DEFAULT_BODY_TIMEOUT_MS = 30_000;
 
 /** What one /v1 request has learned so far, for its usage row. */
 interface Call {

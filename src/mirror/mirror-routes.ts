@@ -10,7 +10,7 @@
 import type { Hono } from "hono";
 import { z } from "zod";
 import { ConflictError, describeError, parseWith } from "../core/errors.ts";
-import { parseJsonBody } from "../core/json-body.ts";
+import { JSON_API_BODY_LIMITS, readJsonRequest, type BodyLimits } from "../core/http.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { Registry } from "../registry/types.ts";
@@ -41,6 +41,8 @@ export interface MirrorRoutesOptions {
   logger?: Logger;
   /** Base of relative local paths. Default: the server's working directory. */
   cwd?: string;
+  /** Size and time limits of request bodies (default JSON_API_BODY_LIMITS). */
+  bodyLimits?: BodyLimits;
 }
 
 const startSchema = z
@@ -80,6 +82,7 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   const logger = options.logger ?? silentLogger();
   const verifications = new VerifyRuns({ mirror, logger });
   const actorOf = (principal: Principal) => `${principal.role}:${principal.name}`;
+  const bodyLimits = options.bodyLimits ?? JSON_API_BODY_LIMITS;
 
   app.get("/api/v1/mirror", async (c) => {
     const model = c.req.query("model");
@@ -89,7 +92,7 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   });
 
   app.post("/api/v1/mirror", async (c) => {
-    const body = parseWith(startSchema, parseJsonBody(await c.req.text()));
+    const body = parseWith(startSchema, await readJsonRequest(c, bodyLimits));
     // Reading the repository stops when the client goes away; the fetch itself does not.
     const { plan, pick } = await chooseFetch({
       request: body,
@@ -135,8 +138,7 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   });
 
   app.post("/api/v1/mirror/verify", async (c) => {
-    const text = await c.req.text();
-    const body = parseWith(verifySchema, text.trim() === "" ? {} : parseJsonBody(text));
+    const body = parseWith(verifySchema, await readJsonRequest(c, bodyLimits, { emptyAs: {} }));
     const run = await verifications.start({ model: body.model, version: body.version, actor: actorOf(c.get("principal")) });
     return c.json({ ...run, progress: `/api/v1/mirror/verify/${run.id}` }, 202);
   });

@@ -3,7 +3,7 @@
 // error leaves through `renderError`, in the same OpenAI shape as /v1.
 import { Hono, type Context } from "hono";
 import { bearerToken } from "../core/bearer.ts";
-import { parseJsonBody } from "../core/json-body.ts";
+import { JSON_API_BODY_LIMITS, readJsonRequest, type BodyLimits } from "../core/http.ts";
 import { z } from "zod";
 import { BadRequestError, LlmgwError, NotFoundError, parseWith, renderError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
@@ -42,6 +42,8 @@ export interface AdminApiOptions {
   /** Every action of every domain, for GET /api/v1/audit; records unparks. */
   audit: AuditTrail;
   version: string;
+  /** Size and time limits of request bodies (default JSON_API_BODY_LIMITS). */
+  bodyLimits?: BodyLimits;
 }
 
 type Env = { Variables: { principal: Principal } };
@@ -62,6 +64,8 @@ const planQuerySchema = z.strictObject({
 
 export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   const { catalog, keys, replicas } = options;
+  const bodyLimits = options.bodyLimits ?? JSON_API_BODY_LIMITS;
+  const jsonBody = (c: Context) => readJsonRequest(c, bodyLimits);
   const app = new Hono<Env>();
 
   app.onError((error, c) => {
@@ -140,6 +144,4 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   return app;
 }
 
-async function jsonBody(c: Context): Promise<unknown> {
-  return parseJsonBody(await c.req.text());
-}
+

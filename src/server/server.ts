@@ -29,6 +29,7 @@ import { Mirror } from "../mirror/mirror.ts";
 import { createMirrorFileHandler, isMirrorFileRequest, type MirrorPlanner } from "../mirror/mirror-routes.ts";
 import { catalogModelsUsing } from "../mirror/mirror-users.ts";
 import { bearerToken } from "../core/bearer.ts";
+import { JSON_API_BODY_LIMITS, type BodyLimits } from "../core/http.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { SERVER_INFO_FILE, writeAdminKeyFile } from "../core/data-dir.ts";
 
@@ -117,6 +118,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     if (fault !== null) return { status: "not_ready", reason: fault.message, storage: fault, usage_rows_dropped: usageRowsDropped };
     return { status: "ready", usage_rows_dropped: usageRowsDropped };
   };
+  const bodyLimits: BodyLimits = { ...JSON_API_BODY_LIMITS, timeoutMs: config.bodyTimeoutMs ?? JSON_API_BODY_LIMITS.timeoutMs };
   const adminApi = createAdminApi({
     catalog,
     keys,
@@ -125,8 +127,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     version: LLMGW_VERSION,
     readiness,
     audit: auditTrail(store),
-    mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog) },
+    mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     planner,
+    bodyLimits,
     agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
   });
   const adminListener = getRequestListener(adminApi.fetch);
