@@ -43,6 +43,7 @@ const endToEnd = [
   "test/server-process.e2e.test.ts",
   "test/plan-cli.e2e.test.ts",
   "test/supply-chain.e2e.test.ts",
+  "test/stream-failure.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];
