@@ -4,7 +4,7 @@
 // This file is the Hub client. It is our own thin client over undici rather than
 // @huggingface/hub because llmgw needs control over what that package hides: the endpoint
 // (it ignores HF_ENDPOINT), per-phase timeouts, the tree listing's `Link` pagination, one
-// place that turns the Hub's `X-Error-Code` answers into llmgw errors, and headers that
+// place that turns the Hub's `X-Error-Code` answers into llmgw errors (hub-errors.ts), and headers that
 // never carry the token to another host. The shapes it speaks are those of
 // reference/protocols.md §1 (from huggingface_hub's hf_api.py, file_download.py, _http.py).
 import { setTimeout as sleep } from "node:timers/promises";
@@ -14,8 +14,6 @@ import { z } from "zod";
 import {
   BadRequestError,
   LlmgwError,
-  NotFoundError,
-  PermissionDeniedError,
   UpstreamError,
   describeError,
   errorCode,
@@ -24,13 +22,14 @@ import { clause, formatBytes } from "../core/format.ts";
 import { followRedirects, isSameOrigin } from "./redirects.ts";
 import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
 import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "./types.ts";
+import { DEFAULT_REVISION, disabledError, header, hubStatusError, type HubRequestContext, type HubResponse } from "./hub-errors.ts";
 
 // The redirect rules live in redirects.ts (the mirror follows redirects with them too).
 export { headersForRedirect, isSameOrigin } from "./redirects.ts";
 
 export const DEFAULT_REGISTRY_ENDPOINT = "https://huggingface.co";
 /** The Hub's default branch; what `repoInfo` reports as `revision` when none was asked for. */
-export const DEFAULT_REVISION = "main";
+export { DEFAULT_REVISION };
 
 /**
  * The registry endpoint: the `--registry` flag, else `HF_ENDPOINT`, else huggingface.co,
@@ -108,20 +107,8 @@ export interface FileMetadata {
   location: string;
 }
 
-/** What a request is for, so errors can name the repository, revision and file. */
-interface RequestContext {
-  what: string;
-  repo: string;
-  revision?: string;
-  path?: string;
-}
-
-interface Response {
-  url: string;
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  body: Dispatcher.ResponseData["body"];
-}
+type RequestContext = HubRequestContext;
+type Response = HubResponse;
 
 const COMMIT_SHA = /^[0-9a-f]{40}$/;
 // A tree page of the real Hub is at most 1000 entries; a model-info answer is a few
@@ -520,86 +507,12 @@ export class HubClient implements Registry {
   }
 
   /** Whose token was sent, for messages: the server's, or this process's. */
-  #tokenOwner(): string {
-    return this.#inServer ? "the llmgw server's" : "the";
-  }
-
-  /** How to give the client a token: where the request ran decides whose environment. */
-  #setToken(which: string): string {
-    return this.#inServer ? `set HF_TOKEN to ${which} in the environment of the llmgw server (not of ctl) and restart it` : `set HF_TOKEN to ${which}`;
-  }
-
-  /** The one mapping of Hub error answers (status and `X-Error-Code`) to llmgw errors. */
-  async #statusError(response: Response, context: RequestContext): Promise<LlmgwError> {
-    const hubCode = header(response.headers, "x-error-code");
-    const bodyMessage = await errorBodyMessage(response);
-    const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
-    const { repo } = context;
-    const status = response.status;
-    const said = hubMessage === undefined ? "" : ` The registry said: ${clause(hubMessage)}.`;
-    if (hubMessage === "Access to this resource is disabled.") return disabledError(repo, this.endpoint);
-    if (hubCode === "GatedRepo") {
-      const why = this.hasToken ? `${this.#tokenOwner()} HF_TOKEN is not on its approved list` : `no HF_TOKEN is set${this.#inServer ? " in the llmgw server's environment" : ""}`;
-      return new PermissionDeniedError(
-        `Repository '${repo}' is gated and ${why}. Downloading it needs a Hugging Face token (HF_TOKEN) of an account with approved access: ` +
-          `request access at ${this.endpoint}/${repo}, then ${this.#setToken("that account's token")}.`,
-        { code: "gated_repo", param: "repo" },
-      );
-    }
-    if (hubCode === "RevisionNotFound") {
-      return new NotFoundError(
-        `Revision '${context.revision ?? DEFAULT_REVISION}' was not found in repository '${repo}' on ${this.endpoint}. Give an existing branch, tag or full commit sha.`,
-        { code: "revision_not_found", param: "revision" },
-      );
-    }
-    if (hubCode === "EntryNotFound") {
-      return new NotFoundError(`File '${context.path ?? "?"}' was not found in repository '${repo}' at '${context.revision ?? DEFAULT_REVISION}' on ${this.endpoint}.`, {
-        code: "entry_not_found",
-        param: "file",
-      });
-    }
-    const repoMissing = hubCode === "RepoNotFound" || (status === 404 && hubCode === undefined);
-    if (!this.hasToken && (status === 401 || repoMissing)) {
-      // The Hub answers 401 to anonymous requests for missing, private and gated repositories alike.
-      return new NotFoundError(
-        `Repository '${repo}' was not found on ${this.endpoint}, or it is private: check the name, and if it is private, ${this.#setToken("a token with access")}.`,
-        { code: "repo_not_found", param: "repo" },
-      );
-    }
-    if (repoMissing) {
-      return new NotFoundError(
-        `Repository '${repo}' was not found on ${this.endpoint}, or it is private and ${this.#tokenOwner()} HF_TOKEN has no access to it. Check the name (owner/name).`,
-        { code: "repo_not_found", param: "repo" },
-      );
-    }
-    if (status === 401) {
-      const fix = this.#inServer ? "check that the token is valid; the server reads it from its environment at start, so change it there and restart the llmgw server" : "check that the token is valid";
-      return new PermissionDeniedError(`The registry at ${this.endpoint} rejected ${this.#tokenOwner()} HF_TOKEN while ${context.what} for '${repo}': ${fix}.${said}`, {
-        code: "registry_token_rejected",
-      });
-    }
-    if (status === 403) {
-      return new PermissionDeniedError(`The registry at ${this.endpoint} refused ${context.what} for '${repo}' (403).${said}`, { code: "registry_forbidden", param: "repo" });
-    }
-    const retryable = status === 408 || status === 429 || status >= 500;
-    const retryAfter = header(response.headers, "retry-after");
-    return new UpstreamError(
-      `The registry at ${this.endpoint} answered ${status} while ${context.what} for '${repo}'.${said}${retryable ? " It is retryable: try again later." : ""}`,
-      {
-        code: status === 429 ? "registry_rate_limited" : "registry_error",
-        retryable,
-        ...(retryAfter !== undefined && /^\d+$/.test(retryAfter) ? { headers: { "retry-after": retryAfter } } : {}),
-      },
-    );
+  /** The one mapping of Hub error answers to llmgw errors (hub-errors.ts), with what this client knows. */
+  #statusError(response: Response, context: RequestContext): Promise<LlmgwError> {
+    return hubStatusError(response, context, { endpoint: this.endpoint, hasToken: this.hasToken, inServer: this.#inServer });
   }
 }
 
-function disabledError(repo: string, endpoint: string): PermissionDeniedError {
-  return new PermissionDeniedError(`Repository '${repo}' on ${endpoint} is disabled by the registry; pick another repository.`, {
-    code: "repo_disabled",
-    param: "repo",
-  });
-}
 
 function parseOrFail<T extends z.ZodType>(schema: T, value: unknown, endpoint: string, context: RequestContext): z.output<T> {
   const result = schema.safeParse(value);
@@ -644,39 +557,6 @@ function validRepoId(id: string): boolean {
   }
 }
 
-/** The `{"error": "..."}` message of an error answer, reading at most a few KiB of it. */
-async function errorBodyMessage(response: Response): Promise<string | undefined> {
-  try {
-    const chunks: Buffer[] = [];
-    let total = 0;
-    for await (const chunk of response.body) {
-      const buffer = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as Uint8Array);
-      chunks.push(buffer);
-      total += buffer.length;
-      if (total >= 8192) {
-        response.body.destroy();
-        break;
-      }
-    }
-    const text = Buffer.concat(chunks).toString("utf8").slice(0, 2000);
-    try {
-      const parsed = JSON.parse(text) as unknown;
-      if (typeof parsed === "object" && parsed !== null && "error" in parsed && typeof parsed.error === "string") return parsed.error.slice(0, 300);
-    } catch {
-      // Not JSON: fall through to the text itself.
-    }
-    const trimmed = text.trim();
-    return trimmed === "" ? undefined : trimmed.slice(0, 300);
-  } catch {
-    return undefined;
-  }
-}
-
-function header(headers: Record<string, string | string[] | undefined>, name: string): string | undefined {
-  const value = headers[name];
-  if (Array.isArray(value)) return value.join(", ");
-  return value;
-}
 
 function nonEmpty(value: string | undefined): string | undefined {
   const trimmed = value?.trim();
