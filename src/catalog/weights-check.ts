@@ -13,7 +13,6 @@ import { constants } from "node:fs";
 import { access, lstat, readlink, realpath } from "node:fs/promises";
 import path from "node:path";
 import { BadRequestError, LlmgwError, NotFoundError, describeError, errorCode } from "../core/errors.ts";
-import { clause } from "../core/format.ts";
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
 import type { ModelDefinition } from "./model-schema.ts";
@@ -141,7 +140,7 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
     // The header check's messages name the file and what to do; they become this field's 400.
     if (error instanceof BadRequestError || error instanceof NotFoundError) throw refuse(`${weights} cannot be loaded: ${error.message}`, error.code, error);
     if (error instanceof LlmgwError) throw error;
-    throw refuse(`${weights} at ${file} could not be read: ${clause(describeError(error))}.`, "weights_unreadable", error);
+    throw refuse(`${weights} at ${file} could not be read: ${describeError(error)}.`, "weights_unreadable", error);
   }
   const support = checkArchitectureSupport({ architecture: header.architecture, engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! } });
   if (!support.supported) throw refuse(`${weights} at ${file} are a '${header.architecture}' model. ${support.reason}`, "architecture_unsupported");

@@ -8,7 +8,7 @@ import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { DEFAULT_CONTEXT_POOL } from "../catalog/model-schema.ts";
 import { renderTable } from "./output.ts";
-import { clause, countOf } from "../core/format.ts";
+import { countOf } from "../core/format.ts";
 import { renderPlanTable } from "../plan/render.ts";
 import { registerMirrorCommands } from "./ctl-mirror.ts";
 import { absoluteFilePath, absoluteRepoArgument } from "./local-paths.ts";
@@ -246,7 +246,7 @@ function parseJsonText(text: string, what: string): unknown {
   try {
     return JSON.parse(text);
   } catch (error) {
-    throw new BadRequestError(`${what} is not valid JSON: ${clause(describeError(error))}.`);
+    throw new BadRequestError(`${what} is not valid JSON: ${describeError(error)}.`);
   }
 }
 

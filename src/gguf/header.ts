@@ -21,7 +21,7 @@ import { open, type FileHandle } from "node:fs/promises";
 import { fetch as undiciFetch, type Dispatcher } from "undici";
 import { GGMLFileQuantizationType, GGMLQuantizationType, gguf, type GGUFParseOutput, type MetadataValue } from "@huggingface/gguf";
 import { BadRequestError, LlmgwError, NotFoundError, UpstreamError, describeError } from "../core/errors.ts";
-import { clause, formatBytes } from "../core/format.ts";
+import { formatBytes } from "../core/format.ts";
 import { ggmlTensorBytes } from "./ggml-types.ts";
 
 /** The part of a fetch Response this module uses; global fetch and undici's both fit. */
@@ -143,14 +143,14 @@ export async function readGgufHeader(source: GgufSource, options: ReadGgufHeader
             { code: "gguf_truncated" },
           );
         }
-        throw new BadRequestError(`${range.label} has a malformed GGUF header: ${clause(describeError(failure))}. Fetch the file again or pick another file.`, {
+        throw new BadRequestError(`${range.label} has a malformed GGUF header: ${describeError(failure)}. Fetch the file again or pick another file.`, {
           code: "gguf_malformed",
           cause: failure,
         });
       }
       if (prefix.bytes.length >= maxHeaderBytes) {
         throw new BadRequestError(
-          `${range.label}: no complete GGUF header in its first ${maxHeaderBytes} bytes${failure === undefined || failure instanceof NeedMoreBytes ? "" : ` (${clause(describeError(failure))})`}. The header is malformed or larger than llmgw reads.`,
+          `${range.label}: no complete GGUF header in its first ${maxHeaderBytes} bytes${failure === undefined || failure instanceof NeedMoreBytes ? "" : ` (${describeError(failure)})`}. The header is malformed or larger than llmgw reads.`,
           { code: "gguf_malformed", cause: failure },
         );
       }
@@ -245,7 +245,7 @@ async function openFileRange(source: GgufFileSource): Promise<ByteRange> {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") {
       throw new NotFoundError(`GGUF file ${label} does not exist.`, { cause: error });
     }
-    throw new BadRequestError(`Cannot open GGUF file ${label}: ${clause(describeError(error))}.`, { cause: error });
+    throw new BadRequestError(`Cannot open GGUF file ${label}: ${describeError(error)}.`, { cause: error });
   }
   const size = (await handle.stat()).size;
   const range: ByteRange = {
@@ -289,7 +289,7 @@ function httpRange(source: GgufUrlSource): ByteRange {
         // Classified once, here: a refused connection or a failure mid-body (reset, timeout)
         // may pass on retry; HTTP statuses were classified below.
         if (error instanceof LlmgwError || source.signal?.aborted) throw error;
-        throw new UpstreamError(`Reading the GGUF header of ${label} failed: ${clause(describeError(error))}.`, {
+        throw new UpstreamError(`Reading the GGUF header of ${label} failed: ${describeError(error)}.`, {
           code: "gguf_fetch_failed",
           retryable: true,
           cause: error,

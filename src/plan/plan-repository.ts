@@ -8,7 +8,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import type { Dispatcher } from "undici";
 import { BadRequestError, NotFoundError, describeError } from "../core/errors.ts";
-import { clause, formatBytes } from "../core/format.ts";
+import { formatBytes } from "../core/format.ts";
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
 import type { SafetensorsIndex } from "../gguf/memory-estimate.ts";
@@ -85,7 +85,7 @@ export async function planRepository(options: PlanRepositoryOptions): Promise<Re
         return artifact;
       } catch (error) {
         if (signal?.aborted === true) throw signal.reason ?? error;
-        entry.note = `could not be read: ${clause(describeError(error))}`;
+        entry.note = `could not be read: ${describeError(error)}`;
         return null;
       }
     });
@@ -184,7 +184,7 @@ class ArtifactReader {
     try {
       return JSON.parse(text);
     } catch (error) {
-      throw new BadRequestError(`${file.path} is not valid JSON (${clause(describeError(error))})`, { code: "invalid_json" });
+      throw new BadRequestError(`${file.path} is not valid JSON (${describeError(error)})`, { code: "invalid_json" });
     }
   }
 }

@@ -18,7 +18,7 @@ import {
   describeError,
   errorCode,
 } from "../core/errors.ts";
-import { clause, formatBytes } from "../core/format.ts";
+import { formatBytes } from "../core/format.ts";
 import { followRedirects, isSameOrigin } from "./redirects.ts";
 import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
 import { SHORT_SHA_LENGTH, type Registry, type RepoFile, type RepoInfo } from "./types.ts";
@@ -501,7 +501,7 @@ export class HubClient implements Registry {
       });
     }
     return new UpstreamError(
-      `${where} could not be reached or dropped the connection while ${about} (${code ?? clause(describeError(error))}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
+      `${where} could not be reached or dropped the connection while ${about} (${code ?? describeError(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
       { code: "registry_unreachable", status: 502, retryable: true, cause: error },
     );
   }

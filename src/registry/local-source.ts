@@ -21,7 +21,6 @@ import { homedir } from "node:os";
 import { basename, dirname, join, relative, resolve, sep } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { BadRequestError, LlmgwError, NotFoundError, PermissionDeniedError, describeError, errorCode } from "../core/errors.ts";
-import { clause } from "../core/format.ts";
 import { pathProblem } from "./repo-path.ts";
 import { SHORT_SHA_LENGTH, type RepoFile } from "./types.ts";
 
@@ -269,7 +268,7 @@ export function localReadError(error: unknown, file: string): LlmgwError {
       cause: error,
     });
   }
-  return new BadRequestError(`Cannot read '${file}': ${clause(describeError(error))}.`, { code: "local_source_unreadable", param: "source", cause: error });
+  return new BadRequestError(`Cannot read '${file}': ${describeError(error)}.`, { code: "local_source_unreadable", param: "source", cause: error });
 }
 
 function changedError(file: string, when: string): BadRequestError {
