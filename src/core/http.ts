@@ -49,8 +49,10 @@ export function endBrokenResponse(res: ServerResponse, failure: StreamFailure): 
   const type = res.getHeader("content-type");
   if (typeof type === "string" && type.startsWith("text/event-stream")) {
     // Close the connection after this: the stream's framing is intact, but the upstream
-    // that fed it is gone, and a keep-alive reuse gains nothing.
-    res.end(streamFailureEvent(failure), () => res.socket?.destroySoon?.());
+    // that fed it is gone, and a keep-alive reuse gains nothing. The socket is taken now:
+    // a finished response is detached from it (res.socket is null in the callback).
+    const socket = res.socket;
+    res.end(streamFailureEvent(failure), () => socket?.destroySoon());
     return;
   }
   res.destroy();
