@@ -14,6 +14,8 @@ const unit = [
   "src/plan/plan.test.ts",
   "src/gguf/tiny-model.test.ts",
   "src/engines/llamacpp/openai-wire.test.ts",
+  "src/engines/llamacpp/stop-sequences.test.ts",
+  "src/engines/llamacpp/llama-runner.test.ts",
   "src/engines/llamacpp/engine-server.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",
   "src/registry/hub-client.test.ts",
