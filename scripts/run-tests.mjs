@@ -15,6 +15,7 @@ const unit = [
   "src/gguf/tiny-model.test.ts",
   "src/engines/llamacpp/openai-wire.test.ts",
   "src/engines/llamacpp/stop-sequences.test.ts",
+  "src/engines/llamacpp/decode-lockstep.test.ts",
   "src/engines/llamacpp/llama-runner.test.ts",
   "src/engines/llamacpp/engine-server.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",

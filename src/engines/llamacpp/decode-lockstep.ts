@@ -17,7 +17,8 @@
 // queue their decodes in the same microtask run, so the context's next dispatch takes
 // them as one batch. Generations that are not between two tokens hold nobody back: one
 // evaluating its prompt (which may take several batches; the others keep generating in
-// the same batches as its chunks), and one that is setting up or finishing.
+// the same batches as its chunks), and one that is setting up or finishing. They are
+// released in the order of their sequence ids, which llama.cpp decodes fastest.
 //
 // The barrier sits in `sequence.evaluate`, the one call through which LlamaChat and
 // LlamaCompletion get every generated token, so it also sees each sampled token: that is
@@ -74,14 +75,18 @@ class Turn implements GenerationTurn {
 
 export class DecodeLockstep {
   private readonly turns = new Map<LlamaContextSequence, Turn>();
+  /** Attached sequences in the order of their llama.cpp sequence ids. */
+  private readonly attached: LlamaContextSequence[] = [];
   private closed = false;
 
   /**
    * Routes the sequence's `evaluate` through the barrier; once per sequence, before any
-   * generation uses it. The sequence object is this engine's own (never shared), and
+   * generation uses it, in the order the context handed them out (getSequence gives ids
+   * 0, 1, 2, ...). The sequence object is this engine's own (never shared), and
    * LlamaChat and LlamaCompletion call `evaluate` on it for every token.
    */
   attach(sequence: LlamaContextSequence): void {
+    this.attached.push(sequence);
     const original: Evaluate = sequence.evaluate.bind(sequence);
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
@@ -143,18 +148,22 @@ export class DecodeLockstep {
     }
   }
 
-  private arrive(turn: Turn): Promise<void> | void {
+  /**
+   * Waits at the barrier. The generation that arrives last releases everyone, itself
+   * included, through the same promise as the others, so that all of them continue in the
+   * order of release (see releaseAll).
+   */
+  private arrive(turn: Turn): Promise<void> {
     turn.phase = "waiting";
-    if (this.closed || this.allReady()) {
-      this.releaseAll();
-      return;
-    }
-    return new Promise<void>((resolve) => {
+    const released = new Promise<void>((resolve) => {
       turn.release = () => {
         turn.release = null;
         resolve();
       };
     });
+    // Checked once this generation awaits `released`, like the others already do.
+    queueMicrotask(() => this.releaseIfAllReady());
+    return released;
   }
 
   /** Ready: no running generation is between steps or in the middle of one. */
@@ -169,7 +178,10 @@ export class DecodeLockstep {
 
   private releaseAll(): void {
     // Each released generation queues its decode within this microtask run, before the
-    // context's dispatch (scheduled with setImmediate) takes the batch.
-    for (const turn of this.turns.values()) turn.release?.();
+    // context's dispatch (scheduled with setImmediate) takes the batch, and in the order
+    // released, since all of them take the same path from here to the queue. That order
+    // is the sequence ids': llama.cpp decodes a batch whose sequences come in descending
+    // order about 1.5 times slower (4 sequences: 45 against 30 ms a step here).
+    for (const sequence of this.attached) this.turns.get(sequence)?.release?.();
   }
 }
