@@ -26,6 +26,10 @@
 //   --tokens N     BENCH_TOKENS    tokens per generation (default 64)
 //   --threads N    BENCH_THREADS   llama.cpp threads (default 2)
 //   --out DIR      BENCH_OUT       where the JSON goes (default bench/results)
+//   --max-other-cores X  BENCH_MAX_OTHER_CORES  leave out samples during which other
+//                                  processes kept more than X cores busy (default 0.2)
+//   --compare L    BENCH_COMPARE   NAME=FILE,...: also measure these llmgw command scripts
+//                                  (another commit's bin/llmgw.js) as engines, in the same rounds
 import { fork, spawn, type ChildProcess } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -50,14 +54,17 @@ interface Options {
   tokens: number;
   threads: number;
   out: string;
+  /** More llmgw command scripts (another build or commit) measured as engines in the same rounds. */
+  compare: { name: string; entry: string }[];
+  /** Samples during which other processes used more cores than this are left out. */
+  maxOtherCores: number;
 }
-
-type Target = "engine" | "direct";
 
 interface Sample {
   round: number;
   level: number;
-  target: Target;
+  /** "engine", "direct" or a --compare name. */
+  target: string;
   tokens: number;
   seconds: number;
   tokensPerSecond: number;
@@ -88,6 +95,19 @@ function parseOptions(argv: string[]): Options {
     tokens: whole(flag("tokens", "BENCH_TOKENS") ?? "64", "tokens"),
     threads: whole(flag("threads", "BENCH_THREADS") ?? "2", "threads"),
     out: flag("out", "BENCH_OUT") ?? path.join(ROOT, "bench/results"),
+    maxOtherCores: (() => {
+      const value = Number(flag("max-other-cores", "BENCH_MAX_OTHER_CORES") ?? 0.2);
+      if (!Number.isFinite(value) || value < 0) throw new Error("--max-other-cores must be a number ≥ 0.");
+      return value;
+    })(),
+    compare: (flag("compare", "BENCH_COMPARE") ?? "")
+      .split(",")
+      .filter((part) => part.trim() !== "")
+      .map((part) => {
+        const [name, entry] = part.split("=");
+        if (!name || !entry || ["engine", "direct"].includes(name)) throw new Error(`Invalid --compare entry '${part}': expected NAME=FILE, NAME not engine or direct.`);
+        return { name, entry: path.resolve(entry) };
+      }),
   };
 }
 
@@ -115,6 +135,7 @@ class EngineTarget {
   readonly pid: number;
   private stderr = "";
   private constructor(
+    readonly name: string,
     readonly level: number,
     private readonly child: ChildProcess,
     private readonly url: string,
@@ -125,20 +146,20 @@ class EngineTarget {
     });
   }
 
-  static async start(modelPath: string, level: number, threads: number): Promise<EngineTarget> {
+  static async start(name: string, entry: string, modelPath: string, level: number, threads: number): Promise<EngineTarget> {
     const port = await freePort();
     const child = spawn(
       process.execPath,
-      [path.join(ROOT, "bin/llmgw.js"), "engine", "--model", modelPath, "--port", String(port), "--key", KEY, "--threads", String(threads), "--parallel", String(level), "--ctx-size", String(level * CONTEXT_PER_SEQUENCE), "--model-name", "bench"],
+      [entry, "engine", "--model", modelPath, "--port", String(port), "--key", KEY, "--threads", String(threads), "--parallel", String(level), "--ctx-size", String(level * CONTEXT_PER_SEQUENCE), "--model-name", "bench"],
       { env: { ...process.env, LLMGW_LOG_LEVEL: "info" }, stdio: ["ignore", "ignore", "pipe"] },
     );
-    const target = new EngineTarget(level, child, `http://127.0.0.1:${port}`);
+    const target = new EngineTarget(name, level, child, `http://127.0.0.1:${port}`);
     const deadline = Date.now() + 120_000;
     for (;;) {
-      if (child.exitCode !== null) throw new Error(`the engine (parallel ${level}) exited: ${target.stderr}`);
+      if (child.exitCode !== null) throw new Error(`the ${name} engine (parallel ${level}) exited: ${target.stderr}`);
       const status = await fetch(`${target.url}/health`).then((r) => r.status, () => 0);
       if (status === 200) return target;
-      if (Date.now() > deadline) throw new Error(`the engine (parallel ${level}) was not ready within 120 s: ${target.stderr}`);
+      if (Date.now() > deadline) throw new Error(`the ${name} engine (parallel ${level}) was not ready within 120 s: ${target.stderr}`);
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
   }
@@ -180,6 +201,7 @@ class EngineTarget {
 
 /** node-llama-cpp used directly, with `level` sequences, in its own process (direct.ts). */
 class DirectTarget {
+  readonly name = "direct";
   readonly pid: number;
 
   private constructor(
@@ -239,24 +261,28 @@ async function main(): Promise<void> {
   try {
     const model = await writeTinyLlamaGguf({ path: path.join(dir, "bench-f32.gguf"), seed: 11, endless: true, ...MODEL_SHAPE });
     process.stdout.write(`model: ${(model.bytes / 1e6).toFixed(0)} MB F32, ${(model.parameterCount / 1e6).toFixed(0)} M parameters; ${options.threads} threads; ${options.tokens} tokens per generation\n`);
+    const engineEntries = [{ name: "engine", entry: path.join(ROOT, "bin/llmgw.js") }, ...options.compare];
     for (const level of options.levels) {
-      engines.push(await EngineTarget.start(model.path, level, options.threads));
+      for (const { name, entry } of engineEntries) engines.push(await EngineTarget.start(name, entry, model.path, level, options.threads));
       directs.push(await DirectTarget.start(model.path, level, options.threads));
     }
+    const targetNames = [...engineEntries.map((e) => e.name), "direct"];
+    const targetAt = (name: string, level: number): EngineTarget | DirectTarget =>
+      [...engines, ...directs].find((target) => target.name === name && target.level === level) as EngineTarget | DirectTarget;
 
     const samples: Sample[] = [];
     const ourPids = () => [process.pid, ...engines.map((e) => e.pid), ...directs.map((d) => d.pid)];
     for (let round = 0; round <= options.rounds; round += 1) {
       // One target's levels back to back (the goal compares them), in a rotated order; the
-      // target that goes first alternates.
+      // target that goes first rotates too.
       const levels = options.levels.map((_, index) => options.levels[(index + round) % options.levels.length] as number);
-      const targets: Target[] = round % 2 === 0 ? ["engine", "direct"] : ["direct", "engine"];
+      const targets = targetNames.map((_, index) => targetNames[(index + round) % targetNames.length] as string);
       const line: string[] = [];
       for (const target of targets) {
         for (const level of levels) {
-          const runner = target === "engine" ? engines.find((e) => e.level === level) : directs.find((d) => d.level === level);
+          const runner = targetAt(target, level);
           const otherLoad = measureOtherLoad(ourPids);
-          const { tokens, seconds } = await (runner as EngineTarget | DirectTarget).round(options.tokens);
+          const { tokens, seconds } = await runner.round(options.tokens);
           const sample: Sample = { round, level, target, tokens, seconds, tokensPerSecond: tokens / seconds, otherCores: otherLoad() };
           // Round 0 warms up (page cache, first allocations) and is not counted.
           if (round > 0) samples.push(sample);
@@ -266,19 +292,22 @@ async function main(): Promise<void> {
       process.stdout.write(`${round === 0 ? "warm-up" : `round ${round}`}: ${line.join(", ")}\n`);
     }
 
-    const of = (target: Target, level: number) => samples.filter((s) => s.target === target && s.level === level);
-    const medianRate = (target: Target, level: number) => median(of(target, level).map((s) => s.tokensPerSecond));
+    // Samples disturbed by other work (see other-load.ts) say nothing about the engine.
+    const clean = samples.filter((sample) => sample.otherCores === null || sample.otherCores <= options.maxOtherCores);
+    const of = (target: string, level: number) => clean.filter((s) => s.target === target && s.level === level);
+    const medianRate = (target: string, level: number) => median(of(target, level).map((s) => s.tokensPerSecond));
     /** Median over rounds of target@level ÷ other@otherLevel, each pair from the same round. */
-    const pairedRatio = (target: Target, level: number, other: Target, otherLevel: number) =>
-      median(
-        Array.from({ length: options.rounds }, (_, index) => {
-          const a = of(target, level).find((s) => s.round === index + 1);
-          const b = of(other, otherLevel).find((s) => s.round === index + 1);
-          return (a?.tokensPerSecond ?? 0) / (b?.tokensPerSecond ?? 1);
-        }),
-      );
-    const batchStats = new Map<number, { batches: number; sequencesPerBatch: number } | null>();
-    for (const engine of engines) batchStats.set(engine.level, await engine.stop());
+    const pairedRatio = (target: string, level: number, other: string, otherLevel: number) => {
+      const ratios: number[] = [];
+      for (let round = 1; round <= options.rounds; round += 1) {
+        const a = of(target, level).find((s) => s.round === round);
+        const b = of(other, otherLevel).find((s) => s.round === round);
+        if (a && b) ratios.push(a.tokensPerSecond / b.tokensPerSecond);
+      }
+      return ratios.length === 0 ? Number.NaN : median(ratios);
+    };
+    const batchStats = new Map<string, { batches: number; sequencesPerBatch: number } | null>();
+    for (const engine of engines) batchStats.set(`${engine.name}@${engine.level}`, await engine.stop());
     for (const direct of directs) await direct.stop();
     engines.length = 0;
     directs.length = 0;
@@ -291,12 +320,24 @@ async function main(): Promise<void> {
       engineVsDirect: pairedRatio("engine", level, "direct", level),
       engineVsSingle: pairedRatio("engine", level, "engine", 1),
       directVsSingle: pairedRatio("direct", level, "direct", 1),
-      sequencesPerBatch: batchStats.get(level)?.sequencesPerBatch ?? null,
+      sequencesPerBatch: batchStats.get(`engine@${level}`)?.sequencesPerBatch ?? null,
+      compared: Object.fromEntries(
+        options.compare.map(({ name }) => [
+          name,
+          {
+            tokensPerSecond: medianRate(name, level),
+            vsSingle: pairedRatio(name, level, name, 1),
+            vsEngine: pairedRatio(name, level, "engine", level),
+            sequencesPerBatch: batchStats.get(`${name}@${level}`)?.sequencesPerBatch ?? null,
+          },
+        ]),
+      ),
     }));
     const goalRow = rows.find((row) => row.level === GOAL.level);
     const met = (goalRow?.engineVsSingle ?? 0) >= GOAL.ratio;
     const others = samples.map((s) => s.otherCores).filter((value): value is number => value !== null);
     const otherText = others.length === 0 ? "unknown" : `median ${fixed(median(others), 2)}, max ${fixed(Math.max(...others), 2)}`;
+    const leftOut = samples.length - clean.length;
     process.stdout.write(
       `\n| generations at once | engine tok/s | direct tok/s | engine ÷ direct | engine ÷ engine at 1 | direct ÷ direct at 1 | engine sequences per decode batch |\n` +
         `|--:|--:|--:|--:|--:|--:|--:|\n` +
@@ -306,7 +347,20 @@ async function main(): Promise<void> {
               `| ${row.level} | ${fixed(row.engine)} | ${fixed(row.direct)} | ${fixed(row.engineVsDirect, 2)} | ${fixed(row.engineVsSingle, 2)} | ${fixed(row.directVsSingle, 2)} | ${row.sequencesPerBatch === null ? "n/a" : fixed(row.sequencesPerBatch, 2)} |`,
           )
           .join("\n") +
-        `\n\ntok/s: medians of ${options.rounds} rounds; ratios: medians of per-round ratios. Cores busy with other work during the samples: ${otherText}; load average ${loadAtStart.map((l) => fixed(l, 2)).join(" ")} at the start, ${loadAtEnd.map((l) => fixed(l, 2)).join(" ")} at the end.\n` +
+        options.compare
+          .map(
+            ({ name }) =>
+              `\n\n| generations at once | ${name} tok/s | ${name} ÷ ${name} at 1 | ${name} ÷ engine | ${name} sequences per decode batch |\n|--:|--:|--:|--:|--:|\n` +
+              rows
+                .map((row) => {
+                  const other = row.compared[name];
+                  const perBatch = other?.sequencesPerBatch;
+                  return `| ${row.level} | ${fixed(other?.tokensPerSecond ?? 0)} | ${fixed(other?.vsSingle ?? 0, 2)} | ${fixed(other?.vsEngine ?? 0, 2)} | ${perBatch == null ? "n/a" : fixed(perBatch, 2)} |`;
+                })
+                .join("\n"),
+          )
+          .join("") +
+        `\n\ntok/s: medians of ${options.rounds} rounds; ratios: medians of per-round ratios. Cores busy with other work during the samples: ${otherText}; ${leftOut} of ${samples.length} samples left out (others above ${options.maxOtherCores} cores)${leftOut > samples.length / 4 ? ": too many, rerun on a quieter machine" : ""}; load average ${loadAtStart.map((l) => fixed(l, 2)).join(" ")} at the start, ${loadAtEnd.map((l) => fixed(l, 2)).join(" ")} at the end.\n` +
         `goal: engine with ${GOAL.level} generations ≥ ${GOAL.ratio} × engine with 1: ${fixed(goalRow?.engineVsSingle ?? 0, 2)} ${met ? "PASS" : "MISS"}\n`,
     );
 
@@ -315,7 +369,7 @@ async function main(): Promise<void> {
     writeFileSync(
       file,
       JSON.stringify(
-        { bench: "engine", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd, options, model: { bytes: model.bytes, parameters: model.parameterCount, ...MODEL_SHAPE }, rows, goal: { ...GOAL, met }, samples },
+        { bench: "engine", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd, options, model: { bytes: model.bytes, parameters: model.parameterCount, ...MODEL_SHAPE }, rows, goal: { ...GOAL, met }, samplesLeftOut: leftOut, samples },
         null,
         2,
       ) + "\n",
