@@ -40,8 +40,6 @@ import {
 export { killAllSupervisedSync, stopAllSupervisors } from "./process-groups.ts";
 export { pruneRunFolders } from "./run-folders.ts";
 export type * from "./supervisor-options.ts";
-// The validator belongs to the engine adapters (src/engines/); re-exported for importers of its old place.
-export { openAiModelsValidator } from "../engines/openai-models-validator.ts";
 
 interface Run {
   controller: AbortController;

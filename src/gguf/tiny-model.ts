@@ -52,6 +52,17 @@ export interface TinyLlamaOptions {
    */
   endless?: boolean;
   /**
+   * Makes the reply a script: greedy decoding (and, nearly always, sampling) emits these
+   * vocabulary tokens in this order, over and over, whatever the prompt. Items are token
+   * strings as the vocabulary spells them ("▁say", "<0xE2>", "<|im_end|>"), each at most
+   * once. For tests that need to know the exact tokens of a reply, such as a multi-byte
+   * character spread over byte tokens. The layers then add nothing to the residual stream
+   * (zero output projections), each script token has its own embedding axis and every
+   * other token a shared one, and the output projection maps each axis to the token that
+   * follows; so embeddingLength must exceed the script's length. Overrides `endless`.
+   */
+  replyScript?: string[];
+  /**
    * More typed key/values, added to (or replacing) the generated ones: for example
    * `general.file_type` or `split.no` for stand-in repository files.
    */
@@ -212,6 +223,50 @@ function encodeTensorInfos(plan: TensorPlan[]): { bytes: Buffer; offsets: number
   return { bytes: Buffer.concat(parts), offsets };
 }
 
+/** A reply script as token ids, with the embedding axis of each token (0: every token outside the script). */
+interface ScriptAxes {
+  ids: number[];
+  axisOf: Map<number, number>;
+  vocabSize: number;
+}
+
+function scriptAxes(script: string[], vocab: Vocab, embd: number): ScriptAxes {
+  if (script.length === 0) throw new RangeError("writeTinyLlamaGguf: replyScript needs at least one token.");
+  if (script.length >= embd) throw new RangeError(`writeTinyLlamaGguf: replyScript has ${script.length} tokens; embeddingLength must be larger (it is ${embd}).`);
+  const ids = script.map((text) => {
+    const id = vocab.tokens.indexOf(text);
+    if (id < 0) throw new RangeError(`writeTinyLlamaGguf: replyScript token ${JSON.stringify(text)} is not in the vocabulary.`);
+    return id;
+  });
+  if (new Set(ids).size !== ids.length) throw new RangeError("writeTinyLlamaGguf: replyScript names a token twice; each may appear once.");
+  return { ids, axisOf: new Map(ids.map((id, index) => [id, index + 1])), vocabSize: vocab.tokens.length };
+}
+
+// The logit of the scripted next token (after the final RMS norm, which scales a one-hot
+// vector to sqrt(embd)); every other logit is 0, so even sampling at temperature 2 keeps
+// to the script.
+const SCRIPT_LOGIT = 40;
+
+/** Overwrites a tensor's random values so the model follows the reply script. */
+function scriptTensor(name: string, values: Float32Array, embd: number, script: ScriptAxes): void {
+  if (name.endsWith("attn_output.weight") || name.endsWith("ffn_down.weight")) {
+    // The layers leave the residual stream as it is: the hidden state is the token's embedding.
+    values.fill(0);
+  } else if (name === "token_embd.weight") {
+    values.fill(0);
+    for (let id = 0; id < script.vocabSize; id++) values[id * embd + (script.axisOf.get(id) ?? 0)] = 1;
+  } else if (name === "output.weight") {
+    values.fill(0);
+    const weight = SCRIPT_LOGIT / Math.sqrt(embd);
+    for (const [index, id] of script.ids.entries()) {
+      const previous = script.ids[(index + script.ids.length - 1) % script.ids.length] as number;
+      values[id * embd + (script.axisOf.get(previous) ?? 0)] = weight;
+    }
+    // Any token outside the script (the prompt's last one) leads to the script's start.
+    values[(script.ids[0] as number) * embd] = weight;
+  }
+}
+
 function positiveInt(value: number, what: string): number {
   if (!Number.isInteger(value) || value <= 0) throw new RangeError(`writeTinyLlamaGguf: ${what} must be a positive integer, got ${value}.`);
   return value;
@@ -231,6 +286,7 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
 
   const vocab = buildVocab();
   const plan = planTensors({ embd, layers, heads, kvHeads, ff, vocab: vocab.tokens.length });
+  const script = options.replyScript === undefined ? undefined : scriptAxes(options.replyScript, vocab, embd);
 
   const u32 = (value: number): TypedMetadataValue => ({ value, type: GGUFValueType.UINT32 });
   const metadata: Record<string, TypedMetadataValue> = {
@@ -291,7 +347,8 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
       const values = new Float32Array(count);
       if (tensor.init === "ones") values.fill(1);
       else for (let i = 0; i < count; i++) values[i] = (random() * 2 - 1) * tensor.init.scale;
-      if (options.endless && tensor.name === "output.weight") {
+      if (script) scriptTensor(tensor.name, values, embd, script);
+      else if (options.endless && tensor.name === "output.weight") {
         // Row t (ne0 = embd contiguous values) projects the hidden state onto token t.
         for (const [id, type] of vocab.types.entries()) if (type === TYPE_CONTROL || type === TYPE_UNKNOWN) values.fill(0, id * embd, (id + 1) * embd);
       }

@@ -6,6 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { findFreePort } from "../../src/agent/free-port.ts";
+import { eventually } from "./eventually.ts";
 
 const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 
@@ -183,25 +184,33 @@ export interface HealthHistory {
 export async function waitForReady(engine: Pick<EngineProcess, "url" | "stderr"> & { exited: Promise<unknown> }, timeoutMs = 60_000): Promise<HealthHistory> {
   const seen: number[] = [];
   const bodies = new Map<number, string>();
-  const deadline = Date.now() + timeoutMs;
   let exited = false;
   void engine.exited.then(() => {
     exited = true;
   });
-  while (Date.now() < deadline) {
-    if (exited) throw new Error(`engine exited before it was ready: ${engine.stderr()}`);
-    let status = 0;
-    try {
-      const response = await fetch(`${engine.url}/health`);
-      status = response.status;
-      const body = await response.text();
-      if (!bodies.has(status)) bodies.set(status, body);
-    } catch {
-      status = 0;
-    }
-    if (seen.at(-1) !== status) seen.push(status);
-    if (status === 200) return { statuses: seen, bodies };
-    await new Promise((resolve) => setTimeout(resolve, 25));
+  let outcome: "ready" | "exited";
+  try {
+    outcome = await eventually(
+      `${engine.url}/health to answer 200`,
+      async (): Promise<"ready" | "exited" | false> => {
+        if (exited) return "exited";
+        let status = 0;
+        try {
+          const response = await fetch(`${engine.url}/health`);
+          status = response.status;
+          const body = await response.text();
+          if (!bodies.has(status)) bodies.set(status, body);
+        } catch {
+          status = 0;
+        }
+        if (seen.at(-1) !== status) seen.push(status);
+        return status === 200 ? "ready" : false;
+      },
+      { timeoutMs, intervalMs: 25 },
+    );
+  } catch (error) {
+    throw new Error(`engine not ready: ${error instanceof Error ? error.message : String(error)}; statuses seen: ${seen.join(", ")}; stderr: ${engine.stderr()}`);
   }
-  throw new Error(`engine not ready after ${timeoutMs} ms; statuses seen: ${seen.join(", ")}; stderr: ${engine.stderr()}`);
+  if (outcome === "exited") throw new Error(`engine exited before it was ready: ${engine.stderr()}`);
+  return { statuses: seen, bodies };
 }

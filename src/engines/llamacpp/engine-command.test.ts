@@ -10,7 +10,7 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { LlmgwError } from "../../core/errors.ts";
-import { openAiModelsValidator } from "../../agent/engine-supervisor.ts";
+import { openAiModelsValidator } from "../openai-models-validator.ts";
 import { freePort, startEngine, startEngineUnderAgent, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "key-from-the-environment";
@@ -130,9 +130,47 @@ test("SIGTERM aborts the running generation, tells its client, and exits 0", asy
   })();
   // The stream ends with the engine's error event, not a dropped connection: the
   // generation was aborted by the shutdown rather than cut off after the grace period.
-  await assert.rejects(reading, (error: unknown) => error instanceof OpenAI.APIError && /shutting down/.test(error.message));
+  // (APIConnectionError is an APIError too: a reset would surface as one.)
+  await assert.rejects(
+    reading,
+    (error: unknown) => error instanceof OpenAI.APIError && !(error instanceof OpenAI.APIConnectionError) && /shutting down/.test(error.message),
+  );
   const exit = await withDeadline(engine.exited, 10_000, "engine exit after SIGTERM");
   assert.deepEqual(exit, { code: 0, signal: null });
+});
+
+test("SIGTERM mid-stream: the raw SSE bytes end with the one failure event and hold no [DONE]", async () => {
+  const stopping = await startEngine({ args: ["--model", modelPath, "--key", KEY, "--threads", "1", "--parallel", "1", "--ctx-size", "4096"] });
+  others.push(stopping);
+  await waitForReady(stopping);
+  const response = await fetch(`${stopping.url}/v1/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ prompt: "hello", max_tokens: 4000, temperature: 0, stream: true }),
+  });
+  assert.equal(response.status, 200);
+  assert.ok(response.body);
+  const decoder = new TextDecoder();
+  let raw = "";
+  let signalled = false;
+  // Read to the end: the loop finishes only when the engine ends the body.
+  for await (const bytes of response.body) {
+    raw += decoder.decode(bytes, { stream: true });
+    if (!signalled && (raw.match(/"text":"[^"]/g) ?? []).length >= 3) {
+      signalled = true;
+      stopping.child.kill("SIGTERM");
+    }
+  }
+  assert.ok(signalled, `the stream had text before it ended: ${raw}`);
+  const events = raw.split("\n\n").filter((event) => event !== "");
+  const last = events.at(-1) ?? "";
+  assert.match(last, /^data: \{"error":/);
+  const failure = JSON.parse(last.slice("data: ".length)) as { error: { type: string; code: string; message: string } };
+  assert.equal(failure.error.type, "server_error");
+  assert.match(failure.error.message, /shutting down/);
+  assert.ok(!raw.includes("[DONE]"), "no [DONE] anywhere in a stream that failed");
+  assert.ok(events.slice(0, -1).every((event) => event.startsWith('data: {"id":"cmpl-')), "only completion chunks before the failure event");
+  assert.deepEqual(await withDeadline(stopping.exited, 10_000, "engine exit after SIGTERM"), { code: 0, signal: null });
 });
 
 test("a missing model file: exit code 1 and one stderr line naming the file", async () => {

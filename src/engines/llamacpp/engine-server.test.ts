@@ -7,12 +7,13 @@ import assert from "node:assert/strict";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createServer, type IncomingMessage } from "node:http";
-import { connect, type AddressInfo } from "node:net";
+import { connect } from "node:net";
 import OpenAI from "openai";
-import { LlmgwError } from "../../core/errors.ts";
+import { InternalError } from "../../core/errors.ts";
+import { silentLogger } from "../../core/log.ts";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
-import { readJsonBody } from "./engine-server.ts";
+import { createEngineServer } from "./engine-server.ts";
+import type { GenerateOptions, GenerationResult, TextGenerator } from "./llama-runner.ts";
 import { startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
 const KEY = "engine-key-for-tests";
@@ -22,8 +23,6 @@ const PARALLEL = 2;
 
 let dir: string;
 
-const withDeadline = <T>(promise: Promise<T>, ms: number, what: string): Promise<T> =>
-  Promise.race([promise, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${what} did not happen within ${ms} ms`)), ms).unref())]);
 let engine: EngineProcess;
 let client: OpenAI;
 
@@ -292,64 +291,139 @@ test("bad requests are 400s naming the field; unknown routes 404; over-long prom
   assert.ok((ok.usage?.prompt_tokens ?? 0) > CTX_SIZE / PARALLEL - 100);
 });
 
-test("reading a request body always settles: a client gone before or while it is read is client_closed, not a bad request", async () => {
-  // In-process: a plain node:http server whose handler reads the body at a chosen moment,
-  // driven by a raw socket that sends part of a body and then disappears.
-  const outcomes = new Map<string, Promise<{ value?: unknown; code?: string }>>();
-  const settle = (req: IncomingMessage): Promise<{ value?: unknown; code?: string }> =>
-    readJsonBody(req, 64).then(
-      (value) => ({ value }),
-      (error: unknown) => ({ code: error instanceof LlmgwError ? error.code : `not an LlmgwError: ${String(error)}` }),
-    );
-  const server = createServer((req, res) => {
-    const path = req.url ?? "";
-    let reading: Promise<{ value?: unknown; code?: string }>;
-    if (path === "/destroyed-first") {
-      // The request is gone before the handler reads: no 'end' or 'error' will ever come.
-      req.destroy();
-      reading = settle(req);
-    } else if (path === "/after-socket-close") {
-      reading = new Promise((resolve) => req.socket.once("close", () => setTimeout(() => resolve(settle(req)), 20)));
-    } else {
-      reading = settle(req);
-    }
-    outcomes.set(path, reading);
-    void reading.then(() => {
-      if (!res.destroyed) res.end();
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  const send = (path: string, body: string, contentLength: number, hangUp: boolean): Promise<void> =>
-    new Promise((resolve) => {
-      const socket = connect(port, "127.0.0.1", () => {
-        socket.write(`POST ${path} HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\nContent-Length: ${contentLength}\r\n\r\n${body}`);
-        if (hangUp) setTimeout(() => socket.destroy(), 50);
-      });
-      socket.on("data", () => socket.destroy());
-      socket.on("error", () => undefined);
-      socket.on("close", () => resolve());
-    });
-  const outcome = async (path: string) => {
-    await new Promise<void>((resolve) => {
-      const check = () => (outcomes.has(path) ? resolve() : setTimeout(check, 5));
-      check();
-    });
-    return withDeadline(outcomes.get(path) as Promise<{ value?: unknown; code?: string }>, 5_000, `the body read of ${path} settling`);
+// In-process: the engine's HTTP layer over a stand-in generator (llama.cpp cannot be
+// made to fail on demand), a real node:http server and real clients.
+
+/** A stand-in for the llama runner that streams `chunks` and then fails like a llama.cpp error would. */
+function failingGenerator(chunks: string[]): TextGenerator {
+  const run = async (options: GenerateOptions): Promise<GenerationResult> => {
+    options.onStart?.();
+    for (const chunk of chunks) options.onText?.(chunk);
+    throw new InternalError("llama.cpp failed while generating; the engine log has the details.", { code: "generation_failed" });
   };
+  return { chat: (_messages, options) => run(options), complete: (_prompt, options) => run(options), contextPerRequest: 512, dispose: async () => undefined };
+}
+
+async function inProcessEngine(generator: TextGenerator | null, options: { bodyTimeoutMs?: number; maxBodyBytes?: number } = {}) {
+  const server = createEngineServer({ key: KEY, modelName: MODEL_NAME, logger: silentLogger(), ...options });
+  if (generator) server.setGenerator(generator);
+  const address = await server.listen("127.0.0.1", 0);
+  return { server, url: `http://127.0.0.1:${address.port}`, close: () => server.shutdown(1000) };
+}
+
+/** Sends raw bytes on a new socket and collects everything until the server closes it. */
+function rawExchange(port: number, request: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    let received = "";
+    const socket = connect(port, "127.0.0.1", () => socket.write(request));
+    socket.setEncoding("utf8");
+    socket.on("data", (text: string) => {
+      received += text;
+    });
+    socket.on("error", reject);
+    // Resolves only when the server closes the connection: a hang fails the test's deadline.
+    socket.on("close", () => resolve(received));
+  });
+}
+
+test("a stream that fails after its first byte ends with the one failure event and closes, never [DONE]", { timeout: 30_000 }, async () => {
+  const engine = await inProcessEngine(failingGenerator(["Hel", "lo"]));
+  // No keep-alive timeout: an idle connection stays open for good, so the exchange below
+  // ends only if the engine closes the connection because the stream failed.
+  engine.server.server.keepAliveTimeout = 0;
   try {
-    await send("/whole", '{"a":1}', 7, false);
-    assert.deepEqual(await outcome("/whole"), { value: { a: 1 } });
-    await send("/mid-body", '{"a":', 40, true);
-    assert.deepEqual(await outcome("/mid-body"), { code: "client_closed" });
-    await send("/after-socket-close", '{"a":', 40, true);
-    assert.deepEqual(await outcome("/after-socket-close"), { code: "client_closed" });
-    await send("/destroyed-first", '{"a":1}', 7, false);
-    assert.deepEqual(await outcome("/destroyed-first"), { code: "client_closed" });
-    await send("/too-large", `"${"x".repeat(100)}"`, 102, false);
-    assert.deepEqual(await outcome("/too-large"), { code: "payload_too_large" });
+    const body = JSON.stringify({ model: MODEL_NAME, messages: hello, stream: true });
+    const port = Number(new URL(engine.url).port);
+    // Keep-alive asked for, so only the failure makes the server close the connection.
+    const raw = await rawExchange(
+      port,
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: engine\r\nConnection: keep-alive\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+    assert.match(raw, /^HTTP\/1\.1 200 OK/);
+    assert.ok(!raw.includes("[DONE]"), raw);
+    const events = [...raw.matchAll(/data: (.*)\n\n/g)].map((match) => JSON.parse(match[1] ?? "null") as { choices?: Array<{ delta: { content?: string } }>; error?: unknown });
+    assert.deepEqual(
+      events.slice(1, 3).map((event) => event.choices?.[0]?.delta.content),
+      ["Hel", "lo"],
+    );
+    assert.deepEqual(events.at(-1), {
+      error: { message: "llama.cpp failed while generating; the engine log has the details.", type: "server_error", param: null, code: "generation_failed" },
+    });
+    assert.equal(events.length, 4, "role chunk, two content chunks, the failure event");
+
+    // The official client raises an APIError for it: not a connection error, not a clean end.
+    const client = new OpenAI({ baseURL: `${engine.url}/v1`, apiKey: KEY, maxRetries: 0 });
+    const stream = await client.chat.completions.create({ model: MODEL_NAME, messages: hello, stream: true });
+    const seen: string[] = [];
+    await assert.rejects(
+      (async () => {
+        for await (const chunk of stream) seen.push(chunk.choices[0]?.delta.content ?? "");
+      })(),
+      (error: unknown) => error instanceof OpenAI.APIError && !(error instanceof OpenAI.APIConnectionError) && /llama\.cpp failed while generating/.test(error.message),
+    );
+    assert.equal(seen.join(""), "Hello");
   } finally {
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
+    await engine.close();
+  }
+});
+
+test("a failure before the first byte is a plain HTTP error with its status", async () => {
+  const engine = await inProcessEngine(failingGenerator([]));
+  try {
+    // Non-stream: nothing is sent until the answer is complete, so the error keeps its status.
+    const response = await fetch(`${engine.url}/v1/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL_NAME, prompt: "hi" }),
+    });
+    assert.equal(response.status, 500);
+    assert.deepEqual(((await response.json()) as { error: { code: string } }).error.code, "generation_failed");
+  } finally {
+    await engine.close();
+  }
+  // No model yet: 503 with Retry-After, like llama-server while loading.
+  const loading = await inProcessEngine(null);
+  try {
+    const response = await fetch(`${loading.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL_NAME, messages: hello }),
+    });
+    assert.equal(response.status, 503);
+    assert.equal(response.headers.get("retry-after"), "1");
+  } finally {
+    await loading.close();
+  }
+});
+
+test("request bodies: a stalled one gets 408 and a closed connection, an oversized one 413, a broken one 400", async () => {
+  const engine = await inProcessEngine(failingGenerator([]), { bodyTimeoutMs: 300, maxBodyBytes: 1024 });
+  const port = Number(new URL(engine.url).port);
+  try {
+    // Half a body, then silence: the engine answers 408 and closes the socket itself.
+    const stalled = await rawExchange(
+      port,
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: engine\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"messages": [`,
+    );
+    assert.match(stalled, /^HTTP\/1\.1 408 /);
+    assert.match(stalled, /"code":"body_timeout"/);
+
+    const big = await fetch(`${engine.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ role: "user", content: "x".repeat(2048) }] }),
+    });
+    assert.equal(big.status, 413);
+    assert.equal(((await big.json()) as { error: { code: string } }).error.code, "request_too_large");
+
+    const deep = await fetch(`${engine.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
+      body: "[".repeat(500) + "]".repeat(500),
+    });
+    assert.equal(deep.status, 400);
+    assert.equal(((await deep.json()) as { error: { code: string } }).error.code, "json_too_deep");
+  } finally {
+    await engine.close();
   }
 });

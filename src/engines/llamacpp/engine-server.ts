@@ -1,33 +1,25 @@
 // The HTTP face of the bundled engine, on node:http: /health (llama-server's semantics:
 // 503 while the model loads, 200 when ready, no key), the engine key on /v1/*, routing,
 // body parsing and validation, JSON and SSE responses, and cancellation: a client that
-// goes away aborts its generation, and shutdown aborts them all. The generation itself
-// is behind `TextGenerator` (llama-runner.ts); the wire shapes are in openai-wire.ts.
+// goes away aborts its generation, and shutdown aborts them all. A stream that cannot
+// finish (shutdown, a llama.cpp error) ends with core/http's one failure event and
+// closes, never with [DONE]. The generation itself is behind `TextGenerator`
+// (llama-runner.ts); the wire shapes are in openai-wire.ts.
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import {
-  AuthenticationError,
-  LlmgwError,
-  NotFoundError,
-  PayloadTooLargeError,
-  UnavailableError,
-  parseWith,
-  renderError,
-} from "../../core/errors.ts";
+import { AuthenticationError, LlmgwError, NotFoundError, UnavailableError, parseWith } from "../../core/errors.ts";
+import { SSE_DONE, methodNotAllowed, readLimitedBody, sendError, sendJson, sseData, startEventStream } from "../../core/http.ts";
 import { parseJsonBody } from "../../core/json-body.ts";
 import type { Logger } from "../../core/log.ts";
 import type { GenerationResult, TextGenerator } from "./llama-runner.ts";
 import {
-  SSE_DONE,
-  SSE_HEADERS,
   chatChunk,
   chatCompletion,
   chatCompletionRequestSchema,
   completionRequestSchema,
   modelList,
   newIdentity,
-  sseData,
   textCompletion,
   textCompletionChunk,
   toChatJob,
@@ -43,6 +35,8 @@ export interface EngineServerOptions {
   logger: Logger;
   /** Largest accepted request body; chat histories are text, so 16 MiB is generous. */
   maxBodyBytes?: number;
+  /** The whole request body must arrive within this (default 30 s); else 408. */
+  bodyTimeoutMs?: number;
   now?: () => number;
 }
 
@@ -59,78 +53,16 @@ export interface EngineServer {
 const HEALTH_LOADING = { error: { code: 503, message: "Loading model", type: "unavailable_error" } };
 const HEALTH_OK = { status: "ok" };
 
-class MethodNotAllowedError extends LlmgwError {
-  constructor(method: string, path: string, allowed: string) {
-    super({ message: `${method} is not allowed on ${path}; use ${allowed}.`, code: "method_not_allowed", status: 405, headers: { allow: allowed } });
-  }
-}
-
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { ...headers, "content-type": "application/json", "content-length": String(Buffer.byteLength(text)) });
-  res.end(text);
-}
-
-/**
- * Reads a JSON request body of at most `limit` bytes. It settles in every case: 'end'
- * parses, 'error' rejects, and a 'close' before 'end' (the client went away, including a
- * socket destroyed before reading began, which emits nothing more) rejects with code
- * `client_closed`, so a handler never waits forever and never reports a vanished client
- * as a bad request.
- */
-export function readJsonBody(req: IncomingMessage, limit: number): Promise<unknown> {
-  return new Promise((resolve, reject) => {
-    const clientClosed = (cause?: unknown): LlmgwError =>
-      // 499: nginx's "client closed request"; nobody receives it, it only keeps logs honest.
-      new LlmgwError({ code: "client_closed", status: 499, message: "The client closed the connection before its request body was read.", cause });
-    if (req.destroyed) {
-      reject(clientClosed());
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const settle = (outcome: () => void): void => {
-      req.off("data", onData);
-      req.off("end", onEnd);
-      req.off("error", onError);
-      req.off("close", onClose);
-      outcome();
-    };
-    const onData = (chunk: Buffer): void => {
-      size += chunk.length;
-      if (size > limit) {
-        // Reading stops here; the 413 closes the connection instead of draining the rest.
-        req.pause();
-        settle(() =>
-          reject(new PayloadTooLargeError(`The request body is larger than ${limit} bytes; send a shorter conversation.`, { headers: { connection: "close" } })),
-        );
-        return;
-      }
-      chunks.push(chunk);
-    };
-    const onEnd = (): void => {
-      settle(() => {
-        try {
-          resolve(parseJsonBody(Buffer.concat(chunks).toString("utf8")));
-        } catch (error) {
-          reject(error);
-        }
-      });
-    };
-    // An aborted request emits 'error' (ECONNRESET "aborted") before 'close': still the client leaving.
-    const onError = (error: Error): void => settle(() => reject(clientClosed(error)));
-    const onClose = (): void => settle(() => reject(clientClosed()));
-    req.on("data", onData);
-    req.on("end", onEnd);
-    req.on("error", onError);
-    req.on("close", onClose);
-  });
+async function readJson(req: IncomingMessage, maxBytes: number, timeoutMs: number): Promise<unknown> {
+  const body = await readLimitedBody(req, { maxBytes, timeoutMs, tooLargeHint: "Send a shorter conversation." });
+  return parseJsonBody(body.toString("utf8"));
 }
 
 export function createEngineServer(options: EngineServerOptions): EngineServer {
   const { logger, modelName } = options;
   const now = options.now ?? Date.now;
   const maxBodyBytes = options.maxBodyBytes ?? 16 * 1024 * 1024;
+  const bodyTimeoutMs = options.bodyTimeoutMs ?? 30_000;
   // Compare digests so the comparison takes the same time whatever the length of the guess.
   const expectedKey = createHash("sha256").update(options.key).digest();
   const startedAt = Math.floor(now() / 1000);
@@ -151,7 +83,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
   };
 
   async function handleChat(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
-    const body = parseWith(chatCompletionRequestSchema, await readJsonBody(req, maxBodyBytes));
+    const body = parseWith(chatCompletionRequestSchema, await readJson(req, maxBodyBytes, bodyTimeoutMs));
     const job = toChatJob(body);
     const engine = requireGenerator();
     const identity = newIdentity("chat", modelName, now);
@@ -180,7 +112,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
   }
 
   async function handleCompletion(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
-    const body = parseWith(completionRequestSchema, await readJsonBody(req, maxBodyBytes));
+    const body = parseWith(completionRequestSchema, await readJson(req, maxBodyBytes, bodyTimeoutMs));
     const job = toCompletionJob(body);
     const engine = requireGenerator();
     const identity = newIdentity("completion", modelName, now);
@@ -219,7 +151,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     const path = new URL(req.url ?? "/", "http://engine").pathname;
     const method = req.method ?? "GET";
     if (path === "/health") {
-      if (method !== "GET" && method !== "HEAD") throw new MethodNotAllowedError(method, path, "GET");
+      if (method !== "GET" && method !== "HEAD") throw methodNotAllowed(method, path, "GET");
       if (generator && !closing) sendJson(res, 200, HEALTH_OK);
       else sendJson(res, 503, HEALTH_LOADING);
       return;
@@ -242,7 +174,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     };
     const target = routes[path];
     if (!target) throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions and /v1/completions.`);
-    if (method !== target.method) throw new MethodNotAllowedError(method, path, target.method);
+    if (method !== target.method) throw methodNotAllowed(method, path, target.method);
     await target.handle();
   }
 
@@ -255,22 +187,25 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     });
     const work = route(req, res, controller.signal)
       .catch((error: unknown) => {
-        if (res.destroyed) return;
-        const rendered = renderError(error);
         if (!(error instanceof LlmgwError)) logger.error({ err: error, path: req.url }, "engine request failed");
-        if (res.headersSent) {
-          // After the first streamed byte the status is gone; OpenAI clients raise an
-          // event whose payload has an `error` field.
-          res.end(sseData(rendered.body));
-          return;
-        }
-        sendJson(res, rendered.status, rendered.body, rendered.headers);
+        else if (res.headersSent) logger.warn({ code: error.code, path: req.url }, "engine stream ended with an error");
+        // Before the headers: the OpenAI error with its status. After them: the stream's
+        // failure event and a closed connection, never [DONE].
+        if (!res.destroyed) sendError(req, res, error);
       })
       .finally(() => {
-        running.delete(controller);
         logger.debug({ method: req.method, path: req.url, status: res.statusCode, ms: now() - started }, "engine request");
       });
-    running.set(controller, work);
+    // Shutdown waits for the response to be closed, not only handled, so that a stream's
+    // failure event has left before the process exits.
+    const closed = new Promise<void>((resolve) => {
+      if (res.closed) resolve();
+      else res.once("close", () => resolve());
+    });
+    const settled = Promise.all([work, closed]).then(() => {
+      running.delete(controller);
+    });
+    running.set(controller, settled);
   });
   // Generations can be long; the gateway bounds them, not node's default request timeout.
   server.requestTimeout = 0;
@@ -321,7 +256,9 @@ function sseWriter(res: ServerResponse): SseWriter {
   return {
     start(first) {
       if (res.headersSent) return;
-      res.writeHead(200, SSE_HEADERS);
+      // Marks the response as an event stream, so a failure after this point ends it with
+      // core/http's failure event rather than a reset.
+      startEventStream(res);
       if (first !== null) res.write(sseData(first));
       else res.flushHeaders();
     },

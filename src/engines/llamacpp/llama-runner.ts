@@ -14,6 +14,11 @@
 // - The chat wrapper is resolved once from the model's `tokenizer.chat_template`
 //   (`resolveChatWrapper`), which maps well-known templates (ChatML, Llama 3, ...) to
 //   specialised wrappers and others to a Jinja wrapper.
+// - LlamaContext batches the decodes its sequences queue, but parallel generations only
+//   share a batch in lockstep (decode-lockstep.ts), which also counts sampled tokens.
+// - The `stop` parameter is matched here on the released text (stop-sequences.ts), not
+//   with node-llama-cpp's custom stop triggers: LlamaCompletion's cannot match text made
+//   of byte tokens, and can release a partial character (as U+FFFD) before one.
 // - Threads: without a GPU node-llama-cpp defaults to max(4, math cores). On a 2-core
 //   machine that oversubscribes the cores, and llama.cpp's thread synchronisation then
 //   made a tiny model tens of times slower than one thread here. So --threads 0 means
@@ -35,9 +40,13 @@ import {
   type LLamaContextualRepeatPenalty,
   type Token,
 } from "node-llama-cpp";
-import { BadRequestError, UnavailableError } from "../../core/errors.ts";
+import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
+import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
+import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
+import { SequencePool } from "./sequence-pool.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
+import { StopSequences } from "./stop-sequences.ts";
 
 export interface GenerationResult {
   text: string;
@@ -53,7 +62,7 @@ export interface GenerateOptions {
   signal: AbortSignal;
   /** Called once the request holds a sequence and generation starts (after validation). */
   onStart?: () => void;
-  /** Streamed text as it is generated (stop sequences are never part of it). */
+  /** Streamed text as it is generated: whole characters, never a stop sequence. */
   onText?: (text: string) => void;
 }
 
@@ -85,61 +94,11 @@ export class ModelLoadError extends Error {
   }
 }
 
-/**
- * Lends out a fixed set of sequences. Waiters are served first come, first served; one
- * whose signal aborts leaves the queue.
- */
-class SequencePool {
-  private readonly free: LlamaContextSequence[];
-  private readonly waiters: Array<{ resolve: (s: LlamaContextSequence) => void; reject: (e: unknown) => void }> = [];
-  private closedWith: Error | null = null;
-
-  constructor(sequences: LlamaContextSequence[]) {
-    this.free = [...sequences];
-  }
-
-  acquire(signal: AbortSignal): Promise<LlamaContextSequence> {
-    if (this.closedWith) return Promise.reject(this.closedWith);
-    if (signal.aborted) return Promise.reject(signal.reason);
-    const sequence = this.free.pop();
-    if (sequence) return Promise.resolve(sequence);
-    return new Promise((resolve, reject) => {
-      const waiter = {
-        resolve: (s: LlamaContextSequence) => {
-          signal.removeEventListener("abort", onAbort);
-          resolve(s);
-        },
-        reject: (e: unknown) => {
-          signal.removeEventListener("abort", onAbort);
-          reject(e);
-        },
-      };
-      const onAbort = () => {
-        const index = this.waiters.indexOf(waiter);
-        if (index >= 0) this.waiters.splice(index, 1);
-        reject(signal.reason);
-      };
-      signal.addEventListener("abort", onAbort, { once: true });
-      this.waiters.push(waiter);
-    });
-  }
-
-  release(sequence: LlamaContextSequence): void {
-    const waiter = this.waiters.shift();
-    if (waiter) waiter.resolve(sequence);
-    else this.free.push(sequence);
-  }
-
-  close(reason: Error): void {
-    this.closedWith = reason;
-    for (const waiter of this.waiters.splice(0)) waiter.reject(reason);
-  }
-}
-
+// node-llama-cpp's stop reasons; the `stop` parameter is handled here (StopSequences), not
+// by node-llama-cpp's custom stop triggers.
 const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
   eogToken: "stop",
   stopGenerationTrigger: "stop",
-  customStopTrigger: "stop",
   functionCalls: "stop",
   abort: "stop",
   maxTokens: "length",
@@ -168,24 +127,6 @@ function toHistory(messages: ChatMessage[]): ChatHistoryItem[] {
   return history;
 }
 
-/**
- * Counts the tokens of one generation: the ones streamed through `onToken`, plus what
- * node-llama-cpp never passes there. It holds back tokens that may start a stop trigger
- * and drops them when the generation ends on maxTokens, and the end-of-generation token
- * is not part of the reply; llama-server counts both (`tokens_predicted`), so we do too.
- * (The sequence's token meter is no substitute: LlamaCompletion and LlamaChat meter the
- * last token differently.)
- */
-function tokenCounter(): { onToken: (tokens: Token[]) => void; total: (stopReason: string, maxTokens: number) => number } {
-  let emitted = 0;
-  return {
-    onToken: (tokens) => {
-      emitted += tokens.length;
-    },
-    total: (stopReason, maxTokens) => (stopReason === "maxTokens" ? maxTokens : stopReason === "eogToken" ? emitted + 1 : emitted),
-  };
-}
-
 function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatPenalty {
   // OpenAI applies no penalty unless asked; node-llama-cpp applies one by default.
   if (params.frequencyPenalty === undefined && params.presencePenalty === undefined) return false;
@@ -198,6 +139,7 @@ function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatP
 
 export class LlamaRunner implements TextGenerator {
   private readonly pool: SequencePool;
+  private readonly lockstep = new DecodeLockstep();
   private disposed = false;
 
   private constructor(
@@ -206,7 +148,10 @@ export class LlamaRunner implements TextGenerator {
     private readonly context: LlamaContext,
     private readonly chatWrapper: ChatWrapper,
     sequences: LlamaContextSequence[],
+    private readonly batchMeter: DecodeBatchMeter,
+    private readonly logger: Logger,
   ) {
+    for (const sequence of sequences) this.lockstep.attach(sequence);
     this.pool = new SequencePool(sequences);
   }
 
@@ -222,6 +167,11 @@ export class LlamaRunner implements TextGenerator {
 
   get chatWrapperName(): string {
     return this.chatWrapper.wrapperName;
+  }
+
+  /** The decode batches run so far, and how many sequences shared them. */
+  decodeBatches(): DecodeBatchCounts {
+    return this.batchMeter.snapshot();
   }
 
   static async load(options: LlamaRunnerOptions): Promise<LlamaRunner> {
@@ -259,10 +209,12 @@ export class LlamaRunner implements TextGenerator {
     try {
       const total = options.contextSize > 0 ? options.contextSize : model.trainContextSize;
       const perSequence = Math.max(64, Math.floor(total / options.parallel));
+      const batchMeter = new DecodeBatchMeter();
       const context = await model.createContext({
         contextSize: perSequence,
         sequences: options.parallel,
         threads,
+        batching: { itemPrioritizationStrategy: batchMeter.shareBatch },
       });
       const sequences = Array.from({ length: options.parallel }, () => context.getSequence());
       const chatWrapper = resolveChatWrapper(model);
@@ -270,7 +222,7 @@ export class LlamaRunner implements TextGenerator {
         { chatWrapper: chatWrapper.wrapperName, contextPerSequence: context.contextSize, sequences: options.parallel, threads: context.idealThreads },
         "model loaded",
       );
-      return new LlamaRunner(llama, model, context, chatWrapper, sequences);
+      return new LlamaRunner(llama, model, context, chatWrapper, sequences, batchMeter, logger);
     } catch (error) {
       await llama.dispose().catch(() => undefined);
       throw new ModelLoadError(`could not create a context of ${options.contextSize} tokens for ${options.parallel} sequences: ${loadFailureReason(llamaErrors, error)}`, {
@@ -284,19 +236,11 @@ export class LlamaRunner implements TextGenerator {
     // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history.
     const promptTokens = this.chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
-    return this.withSequence(options, async (sequence) => {
+    return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper: this.chatWrapper, autoDisposeSequence: false });
-      const counter = tokenCounter();
       try {
-        const result = await chat.generateResponse(history, {
-          ...this.sampling(options.params),
-          maxTokens,
-          signal: options.signal,
-          stopOnAbortSignal: true,
-          onToken: counter.onToken,
-          ...(options.onText ? { onTextChunk: options.onText } : {}),
-        });
-        return toResult({ response: result.response, stopReason: result.metadata.stopReason, promptTokens, counter, maxTokens, signal: options.signal });
+        const result = await chat.generateResponse(history, { ...this.sampling(options.params), maxTokens, ...hooks });
+        return { stopReason: result.metadata.stopReason };
       } finally {
         chat.dispose({ disposeSequence: false });
       }
@@ -320,20 +264,31 @@ export class LlamaRunner implements TextGenerator {
     const promptTokens = tokens.length + (bos != null ? 1 : 0);
     if (promptTokens === 0) throw new BadRequestError("Invalid request body: field 'prompt': the prompt is empty.", { code: "invalid_field", param: "prompt" });
     const maxTokens = this.outputBudget(promptTokens, options.params, "prompt");
-    return this.withSequence(options, async (sequence) => {
+    return this.generate(options, promptTokens, maxTokens, async (sequence, hooks, turn) => {
       const completion = new LlamaCompletion({ contextSequence: sequence, autoDisposeSequence: false });
-      const counter = tokenCounter();
+      let released = 0;
       try {
-        const result = await completion.generateCompletionWithMeta(tokens, {
-          ...this.sampling(options.params),
-          maxTokens,
-          disableContextShift: true,
-          signal: options.signal,
-          stopOnAbortSignal: true,
-          onToken: counter.onToken,
-          ...(options.onText ? { onTextChunk: options.onText } : {}),
-        });
-        return toResult({ response: result.response, stopReason: result.metadata.stopReason, promptTokens, counter, maxTokens, signal: options.signal });
+        let stopReason: string;
+        try {
+          const result = await completion.generateCompletionWithMeta(tokens, {
+            ...this.sampling(options.params),
+            maxTokens,
+            disableContextShift: true,
+            ...hooks,
+            onToken: (chunk) => {
+              released += chunk.length;
+            },
+          });
+          stopReason = result.metadata.stopReason;
+        } catch (error) {
+          // The turn's token iterator ended at maxTokens, which LlamaCompletion reports as
+          // a context too small to generate in (see DecodeLockstep.begin).
+          if (!turn.reachedLimit) throw error;
+          stopReason = "maxTokens";
+        }
+        // LlamaCompletion releases a character's last byte token only with the token after
+        // it, so a reply that ends there would lose a whole character.
+        return { stopReason, heldText: this.wholeText(turn.tokens.slice(released), turn.tokens.slice(Math.max(0, released - 8), released)) };
       } finally {
         completion.dispose({ disposeSequence: false });
       }
@@ -344,7 +299,28 @@ export class LlamaRunner implements TextGenerator {
     if (this.disposed) return;
     this.disposed = true;
     this.pool.close(new UnavailableError("The engine is shutting down; retry on another replica."));
+    this.lockstep.close();
+    const counts = this.batchMeter.snapshot();
+    this.logger.info(
+      { decodeBatches: counts.batches, sharedBatches: counts.sharedBatches, sequencesPerBatch: counts.batches === 0 ? 0 : Number((counts.sequenceSteps / counts.batches).toFixed(2)) },
+      "decode batches",
+    );
     await this.llama.dispose();
+  }
+
+  /**
+   * The text of `tokens` up to the last whole character: bytes of a character cut off by
+   * the end of the generation are left out, never sent as U+FFFD. Control tokens (the end
+   * of generation) have no text.
+   */
+  private wholeText(tokens: readonly Token[], before: readonly Token[]): string {
+    // `before`: the tokens just ahead, so a leading "▁" decodes as a space, as it does mid-text.
+    const text = this.model.detokenize(
+      tokens.filter((token) => !this.model.isSpecialToken(token)),
+      false,
+      before.filter((token) => !this.model.isSpecialToken(token)),
+    );
+    return text.replace(/\uFFFD+$/, "");
   }
 
   /**
@@ -367,38 +343,89 @@ export class LlamaRunner implements TextGenerator {
       temperature: params.temperature,
       ...(params.topP === undefined ? {} : { topP: params.topP }),
       ...(params.seed === undefined ? {} : { seed: params.seed }),
-      ...(params.stop.length > 0 ? { customStopTriggers: params.stop } : {}),
       repeatPenalty: repeatPenalty(params),
     };
   }
 
-  private async withSequence(options: GenerateOptions, run: (sequence: LlamaContextSequence) => Promise<GenerationResult>): Promise<GenerationResult> {
+  /**
+   * Runs one generation on a free sequence, in lockstep with the others. `drive` starts
+   * LlamaChat or LlamaCompletion with the hooks and returns node-llama-cpp's stop reason.
+   * The text is what the text callback released (whole characters only: node-llama-cpp
+   * holds back byte tokens until they form a valid UTF-8 character), cut at the first stop
+   * sequence; the token count is what the sequence sampled.
+   */
+  private async generate(
+    options: GenerateOptions,
+    promptTokens: number,
+    maxTokens: number,
+    drive: (sequence: LlamaContextSequence, hooks: GenerationHooks, turn: GenerationTurn) => Promise<DriveOutcome>,
+  ): Promise<GenerationResult> {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
+    const turn = this.lockstep.begin(sequence, maxTokens);
     try {
       options.onStart?.();
-      return await run(sequence);
+      const stops = new StopSequences(options.params.stop);
+      // A stop sequence ends the generation the way a client abort does, so node-llama-cpp
+      // returns what it has; the finish reason tells the two apart.
+      const stopFound = new AbortController();
+      const signal = AbortSignal.any([options.signal, stopFound.signal]);
+      let text = "";
+      const send = (chunk: string): void => {
+        if (chunk === "") return;
+        text += chunk;
+        options.onText?.(chunk);
+      };
+      const onTextChunk = (chunk: string): void => {
+        const scan = stops.push(chunk);
+        send(scan.text);
+        if (scan.stopped && !stopFound.signal.aborted) stopFound.abort(new Error("stop sequence found"));
+      };
+      let stopReason: string;
+      try {
+        const outcome = await drive(sequence, { signal, stopOnAbortSignal: true, onTextChunk }, turn);
+        stopReason = outcome.stopReason;
+        if (outcome.heldText && !signal.aborted) onTextChunk(outcome.heldText);
+      } catch (error) {
+        if (turn.reachedLimit) {
+          // The token iterator ended at maxTokens, which node-llama-cpp reports as a
+          // context too small to generate in.
+          stopReason = "maxTokens";
+        } else if (signal.aborted) {
+          // LlamaChat throws the abort reason instead of returning when it had no text yet.
+          stopReason = "abort";
+        } else {
+          this.logger.error({ err: error }, "generation failed");
+          throw new InternalError("llama.cpp failed while generating; the engine log has the details.", { code: "generation_failed", cause: error });
+        }
+      }
+      const stopped = stopFound.signal.aborted;
+      const aborted = !stopped && options.signal.aborted;
+      if (!stopped && !aborted) send(stops.flush());
+      return {
+        text,
+        finishReason: stopped ? "stop" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
+        promptTokens,
+        completionTokens: turn.sampledTokens,
+        aborted,
+      };
     } finally {
+      turn.end();
       // Only after the generation settled: the sequence must not serve two requests at once.
       this.pool.release(sequence);
     }
   }
 }
 
-/** One generation's outcome in the shape the HTTP layer renders, for chat and completion alike. */
-function toResult(outcome: {
-  response: string;
-  stopReason: Parameters<ReturnType<typeof tokenCounter>["total"]>[0];
-  promptTokens: number;
-  counter: ReturnType<typeof tokenCounter>;
-  maxTokens: number;
+/** How LlamaChat or LlamaCompletion ended, and text of tokens it sampled but never released. */
+interface DriveOutcome {
+  stopReason: string;
+  heldText?: string;
+}
+
+/** What `generate` hands LlamaChat and LlamaCompletion. */
+interface GenerationHooks {
   signal: AbortSignal;
-}): GenerationResult {
-  return {
-    text: outcome.response,
-    finishReason: STOP_REASON_TO_FINISH[outcome.stopReason] ?? "stop",
-    promptTokens: outcome.promptTokens,
-    completionTokens: outcome.counter.total(outcome.stopReason, outcome.maxTokens),
-    aborted: outcome.stopReason === "abort" || outcome.signal.aborted,
-  };
+  stopOnAbortSignal: true;
+  onTextChunk: (text: string) => void;
 }

@@ -1,6 +1,6 @@
 // The OpenAI wire format of the bundled engine: request body schemas for
 // /v1/chat/completions and /v1/completions, their normalisation into engine-neutral
-// generation parameters, and the response, stream-chunk and SSE shapes (see
+// generation parameters, and the response and stream-chunk shapes (see
 // shared/reference/protocols.md §4). Nothing here knows about HTTP or llama.cpp, so the
 // shapes are checked in isolation and the same module can serve another engine later.
 import { randomBytes } from "node:crypto";
@@ -249,20 +249,3 @@ export function textCompletionChunk(
 export function modelList(model: string, created: number) {
   return { object: "list" as const, data: [{ id: model, object: "model" as const, created, owned_by: "llmgw" }] };
 }
-
-// ---------------------------------------------------------------------------------------
-// Server-sent events: `data: <json>\n\n` per event, ended by `data: [DONE]`.
-
-export function sseData(payload: unknown): string {
-  return `data: ${JSON.stringify(payload)}\n\n`;
-}
-
-export const SSE_DONE = "data: [DONE]\n\n";
-
-export const SSE_HEADERS: Readonly<Record<string, string>> = {
-  "content-type": "text/event-stream; charset=utf-8",
-  "cache-control": "no-cache",
-  connection: "keep-alive",
-  // Proxies such as nginx buffer responses unless told not to.
-  "x-accel-buffering": "no",
-};

@@ -1,0 +1,187 @@
+// Makes the parallel sequences of one llama.cpp context decode their next tokens in one
+// batch, as llama-server's slots do, and counts the tokens each generation samples.
+//
+// Why this is needed (node-llama-cpp 3.21.1): LlamaContext does batch the decodes that
+// its sequences have queued when a dispatch starts, but a dispatch starts one event-loop
+// turn (setImmediate) after the first decode is queued, and its loop immediately decodes
+// whatever else is queued when one batch ends. Each sequence samples its token on the
+// thread pool, so the samples of one batch finish at different moments; the first
+// generation to get its token then queues its next decode while the others are still
+// handling theirs, is dispatched alone, and from then on the sequences take turns: two
+// sequences share no decode step at all. On a memory-bound model, where one step costs
+// the same for one token as for two, two parallel generations then reach only ~1.16× the
+// tokens/s of one (bench/engine/README.md has the figures).
+//
+// The fix is a barrier in front of every decode step: a generation that wants its next
+// token waits until every other running generation wants one too, and then they all
+// queue their decodes in the same microtask run, so the context's next dispatch takes
+// them as one batch. Generations that are not between two tokens hold nobody back: one
+// evaluating its prompt (which may take several batches; the others keep generating in
+// the same batches as its chunks), and one that is setting up or finishing. They are
+// released in the order of their sequence ids, which llama.cpp decodes fastest.
+//
+// The barrier sits in `sequence.evaluate`, the one call through which LlamaChat and
+// LlamaCompletion get every generated token, so it also sees each sampled token: that is
+// the count a generation reports (llama-server's tokens_predicted, including the end of
+// generation token and the tokens of a stop sequence), whatever the text callbacks
+// released or held back.
+import type { LlamaContextSequence, Token } from "node-llama-cpp";
+
+type Phase =
+  /** Not generating tokens: before its first token iterator, or after one ended. */
+  | "outside"
+  /** Between two steps of a token iterator: handling the last token, about to ask for the next. */
+  | "idle"
+  /** Waiting at the barrier for the next step. */
+  | "waiting"
+  /** Evaluating a new input (a prompt): may take several batches; nobody waits for it. */
+  | "prefill"
+  /** Decoding and sampling one step with the others. */
+  | "step";
+
+/** One generation on one sequence, from the moment it holds the sequence until it ends. */
+export interface GenerationTurn {
+  /** Tokens sampled so far (every token the sequence generated, held back or not). */
+  readonly sampledTokens: number;
+  /** Those tokens, in order. */
+  readonly tokens: readonly Token[];
+  /** True once the turn sampled its `maxTokens` and refused to sample more. */
+  readonly reachedLimit: boolean;
+  /** Leaves the lockstep; the others stop waiting for this generation. */
+  end(): void;
+}
+
+type Evaluate = LlamaContextSequence["evaluate"];
+
+class Turn implements GenerationTurn {
+  phase: Phase = "outside";
+  readonly tokens: Token[] = [];
+  reachedLimit = false;
+  release: (() => void) | null = null;
+
+  constructor(
+    readonly maxTokens: number,
+    private readonly onEnd: (turn: Turn) => void,
+  ) {}
+
+  get sampledTokens(): number {
+    return this.tokens.length;
+  }
+
+  end(): void {
+    this.onEnd(this);
+  }
+}
+
+export class DecodeLockstep {
+  private readonly turns = new Map<LlamaContextSequence, Turn>();
+  /** Attached sequences in the order of their llama.cpp sequence ids. */
+  private readonly attached: LlamaContextSequence[] = [];
+  private closed = false;
+
+  /**
+   * Routes the sequence's `evaluate` through the barrier; once per sequence, before any
+   * generation uses it, in the order the context handed them out (getSequence gives ids
+   * 0, 1, 2, ...). The sequence object is this engine's own (never shared), and
+   * LlamaChat and LlamaCompletion call `evaluate` on it for every token.
+   */
+  attach(sequence: LlamaContextSequence): void {
+    this.attached.push(sequence);
+    const original: Evaluate = sequence.evaluate.bind(sequence);
+    const wrapped: Evaluate = (tokens, options) => {
+      const turn = this.turns.get(sequence);
+      return turn ? this.evaluateInStep(turn, original(tokens, options)) : original(tokens, options);
+    };
+    Object.defineProperty(sequence, "evaluate", { value: wrapped, configurable: true, writable: true });
+  }
+
+  /**
+   * Starts a generation on an attached sequence. It samples at most `maxTokens`: past
+   * that its token iterators end instead of sampling. (LlamaCompletion holds a byte token
+   * that is not yet a whole character without checking its maxTokens, and would sample
+   * one token more than asked; LlamaChat checks first and never reaches the limit here.)
+   */
+  begin(sequence: LlamaContextSequence, maxTokens: number): GenerationTurn {
+    const turn = new Turn(maxTokens, (ended) => {
+      if (this.turns.get(sequence) !== ended) return;
+      this.turns.delete(sequence);
+      this.releaseIfAllReady();
+    });
+    this.turns.set(sequence, turn);
+    return turn;
+  }
+
+  /** Stops holding anyone back (the context is being disposed). */
+  close(): void {
+    this.closed = true;
+    for (const turn of this.turns.values()) turn.release?.();
+  }
+
+  /**
+   * The sequence's own token iterator, with a wait at the barrier before each step. The
+   * first step of an iterator evaluates its input tokens (the prompt, or what is left of
+   * it after the cached prefix) and is a prefill.
+   */
+  private async *evaluateInStep(turn: Turn, inner: AsyncGenerator<Token, void, Token | Token[] | undefined>): AsyncGenerator<Token, void, Token | Token[] | undefined> {
+    let input: Token | Token[] | undefined;
+    let first = true;
+    try {
+      for (;;) {
+        if (turn.sampledTokens >= turn.maxTokens) {
+          turn.reachedLimit = true;
+          return;
+        }
+        await this.arrive(turn);
+        turn.phase = first ? "prefill" : "step";
+        first = false;
+        const next = await inner.next(input);
+        turn.phase = "idle";
+        if (next.done) return;
+        turn.tokens.push(next.value);
+        input = yield next.value;
+      }
+    } finally {
+      turn.phase = "outside";
+      // This generation may have been the one the others waited for.
+      this.releaseIfAllReady();
+      await inner.return();
+    }
+  }
+
+  /**
+   * Waits at the barrier. The generation that arrives last releases everyone, itself
+   * included, through the same promise as the others, so that all of them continue in the
+   * order of release (see releaseAll).
+   */
+  private arrive(turn: Turn): Promise<void> {
+    turn.phase = "waiting";
+    const released = new Promise<void>((resolve) => {
+      turn.release = () => {
+        turn.release = null;
+        resolve();
+      };
+    });
+    // Checked once this generation awaits `released`, like the others already do.
+    queueMicrotask(() => this.releaseIfAllReady());
+    return released;
+  }
+
+  /** Ready: no running generation is between steps or in the middle of one. */
+  private allReady(): boolean {
+    for (const turn of this.turns.values()) if (turn.phase === "idle" || turn.phase === "step") return false;
+    return true;
+  }
+
+  private releaseIfAllReady(): void {
+    if (this.closed || this.allReady()) this.releaseAll();
+  }
+
+  private releaseAll(): void {
+    // Each released generation queues its decode within this microtask run, before the
+    // context's dispatch (scheduled with setImmediate) takes the batch, and in the order
+    // released, since all of them take the same path from here to the queue. That order
+    // is the sequence ids': llama.cpp decodes a batch whose sequences come in descending
+    // order about 1.5 times slower (4 sequences: 45 against 30 ms a step here).
+    for (const sequence of this.attached) this.turns.get(sequence)?.release?.();
+  }
+}
