@@ -70,6 +70,12 @@ function forwardedHeaders(headers: UpstreamAnswer["headers"], rewritten: boolean
 const TAIL_CHARS = 512;
 const SSE_DONE_TEXT = "data: [DONE]";
 
+function streamTail(chunks: [Buffer | null, Buffer | null]): string {
+  const [before, last] = chunks;
+  const bytes = before === null ? (last ?? Buffer.alloc(0)) : Buffer.concat([before, last ?? Buffer.alloc(0)]);
+  return bytes.subarray(Math.max(0, bytes.length - TAIL_CHARS)).toString("latin1");
+}
+
 function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
   const type = headers["content-type"];
   return typeof type === "string" && type.startsWith("text/event-stream");
@@ -90,7 +96,9 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   // An event stream that ends without `[DONE]` did not finish: the upstream stopped (an
   // engine shutting down, say). Its last bytes tell whether it said so itself.
   const eventStream = isEventStream(upstream.headers);
-  let tail = "";
+  // The last two chunks, kept as they are: decoding every chunk to find the end would cost
+  // more than the whole rest of the relay.
+  let lastChunks: [Buffer | null, Buffer | null] = [null, null];
   const write = (bytes: Buffer) => {
     if (bytes.length === 0 || res.write(bytes)) return;
     body.pause();
@@ -114,12 +122,13 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       if (firstByteAt === null) firstByteAt = performance.now();
       sendHeaders();
       tap?.push(chunk);
-      if (eventStream) tail = (tail + chunk.toString("latin1")).slice(-TAIL_CHARS);
+      if (eventStream) lastChunks = [lastChunks[1], chunk];
       write(filter === null ? chunk : filter.push(chunk));
     };
     const onEnd = () => {
       sendHeaders();
       if (filter !== null) write(filter.end());
+      const tail = eventStream ? streamTail(lastChunks) : "";
       if (eventStream && upstream.statusCode === 200 && !tail.includes(SSE_DONE_TEXT)) {
         const error = new Error("the upstream ended its event stream without [DONE]");
         // Its own error event already told the client; otherwise say it here.

@@ -24,6 +24,8 @@ export class StreamUsageFilter {
 
   /** Takes the next bytes from the upstream; returns what the client gets now. */
   push(chunk: Buffer): Buffer {
+    // The usual case: whole events, nothing held back. Two byte reads, no search.
+    if (this.pending.length === 0 && endsWithBlankLine(chunk)) return chunk.includes(USAGE_MARK) ? this.rewrite(chunk) : chunk;
     const data = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
     const end = completeEventsEnd(data);
     this.pending = end === data.length ? EMPTY : data.subarray(end);
@@ -63,6 +65,11 @@ export class StreamUsageFilter {
     delete chunk.usage;
     return `data: ${JSON.stringify(chunk)}${match[2] ?? ""}`;
   }
+}
+
+function endsWithBlankLine(data: Buffer): boolean {
+  const n = data.length;
+  return n >= 2 && data[n - 1] === 0x0a && (data[n - 2] === 0x0a || (n >= 4 && data[n - 2] === 0x0d && data[n - 3] === 0x0a && data[n - 4] === 0x0d));
 }
 
 /** Where the last complete event ends (after its blank line), or 0. */
