@@ -8,10 +8,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { silentLogger } from "../src/core/log.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
-import { LocalAgent } from "../src/agent/local-agent.ts";
-import { startHarness, type Harness } from "./support/server-harness.ts";
+import type { LocalAgent } from "../src/agent/local-agent.ts";
+import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
 import { eventually } from "./support/eventually.ts";
 
 describe("streams that fail", () => {
@@ -25,20 +24,7 @@ describe("streams that fail", () => {
     modelDir = mkdtempSync(path.join(tmpdir(), "llmgw-stream-failure-"));
     modelFile = path.join(modelDir, "tiny.gguf");
     await writeTinyLlamaGguf({ path: modelFile, seed: 11, contextLength: 16384, endless: true });
-    harness = await startHarness({
-      withAgent: async (parts) => {
-        agent = new LocalAgent({
-          catalog: parts.catalog,
-          replicas: parts.replicas,
-          logger: silentLogger(),
-          stateRoot: path.join(parts.config.dataDir, "runs"),
-          nodeId: "local",
-          supervisor: { backoff: { initialMs: 50, maxMs: 200 }, stopGraceMs: 3000 },
-        });
-        await agent.start();
-        return agent;
-      },
-    });
+    ({ harness, agent } = await startHarnessWithAgent({ supervisor: { backoff: { initialMs: 50, maxMs: 200 }, stopGraceMs: 3000 } }));
     client = new OpenAI({ apiKey: await harness.clientKey(), baseURL: `${harness.url}/v1`, maxRetries: 0 });
   });
 

@@ -7,10 +7,9 @@ import { mkdtempSync, readdirSync, rmSync, truncateSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
-import { silentLogger } from "../core/log.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
-import { startHarness, type Harness } from "../../test/support/server-harness.ts";
-import { LocalAgent } from "./local-agent.ts";
+import { startHarnessWithAgent, type Harness } from "../../test/support/server-harness.ts";
+import type { LocalAgent } from "./local-agent.ts";
 import { processIsGone } from "../../test/support/engine-process.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
@@ -25,20 +24,9 @@ describe("local agent", () => {
     modelDir = mkdtempSync(path.join(tmpdir(), "llmgw-agent-models-"));
     modelFile = path.join(modelDir, "tiny.gguf");
     await writeTinyLlamaGguf({ path: modelFile, seed: 7 });
-    harness = await startHarness({
-      withAgent: async (parts) => {
-        agent = new LocalAgent({
-          catalog: parts.catalog,
-          replicas: parts.replicas,
-          logger: silentLogger(),
-          stateRoot: path.join(parts.config.dataDir, "runs"),
-          nodeId: "local",
-          supervisor: { backoff: { initialMs: 50, maxMs: 200 }, parkAfter: { failures: 3, windowMs: 60_000 }, stopGraceMs: 3000 },
-        });
-        await agent.start();
-        return agent;
-      },
-    });
+    ({ harness, agent } = await startHarnessWithAgent({
+      supervisor: { backoff: { initialMs: 50, maxMs: 200 }, parkAfter: { failures: 3, windowMs: 60_000 }, stopGraceMs: 3000 },
+    }));
   });
 
   after(async () => {

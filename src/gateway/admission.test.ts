@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
-import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
+import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
 
@@ -14,18 +14,9 @@ const hi = (n: number) => [{ role: "user" as const, content: `request ${n}` }];
 describe("admission", () => {
   let harness: Harness;
   let client: OpenAI;
-  const upstreams: FakeUpstream[] = [];
-
-  const upstream = async (options: Parameters<typeof startFakeUpstream>[0]) => {
-    const started = await startFakeUpstream(options);
-    upstreams.push(started);
-    return started;
-  };
-  const addModel = async (body: Record<string, unknown>) => {
-    const created = await harness.admin("POST", "/api/v1/models", body);
-    assert.equal(created.status, 201, JSON.stringify(created.body));
-    return harness.server.catalog.get(body.name as string);
-  };
+  const upstreams = fakeUpstreams();
+  const upstream = upstreams.start;
+  const addModel = (body: { name: string; [field: string]: unknown }) => harness.addModel(body);
   const gateway = () => harness.server.gateway;
 
   before(async () => {
@@ -35,7 +26,7 @@ describe("admission", () => {
 
   after(async () => {
     await harness.close();
-    await Promise.all(upstreams.map((u) => u.close()));
+    await upstreams.closeAll();
   });
 
   test("a replica never has more than its slots in flight; the others wait and are served in arrival order", async () => {

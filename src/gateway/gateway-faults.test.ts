@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
-import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
+import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 
@@ -24,17 +24,9 @@ describe("gateway under faults", () => {
   let client: OpenAI;
   let modelDir: string;
   let ggufFile: string;
-  const upstreams: FakeUpstream[] = [];
-
-  const upstream = async (options: Parameters<typeof startFakeUpstream>[0]) => {
-    const started = await startFakeUpstream(options);
-    upstreams.push(started);
-    return started;
-  };
-  const addModel = async (body: Record<string, unknown>) => {
-    const created = await harness.admin("POST", "/api/v1/models", body);
-    assert.equal(created.status, 201, JSON.stringify(created.body));
-  };
+  const upstreams = fakeUpstreams();
+  const upstream = upstreams.start;
+  const addModel = (body: { name: string; [field: string]: unknown }) => harness.addModel(body);
   const usageRows = () => harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).orderBy("id").execute();
 
   before(async () => {
@@ -50,7 +42,7 @@ describe("gateway under faults", () => {
 
   after(async () => {
     await harness.close();
-    await Promise.all(upstreams.map((u) => u.close()));
+    await upstreams.closeAll();
     rmSync(modelDir, { recursive: true, force: true });
   });
 

@@ -160,3 +160,18 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       }),
   };
 }
+
+/** Fake upstreams a test file starts as it goes, closed together at its end. */
+export function fakeUpstreams(): { start(options?: FakeUpstreamOptions): Promise<FakeUpstream>; closeAll(): Promise<void> } {
+  const started: FakeUpstream[] = [];
+  return {
+    start: async (options = {}) => {
+      const upstream = await startFakeUpstream(options);
+      started.push(upstream);
+      return upstream;
+    },
+    closeAll: async () => {
+      await Promise.all(started.splice(0).map((upstream) => upstream.close()));
+    },
+  };
+}

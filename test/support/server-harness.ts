@@ -5,6 +5,8 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { silentLogger } from "../../src/core/log.ts";
+import type { CatalogModel } from "../../src/catalog/catalog.ts";
+import { LocalAgent, type LocalAgentOptions } from "../../src/agent/local-agent.ts";
 import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
 
 export interface Harness {
@@ -14,6 +16,8 @@ export interface Harness {
   dataDir: string;
   /** Calls the admin API with the admin key; returns status and parsed body. */
   admin(method: string, pathname: string, body?: unknown): Promise<{ status: number; body: any }>;
+  /** Adds a model through the API (failing the test with the answer if it is refused) and returns it from the catalog. */
+  addModel(body: { name: string; [field: string]: unknown }): Promise<CatalogModel>;
   /** Creates a client key through the API and returns it. */
   clientKey(options?: { allowed_models?: string[] }): Promise<string>;
   close(): Promise<void>;
@@ -67,6 +71,11 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
     adminKey,
     dataDir,
     admin,
+    addModel: async (body) => {
+      const created = await admin("POST", "/api/v1/models", body);
+      if (created.status !== 201) throw new Error(`model ${body.name} was refused (${created.status}): ${JSON.stringify(created.body)}`);
+      return server.catalog.get(body.name);
+    },
     clientKey: async (keyOptions = {}) => {
       const created = await admin("POST", "/api/v1/keys", { name: `client-${Math.random().toString(36).slice(2, 8)}`, ...keyOptions });
       if (created.status !== 201) throw new Error(`key creation failed: ${JSON.stringify(created.body)}`);
@@ -77,4 +86,29 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       rmSync(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * A harness whose server runs the local agent, as `llmgw up` does: real engine processes
+ * for llamacpp models. Supervisor timings are the caller's (tests shorten them).
+ */
+export async function startHarnessWithAgent(options: HarnessOptions & { supervisor?: LocalAgentOptions["supervisor"] } = {}): Promise<{ harness: Harness; agent: LocalAgent }> {
+  let agent: LocalAgent | undefined;
+  const { supervisor, ...harnessOptions } = options;
+  const harness = await startHarness({
+    ...harnessOptions,
+    withAgent: async (parts) => {
+      agent = new LocalAgent({
+        catalog: parts.catalog,
+        replicas: parts.replicas,
+        logger: silentLogger(),
+        stateRoot: path.join(parts.config.dataDir, "runs"),
+        nodeId: "local",
+        ...(supervisor === undefined ? {} : { supervisor }),
+      });
+      await agent.start();
+      return agent;
+    },
+  });
+  return { harness, agent: agent! };
 }
