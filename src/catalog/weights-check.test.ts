@@ -5,6 +5,8 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { chmod, mkdir, mkdtemp, rm, stat, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import { spawnSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { BadRequestError } from "../core/errors.ts";
 import { GGUFValueType, writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
@@ -93,17 +95,57 @@ describe("checkWeightsFile", () => {
     await assert.rejects(checkWeightsFile({ file: renamed, modelName: "m" }), refusal("weights_split_name", "source.path", /cannot find the other parts/));
   });
 
-  test("a file the server's user cannot read is refused with what to change", async (t) => {
-    if (process.getuid?.() === 0) {
-      t.skip("file modes do not stop root, and a link to an unreadable file is refused as a link first");
-      return;
-    }
+  test("a file the server's user cannot read is refused with what to change", async () => {
     const file = path.join(dir, "secret.gguf");
     await writeTinyLlamaGguf({ path: file, seed: 5 });
     await chmod(file, 0o000);
-    await assert.rejects(checkWeightsFile({ file, modelName: "m" }), refusal("weights_unreadable", "source.path", /not readable/, /chmod/));
+    const refusedWith = process.getuid?.() === 0 ? checkWithoutRootsOverride(file) : await checkHere(file);
+    assert.equal(refusedWith.code, "weights_unreadable", JSON.stringify(refusedWith));
+    assert.equal(refusedWith.param, "source.path");
+    assert.match(refusedWith.message, /not readable/);
+    assert.match(refusedWith.message, /chmod/);
   });
 });
+
+interface Refusal {
+  code?: string;
+  param?: string | null;
+  message: string;
+}
+
+/** How the check refuses `file` in this process. */
+async function checkHere(file: string): Promise<Refusal> {
+  try {
+    await checkWeightsFile({ file, modelName: "m" });
+    return { message: "accepted" };
+  } catch (error) {
+    return error instanceof BadRequestError ? { code: error.code, param: error.param, message: error.message } : { message: String(error) };
+  }
+}
+
+/**
+ * How the check refuses `file` when run by root without the capabilities that let root
+ * ignore file modes (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): a child process started
+ * through util-linux's setpriv, as a server started by root in a hardened unit would run.
+ */
+function checkWithoutRootsOverride(file: string): Refusal {
+  const module = new URL("./weights-check.ts", import.meta.url).href;
+  const script =
+    `const { checkWeightsFile } = await import(${JSON.stringify(module)});` +
+    `try { await checkWeightsFile({ file: ${JSON.stringify(file)}, modelName: "m" }); console.log(JSON.stringify({ message: "accepted" })); }` +
+    `catch (e) { console.log(JSON.stringify({ code: e.code, param: e.param, message: e.message })); }`;
+  const child = spawnSync(
+    "setpriv",
+    ["--bounding-set", "-dac_override,-dac_read_search", "--", process.execPath, "--import", "tsx", "--input-type=module", "-e", script],
+    { encoding: "utf8", cwd: fileURLToPath(new URL("../..", import.meta.url)), timeout: 60_000 },
+  );
+  const line = (child.stdout ?? "").trim().split("\n").at(-1) ?? "";
+  try {
+    return JSON.parse(line) as Refusal;
+  } catch {
+    return { message: `the check could not run without root's override (status ${child.status}, ${child.error?.message ?? "no spawn error"}): ${child.stderr}` };
+  }
+}
 
 describe("locateWeights", () => {
   test("a mirror source is the complete file inside the mirror, and nothing else", async () => {
