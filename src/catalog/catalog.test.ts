@@ -11,6 +11,7 @@ import { redactDefinition } from "./model-schema.ts";
 import { DiskWeightsChecker } from "./weights-check.ts";
 import { GGUFValueType, writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { testBothStores } from "../../test/support/stores.ts";
+import { readAudit } from "../store/audit.ts";
 import { folderMirror } from "../../test/support/folder-mirror.ts";
 import type { Store } from "../store/store.ts";
 
@@ -67,7 +68,7 @@ testBothStores("models are created with defaults, resolved by name and alias, an
   await fresh.refresh();
   assert.equal(fresh.resolve("tiny-latest")?.id, created.id, "a second server sees the same catalog from the store");
 
-  const log = await catalog.auditLog();
+  const log = await readAudit(store.db, { action: "model." });
   assert.equal(log[0]?.action, "model.create");
   assert.equal(log[0]?.actor, "admin:root");
   assert.equal(log[0]?.target, "tiny");
@@ -92,9 +93,9 @@ testBothStores("updates merge nested fields, rename, keep external keys and reco
   assert.deepEqual(updated.definition.scaling, { min: 1, max: 4, idle_seconds: 0 });
   assert.equal(updated.definition.profiles[0]?.api_key, "upstream-secret", "the stored key survives a PATCH that cannot know it");
   assert.equal(catalog.resolve("ext"), undefined);
-  const log = await catalog.auditLog({ target: "ext2" });
+  const log = await readAudit(store.db, { action: "model.", target: "ext2" });
   assert.deepEqual(log[0]?.detail, { renamed_from: "ext", changed: ["profiles", "scaling"] });
-  assert.doesNotMatch(JSON.stringify(await catalog.auditLog()), /upstream-secret/);
+  assert.doesNotMatch(JSON.stringify(await readAudit(store.db, { action: "model." })), /upstream-secret/);
 
   const shown = redactDefinition(updated.definition);
   assert.doesNotMatch(JSON.stringify(shown), /upstream-secret/);
@@ -102,7 +103,7 @@ testBothStores("updates merge nested fields, rename, keep external keys and reco
 
   await catalog.delete("ext2", "admin:ops");
   assert.throws(() => catalog.get("ext2"), (e: unknown) => e instanceof NotFoundError && e.code === "model_not_found");
-  assert.equal((await catalog.auditLog())[0]?.action, "model.delete");
+  assert.equal((await readAudit(store.db, { action: "model." }))[0]?.action, "model.delete");
 });
 
 test("malformed models are refused with the field named", async () => {

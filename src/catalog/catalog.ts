@@ -7,7 +7,7 @@
 // (weights-check.ts) before it is written.
 import { randomUUID } from "node:crypto";
 import { ConflictError, NotFoundError } from "../core/errors.ts";
-import { readAudit, recordAudit as audit, type AuditEntry } from "../store/audit.ts";
+import { recordAudit as audit } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
 import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
 import type { WeightsChecker } from "./weights-check.ts";
@@ -158,11 +158,6 @@ export class Catalog {
       await trx.deleteFrom("models").where("id", "=", current.id).execute();
       await audit(trx, { at: nowIso(this.clock), actor, action: "model.delete", target: current.name, detail: {} });
     }, name);
-  }
-
-  /** Recent changes to models, newest first. */
-  auditLog(options: { limit?: number; target?: string } = {}): Promise<AuditEntry[]> {
-    return readAudit(this.store.db, { ...options, action: "model." });
   }
 
   private async write(body: (trx: Tx) => Promise<void>, name: string): Promise<void> {

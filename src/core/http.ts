@@ -6,6 +6,7 @@
 // would surface as a connection error or, worse, as a clean end).
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { ClientClosedError, LlmgwError, PayloadTooLargeError, RequestTimeoutError, renderError } from "./errors.ts";
+import { formatBytes } from "./format.ts";
 import { parseJsonBody } from "./json-body.ts";
 
 /** How long a request body may take to arrive whole, unless the server is told otherwise (--body-timeout). */
@@ -100,6 +101,9 @@ export function sendError(req: IncomingMessage, res: ServerResponse, error: unkn
   const text = JSON.stringify(rendered.body);
   res.writeHead(rendered.status, {
     ...rendered.headers,
+    // Answered before the body was read (a bad key, an unknown path): Node would go on
+    // reading and dropping the rest, which a client could trickle forever. Close instead.
+    ...(req.complete ? {} : { connection: "close" }),
     "content-type": "application/json",
     "content-length": String(Buffer.byteLength(text)),
   });
@@ -124,7 +128,7 @@ export interface BodyLimits {
  */
 export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promise<Buffer> {
   const tooLarge = () =>
-    new PayloadTooLargeError(`The request body is larger than ${limits.maxBytes} bytes, the limit here.${limits.tooLargeHint ? ` ${limits.tooLargeHint}` : ""}`, {
+    new PayloadTooLargeError(`The request body is larger than ${formatBytes(limits.maxBytes)}, the limit here.${limits.tooLargeHint ? ` ${limits.tooLargeHint}` : ""}`, {
       code: "request_too_large",
       headers: { connection: "close" },
     });

@@ -3,7 +3,19 @@
 // words when the answer is no.
 import { countOf } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { Replica } from "./replica-table.ts";
+import type { Replica, ReplicaState } from "./replica-table.ts";
+
+/** States from which a replica may still become ready: waiting for it is worthwhile. */
+const COMING_UP: ReadonlySet<ReplicaState> = new Set(["pending", "placed", "fetching", "starting"]);
+
+export function isComingUp(replica: Pick<Replica, "state">): boolean {
+  return COMING_UP.has(replica.state);
+}
+
+/** A replica the gateway can send requests to now. */
+export function isRoutable(replica: Pick<Replica, "state" | "endpoint">): boolean {
+  return replica.state === "ready" && replica.endpoint !== null;
+}
 
 export type HealthState = "ready" | "starting" | "failed" | "parked" | "stopped" | "no-replicas";
 
@@ -20,7 +32,7 @@ export function modelHealth(model: CatalogModel, replicas: readonly Replica[]): 
   if (ready > 0) return { state: "ready", ...base, reason: null };
   const parked = replicas.find((r) => r.state === "parked");
   if (parked !== undefined) return { state: "parked", ...base, reason: `parked after ${countOf(parked.failures, "failed start")}: ${parked.lastError ?? "no error recorded"}` };
-  const starting = replicas.find((r) => ["pending", "placed", "fetching", "starting"].includes(r.state));
+  const starting = replicas.find(isComingUp);
   if (starting !== undefined) return { state: "starting", ...base, reason: `replica ${starting.state} (attempt ${starting.attempt})` };
   const failed = replicas.find((r) => r.state === "failed");
   if (failed !== undefined) return { state: "failed", ...base, reason: failed.lastError ?? "start failed" };

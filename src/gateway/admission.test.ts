@@ -8,6 +8,8 @@ import { startHarness, type Harness } from "../../test/support/server-harness.ts
 import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
+import path from "node:path";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 
 const hi = (n: number) => [{ role: "user" as const, content: `request ${n}` }];
 
@@ -90,6 +92,46 @@ describe("admission", () => {
     gate.open();
     await first;
     assert.equal(busy.requests.length, 1, "the request that timed out never reached the upstream");
+  });
+
+  test("a model whose only replica is still starting: the wait ends as model_starting, not as overload", async () => {
+    const gguf = path.join(harness.dataDir, "starting.gguf");
+    await writeTinyLlamaGguf({ path: gguf, seed: 6 });
+    const model = await addModel({ name: "still-starting", scaling: { min: 0, max: 1 }, source: { kind: "file", path: gguf }, profiles: [{ name: "cpu", engine: "llamacpp" }], queue_timeout: 0.5 });
+    harness.server.replicas.upsert({
+      id: "r-starting-test",
+      modelId: model.id,
+      modelName: model.name,
+      profile: "cpu",
+      engine: "llamacpp",
+      nodeIds: ["local"],
+      state: "starting",
+      endpoint: null,
+      engineKey: null,
+      upstreamModel: model.name,
+      weight: 1,
+      slots: 1,
+      attempt: 1,
+      failures: 0,
+      lastError: null,
+      startedAt: null,
+      readyAt: null,
+    });
+    try {
+      await assert.rejects(client.chat.completions.create({ model: "still-starting", messages: hi(1) }), (error: unknown) => {
+        assert.ok(error instanceof OpenAI.APIError && error.status === 503, String(error));
+        assert.equal(error.code, "model_starting");
+        return true;
+      });
+      assert.equal((await harness.admin("PATCH", "/api/v1/models/still-starting", { queue_size: 0 })).status, 200);
+      await assert.rejects(client.chat.completions.create({ model: "still-starting", messages: hi(2) }), (error: unknown) => {
+        assert.ok(error instanceof OpenAI.APIError && error.status === 503, `no 429 for a model that is starting: ${String(error)}`);
+        assert.equal(error.code, "model_starting");
+        return true;
+      });
+    } finally {
+      harness.server.replicas.remove("r-starting-test");
+    }
   });
 
   test("a waiting request goes to whichever replica frees a slot first", async () => {

@@ -10,6 +10,7 @@
 // this same queue while a replica starts.
 import { ClientClosedError, TooManyRequestsError, UnavailableError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
+import { isComingUp, isRoutable } from "../fleet/model-health.ts";
 import type { Replica, ReplicaListener } from "../fleet/replica-table.ts";
 
 /** What admission reads of the replica table. */
@@ -40,8 +41,6 @@ interface Waiter {
 /** A replica that just failed at the transport level is tried last for this long. */
 const COOLDOWN_MS = 5000;
 
-/** States from which a replica may still become ready: waiting for it is worthwhile. */
-const COMING_UP = new Set(["pending", "placed", "fetching", "starting"]);
 
 export class Admission {
   private readonly inFlight = new Map<string, number>();
@@ -172,7 +171,7 @@ export class Admission {
     let bestLoad = Infinity;
     for (let i = 0; i < count; i += 1) {
       const replica = candidates[(start + i) % count]!;
-      if (replica.state !== "ready" || replica.endpoint === null || exclude.has(replica.id)) continue;
+      if (!isRoutable(replica) || exclude.has(replica.id)) continue;
       const inFlight = this.inFlight.get(replica.id) ?? 0;
       if (inFlight >= replica.slots) continue;
       const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now;
@@ -189,7 +188,7 @@ export class Admission {
   private worthWaiting(model: CatalogModel, exclude: ReadonlySet<string>): boolean {
     return this.replicas
       .forModel(model.id)
-      .some((r) => !exclude.has(r.id) && ((r.state === "ready" && r.endpoint !== null) || COMING_UP.has(r.state)));
+      .some((r) => !exclude.has(r.id) && (isRoutable(r) || isComingUp(r)));
   }
 
   /** Hands freed slots to the model's waiters in arrival order; ends waits that became hopeless. */

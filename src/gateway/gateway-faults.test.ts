@@ -5,6 +5,7 @@
 // matters, and raw sockets where the bytes on the wire do.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import http from "node:http";
 import net from "node:net";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -14,6 +15,11 @@ import { startHarness, type Harness } from "../../test/support/server-harness.ts
 import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { silentLogger } from "../core/log.ts";
+import { ReplicaTable } from "../fleet/replica-table.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
+import { Gateway } from "./gateway.ts";
+import { UpstreamPools } from "./upstream.ts";
 
 const hi = [{ role: "user" as const, content: "hi" }];
 
@@ -254,6 +260,89 @@ describe("gateway under faults", () => {
       harness.server.replicas.remove("r-parked-test");
     }
   });
+});
+
+describe("gateway and clients that stall", () => {
+  let harness: Harness;
+  let key: string;
+  const upstreams = fakeUpstreams();
+
+  before(async () => {
+    harness = await startHarness({ stalledReaderMs: 300 });
+    key = await harness.clientKey();
+  });
+
+  after(async () => {
+    await harness.close();
+    await upstreams.closeAll();
+  });
+
+  const connect = async () => {
+    const socket = net.connect(Number(new URL(harness.url).port), "127.0.0.1");
+    let received = "";
+    let closed = false;
+    socket.on("data", (chunk: Buffer) => {
+      received += chunk.toString("latin1");
+    });
+    socket.on("close", () => {
+      closed = true;
+    });
+    socket.on("error", () => undefined);
+    await new Promise<void>((resolve) => socket.once("connect", () => resolve()));
+    return { socket, received: () => received, closed: () => closed };
+  };
+
+  test("a client that stops reading a long answer is cut off and its replica slot freed", { timeout: 120_000 }, async () => {
+    // 100 chunks of 256 KiB: far more than the sockets on the way can buffer (a few MiB each).
+    const long = await upstreams.start({ reply: Array.from({ length: 100 }, (_, i) => `w${i}`).join(" "), wordBytes: 256 * 1024 });
+    const model = await harness.addModel({ name: "long-answer", profiles: [{ name: "p", engine: "external", url: long.url, max_inflight: 1 }] });
+    const replicaId = harness.server.replicas.forModel(model.id)[0]!.id;
+    const { socket } = await connect();
+    // Reads nothing from here on (a paused socket also reports no close until it reads).
+    socket.pause();
+    const body = JSON.stringify({ model: "long-answer", messages: [{ role: "user", content: "hi" }], stream: true });
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    await eventually("the request to hold the replica's slot", () => harness.server.gateway.inFlightOf(replicaId) === 1);
+    await eventually("the stalled reader to be cut off and the slot freed", () => harness.server.gateway.inFlightOf(replicaId) === 0, { timeoutMs: 60_000 });
+    const row = await eventually("its usage row", async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "long-answer").execute())[0]);
+    assert.equal(row.status, 499, "cut off as a client gone, not an answer relayed whole");
+    socket.destroy();
+  });
+
+  test("an answer sent before the body was read (a wrong key) closes the connection, so the body cannot be trickled forever", async () => {
+    const { socket, received, closed } = await connect();
+    socket.write("POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer wrong-key\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{");
+    await eventually("the server to answer 401 and close, not wait for the rest of the body", () => closed());
+    assert.match(received(), /^HTTP\/1\.1 401 /);
+    assert.match(received(), /connection: close/i);
+  });
+});
+
+test("a storage fault met before the key is known is a 503 that names no server path or database address", async () => {
+  // The key service behind the gateway's narrow KeyVerifier interface, as it fails when
+  // PostgreSQL is unreachable: its StorageUnavailableError names where the data lives.
+  const keys = {
+    verify: async () => {
+      throw new StorageUnavailableError({ where: "PostgreSQL at postgres://db.internal:5432/llmgw", kind: "unreachable", faultCode: "ECONNREFUSED", cause: new Error("connect ECONNREFUSED") });
+    },
+  };
+  const replicas = new ReplicaTable();
+  const gateway = new Gateway({ catalog: { resolve: () => undefined, list: () => [] }, keys, replicas, pools: new UpstreamPools(), logger: silentLogger() });
+  const server = http.createServer(gateway.handle);
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    const { port } = server.address() as net.AddressInfo;
+    const response = await fetch(`http://127.0.0.1:${port}/v1/models`, { headers: { authorization: "Bearer llmgw-any" } });
+    assert.equal(response.status, 503);
+    assert.equal(response.headers.get("retry-after"), "30");
+    const { error } = (await response.json()) as { error: { code: string; message: string } };
+    assert.equal(error.code, "storage_unavailable");
+    assert.match(error.message, /cannot use its database right now.*tell an administrator/);
+    assert.doesNotMatch(error.message, /postgres|db\.internal|5432/);
+  } finally {
+    gateway.close();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
 });
 
 describe("gateway time limits", () => {

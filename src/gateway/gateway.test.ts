@@ -217,7 +217,7 @@ describe("gateway", () => {
     assert.equal(((await malformed.json()) as any).error.code, "invalid_json");
     const huge = await post(JSON.stringify({ model: "ext", messages: [{ role: "user", content: "x".repeat(70 * 1024) }] }));
     assert.equal(huge.status, 413);
-    assert.match(((await huge.json()) as any).error.message, /larger than 65536 bytes/);
+    assert.match(((await huge.json()) as any).error.message, /larger than 64 KiB/);
     const unknown = await fetch(`${harness.url}/v1/images/generations`, { method: "POST", headers: { authorization: `Bearer ${key}` }, body: "{}" });
     assert.equal(unknown.status, 404);
   });

@@ -15,6 +15,7 @@ import {
   LlmgwError,
   NotFoundError,
   PermissionDeniedError,
+  UnavailableError,
   UpstreamError,
   describeError,
   parseWith,
@@ -25,6 +26,7 @@ import { parseJsonBody } from "../core/json-body.ts";
 import type { Logger } from "../core/log.ts";
 import { modelNotFound, type CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
+import { isRoutable } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
 import { Admission, type ReplicaSource } from "./admission.ts";
 import { relay, type RelayResult } from "./relay.ts";
@@ -63,6 +65,8 @@ export interface GatewayOptions {
   bodyTimeoutMs?: number;
   /** How many replicas one request may try before giving up. */
   maxAttempts?: number;
+  /** A client that reads nothing of its answer for this long is cut off and its slot freed. Default 60 s. */
+  stalledReaderMs?: number;
 }
 
 interface ProxyRoute {
@@ -80,6 +84,7 @@ const PROXY_ROUTES = new Map<string, ProxyRoute>([
 const STATUS_UPSTREAM_BROKE = 502;
 
 export const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
+const DEFAULT_STALLED_READER_MS = 60_000;
 
 /** What one /v1 request has learned so far, for its usage row. */
 interface Call {
@@ -218,7 +223,13 @@ export class Gateway {
     let lastFailure: LlmgwError | undefined;
     try {
       for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
-        const lease = await this.admission.acquire(model, { exclude: tried, signal: abort.signal });
+        const lease = await this.admission.acquire(model, { exclude: tried, signal: abort.signal }).catch((error: unknown) => {
+          // A full queue or a wait that timed out while no replica was ready at all is no
+          // overload: the model is starting (or failing to), and its health says so.
+          const queueLimit = error instanceof LlmgwError && (error.code === "model_overloaded" || error.code === "queue_timeout");
+          if (!queueLimit || this.options.replicas.forModel(model.id).some(isRoutable)) throw error;
+          throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client");
+        });
         if (lease === null) break;
         const replica = lease.replica;
         tried.add(replica.id);
@@ -272,6 +283,7 @@ export class Gateway {
             tap: stream && injectUsage ? null : new UsageTap(stream),
             filter: injectUsage ? new StreamUsageFilter() : null,
             brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
+            stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
           });
         } finally {
           lease.release();
@@ -308,12 +320,12 @@ export class Gateway {
 
   /** Whether a ready replica not yet tried exists (busy or not), so a failed attempt may be retried. */
   private hasOtherReplica(model: CatalogModel, tried: ReadonlySet<string>): boolean {
-    return this.options.replicas.forModel(model.id).some((r) => r.state === "ready" && r.endpoint !== null && !tried.has(r.id));
+    return this.options.replicas.forModel(model.id).some((r) => isRoutable(r) && !tried.has(r.id));
   }
 
   private fail(req: IncomingMessage, res: ServerResponse, error: unknown, call: Call): void {
     if (!(error instanceof LlmgwError)) this.options.logger.error({ err: error, path: call.endpoint }, "unexpected error on /v1");
-    sendError(req, res, error);
+    sendError(req, res, call.principal?.role === "admin" ? error : withoutServerDetails(error));
     this.record(call, error instanceof LlmgwError ? error.status : 500);
   }
 
@@ -335,6 +347,19 @@ export class Gateway {
       stream: call.stream ? 1 : 0,
     });
   }
+}
+
+/**
+ * What a caller who is not an administrator (a client key, or no key yet) may read of a
+ * failure: a storage fault names the data dir or the database's address, so it becomes
+ * the same 503 in words that say what to do instead.
+ */
+function withoutServerDetails(error: unknown): unknown {
+  if (!(error instanceof LlmgwError) || error.code !== "storage_unavailable") return error;
+  return new UnavailableError(
+    "llmgw cannot use its database right now, so it cannot check keys or answer. Retry in 30 s; if it persists, tell an administrator (the server's log and /readyz say why).",
+    { code: "storage_unavailable", retryAfterSeconds: 30 },
+  );
 }
 
 function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {

@@ -45,6 +45,12 @@ export interface RelayOptions {
   filter: StreamUsageFilter | null;
   /** What the failure event says when the upstream breaks mid-stream. */
   brokenMessage: string;
+  /**
+   * A client that reads nothing for this long while the answer waits for it is cut off:
+   * it would otherwise hold its replica slot for as long as it keeps the connection open
+   * (undici's body timeout does not run while the upstream is paused for it).
+   */
+  stalledReaderMs: number;
 }
 
 /**
@@ -99,10 +105,15 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   // The last two chunks, kept as they are: decoding every chunk to find the end would cost
   // more than the whole rest of the relay.
   let lastChunks: [Buffer | null, Buffer | null] = [null, null];
+  let stalled: NodeJS.Timeout | undefined;
   const write = (bytes: Buffer) => {
     if (bytes.length === 0 || res.write(bytes)) return;
     body.pause();
-    res.once("drain", () => body.resume());
+    stalled = setTimeout(() => res.destroy(), options.stalledReaderMs);
+    res.once("drain", () => {
+      clearTimeout(stalled);
+      body.resume();
+    });
   };
 
   return new Promise<RelayResult>((resolve) => {
@@ -110,6 +121,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     const finish = (outcome: RelayOutcome) => {
       if (settled) return;
       settled = true;
+      clearTimeout(stalled);
       body.removeListener("data", onData);
       body.removeListener("end", onEnd);
       res.removeListener("close", onClientClose);

@@ -222,8 +222,9 @@ export class KeyService {
       .where("id", "=", keyId)
       .execute()
       .catch(() => {
-        // Losing one last-used stamp is harmless; the next use writes it again.
-        this.lastUsedWritten.delete(keyId);
+        // Losing one last-used stamp is harmless, and the next try waits its minute like
+        // any other: on a full disk, retrying on every request would only add a failing
+        // write to each one.
       });
   }
 }

@@ -20,8 +20,8 @@ import type { StorageFaultState } from "../store/storage-fault.ts";
 export interface Readiness {
   status: "ready" | "starting" | "not_ready";
   reason?: string;
-  /** The storage fault that makes the server not ready (a full disk, a read-only data dir). */
-  storage?: StorageFaultState;
+  /** The storage fault that makes the server not ready (a full disk, a read-only data dir), without where. */
+  storage?: Pick<StorageFaultState, "kind" | "code" | "since">;
   /** Usage rows lost since start because the store refused them; the gateway answers regardless. */
   usage_rows_dropped: number;
 }

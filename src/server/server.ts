@@ -30,6 +30,7 @@ import { createMirrorFileHandler, isMirrorFileRequest, type MirrorPlanner } from
 import { catalogModelsUsing } from "../mirror/mirror-users.ts";
 import { bearerToken } from "../core/bearer.ts";
 import { JSON_API_BODY_LIMITS, type BodyLimits } from "../core/http.ts";
+import { faultSummary } from "../store/storage-fault.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { SERVER_INFO_FILE, writeAdminKeyFile } from "../core/data-dir.ts";
 
@@ -46,6 +47,8 @@ export interface ServerConfig {
   headerTimeoutMs?: number;
   /** An idle keep-alive connection is closed after this. Default 65 s (above common load balancers' 60 s). */
   keepAliveTimeoutMs?: number;
+  /** A /v1 client that reads nothing of its answer for this long is cut off. Default 60 s. */
+  stalledReaderMs?: number;
   /** Hugging Face Hub endpoint (default https://huggingface.co) and token. */
   registryEndpoint?: string;
   registryToken?: string;
@@ -94,17 +97,27 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   }
   const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
   const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
-  await catalog.refresh();
   const keys = new KeyService({ store });
   const replicas = new ReplicaTable({ store, logger });
-  const stopExternalSync = syncExternalReplicas(catalog, replicas);
-  // Fetches cut off by the last stop are listed as incomplete, never as present.
-  const recovered = await mirror.recover();
-  if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
+  let stopExternalSync = () => {};
+  try {
+    await catalog.refresh();
+    stopExternalSync = syncExternalReplicas(catalog, replicas);
+    // Fetches cut off by the last stop are listed as incomplete, never as present.
+    const recovered = await mirror.recover();
+    if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
+  } catch (error) {
+    // Nothing of this start may outlive it: a caller that retries must find the data dir free.
+    stopExternalSync();
+    await mirror.close().catch(() => undefined);
+    await store.close().catch(() => undefined);
+    lock.release();
+    throw error;
+  }
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
-  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes, bodyTimeoutMs: config.bodyTimeoutMs });
+  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes, bodyTimeoutMs: config.bodyTimeoutMs, stalledReaderMs: config.stalledReaderMs });
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
@@ -115,7 +128,15 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     const usageRowsDropped = usage.droppedRows();
     if (!ready) return { status: "starting", reason: "The server is starting.", usage_rows_dropped: usageRowsDropped };
     const fault = await store.checkWrites();
-    if (fault !== null) return { status: "not_ready", reason: fault.message, storage: fault, usage_rows_dropped: usageRowsDropped };
+    if (fault !== null) {
+      // /readyz needs no key: it says what is wrong, not where the data lives (the log and the admin API's 503s do).
+      return {
+        status: "not_ready",
+        reason: `Storage unavailable: ${faultSummary(fault.kind, fault.code)}; the server log names the place.`,
+        storage: { kind: fault.kind, code: fault.code, since: fault.since },
+        usage_rows_dropped: usageRowsDropped,
+      };
+    }
     return { status: "ready", usage_rows_dropped: usageRowsDropped };
   };
   const bodyLimits: BodyLimits = { ...JSON_API_BODY_LIMITS, timeoutMs: config.bodyTimeoutMs ?? JSON_API_BODY_LIMITS.timeoutMs };

@@ -42,6 +42,14 @@ export function storageFaultKind(code: string | undefined): StorageFaultKind | u
   return undefined;
 }
 
+/**
+ * What went wrong without where: "the disk is full (SQLITE_FULL)". For those who may not
+ * see the server's paths (an unauthenticated /readyz).
+ */
+export function faultSummary(kind: StorageFaultKind, code: string): string {
+  return `${CAUSES[kind].cause} (${code})`;
+}
+
 /** 503 `storage_unavailable`: the store cannot write (or be reached) now; retrying later may work. */
 export class StorageUnavailableError extends UnavailableError {
   readonly kind: StorageFaultKind;
@@ -49,8 +57,8 @@ export class StorageUnavailableError extends UnavailableError {
   readonly faultCode: string;
 
   constructor(options: { where: string; kind: StorageFaultKind; faultCode: string; cause: unknown }) {
-    const { cause, remedy } = CAUSES[options.kind];
-    super(`Storage unavailable: cannot write to ${options.where}: ${cause} (${options.faultCode}). ${remedy}`, {
+    const { remedy } = CAUSES[options.kind];
+    super(`Storage unavailable: cannot use ${options.where}: ${faultSummary(options.kind, options.faultCode)}. ${remedy}`, {
       code: "storage_unavailable",
       retryAfterSeconds: 30,
       cause: options.cause,

@@ -9,6 +9,8 @@ export interface FakeUpstreamOptions {
   reply?: string;
   /** Delay between SSE chunks, in ms. */
   chunkDelayMs?: number;
+  /** Pad each streamed word to this many characters (a long answer, to fill socket buffers). */
+  wordBytes?: number;
   /** Answer every request with this status and an OpenAI error body. */
   failWithStatus?: number;
   /** Required Bearer token, if any. */
@@ -47,7 +49,7 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
   let cancelled = 0;
   let inFlight = 0;
   let maxInFlight = 0;
-  const words = (options.reply ?? "hello from the fake upstream").split(" ");
+  const words = (options.reply ?? "hello from the fake upstream").split(" ").map((word) => (options.wordBytes === undefined ? word : word.padEnd(options.wordBytes, ".")));
   const server = http.createServer((req, res) => {
     if (options.resetOnRequest === true) {
       requests.push({ path: req.url ?? "", authorization: req.headers.authorization, body: null });
@@ -129,9 +131,11 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
         }
         if (index < words.length) {
           const delta = index === 0 ? { role: "assistant", content: words[index] } : { content: ` ${words[index]}` };
-          res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta, finish_reason: null }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
+          const flowing = res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta, finish_reason: null }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
           index += 1;
-          if (options.beforeNextChunk !== undefined) void options.beforeNextChunk().then(send);
+          // Like an engine, it waits for a reader that falls behind instead of piling up chunks.
+          if (!flowing) res.once("drain", send);
+          else if (options.beforeNextChunk !== undefined) void options.beforeNextChunk().then(send);
           else setTimeout(send, options.chunkDelayMs ?? 0);
           return;
         }

@@ -30,6 +30,7 @@ export interface HarnessOptions {
   bodyTimeoutMs?: number;
   headerTimeoutMs?: number;
   keepAliveTimeoutMs?: number;
+  stalledReaderMs?: number;
   registryEndpoint?: string;
   registryToken?: string;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
@@ -49,6 +50,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       bodyTimeoutMs: options.bodyTimeoutMs,
       headerTimeoutMs: options.headerTimeoutMs,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
+      stalledReaderMs: options.stalledReaderMs,
       registryEndpoint: options.registryEndpoint,
       registryToken: options.registryToken,
     },
