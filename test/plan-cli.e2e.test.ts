@@ -122,6 +122,11 @@ describe("llmgw ctl model plan", () => {
     await ctl(["model", "add", "--definition", definition], elsewhere);
     assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, file, "relative to the definition file");
 
+    const moved = path.join(workDir, "elsewhere", "moved.gguf");
+    await writeTinyLlamaGguf({ path: moved, seed: 9 });
+    await ctl(["model", "update", "defined", "--patch", JSON.stringify({ source: { kind: "file", path: "./moved.gguf" } })], elsewhere);
+    assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, moved, "ctl model update sends a relative path absolute too");
+
     const cut = path.join(workDir, "add-cut.gguf");
     const { bytes } = await writeTinyLlamaGguf({ path: cut, seed: 8 });
     truncateSync(cut, Math.floor(bytes / 2));

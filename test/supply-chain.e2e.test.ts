@@ -169,7 +169,7 @@ describe("weights supply chain", () => {
   test("ctl model add of a mirrored file that is not there is refused at the door, saying to fetch it", async () => {
     await assert.rejects(ctl(["model", "add", "absent", "--mirror", "nobody/000000000000/x.gguf"]), (error: { code: number; stderr: string }) => {
       assert.equal(error.code, 1);
-      assert.match(error.stderr, /not a complete file in the mirror: nobody\/000000000000\/x\.gguf.*llmgw ctl mirror fetch/);
+      assert.match(error.stderr, /cannot be used from the mirror \(nobody\/000000000000\/x\.gguf\): The mirror has no complete file .*llmgw ctl mirror fetch/);
       return true;
     });
     assert.equal((await harness.admin("GET", "/api/v1/models/absent")).status, 404, "nothing was stored");

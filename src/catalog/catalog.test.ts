@@ -182,6 +182,7 @@ testBothStores("weights that cannot run are refused at the door with the field n
     [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 100 }] }, refusedFor("profiles.0.ctx_size", "invalid_field", /from 256 to 16777216/)],
     [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 20_000_000 }] }, refusedFor("profiles.0.ctx_size")],
     [{ profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] }, refusedFor("profiles.0.parallel", "invalid_field", /at most 64/)],
+    [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256, parallel: 64 }] }, refusedFor("profiles.0.parallel", "invalid_field", /leaves each request 4 tokens of the 256-token context.*lower parallel or raise ctx_size/)],
     [{ scaling: { min: 1, max: 65 } }, refusedFor("scaling.max", "invalid_field", /at most 64/)],
     [{ scaling: { min: 3, max: 2 } }, refusedFor("scaling.max")],
   ];
@@ -190,7 +191,7 @@ testBothStores("weights that cannot run are refused at the door with the field n
   assert.deepEqual(await store.db.selectFrom("models").select("name").execute(), []);
 
   // What runs is accepted: a file source, a complete mirrored file, the bounds themselves.
-  await catalog.create(fileModel("from-file", { scaling: { min: 1, max: 64 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256, parallel: 64 }] }), "t");
+  await catalog.create(fileModel("from-file", { scaling: { min: 1, max: 64 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256 * 64, parallel: 64 }] }), "t");
   await catalog.create(fileModel("from-mirror", mirrored({})), "t");
   assert.deepEqual(catalog.list().map((m) => m.name), ["from-file", "from-mirror"]);
 });

@@ -192,6 +192,18 @@ function checkLimits(model: DoorFields, ctx: z.RefinementCtx): void {
         path: ["profiles", index, "parallel"],
         message: `must be at most ${LIMITS.parallel.max} requests per replica, got ${parallel}; serve more at once with more replicas (scaling.max)`,
       });
+    } else if (parallel !== undefined) {
+      // The pool is shared by the parallel requests: each must get room for a real prompt,
+      // or the replica starts and then refuses every request as too long.
+      const pool = ctxSize ?? DEFAULT_CONTEXT_POOL;
+      const perRequest = Math.floor(pool / parallel);
+      if (perRequest < LIMITS.ctxSize.min) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["profiles", index, "parallel"],
+          message: `leaves each request ${perRequest} tokens of the ${pool}-token context (ctx_size), less than ${LIMITS.ctxSize.min}; lower parallel or raise ctx_size`,
+        });
+      }
     }
   });
   if (model.scaling.max > LIMITS.replicas.max) {

@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { BadRequestError } from "../core/errors.ts";
 import { GGUFValueType, writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
-import { checkWeightsFile, locateWeights } from "./weights-check.ts";
+import { checkWeightsFile, locateWeights, type MirrorLocator } from "./weights-check.ts";
 import { folderMirror } from "../../test/support/folder-mirror.ts";
 
 let dir: string;
@@ -154,14 +154,14 @@ describe("locateWeights", () => {
     const source = { kind: "mirror" as const, model: "owner--tiny", version: "0123456789ab", file: "tiny-Q4_K_M.gguf" };
     await assert.rejects(
       locateWeights({ source, modelName: "m", mirror }),
-      refusal("weights_not_mirrored", "source", /not a complete file in the mirror: owner--tiny\/0123456789ab\/tiny-Q4_K_M\.gguf/, /llmgw ctl mirror fetch/),
+      refusal("weights_not_mirrored", "source", /cannot be used from the mirror \(owner--tiny\/0123456789ab\/tiny-Q4_K_M\.gguf\): the mirror has no complete file/, /llmgw ctl mirror fetch/),
     );
     await assert.rejects(locateWeights({ source, modelName: "m" }), refusal("weights_not_mirrored", "source", /this server has no mirror/));
 
     await mkdir(path.join(root, "owner--tiny", "0123456789ab"), { recursive: true });
     await writeTinyLlamaGguf({ path: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), seed: 6 });
     const located = await locateWeights({ source, modelName: "m", mirror });
-    assert.deepEqual(located, { file: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), param: "source.file" });
+    assert.deepEqual({ file: located.file, param: located.param }, { file: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), param: "source.file" });
     assert.ok((await stat(located.file)).isFile());
 
     // A version folder that is a link to elsewhere leads outside the mirror.
@@ -170,6 +170,30 @@ describe("locateWeights", () => {
     await writeTinyLlamaGguf({ path: path.join(outside, "tiny-Q4_K_M.gguf"), seed: 7 });
     await symlink(outside, path.join(root, "owner--tiny", "linked"));
     await assert.rejects(locateWeights({ source: { ...source, version: "linked" }, modelName: "m", mirror }), refusal("weights_outside_mirror", "source", /outside the mirror/, /llmgw ctl mirror rm/));
+  });
+
+  test("a split GGUF in the mirror needs the mirror's word on every part, not only a file on disk", async () => {
+    const root = path.join(dir, "mirror-split");
+    const version = path.join(root, "owner--big", "0123456789ab");
+    await mkdir(version, { recursive: true });
+    const split = (no: number) => ({ "split.no": { value: no, type: GGUFValueType.UINT16 }, "split.count": { value: 2, type: GGUFValueType.UINT16 } });
+    await writeTinyLlamaGguf({ path: path.join(version, "big-00001-of-00002.gguf"), seed: 11, extraMetadata: split(0) });
+    await writeTinyLlamaGguf({ path: path.join(version, "big-00002-of-00002.gguf"), seed: 12, extraMetadata: split(1) });
+    // The second part is on disk under its final name, but failed its verification.
+    const refused = new Set(["big-00002-of-00002.gguf"]);
+    const onDisk = folderMirror(root);
+    const mirror: MirrorLocator = {
+      root,
+      check: async (model, ver, file) => (refused.has(file) ? { kind: "refused", error: new Error("its bytes no longer match their sha256 (failed verification)") } : onDisk.check(model, ver, file)),
+    };
+    const source = { kind: "mirror" as const, model: "owner--big", version: "0123456789ab", file: "big-00001-of-00002.gguf" };
+    const located = await locateWeights({ source, modelName: "m", mirror });
+    await assert.rejects(
+      checkWeightsFile({ ...located, modelName: "m" }),
+      refusal("weights_not_mirrored", "source", /owner--big\/0123456789ab\/big-00002-of-00002\.gguf\): its bytes no longer match/, /llmgw ctl mirror verify/),
+    );
+    refused.clear();
+    assert.deepEqual((await checkWeightsFile({ ...located, modelName: "m" })).header?.split, { no: 0, count: 2 });
   });
 
   test("a file source is its absolute path", async () => {

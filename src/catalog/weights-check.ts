@@ -17,11 +17,14 @@ import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
 import type { ModelDefinition } from "./model-schema.ts";
 
-/** What the check needs of the mirror: where it keeps files, and the path of a complete one. */
+/** What the check needs of the mirror: where it keeps files, and whether it vouches for one. */
 export interface MirrorLocator {
   readonly root: string;
-  /** The absolute path of a complete mirrored file, or null when it is not complete. */
-  pathFor(model: string, version: string, file: string): Promise<string | null>;
+  /**
+   * The absolute path of a complete, verified mirrored file, or why the mirror refuses it
+   * (not fetched, failed, modified on disk since it was verified).
+   */
+  check(model: string, version: string, file: string): Promise<{ kind: "ok"; path: string } | { kind: "refused"; error: Error }>;
 }
 
 /** Checks the weights a model definition names; throws a 400 naming the field when they cannot run. */
@@ -37,6 +40,8 @@ export interface CheckWeightsFileOptions {
   param?: string;
   /** Whether llama.cpp loads the file, so it must be a GGUF of a supported architecture. Default true. */
   llamaCpp?: boolean;
+  /** Mirrored weights: the mirror's word on the other parts of a split GGUF (see LocatedWeights). */
+  vouch?: (file: string) => Promise<void>;
   signal?: AbortSignal;
 }
 
@@ -61,8 +66,15 @@ export class DiskWeightsChecker implements WeightsChecker {
 
 type WeightsSource = NonNullable<ModelDefinition["source"]>;
 
+export interface LocatedWeights {
+  file: string;
+  param: string;
+  /** For mirrored weights: throws unless the mirror vouches for another file of the same version (a split GGUF's other parts). */
+  vouch?: (file: string) => Promise<void>;
+}
+
 /** The file a source names on this machine, and the request field to blame for it. */
-export async function locateWeights(options: { source: WeightsSource; modelName: string; mirror?: MirrorLocator }): Promise<{ file: string; param: string }> {
+export async function locateWeights(options: { source: WeightsSource; modelName: string; mirror?: MirrorLocator }): Promise<LocatedWeights> {
   const { source, modelName, mirror } = options;
   if (source.kind === "file") return { file: path.resolve(source.path), param: "source.path" };
   const named = `${source.model}/${source.version}/${source.file}`;
@@ -72,14 +84,9 @@ export async function locateWeights(options: { source: WeightsSource; modelName:
       param: "source",
     });
   }
-  const found = await mirror.pathFor(source.model, source.version, source.file);
-  if (found === null) {
-    throw new BadRequestError(
-      `The weights of model '${modelName}' are not a complete file in the mirror: ${named}. ` +
-        `Fetch them with 'llmgw ctl mirror fetch', wait until 'llmgw ctl mirror list --model ${source.model}' shows the file complete, then add the model.`,
-      { code: "weights_not_mirrored", param: "source" },
-    );
-  }
+  const checked = await mirror.check(source.model, source.version, source.file);
+  if (checked.kind === "refused") throw notMirrored(modelName, named, source.model, checked.error);
+  const found = checked.path;
   // A link or a bind inside the mirror's folder must not lead a model to a file outside it.
   const [real, root] = await Promise.all([realpath(found).catch(() => found), realpath(mirror.root).catch(() => path.resolve(mirror.root))]);
   if (!real.startsWith(root + path.sep)) {
@@ -88,7 +95,23 @@ export async function locateWeights(options: { source: WeightsSource; modelName:
       { code: "weights_outside_mirror", param: "source" },
     );
   }
-  return { file: found, param: "source.file" };
+  // The other parts of a split GGUF must be files the mirror vouches for too.
+  const versionDir = found.slice(0, found.length - source.file.length);
+  const vouch = async (part: string) => {
+    const partFile = path.relative(versionDir, part).split(path.sep).join("/");
+    const partChecked = await mirror.check(source.model, source.version, partFile);
+    if (partChecked.kind === "refused") throw notMirrored(modelName, `${source.model}/${source.version}/${partFile}`, source.model, partChecked.error);
+  };
+  return { file: found, param: "source.file", vouch };
+}
+
+/** The mirror does not vouch for a file a model needs: why, and what to do in any context (adding the model, or starting it). */
+function notMirrored(modelName: string, named: string, mirrorModel: string, why: Error): BadRequestError {
+  return new BadRequestError(
+    `The weights of model '${modelName}' cannot be used from the mirror (${named}): ${describeError(why)}. ` +
+      `Fetch them with 'llmgw ctl mirror fetch' (or, for a file modified on disk, check it with 'llmgw ctl mirror verify'), wait until 'llmgw ctl mirror list --model ${mirrorModel}' shows it complete, then try again.`,
+    { code: "weights_not_mirrored", param: "source" },
+  );
 }
 
 /**
@@ -174,6 +197,8 @@ async function checkSplitParts(options: CheckWeightsFileOptions & { param: strin
   }
   const prefix = file.slice(0, -first.length);
   for (let no = 1; no < split.count; no += 1) {
-    await checkWeightsFile({ ...options, file: `${prefix}${suffix(no)}`, llamaCpp: false });
+    const part = `${prefix}${suffix(no)}`;
+    await options.vouch?.(part);
+    await checkWeightsFile({ ...options, file: part, llamaCpp: false });
   }
 }

@@ -43,7 +43,7 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       });
       const json = command.optsWithGlobals().json === true;
       if (options.wait === false) {
-        print(command, started, () => `${describePick(started.picked)}\nFetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${count(started.files.length, "file")}, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
+        print(command, started, () => `${describePick(started.picked)}\nFetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${countOf(started.files.length, "file")}, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
         return;
       }
       if (!json) process.stdout.write(`${describePick(started.picked)}\n`);
@@ -90,18 +90,13 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .action(async (modelName: string, version: string, options: Options, command: Command) => {
       const query = options.force === true ? "?force=true" : "";
       const { deleted } = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
-      const forced = deleted.forced === true ? ` The catalog model${deleted.usedBy.length === 1 ? "" : "s"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.` : "";
-      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${count(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}\n`);
+      const forced = deleted.forced === true ? ` The ${deleted.usedBy.length === 1 ? "catalog model" : "catalog models"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.` : "";
+      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${countOf(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}\n`);
     });
 }
 
 function pick(options: Options, names: string[]): Record<string, string> {
   return Object.fromEntries(names.filter((name) => typeof options[name] === "string").map((name) => [name, options[name] as string]));
-}
-
-/** "1 file", "2 files". */
-function count(n: number, noun: string): string {
-  return `${n} ${noun}${n === 1 ? "" : "s"}`;
 }
 
 /** The line that says which artifact the server picked and why. */
@@ -173,7 +168,7 @@ export async function followFetch(
       if (tty) process.stderr.write("\n");
       throw new UpstreamError(
         `The server accepted the fetch of ${started.repo} as ${started.model}/${started.version}, but ${files.length === 0 ? "none" : `only ${files.length}`} of its ` +
-          `${count(wanted.size, "file")} appeared in the mirror within ${appearTimeoutMs / 1000} s and nothing is fetching them. ` +
+          `${countOf(wanted.size, "file")} appeared in the mirror within ${appearTimeoutMs / 1000} s and nothing is fetching them. ` +
           `The server log says why ('mirror fetch stopped'); 'llmgw ctl mirror list --model ${started.model}' shows what is there. Then run the same fetch again.`,
         { code: "mirror_fetch_lost" },
       );
@@ -204,9 +199,9 @@ function describeFetchOutcome(started: { model: string; version: string; repo: s
   }
   if (failed.length === 0) {
     const entry = files[0]?.file ?? "";
-    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${count(files.length, "file")} verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
+    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${countOf(files.length, "file")} verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
   }
-  return `${failed.length} of ${count(files.length, "file")} failed:\n${failures}\nRun the same fetch again to retry; completed files are kept.`;
+  return `${failed.length} of ${countOf(files.length, "file")} failed:\n${failures}\nRun the same fetch again to retry; completed files are kept.`;
 }
 
 export interface VerifiedFile {
@@ -250,7 +245,7 @@ export async function followVerification(
     }
     if (tty) {
       const done = run.files.reduce((sum, f) => sum + f.bytesDone, 0);
-      process.stderr.write(`\r${progressBar(done, run.totalBytes)} ${formatBytes(done)} / ${formatBytes(run.totalBytes)}  ${reported.size}/${count(run.files.length, "file")} checked\u001b[K`);
+      process.stderr.write(`\r${progressBar(done, run.totalBytes)} ${formatBytes(done)} / ${formatBytes(run.totalBytes)}  ${reported.size}/${countOf(run.files.length, "file")} checked\u001b[K`);
     }
     if (run.state !== "running") {
       if (tty) process.stderr.write("\n");
@@ -269,7 +264,7 @@ function describeVerifiedFile(file: VerifiedFile): string {
 
 function describeVerification(run: VerificationRun): string {
   if (run.files.length === 0) return "Nothing to verify: the mirror holds no files. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
-  const counts = `${count(run.files.length, "file")}: ${run.ok} ok, ${run.failed} failed, ${run.skipped} skipped`;
+  const counts = `${countOf(run.files.length, "file")}: ${run.ok} ok, ${run.failed} failed, ${run.skipped} skipped`;
   if (run.state === "stopped") return `${run.error ?? "The verification stopped."} So far ${counts}.`;
   const failed = run.failed === 0 ? "" : " Failed files are no longer served; fetch their versions again to replace them.";
   return `Verified ${counts}.${failed}`;

@@ -76,7 +76,10 @@ export function registerCtl(program: Command): void {
     .requiredOption("--patch <json>", "JSON object, or @file to read one")
     .option("--json", "print JSON")
     .action(async (name: string, options: Options, command: Command) => {
-      const patch = readJsonArgument(String(options.patch), "--patch");
+      const argument = String(options.patch);
+      // A relative weights path means: from here (inline JSON), or next to the @file.
+      const base = argument.startsWith("@") ? path.dirname(path.resolve(argument.slice(1))) : process.cwd();
+      const patch = withAbsoluteFileSource(readJsonArgument(argument, "--patch"), base);
       const updated = await connect(command).call("PATCH", `/api/v1/models/${encodeURIComponent(name)}`, patch);
       print(command, updated, () => `Updated model '${updated.name}'.`);
     });

@@ -102,7 +102,7 @@ function sourceStatusError(status: number, spec: MirrorFetchFile, url: string, s
   const detail = said === undefined ? "" : ` It said: ${said}`;
   if (status === 401 || status === 403) {
     return new UpstreamError(
-      `The source at ${where} refused '${spec.path}' (${status}): the repository may be gated or private and the registry token (HF_TOKEN) lacks access.${detail}`,
+      `The source at ${where} refused '${spec.path}' (${status}): the repository may be gated or private, and the HF_TOKEN in the llmgw server's environment is missing or lacks access. Set HF_TOKEN to a token with access where the server runs (not for ctl), restart the server, and fetch again.${detail}`,
       { code: "mirror_source_forbidden" },
     );
   }

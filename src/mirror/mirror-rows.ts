@@ -116,16 +116,21 @@ export class MirrorRows {
    * stays) complete. Only when the row still expects that sha256, so a verification that
    * finishes after the file was fetched anew cannot stamp other bytes.
    */
-  async markVerified(row: Pick<MirrorRow, "model" | "version" | "file">, sha256: string, stamp: DiskStamp): Promise<void> {
+  /**
+   * Records that the file on disk has `sha256` and this stamp: complete again, whatever it
+   * was. Callers hold the file's lane, so nothing fetches it meanwhile. False when the
+   * row is gone (the version was deleted).
+   */
+  async markVerified(row: Pick<MirrorRow, "model" | "version" | "file">, sha256: string, stamp: DiskStamp): Promise<boolean> {
     const now = nowIso(this.#clock);
-    await this.#store.db
+    const result = await this.#store.db
       .updateTable("mirror_files")
-      .set({ state: "complete", error: null, bytes_done: stamp.size, verified_size: stamp.size, verified_mtime_ns: stamp.mtimeNs, verified_at: now, updated_at: now })
+      .set({ state: "complete", error: null, actual_sha256: sha256, bytes_done: stamp.size, verified_size: stamp.size, verified_mtime_ns: stamp.mtimeNs, verified_at: now, updated_at: now })
       .where("model", "=", row.model)
       .where("version", "=", row.version)
       .where("file", "=", row.file)
-      .where("actual_sha256", "=", sha256)
-      .execute();
+      .executeTakeFirst();
+    return Number(result.numUpdatedRows) > 0;
   }
 
   /** Bytes done of a file while it streams; only while the row is still fetching, so a late write never undoes the final state. */

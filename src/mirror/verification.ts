@@ -8,6 +8,7 @@
 //   is already complete (only files whose stat changed). A match records the new stat; a
 //   mismatch marks the row failed with both hashes in its error.
 import { ConflictError, NotFoundError, describeError, type LlmgwError } from "../core/errors.ts";
+import { clause } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import { ContentHasher, hashFileInto } from "./content-hash.ts";
 import { diskStamp, type DiskStamp } from "./disk-files.ts";
@@ -38,9 +39,13 @@ export function diskProblem(row: MirrorRow, final: string, stamp: DiskStamp | nu
   return null;
 }
 
-/** The sha256 a complete file was verified with: the one computed at its download (the published one, when there was one). */
+/**
+ * The sha256 a file must have: the one the registry published, when it published one;
+ * otherwise (a local source) the one computed when it was copied in. Never the digest of
+ * a download that failed its check (a failed row keeps that digest for its message).
+ */
 export function verifiedSha256(row: MirrorRow): string | null {
-  return row.actual_sha256 ?? row.sha256;
+  return row.sha256 ?? row.actual_sha256;
 }
 
 export type RehashResult =
@@ -122,7 +127,7 @@ export async function verifyRows(deps: VerifierDeps, rows: MirrorRow[], options:
     options.signal.throwIfAborted();
     const key = fileKey(row.model, row.version, row.file);
     const result = deps.isFetching(key)
-      ? skipped(row, "it is being fetched now; the fetch verifies it")
+      ? skipped(row, "it is being fetched now; verify it again once the fetch is done")
       : await deps.exclusive(key, () => verifyOne(deps, row, options));
     results.push(result);
     options.onFile?.(result);
@@ -142,11 +147,11 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
   if (row === undefined) return skipped(listed, "it was deleted meanwhile");
   const expected = verifiedSha256(row);
   const final = deps.finalPath(row.model, row.version, row.file);
-  // A file that failed at download was never verified: there is nothing to compare with.
-  // A file that failed an earlier verification keeps its verified sha256, and is checked
-  // again (it may have been restored).
+  // A failed file that is on disk under its final name (it failed a verification, or its
+  // refetch failed and left it there) is checked again against the sha256 it must have:
+  // it may have been restored, and a match makes it complete again.
   if (row.state !== "complete" && !(row.state === "failed" && expected !== null && (await diskStamp(final)) !== null)) {
-    return skipped(row, `it is not complete (${row.state}${row.error === null ? "" : `: ${row.error.replace(/\.$/, "")}`})`);
+    return skipped(row, `it is not complete (${row.state}${row.error === null ? "" : `: ${clause(row.error)}`})`);
   }
   if (expected === null) return skipped(row, "no sha256 was recorded for it");
   const bytesTotal = row.bytes_total ?? 0;
@@ -162,7 +167,7 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
   }
   if (outcome.kind === "moving") return skipped(row, "it changed while it was read; verify it again");
   if (outcome.sha256 === expected && outcome.stamp.size === row.bytes_total) {
-    await deps.rows.markVerified(row, expected, outcome.stamp);
+    if (!(await deps.rows.markVerified(row, expected, outcome.stamp))) return skipped(row, "it was deleted meanwhile");
     return { ...base, result: "ok", actualSha256: outcome.sha256, bytes: outcome.stamp.size, message: null };
   }
   const message = mismatchMessage(row, expected, outcome.sha256);

@@ -114,7 +114,7 @@ export class VerifyRuns {
           }
           await this.#audit(actor, run, { ok: run.ok, failed: run.failed, skipped: run.skipped, stopped: describeError(error) });
           run.finishedAt = new Date().toISOString();
-          run.error = `The verification stopped before it was done: ${describeError(error).replace(/\.$/, "")}. Run it again.`;
+          run.error = `The verification stopped before it was done: ${describeError(error)}. Run it again.`;
           run.state = "stopped";
         },
       );

@@ -107,9 +107,6 @@ export interface FileMetadata {
   location: string;
 }
 
-type RequestContext = HubRequestContext;
-type Response = HubResponse;
-
 const COMMIT_SHA = /^[0-9a-f]{40}$/;
 // A tree page of the real Hub is at most 1000 entries; a model-info answer is a few
 // hundred KiB for the largest repositories. This cap only stops a runaway body.
@@ -199,7 +196,7 @@ export class HubClient implements Registry {
   async repoInfo(options: { repo: string; revision?: string; signal?: AbortSignal }): Promise<RepoInfo> {
     const repo = validateRepoName(options.repo);
     const revision = options.revision === undefined ? undefined : validateRevision(options.revision);
-    const context: RequestContext = { what: "reading repository info", repo, ...(revision === undefined ? {} : { revision }) };
+    const context: HubRequestContext = { what: "reading repository info", repo, ...(revision === undefined ? {} : { revision }) };
     // Without a revision huggingface_hub asks for the default branch with the plain path.
     const infoUrl =
       revision === undefined
@@ -250,7 +247,7 @@ export class HubClient implements Registry {
   async fileMetadata(options: { repo: string; revision: string; path: string; signal?: AbortSignal }): Promise<FileMetadata> {
     const repo = validateRepoName(options.repo);
     const revision = validateRevision(options.revision);
-    const context: RequestContext = { what: `reading metadata of '${options.path}'`, repo, revision, path: options.path };
+    const context: HubRequestContext = { what: `reading metadata of '${options.path}'`, repo, revision, path: options.path };
     const url = this.downloadUrl(repo, revision, options.path);
     return this.#withRetries(async () => {
       // Only relative redirects are followed here, as huggingface_hub does: the answer to
@@ -283,7 +280,7 @@ export class HubClient implements Registry {
   async readSmallFile(options: { repo: string; sha: string; path: string; maxBytes: number; signal?: AbortSignal }): Promise<Buffer> {
     const repo = validateRepoName(options.repo);
     const revision = validateRevision(options.sha);
-    const context: RequestContext = { what: `downloading '${options.path}'`, repo, revision, path: options.path };
+    const context: HubRequestContext = { what: `downloading '${options.path}'`, repo, revision, path: options.path };
     const url = this.downloadUrl(repo, revision, options.path);
     const tooLarge = (size: number | null) =>
       new BadRequestError(
@@ -312,7 +309,7 @@ export class HubClient implements Registry {
     }, options.signal);
   }
 
-  async #listFiles(repo: string, sha: string, context: RequestContext, signal: AbortSignal | undefined): Promise<RepoFile[]> {
+  async #listFiles(repo: string, sha: string, context: HubRequestContext, signal: AbortSignal | undefined): Promise<RepoFile[]> {
     const files: RepoFile[] = [];
     const seen = new Set<string>();
     let url: string | undefined = `${this.endpoint}/api/models/${repo}/tree/${sha}?recursive=true&expand=false`;
@@ -361,7 +358,7 @@ export class HubClient implements Registry {
     await this.fileMetadata({ repo, revision: sha, path: smallest.path, ...(signal === undefined ? {} : { signal }) });
   }
 
-  async #getJson<T extends z.ZodType>(url: string, context: RequestContext, schema: T, signal: AbortSignal | undefined): Promise<z.output<T>> {
+  async #getJson<T extends z.ZodType>(url: string, context: HubRequestContext, schema: T, signal: AbortSignal | undefined): Promise<z.output<T>> {
     return this.#withRetries(async () => {
       const response = await this.#get(url, context, signal);
       return parseOrFail(schema, await this.#readJson(response, context, signal), this.endpoint, context);
@@ -369,7 +366,7 @@ export class HubClient implements Registry {
   }
 
   /** A GET that follows same-origin redirects and turns error statuses into llmgw errors. */
-  async #get(url: string, context: RequestContext, signal: AbortSignal | undefined): Promise<Response> {
+  async #get(url: string, context: HubRequestContext, signal: AbortSignal | undefined): Promise<HubResponse> {
     const response = await this.#send(url, "GET", { accept: "application/json" }, context, signal, "same-origin");
     if (response.status >= 300 && response.status < 400) {
       await response.body.dump();
@@ -392,10 +389,10 @@ export class HubClient implements Registry {
     url: string,
     method: "GET" | "HEAD",
     extraHeaders: Record<string, string>,
-    context: RequestContext,
+    context: HubRequestContext,
     signal: AbortSignal | undefined,
     follow: "relative" | "same-origin" | "any",
-  ): Promise<Response> {
+  ): Promise<HubResponse> {
     const followed = await followRedirects({
       url,
       headers: { ...this.requestHeaders(url), ...extraHeaders },
@@ -429,7 +426,7 @@ export class HubClient implements Registry {
    * The whole body, refused (with `tooLarge`) once more than `maxBytes` arrived, so a
    * runaway answer is cut off whether or not it announced its length.
    */
-  async #readBody(response: Response, context: RequestContext, signal: AbortSignal | undefined, maxBytes: number, tooLarge: () => LlmgwError): Promise<Buffer> {
+  async #readBody(response: HubResponse, context: HubRequestContext, signal: AbortSignal | undefined, maxBytes: number, tooLarge: () => LlmgwError): Promise<Buffer> {
     const chunks: Buffer[] = [];
     let total = 0;
     try {
@@ -449,7 +446,7 @@ export class HubClient implements Registry {
     return Buffer.concat(chunks);
   }
 
-  async #readJson(response: Response, context: RequestContext, signal: AbortSignal | undefined): Promise<unknown> {
+  async #readJson(response: HubResponse, context: HubRequestContext, signal: AbortSignal | undefined): Promise<unknown> {
     const body = await this.#readBody(
       response,
       context,
@@ -480,7 +477,7 @@ export class HubClient implements Registry {
   }
 
   /** Timeouts, refused and dropped connections: retryable, naming the registry. */
-  #transportError(error: unknown, context: RequestContext, url: string, signal: AbortSignal | undefined): unknown {
+  #transportError(error: unknown, context: HubRequestContext, url: string, signal: AbortSignal | undefined): unknown {
     if (signal?.aborted === true) return signal.reason ?? error;
     if (error instanceof LlmgwError) return error;
     const code = errorCode(error);
@@ -506,15 +503,14 @@ export class HubClient implements Registry {
     );
   }
 
-  /** Whose token was sent, for messages: the server's, or this process's. */
   /** The one mapping of Hub error answers to llmgw errors (hub-errors.ts), with what this client knows. */
-  #statusError(response: Response, context: RequestContext): Promise<LlmgwError> {
+  #statusError(response: HubResponse, context: HubRequestContext): Promise<LlmgwError> {
     return hubStatusError(response, context, { endpoint: this.endpoint, hasToken: this.hasToken, inServer: this.#inServer });
   }
 }
 
 
-function parseOrFail<T extends z.ZodType>(schema: T, value: unknown, endpoint: string, context: RequestContext): z.output<T> {
+function parseOrFail<T extends z.ZodType>(schema: T, value: unknown, endpoint: string, context: HubRequestContext): z.output<T> {
   const result = schema.safeParse(value);
   if (result.success) return result.data;
   const issue = result.error.issues[0];

@@ -9,9 +9,9 @@ import type { MirrorLocator } from "../../src/catalog/weights-check.ts";
 export function folderMirror(root: string): MirrorLocator {
   return {
     root,
-    pathFor: async (model, version, file) => {
+    check: async (model, version, file) => {
       const found = path.join(root, model, version, ...file.split("/"));
-      return existsSync(found) ? found : null;
+      return existsSync(found) ? { kind: "ok", path: found } : { kind: "refused", error: new Error(`the mirror has no complete file '${file}' in ${model}/${version}`) };
     },
   };
 }

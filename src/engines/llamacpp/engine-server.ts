@@ -9,7 +9,7 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { AuthenticationError, LlmgwError, NotFoundError, UnavailableError, parseWith } from "../../core/errors.ts";
-import { SSE_DONE, methodNotAllowed, readLimitedBody, sendError, sendJson, sseData, startEventStream } from "../../core/http.ts";
+import { DEFAULT_BODY_TIMEOUT_MS, SSE_DONE, methodNotAllowed, readLimitedBody, sendError, sendJson, sseData, startEventStream } from "../../core/http.ts";
 import { parseJsonBody } from "../../core/json-body.ts";
 import type { Logger } from "../../core/log.ts";
 import type { GenerationResult, TextGenerator } from "./llama-runner.ts";
@@ -62,7 +62,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
   const { logger, modelName } = options;
   const now = options.now ?? Date.now;
   const maxBodyBytes = options.maxBodyBytes ?? 16 * 1024 * 1024;
-  const bodyTimeoutMs = options.bodyTimeoutMs ?? 30_000;
+  const bodyTimeoutMs = options.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS;
   // Compare digests so the comparison takes the same time whatever the length of the guess.
   const expectedKey = createHash("sha256").update(options.key).digest();
   const startedAt = Math.floor(now() / 1000);
