@@ -128,6 +128,28 @@ describe("integrity", () => {
     }
   });
 
+  testBothStores("a file whose refetch failed (no digest recorded) verifies against the published sha256 and is served again", async (store) => {
+    const mirror = mirrorFor(store, await tempRoot());
+    try {
+      const args = plan([Q4]);
+      assert.equal((await mirror.fetchVersion(args)).complete, true);
+      // As a refetch that failed on the network leaves the row: failed, its digest cleared,
+      // the good bytes still on disk under the final name.
+      await store.db
+        .updateTable("mirror_files")
+        .set({ state: "failed", actual_sha256: null, error: "The source dropped the connection." })
+        .where("model", "=", MODEL)
+        .where("file", "=", Q4)
+        .execute();
+      assert.equal(await mirror.lookup(MODEL, args.version, Q4), null);
+      const verified = await mirror.verify({ model: MODEL, version: args.version });
+      assert.deepEqual([verified.ok, verified.failed, verified.skipped], [1, 0, 0]);
+      assert.equal((await mirror.lookup(MODEL, args.version, Q4))?.sha256, repoFile(Q4).sha256, "reported ok and served again, not ok and still refused");
+    } finally {
+      await mirror.close();
+    }
+  });
+
   testBothStores("a fetch of a complete version hashes a touched file again: unchanged bytes are kept without a download, changed bytes are fetched anew", async (store) => {
     const mirror = mirrorFor(store, await tempRoot());
     try {
