@@ -40,6 +40,7 @@ import { fileURLToPath } from "node:url";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
 import type { DirectResult, DirectRound } from "./direct.ts";
 import { measureOtherLoad } from "./other-load.ts";
+import { flagReader } from "../flags.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const KEY = "bench-engine-key";
@@ -73,15 +74,7 @@ interface Sample {
 }
 
 function parseOptions(argv: string[]): Options {
-  const flag = (name: string, env: string): string | undefined => {
-    const index = argv.indexOf(`--${name}`);
-    if (index !== -1) {
-      const value = argv[index + 1];
-      if (value === undefined || value.startsWith("--")) throw new Error(`--${name} needs a value.`);
-      return value;
-    }
-    return process.env[env];
-  };
+  const flag = flagReader(argv);
   const whole = (value: string, name: string): number => {
     const number = Number(value);
     if (!Number.isInteger(number) || number < 1) throw new Error(`Invalid --${name} '${value}': expected a whole number ≥ 1.`);

@@ -35,6 +35,7 @@ import { performance } from "node:perf_hooks";
 import { request } from "undici";
 import { LoadTarget, summarize } from "./load.ts";
 import { ROOT, api, startService, stopService, tail, type Service } from "./services.ts";
+import { flagReader } from "../flags.ts";
 
 /** The three targets every run measures; `--compare` adds more llmgw builds after them. */
 const TARGETS = ["direct", "floor", "llmgw"] as const;
@@ -58,15 +59,7 @@ interface Options {
 }
 
 function parseOptions(argv: string[]): Options {
-  const flag = (name: string, env: string): string | undefined => {
-    const index = argv.indexOf(`--${name}`);
-    if (index !== -1) {
-      const value = argv[index + 1];
-      if (value === undefined || value.startsWith("--")) throw new Error(`--${name} needs a value.`);
-      return value;
-    }
-    return process.env[env];
-  };
+  const flag = flagReader(argv);
   const positive = (value: string | undefined, fallback: number, name: string) => {
     if (value === undefined) return fallback;
     const number = Number(value);

@@ -34,6 +34,7 @@ import { HubClient } from "../../src/registry/hub-client.ts";
 import { openStore } from "../../src/store/store.ts";
 import { Mirror } from "../../src/mirror/mirror.ts";
 import { planMirrorFetch } from "../../src/mirror/mirror-plan.ts";
+import { flagReader } from "../flags.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const GOAL = 0.8;
@@ -66,15 +67,7 @@ interface Sample {
 }
 
 function parseOptions(argv: string[]): Options {
-  const flag = (name: string, env: string): string | undefined => {
-    const index = argv.indexOf(`--${name}`);
-    if (index !== -1) {
-      const value = argv[index + 1];
-      if (value === undefined || value.startsWith("--")) throw new Error(`--${name} needs a value.`);
-      return value;
-    }
-    return process.env[env];
-  };
+  const flag = flagReader(argv);
   const size = Number(flag("size", "BENCH_SIZE") ?? 1024 ** 3);
   const runs = Number(flag("runs", "BENCH_RUNS") ?? 7);
   if (!Number.isSafeInteger(size) || size <= 0) throw new Error("--size must be a positive number of bytes.");

@@ -88,6 +88,11 @@ export class RequestTimeoutError extends LlmgwError {
   }
 }
 
+/** Response headers plus `Retry-After` when a wait is given (429 and 503 answers). */
+function withRetryAfter(headers: Record<string, string> | undefined, seconds: number | undefined): Record<string, string> {
+  return { ...(headers ?? {}), ...(seconds === undefined ? {} : { "retry-after": String(seconds) }) };
+}
+
 /** 429: too much at once (a full queue, a rate limit); Retry-After says when to come back. */
 export class TooManyRequestsError extends LlmgwError {
   constructor(message: string, detail: Detail & { retryAfterSeconds?: number } = {}) {
@@ -98,7 +103,7 @@ export class TooManyRequestsError extends LlmgwError {
       ...rest,
       message,
       status: 429,
-      headers: { ...(rest.headers ?? {}), ...(retryAfterSeconds === undefined ? {} : { "retry-after": String(retryAfterSeconds) }) },
+      headers: withRetryAfter(rest.headers, retryAfterSeconds),
     });
   }
 }
@@ -123,7 +128,7 @@ export class UnavailableError extends LlmgwError {
       ...rest,
       message,
       status: 503,
-      headers: { ...(rest.headers ?? {}), ...(retryAfterSeconds === undefined ? {} : { "retry-after": String(retryAfterSeconds) }) },
+      headers: withRetryAfter(rest.headers, retryAfterSeconds),
     });
   }
 }
