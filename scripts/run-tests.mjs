@@ -38,7 +38,7 @@ const unit = [
   "src/server/admin-api.test.ts",
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
-  "src/agent/local-agent.test.ts",
+  "src/agent/local-node.test.ts",
 ];
 
 const endToEnd = [

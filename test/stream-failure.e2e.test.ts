@@ -9,13 +9,13 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
-import type { LocalAgent } from "../src/agent/local-agent.ts";
+import type { NodeAgent } from "../src/agent/node-agent.ts";
 import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
 import { eventually } from "./support/eventually.ts";
 
 describe("streams that fail", () => {
   let harness: Harness;
-  let agent: LocalAgent;
+  let agent: NodeAgent;
   let modelDir: string;
   let modelFile: string;
   let client: OpenAI;

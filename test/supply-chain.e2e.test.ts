@@ -14,7 +14,7 @@ import OpenAI from "openai";
 import { followFetch } from "../src/cli/ctl-mirror.ts";
 import { LlmgwError } from "../src/core/errors.ts";
 import { silentLogger } from "../src/core/log.ts";
-import { LocalAgent } from "../src/agent/local-agent.ts";
+import { startLocalNode } from "../src/agent/local-node.ts";
 import { readAudit } from "../src/store/audit.ts";
 import { eventually } from "./support/eventually.ts";
 import { startHarness, type Harness } from "./support/server-harness.ts";
@@ -33,16 +33,7 @@ describe("weights supply chain", () => {
     harness = await startHarness({
       registryEndpoint: hub.url,
       withAgent: async (parts) => {
-        const agent = new LocalAgent({
-          catalog: parts.catalog,
-          replicas: parts.replicas,
-          mirror: parts.mirror,
-          logger: silentLogger(),
-          stateRoot: path.join(parts.config.dataDir, "runs"),
-          nodeId: "local",
-        });
-        await agent.start();
-        return agent;
+        return startLocalNode(parts, { logger: silentLogger(), name: "local" });
       },
     });
   });

@@ -7,7 +7,7 @@ import path from "node:path";
 import { createLogger, parseLogFormat } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE } from "../core/data-dir.ts";
-import { LocalAgent } from "../agent/local-agent.ts";
+import { startLocalNode } from "../agent/local-node.ts";
 import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
 import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
@@ -36,16 +36,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     mode === "up"
       ? async (parts: ServerParts) => {
           if (options.demo === true) await ensureDemoModel(parts, dataDir);
-          const agent = new LocalAgent({
-            catalog: parts.catalog,
-            replicas: parts.replicas,
-            mirror: parts.mirror,
-            logger,
-            stateRoot: path.join(dataDir, "runs"),
-            nodeId: "local",
-          });
-          await agent.start();
-          return agent;
+          return startLocalNode(parts, { logger });
         }
       : undefined;
   const server = await startServer(

@@ -17,7 +17,7 @@ export function isRoutable(replica: Pick<Replica, "state" | "endpoint">): boolea
   return replica.state === "ready" && replica.endpoint !== null;
 }
 
-export type HealthState = "ready" | "starting" | "failed" | "parked" | "stopped" | "no-replicas";
+export type HealthState = "ready" | "starting" | "failed" | "parked" | "unplaceable" | "stopped" | "no-replicas";
 
 export interface ModelHealth {
   state: HealthState;
@@ -26,10 +26,20 @@ export interface ModelHealth {
   reason: string | null;
 }
 
-export function modelHealth(model: CatalogModel, replicas: readonly Replica[]): ModelHealth {
+/** What the fleet knows of a model beyond its replicas (fleet.ts `status`). */
+export interface FleetStatusOfModel {
+  parked: { reason: string } | null;
+  unplaceable: string[] | null;
+  weightsProblem: string | null;
+}
+
+export function modelHealth(model: CatalogModel, replicas: readonly Replica[], fleet?: FleetStatusOfModel): ModelHealth {
   const ready = replicas.filter((r) => r.state === "ready").length;
   const base = { ready, replicas: replicas.length };
   if (ready > 0) return { state: "ready", ...base, reason: null };
+  if (fleet?.parked) return { state: "parked", ...base, reason: `parked: ${fleet.parked.reason}` };
+  if (fleet?.weightsProblem) return { state: "failed", ...base, reason: fleet.weightsProblem };
+  if (fleet?.unplaceable && !replicas.some(isComingUp)) return { state: "unplaceable", ...base, reason: `no node can take a replica: ${fleet.unplaceable.join("; ")}` };
   const parked = replicas.find((r) => r.state === "parked");
   if (parked !== undefined) return { state: "parked", ...base, reason: `parked after ${countOf(parked.failures, "failed start")}: ${parked.lastError ?? "no error recorded"}` };
   const starting = replicas.find(isComingUp);

@@ -33,6 +33,7 @@ import { relay, type RelayResult } from "./relay.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { StreamUsageFilter } from "./stream-usage.ts";
 import { unavailableError } from "./unavailable.ts";
+import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
 import { UsageTap, type TokenUsage } from "./usage-tap.ts";
 import type { UsageRow } from "./usage-recorder.ts";
@@ -67,6 +68,8 @@ export interface GatewayOptions {
   maxAttempts?: number;
   /** A client that reads nothing of its answer for this long is cut off and its slot freed. Default 60 s. */
   stalledReaderMs?: number;
+  /** What the fleet knows of a model (parked, unplaceable), so a 503 says why. */
+  fleetStatus?: (modelId: string) => FleetStatusOfModel;
 }
 
 interface ProxyRoute {
@@ -228,7 +231,7 @@ export class Gateway {
           // overload: the model is starting (or failing to), and its health says so.
           const queueLimit = error instanceof LlmgwError && (error.code === "model_overloaded" || error.code === "queue_timeout");
           if (!queueLimit || this.options.replicas.forModel(model.id).some(isRoutable)) throw error;
-          throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client");
+          throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
         });
         if (lease === null) break;
         const replica = lease.replica;
@@ -312,7 +315,7 @@ export class Gateway {
       if (this.options.catalog.resolve(model.name)?.id !== model.id) {
         throw new NotFoundError(`Model '${model.name}' was removed while the request waited.`, { code: "model_not_found", param: "model" });
       }
-      throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client");
+      throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
     } finally {
       res.off("close", onClose);
     }

@@ -5,18 +5,23 @@
 // for administrators, who see it in this message and in /api/v1/replicas.
 import { UnavailableError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import { modelHealth } from "../fleet/model-health.ts";
+import { modelHealth, type FleetStatusOfModel } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
 
-export function unavailableError(model: CatalogModel, replicas: readonly Replica[], audience: "admin" | "client"): UnavailableError {
-  const health = modelHealth(model, replicas);
+export function unavailableError(model: CatalogModel, replicas: readonly Replica[], audience: "admin" | "client", fleet?: FleetStatusOfModel): UnavailableError {
+  const health = modelHealth(model, replicas, fleet);
   const name = model.name;
   const detail = audience === "admin" && health.reason !== null ? ` (${health.reason})` : "";
   switch (health.state) {
     case "parked":
       return new UnavailableError(
-        `Model '${name}' is parked: its replicas failed to start repeatedly${detail}. An administrator can see why with 'llmgw ctl replicas' and run 'llmgw ctl model unpark ${name}' once it is fixed.`,
+        `Model '${name}' is parked: its replicas failed to start repeatedly${detail}. An administrator can see why with 'llmgw ctl model show ${name}' and run 'llmgw ctl model unpark ${name}' once it is fixed.`,
         { code: "model_parked", retryAfterSeconds: 60 },
+      );
+    case "unplaceable":
+      return new UnavailableError(
+        `Model '${name}' cannot run now: no node has room for a replica${detail}. An administrator can see what each node lacks with 'llmgw ctl model show ${name}'.`,
+        { code: "model_unplaceable", retryAfterSeconds: 30 },
       );
     case "starting":
       return new UnavailableError(`Model '${name}' is starting; retry in a few seconds.`, { code: "model_starting", retryAfterSeconds: 5 });

@@ -11,8 +11,7 @@ describe("admin API", () => {
   let harness: Harness;
 
   before(async () => {
-    // A stand-in for the local agent of `llmgw up`: unpark answers how many replicas it woke.
-    harness = await startHarness({ withAgent: async () => ({ unpark: async (name) => (name === "audited" ? 1 : 0), stop: async () => undefined }) });
+    harness = await startHarness();
   });
 
   after(async () => {
@@ -86,7 +85,7 @@ describe("admin API", () => {
     assert.equal((await harness.admin("DELETE", "/api/v1/keys/audited-key")).status, 200);
     assert.equal((await harness.admin("POST", "/api/v1/models", { name: "audited", profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9" }] })).status, 201);
     assert.equal((await harness.admin("PATCH", "/api/v1/models/audited", { description: "changed" })).status, 200);
-    assert.deepEqual((await harness.admin("POST", "/api/v1/models/audited/unpark")).body, { model: "audited", unparked: 1 });
+    assert.deepEqual((await harness.admin("POST", "/api/v1/models/audited/unpark")).body, { model: "audited", unparked: 0 });
 
     const all = await harness.admin("GET", "/api/v1/audit?limit=1000");
     const seen = all.body.data.map((e: any) => `${e.action} ${e.target} ${e.actor}`);
@@ -106,7 +105,7 @@ describe("admin API", () => {
     assert.deepEqual(revokes.body.data.map((e: any) => e.target), [key.body.prefix], "an action without '.' at the end is exact");
     const ofModel = await harness.admin("GET", "/api/v1/audit?target=audited");
     assert.deepEqual(ofModel.body.data.map((e: any) => e.action), ["model.unpark", "model.update", "model.create"]);
-    assert.deepEqual(ofModel.body.data[0].detail, { replicas: 1 });
+    assert.deepEqual(ofModel.body.data[0].detail, { replicas: 0 });
     assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=key")).body.data, [], "no partial word matches");
     assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=k_y.")).body.data, [], "'_' is no wildcard");
     assert.equal((await harness.admin("GET", "/api/v1/audit?actor=x")).status, 400, "unknown filters are refused");

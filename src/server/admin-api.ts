@@ -11,6 +11,8 @@ import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import { DEFAULT_CONTEXT_POOL, redactDefinition } from "../catalog/model-schema.ts";
 import type { KeyService, Principal } from "../keys/key-service.ts";
 import { modelHealth } from "../fleet/model-health.ts";
+import type { Fleet } from "../fleet/fleet.ts";
+import { mountFleetRoutes } from "../fleet/fleet-routes.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
 import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
 import type { AuditTrail } from "../store/audit.ts";
@@ -31,8 +33,10 @@ export interface AdminApiOptions {
   keys: KeyService;
   replicas: ReplicaTable;
   logger: Logger;
-  /** Operations the local agent offers (unpark); absent on a server without one. */
-  agent?: { unpark(modelName: string): Promise<number> };
+  /** Nodes, placement, parking (the /api/v1/nodes routes, model health, unpark). */
+  fleet: Fleet;
+  /** The join token agents join with (`ctl node join-token`). */
+  joinToken: () => string;
   /** The weights mirror and the registry it fetches from (the /api/v1/mirror routes). */
   mirror?: MirrorRoutesOptions;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
@@ -94,7 +98,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     return {
       name: model.name,
       ...redactDefinition(model.definition),
-      health: modelHealth(model, modelReplicas),
+      health: modelHealth(model, modelReplicas, options.fleet.status(model.id)),
       replicas: modelReplicas.map(viewReplica),
       created_by: model.created_by,
       created_at: model.created_at,
@@ -115,13 +119,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     await catalog.delete(c.req.param("name"), actor(c));
     return c.json({ deleted: c.req.param("name") });
   });
-  app.post("/api/v1/models/:name/unpark", async (c) => {
-    const model = catalog.get(c.req.param("name"));
-    if (options.agent === undefined) throw new BadRequestError("This server runs no local agent; unpark applies to models served by `llmgw up`.");
-    const count = await options.agent.unpark(model.name);
-    await options.audit.record({ actor: actor(c), action: "model.unpark", target: model.name, detail: { replicas: count } });
-    return c.json({ model: model.name, unparked: count });
-  });
+  mountFleetRoutes(app, { fleet: options.fleet, catalog, replicas, audit: options.audit, joinToken: options.joinToken, actor });
   app.get("/api/v1/audit", async (c) => c.json({ data: await options.audit.read(parseWith(auditQuerySchema, c.req.query(), "audit query")) }));
 
   app.get("/api/v1/plan", async (c) => {

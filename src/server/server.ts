@@ -14,6 +14,9 @@ import { Catalog } from "../catalog/catalog.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { KeyService } from "../keys/key-service.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
+import { Fleet } from "../fleet/fleet.ts";
+import { ensureJoinToken } from "../fleet/node-credentials.ts";
+import { SecretBox } from "../core/secret-box.ts";
 import { syncExternalReplicas } from "../fleet/external-replicas.ts";
 import { Gateway } from "../gateway/gateway.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
@@ -52,6 +55,9 @@ export interface ServerConfig {
   /** Hugging Face Hub endpoint (default https://huggingface.co) and token. */
   registryEndpoint?: string;
   registryToken?: string;
+  /** Fleet timings (tests shorten them): a node without a heartbeat this long is lost (default 15 s). */
+  nodeTimeoutMs?: number;
+  heartbeatIntervalMs?: number;
   logger: Logger;
 }
 
@@ -61,13 +67,15 @@ export interface ServerParts {
   catalog: Catalog;
   keys: KeyService;
   replicas: ReplicaTable;
+  fleet: Fleet;
+  /** The join token agents join with (DATA_DIR/join.token). */
+  joinToken: () => string;
   logger: Logger;
   config: ServerConfig;
 }
 
 /** Something started alongside the server (the local agent) that must stop with it. */
 export interface Attachment {
-  unpark?(modelName: string): Promise<number>;
   stop(): Promise<void>;
 }
 
@@ -98,17 +106,32 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
   const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
   const keys = new KeyService({ store });
-  const replicas = new ReplicaTable({ store, logger });
+  const replicas = new ReplicaTable();
+  let joinToken = "";
+  const fleet = new Fleet({
+    store,
+    catalog,
+    replicas,
+    mirror,
+    box: SecretBox.forDataDir(config.dataDir),
+    joinToken: () => joinToken,
+    logger,
+    ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
+    ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
+  });
   let stopExternalSync = () => {};
   try {
+    joinToken = ensureJoinToken(config.dataDir);
     await catalog.refresh();
     stopExternalSync = syncExternalReplicas(catalog, replicas);
+    await fleet.start();
     // Fetches cut off by the last stop are listed as incomplete, never as present.
     const recovered = await mirror.recover();
     if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
   } catch (error) {
     // Nothing of this start may outlive it: a caller that retries must find the data dir free.
     stopExternalSync();
+    await fleet.stop().catch(() => undefined);
     await mirror.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     lock.release();
@@ -117,8 +140,19 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
-  const gateway = new Gateway({ catalog, keys, replicas, pools, usage, logger, maxBodyBytes: config.maxBodyBytes, bodyTimeoutMs: config.bodyTimeoutMs, stalledReaderMs: config.stalledReaderMs });
-  const parts: ServerParts = { store, mirror, catalog, keys, replicas, logger, config };
+  const gateway = new Gateway({
+    catalog,
+    keys,
+    replicas,
+    pools,
+    usage,
+    logger,
+    maxBodyBytes: config.maxBodyBytes,
+    bodyTimeoutMs: config.bodyTimeoutMs,
+    stalledReaderMs: config.stalledReaderMs,
+    fleetStatus: (modelId) => fleet.status(modelId),
+  });
+  const parts: ServerParts = { store, mirror, catalog, keys, replicas, fleet, joinToken: () => joinToken, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
@@ -151,7 +185,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     planner,
     bodyLimits,
-    agent: { unpark: (name) => attachment?.unpark?.(name) ?? Promise.resolve(0) },
+    fleet,
+    joinToken: () => joinToken,
   });
   const adminListener = getRequestListener(adminApi.fetch);
   const mirrorFiles = createMirrorFileHandler({
@@ -195,6 +230,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const abandonStart = async () => {
     if (refreshTimer !== undefined) clearInterval(refreshTimer);
     stopExternalSync();
+    await fleet.stop();
     server.close();
     await mirror.close();
     await registry.close();
@@ -241,7 +277,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       await mirror.close();
       await registry.close();
       await usage.close();
-      await replicas.flush();
+      await fleet.stop();
       await store.close();
       removeServerInfoIfOurs(config.dataDir, instance);
       lock.release();

@@ -152,6 +152,40 @@ const migrations: Record<string, MigrationFactory> = {
         .execute();
     },
   }),
+  // The fleet (issue 7): nodes join with a credential (only its sha256 is kept) and may be
+  // removed (the row stays, so a credential used after removal gets a precise refusal);
+  // replica rows become the reconciler's truth: what was placed where, from which model
+  // definition (fingerprint), with which GPUs, whether the node should run or stop it,
+  // and the engine key sealed with the server's secret (so a restarted server can still
+  // call the engines its agents kept running). A model's parking lives with the model, so
+  // it survives restarts; events record what operators are told (node_lost and others).
+  "0005_fleet": (dialect) => ({
+    async up(db: Kysely<unknown>) {
+      for (const column of ["credential_hash", "joined_at", "removed_at"]) {
+        await db.schema.alterTable("nodes").addColumn(column, "text").execute();
+      }
+      for (const column of ["fingerprint", "gpus", "desired"]) {
+        await db.schema.alterTable("replicas").addColumn(column, "text").execute();
+      }
+      await db.schema
+        .createTable("model_states")
+        .addColumn("model_id", "text", (c) => c.primaryKey())
+        .addColumn("parked_reason", "text")
+        .addColumn("parked_at", "text")
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createTable("events")
+        .addColumn("id", serialType(dialect), (c) => (dialect === "sqlite" ? c.primaryKey().autoIncrement() : c.primaryKey()))
+        .addColumn("at", "text", (c) => c.notNull())
+        .addColumn("kind", "text", (c) => c.notNull())
+        .addColumn("severity", "text", (c) => c.notNull())
+        .addColumn("subject", "text", (c) => c.notNull())
+        .addColumn("message", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("events_at").on("events").column("at").execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

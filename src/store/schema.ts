@@ -53,8 +53,13 @@ export interface NodesTable {
   address: string;
   labels: string;
   inventory: string;
+  /** ready | lost | draining | removed */
   state: string;
   last_heartbeat: string;
+  /** sha256 of the node credential, hex; the credential itself is only on the node. */
+  credential_hash: string | null;
+  joined_at: string | null;
+  removed_at: string | null;
 }
 
 export interface ReplicasTable {
@@ -73,6 +78,32 @@ export interface ReplicasTable {
   started_at: string | null;
   ready_at: string | null;
   updated_at: string;
+  /** Hash of the model definition the replica was made from; another one means replace it. */
+  fingerprint: string | null;
+  /** JSON object: node id → GPU indexes the replica holds there. */
+  gpus: string | null;
+  /** run | stop: what the node is told to do with it. */
+  desired: string | null;
+}
+
+/** Runtime state of a model that must outlive a restart: parking. */
+export interface ModelStatesTable {
+  model_id: string;
+  parked_reason: string | null;
+  parked_at: string | null;
+  updated_at: string;
+}
+
+/** What happened that an operator should know (node_lost, model_parked, ...). */
+export interface EventsTable {
+  id: Generated<number>;
+  at: string;
+  kind: string;
+  /** info | warning | critical */
+  severity: string;
+  /** What it is about: "node:NAME", "model:NAME". */
+  subject: string;
+  message: string;
 }
 
 export interface UsageTable {
@@ -134,4 +165,6 @@ export interface Database {
   usage: UsageTable;
   mirror_files: MirrorFilesTable;
   store_probe: StoreProbeTable;
+  model_states: ModelStatesTable;
+  events: EventsTable;
 }

@@ -6,7 +6,8 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { silentLogger } from "../../src/core/log.ts";
 import type { CatalogModel } from "../../src/catalog/catalog.ts";
-import { LocalAgent, type LocalAgentOptions } from "../../src/agent/local-agent.ts";
+import type { NodeAgent, SupervisorTimings } from "../../src/agent/node-agent.ts";
+import { startLocalNode } from "../../src/agent/local-node.ts";
 import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
 
 export interface Harness {
@@ -33,6 +34,8 @@ export interface HarnessOptions {
   stalledReaderMs?: number;
   registryEndpoint?: string;
   registryToken?: string;
+  nodeTimeoutMs?: number;
+  heartbeatIntervalMs?: number;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
 }
 
@@ -53,6 +56,8 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       stalledReaderMs: options.stalledReaderMs,
       registryEndpoint: options.registryEndpoint,
       registryToken: options.registryToken,
+      nodeTimeoutMs: options.nodeTimeoutMs,
+      heartbeatIntervalMs: options.heartbeatIntervalMs,
     },
     options.withAgent,
   );
@@ -91,24 +96,17 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
 }
 
 /**
- * A harness whose server runs the local agent, as `llmgw up` does: real engine processes
- * for llamacpp models. Supervisor timings are the caller's (tests shorten them).
+ * A harness whose server runs the local node, as `llmgw up` does: the in-process agent
+ * joined to the server's fleet, real engine processes for llamacpp models. Supervisor
+ * timings are the caller's (tests shorten them).
  */
-export async function startHarnessWithAgent(options: HarnessOptions & { supervisor?: LocalAgentOptions["supervisor"] } = {}): Promise<{ harness: Harness; agent: LocalAgent }> {
-  let agent: LocalAgent | undefined;
+export async function startHarnessWithAgent(options: HarnessOptions & { supervisor?: SupervisorTimings } = {}): Promise<{ harness: Harness; agent: NodeAgent }> {
+  let agent: NodeAgent | undefined;
   const { supervisor, ...harnessOptions } = options;
   const harness = await startHarness({
     ...harnessOptions,
     withAgent: async (parts) => {
-      agent = new LocalAgent({
-        catalog: parts.catalog,
-        replicas: parts.replicas,
-        logger: silentLogger(),
-        stateRoot: path.join(parts.config.dataDir, "runs"),
-        nodeId: "local",
-        ...(supervisor === undefined ? {} : { supervisor }),
-      });
-      await agent.start();
+      agent = await startLocalNode(parts, { logger: silentLogger(), name: "local", ...(supervisor === undefined ? {} : { supervisor }) });
       return agent;
     },
   });

@@ -1,0 +1,61 @@
+// The fleet's part of the admin API: nodes (list, show, drain, remove, the join token),
+// a model's health (replicas by state and node, parking, placement explanation), unpark
+// and events. Thin handlers over Fleet; every change is audited.
+import type { Context, Hono } from "hono";
+import { z } from "zod";
+import { parseWith } from "../core/errors.ts";
+import type { Catalog } from "../catalog/catalog.ts";
+import type { Principal } from "../keys/key-service.ts";
+import type { AuditTrail } from "../store/audit.ts";
+import { readEvents } from "./events.ts";
+import type { Fleet } from "./fleet.ts";
+import { modelHealthView, nodeView } from "./fleet-views.ts";
+import type { ReplicaTable } from "./replica-table.ts";
+
+type Env = { Variables: { principal: Principal } };
+
+export interface FleetRoutesOptions {
+  fleet: Fleet;
+  catalog: Catalog;
+  replicas: ReplicaTable;
+  audit: AuditTrail;
+  joinToken: () => string;
+  actor: (c: Context<Env>) => string;
+}
+
+const eventsQuerySchema = z.strictObject({
+  kind: z.string().min(1).max(100).optional(),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+});
+
+export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): void {
+  const { fleet, catalog, replicas, audit, actor } = options;
+
+  app.get("/api/v1/nodes", (c) => c.json({ data: fleet.nodes.list().map((node) => nodeView(node, fleet, replicas)) }));
+  // Before /:name, so "join-token" is not taken for a node's name.
+  app.get("/api/v1/nodes/join-token", async (c) => {
+    await audit.record({ actor: actor(c), action: "node.join_token", target: "join.token", detail: {} });
+    return c.json({ token: options.joinToken() });
+  });
+  app.get("/api/v1/nodes/:name", (c) => c.json(nodeView(fleet.nodes.byName(c.req.param("name")), fleet, replicas)));
+  app.post("/api/v1/nodes/:name/drain", async (c) => {
+    const node = await fleet.drain(c.req.param("name"));
+    await audit.record({ actor: actor(c), action: "node.drain", target: node.name, detail: {} });
+    return c.json(nodeView(node, fleet, replicas));
+  });
+  app.delete("/api/v1/nodes/:name", async (c) => {
+    const node = await fleet.remove(c.req.param("name"));
+    await audit.record({ actor: actor(c), action: "node.remove", target: node.name, detail: { id: node.id } });
+    return c.json({ removed: node.name });
+  });
+
+  app.get("/api/v1/models/:name/health", (c) => c.json(modelHealthView(catalog.get(c.req.param("name")), fleet, replicas)));
+  app.post("/api/v1/models/:name/unpark", async (c) => {
+    const model = catalog.get(c.req.param("name"));
+    const count = await fleet.unpark(model.name);
+    await audit.record({ actor: actor(c), action: "model.unpark", target: model.name, detail: { replicas: count } });
+    return c.json({ model: model.name, unparked: count });
+  });
+
+  app.get("/api/v1/events", async (c) => c.json({ data: await readEvents(fleet.db, parseWith(eventsQuerySchema, c.req.query(), "events query")) }));
+}

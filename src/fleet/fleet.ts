@@ -1,0 +1,539 @@
+// The fleet on the server: nodes (node-registry.ts), replica records (replica-rows.ts,
+// the store's rows are the truth), the reconciler (reconciler.ts decides, this applies),
+// parking as model state, and the agent protocol (agent-protocol.ts) that nodes call —
+// over /agent/v1 from `llmgw agent`, in-process from `llmgw up`. It feeds the gateway's
+// in-memory ReplicaTable from the records, so routing never waits on the store.
+//
+// Loop: every change (catalog, a node joining, back or lost, a replica's report) asks for
+// a reconciliation; they run one at a time, and a 1 s tick also runs one (it notices lost
+// nodes). A node's assignments carry a version; the agent long-polls with the version it
+// has, and the poll answers as soon as that version moves.
+import { createHash, randomBytes } from "node:crypto";
+import { BadRequestError, describeError } from "../core/errors.ts";
+import { countOf, formatHost } from "../core/format.ts";
+import type { Logger } from "../core/log.ts";
+import type { SecretBox } from "../core/secret-box.ts";
+import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
+import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
+import type { Mirror } from "../mirror/mirror.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
+import { recordEvent } from "./events.ts";
+import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
+import { checkInventory } from "./inventory-schema.ts";
+import { readModelWeights, weightsProblem, type ModelWeights } from "./model-weights.ts";
+import { NodeRegistry, type FleetNode } from "./node-registry.ts";
+import { placeReplicas } from "./placement.ts";
+import { reconcile, runsOnEngines, type ReconcileDecision } from "./reconciler.ts";
+import { replicaNeeds } from "./replica-needs.ts";
+import { ReplicaRows, type ReplicaRecord } from "./replica-rows.ts";
+import type { ReplicaState, ReplicaTable } from "./replica-table.ts";
+
+export const FLEET_DEFAULTS = {
+  /** A node without a heartbeat for this long is lost (DESIGN.md: nodes `ready` → `lost`). */
+  nodeTimeoutMs: 15_000,
+  heartbeatIntervalMs: 5_000,
+  tickMs: 1_000,
+  /** Heartbeat times reach the store this often (state changes at once). */
+  heartbeatFlushMs: 5_000,
+} as const;
+
+export interface FleetOptions {
+  store: Store;
+  catalog: Catalog;
+  replicas: ReplicaTable;
+  mirror: Pick<Mirror, "check">;
+  box: SecretBox;
+  joinToken: () => string;
+  logger: Logger;
+  clock?: () => number;
+  nodeTimeoutMs?: number;
+  heartbeatIntervalMs?: number;
+  tickMs?: number;
+  place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
+}
+
+interface ParkedModel {
+  reason: string;
+  at: string;
+}
+
+type WeightsInfo = { definitionAt: string; weights: ModelWeights } | { definitionAt: string; problem: string };
+
+/** What the fleet knows about a model beyond its replicas, for its health line. */
+export interface ModelFleetStatus {
+  parked: ParkedModel | null;
+  unplaceable: string[] | null;
+  weightsProblem: string | null;
+}
+
+export class Fleet implements Assignments {
+  readonly nodes: NodeRegistry;
+  private readonly rows: ReplicaRows;
+  private readonly records = new Map<string, ReplicaRecord>();
+  private readonly parked = new Map<string, ParkedModel>();
+  private unplaceable = new Map<string, string[]>();
+  private readonly weights = new Map<string, WeightsInfo>();
+  private readonly demand = new Map<string, number>();
+  private readonly cached = new Map<string, ReadonlySet<string>>();
+  private readonly versions = new Map<string, number>();
+  private readonly wakeups = new Map<string, Set<() => void>>();
+  /** Versions differ between server starts, so an agent's old version never matches by chance. */
+  private readonly boot = randomBytes(4).toString("hex");
+  private readonly clock: () => number;
+  private readonly settings: { nodeTimeoutMs: number; heartbeatIntervalMs: number; tickMs: number };
+  private chain: Promise<void> = Promise.resolve();
+  private pending = false;
+  private timer: NodeJS.Timeout | undefined;
+  private lastFlush = 0;
+  private unsubscribeCatalog: (() => void) | undefined;
+  private stopped = false;
+
+  constructor(private readonly options: FleetOptions) {
+    this.clock = options.clock ?? Date.now;
+    this.settings = {
+      nodeTimeoutMs: options.nodeTimeoutMs ?? FLEET_DEFAULTS.nodeTimeoutMs,
+      heartbeatIntervalMs: options.heartbeatIntervalMs ?? FLEET_DEFAULTS.heartbeatIntervalMs,
+      tickMs: options.tickMs ?? FLEET_DEFAULTS.tickMs,
+    };
+    this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
+    this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
+  }
+
+  async start(): Promise<void> {
+    await this.nodes.load();
+    for (const row of await this.options.store.db.selectFrom("model_states").selectAll().execute()) {
+      if (row.parked_reason !== null) this.parked.set(row.model_id, { reason: row.parked_reason, at: row.parked_at ?? row.updated_at });
+    }
+    for (const record of await this.rows.load()) {
+      const profile = this.options.catalog.list().find((m) => m.id === record.modelId)?.definition.profiles.find((p) => p.name === record.profile);
+      record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
+      this.records.set(record.id, record);
+      this.publish(record);
+    }
+    this.unsubscribeCatalog = this.options.catalog.onChange(() => this.schedule());
+    this.timer = setInterval(() => this.tick(), this.settings.tickMs);
+    this.timer.unref();
+    this.schedule();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.unsubscribeCatalog?.();
+    for (const set of this.wakeups.values()) for (const wake of set) wake();
+    await this.chain;
+    await this.rows.flush();
+    await this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
+  }
+
+  // --- The agent protocol ---------------------------------------------------------------
+
+  async join(request: JoinRequest): Promise<JoinReply> {
+    const inventory = checkInventory(request.inventory);
+    const reply = await this.nodes.join({ ...request, inventory });
+    this.schedule();
+    return reply;
+  }
+
+  async heartbeat(credential: string, report: HeartbeatReport): Promise<HeartbeatReply> {
+    const node = this.nodes.authenticate(credential, report.name);
+    const inventory = checkInventory(report.inventory);
+    if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: report.labels })) {
+      this.options.logger.info({ node: node.name }, "node is back");
+      void this.event("node_back", "info", `node:${node.name}`, `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`);
+      this.bump(node.id);
+      this.schedule();
+    }
+    if (report.cached !== undefined) this.cached.set(node.id, new Set(report.cached));
+    const reported = new Map(report.replicas.map((replica) => [replica.id, replica]));
+    for (const record of [...this.records.values()]) {
+      if (record.nodeIds[0] !== node.id) continue;
+      const replica = reported.get(record.id);
+      if (replica === undefined) {
+        // Told to stop and no longer on the node: done.
+        if (record.desired === "stop") this.forget(record);
+        continue;
+      }
+      if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
+      else this.applyReport(record, replica, node);
+    }
+    return { nodeId: node.id, state: node.state, assignmentsVersion: this.versionOf(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
+  }
+
+  async assignments(credential: string, options: { knownVersion: string | null; waitMs: number; signal: AbortSignal }): Promise<AssignmentSet> {
+    const node = this.nodes.authenticate(credential);
+    if (options.knownVersion === this.versionOf(node.id) && !this.stopped) await this.waitForChange(node.id, options.waitMs, options.signal);
+    const version = this.versionOf(node.id);
+    const assignments: Assignment[] = [];
+    for (const record of this.records.values()) {
+      if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(node.id)) continue;
+      const model = this.modelById(record.modelId);
+      const profile = model?.definition.profiles.find((p) => p.name === record.profile);
+      const info = model === undefined ? undefined : this.weights.get(model.id);
+      const source = model?.definition.source;
+      if (model === undefined || profile === undefined || source === undefined || info === undefined || !("weights" in info)) continue;
+      assignments.push({
+        replicaId: record.id,
+        modelId: model.id,
+        modelName: model.name,
+        profile,
+        engineKey: record.engineKey,
+        fingerprint: record.fingerprint,
+        source,
+        files: info.weights.files,
+        gpus: record.gpus[node.id] ?? [],
+        nodeIds: record.nodeIds,
+      });
+    }
+    return { version, assignments };
+  }
+
+  // --- Operations (admin API) ----------------------------------------------------------
+
+  /** Ends a model's parking: its parked replicas go, and fresh ones are placed. Returns how many were parked. */
+  async unpark(modelName: string): Promise<number> {
+    const model = this.options.catalog.get(modelName);
+    const count = await this.clearParking(model.id);
+    this.schedule();
+    return count;
+  }
+
+  async drain(name: string): Promise<FleetNode> {
+    const node = this.nodes.byName(name);
+    if (node.state === "lost") throw new BadRequestError(`Node '${name}' is lost; there is nothing to drain. Remove it with 'llmgw ctl node remove ${name}'.`, { code: "node_lost" });
+    this.nodes.setState(node, "draining");
+    await this.nodes.flush();
+    this.schedule();
+    return node;
+  }
+
+  async remove(name: string): Promise<FleetNode> {
+    const node = this.nodes.byName(name);
+    await this.nodes.remove(node);
+    this.bump(node.id);
+    this.schedule();
+    return node;
+  }
+
+  /** The store's database (events are read from it). */
+  get db(): Store["db"] {
+    return this.options.store.db;
+  }
+
+  /** What a replica takes of its nodes (from its model's current profile), when known. */
+  needsOf(record: ReplicaRecord): ReplicaNeeds | undefined {
+    const model = this.modelById(record.modelId);
+    return model === undefined ? undefined : this.optionsFor(model)?.find((o) => o.profile === record.profile)?.needs;
+  }
+
+  /** Whether the node verified the replica's weights (size and sha256) before its current start. */
+  weightsVerified(replicaId: string): boolean {
+    return this.records.get(replicaId)?.weightsVerified ?? false;
+  }
+
+  recordsOn(nodeId: string): ReplicaRecord[] {
+    return [...this.records.values()].filter((r) => r.nodeIds.includes(nodeId));
+  }
+
+  status(modelId: string): ModelFleetStatus {
+    const info = this.weights.get(modelId);
+    return {
+      parked: this.parked.get(modelId) ?? null,
+      unplaceable: this.unplaceable.get(modelId) ?? null,
+      weightsProblem: info !== undefined && "problem" in info ? info.problem : null,
+    };
+  }
+
+  /** Resolves after the reconciliations asked for so far have run (tests, and `up` before it reports). */
+  async settled(): Promise<void> {
+    await this.chain;
+  }
+
+  // --- Reconciliation ----------------------------------------------------------------
+
+  schedule(): void {
+    if (this.pending || this.stopped) return;
+    this.pending = true;
+    this.chain = this.chain
+      .then(async () => {
+        this.pending = false;
+        if (!this.stopped) await this.reconcileNow();
+      })
+      .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "fleet reconciliation failed"));
+  }
+
+  private tick(): void {
+    for (const node of this.nodes.expire(this.settings.nodeTimeoutMs)) {
+      this.options.logger.warn({ node: node.name, lastHeartbeat: new Date(node.lastHeartbeat).toISOString() }, "node lost");
+      const replicas = this.recordsOn(node.id);
+      void this.event(
+        "node_lost",
+        "warning",
+        `node:${node.name}`,
+        `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere.`,
+      );
+      this.bump(node.id);
+    }
+    if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
+      this.lastFlush = this.clock();
+      void this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
+    }
+    this.schedule();
+  }
+
+  private async reconcileNow(): Promise<void> {
+    const models = this.options.catalog.list();
+    // Any change to a parked model's definition ends its parking (DESIGN.md "Replica lifecycle").
+    for (const [modelId, parked] of this.parked) {
+      const model = models.find((m) => m.id === modelId);
+      if (model === undefined || model.updated_at > parked.at) await this.clearParking(modelId);
+    }
+    await this.refreshWeights(models);
+    const decision = reconcile({
+      models,
+      nodes: this.nodes.list(),
+      replicas: [...this.records.values()],
+      parked: new Set(this.parked.keys()),
+      demand: this.demand,
+      optionsFor: (model) => this.optionsFor(model),
+      fingerprintOf: (model, profile) => fingerprintOf(model, profile),
+      weightsKeyOf: (model) => {
+        const info = this.weights.get(model.id);
+        return info !== undefined && "weights" in info ? info.weights.key : null;
+      },
+      cachedWeights: (nodeId) => this.cached.get(nodeId) ?? new Set(),
+      place: this.options.place ?? placeReplicas,
+      newReplicaId: () => `r-${randomBytes(6).toString("hex")}`,
+    });
+    this.apply(decision);
+  }
+
+  private apply(decision: ReconcileDecision): void {
+    for (const { id, why } of decision.stop) {
+      const record = this.records.get(id);
+      if (record === undefined) continue;
+      this.options.logger.info({ replica: id, why }, "stopping replica");
+      const nodes = record.nodeIds.map((nodeId) => this.nodes.get(nodeId));
+      // A lost or removed node cannot confirm the stop; if it comes back, its agent stops
+      // the engine because the replica is no longer among its assignments.
+      if (nodes.some((node) => node === undefined || node.state === "lost")) this.forget(record);
+      else this.markStopping(record);
+    }
+    for (const replica of decision.create) {
+      const record: ReplicaRecord = {
+        id: replica.id,
+        modelId: replica.modelId,
+        profile: replica.profile,
+        engine: replica.engine,
+        nodeIds: replica.nodeIds,
+        gpus: replica.gpus,
+        fingerprint: replica.fingerprint,
+        desired: "run",
+        engineKey: randomBytes(24).toString("hex"),
+        state: "placed",
+        endpoint: null,
+        attempt: 0,
+        failures: 0,
+        lastError: null,
+        startedAt: null,
+        readyAt: null,
+        weightsVerified: false,
+      };
+      this.records.set(record.id, record);
+      this.rows.save(record);
+      this.publish(record);
+      const names = replica.nodeIds.map((id) => this.nodes.get(id)?.name ?? id).join(", ");
+      this.options.logger.info({ replica: record.id, model: this.modelById(record.modelId)?.name, profile: record.profile, nodes: names }, "replica placed");
+      for (const nodeId of replica.nodeIds) this.bump(nodeId);
+    }
+    for (const [modelId, lines] of decision.unplaceable) {
+      if (this.unplaceable.get(modelId)?.join("\n") !== lines.join("\n")) {
+        this.options.logger.warn({ model: this.modelById(modelId)?.name, explanation: lines }, "replica unplaceable");
+      }
+    }
+    this.unplaceable = decision.unplaceable;
+  }
+
+  private async refreshWeights(models: readonly CatalogModel[]): Promise<void> {
+    for (const model of models) {
+      if (!runsOnEngines(model)) continue;
+      const known = this.weights.get(model.id);
+      // A problem is looked at again on every pass: the mirror may have finished the file.
+      if (known !== undefined && known.definitionAt === model.updated_at && "weights" in known) continue;
+      try {
+        this.weights.set(model.id, { definitionAt: model.updated_at, weights: await readModelWeights(model, this.options.mirror) });
+      } catch (error) {
+        const problem = weightsProblem(model, error);
+        if (known === undefined || !("problem" in known) || known.problem !== problem) this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
+        this.weights.set(model.id, { definitionAt: model.updated_at, problem });
+      }
+    }
+    const ids = new Set(models.map((m) => m.id));
+    for (const id of this.weights.keys()) if (!ids.has(id)) this.weights.delete(id);
+  }
+
+  private optionsFor(model: CatalogModel): PlacementOption[] | null {
+    const info = this.weights.get(model.id);
+    if (info === undefined || !("weights" in info)) return null;
+    const { weights } = info;
+    return [...model.definition.profiles]
+      .filter((profile) => profile.engine !== "external")
+      .sort((a, b) => b.priority - a.priority || b.weight - a.weight)
+      .map((profile) => ({ profile: profile.name, needs: replicaNeeds({ profile, weightsBytes: weights.bytes, ...(weights.header ? { header: weights.header } : {}) }) }));
+  }
+
+  // --- Records --------------------------------------------------------------------------
+
+  private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
+    const state: ReplicaState = record.desired === "stop" && report.state !== "stopped" ? "stopping" : report.state;
+    const next = {
+      state,
+      endpoint: report.endpoint === null ? null : { origin: `http://${formatHost(report.endpoint.host)}:${report.endpoint.port}`, basePath: "" },
+      attempt: report.attempt,
+      failures: report.failures,
+      lastError: report.lastError,
+      startedAt: report.startedAt === null ? null : new Date(report.startedAt).toISOString(),
+      readyAt: report.readyAt === null ? null : new Date(report.readyAt).toISOString(),
+      weightsVerified: report.weightsVerified,
+    };
+    const changed = (Object.keys(next) as (keyof typeof next)[]).some((key) => JSON.stringify(record[key]) !== JSON.stringify(next[key]));
+    if (!changed) return;
+    const wasParked = record.state === "parked";
+    Object.assign(record, next);
+    this.rows.save(record);
+    this.publish(record);
+    if (state === "parked" && !wasParked && record.desired === "run") void this.park(record, node);
+    if (state === "ready" || state === "parked" || state === "failed") this.schedule();
+  }
+
+  private async park(record: ReplicaRecord, node: FleetNode): Promise<void> {
+    const model = this.modelById(record.modelId);
+    if (model === undefined || this.parked.has(model.id)) return;
+    const reason = `replica ${record.id} on node '${node.name}': ${record.lastError ?? "no error recorded"}`;
+    const at = nowIso(this.clock);
+    this.parked.set(model.id, { reason, at });
+    try {
+      await this.options.store.db
+        .insertInto("model_states")
+        .values({ model_id: model.id, parked_reason: reason, parked_at: at, updated_at: at })
+        .onConflict((oc) => oc.column("model_id").doUpdateSet({ parked_reason: reason, parked_at: at, updated_at: at }))
+        .execute();
+    } catch (error) {
+      this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's parking");
+    }
+    this.options.logger.error({ model: model.name, reason }, "model parked");
+    void this.event("model_parked", "critical", `model:${model.name}`, `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`);
+  }
+
+  /**
+   * Ends a model's parking: its parked replicas are stopped (each had its own supervisor
+   * give up), so the next pass places fresh ones. Returns how many replicas were parked.
+   */
+  private async clearParking(modelId: string): Promise<number> {
+    let count = 0;
+    for (const record of this.records.values()) {
+      if (record.modelId === modelId && record.state === "parked" && record.desired === "run") {
+        this.markStopping(record);
+        count += 1;
+      }
+    }
+    if (!this.parked.delete(modelId)) return count;
+    await this.options.store.db.deleteFrom("model_states").where("model_id", "=", modelId).execute();
+    const model = this.modelById(modelId);
+    if (model !== undefined) void this.event("model_unparked", "info", `model:${model.name}`, `Model '${model.name}' is no longer parked; its replicas are started again.`);
+    return count;
+  }
+
+  private markStopping(record: ReplicaRecord): void {
+    if (record.desired === "stop") return;
+    record.desired = "stop";
+    record.state = "stopping";
+    this.rows.save(record);
+    this.publish(record);
+    for (const nodeId of record.nodeIds) this.bump(nodeId);
+  }
+
+  private forget(record: ReplicaRecord): void {
+    this.records.delete(record.id);
+    this.rows.delete(record.id);
+    this.options.replicas.remove(record.id);
+    for (const nodeId of record.nodeIds) this.bump(nodeId);
+  }
+
+  /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
+  private publish(record: ReplicaRecord): void {
+    const model = this.modelById(record.modelId);
+    const profile = model?.definition.profiles.find((p) => p.name === record.profile);
+    const previous = this.options.replicas.get(record.id);
+    this.options.replicas.upsert({
+      id: record.id,
+      modelId: record.modelId,
+      modelName: model?.name ?? previous?.modelName ?? record.modelId,
+      profile: record.profile,
+      engine: record.engine,
+      nodeIds: record.nodeIds,
+      state: record.desired === "stop" && record.state !== "stopped" ? "stopping" : record.state,
+      endpoint: record.endpoint,
+      engineKey: record.engineKey,
+      upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
+      weight: profile?.weight ?? 1,
+      slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
+      attempt: record.attempt,
+      failures: record.failures,
+      lastError: record.lastError,
+      startedAt: record.startedAt,
+      readyAt: record.readyAt,
+    });
+  }
+
+  private modelById(modelId: string): CatalogModel | undefined {
+    return this.options.catalog.list().find((model) => model.id === modelId);
+  }
+
+  // --- Assignment versions and long polls -----------------------------------------------
+
+  private versionOf(nodeId: string): string {
+    return `${this.boot}.${this.versions.get(nodeId) ?? 0}`;
+  }
+
+  private bump(nodeId: string): void {
+    this.versions.set(nodeId, (this.versions.get(nodeId) ?? 0) + 1);
+    const waiting = this.wakeups.get(nodeId);
+    if (waiting === undefined) return;
+    this.wakeups.delete(nodeId);
+    for (const wake of waiting) wake();
+  }
+
+  private waitForChange(nodeId: string, waitMs: number, signal: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      const set = this.wakeups.get(nodeId) ?? new Set<() => void>();
+      this.wakeups.set(nodeId, set);
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        set.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, waitMs);
+      signal.addEventListener("abort", done, { once: true });
+      set.add(done);
+    });
+  }
+
+  private async event(kind: string, severity: "info" | "warning" | "critical", subject: string, message: string): Promise<void> {
+    try {
+      await recordEvent(this.options.store.db, { at: nowIso(this.clock), kind, severity, subject, message });
+    } catch (error) {
+      this.options.logger.warn({ kind, err: describeError(error) }, "could not record an event");
+    }
+  }
+}
+
+/** What a replica of this profile was made from: another value means its engine must be replaced. */
+export function fingerprintOf(model: CatalogModel, profileName: string): string {
+  const { source, profiles } = model.definition;
+  const profile = profiles.find((p) => p.name === profileName);
+  return createHash("sha256").update(JSON.stringify({ name: model.name, source, profile })).digest("hex").slice(0, 16);
+}

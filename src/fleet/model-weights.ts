@@ -1,0 +1,74 @@
+// What the server knows about a model's weights before it places a replica: which files
+// a node needs (the source file, then the other parts of a split GGUF) with their sizes
+// and verified sha256 from the mirror, a key that names them (so placement can prefer
+// nodes that already hold them), and the GGUF header that memory estimates are made from.
+// Read once per model definition and cached by the fleet.
+import { lstat } from "node:fs/promises";
+import path from "node:path";
+import { describeError } from "../core/errors.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
+import type { Mirror } from "../mirror/mirror.ts";
+import type { AssignedFile } from "./agent-protocol.ts";
+
+export interface ModelWeights {
+  /** "mirror:MODEL/VERSION" or "file:/abs/path". */
+  key: string;
+  files: AssignedFile[];
+  bytes: number;
+  header?: GgufHeaderSummary;
+}
+
+/** The suffix gguf-split gives part `no` (0-based) of `count`: -00001-of-00003.gguf. */
+export function splitPartSuffix(no: number, count: number): string {
+  return `-${String(no + 1).padStart(5, "0")}-of-${String(count).padStart(5, "0")}.gguf`;
+}
+
+/** The model's weights as this server sees them; throws with the reason when they are not servable now. */
+export async function readModelWeights(model: CatalogModel, mirror: Pick<Mirror, "check">): Promise<ModelWeights> {
+  const source = model.definition.source;
+  if (source === undefined) throw new Error(`model '${model.name}' has no weights source`);
+  const llamaCpp = model.definition.profiles.some((p) => p.engine === "llamacpp");
+  if (source.kind === "file") {
+    const info = await lstat(source.path);
+    const header = llamaCpp ? await readGgufHeader({ file: source.path }) : undefined;
+    const files: AssignedFile[] = [{ file: source.path, bytes: info.size, sha256: originSha256(model, source.path, info.size) }];
+    if (header?.split !== undefined && header.split.count > 1) {
+      const prefix = source.path.slice(0, -splitPartSuffix(0, header.split.count).length);
+      for (let no = 1; no < header.split.count; no += 1) {
+        const part = prefix + splitPartSuffix(no, header.split.count);
+        files.push({ file: part, bytes: (await lstat(part)).size, sha256: originSha256(model, part, null) });
+      }
+    }
+    return { key: `file:${source.path}`, files, bytes: files.reduce((sum, f) => sum + (f.bytes ?? 0), 0), ...(header ? { header } : {}) };
+  }
+  const checked = await mirror.check(source.model, source.version, source.file);
+  if (checked.kind === "refused") throw checked.error;
+  const header = llamaCpp ? await readGgufHeader({ file: checked.path }) : undefined;
+  const files: AssignedFile[] = [{ file: source.file, bytes: checked.size, sha256: checked.sha256 }];
+  if (header?.split !== undefined && header.split.count > 1) {
+    const prefix = source.file.slice(0, -splitPartSuffix(0, header.split.count).length);
+    for (let no = 1; no < header.split.count; no += 1) {
+      const part = prefix + splitPartSuffix(no, header.split.count);
+      const partChecked = await mirror.check(source.model, source.version, part);
+      if (partChecked.kind === "refused") throw partChecked.error;
+      files.push({ file: part, bytes: partChecked.size, sha256: partChecked.sha256 });
+    }
+  }
+  return { key: `mirror:${source.model}/${source.version}`, files, bytes: files.reduce((sum, f) => sum + (f.bytes ?? 0), 0), ...(header ? { header } : {}) };
+}
+
+/**
+ * The published sha256 of a local file, when the model's origin lists a file of that name
+ * and size (a local copy of a repository file); null when nothing was published for it.
+ */
+function originSha256(model: CatalogModel, file: string, bytes: number | null): string | null {
+  const base = path.basename(file);
+  const match = model.definition.origin?.files.find((f) => path.basename(f.path) === base && (bytes === null || f.bytes === bytes));
+  return match?.sha256 ?? null;
+}
+
+/** A short reason for the health line when the weights cannot be read. */
+export function weightsProblem(model: CatalogModel, error: unknown): string {
+  return `the weights of '${model.name}' cannot be read on the server: ${describeError(error)}`;
+}

@@ -1,0 +1,235 @@
+// The nodes of the fleet: who joined, with which credential (its sha256), what each one
+// has (inventory, labels), its state (ready, lost, draining) and when it last sent a
+// heartbeat. The in-memory map answers every heartbeat without a query; joins, state
+// changes and removals are written at once, heartbeat times in batches (`flush`), since a
+// few hundred nodes beating every 5 s would otherwise be a write per node per beat.
+import { AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import type { JoinReply, JoinRequest } from "./agent-protocol.ts";
+import type { NodeInventory, NodeLabels, NodeState } from "./fleet-types.ts";
+import { credentialNodeId, hashSecret, mintNodeCredential, newNodeId, sameHash } from "./node-credentials.ts";
+
+export interface FleetNode {
+  id: string;
+  name: string;
+  address: string;
+  labels: NodeLabels;
+  inventory: NodeInventory;
+  state: NodeState;
+  /** Epoch ms. */
+  lastHeartbeat: number;
+  joinedAt: string;
+  credentialHash: string;
+}
+
+export interface NodeRegistryOptions {
+  store: Store;
+  /** The join token now (it may be rotated while the server runs). */
+  joinToken: () => string;
+  logger: Logger;
+  clock?: () => number;
+}
+
+export class NodeRegistry {
+  private readonly nodes = new Map<string, FleetNode>();
+  /** Nodes removed by an operator: their credentials are refused by name. */
+  private readonly removed = new Map<string, { name: string; removedAt: string }>();
+  private readonly heartbeatDirty = new Set<string>();
+  private readonly clock: () => number;
+
+  constructor(private readonly options: NodeRegistryOptions) {
+    this.clock = options.clock ?? Date.now;
+  }
+
+  /** Reads the joined nodes. Their heartbeat clocks restart now: a server that was down saw none. */
+  async load(): Promise<void> {
+    const rows = await this.options.store.db.selectFrom("nodes").selectAll().execute();
+    const now = this.clock();
+    for (const row of rows) {
+      if (row.state === "removed" || row.credential_hash === null) {
+        this.removed.set(row.id, { name: row.name, removedAt: row.removed_at ?? row.last_heartbeat });
+        continue;
+      }
+      this.nodes.set(row.id, {
+        id: row.id,
+        name: row.name,
+        address: row.address,
+        labels: JSON.parse(row.labels) as NodeLabels,
+        inventory: JSON.parse(row.inventory) as NodeInventory,
+        state: row.state === "draining" ? "draining" : row.state === "lost" ? "lost" : "ready",
+        lastHeartbeat: now,
+        joinedAt: row.joined_at ?? row.last_heartbeat,
+        credentialHash: row.credential_hash,
+      });
+    }
+  }
+
+  list(): FleetNode[] {
+    return [...this.nodes.values()].sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  get(id: string): FleetNode | undefined {
+    return this.nodes.get(id);
+  }
+
+  byName(name: string): FleetNode {
+    const node = [...this.nodes.values()].find((candidate) => candidate.name === name);
+    if (node === undefined) throw new NotFoundError(`No node named '${name}'. 'llmgw ctl node list' shows the nodes that joined.`, { code: "node_not_found", param: "name" });
+    return node;
+  }
+
+  async join(request: JoinRequest): Promise<JoinReply> {
+    if (!sameHash(hashSecret(request.joinToken), hashSecret(this.options.joinToken()))) {
+      throw new AuthenticationError(
+        "The join token is not this server's. Copy it again from the server's data dir (join.token) or from 'llmgw ctl node join-token' on a machine with the admin key.",
+        { code: "invalid_join_token" },
+      );
+    }
+    const taken = [...this.nodes.values()].find((node) => node.name === request.name);
+    if (taken !== undefined) {
+      throw new ConflictError(
+        `A node named '${request.name}' has already joined (${taken.state}, last heartbeat ${new Date(taken.lastHeartbeat).toISOString()}). ` +
+          `If this is that machine, keep using its node credential (node.json in the agent's data dir); to replace it, run 'llmgw ctl node remove ${request.name}' first, or join under another --name.`,
+        { code: "node_name_taken", param: "name" },
+      );
+    }
+    const id = newNodeId();
+    const credential = mintNodeCredential(id);
+    const now = this.clock();
+    const node: FleetNode = {
+      id,
+      name: request.name,
+      address: request.address,
+      labels: request.labels,
+      inventory: request.inventory,
+      state: "ready",
+      lastHeartbeat: now,
+      joinedAt: nowIso(() => now),
+      credentialHash: hashSecret(credential),
+    };
+    const db = this.options.store.db;
+    // A removed node's name may be used again: its old row (kept to explain its dead credential) steps aside.
+    await db.transaction().execute(async (trx) => {
+      await trx.deleteFrom("nodes").where("name", "=", request.name).where("state", "=", "removed").execute();
+      await trx
+        .insertInto("nodes")
+        .values({
+          id,
+          name: node.name,
+          address: node.address,
+          labels: JSON.stringify(node.labels),
+          inventory: JSON.stringify(node.inventory),
+          state: node.state,
+          last_heartbeat: node.joinedAt,
+          credential_hash: node.credentialHash,
+          joined_at: node.joinedAt,
+          removed_at: null,
+        })
+        .execute();
+    });
+    for (const [removedId, entry] of this.removed) if (entry.name === request.name) this.removed.delete(removedId);
+    this.nodes.set(id, node);
+    this.options.logger.info({ node: node.name, nodeId: id, address: node.address }, "node joined");
+    return { nodeId: id, name: node.name, credential };
+  }
+
+  /**
+   * The node a credential belongs to. `claimedName` is the name the agent says it runs as:
+   * a credential copied to another machine (or another agent's data dir) is refused.
+   */
+  authenticate(credential: string | undefined, claimedName?: string): FleetNode {
+    if (credential === undefined || credential === "") {
+      throw new AuthenticationError("This call needs the node's credential as 'Authorization: Bearer ...'; an agent gets one by joining with the join token.", {
+        code: "node_credential_missing",
+      });
+    }
+    const nodeId = credentialNodeId(credential);
+    const node = nodeId === null ? undefined : this.nodes.get(nodeId);
+    if (nodeId !== null && node === undefined) {
+      const removed = this.removed.get(nodeId);
+      if (removed !== undefined) {
+        throw new AuthenticationError(
+          `Node '${removed.name}' was removed from the fleet at ${removed.removedAt}; its credential no longer works. Delete node.json in the agent's data dir and join again with the join token.`,
+          { code: "node_removed" },
+        );
+      }
+    }
+    if (node === undefined || !sameHash(hashSecret(credential), node.credentialHash)) {
+      throw new AuthenticationError(
+        "This node credential is not known to this server (from another server, or damaged). Delete node.json in the agent's data dir and join again with the join token.",
+        { code: "invalid_node_credential" },
+      );
+    }
+    if (claimedName !== undefined && claimedName !== node.name) {
+      throw new PermissionDeniedError(
+        `This credential belongs to node '${node.name}', not '${claimedName}': each node joins with its own name and keeps its own credential. Give this agent its own --data-dir and join token, or run it as --name ${node.name}.`,
+        { code: "node_credential_mismatch" },
+      );
+    }
+    return node;
+  }
+
+  /** Records a heartbeat; returns true when the node was lost and is back. */
+  heartbeat(node: FleetNode, report: { address: string; inventory: NodeInventory; labels: NodeLabels }): boolean {
+    node.lastHeartbeat = this.clock();
+    node.address = report.address;
+    node.inventory = report.inventory;
+    node.labels = report.labels;
+    this.heartbeatDirty.add(node.id);
+    if (node.state !== "lost") return false;
+    node.state = "ready";
+    return true;
+  }
+
+  /** Nodes whose last heartbeat is older than `timeoutMs`, now marked lost. */
+  expire(timeoutMs: number): FleetNode[] {
+    const now = this.clock();
+    const lost: FleetNode[] = [];
+    for (const node of this.nodes.values()) {
+      if (node.state !== "lost" && now - node.lastHeartbeat > timeoutMs) {
+        node.state = "lost";
+        lost.push(node);
+      }
+    }
+    return lost;
+  }
+
+  setState(node: FleetNode, state: NodeState): void {
+    node.state = state;
+    this.heartbeatDirty.add(node.id);
+  }
+
+  async remove(node: FleetNode): Promise<void> {
+    const removedAt = nowIso(this.clock);
+    await this.options.store.db.updateTable("nodes").set({ state: "removed", removed_at: removedAt }).where("id", "=", node.id).execute();
+    this.nodes.delete(node.id);
+    this.heartbeatDirty.delete(node.id);
+    this.removed.set(node.id, { name: node.name, removedAt });
+  }
+
+  /** Writes the heartbeat times, states and inventories changed since the last flush. */
+  async flush(): Promise<void> {
+    if (this.heartbeatDirty.size === 0) return;
+    const ids = [...this.heartbeatDirty];
+    this.heartbeatDirty.clear();
+    const db = this.options.store.db;
+    await db.transaction().execute(async (trx) => {
+      for (const id of ids) {
+        const node = this.nodes.get(id);
+        if (node === undefined) continue;
+        await trx
+          .updateTable("nodes")
+          .set({
+            address: node.address,
+            labels: JSON.stringify(node.labels),
+            inventory: JSON.stringify(node.inventory),
+            state: node.state,
+            last_heartbeat: new Date(node.lastHeartbeat).toISOString(),
+          })
+          .where("id", "=", id)
+          .execute();
+      }
+    });
+  }
+}

@@ -1,0 +1,196 @@
+// The reconciler's decision, as a pure function: from the catalog, the nodes, the replica
+// records and the models' parking and demand, which replicas to create (and where) and
+// which to stop. The fleet (fleet.ts) applies the decision, writes the rows and tells the
+// nodes; keeping the decision free of I/O makes every rule below testable on its own.
+//
+// Rules, per model that runs on engines (external profiles are routed, never placed):
+// - wanted = scaling.min, or while on demand (min 0) the replicas demand asks for, at
+//   most scaling.max; a parked model gets no new replica (DESIGN.md "Replica lifecycle").
+// - A replica on a lost or vanished node is stopped; the fleet replaces it elsewhere.
+// - A replica made from an older definition (another fingerprint), or on a draining node,
+//   is replaced first and stopped once enough current replicas are ready ("start the new
+//   one before stopping the old one when there is room"); when the new one does not fit,
+//   the old one is stopped to make room, and the next pass places the new one there.
+// - Extra replicas (scaled down, idle) stop, those not ready first.
+import type { CatalogModel } from "../catalog/catalog.ts";
+import type { FleetNode } from "./node-registry.ts";
+import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
+import type { ReplicaRecord } from "./replica-rows.ts";
+
+export interface ReconcileInput {
+  models: readonly CatalogModel[];
+  nodes: readonly FleetNode[];
+  replicas: readonly ReplicaRecord[];
+  /** Model ids whose replicas parked: no new attempts until unparked or changed. */
+  parked: ReadonlySet<string>;
+  /** On-demand models (scaling.min 0): how many replicas requests want now. */
+  demand: ReadonlyMap<string, number>;
+  /** How a model's replicas can run (its profiles with what they need), or null while unknown. */
+  optionsFor: (model: CatalogModel) => PlacementOption[] | null;
+  /** The fingerprint of a model's profile: replicas made from another one are outdated. */
+  fingerprintOf: (model: CatalogModel, profile: string) => string;
+  weightsKeyOf: (model: CatalogModel) => string | null;
+  cachedWeights: (nodeId: string) => ReadonlySet<string>;
+  place: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
+  newReplicaId: () => string;
+}
+
+export interface NewReplica {
+  id: string;
+  modelId: string;
+  profile: string;
+  engine: "llamacpp" | "vllm";
+  nodeIds: string[];
+  gpus: Record<string, number[]>;
+  fingerprint: string;
+  needs: ReplicaNeeds;
+}
+
+export interface ReconcileDecision {
+  create: NewReplica[];
+  /** Replica ids to stop, with why (logged). */
+  stop: Array<{ id: string; why: string }>;
+  /** Models that wanted a replica no node could take, with one line per node. */
+  unplaceable: Map<string, string[]>;
+}
+
+/** Whether a model's replicas are started by the fleet (it has an engine profile). */
+export function runsOnEngines(model: CatalogModel): boolean {
+  return model.definition.profiles.some((profile) => profile.engine !== "external");
+}
+
+export function reconcile(input: ReconcileInput): ReconcileDecision {
+  const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map() };
+  const nodesById = new Map(input.nodes.map((node) => [node.id, node]));
+  const live = input.replicas.filter((r) => r.desired === "run");
+  const stopped = new Set<string>();
+  const stop = (id: string, why: string) => {
+    if (stopped.has(id)) return;
+    stopped.add(id);
+    decision.stop.push({ id, why });
+  };
+
+  const byModel = new Map<string, ReplicaRecord[]>();
+  for (const replica of live) byModel.set(replica.modelId, [...(byModel.get(replica.modelId) ?? []), replica]);
+  const models = new Map(input.models.map((model) => [model.id, model]));
+
+  // Replicas of models that are gone, or no longer run on engines.
+  for (const [modelId, replicas] of byModel) {
+    const model = models.get(modelId);
+    if (model === undefined || !runsOnEngines(model)) for (const r of replicas) stop(r.id, "its model was deleted or no longer runs on an engine");
+  }
+
+  const requests: PlacementRequest[] = [];
+  const requestModel = new Map<string, { model: CatalogModel; replaceable: ReplicaRecord[] }>();
+  const optionsByModel = new Map<string, PlacementOption[]>();
+  for (const model of input.models) {
+    if (!runsOnEngines(model)) continue;
+    const replicas = byModel.get(model.id) ?? [];
+    const options = input.optionsFor(model);
+    const { min, max } = model.definition.scaling;
+    const wanted = Math.min(max, min > 0 ? min : (input.demand.get(model.id) ?? 0));
+    const current: ReplicaRecord[] = [];
+    const leaving: ReplicaRecord[] = [];
+    for (const replica of replicas) {
+      const nodes = replica.nodeIds.map((id) => nodesById.get(id));
+      if (nodes.some((node) => node === undefined || node.state === "lost")) {
+        stop(replica.id, "its node is lost or was removed");
+      } else if (replica.engineKey === null) {
+        stop(replica.id, "its engine key was sealed with another server secret");
+      } else if (replica.fingerprint !== input.fingerprintOf(model, replica.profile)) {
+        leaving.push(replica);
+      } else if (nodes.some((node) => node?.state === "draining")) {
+        leaving.push(replica);
+      } else {
+        current.push(replica);
+      }
+    }
+    // Extra replicas stop, the ones that are not serving first.
+    if (current.length > wanted) {
+      const order = [...current].sort((a, b) => rank(a) - rank(b) || (b.startedAt ?? "").localeCompare(a.startedAt ?? ""));
+      for (const extra of order.slice(0, current.length - wanted)) stop(extra.id, "more replicas than the model wants");
+      current.splice(0, current.length, ...order.slice(current.length - wanted));
+    }
+    const readyCurrent = current.filter((r) => r.state === "ready").length;
+    for (const old of leaving) {
+      // Nothing is lost by stopping one that does not serve; a serving one waits for its successors.
+      if (old.state !== "ready" || readyCurrent >= wanted) stop(old.id, "replaced by a replica of the current definition or another node");
+    }
+    const missing = input.parked.has(model.id) ? 0 : wanted - current.length;
+    if (missing <= 0) continue;
+    if (options === null || options.length === 0) continue;
+    optionsByModel.set(model.id, options);
+    for (let i = 0; i < missing; i += 1) {
+      const key = input.newReplicaId();
+      requests.push({ key, modelId: model.id, modelName: model.name, options, weightsKey: input.weightsKeyOf(model) });
+      requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id)) });
+    }
+  }
+  if (requests.length === 0) return decision;
+
+  // What the replicas that keep running already hold, node by node.
+  const usage = new Map<string, { memoryBytes: number; cores: number; gpus: number[]; models: Set<string> }>();
+  for (const node of input.nodes) usage.set(node.id, { memoryBytes: 0, cores: 0, gpus: [], models: new Set() });
+  for (const replica of live) {
+    if (stopped.has(replica.id)) continue;
+    const model = models.get(replica.modelId);
+    const option = model === undefined ? undefined : input.optionsFor(model)?.find((o) => o.profile === replica.profile);
+    for (const nodeId of replica.nodeIds) {
+      const used = usage.get(nodeId);
+      if (used === undefined) continue;
+      used.memoryBytes += option?.needs.memoryBytes ?? 0;
+      used.cores += option?.needs.cores ?? 0;
+      used.gpus.push(...(replica.gpus[nodeId] ?? []));
+      used.models.add(replica.modelId);
+    }
+  }
+  const placementNodes: PlacementNode[] = input.nodes.map((node) => {
+    const used = usage.get(node.id)!;
+    return {
+      id: node.id,
+      name: node.name,
+      state: node.state,
+      inventory: node.inventory,
+      labels: node.labels,
+      used: { memoryBytes: used.memoryBytes, cores: used.cores, gpus: used.gpus },
+      models: used.models,
+      cachedWeights: input.cachedWeights(node.id),
+    };
+  });
+  const result = input.place({ nodes: placementNodes, requests });
+  for (const placed of result.placed) {
+    const { model } = requestModel.get(placed.key)!;
+    const option = optionsByModel.get(model.id)!.find((o) => o.profile === placed.profile)!;
+    decision.create.push({
+      id: placed.key,
+      modelId: model.id,
+      profile: placed.profile,
+      engine: option.needs.engine,
+      nodeIds: placed.nodeIds,
+      gpus: placed.gpus,
+      fingerprint: input.fingerprintOf(model, placed.profile),
+      needs: option.needs,
+    });
+  }
+  for (const unplaceable of result.unplaceable) {
+    const { replaceable } = requestModel.get(unplaceable.key)!;
+    // No room for the successor: stop one predecessor so the next pass can use its room.
+    const old = replaceable.find((r) => !stopped.has(r.id));
+    if (old !== undefined) stop(old.id, "making room for its successor");
+    else decision.unplaceable.set(unplaceable.modelId, unplaceable.explanation);
+  }
+  return decision;
+}
+
+/** Stop order among extras: parked and failed first, ready last. */
+function rank(replica: ReplicaRecord): number {
+  switch (replica.state) {
+    case "parked":
+    case "failed":
+      return 0;
+    case "ready":
+      return 2;
+    default:
+      return 1;
+  }
+}

@@ -1,0 +1,120 @@
+// Replica records: what the reconciler placed where, and what the nodes report of it. The
+// store's `replicas` rows are the truth (a restarted server reads them back and keeps
+// routing to the engines its agents kept running); this module reads and writes them, in
+// order, with the engine key sealed (core/secret-box.ts) so the database never holds one
+// in clear. The gateway's in-memory ReplicaTable is fed from these records by the fleet.
+import { describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { SecretBox } from "../core/secret-box.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import type { ReplicaEndpoint, ReplicaState } from "./replica-table.ts";
+
+export interface ReplicaRecord {
+  id: string;
+  modelId: string;
+  profile: string;
+  engine: "llamacpp" | "vllm";
+  /** The head node first. */
+  nodeIds: string[];
+  gpus: Record<string, number[]>;
+  fingerprint: string;
+  /** What the node is told: run it, or stop it (the row goes once the node no longer has it). */
+  desired: "run" | "stop";
+  /** null only for a row whose sealed key could not be opened (another server secret): it is replaced. */
+  engineKey: string | null;
+  state: ReplicaState;
+  endpoint: ReplicaEndpoint | null;
+  attempt: number;
+  failures: number;
+  lastError: string | null;
+  startedAt: string | null;
+  readyAt: string | null;
+  weightsVerified: boolean;
+}
+
+export class ReplicaRows {
+  private chain: Promise<void> = Promise.resolve();
+
+  constructor(private readonly options: { store: Store; box: SecretBox; logger: Logger; clock?: () => number }) {}
+
+  async load(): Promise<ReplicaRecord[]> {
+    const rows = await this.options.store.db.selectFrom("replicas").selectAll().execute();
+    return rows.map((row): ReplicaRecord => {
+      const endpoint = row.endpoint === null ? null : splitEndpoint(row.endpoint);
+      return {
+        id: row.id,
+        modelId: row.model_id,
+        profile: row.profile,
+        // Not stored: the fleet takes it from the model's profile when it reads the rows back.
+        engine: "llamacpp" as const,
+        nodeIds: JSON.parse(row.node_ids) as string[],
+        gpus: row.gpus === null ? {} : (JSON.parse(row.gpus) as Record<string, number[]>),
+        fingerprint: row.fingerprint ?? "",
+        desired: row.desired === "stop" ? "stop" : "run",
+        engineKey: row.engine_key === null ? null : this.options.box.open(row.engine_key),
+        state: row.state as ReplicaState,
+        endpoint,
+        attempt: row.attempt,
+        failures: row.failures,
+        lastError: row.last_error,
+        startedAt: row.started_at,
+        readyAt: row.ready_at,
+        weightsVerified: false,
+      };
+    });
+  }
+
+  /** Writes the record (insert or update); writes land in call order, a failure is logged. */
+  save(record: ReplicaRecord): void {
+    const row = {
+      model_id: record.modelId,
+      profile: record.profile,
+      node_ids: JSON.stringify(record.nodeIds),
+      endpoint: record.endpoint === null ? null : record.endpoint.origin + record.endpoint.basePath,
+      engine_key: record.engineKey === null ? null : this.options.box.seal(record.engineKey),
+      state: record.state,
+      attempt: record.attempt,
+      failures: record.failures,
+      last_error: record.lastError,
+      started_at: record.startedAt,
+      ready_at: record.readyAt,
+      updated_at: nowIso(this.options.clock),
+      fingerprint: record.fingerprint,
+      gpus: JSON.stringify(record.gpus),
+      desired: record.desired,
+    };
+    this.enqueue(record.id, async (db) => {
+      await db
+        .insertInto("replicas")
+        .values({ id: record.id, ...row })
+        .onConflict((oc) => oc.column("id").doUpdateSet(row))
+        .execute();
+    });
+  }
+
+  delete(id: string): void {
+    this.enqueue(id, async (db) => {
+      await db.deleteFrom("replicas").where("id", "=", id).execute();
+    });
+  }
+
+  /** Resolves when every write so far has reached the store (or failed and was logged). */
+  flush(): Promise<void> {
+    return this.chain;
+  }
+
+  private enqueue(id: string, write: (db: Store["db"]) => Promise<void>): void {
+    this.chain = this.chain.then(async () => {
+      try {
+        await write(this.options.store.db);
+      } catch (error) {
+        this.options.logger.warn({ replica: id, err: describeError(error) }, "could not record the replica in the store");
+      }
+    });
+  }
+}
+
+function splitEndpoint(text: string): ReplicaEndpoint {
+  const url = new URL(text);
+  return { origin: url.origin, basePath: url.pathname.replace(/\/+$/, "") };
+}
