@@ -1,0 +1,308 @@
+// Placement: which node (or nodes) runs each replica the reconciler wants, by the memory,
+// cores and GPUs actually free, and, for a replica no node can take, one line per node
+// saying what it lacks. It is pure and deterministic: the same nodes and requests give the
+// same answer, so a reconciler pass can be repeated and tested; the caller's objects are
+// never changed.
+//
+// Rules:
+// - Only `ready` nodes take replicas; `lost` and `draining` ones are named in explanations.
+// - Requests are placed in the order given (the reconciler puts the more important first),
+//   each seeing what earlier ones took. A request's options are tried in order: the second
+//   is used only when no node has room for the first.
+// - CPU option: free memory (the node's memory less cpuReserveBytes, the same reserve the
+//   planner uses, less what its replicas use) and free cores cover the need, and the node
+//   has the engine (llamacpp: the bundled llama.cpp or llama-server; vllm: vLLM).
+// - GPU option: `perNode` whole GPUs of the class (normalizeGpuClass on both sides), free,
+//   each offering the engine `memoryBytesPerGpu`: vLLM claims 90% of a GPU
+//   (--gpu-memory-utilization), llama.cpp loses 512 MiB to the CUDA context (the planner's
+//   figures). A GPU held by a replica is never offered to another. `nodes` > 1 takes that
+//   many distinct nodes (pipeline parallel; the first is the head). GPU llama.cpp needs the
+//   node's llama-server, since the bundled llama.cpp is the CPU build. The replica's host
+//   memory and cores are checked on each node as for a CPU option.
+// - Among nodes that fit: first those without a replica of the model (replicas of one model
+//   on different nodes survive a node's loss), then those that hold the weights (no fetch),
+//   then the best fit (least free memory left; for GPUs the fewest free GPUs of the class
+//   left, then the least memory), then the node's name. GPUs within a node: the smallest
+//   that fit, then the lowest index.
+// - An explanation gives each node's first shortfall per option, in the order engine, GPU
+//   class, GPU count, GPU memory, free GPUs, memory, cores.
+//
+// Cost: one pass over the nodes per option tried, comparing numbers precomputed per node;
+// strings are built only for requests that stay unplaceable.
+import { countOf, formatBytes } from "../core/format.ts";
+import { vllmUsableBytes, VLLM_GPU_MEMORY_UTILIZATION } from "../gguf/memory-estimate.ts";
+import { cpuReserveBytes, LLAMA_CPP_GPU_RESERVE_BYTES } from "../plan/plan.ts";
+import type { PlacedReplica, PlacementNode, PlacementOption, PlacementRequest, PlacementResult, UnplaceableReplica } from "./fleet-types.ts";
+import { normalizeGpuClass } from "./gpu-class.ts";
+
+export interface PlacementInput {
+  nodes: PlacementNode[];
+  requests: PlacementRequest[];
+}
+
+export const NO_NODES_EXPLANATION = "no nodes have joined; start one with 'llmgw agent --server URL --join-token TOKEN'";
+
+interface WorkGpu {
+  index: number;
+  gpuClass: string;
+  memoryBytes: number;
+  /** What the GPU offers each engine. */
+  llamaCppOffer: number;
+  vllmOffer: number;
+  free: boolean;
+}
+
+/** A node as this pass sees it: the caller's node plus what this pass has taken. */
+interface WorkNode {
+  node: PlacementNode;
+  ready: boolean;
+  freeMemory: number;
+  freeCores: number;
+  /** Sorted by memory, then index, so the first that fit are the smallest. */
+  gpus: WorkGpu[];
+  hasBundledLlamaCpp: boolean;
+  hasLlamaServer: boolean;
+  hasVllm: boolean;
+  /** Models placed on the node by this pass; created on first use. */
+  addedModels: Set<string> | null;
+}
+
+/** How good a fitting node is; lower is better in each field, compared in order. */
+interface Score {
+  sameModel: number;
+  uncached: number;
+  gpusLeft: number;
+  memoryLeft: number;
+}
+
+type OptionOutcome = { placed: PlacedReplica } | { placed: null; fittingNodes: number };
+
+/** Places each request on the ready nodes, or explains per node why it cannot. */
+export function placeReplicas(input: PlacementInput): PlacementResult {
+  const work = input.nodes
+    .map(workNode)
+    .sort((a, b) => compareStrings(a.node.name, b.node.name) || compareStrings(a.node.id, b.node.id));
+  const classes = new Map<string, string>();
+  const classOf = (name: string): string => {
+    let normalized = classes.get(name);
+    if (normalized === undefined) {
+      normalized = normalizeGpuClass(name);
+      classes.set(name, normalized);
+    }
+    return normalized;
+  };
+
+  const placed: PlacedReplica[] = [];
+  const unplaceable: UnplaceableReplica[] = [];
+  for (const request of input.requests) {
+    const fitting: number[] = [];
+    let done = false;
+    for (const option of request.options) {
+      const outcome = placeOption({ work, request, option, gpuClass: option.needs.gpu ? classOf(option.needs.gpu.class) : "" });
+      if (outcome.placed) {
+        placed.push(outcome.placed);
+        done = true;
+        break;
+      }
+      fitting.push(outcome.fittingNodes);
+    }
+    if (!done) {
+      unplaceable.push({ key: request.key, modelId: request.modelId, modelName: request.modelName, explanation: explain({ work, request, fitting, classOf }) });
+    }
+  }
+  return { placed, unplaceable };
+}
+
+function compareStrings(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+function workNode(node: PlacementNode): WorkNode {
+  const { inventory, used } = node;
+  const held = new Set(used.gpus);
+  const gpus = inventory.gpus
+    .map((gpu) => ({
+      index: gpu.index,
+      gpuClass: normalizeGpuClass(gpu.class),
+      memoryBytes: gpu.memoryBytes,
+      llamaCppOffer: Math.max(0, gpu.memoryBytes - LLAMA_CPP_GPU_RESERVE_BYTES),
+      vllmOffer: vllmUsableBytes(gpu.memoryBytes),
+      free: !held.has(gpu.index),
+    }))
+    .sort((a, b) => a.memoryBytes - b.memoryBytes || a.index - b.index);
+  const engines = new Set(inventory.engines.map((e) => e.engine));
+  return {
+    node,
+    ready: node.state === "ready",
+    freeMemory: inventory.memoryBytes - cpuReserveBytes(inventory.memoryBytes) - used.memoryBytes,
+    freeCores: inventory.cores - used.cores,
+    gpus,
+    hasBundledLlamaCpp: engines.has("llamacpp"),
+    hasLlamaServer: engines.has("llama-server"),
+    hasVllm: engines.has("vllm"),
+    addedModels: null,
+  };
+}
+
+function hasEngine(node: WorkNode, option: PlacementOption): boolean {
+  if (option.needs.engine === "vllm") return node.hasVllm;
+  return node.hasLlamaServer || (option.needs.gpu === undefined && node.hasBundledLlamaCpp);
+}
+
+function hasModel(node: WorkNode, modelId: string): boolean {
+  return node.node.models.has(modelId) || (node.addedModels !== null && node.addedModels.has(modelId));
+}
+
+function gpuOffer(gpu: WorkGpu, engine: "llamacpp" | "vllm"): number {
+  return engine === "vllm" ? gpu.vllmOffer : gpu.llamaCppOffer;
+}
+
+/** -1 when `a` is the better node, 1 when `b` is, 0 when they tie (then the name decides). */
+function compareScores(a: Score, b: Score): number {
+  return a.sameModel - b.sameModel || a.uncached - b.uncached || a.gpusLeft - b.gpusLeft || a.memoryLeft - b.memoryLeft;
+}
+
+function placeOption(options: { work: WorkNode[]; request: PlacementRequest; option: PlacementOption; gpuClass: string }): OptionOutcome {
+  const { work, request, option, gpuClass } = options;
+  const { needs } = option;
+  const gpu = needs.gpu;
+  const nodesWanted = gpu === undefined ? 1 : Math.max(1, gpu.nodes);
+  const perNode = gpu === undefined ? 0 : gpu.perNode;
+  // Single-node options keep the best so far without allocating; pipeline-parallel ones
+  // collect the fitting nodes and take the best `nodes` of them.
+  let best: WorkNode | null = null;
+  const bestScore: Score = { sameModel: 0, uncached: 0, gpusLeft: 0, memoryLeft: 0 };
+  const score: Score = { sameModel: 0, uncached: 0, gpusLeft: 0, memoryLeft: 0 };
+  const candidates: Array<{ node: WorkNode; score: Score; order: number }> = [];
+  let fittingNodes = 0;
+  for (let i = 0; i < work.length; i++) {
+    const node = work[i]!;
+    if (!node.ready || node.freeMemory < needs.memoryBytes || node.freeCores < needs.cores || !hasEngine(node, option)) continue;
+    let gpusLeft = 0;
+    if (gpu !== undefined) {
+      let usable = 0;
+      let freeOfClass = 0;
+      for (const g of node.gpus) {
+        if (!g.free || g.gpuClass !== gpuClass) continue;
+        freeOfClass++;
+        if (gpuOffer(g, needs.engine) >= gpu.memoryBytesPerGpu) usable++;
+      }
+      if (usable < perNode) continue;
+      gpusLeft = freeOfClass - perNode;
+    }
+    fittingNodes++;
+    score.sameModel = hasModel(node, request.modelId) ? 1 : 0;
+    score.uncached = request.weightsKey !== null && node.node.cachedWeights.has(request.weightsKey) ? 0 : 1;
+    score.gpusLeft = gpusLeft;
+    score.memoryLeft = node.freeMemory - needs.memoryBytes;
+    if (nodesWanted > 1) {
+      candidates.push({ node, score: { ...score }, order: i });
+    } else if (best === null || compareScores(score, bestScore) < 0) {
+      best = node;
+      Object.assign(bestScore, score);
+    }
+  }
+
+  let chosen: WorkNode[];
+  if (nodesWanted > 1) {
+    if (candidates.length < nodesWanted) return { placed: null, fittingNodes };
+    candidates.sort((a, b) => compareScores(a.score, b.score) || a.order - b.order);
+    chosen = candidates.slice(0, nodesWanted).map((c) => c.node);
+  } else {
+    if (best === null) return { placed: null, fittingNodes };
+    chosen = [best];
+  }
+
+  const gpus: Record<string, number[]> = {};
+  for (const node of chosen) {
+    const taken: number[] = [];
+    if (gpu !== undefined) {
+      for (const g of node.gpus) {
+        if (taken.length === perNode) break;
+        if (g.free && g.gpuClass === gpuClass && gpuOffer(g, needs.engine) >= gpu.memoryBytesPerGpu) {
+          g.free = false;
+          taken.push(g.index);
+        }
+      }
+      taken.sort((a, b) => a - b);
+    }
+    gpus[node.node.id] = taken;
+    node.freeMemory -= needs.memoryBytes;
+    node.freeCores -= needs.cores;
+    (node.addedModels ??= new Set()).add(request.modelId);
+  }
+  return { placed: { key: request.key, profile: option.profile, nodeIds: chosen.map((node) => node.node.id), gpus } };
+}
+
+// ---------------------------------------------------------------------------------------
+// Explanations
+
+function explain(options: { work: WorkNode[]; request: PlacementRequest; fitting: number[]; classOf: (name: string) => string }): string[] {
+  const { work, request, fitting, classOf } = options;
+  if (work.length === 0) return [NO_NODES_EXPLANATION];
+  if (request.options.length === 0) return ["the model has no llamacpp or vllm profile to place on a node"];
+  return work.map((node) => {
+    const name = node.node.name;
+    if (!node.ready) return `${name}: ${node.node.state}`;
+    if (request.options.length === 1) {
+      return `${name}: ${shortfall({ node, option: request.options[0]!, fittingNodes: fitting[0] ?? 0, classOf })}`;
+    }
+    const parts = request.options.map((option, i) => `${option.profile}: ${shortfall({ node, option, fittingNodes: fitting[i] ?? 0, classOf })}`);
+    return `${name}: ${parts.join("; ")}`;
+  });
+}
+
+/** What `node` lacks for `option`: its first shortfall, short and with the figures. */
+function shortfall(options: { node: WorkNode; option: PlacementOption; fittingNodes: number; classOf: (name: string) => string }): string {
+  const { node, option, fittingNodes, classOf } = options;
+  const { needs } = option;
+  const gpu = needs.gpu;
+  if (!hasEngine(node, option)) {
+    if (needs.engine === "vllm") return "no vllm engine";
+    return gpu === undefined ? "no llama.cpp engine" : "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
+  }
+  if (gpu !== undefined) {
+    const gpuClass = classOf(gpu.class);
+    const ofClass = node.gpus.filter((g) => g.gpuClass === gpuClass);
+    if (ofClass.length === 0) return `no ${gpuClass} GPU (has ${gpuSummary(node)})`;
+    if (ofClass.length < gpu.perNode) return `has ${countOf(ofClass.length, `${gpuClass} GPU`)}, needs ${gpu.perNode}`;
+    const big = ofClass.filter((g) => gpuOffer(g, needs.engine) >= gpu.memoryBytesPerGpu);
+    if (big.length === 0) {
+      // ofClass is sorted by memory: the last is the largest.
+      const largest = ofClass[ofClass.length - 1]!;
+      const offered = needs.engine === "vllm" ? largest.vllmOffer : largest.llamaCppOffer;
+      const basis =
+        needs.engine === "vllm"
+          ? `to vLLM (${VLLM_GPU_MEMORY_UTILIZATION * 100}% of ${formatBytes(largest.memoryBytes)})`
+          : `to llama.cpp (${formatBytes(largest.memoryBytes)} less ${formatBytes(LLAMA_CPP_GPU_RESERVE_BYTES)} for CUDA)`;
+      const offer =
+        ofClass.length === 1
+          ? `its ${gpuClass} offers ${formatBytes(offered)}`
+          : ofClass[0]!.memoryBytes === largest.memoryBytes
+            ? `its ${gpuClass} GPUs offer ${formatBytes(offered)} each`
+            : `its ${gpuClass} GPUs offer at most ${formatBytes(offered)}`;
+      return `${offer} ${basis}, needs ${formatBytes(gpu.memoryBytesPerGpu)} per GPU`;
+    }
+    if (big.length < gpu.perNode) {
+      return `only ${big.length} of ${ofClass.length} ${gpuClass} GPUs ${big.length === 1 ? "offers" : "offer"} ${formatBytes(gpu.memoryBytesPerGpu)}, needs ${gpu.perNode}`;
+    }
+    const free = big.filter((g) => g.free).length;
+    if (free < gpu.perNode) return `${free} of ${big.length} ${gpuClass} ${big.length === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
+  }
+  if (node.freeMemory < needs.memoryBytes) return `${formatBytes(Math.max(0, node.freeMemory))} free, needs ${formatBytes(needs.memoryBytes)}`;
+  if (node.freeCores < needs.cores) return `${Math.max(0, node.freeCores)} of ${node.node.inventory.cores} cores free, needs ${needs.cores}`;
+  // The node has room; only a replica spanning several nodes gets here, short of nodes.
+  const nodes = gpu?.nodes ?? 1;
+  return `has room, but the replica spans ${nodes} nodes and ${fittingNodes === 1 ? "only this one has" : `only ${fittingNodes} have`} room`;
+}
+
+/** "2× A100, 1× RTX4090", or "no GPUs". */
+function gpuSummary(node: WorkNode): string {
+  if (node.gpus.length === 0) return "no GPUs";
+  const counts = new Map<string, number>();
+  for (const g of node.gpus) counts.set(g.gpuClass, (counts.get(g.gpuClass) ?? 0) + 1);
+  return [...counts]
+    .sort(([a], [b]) => compareStrings(a, b))
+    .map(([gpuClass, count]) => `${count}× ${gpuClass}`)
+    .join(", ");
+}
