@@ -60,11 +60,14 @@ interface WorkNode {
   freeCores: number;
   /** Sorted by memory, then index, so the first that fit are the smallest. */
   gpus: WorkGpu[];
-  hasBundledLlamaCpp: boolean;
-  hasLlamaServer: boolean;
-  hasVllm: boolean;
-  /** Models placed on the node by this pass; created on first use. */
-  addedModels: Set<string> | null;
+  /** Its position in name order, for the indexes of the pass. */
+  order: number;
+  /** ENGINE_* bits of the engines it reports. */
+  engines: number;
+  /** Texts for explanations, made on first use (see gpuSummary, freeMemoryText). */
+  gpuSummary: string | null;
+  freeMemoryText: string | null;
+  freeMemoryTextOf: number;
 }
 
 /** How good a fitting node is; lower is better in each field, compared in order. */
@@ -75,6 +78,23 @@ interface Score {
   memoryLeft: number;
 }
 
+// Engines as bits, so "has an engine this option runs on" is one AND.
+const ENGINE_BUNDLED_LLAMACPP = 1;
+const ENGINE_LLAMA_SERVER = 2;
+const ENGINE_VLLM = 4;
+const ENGINE_BITS: Record<string, number> = { llamacpp: ENGINE_BUNDLED_LLAMACPP, "llama-server": ENGINE_LLAMA_SERVER, vllm: ENGINE_VLLM };
+
+/** What one pass works on: its copy of the nodes and indexes into them. */
+interface Pass {
+  /** In name order (then id), which is also the order of explanations and of ties. */
+  work: WorkNode[];
+  /** modelId → orders of the nodes with a replica of it (the callers' and this pass's). */
+  modelNodes: Map<string, Set<number>>;
+  /** weightsKey → orders of the nodes that hold it. */
+  cachedNodes: Map<string, Set<number>>;
+  classOf: (name: string) => string;
+}
+
 type OptionOutcome = { placed: PlacedReplica } | { placed: null; fittingNodes: number };
 
 /** Places each request on the ready nodes, or explains per node why it cannot. */
@@ -82,6 +102,20 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
   const work = input.nodes
     .map(workNode)
     .sort((a, b) => compareStrings(a.node.name, b.node.name) || compareStrings(a.node.id, b.node.id));
+  // Inverted indexes: most requests' models and weights are on no node or a few, so the
+  // scan looks them up once per request rather than in each node's sets.
+  const modelNodes = new Map<string, Set<number>>();
+  const cachedNodes = new Map<string, Set<number>>();
+  const index = (map: Map<string, Set<number>>, key: string, order: number) => {
+    let orders = map.get(key);
+    if (orders === undefined) map.set(key, (orders = new Set()));
+    orders.add(order);
+  };
+  work.forEach((node, order) => {
+    node.order = order;
+    for (const model of node.node.models) index(modelNodes, model, order);
+    for (const weights of node.node.cachedWeights) index(cachedNodes, weights, order);
+  });
   const classes = new Map<string, string>();
   const classOf = (name: string): string => {
     let normalized = classes.get(name);
@@ -91,6 +125,7 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
     }
     return normalized;
   };
+  const pass: Pass = { work, modelNodes, cachedNodes, classOf };
 
   const placed: PlacedReplica[] = [];
   const unplaceable: UnplaceableReplica[] = [];
@@ -98,7 +133,7 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
     const fitting: number[] = [];
     let done = false;
     for (const option of request.options) {
-      const outcome = placeOption({ work, request, option, gpuClass: option.needs.gpu ? classOf(option.needs.gpu.class) : "" });
+      const outcome = placeOption({ pass, request, option });
       if (outcome.placed) {
         placed.push(outcome.placed);
         done = true;
@@ -130,27 +165,30 @@ function workNode(node: PlacementNode): WorkNode {
       free: !held.has(gpu.index),
     }))
     .sort((a, b) => a.memoryBytes - b.memoryBytes || a.index - b.index);
-  const engines = new Set(inventory.engines.map((e) => e.engine));
+  let engines = 0;
+  for (const e of inventory.engines) engines |= ENGINE_BITS[e.engine] ?? 0;
   return {
     node,
     ready: node.state === "ready",
     freeMemory: inventory.memoryBytes - cpuReserveBytes(inventory.memoryBytes) - used.memoryBytes,
     freeCores: inventory.cores - used.cores,
     gpus,
-    hasBundledLlamaCpp: engines.has("llamacpp"),
-    hasLlamaServer: engines.has("llama-server"),
-    hasVllm: engines.has("vllm"),
-    addedModels: null,
+    order: 0,
+    engines,
+    gpuSummary: null,
+    freeMemoryText: null,
+    freeMemoryTextOf: 0,
   };
 }
 
-function hasEngine(node: WorkNode, option: PlacementOption): boolean {
-  if (option.needs.engine === "vllm") return node.hasVllm;
-  return node.hasLlamaServer || (option.needs.gpu === undefined && node.hasBundledLlamaCpp);
+/** ENGINE_* bits of the engines an option runs on: GPU llama.cpp needs llama-server. */
+function enginesFor(option: PlacementOption): number {
+  if (option.needs.engine === "vllm") return ENGINE_VLLM;
+  return option.needs.gpu === undefined ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER : ENGINE_LLAMA_SERVER;
 }
 
-function hasModel(node: WorkNode, modelId: string): boolean {
-  return node.node.models.has(modelId) || (node.addedModels !== null && node.addedModels.has(modelId));
+function hasEngine(node: WorkNode, option: PlacementOption): boolean {
+  return (node.engines & enginesFor(option)) !== 0;
 }
 
 function gpuOffer(gpu: WorkGpu, engine: "llamacpp" | "vllm"): number {
@@ -162,10 +200,15 @@ function compareScores(a: Score, b: Score): number {
   return a.sameModel - b.sameModel || a.uncached - b.uncached || a.gpusLeft - b.gpusLeft || a.memoryLeft - b.memoryLeft;
 }
 
-function placeOption(options: { work: WorkNode[]; request: PlacementRequest; option: PlacementOption; gpuClass: string }): OptionOutcome {
-  const { work, request, option, gpuClass } = options;
+function placeOption(options: { pass: Pass; request: PlacementRequest; option: PlacementOption }): OptionOutcome {
+  const { pass, request, option } = options;
+  const { work } = pass;
   const { needs } = option;
   const gpu = needs.gpu;
+  const gpuClass = gpu === undefined ? "" : pass.classOf(gpu.class);
+  const engines = enginesFor(option);
+  const withModel = pass.modelNodes.get(request.modelId);
+  const withWeights = request.weightsKey === null ? undefined : pass.cachedNodes.get(request.weightsKey);
   const nodesWanted = gpu === undefined ? 1 : Math.max(1, gpu.nodes);
   const perNode = gpu === undefined ? 0 : gpu.perNode;
   // Single-node options keep the best so far without allocating; pipeline-parallel ones
@@ -177,7 +220,7 @@ function placeOption(options: { work: WorkNode[]; request: PlacementRequest; opt
   let fittingNodes = 0;
   for (let i = 0; i < work.length; i++) {
     const node = work[i]!;
-    if (!node.ready || node.freeMemory < needs.memoryBytes || node.freeCores < needs.cores || !hasEngine(node, option)) continue;
+    if (!node.ready || node.freeMemory < needs.memoryBytes || node.freeCores < needs.cores || (node.engines & engines) === 0) continue;
     let gpusLeft = 0;
     if (gpu !== undefined) {
       let usable = 0;
@@ -191,8 +234,8 @@ function placeOption(options: { work: WorkNode[]; request: PlacementRequest; opt
       gpusLeft = freeOfClass - perNode;
     }
     fittingNodes++;
-    score.sameModel = hasModel(node, request.modelId) ? 1 : 0;
-    score.uncached = request.weightsKey !== null && node.node.cachedWeights.has(request.weightsKey) ? 0 : 1;
+    score.sameModel = withModel !== undefined && withModel.has(i) ? 1 : 0;
+    score.uncached = withWeights !== undefined && withWeights.has(i) ? 0 : 1;
     score.gpusLeft = gpusLeft;
     score.memoryLeft = node.freeMemory - needs.memoryBytes;
     if (nodesWanted > 1) {
@@ -229,32 +272,60 @@ function placeOption(options: { work: WorkNode[]; request: PlacementRequest; opt
     gpus[node.node.id] = taken;
     node.freeMemory -= needs.memoryBytes;
     node.freeCores -= needs.cores;
-    (node.addedModels ??= new Set()).add(request.modelId);
+    let modelOn = pass.modelNodes.get(request.modelId);
+    if (modelOn === undefined) pass.modelNodes.set(request.modelId, (modelOn = new Set()));
+    modelOn.add(node.order);
   }
   return { placed: { key: request.key, profile: option.profile, nodeIds: chosen.map((node) => node.node.id), gpus } };
 }
 
 // ---------------------------------------------------------------------------------------
 // Explanations
+//
+// A crowded fleet can leave hundreds of requests unplaceable, each explained on every node,
+// so the texts that do not change between lines are made once: what each option needs
+// (per request), what a node has (its GPU summary; its free memory until it changes).
+
+/** An option's figures as text, made once per unplaceable request. */
+interface OptionText {
+  option: PlacementOption;
+  gpuClass: string;
+  fittingNodes: number;
+  memory: string;
+  perGpu: string;
+}
 
 function explain(options: { work: WorkNode[]; request: PlacementRequest; fitting: number[]; classOf: (name: string) => string }): string[] {
   const { work, request, fitting, classOf } = options;
   if (work.length === 0) return [NO_NODES_EXPLANATION];
   if (request.options.length === 0) return ["the model has no llamacpp or vllm profile to place on a node"];
-  return work.map((node) => {
+  const texts: OptionText[] = request.options.map((option, i) => ({
+    option,
+    gpuClass: option.needs.gpu ? classOf(option.needs.gpu.class) : "",
+    fittingNodes: fitting[i] ?? 0,
+    memory: formatBytes(option.needs.memoryBytes),
+    perGpu: option.needs.gpu ? formatBytes(option.needs.gpu.memoryBytesPerGpu) : "",
+  }));
+  const lines: string[] = new Array<string>(work.length);
+  for (let n = 0; n < work.length; n++) {
+    const node = work[n]!;
     const name = node.node.name;
-    if (!node.ready) return `${name}: ${node.node.state}`;
-    if (request.options.length === 1) {
-      return `${name}: ${shortfall({ node, option: request.options[0]!, fittingNodes: fitting[0] ?? 0, classOf })}`;
+    if (!node.ready) {
+      lines[n] = `${name}: ${node.node.state}`;
+    } else if (texts.length === 1) {
+      lines[n] = `${name}: ${shortfall(node, texts[0]!)}`;
+    } else {
+      let line = `${name}: `;
+      for (let i = 0; i < texts.length; i++) line += `${i > 0 ? "; " : ""}${texts[i]!.option.profile}: ${shortfall(node, texts[i]!)}`;
+      lines[n] = line;
     }
-    const parts = request.options.map((option, i) => `${option.profile}: ${shortfall({ node, option, fittingNodes: fitting[i] ?? 0, classOf })}`);
-    return `${name}: ${parts.join("; ")}`;
-  });
+  }
+  return lines;
 }
 
-/** What `node` lacks for `option`: its first shortfall, short and with the figures. */
-function shortfall(options: { node: WorkNode; option: PlacementOption; fittingNodes: number; classOf: (name: string) => string }): string {
-  const { node, option, fittingNodes, classOf } = options;
+/** What `node` lacks for an option: its first shortfall, short and with the figures. */
+function shortfall(node: WorkNode, text: OptionText): string {
+  const { option, gpuClass } = text;
   const { needs } = option;
   const gpu = needs.gpu;
   if (!hasEngine(node, option)) {
@@ -262,47 +333,67 @@ function shortfall(options: { node: WorkNode; option: PlacementOption; fittingNo
     return gpu === undefined ? "no llama.cpp engine" : "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
   }
   if (gpu !== undefined) {
-    const gpuClass = classOf(gpu.class);
-    const ofClass = node.gpus.filter((g) => g.gpuClass === gpuClass);
-    if (ofClass.length === 0) return `no ${gpuClass} GPU (has ${gpuSummary(node)})`;
-    if (ofClass.length < gpu.perNode) return `has ${countOf(ofClass.length, `${gpuClass} GPU`)}, needs ${gpu.perNode}`;
-    const big = ofClass.filter((g) => gpuOffer(g, needs.engine) >= gpu.memoryBytesPerGpu);
-    if (big.length === 0) {
-      // ofClass is sorted by memory: the last is the largest.
-      const largest = ofClass[ofClass.length - 1]!;
+    // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
+    let ofClass = 0;
+    let big = 0;
+    let bigFree = 0;
+    let smallest: WorkGpu | null = null;
+    let largest: WorkGpu | null = null;
+    for (const g of node.gpus) {
+      if (g.gpuClass !== gpuClass) continue;
+      ofClass++;
+      smallest ??= g;
+      largest = g;
+      if (gpuOffer(g, needs.engine) >= gpu.memoryBytesPerGpu) {
+        big++;
+        if (g.free) bigFree++;
+      }
+    }
+    if (largest === null || smallest === null) return `no ${gpuClass} GPU (has ${gpuSummary(node)})`;
+    if (ofClass < gpu.perNode) return `has ${countOf(ofClass, `${gpuClass} GPU`)}, needs ${gpu.perNode}`;
+    if (big === 0) {
       const offered = needs.engine === "vllm" ? largest.vllmOffer : largest.llamaCppOffer;
       const basis =
         needs.engine === "vllm"
           ? `to vLLM (${VLLM_GPU_MEMORY_UTILIZATION * 100}% of ${formatBytes(largest.memoryBytes)})`
           : `to llama.cpp (${formatBytes(largest.memoryBytes)} less ${formatBytes(LLAMA_CPP_GPU_RESERVE_BYTES)} for CUDA)`;
       const offer =
-        ofClass.length === 1
+        ofClass === 1
           ? `its ${gpuClass} offers ${formatBytes(offered)}`
-          : ofClass[0]!.memoryBytes === largest.memoryBytes
+          : smallest.memoryBytes === largest.memoryBytes
             ? `its ${gpuClass} GPUs offer ${formatBytes(offered)} each`
             : `its ${gpuClass} GPUs offer at most ${formatBytes(offered)}`;
-      return `${offer} ${basis}, needs ${formatBytes(gpu.memoryBytesPerGpu)} per GPU`;
+      return `${offer} ${basis}, needs ${text.perGpu} per GPU`;
     }
-    if (big.length < gpu.perNode) {
-      return `only ${big.length} of ${ofClass.length} ${gpuClass} GPUs ${big.length === 1 ? "offers" : "offer"} ${formatBytes(gpu.memoryBytesPerGpu)}, needs ${gpu.perNode}`;
-    }
-    const free = big.filter((g) => g.free).length;
-    if (free < gpu.perNode) return `${free} of ${big.length} ${gpuClass} ${big.length === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
+    if (big < gpu.perNode) return `only ${big} of ${ofClass} ${gpuClass} GPUs ${big === 1 ? "offers" : "offer"} ${text.perGpu}, needs ${gpu.perNode}`;
+    if (bigFree < gpu.perNode) return `${bigFree} of ${big} ${gpuClass} ${big === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
   }
-  if (node.freeMemory < needs.memoryBytes) return `${formatBytes(Math.max(0, node.freeMemory))} free, needs ${formatBytes(needs.memoryBytes)}`;
+  if (node.freeMemory < needs.memoryBytes) return `${freeMemoryText(node)} free, needs ${text.memory}`;
   if (node.freeCores < needs.cores) return `${Math.max(0, node.freeCores)} of ${node.node.inventory.cores} cores free, needs ${needs.cores}`;
   // The node has room; only a replica spanning several nodes gets here, short of nodes.
   const nodes = gpu?.nodes ?? 1;
-  return `has room, but the replica spans ${nodes} nodes and ${fittingNodes === 1 ? "only this one has" : `only ${fittingNodes} have`} room`;
+  return `has room, but the replica spans ${nodes} nodes and ${text.fittingNodes === 1 ? "only this one has" : `only ${text.fittingNodes} have`} room`;
 }
 
-/** "2× A100, 1× RTX4090", or "no GPUs". */
+function freeMemoryText(node: WorkNode): string {
+  if (node.freeMemoryText === null || node.freeMemoryTextOf !== node.freeMemory) {
+    node.freeMemoryText = formatBytes(Math.max(0, node.freeMemory));
+    node.freeMemoryTextOf = node.freeMemory;
+  }
+  return node.freeMemoryText;
+}
+
+/** "2× A100, 1× RTX4090", or "no GPUs"; the inventory does not change, so made once per node. */
 function gpuSummary(node: WorkNode): string {
-  if (node.gpus.length === 0) return "no GPUs";
+  if (node.gpuSummary !== null) return node.gpuSummary;
   const counts = new Map<string, number>();
   for (const g of node.gpus) counts.set(g.gpuClass, (counts.get(g.gpuClass) ?? 0) + 1);
-  return [...counts]
-    .sort(([a], [b]) => compareStrings(a, b))
-    .map(([gpuClass, count]) => `${count}× ${gpuClass}`)
-    .join(", ");
+  node.gpuSummary =
+    counts.size === 0
+      ? "no GPUs"
+      : [...counts]
+          .sort(([a], [b]) => compareStrings(a, b))
+          .map(([gpuClass, count]) => `${count}× ${gpuClass}`)
+          .join(", ");
+  return node.gpuSummary;
 }
