@@ -19,16 +19,20 @@
 //   many distinct nodes (pipeline parallel; the first is the head). GPU llama.cpp needs the
 //   node's llama-server, since the bundled llama.cpp is the CPU build. The replica's host
 //   memory and cores are checked on each node as for a CPU option.
-// - Among nodes that fit: first those without a replica of the model (replicas of one model
-//   on different nodes survive a node's loss), then those that hold the weights (no fetch),
+// - Among nodes that fit: first those without a replica of the model (a node's `models`
+//   holds modelIds; replicas of one model on different nodes survive a node's loss), then those that hold the weights (no fetch),
 //   then the best fit (least free memory left; for GPUs the fewest free GPUs of the class
 //   left, then the least memory), then the node's name. GPUs within a node: the smallest
 //   that fit, then the lowest index.
 // - An explanation gives each node's first shortfall per option, in the order engine, GPU
 //   class, GPU count, GPU memory, free GPUs, memory, cores.
 //
-// Cost: one pass over the nodes per option tried, comparing numbers precomputed per node;
-// strings are built only for requests that stay unplaceable.
+// Cost: one scan of the nodes per option tried, comparing numbers precomputed per node (free
+// memory, cores, engines as bits, GPUs with their offers) and looking the request's model
+// and weights up once in inverted indexes; strings are built only for requests that stay
+// unplaceable (bench/fleet/placement.ts: 1,000 models onto 1,000 nodes).
+//
+// PlacedReplica.gpus has an entry for every node in nodeIds, empty for a CPU replica.
 import { countOf, formatBytes } from "../core/format.ts";
 import { vllmUsableBytes, VLLM_GPU_MEMORY_UTILIZATION } from "../gguf/memory-estimate.ts";
 import { cpuReserveBytes, LLAMA_CPP_GPU_RESERVE_BYTES } from "../plan/plan.ts";
@@ -106,15 +110,10 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
   // scan looks them up once per request rather than in each node's sets.
   const modelNodes = new Map<string, Set<number>>();
   const cachedNodes = new Map<string, Set<number>>();
-  const index = (map: Map<string, Set<number>>, key: string, order: number) => {
-    let orders = map.get(key);
-    if (orders === undefined) map.set(key, (orders = new Set()));
-    orders.add(order);
-  };
   work.forEach((node, order) => {
     node.order = order;
-    for (const model of node.node.models) index(modelNodes, model, order);
-    for (const weights of node.node.cachedWeights) index(cachedNodes, weights, order);
+    for (const model of node.node.models) addTo(modelNodes, model, order);
+    for (const weights of node.node.cachedWeights) addTo(cachedNodes, weights, order);
   });
   const classes = new Map<string, string>();
   const classOf = (name: string): string => {
@@ -146,6 +145,12 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
     }
   }
   return { placed, unplaceable };
+}
+
+function addTo(index: Map<string, Set<number>>, key: string, order: number): void {
+  let orders = index.get(key);
+  if (orders === undefined) index.set(key, (orders = new Set()));
+  orders.add(order);
 }
 
 function compareStrings(a: string, b: string): number {
@@ -216,7 +221,7 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
   let best: WorkNode | null = null;
   const bestScore: Score = { sameModel: 0, uncached: 0, gpusLeft: 0, memoryLeft: 0 };
   const score: Score = { sameModel: 0, uncached: 0, gpusLeft: 0, memoryLeft: 0 };
-  const candidates: Array<{ node: WorkNode; score: Score; order: number }> = [];
+  const candidates: Array<{ node: WorkNode; score: Score }> = [];
   let fittingNodes = 0;
   for (let i = 0; i < work.length; i++) {
     const node = work[i]!;
@@ -239,7 +244,7 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
     score.gpusLeft = gpusLeft;
     score.memoryLeft = node.freeMemory - needs.memoryBytes;
     if (nodesWanted > 1) {
-      candidates.push({ node, score: { ...score }, order: i });
+      candidates.push({ node, score: { ...score } });
     } else if (best === null || compareScores(score, bestScore) < 0) {
       best = node;
       Object.assign(bestScore, score);
@@ -249,7 +254,7 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
   let chosen: WorkNode[];
   if (nodesWanted > 1) {
     if (candidates.length < nodesWanted) return { placed: null, fittingNodes };
-    candidates.sort((a, b) => compareScores(a.score, b.score) || a.order - b.order);
+    candidates.sort((a, b) => compareScores(a.score, b.score) || a.node.order - b.node.order);
     chosen = candidates.slice(0, nodesWanted).map((c) => c.node);
   } else {
     if (best === null) return { placed: null, fittingNodes };
@@ -272,9 +277,7 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
     gpus[node.node.id] = taken;
     node.freeMemory -= needs.memoryBytes;
     node.freeCores -= needs.cores;
-    let modelOn = pass.modelNodes.get(request.modelId);
-    if (modelOn === undefined) pass.modelNodes.set(request.modelId, (modelOn = new Set()));
-    modelOn.add(node.order);
+    addTo(pass.modelNodes, request.modelId, node.order);
   }
   return { placed: { key: request.key, profile: option.profile, nodeIds: chosen.map((node) => node.node.id), gpus } };
 }
