@@ -39,6 +39,9 @@ const unit = [
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
   "src/agent/local-node.test.ts",
+  "src/fleet/gpu-class.test.ts",
+  "src/fleet/replica-needs.test.ts",
+  "src/fleet/placement.test.ts",
 ];
 
 const endToEnd = [

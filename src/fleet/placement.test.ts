@@ -1,0 +1,373 @@
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { profileSchema } from "../catalog/model-schema.ts";
+import type { GgufModelShape } from "../gguf/memory-estimate.ts";
+import type { EngineName, NodeState, PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
+import { normalizeGpuClass } from "./gpu-class.ts";
+import { NO_NODES_EXPLANATION, placeReplicas } from "./placement.ts";
+import { replicaNeeds } from "./replica-needs.ts";
+
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+
+interface NodeSpec {
+  state?: NodeState;
+  cores?: number;
+  memoryGiB?: number;
+  /** [driver name, memory in bytes] per GPU, indexes in order. */
+  gpus?: Array<[string, number]>;
+  engines?: EngineName[];
+  used?: { memoryGiB?: number; cores?: number; gpus?: number[] };
+  models?: string[];
+  cached?: string[];
+}
+
+function node(name: string, spec: NodeSpec = {}): PlacementNode {
+  return {
+    id: `id-${name}`,
+    name,
+    state: spec.state ?? "ready",
+    inventory: {
+      cores: spec.cores ?? 8,
+      memoryBytes: (spec.memoryGiB ?? 16) * GiB,
+      gpus: (spec.gpus ?? []).map(([gpuName, memoryBytes], index) => ({ index, name: gpuName, class: normalizeGpuClass(gpuName), memoryBytes })),
+      engines: (spec.engines ?? ["llamacpp"]).map((engine) => ({ engine, version: "test" })),
+    },
+    labels: {},
+    used: { memoryBytes: (spec.used?.memoryGiB ?? 0) * GiB, cores: spec.used?.cores ?? 0, gpus: spec.used?.gpus ?? [] },
+    models: new Set(spec.models ?? []),
+    cachedWeights: new Set(spec.cached ?? []),
+  };
+}
+
+const H100 = "NVIDIA H100 80GB HBM3";
+const H100_BYTES = 81559 * MiB; // memory.total as nvidia-smi reports an H100 80GB
+const RTX4090 = "NVIDIA GeForce RTX 4090";
+const RTX4090_BYTES = 24564 * MiB;
+
+const cpu = (memoryGiB: number, cores = 1, engine: "llamacpp" | "vllm" = "llamacpp"): ReplicaNeeds => ({ engine, memoryBytes: memoryGiB * GiB, cores });
+const gpu = (gpuClass: string, perGpuGiB: number, shape: { perNode?: number; nodes?: number; engine?: "llamacpp" | "vllm" } = {}): ReplicaNeeds => ({
+  engine: shape.engine ?? "vllm",
+  memoryBytes: GiB,
+  cores: 1,
+  gpu: { class: gpuClass, perNode: shape.perNode ?? 1, nodes: shape.nodes ?? 1, memoryBytesPerGpu: perGpuGiB * GiB },
+});
+
+function request(key: string, options: ReplicaNeeds | PlacementOption[], extra: { modelId?: string; weightsKey?: string } = {}): PlacementRequest {
+  const modelId = extra.modelId ?? key;
+  return {
+    key,
+    modelId,
+    modelName: `model-${modelId}`,
+    options: Array.isArray(options) ? options : [{ profile: "default", needs: options }],
+    weightsKey: extra.weightsKey ?? null,
+  };
+}
+
+/** key → node names joined with "+" (head first), from the ids "id-NAME". */
+function where(result: PlacementResult): Record<string, string> {
+  return Object.fromEntries(result.placed.map((p) => [p.key, p.nodeIds.map((id) => id.replace(/^id-/, "")).join("+")]));
+}
+
+function explanationOf(result: PlacementResult, key: string): string[] {
+  const entry = result.unplaceable.find((u) => u.key === key);
+  assert.ok(entry, `${key} should be unplaceable; placed: ${JSON.stringify(where(result))}`);
+  return entry.explanation;
+}
+
+describe("CPU replicas", () => {
+  // big: 64 GiB less a 6.4 GiB reserve = 57.6 GiB free; small: 32 GiB less 3.2 GiB = 28.8 GiB.
+  const pool = () => [node("big", { memoryGiB: 64 }), node("small", { memoryGiB: 32 })];
+
+  test("bin-pack: each replica goes where the least memory is left, until it is full", () => {
+    const result = placeReplicas({ nodes: pool(), requests: [request("m1", cpu(10)), request("m2", cpu(10)), request("m3", cpu(10))] });
+    // small: 28.8 → 18.8 → 8.8 GiB, too little for the third.
+    assert.deepEqual(where(result), { m1: "small", m2: "small", m3: "big" });
+    assert.deepEqual(result.unplaceable, []);
+  });
+
+  test("replicas of one model spread over nodes before bin-packing", () => {
+    const result = placeReplicas({
+      nodes: pool(),
+      requests: [request("r1", cpu(10), { modelId: "m" }), request("r2", cpu(10), { modelId: "m" }), request("r3", cpu(10), { modelId: "m" })],
+    });
+    // The third finds the model on both nodes and bin-packs again.
+    assert.deepEqual(where(result), { r1: "small", r2: "big", r3: "small" });
+  });
+
+  test("a node that already runs the model (the caller's models set) is avoided", () => {
+    const nodes = [node("big", { memoryGiB: 64 }), node("small", { memoryGiB: 32, models: ["m"] })];
+    assert.deepEqual(where(placeReplicas({ nodes, requests: [request("r1", cpu(10), { modelId: "m" })] })), { r1: "big" });
+  });
+
+  test("memory and cores the node's replicas use are not offered again", () => {
+    const nodes = [node("a", { memoryGiB: 16, cores: 4, used: { memoryGiB: 6.2, cores: 2 } })];
+    const result = placeReplicas({ nodes, requests: [request("mem", cpu(12.1)), request("cores", cpu(1, 3)), request("fits", cpu(7, 2))] });
+    assert.deepEqual(where(result), { fits: "a" });
+    // 16 GiB less the 2 GiB reserve less 6.2 GiB used.
+    assert.deepEqual(explanationOf(result, "mem"), ["a: 7.8 GiB free, needs 12.1 GiB"]);
+    assert.deepEqual(explanationOf(result, "cores"), ["a: 2 of 4 cores free, needs 3"]);
+  });
+
+  test("the weights already in a node's cache win over bin-packing, but not over spreading", () => {
+    const nodes = [node("big", { memoryGiB: 64, cached: ["w1"] }), node("small", { memoryGiB: 32 })];
+    const result = placeReplicas({
+      nodes,
+      requests: [request("r1", cpu(4), { modelId: "m", weightsKey: "w1" }), request("r2", cpu(4), { modelId: "m", weightsKey: "w1" }), request("other", cpu(4), { weightsKey: "w2" })],
+    });
+    assert.deepEqual(where(result), { r1: "big", r2: "small", other: "small" });
+  });
+});
+
+describe("options in order of preference", () => {
+  const options: PlacementOption[] = [
+    { profile: "gpu", needs: gpu("H100", 40) },
+    { profile: "cpu", needs: cpu(20) },
+  ];
+  const nodes = () => [node("cpu-node", { memoryGiB: 64 }), node("gpu-node", { memoryGiB: 256, gpus: [[H100, H100_BYTES]], engines: ["llamacpp", "vllm"] })];
+
+  test("the first option is used while any node has room for it; the next only when none has", () => {
+    const result = placeReplicas({ nodes: nodes(), requests: [request("m1", options), request("m2", options)] });
+    assert.deepEqual(
+      result.placed.map((p) => [p.key, p.profile, p.nodeIds, p.gpus]),
+      [
+        ["m1", "gpu", ["id-gpu-node"], { "id-gpu-node": [0] }],
+        ["m2", "cpu", ["id-cpu-node"], { "id-cpu-node": [] }],
+      ],
+    );
+  });
+
+  test("a GPU the caller says is held counts as taken", () => {
+    const held = [node("gpu-node", { memoryGiB: 256, gpus: [[H100, H100_BYTES]], engines: ["llamacpp", "vllm"], used: { gpus: [0] } })];
+    const result = placeReplicas({ nodes: held, requests: [request("m1", options)] });
+    assert.deepEqual(result.placed.map((p) => p.profile), ["cpu"]);
+  });
+
+  test("an unplaceable request explains each option on each node", () => {
+    const small = [node("a", { memoryGiB: 16, engines: ["llamacpp", "vllm"] }), node("b", { memoryGiB: 256, gpus: [["NVIDIA A100-SXM4-80GB", 80 * GiB], ["NVIDIA A100-SXM4-80GB", 80 * GiB]], engines: ["vllm"] })];
+    const result = placeReplicas({ nodes: small, requests: [request("m1", options)] });
+    assert.deepEqual(explanationOf(result, "m1"), ["a: gpu: no H100 GPU (has no GPUs); cpu: 14.0 GiB free, needs 20.0 GiB", "b: gpu: no H100 GPU (has 2× A100); cpu: no llama.cpp engine"]);
+  });
+});
+
+describe("GPU replicas", () => {
+  const twoH100 = (name: string, spec: NodeSpec = {}) => node(name, { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["vllm", "llama-server"], ...spec });
+
+  test("a GPU is never given to two replicas", () => {
+    const result = placeReplicas({ nodes: [twoH100("h")], requests: [request("m1", gpu("H100", 40)), request("m2", gpu("H100", 40)), request("m3", gpu("H100", 40))] });
+    assert.deepEqual(
+      result.placed.map((p) => p.gpus),
+      [{ "id-h": [0] }, { "id-h": [1] }],
+    );
+    assert.deepEqual(explanationOf(result, "m3"), ["h: 0 of 2 H100 GPUs free, needs 1"]);
+  });
+
+  test("GPUs held by the node's replicas are skipped, and a partly free node is explained", () => {
+    const result = placeReplicas({ nodes: [twoH100("h", { used: { gpus: [0] } })], requests: [request("two", gpu("H100", 40, { perNode: 2 })), request("one", gpu("H100", 40))] });
+    assert.deepEqual(result.placed.map((p) => [p.key, p.gpus]), [["one", { "id-h": [1] }]]);
+    assert.deepEqual(explanationOf(result, "two"), ["h: 1 of 2 H100 GPUs free, needs 2"]);
+  });
+
+  test("bin-pack GPUs: the node left with the fewest free GPUs of the class", () => {
+    const result = placeReplicas({ nodes: [twoH100("a"), twoH100("b", { used: { gpus: [1] } })], requests: [request("m1", gpu("H100", 40))] });
+    assert.deepEqual(result.placed.map((p) => [p.nodeIds, p.gpus]), [[["id-b"], { "id-b": [0] }]]);
+  });
+
+  test("the smallest GPU that fits is taken, leaving the large one for what needs it", () => {
+    const mixed = node("m", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] });
+    const result = placeReplicas({ nodes: [mixed], requests: [request("small", gpu("H100", 30)), request("large", gpu("H100", 60)), request("again", gpu("H100", 60))] });
+    assert.deepEqual(result.placed.map((p) => [p.key, p.gpus]), [["small", { "id-m": [1] }], ["large", { "id-m": [0] }]]);
+    assert.deepEqual(explanationOf(result, "again"), ["m: 0 of 1 H100 GPU free, needs 1"]);
+  });
+
+  test("vLLM gets 90% of each GPU and llama.cpp loses 512 MiB to CUDA", () => {
+    const nodes = [node("a", { memoryGiB: 64, gpus: [["NVIDIA A100-PCIE-40GB", 40 * GiB], ["NVIDIA A100-PCIE-40GB", 40 * GiB]], engines: ["vllm", "llama-server"] })];
+    const result = placeReplicas({
+      nodes,
+      requests: [request("vllm", gpu("A100", 37)), request("llama", gpu("A100", 39.6, { engine: "llamacpp" })), request("fits", gpu("A100", 39.5, { engine: "llamacpp" }))],
+    });
+    assert.deepEqual(where(result), { fits: "a" });
+    assert.deepEqual(explanationOf(result, "vllm"), ["a: its A100 GPUs offer 36.0 GiB each to vLLM (90% of 40.0 GiB), needs 37.0 GiB per GPU"]);
+    assert.deepEqual(explanationOf(result, "llama"), ["a: its A100 GPUs offer 39.5 GiB each to llama.cpp (40.0 GiB less 0.5 GiB for CUDA), needs 39.6 GiB per GPU"]);
+  });
+
+  test("GPU shortfalls: too few GPUs of the class, too few large enough", () => {
+    const nodes = [twoH100("a"), node("b", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] })];
+    const result = placeReplicas({ nodes, requests: [request("four", gpu("H100", 40, { perNode: 4 })), request("big", gpu("H100", 50, { perNode: 2 }))] });
+    assert.deepEqual(where(result), { big: "a" });
+    assert.deepEqual(explanationOf(result, "four"), ["a: has 2 H100 GPUs, needs 4", "b: has 2 H100 GPUs, needs 4"]);
+  });
+
+  test("only 1 of 2 large enough is named", () => {
+    const nodes = [node("b", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] })];
+    const result = placeReplicas({ nodes, requests: [request("big", gpu("H100", 50, { perNode: 2 }))] });
+    assert.deepEqual(explanationOf(result, "big"), ["b: only 1 of 2 H100 GPUs offers 50.0 GiB, needs 2"]);
+  });
+
+  test("a GPU replica needs host memory and cores too", () => {
+    const result = placeReplicas({ nodes: [twoH100("a", { memoryGiB: 4 })], requests: [request("m1", gpu("H100", 40))] });
+    // 4 GiB less the 2 GiB reserve leaves 2 GiB; ask for 3.
+    const hungry = placeReplicas({ nodes: [twoH100("a", { memoryGiB: 4 })], requests: [request("m2", { ...gpu("H100", 40), memoryBytes: 3 * GiB })] });
+    assert.deepEqual(where(result), { m1: "a" });
+    assert.deepEqual(explanationOf(hungry, "m2"), ["a: 2.0 GiB free, needs 3.0 GiB"]);
+  });
+
+  test("pipeline parallel takes distinct nodes, the head first, preferring those with the weights", () => {
+    const nodes = [twoH100("p1"), twoH100("p2"), twoH100("p3", { cached: ["w"] })];
+    const shape = gpu("H100", 60, { perNode: 2, nodes: 2 });
+    const result = placeReplicas({ nodes, requests: [request("m1", shape, { weightsKey: "w" }), request("m2", shape)] });
+    assert.deepEqual(result.placed, [{ key: "m1", profile: "default", nodeIds: ["id-p3", "id-p1"], gpus: { "id-p3": [0, 1], "id-p1": [0, 1] } }]);
+    assert.deepEqual(explanationOf(result, "m2"), [
+      "p1: 0 of 2 H100 GPUs free, needs 2",
+      "p2: has room, but the replica spans 2 nodes and only this one has room",
+      "p3: 0 of 2 H100 GPUs free, needs 2",
+    ]);
+  });
+});
+
+describe("engines and node states", () => {
+  test("llama.cpp on the CPU runs on the bundled engine or llama-server; on a GPU only on llama-server", () => {
+    const nodes = [
+      node("vllm-only", { memoryGiB: 64, engines: ["vllm"] }),
+      node("server", { memoryGiB: 64, engines: ["llama-server"] }),
+      node("bundled", { memoryGiB: 32, gpus: [[RTX4090, RTX4090_BYTES]], engines: ["llamacpp"] }),
+    ];
+    const result = placeReplicas({
+      nodes,
+      requests: [request("cpu-a", cpu(4)), request("cpu-b", cpu(4), { modelId: "cpu-a" }), request("gpu", gpu("RTX4090", 8, { engine: "llamacpp" })), request("vllm-cpu", cpu(70, 1, "vllm"))],
+    });
+    assert.deepEqual(where(result), { "cpu-a": "bundled", "cpu-b": "server" });
+    assert.deepEqual(explanationOf(result, "gpu"), [
+      "bundled: no llama-server engine (the bundled llama.cpp runs on the CPU only)",
+      "server: no RTX4090 GPU (has no GPUs)",
+      "vllm-only: no llama-server engine (the bundled llama.cpp runs on the CPU only)",
+    ]);
+    assert.deepEqual(explanationOf(result, "vllm-cpu"), ["bundled: no vllm engine", "server: no vllm engine", "vllm-only: 57.6 GiB free, needs 70.0 GiB"]);
+  });
+
+  test("lost and draining nodes take nothing and are named; lines are sorted by node name", () => {
+    const nodes = [node("c"), node("b", { state: "draining", memoryGiB: 512 }), node("a", { state: "lost", memoryGiB: 512 })];
+    const result = placeReplicas({ nodes, requests: [request("small", cpu(4)), request("large", cpu(20))] });
+    assert.deepEqual(where(result), { small: "c" });
+    // c: 14 GiB free less the 4 GiB the first request took.
+    assert.deepEqual(explanationOf(result, "large"), ["a: lost", "b: draining", "c: 10.0 GiB free, needs 20.0 GiB"]);
+  });
+
+  test("with no nodes at all, one line says how to start one", () => {
+    const result = placeReplicas({ nodes: [], requests: [request("m1", cpu(1))] });
+    assert.deepEqual(result.unplaceable, [{ key: "m1", modelId: "m1", modelName: "model-m1", explanation: [NO_NODES_EXPLANATION] }]);
+    assert.equal(NO_NODES_EXPLANATION, "no nodes have joined; start one with 'llmgw agent --server URL --join-token TOKEN'");
+  });
+});
+
+describe("the issue's three nodes (CPU only; one 24 GB GPU; two 80 GB GPUs)", () => {
+  const LLAMA3_8B: GgufModelShape = {
+    architecture: "llama",
+    contextLength: 8192,
+    embeddingLength: 4096,
+    blockCount: 32,
+    headCount: 32,
+    headCountKv: 8,
+    keyLength: 128,
+    valueLength: 128,
+    feedForwardLength: 14336,
+    vocabSize: 128256,
+    tensorBytes: 4_920_000_000,
+  };
+  const pool = () => [
+    node("cpu-16", { memoryGiB: 16, cores: 8, engines: ["llamacpp"] }),
+    node("gpu-24", { memoryGiB: 64, cores: 16, gpus: [[RTX4090, RTX4090_BYTES]], engines: ["llamacpp", "llama-server"] }),
+    node("gpu-80x2", { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["llamacpp", "llama-server", "vllm"] }),
+  ];
+  const option = (profile: Record<string, unknown>, weightsBytes: number, header?: GgufModelShape): PlacementOption => {
+    const parsed = profileSchema.parse(profile);
+    return { profile: parsed.name, needs: replicaNeeds(header === undefined ? { profile: parsed, weightsBytes } : { profile: parsed, weightsBytes, header }) };
+  };
+  const tiny = [option({ name: "cpu", engine: "llamacpp" }, 500_000_000)];
+  const llama8b = [
+    option({ name: "rtx", engine: "llamacpp", priority: 10, hardware: { gpu: { class: "RTX4090" } } }, LLAMA3_8B.tensorBytes, LLAMA3_8B),
+    option({ name: "cpu", engine: "llamacpp" }, LLAMA3_8B.tensorBytes, LLAMA3_8B),
+  ];
+  const llama70bFp8 = [option({ name: "h100x2", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2 } } }, 72_000_000_000)];
+  const llama70bBf16 = [option({ name: "h100x2", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2 } } }, 141_107_412_992)];
+  const mixtral = [option({ name: "cpu", engine: "llamacpp" }, 26_000_000_000)];
+  const requests = () => [
+    request("tiny-1", tiny, { modelId: "tiny" }),
+    request("llama8b-1", llama8b, { modelId: "llama8b" }),
+    request("llama8b-2", llama8b, { modelId: "llama8b" }),
+    request("70b-fp8-1", llama70bFp8, { modelId: "70b-fp8" }),
+    request("mixtral-1", mixtral, { modelId: "mixtral" }),
+    request("70b-bf16-1", llama70bBf16, { modelId: "70b-bf16" }),
+  ];
+
+  test("each model lands where its profiles and the free hardware say", () => {
+    const result = placeReplicas({ nodes: pool(), requests: requests() });
+    assert.deepEqual(
+      result.placed.map((p) => [p.key, p.profile, where({ placed: [p], unplaceable: [] })[p.key], p.gpus]),
+      [
+        // 0.8 GiB (0.5 GB × 1.2 + 256 MiB): the smallest node that has room.
+        ["tiny-1", "cpu", "cpu-16", { "id-cpu-16": [] }],
+        // The RTX 4090 takes the first replica; the second falls back to the CPU, on a node without the model.
+        ["llama8b-1", "rtx", "gpu-24", { "id-gpu-24": [0] }],
+        ["llama8b-2", "cpu", "cpu-16", { "id-cpu-16": [] }],
+        // 72 GB × 1.2 / 2 + 2 GiB = 42.2 GiB per GPU.
+        ["70b-fp8-1", "h100x2", "gpu-80x2", { "id-gpu-80x2": [0, 1] }],
+        // 29.3 GiB: too much for what the CPU node has left; the GPU node with less host memory free.
+        ["mixtral-1", "cpu", "gpu-24", { "id-gpu-24": [] }],
+      ],
+    );
+    assert.deepEqual(explanationOf(result, "70b-bf16-1"), [
+      "cpu-16: no vllm engine",
+      "gpu-24: no vllm engine",
+      "gpu-80x2: its H100 GPUs offer 71.7 GiB each to vLLM (90% of 79.6 GiB), needs 80.8 GiB per GPU",
+    ]);
+  });
+
+  test("the same input in another order gives the same answer", () => {
+    const first = placeReplicas({ nodes: pool(), requests: requests() });
+    const again = placeReplicas({ nodes: pool().reverse(), requests: requests() });
+    assert.deepEqual(again, first);
+  });
+
+  test("the caller's nodes are not changed", () => {
+    const nodes = pool();
+    const before = JSON.stringify(nodes, (_key, value: unknown) => (value instanceof Set ? [...value] : value));
+    placeReplicas({ nodes, requests: requests() });
+    assert.equal(JSON.stringify(nodes, (_key, value: unknown) => (value instanceof Set ? [...value] : value)), before);
+  });
+});
+
+test("1,000 requests onto 1,000 nodes: every one placed, no GPU given twice, no node over its memory", () => {
+  const nodes: PlacementNode[] = [];
+  for (let i = 0; i < 1000; i++) {
+    const name = `node-${String(i).padStart(4, "0")}`;
+    nodes.push(i % 4 === 0 ? node(name, { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["llamacpp", "vllm"] }) : node(name, { memoryGiB: 64, cores: 16 }));
+  }
+  const requests: PlacementRequest[] = [];
+  for (let i = 0; i < 1000; i++) {
+    const fallback: PlacementOption = { profile: "cpu", needs: cpu(8 + (i % 7), 2) };
+    requests.push(request(`m${i}`, i % 3 === 0 ? [{ profile: "gpu", needs: gpu("H100", 40) }, fallback] : [fallback], { modelId: `model-${i % 500}` }));
+  }
+  // No node has 600 GiB: each of these explains itself on all 1,000 nodes.
+  for (let i = 0; i < 5; i++) requests.push(request(`huge${i}`, cpu(600)));
+
+  const result = placeReplicas({ nodes, requests });
+  assert.equal(result.placed.length, 1000);
+  assert.deepEqual(
+    result.unplaceable.map((u) => [u.key, u.explanation.length]),
+    [0, 1, 2, 3, 4].map((i) => [`huge${i}`, 1000]),
+  );
+  const gpusTaken = result.placed.flatMap((p) => Object.entries(p.gpus).flatMap(([id, indexes]) => indexes.map((index) => `${id}/${index}`)));
+  assert.equal(gpusTaken.length, 334);
+  assert.equal(new Set(gpusTaken).size, gpusTaken.length);
+  const memory = new Map<string, number>();
+  for (const p of result.placed) {
+    const i = Number(p.key.slice(1));
+    const needs = p.profile === "gpu" ? GiB : (8 + (i % 7)) * GiB;
+    for (const id of p.nodeIds) memory.set(id, (memory.get(id) ?? 0) + needs);
+  }
+  for (const n of nodes) {
+    const reserve = Math.max(2 * GiB, Math.ceil(n.inventory.memoryBytes * 0.1));
+    assert.ok((memory.get(n.id) ?? 0) <= n.inventory.memoryBytes - reserve, `${n.name} is over-committed`);
+  }
+});

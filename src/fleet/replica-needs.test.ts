@@ -1,0 +1,75 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { profileSchema } from "../catalog/model-schema.ts";
+import { LlmgwError } from "../core/errors.ts";
+import { estimateGgufMemory, llamaCppPerGpuBytes, type GgufModelShape } from "../gguf/memory-estimate.ts";
+import { replicaNeeds } from "./replica-needs.ts";
+
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+
+// Llama-3-8B as its GGUF header states it, Q4_K_M weights.
+const LLAMA3_8B: GgufModelShape = {
+  architecture: "llama",
+  contextLength: 8192,
+  embeddingLength: 4096,
+  blockCount: 32,
+  headCount: 32,
+  headCountKv: 8,
+  keyLength: 128,
+  valueLength: 128,
+  feedForwardLength: 14336,
+  vocabSize: 128256,
+  tensorBytes: 4_920_000_000,
+};
+const WEIGHTS = LLAMA3_8B.tensorBytes;
+
+const profile = (fields: Record<string, unknown>) => profileSchema.parse({ name: "p", ...fields });
+
+test("llama.cpp on the CPU with a header: the estimate for the context pool and slots the engine starts with", () => {
+  const needs = replicaNeeds({ profile: profile({ engine: "llamacpp", ctx_size: 8192, parallel: 2 }), weightsBytes: WEIGHTS, header: LLAMA3_8B });
+  const expected = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192, parallel: 2, weightsBytes: WEIGHTS }).totalBytes;
+  assert.deepEqual(needs, { engine: "llamacpp", memoryBytes: expected, cores: 1 });
+  // The default pool (16384 tokens, 4 slots) holds twice the KV cache: 1 GiB more for this model.
+  const defaults = replicaNeeds({ profile: profile({ engine: "llamacpp" }), weightsBytes: WEIGHTS, header: LLAMA3_8B });
+  assert.equal(defaults.memoryBytes, estimateGgufMemory({ header: LLAMA3_8B, contextSize: 16384, parallel: 4, weightsBytes: WEIGHTS }).totalBytes);
+  assert.ok(defaults.memoryBytes - needs.memoryBytes >= GiB);
+});
+
+test("llama.cpp without a header: weights × 1.2 + 256 MiB; cores from the profile", () => {
+  const needs = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { cpu: { cores: 6 } } }), weightsBytes: 10 * GiB });
+  assert.deepEqual(needs, { engine: "llamacpp", memoryBytes: Math.ceil(12 * GiB) + 256 * MiB, cores: 6 });
+});
+
+test("min_memory_gb replaces the estimate, in GiB", () => {
+  const needs = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { cpu: { min_memory_gb: 2.5 } } }), weightsBytes: WEIGHTS, header: LLAMA3_8B });
+  assert.equal(needs.memoryBytes, 2.5 * GiB);
+});
+
+test("llama.cpp on GPUs: the estimate split over the node's GPUs, 1 GiB and 1 core on the host", () => {
+  const needs = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }), weightsBytes: WEIGHTS, header: LLAMA3_8B });
+  const estimate = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 16384, parallel: 4, weightsBytes: WEIGHTS });
+  assert.deepEqual(needs, { engine: "llamacpp", memoryBytes: GiB, cores: 1, gpu: { class: "RTX4090", perNode: 2, nodes: 1, memoryBytesPerGpu: llamaCppPerGpuBytes(estimate, 2) } });
+  const headerless = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }), weightsBytes: 10 * GiB });
+  assert.equal(headerless.gpu?.memoryBytesPerGpu, Math.ceil((12 * GiB + 256 * MiB) / 2));
+});
+
+test("vLLM: weights × 1.2 over tensor × pipeline parallel GPUs, plus 2 GiB on each", () => {
+  const needs = replicaNeeds({ profile: profile({ engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2, nodes: 2 } } }), weightsBytes: 100 * GiB });
+  assert.deepEqual(needs, { engine: "vllm", memoryBytes: GiB, cores: 1, gpu: { class: "H100", perNode: 2, nodes: 2, memoryBytesPerGpu: 30 * GiB + 2 * GiB } });
+  const single = replicaNeeds({ profile: profile({ engine: "vllm", hardware: { gpu: { class: "H100" } } }), weightsBytes: 10 * GiB });
+  assert.equal(single.gpu?.memoryBytesPerGpu, 14 * GiB);
+});
+
+test("profiles that no node can run are refused with a code", () => {
+  const external = profile({ engine: "external", url: "http://example.test" });
+  assert.throws(
+    () => replicaNeeds({ profile: external, weightsBytes: 0 }),
+    (error: unknown) => error instanceof LlmgwError && error.code === "profile_not_placeable" && /external/.test(error.message),
+  );
+  const spanning = profile({ engine: "llamacpp", hardware: { gpu: { class: "H100", nodes: 2 } } });
+  assert.throws(
+    () => replicaNeeds({ profile: spanning, weightsBytes: WEIGHTS }),
+    (error: unknown) => error instanceof LlmgwError && error.code === "profile_not_placeable" && /hardware\.gpu\.nodes to 1/.test(error.message),
+  );
+});
