@@ -174,6 +174,9 @@ test("launch arguments: a replica over two nodes runs through Ray at the head's 
     (error: unknown) => error instanceof LlmgwError && error.code === "state_path_too_long" && /would need 112 bytes, more than the 107/.test(error.message),
   );
   assert.equal(argAfter(vllmLaunch({ ...common, pipelineParallel: 1, attempt: 2, fallbackAttentionBackend: "FLEX_ATTENTION" }).args, "--attention-backend"), "FLEX_ATTENTION");
+  const chosen = vllmLaunch({ ...common, pipelineParallel: 1, attempt: 2, profile: profileSchema.parse({ ...profile, engine_args: ["-ac.backend", "FLASHINFER"] }) });
+  assert.ok(!chosen.args.includes("--attention-backend"), "the profile's own backend is kept on fallback attempts");
+  assert.equal(chosen.settings?.attentionBackend, "engine_args");
 });
 
 test("Ray launches: the head on port 6379 with its dashboard as health port, a worker joining HEAD:6379 with its agent as health port, sockets short and inside the state folder", () => {

@@ -25,7 +25,8 @@
 //   attempts 2 and later pass `--attention-backend TRITON_ATTN`, the Triton kernels that run
 //   wherever vLLM runs on a GPU. The VLLM_ATTENTION_BACKEND variable was deprecated in vLLM
 //   0.14 and is ignored by later releases, so the flag is used; XFORMERS, once the usual
-//   fallback, was removed with the V0 engine.
+//   fallback, was removed with the V0 engine. A profile whose engine_args choose the
+//   backend keeps that choice on every attempt.
 // - Readiness: connection refused while loading, then /health 200; then /v1/models with
 //   the key must list the served name, and without the key must answer 401.
 import { join } from "node:path";
@@ -98,7 +99,10 @@ export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
     });
   }
 
-  const fallback = options.attempt > 1;
+  // A profile that picks the backend itself keeps its choice on every attempt (vLLM refuses
+  // --attention-backend beside --attention-config / -ac, and takes the last of repeated flags).
+  const profileBackend = options.profile.engine_args.find((arg) => /^(--attention-backend|--attention-config|-ac)([.=]|$)/.test(arg));
+  const fallback = options.attempt > 1 && profileBackend === undefined;
   const attentionBackend = fallback ? (options.fallbackAttentionBackend ?? DEFAULT_FALLBACK_ATTENTION_BACKEND) : null;
   const args = [
     "serve",
@@ -136,7 +140,7 @@ export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
     ),
     settings: {
       engine: "vllm",
-      attentionBackend: attentionBackend ?? "default",
+      attentionBackend: profileBackend === undefined ? (attentionBackend ?? "default") : "engine_args",
       tensorParallel: options.tensorParallel,
       pipelineParallel: options.pipelineParallel,
       maxModelLen: options.maxModelLen ?? null,
