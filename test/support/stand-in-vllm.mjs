@@ -1,0 +1,105 @@
+#!/usr/bin/env node
+// A stand-in for `vllm serve`, for the adapter tests (vLLM needs a GPU and cannot run
+// here). It stands for these real behaviours (reference/engines.md, "vLLM", and vLLM's
+// OpenAI server where engines.md is silent):
+//
+// - `vllm serve DIR` with --host, --port, --served-model-name, --tensor-parallel-size,
+//   --pipeline-parallel-size, --max-model-len, --distributed-executor-backend,
+//   --attention-backend; the key from --api-key or the VLLM_API_KEY environment variable.
+// - The HTTP API comes up only after the engine has initialised: while loading, nothing
+//   listens on the port (a health check gets connection refused, not 503); then /health
+//   answers 200 with an empty body.
+// - The key guards only /v1 (and /v2, /inference): /v1/models without `Authorization:
+//   Bearer KEY` answers 401 {"error":"Unauthorized"}; /health stays open.
+// - /v1/models lists the served model name (the folder's path without one).
+// - Offline, a folder without config.json cannot be loaded: the process prints an error
+//   and exits 1 (the real one would try the Hub and fail, since HF_HUB_OFFLINE=1).
+//
+// What the tests control (environment variables, set by a wrapper script the test writes):
+// - STAND_IN_RECORD: a file to which one JSON line {pid, argv, env} is appended at start.
+// - STAND_IN_LOAD_MS: how long "loading" takes before the port is bound (default 300).
+// - STAND_IN_NEVER_READY=1: never finishes loading (never listens).
+// - STAND_IN_CRASH=default-attention: the engine dies during start-up with the default
+//   attention backend (FlashAttention on a GPU older than Ampere), and starts with any
+//   --attention-backend; STAND_IN_CRASH=always: it always dies during start-up.
+import { appendFileSync, existsSync } from "node:fs";
+import http from "node:http";
+import { join } from "node:path";
+
+const argv = process.argv.slice(2);
+const flag = (...names) => {
+  let value;
+  for (let i = 0; i < argv.length; i += 1) {
+    const arg = argv[i];
+    const equals = arg.indexOf("=");
+    if (equals !== -1 && names.includes(arg.slice(0, equals))) value = arg.slice(equals + 1);
+    else if (names.includes(arg)) value = argv[i + 1];
+  }
+  return value;
+};
+
+if (process.env.STAND_IN_RECORD) {
+  appendFileSync(process.env.STAND_IN_RECORD, JSON.stringify({ pid: process.pid, argv, env: process.env }) + "\n");
+}
+
+if (argv[0] !== "serve" || argv[1] === undefined || argv[1].startsWith("-")) {
+  console.error("usage: vllm serve MODEL [options]");
+  process.exit(2);
+}
+const modelDir = argv[1];
+const host = flag("--host") ?? "0.0.0.0";
+const port = Number(flag("--port") ?? "8000");
+const served = flag("--served-model-name") ?? modelDir;
+const maxModelLen = Number(flag("--max-model-len") ?? "4096");
+const attentionBackend = flag("--attention-backend");
+const key = flag("--api-key") ?? process.env.VLLM_API_KEY;
+const loadMs = Number(process.env.STAND_IN_LOAD_MS ?? "300");
+const crash = process.env.STAND_IN_CRASH ?? "";
+
+console.log(`INFO api_server.py: vLLM API server version 0.0.0-stand-in`);
+console.log(`INFO api_server.py: args: model=${modelDir} served_model_name=${served} attention_backend=${attentionBackend ?? "None"}`);
+
+const json = (res, status, body) => {
+  res.writeHead(status, { "content-type": "application/json" });
+  res.end(JSON.stringify(body));
+};
+
+function serve() {
+  const server = http.createServer((req, res) => {
+    const path = (req.url ?? "/").split("?")[0];
+    if (path === "/health") {
+      res.writeHead(200);
+      res.end();
+      return;
+    }
+    if (key !== undefined && key !== "" && (path.startsWith("/v1") || path.startsWith("/v2") || path.startsWith("/inference"))) {
+      if (req.headers.authorization !== `Bearer ${key}`) return json(res, 401, { error: "Unauthorized" });
+    }
+    if (path === "/v1/models") {
+      return json(res, 200, {
+        object: "list",
+        data: [{ id: served, object: "model", created: Math.floor(Date.now() / 1000), owned_by: "vllm", root: modelDir, parent: null, max_model_len: maxModelLen, permission: [] }],
+      });
+    }
+    json(res, 404, { detail: "Not Found" });
+  });
+  server.listen(port, host, () => console.log(`INFO:     Uvicorn running on http://${host}:${port} (Press CTRL+C to quit)`));
+}
+
+if (process.env.STAND_IN_NEVER_READY === "1") {
+  // Loading forever: the process lives and never binds its port.
+  setInterval(() => console.log("INFO loader.py: still loading weights"), 1000);
+} else {
+  setTimeout(() => {
+    if (!existsSync(join(modelDir, "config.json"))) {
+      console.error(`OSError: ${modelDir} does not appear to have a file named config.json (HF_HUB_OFFLINE=${process.env.HF_HUB_OFFLINE ?? "0"})`);
+      process.exit(1);
+    }
+    if (crash === "always" || (crash === "default-attention" && attentionBackend === undefined)) {
+      console.error("ERROR core.py: EngineCore failed to start.");
+      console.error("RuntimeError: FlashAttention only supports Ampere GPUs or newer.");
+      process.exit(1);
+    }
+    serve();
+  }, loadMs);
+}
