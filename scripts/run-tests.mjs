@@ -6,6 +6,8 @@ const unit = [
   "src/core/errors.test.ts",
   "src/core/log.test.ts",
   "src/agent/engine-supervisor.test.ts",
+  "src/agent/weights-identity.test.ts",
+  "src/agent/weight-cache.test.ts",
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
   "src/catalog/weights-check.test.ts",

@@ -7,7 +7,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, open, readFile, rm, stat, symlink, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { eventually } from "../../test/support/eventually.ts";
+import { fileClockPast } from "../../test/support/fs-clock.ts";
 import { WeightsIdentity, WeightsIdentityError } from "./weights-identity.ts";
 
 const dirs: string[] = [];
@@ -39,16 +39,6 @@ async function flipByte(file: string, at: number): Promise<void> {
   } finally {
     await handle.close();
   }
-}
-
-/** Waits until a file changed now gets a ctime after `ns` (the file system's clock has ticked past it). */
-async function clockPast(dir: string, ns: bigint): Promise<void> {
-  const probe = path.join(dir, ".clock-probe");
-  await eventually("the file system's clock to tick past the last verification", async () => {
-    await writeFile(probe, String(Date.now()));
-    return (await stat(probe, { bigint: true })).ctimeNs > ns;
-  });
-  await rm(probe, { force: true });
 }
 
 async function refusal(promise: Promise<unknown>): Promise<WeightsIdentityError> {
@@ -106,7 +96,7 @@ test("a byte changed in place is caught: a new mtime, or an mtime put back (ctim
   // times from a coarse clock (a few ms a tick), so first wait until a change made now gets
   // a later ctime than the one just verified: a change within the same tick looks the same.
   const verified = await stat(file.path, { bigint: true });
-  await clockPast(dir, verified.ctimeNs);
+  await fileClockPast(dir, verified.ctimeNs);
   await flipByte(file.path, 1234);
   await utimes(file.path, later, later);
   const changed = await stat(file.path, { bigint: true });
