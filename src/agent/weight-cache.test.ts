@@ -147,11 +147,20 @@ function spec(file: string): CacheFileSpec {
 }
 
 /** A node's cache in a fresh folder, with its own identity memo. */
-async function nodeCache(options: { credential?: string } = {}): Promise<{ cache: WeightCache; identity: WeightsIdentity; root: string }> {
+async function nodeCache(options: { credential?: string; freeBytes?: number } = {}): Promise<{ cache: WeightCache; identity: WeightsIdentity; root: string }> {
   const dir = await tempDir();
   const root = path.join(dir, "weights");
   const identity = new WeightsIdentity({ memoFile: path.join(dir, "weights-verified.json"), cacheRoot: root });
-  const cache = new WeightCache({ root, serverUrl: server.url, credential: () => options.credential ?? CREDENTIAL, identity, retries: 3, retryDelayMs: 1, progressIntervalMs: 0 });
+  const cache = new WeightCache({
+    root,
+    serverUrl: server.url,
+    credential: () => options.credential ?? CREDENTIAL,
+    identity,
+    retries: 3,
+    retryDelayMs: 1,
+    progressIntervalMs: 0,
+    ...(options.freeBytes === undefined ? {} : { io: { freeBytes: async () => options.freeBytes ?? null } }),
+  });
   return { cache, identity, root };
 }
 
@@ -295,10 +304,17 @@ describe("weight cache", () => {
     }
   });
 
-  test("a refused credential, a file the mirror does not have and a bad name each fail clearly", async () => {
+  test("a refused credential, a file the mirror does not have, a full disk and a bad name each fail clearly", async () => {
     const { cache: refused } = await nodeCache({ credential: "stale-credential" });
+    const { cache: full, root: fullRoot } = await nodeCache({ freeBytes: 1000 });
     const { cache } = await nodeCache();
     try {
+      // Stands for a statfs that reports 1000 bytes free.
+      const noRoom = await failure(full.ensure([spec(SINGLE)]));
+      assert.equal(noRoom.code, "weights_disk_full");
+      assert.equal(noRoom.status, 507);
+      assert.match(noRoom.message, new RegExp(`This node's disk is full: tiny-llama/0123456789ab/tiny-llama-Q4_K_M\\.gguf \\(${spec(SINGLE).bytes} bytes\\) does not fit in its weight cache \\(${fullRoot}\\)`));
+
       const denied = await failure(refused.ensure([spec(SINGLE)]));
       assert.equal(denied.code, "node_credential_refused");
       assert.match(denied.message, /refused this node's credential \(401\) when fetching tiny-llama\/0123456789ab\/tiny-llama-Q4_K_M\.gguf: This node credential is not valid/);
@@ -317,6 +333,7 @@ describe("weight cache", () => {
       }
       assert.equal(server.requests.length, before + 1, "bad names never reach the server");
     } finally {
+      await full.close();
       await refused.close();
       await cache.close();
     }

@@ -365,6 +365,17 @@ export class WeightCache {
         { code: "weights_download_mismatch", retryable: true },
       );
     }
+    if (failure.code === "mirror_disk_full") {
+      return new LlmgwError({
+        message:
+          `This node's disk is full: ${named} (${file.bytes} bytes) does not fit in its weight cache (${this.root}). ` +
+          `Free space on that disk (cached versions no replica uses can be removed); the replica is retried with backoff, and bytes already fetched are kept and resumed from.`,
+        code: "weights_disk_full",
+        status: 507,
+        type: "server_error",
+        retryable: true,
+      });
+    }
     if (NODE_CODES.has(failure.code)) return new UpstreamError(failure.message, { code: failure.code, retryable: failure.retryable });
     return new UpstreamError(`Fetching ${named} from the server's mirror into this node's cache (${this.root}) failed: ${failure.message}`, {
       code: failure.code,
