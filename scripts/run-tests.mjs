@@ -9,6 +9,8 @@ const unit = [
   "src/engines/llama-server/llama-server-launch.test.ts",
   "src/engines/vllm/vllm-launch.test.ts",
   "src/engines/engine-launch.test.ts",
+  "src/agent/weights-identity.test.ts",
+  "src/agent/weight-cache.test.ts",
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
   "src/catalog/weights-check.test.ts",

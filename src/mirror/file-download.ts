@@ -22,8 +22,14 @@ import type { MirrorRows } from "./mirror-rows.ts";
 import type { MirrorFetchFile, MirrorFileOutcome, MirrorIo } from "./mirror-types.ts";
 import { pump } from "./pump.ts";
 
+/**
+ * Where a download records its state. The mirror keeps rows in the store; a node's weight
+ * cache (src/agent/weight-cache.ts) keeps none, since the file on disk is its only record.
+ */
+export type DownloadRows = Pick<MirrorRows, "upsert" | "recordProgress">;
+
 export interface DownloaderSettings {
-  rows: MirrorRows;
+  rows: DownloadRows;
   io: MirrorIo;
   logger: Logger;
   clock: () => number;

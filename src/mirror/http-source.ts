@@ -27,6 +27,21 @@ export interface HttpSourceSettings {
   bodyTimeoutMs: number;
   /** Which headers survive a redirect. */
   headersForRedirect: (headers: Record<string, string>, from: string, to: string) => Record<string, string>;
+  /**
+   * How this caller names a refusal of the source (a status other than 200, 206 and 416),
+   * or null for the mirror's own wording. A node fetching from the server's mirror says
+   * what a 401 or a 404 means there, not what it means at the Hub.
+   */
+  statusError?: (answer: SourceStatus) => LlmgwError | null;
+}
+
+/** A source's refusal: its status, the file, where it answered, and the start of what it said. */
+export interface SourceStatus {
+  status: number;
+  spec: MirrorFetchFile;
+  url: string;
+  /** The first few hundred characters of the answer's body, when it had one. */
+  said: string | undefined;
 }
 
 const MAX_REDIRECTS = 5;
@@ -94,7 +109,7 @@ export async function openHttpSource(spec: MirrorFetchFile, offset: number, sign
     );
   }
   const said = await errorText(response.body);
-  throw sourceStatusError(status, spec, current, said);
+  throw settings.statusError?.({ status, spec, url: current, said }) ?? sourceStatusError(status, spec, current, said);
 }
 
 function sourceStatusError(status: number, spec: MirrorFetchFile, url: string, said: string | undefined): LlmgwError {
