@@ -39,6 +39,9 @@ const unit = [
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
   "src/agent/local-agent.test.ts",
+  "src/fleet/gpu-class.test.ts",
+  "src/fleet/inventory-schema.test.ts",
+  "src/agent/inventory.test.ts",
 ];
 
 const endToEnd = [

@@ -23,7 +23,7 @@ import { printable } from "../core/format.ts";
 import { parseByteSize } from "../cli/config.ts";
 import type { EngineInventory, GpuInventory, NodeInventory, NodeLabels } from "../fleet/fleet-types.ts";
 import { normalizeGpuClass } from "../fleet/gpu-class.ts";
-import { ENGINE_NAMES, LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, checkInventory, checkLabels } from "../fleet/inventory-schema.ts";
+import { ENGINE_NAMES, LABEL_KEY_PATTERN, LABEL_KEY_RULE, LABEL_VALUE_PATTERN, LABEL_VALUE_RULE, checkInventory, checkLabels } from "../fleet/inventory-schema.ts";
 import { BUNDLED_LLAMA_CPP } from "../gguf/llama-support.ts";
 
 export const DEFAULT_PROBE_TIMEOUT_MS = 10_000;
@@ -306,6 +306,8 @@ const inventoryFileSchema = z.strictObject({
   engines: z.array(z.strictObject({ engine: z.enum(ENGINE_NAMES), version: z.string() })).optional(),
 });
 
+const INVENTORY_FILE_FIELDS = "cores, memory or memoryBytes, gpus (index, name, class, memory or memoryBytes), engines (engine, version)";
+
 /**
  * The inventory in `--inventory FILE`, which replaces the detected one. Throws a
  * BadRequestError (`invalid_inventory`) naming the file, and the field when one is wrong.
@@ -331,7 +333,13 @@ export async function readInventoryFile(file: string): Promise<NodeInventory> {
   if (!parsed.success) {
     // The shape is wrong (an unknown field, a string where a list belongs); checkInventory names ranges.
     const issue = parsed.error.issues[0];
-    const path = issue ? issue.path.map(String).join(".") : "";
+    const at = issue ? issue.path.map(String) : [];
+    if (issue?.code === "unrecognized_keys") {
+      // Name the misspelt field itself ("gpu" for "gpus"), not the object that holds it.
+      const field = [...at, issue.keys[0] ?? ""].join(".");
+      throw refuse(`Invalid ${what}: unknown field '${field}'. Known fields: ${INVENTORY_FILE_FIELDS}.`, field, parsed.error);
+    }
+    const path = at.join(".");
     throw refuse(`Invalid ${what}:${path === "" ? "" : ` field '${path}':`} ${issue?.message ?? "invalid"}.`, path === "" ? null : path, parsed.error);
   }
   const form = parsed.data;
@@ -369,7 +377,6 @@ export async function readInventoryFile(file: string): Promise<NodeInventory> {
  * BadRequestError (`invalid_labels`) naming the pair that is wrong.
  */
 export function parseLabels(text: string): NodeLabels {
-  // A Map, not an object: a key such as "__proto__" must stay a label.
   const labels = new Map<string, string>();
   const refuse = (pair: string, why: string) =>
     new BadRequestError(`Invalid --labels pair '${printable(pair)}': ${why}. Write labels as key=value pairs separated by commas, for example zone=eu-1,rack=r12.`, {
@@ -382,8 +389,8 @@ export function parseLabels(text: string): NodeLabels {
     if (equals < 0) throw refuse(pair, "it has no '='");
     const key = pair.slice(0, equals).trim();
     const value = pair.slice(equals + 1).trim();
-    if (!LABEL_KEY_PATTERN.test(key)) throw refuse(pair, "the key must be 1-63 letters, digits, '.', '_', '/' or '-'");
-    if (!LABEL_VALUE_PATTERN.test(value)) throw refuse(pair, "the value must be 1-63 letters, digits, '.', '_', '/', ':' or '-'");
+    if (!LABEL_KEY_PATTERN.test(key)) throw refuse(pair, `the key must be ${LABEL_KEY_RULE}`);
+    if (!LABEL_VALUE_PATTERN.test(value)) throw refuse(pair, `the value must be ${LABEL_VALUE_RULE}`);
     if (labels.has(key)) throw refuse(pair, `the key '${key}' is given twice`);
     labels.set(key, value);
   }

@@ -37,10 +37,16 @@ export const INVENTORY_LIMITS = {
 
 export const ENGINE_NAMES = ["llamacpp", "llama-server", "vllm"] as const;
 
-/** Label keys as Kubernetes writes them (letters, digits, `.`, `_`, `/`, `-`), 1 to 63 characters. */
-export const LABEL_KEY_PATTERN = /^[A-Za-z0-9._/-]{1,63}$/;
-/** Label values: the same characters and `:`, 1 to 63 of them (a value is printed in `ctl node list`). */
-export const LABEL_VALUE_PATTERN = /^[A-Za-z0-9._/:-]{1,63}$/;
+/**
+ * Label keys as Kubernetes writes them: 1 to 63 letters, digits, `.`, `_`, `/` and `-`,
+ * beginning and ending with a letter or digit. The ends also keep out "__proto__", which a
+ * JavaScript object would swallow instead of storing as a label.
+ */
+export const LABEL_KEY_PATTERN = /^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$/;
+/** Label values: the same, with `:` too (a value is printed in `ctl node list`). */
+export const LABEL_VALUE_PATTERN = /^[A-Za-z0-9](?:[A-Za-z0-9._/:-]{0,61}[A-Za-z0-9])?$/;
+export const LABEL_KEY_RULE = "1-63 letters, digits, '.', '_', '/' or '-', beginning and ending with a letter or digit";
+export const LABEL_VALUE_RULE = "1-63 letters, digits, '.', '_', '/', ':' or '-', beginning and ending with a letter or digit";
 export const MAX_LABELS = 64;
 
 const wholeNumber = z.number({ error: "must be a number" }).int({ error: (issue) => `must be a whole number, got ${String(issue.input)}` });
@@ -78,7 +84,7 @@ export const nodeInventorySchema = z
       ctx.addIssue({
         code: "custom",
         path: ["memoryBytes"],
-        message: `must be from ${formatBytes(memoryBytes.min)} to ${formatBytes(memoryBytes.max)}, got ${inventory.memoryBytes} bytes`,
+        message: `must be from ${sizeText(memoryBytes.min)} to ${sizeText(memoryBytes.max)}, got ${inventory.memoryBytes} bytes`,
       });
     }
     if (inventory.gpus.length > gpus.max) {
@@ -96,7 +102,7 @@ export const nodeInventorySchema = z
         ctx.addIssue({
           code: "custom",
           path: ["gpus", position, "memoryBytes"],
-          message: `must be more than 0 and at most ${formatBytes(gpuMemoryBytes.max)}, got ${gpu.memoryBytes} bytes`,
+          message: `must be more than 0 and at most ${sizeText(gpuMemoryBytes.max)}, got ${gpu.memoryBytes} bytes`,
         });
       }
     });
@@ -124,7 +130,7 @@ export function checkInventory(raw: unknown, what = "node inventory"): NodeInven
 }
 
 export const nodeLabelsSchema = z
-  .record(z.string().regex(LABEL_KEY_PATTERN, "label keys are 1-63 letters, digits, '.', '_', '/' or '-'"), z.string().regex(LABEL_VALUE_PATTERN, "must be 1-63 letters, digits, '.', '_', '/', ':' or '-'"))
+  .record(z.string().regex(LABEL_KEY_PATTERN, `label keys are ${LABEL_KEY_RULE}`), z.string().regex(LABEL_VALUE_PATTERN, `must be ${LABEL_VALUE_RULE}`))
   .refine((labels) => Object.keys(labels).length <= MAX_LABELS, { error: `a node has at most ${MAX_LABELS} labels` });
 
 /** A node's labels as they arrive from an agent; throws a BadRequestError (`invalid_labels`) naming the label. */
@@ -140,6 +146,11 @@ function inventoryError(error: z.ZodError, what: string, code = "invalid_invento
   const reason = issue?.message ?? "invalid";
   const where = path === "" ? "" : ` field '${path}':`;
   return new BadRequestError(`Invalid ${what}:${where} ${reason}.`, { code, param: path === "" ? null : path, cause: error });
+}
+
+/** formatBytes, but the limits in TiB read as TiB ("64 TiB", not "65536.0 GiB"). */
+function sizeText(bytes: number): string {
+  return bytes >= TiB && bytes % TiB === 0 ? `${bytes / TiB} TiB` : formatBytes(bytes);
 }
 
 function describeValue(value: unknown): string {
