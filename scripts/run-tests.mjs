@@ -47,6 +47,8 @@ const unit = [
   "src/fleet/gpu-class.test.ts",
   "src/fleet/replica-needs.test.ts",
   "src/fleet/placement.test.ts",
+  "src/fleet/inventory-schema.test.ts",
+  "src/agent/inventory.test.ts",
 ];
 
 const endToEnd = [
