@@ -72,13 +72,17 @@ describe("weights supply chain", () => {
 
     // The file server answers a node's ranged request with the right bytes and the sha256 as ETag.
     const url = `${harness.url}/mirror/tiny/${version}/tiny-llama-Q8_0.gguf`;
-    const whole = Buffer.from(await (await fetch(url, { headers: { authorization: `Bearer ${harness.adminKey}` } })).arrayBuffer());
+    const node = { authorization: `Bearer ${harness.nodeCredential()}` };
+    const whole = Buffer.from(await (await fetch(url, { headers: node })).arrayBuffer());
     assert.equal(createHash("sha256").update(whole).digest("hex"), row.sha256);
-    const ranged = await fetch(url, { headers: { authorization: `Bearer ${harness.adminKey}`, range: "bytes=0-3" } });
+    const ranged = await fetch(url, { headers: { ...node, range: "bytes=0-3" } });
     assert.equal(ranged.status, 206);
     assert.equal(ranged.headers.get("etag"), `"${row.sha256}"`);
     assert.equal(Buffer.from(await ranged.arrayBuffer()).toString("latin1"), "GGUF");
-    assert.equal((await fetch(url)).status, 401, "the mirror refuses callers without a key");
+    assert.equal((await fetch(url)).status, 401, "the mirror refuses callers without a credential");
+    const withAdminKey = await fetch(url, { headers: { authorization: `Bearer ${harness.adminKey}` } });
+    assert.equal(withAdminKey.status, 401, "an admin key is not a node credential");
+    assert.equal(((await withAdminKey.json()) as any).error.code, "invalid_node_credential");
 
     await ctl(["model", "add", "tiny", "--mirror", serveLine[1]!, "--ctx-size", "1024", "--parallel", "1"]);
     const client = new OpenAI({ apiKey: harness.adminKey, baseURL: `${harness.url}/v1`, maxRetries: 0 });
@@ -126,7 +130,7 @@ describe("weights supply chain", () => {
     await writeFile(onDisk, bytes);
     const later = new Date(Date.now() + 120_000);
     await utimes(onDisk, later, later);
-    const served = await fetch(`${harness.url}/mirror/planned/${version}/${file}`, { headers: { authorization: `Bearer ${harness.adminKey}` } });
+    const served = await fetch(`${harness.url}/mirror/planned/${version}/${file}`, { headers: { authorization: `Bearer ${harness.nodeCredential()}` } });
     assert.equal(served.status, 409, "a changed file is not served under its old sha256");
     await served.body?.cancel();
 

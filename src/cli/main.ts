@@ -34,6 +34,24 @@ serverOptions(program.command("server").description("Run the control plane and g
 });
 
 program
+  .command("agent")
+  .description("Run a node of the fleet: join a server, run the engines it assigns, report their states")
+  .option("--server <url>", "the llmgw server (or LLMGW_SERVER), e.g. http://10.0.0.5:8700")
+  .option("--join-token <token>", "the server's join token, needed on the first start only (or LLMGW_JOIN_TOKEN)")
+  .option("--name <name>", "this node's name (default: the host name)")
+  .option("--data-dir <dir>", "where the node keeps its credential, weights cache and engine runs (or LLMGW_AGENT_DATA_DIR; default ~/.llmgw-agent)")
+  .option("--advertise <address>", "the address the gateway reaches this node's engines at; engines bind to it (default 127.0.0.1)")
+  .option("--inventory <file>", "JSON file that replaces the detected hardware (cores, memory, GPUs, engines)")
+  .option("--labels <k=v,...>", "labels of this node")
+  .option("--llama-server <path>", "the node's own llama-server, used for every llama.cpp profile (GPU profiles need it)")
+  .option("--vllm <path>", "the node's vllm executable")
+  .option("--log-format <format>", "json, pretty or auto")
+  .action(async (options: Record<string, string | undefined>) => {
+    const { runAgentCommand } = await import("./run-agent.ts");
+    await runAgentCommand(options);
+  });
+
+program
   .command("engine")
   .description("Run the bundled llama.cpp engine as an OpenAI-compatible server (started by the agent, not by hand)")
   .requiredOption("--model <file>", "GGUF model file to serve")

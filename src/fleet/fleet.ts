@@ -21,7 +21,7 @@ import { nowIso, type Store } from "../store/store.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
 import { recordEvent } from "./events.ts";
 import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
-import { checkInventory } from "./inventory-schema.ts";
+import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { readModelWeights, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
@@ -109,6 +109,13 @@ export class Fleet implements Assignments {
     for (const record of await this.rows.load()) {
       const profile = this.options.catalog.list().find((m) => m.id === record.modelId)?.definition.profiles.find((p) => p.name === record.profile);
       record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
+      // Until its node reports it, a replica of an earlier run is not routable: the engine
+      // may have ended with the server (`up`) or may still run on its node (an agent that
+      // kept going); the node's next heartbeat says which.
+      if (record.state !== "parked" && record.state !== "stopping") {
+        record.state = "placed";
+        record.endpoint = null;
+      }
       this.records.set(record.id, record);
       this.publish(record);
     }
@@ -131,16 +138,15 @@ export class Fleet implements Assignments {
   // --- The agent protocol ---------------------------------------------------------------
 
   async join(request: JoinRequest): Promise<JoinReply> {
-    const inventory = checkInventory(request.inventory);
-    const reply = await this.nodes.join({ ...request, inventory });
+    const reply = await this.nodes.join({ ...request, inventory: checkInventory(request.inventory, "inventory"), labels: checkLabels(request.labels, "labels") });
     this.schedule();
     return reply;
   }
 
   async heartbeat(credential: string, report: HeartbeatReport): Promise<HeartbeatReply> {
     const node = this.nodes.authenticate(credential, report.name);
-    const inventory = checkInventory(report.inventory);
-    if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: report.labels })) {
+    const inventory = checkInventory(report.inventory, "inventory");
+    if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: checkLabels(report.labels, "labels") })) {
       this.options.logger.info({ node: node.name }, "node is back");
       void this.event("node_back", "info", `node:${node.name}`, `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`);
       this.bump(node.id);

@@ -15,6 +15,7 @@ import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { KeyService } from "../keys/key-service.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
 import { Fleet } from "../fleet/fleet.ts";
+import { AGENT_API_PREFIX, createAgentApi } from "../fleet/agent-routes.ts";
 import { ensureJoinToken } from "../fleet/node-credentials.ts";
 import { SecretBox } from "../core/secret-box.ts";
 import { syncExternalReplicas } from "../fleet/external-replicas.ts";
@@ -191,12 +192,13 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const adminListener = getRequestListener(adminApi.fetch);
   const mirrorFiles = createMirrorFileHandler({
     mirror,
-    // Until nodes join with their own credentials (fleet), agents fetch with an admin key.
+    // Weights go to nodes, each with its own credential; admin and client keys are not node credentials.
     authorize: async (req) => {
-      await keys.verifyAdmin(bearerToken(req.headers.authorization));
+      fleet.nodes.authenticate(bearerToken(req.headers.authorization));
     },
     logger,
   });
+  const agentListener = getRequestListener(createAgentApi({ fleet, logger, bodyLimits }).fetch);
 
   const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
   const listenerOptions: http.ServerOptions = {
@@ -213,6 +215,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
+    else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);
     else void adminListener(req, res);
   });
   const listening = new Promise<void>((resolve, reject) => {

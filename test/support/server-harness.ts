@@ -8,6 +8,7 @@ import { silentLogger } from "../../src/core/log.ts";
 import type { CatalogModel } from "../../src/catalog/catalog.ts";
 import type { NodeAgent, SupervisorTimings } from "../../src/agent/node-agent.ts";
 import { startLocalNode } from "../../src/agent/local-node.ts";
+import { readNodeIdentity } from "../../src/agent/node-identity.ts";
 import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
 
 export interface Harness {
@@ -19,6 +20,8 @@ export interface Harness {
   admin(method: string, pathname: string, body?: unknown): Promise<{ status: number; body: any }>;
   /** Adds a model through the API (failing the test with the answer if it is refused) and returns it from the catalog. */
   addModel(body: { name: string; [field: string]: unknown }): Promise<CatalogModel>;
+  /** The credential of the server's own node (`up`'s in-process agent), from DATA_DIR/agent/node.json. */
+  nodeCredential(): string;
   /** Creates a client key through the API and returns it. */
   clientKey(options?: { allowed_models?: string[] }): Promise<string>;
   close(): Promise<void>;
@@ -82,6 +85,11 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       const created = await admin("POST", "/api/v1/models", body);
       if (created.status !== 201) throw new Error(`model ${body.name} was refused (${created.status}): ${JSON.stringify(created.body)}`);
       return server.catalog.get(body.name);
+    },
+    nodeCredential: () => {
+      const identity = readNodeIdentity(path.join(dataDir, "agent"));
+      if (identity === null) throw new Error("this harness runs no local node");
+      return identity.credential;
     },
     clientKey: async (keyOptions = {}) => {
       const created = await admin("POST", "/api/v1/keys", { name: `client-${Math.random().toString(36).slice(2, 8)}`, ...keyOptions });

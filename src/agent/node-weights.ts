@@ -1,0 +1,59 @@
+// Weights on a node of the fleet (`llmgw agent`). Mirrored weights come to the node's
+// cache from the server's mirror with the node's credential (weight-cache.ts: resumed,
+// sha256-checked, one download shared by the replicas that need it); before every engine
+// start each file passes the identity check (weights-identity.ts: a regular file, not a
+// link, the published size and sha256; a file whose stamp is unchanged since it was
+// hashed is not hashed again). A file source is a path on the node itself (the same
+// machine as the server, or shared storage); it is checked against the sha256 its model's
+// origin published when there is one, and refused otherwise only for what the weights
+// check finds (missing, a link, not a GGUF llama.cpp loads).
+import path from "node:path";
+import { checkWeightsFile } from "../catalog/weights-check.ts";
+import type { Assignment } from "../fleet/agent-protocol.ts";
+import type { WeightsProvider } from "./node-agent.ts";
+import type { CacheFileSpec, WeightCache } from "./weight-cache.ts";
+import { WeightsIdentityError, type WeightsIdentity } from "./weights-identity.ts";
+
+export class NodeWeights implements WeightsProvider {
+  private readonly holding = new Set<string>();
+
+  constructor(private readonly options: { cache: WeightCache; identity: WeightsIdentity }) {}
+
+  held(): string[] {
+    return [...this.holding];
+  }
+
+  async prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }> {
+    const { source } = assignment;
+    const llamaCpp = assignment.profile.engine === "llamacpp";
+    if (source.kind === "mirror") {
+      const specs: CacheFileSpec[] = assignment.files.map((file) => ({
+        model: source.model,
+        version: source.version,
+        file: file.file,
+        // The mirror serves only complete files it hashed, so both are known.
+        bytes: file.bytes ?? 0,
+        sha256: file.sha256 ?? "",
+      }));
+      let paths = await this.options.cache.ensure(specs, { signal });
+      const expected = () => paths.map((file, index) => ({ path: file, bytes: specs[index]!.bytes, sha256: specs[index]!.sha256 }));
+      try {
+        await this.options.identity.verify(expected(), signal);
+      } catch (error) {
+        // A cached copy changed between the fetch and now: fetch it again (the cache replaces it), then check once more.
+        if (!(error instanceof WeightsIdentityError)) throw error;
+        paths = await this.options.cache.ensure(specs, { signal });
+        await this.options.identity.verify(expected(), signal);
+      }
+      this.holding.add(`mirror:${source.model}/${source.version}`);
+      const first = paths[0]!;
+      if (llamaCpp) await checkWeightsFile({ file: first, modelName: assignment.modelName, param: "source", llamaCpp: true, signal });
+      // vLLM loads a folder: the version's folder in the cache.
+      return { path: llamaCpp ? first : path.dirname(first), verified: true };
+    }
+    const published = assignment.files.filter((file) => file.sha256 !== null && file.bytes !== null);
+    if (published.length > 0) await this.options.identity.verify(published.map((file) => ({ path: file.file, bytes: file.bytes!, sha256: file.sha256! })), signal);
+    if (llamaCpp) await checkWeightsFile({ file: source.path, modelName: assignment.modelName, param: "source.path", llamaCpp: true, signal });
+    return { path: source.path, verified: published.length === assignment.files.length };
+  }
+}

@@ -1,0 +1,168 @@
+// `llmgw agent`: a node of the fleet. On its first start it joins the server with the
+// join token and keeps the node credential it gets in its data dir (node.json); later
+// starts use that. It reports what the machine has (detected, or `--inventory FILE`), runs
+// the engines the server assigns it (bundled llama.cpp, the node's llama-server, vLLM),
+// fetches their weights from the server's mirror into its cache, and stops every engine
+// on SIGINT, SIGTERM or SIGHUP.
+import os from "node:os";
+import path from "node:path";
+import { BadRequestError, describeError, LlmgwError } from "../core/errors.ts";
+import { createLogger, parseLogFormat, type Logger } from "../core/log.ts";
+import { engineLaunch, type NodeEngines } from "../engines/engine-launch.ts";
+import { addressSchema, nodeNameSchema } from "../fleet/agent-protocol.ts";
+import { parseWith } from "../core/errors.ts";
+import { detectInventory, parseLabels, readInventoryFile } from "../agent/inventory.ts";
+import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
+import { HttpAssignments } from "../agent/http-assignments.ts";
+import { NodeAgent, type SupervisorTimings } from "../agent/node-agent.ts";
+import { readNodeIdentity, writeNodeIdentity } from "../agent/node-identity.ts";
+import { NodeWeights } from "../agent/node-weights.ts";
+import { WeightCache } from "../agent/weight-cache.ts";
+import { WeightsIdentity } from "../agent/weights-identity.ts";
+
+export interface AgentCommandOptions {
+  server?: string;
+  joinToken?: string;
+  name?: string;
+  dataDir?: string;
+  advertise?: string;
+  inventory?: string;
+  labels?: string;
+  llamaServer?: string;
+  vllm?: string;
+  logFormat?: string;
+}
+
+/**
+ * Shorter supervisor timings, for tests that cannot wait minutes for backoff and parking:
+ * JSON like {"backoffMs":[50,200],"parkAfter":[3,60000],"readyTimeoutMs":60000}.
+ */
+export const AGENT_TIMINGS_ENV = "LLMGW_AGENT_TIMINGS";
+
+export async function runAgentCommand(options: AgentCommandOptions): Promise<void> {
+  const logger = createLogger(options.logFormat === undefined ? {} : { format: parseLogFormat(options.logFormat) });
+  const server = parseServerUrl(options.server ?? process.env.LLMGW_SERVER);
+  const dataDir = path.resolve(options.dataDir ?? process.env.LLMGW_AGENT_DATA_DIR ?? path.join(os.homedir(), ".llmgw-agent"));
+  const name = parseWith(nodeNameSchema, options.name ?? defaultNodeName(), "--name");
+  const address = parseWith(addressSchema, options.advertise ?? "127.0.0.1", "--advertise");
+  const labels = options.labels === undefined ? {} : parseLabels(options.labels);
+  const engines: NodeEngines = { ...(options.llamaServer ? { llamaServer: options.llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
+  const inventory = options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger);
+
+  const assignments = new HttpAssignments(server);
+  let identity = readNodeIdentity(dataDir);
+  if (identity !== null && identity.server !== server) {
+    throw new BadRequestError(
+      `The agent data dir ${dataDir} belongs to a node of ${identity.server}, not ${server}. Run this agent with another --data-dir, or point it at ${identity.server}.`,
+      { code: "node_of_another_server" },
+    );
+  }
+  if (identity !== null && identity.name !== name && options.name !== undefined) {
+    throw new BadRequestError(`The agent data dir ${dataDir} holds node '${identity.name}', not '${name}'. Drop --name, or give this node its own --data-dir.`, { code: "node_name_differs" });
+  }
+  if (identity === null) {
+    const joinToken = options.joinToken ?? process.env.LLMGW_JOIN_TOKEN;
+    if (joinToken === undefined || joinToken === "") {
+      throw new BadRequestError(`This node has not joined yet: pass --join-token (from the server's data dir, join.token, or 'llmgw ctl node join-token').`, { code: "join_token_missing" });
+    }
+    const joined = await assignments.join({ joinToken, name, address, inventory, labels });
+    identity = { server, nodeId: joined.nodeId, name: joined.name, credential: joined.credential };
+    writeNodeIdentity(dataDir, identity);
+    logger.info({ node: joined.name, nodeId: joined.nodeId, server }, "joined the fleet");
+  }
+  const credential = identity.credential;
+  const weightsRoot = path.join(dataDir, "weights");
+  const weightsIdentity = new WeightsIdentity({ memoFile: path.join(dataDir, "weights-verified.json"), cacheRoot: weightsRoot, logger });
+  const cache = new WeightCache({ root: weightsRoot, serverUrl: server, credential: () => credential, identity: weightsIdentity, logger });
+  const agent = new NodeAgent({
+    assignments,
+    credential,
+    name: identity.name,
+    address,
+    inventory,
+    labels,
+    stateRoot: path.join(dataDir, "runs"),
+    weights: new NodeWeights({ cache, identity: weightsIdentity }),
+    launch: ({ assignment, weightsPath, host, port, attempt, stateDir }) =>
+      engineLaunch({
+        profile: assignment.profile,
+        modelName: assignment.modelName,
+        weightsPath,
+        engineKey: assignment.engineKey,
+        attempt: { attempt, host, port, stateDir },
+        engines,
+        gpus: assignment.gpus,
+        ...(assignment.profile.engine === "vllm" && assignment.profile.ctx_size !== undefined ? { maxModelLen: assignment.profile.ctx_size } : {}),
+      }),
+    logger,
+    supervisor: timingsFromEnv(),
+  });
+  agent.start();
+  process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);
+
+  let stopping = false;
+  const shutdown = (signal: NodeJS.Signals) => {
+    if (stopping) {
+      logger.warn({ signal }, "second signal: killing engines and exiting");
+      killAllSupervisedSync();
+      process.exit(1);
+    }
+    stopping = true;
+    logger.info({ signal }, "agent shutting down");
+    agent
+      .stop()
+      .then(() => stopAllSupervisors())
+      .then(() => Promise.all([cache.close(), assignments.close()]))
+      .then(
+        () => process.exit(0),
+        (error: unknown) => {
+          logger.error({ err: describeError(error) }, "agent shutdown failed");
+          process.exit(1);
+        },
+      );
+  };
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, shutdown);
+}
+
+async function detected(engines: NodeEngines, logger: Logger) {
+  const { inventory, warnings } = await detectInventory({
+    ...(engines.llamaServer ? { llamaServerPath: engines.llamaServer } : {}),
+    ...(engines.vllm ? { vllmPath: engines.vllm } : {}),
+  });
+  for (const warning of warnings) logger.warn(warning);
+  return inventory;
+}
+
+function parseServerUrl(value: string | undefined): string {
+  if (value === undefined || value === "") throw new BadRequestError("Pass --server URL (or LLMGW_SERVER): the llmgw server this node joins, for example http://10.0.0.5:8700.", { code: "server_missing" });
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw new BadRequestError(`Invalid --server '${value}': give the server's URL, for example http://10.0.0.5:8700.`, { code: "invalid_server" });
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") throw new BadRequestError(`Invalid --server '${value}': use http:// or https://.`, { code: "invalid_server" });
+  return url.origin;
+}
+
+function defaultNodeName(): string {
+  const cleaned = os.hostname().replace(/[^A-Za-z0-9._-]/g, "-").replace(/^[^A-Za-z0-9]+/, "").slice(0, 63);
+  return cleaned === "" ? "node" : cleaned;
+}
+
+function timingsFromEnv(): SupervisorTimings | undefined {
+  const raw = process.env[AGENT_TIMINGS_ENV];
+  if (raw === undefined || raw === "") return undefined;
+  try {
+    const parsed = JSON.parse(raw) as { backoffMs?: [number, number]; parkAfter?: [number, number]; readyTimeoutMs?: number; stopGraceMs?: number; healthIntervalMs?: number };
+    return {
+      ...(parsed.backoffMs ? { backoff: { initialMs: parsed.backoffMs[0], maxMs: parsed.backoffMs[1] } } : {}),
+      ...(parsed.parkAfter ? { parkAfter: { failures: parsed.parkAfter[0], windowMs: parsed.parkAfter[1] } } : {}),
+      ...(parsed.readyTimeoutMs ? { readyTimeoutMs: parsed.readyTimeoutMs } : {}),
+      ...(parsed.stopGraceMs ? { stopGraceMs: parsed.stopGraceMs } : {}),
+      ...(parsed.healthIntervalMs ? { healthIntervalMs: parsed.healthIntervalMs } : {}),
+    };
+  } catch (error) {
+    throw new LlmgwError({ status: 400, code: "invalid_timings", message: `${AGENT_TIMINGS_ENV} is not valid JSON: ${describeError(error)}` });
+  }
+}
