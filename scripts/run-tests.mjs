@@ -57,6 +57,7 @@ const endToEnd = [
   "test/plan-cli.e2e.test.ts",
   "test/supply-chain.e2e.test.ts",
   "test/stream-failure.e2e.test.ts",
+  "test/fleet.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

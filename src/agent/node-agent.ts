@@ -48,7 +48,16 @@ export interface NodeAgentOptions {
   supervisor?: SupervisorTimings;
   /** How long one assignments poll may wait on the server. Default 25 s. */
   pollWaitMs?: number;
+  /**
+   * Called once when the server says this node no longer exists (it was removed, or the
+   * credential is unknown there): the agent has stopped its engines by then, since nobody
+   * routes to them or tells it what to run. `llmgw agent` exits with the reason.
+   */
+  onDismissed?: (error: LlmgwError) => void;
 }
+
+/** Refusals that mean this node is no longer part of the fleet (not a passing fault). */
+const DISMISSED = new Set(["node_removed", "invalid_node_credential"]);
 
 interface Running {
   assignment: Assignment;
@@ -120,6 +129,12 @@ export class NodeAgent {
       } catch (error) {
         if (signal.aborted) return;
         failures += 1;
+        if (error instanceof LlmgwError && DISMISSED.has(error.code)) {
+          this.options.logger.error({ err: describeError(error) }, "the server no longer knows this node; stopping its engines");
+          await Promise.all([...this.running.values()].map((replica) => this.retire(replica)));
+          this.options.onDismissed?.(error);
+          return;
+        }
         const refused = error instanceof LlmgwError && (error.status === 401 || error.status === 403);
         // A refused credential will not heal by itself: say so loudly, and retry slowly in
         // case an operator fixes the server side.

@@ -11,6 +11,7 @@ import { renderTable } from "./output.ts";
 import { countOf } from "../core/format.ts";
 import { renderPlanTable } from "../plan/render.ts";
 import { registerMirrorCommands } from "./ctl-mirror.ts";
+import { registerNodeCommands, renderModelHealth } from "./ctl-node.ts";
 import { absoluteFilePath, absoluteRepoArgument } from "./local-paths.ts";
 import type { ModelPlan } from "../plan/plan.ts";
 
@@ -46,10 +47,15 @@ export function registerCtl(program: Command): void {
     });
   model
     .command("show <name>")
-    .description("Show a model with its profiles, health and replicas (JSON)")
-    .action(async (name: string, _options: Options, command: Command) => {
-      const data = await connect(command).call("GET", `/api/v1/models/${encodeURIComponent(name)}`);
-      process.stdout.write(JSON.stringify(data, null, 2) + "\n");
+    .description("Show a model's health: replicas by state and node, parking, failures, last error, placement explanation (--json: the whole model)")
+    .option("--json", "print the model with its profiles, health and replicas as JSON")
+    .action(async (name: string, options: Options, command: Command) => {
+      const client = connect(command);
+      if (options.json === true) {
+        process.stdout.write(JSON.stringify(await client.call("GET", `/api/v1/models/${encodeURIComponent(name)}`), null, 2) + "\n");
+        return;
+      }
+      process.stdout.write(renderModelHealth(await client.call("GET", `/api/v1/models/${encodeURIComponent(name)}/health`)) + "\n");
     });
   model
     .command("add [name]")
@@ -115,6 +121,7 @@ export function registerCtl(program: Command): void {
     });
 
   registerMirrorCommands(ctl, { connect, print });
+  registerNodeCommands(ctl, { connect, print });
 
   const key = ctl.command("key").description("API keys");
   key

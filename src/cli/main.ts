@@ -19,7 +19,9 @@ const serverOptions = (command: Command) =>
     .option("--body-timeout <duration>", "a request body must arrive whole within this, else 408 (default 30s)")
     .option("--header-timeout <duration>", "request headers must arrive within this, else 408 (default 60s)")
     .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
-    .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)");
+    .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)")
+    .option("--node-timeout <duration>", "a node without a heartbeat for this long is lost and its replicas placed elsewhere (default 15s)")
+    .option("--heartbeat-interval <duration>", "how often agents send a heartbeat (default 5s)");
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")

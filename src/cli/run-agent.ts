@@ -96,6 +96,10 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
       }),
     logger,
     supervisor: timingsFromEnv(),
+    onDismissed: (error) => {
+      process.stderr.write(`error: ${error.message}\n`);
+      void stopAllSupervisors().finally(() => process.exit(1));
+    },
   });
   agent.start();
   process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);

@@ -23,6 +23,8 @@ export interface ServerCommandOptions {
   headerTimeout?: string;
   registry?: string;
   logFormat?: string;
+  nodeTimeout?: string;
+  heartbeatInterval?: string;
   demo?: boolean;
 }
 
@@ -50,6 +52,8 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       headerTimeoutMs: options.headerTimeout === undefined ? undefined : parseDuration(options.headerTimeout, "--header-timeout"),
       registryEndpoint: resolveRegistryEndpoint({ flag: options.registry, env: process.env }),
       registryToken: resolveRegistryToken(),
+      nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
+      heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
       logger,
     },
     withAgent,

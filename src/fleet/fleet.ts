@@ -97,6 +97,13 @@ export class Fleet implements Assignments {
       heartbeatIntervalMs: options.heartbeatIntervalMs ?? FLEET_DEFAULTS.heartbeatIntervalMs,
       tickMs: options.tickMs ?? FLEET_DEFAULTS.tickMs,
     };
+    if (this.settings.heartbeatIntervalMs * 2 > this.settings.nodeTimeoutMs) {
+      // One late or lost heartbeat must not make a healthy node lost.
+      throw new BadRequestError(
+        `The heartbeat interval (${this.settings.heartbeatIntervalMs} ms) must be at most half the node timeout (${this.settings.nodeTimeoutMs} ms); lower --heartbeat-interval or raise --node-timeout.`,
+        { code: "invalid_fleet_timings" },
+      );
+    }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
   }

@@ -1,0 +1,113 @@
+// `llmgw ctl node ...`: the fleet's nodes over the admin API: list (state, last
+// heartbeat, cores, memory and GPUs used/total, replicas), show, drain, remove, and the
+// join token with the command that joins a new node. `ctl model show` prints a model's
+// health from the fleet (replicas by state and node, parking, placement explanation).
+import type { Command } from "commander";
+import { countOf, formatBytes } from "../core/format.ts";
+import type { CtlHelpers } from "./ctl-mirror.ts";
+import { renderTable } from "./output.ts";
+
+type Options = Record<string, unknown>;
+
+interface NodeView {
+  name: string;
+  state: string;
+  address: string;
+  last_heartbeat: string;
+  cores: { used: number; total: number };
+  memory_bytes: { used: number; total: number };
+  gpus: Array<{ index: number; class: string; memory_bytes: number; replica: string | null }>;
+  engines: Array<{ engine: string; version: string }>;
+  labels: Record<string, string>;
+  replicas: Array<{ id: string; model: string; state: string; profile: string }>;
+}
+
+export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelpers): void {
+  const node = ctl.command("node").description("Nodes of the fleet: the machines agents run on");
+  node
+    .command("list")
+    .option("--json", "print JSON")
+    .action(async (_options: Options, command: Command) => {
+      const { data } = await connect(command).call<{ data: NodeView[] }>("GET", "/api/v1/nodes");
+      print(command, data, () =>
+        data.length === 0
+          ? "No nodes have joined. Start one with the command 'llmgw ctl node join-token' prints."
+          : renderTable(
+              ["NAME", "STATE", "LAST HEARTBEAT", "CORES", "MEMORY", "GPUS", "REPLICAS"],
+              data.map((n) => [n.name, n.state, ago(n.last_heartbeat), `${n.cores.used}/${n.cores.total}`, `${formatBytes(n.memory_bytes.used)} / ${formatBytes(n.memory_bytes.total)}`, gpuSummary(n), String(n.replicas.length)]),
+            ),
+      );
+    });
+  node
+    .command("show <name>")
+    .option("--json", "print JSON")
+    .action(async (name: string, _options: Options, command: Command) => {
+      const n = await connect(command).call<NodeView>("GET", `/api/v1/nodes/${encodeURIComponent(name)}`);
+      print(command, n, () =>
+        [
+          `node ${n.name}: ${n.state}, last heartbeat ${ago(n.last_heartbeat)}, address ${n.address}`,
+          `cores ${n.cores.used}/${n.cores.total} used, memory ${formatBytes(n.memory_bytes.used)} / ${formatBytes(n.memory_bytes.total)} used`,
+          `engines: ${n.engines.map((e) => `${e.engine} ${e.version}`).join(", ") || "none"}`,
+          ...(Object.keys(n.labels).length > 0 ? [`labels: ${Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(",")}`] : []),
+          ...(n.gpus.length > 0 ? ["", renderTable(["GPU", "CLASS", "MEMORY", "REPLICA"], n.gpus.map((g) => [String(g.index), g.class, formatBytes(g.memory_bytes), g.replica]))] : []),
+          "",
+          n.replicas.length === 0 ? "no replicas" : renderTable(["REPLICA", "MODEL", "PROFILE", "STATE"], n.replicas.map((r) => [r.id, r.model, r.profile, r.state])),
+        ].join("\n"),
+      );
+    });
+  node
+    .command("drain <name>")
+    .description("Move the node's replicas elsewhere (each is replaced before it stops) and place nothing new there")
+    .option("--json", "print JSON")
+    .action(async (name: string, _options: Options, command: Command) => {
+      const n = await connect(command).call<NodeView>("POST", `/api/v1/nodes/${encodeURIComponent(name)}/drain`);
+      print(command, n, () => `Node '${n.name}' is draining: ${countOf(n.replicas.length, "replica")} move elsewhere as room allows.`);
+    });
+  node
+    .command("remove <name>")
+    .description("Remove the node: its replicas are placed elsewhere and its credential stops working")
+    .option("--json", "print JSON")
+    .action(async (name: string, _options: Options, command: Command) => {
+      const removed = await connect(command).call<{ removed: string }>("DELETE", `/api/v1/nodes/${encodeURIComponent(name)}`);
+      print(command, removed, () => `Removed node '${removed.removed}'. To bring the machine back, delete node.json in its agent's data dir and join again.`);
+    });
+  node
+    .command("join-token")
+    .description("Print the join token and the command that joins a node")
+    .option("--json", "print JSON")
+    .action(async (_options: Options, command: Command) => {
+      const client = connect(command);
+      const { token } = await client.call<{ token: string }>("GET", "/api/v1/nodes/join-token");
+      print(command, { token, server: client.baseUrl }, () => `${token}\n\nOn the new node:\n  llmgw agent --server ${client.baseUrl} --join-token ${token} --advertise <this node's address>`);
+    });
+}
+
+/** `ctl model show NAME`: the model's health as the fleet sees it. */
+export function renderModelHealth(health: any): string {
+  const lines = [`model ${health.model}: ${health.state}${health.reason ? ` (${health.reason})` : ""}`, `replicas: ${health.summary}`];
+  if (health.parked) lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
+  if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line: string) => `  ${line}`));
+  if (health.weights_problem) lines.push(`weights: ${health.weights_problem}`);
+  if (health.replicas.length > 0) {
+    lines.push(
+      "",
+      renderTable(
+        ["REPLICA", "STATE", "NODES", "PROFILE", "ATTEMPT", "FAILURES", "WEIGHTS", "LAST ERROR"],
+        health.replicas.map((r: any) => [r.id, r.state, r.nodes.join(","), r.profile, String(r.attempt), String(r.failures), r.weights_verified ? "verified" : "-", r.last_error]),
+      ),
+    );
+  }
+  return lines.join("\n");
+}
+
+function gpuSummary(node: NodeView): string {
+  if (node.gpus.length === 0) return "-";
+  const used = node.gpus.filter((g) => g.replica !== null).length;
+  const classes = [...new Set(node.gpus.map((g) => g.class))].join(",");
+  return `${used}/${node.gpus.length} ${classes}`;
+}
+
+function ago(iso: string): string {
+  const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+  return seconds < 120 ? `${seconds}s ago` : seconds < 7200 ? `${Math.round(seconds / 60)}m ago` : iso;
+}

@@ -1,0 +1,277 @@
+// A fleet on one machine, as an operator runs it: `llmgw server` and three `llmgw agent`
+// processes on loopback, each with its own data dir and an `--inventory` that says what
+// it offers (a CPU-only node, one with a 24 GB GPU, one with two 80 GB GPUs). GPU engines
+// cannot run here: the GPU nodes run the stand-in llama-server and vLLM executables
+// (test/support/stand-in-*.mjs, each following the health behaviour of reference/engines.md);
+// every model that answers a chat request is the bundled llama.cpp on a generated GGUF.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import OpenAI from "openai";
+import { findFreePort } from "../src/agent/free-port.ts";
+import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
+import { eventually } from "./support/eventually.ts";
+import { writeStandInExecutable } from "./support/stand-in-executables.ts";
+
+const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
+const run = promisify(execFile);
+const GiB = 1024 ** 3;
+
+interface Running {
+  child: ChildProcess;
+  output: () => string;
+  exited: Promise<number | null>;
+}
+
+function llmgw(args: string[], env: Record<string, string> = {}): Running {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LLMGW_LOG_LEVEL: "info", ...env } });
+  let out = "";
+  child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  child.stderr!.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  return { child, output: () => out, exited };
+}
+
+describe("a fleet of three agents", { timeout: 600_000 }, () => {
+  // Short: vLLM's Unix sockets go below each run folder, and a socket path has at most 107 bytes.
+  const root = mkdtempSync(path.join(tmpdir(), "lf"));
+  const serverDir = path.join(root, "server");
+  const running: Running[] = [];
+  const agents = new Map<string, Running>();
+  let url = "";
+  let adminKey = "";
+  let modelFile = "";
+  let tinyBytes = 0;
+  let standIns: { llamaServer: string; vllm: string };
+  // Short backoff, so an engine that crashes at start parks after its 5 tries in seconds.
+  const timings = JSON.stringify({ backoffMs: [100, 400] });
+
+  const admin = async (method: string, pathname: string, body?: unknown) => {
+    const response = await fetch(url + pathname, {
+      method,
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    });
+    const text = await response.text();
+    return { status: response.status, body: text === "" ? null : JSON.parse(text) };
+  };
+  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const health = async (model: string) => (await admin("GET", `/api/v1/models/${model}/health`)).body;
+  const nodes = async () => (await admin("GET", "/api/v1/nodes")).body.data as any[];
+
+  const startAgent = (name: string, inventory: object, extra: string[] = []) => {
+    const dir = path.join(root, `agent-${name}`);
+    mkdirSync(dir, { recursive: true });
+    const inventoryFile = path.join(dir, "inventory.json");
+    writeFileSync(inventoryFile, JSON.stringify(inventory));
+    const joinToken = readFileSync(path.join(serverDir, "join.token"), "utf8").trim();
+    const agent = llmgw(["agent", "--server", url, "--join-token", joinToken, "--name", name, "--data-dir", dir, "--inventory", inventoryFile, ...extra], { LLMGW_AGENT_TIMINGS: timings });
+    running.push(agent);
+    agents.set(name, agent);
+    return agent;
+  };
+
+  before(async () => {
+    modelFile = path.join(root, "tiny.gguf");
+    tinyBytes = (await writeTinyLlamaGguf({ path: modelFile, seed: 11 })).bytes;
+    standIns = {
+      llamaServer: (await writeStandInExecutable({ dir: path.join(root, "bin-llama-server"), engine: "llama-server" })).executable,
+      vllm: (await writeStandInExecutable({ dir: path.join(root, "bin-vllm"), engine: "vllm" })).executable,
+    };
+    const port = await findFreePort("127.0.0.1");
+    url = `http://127.0.0.1:${port}`;
+    const server = llmgw(["server", "--data-dir", serverDir, "--listen", `127.0.0.1:${port}`, "--node-timeout", "6s", "--heartbeat-interval", "1s"]);
+    running.push(server);
+    await eventually("the server to listen", () => server.output().includes("listening on"));
+    adminKey = readFileSync(path.join(serverDir, "admin.key"), "utf8").trim();
+
+    // Memory is chosen so that CPU replicas of `tiny` (3 GiB each) fit on cpu-a and gpu-80
+    // but not on gpu-24, whose only engine is its llama-server (a stand-in here).
+    startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
+    startAgent("gpu-24", { cores: 4, memory: "4g", gpus: [{ name: "NVIDIA GeForce RTX 4090", memory: "24g" }], engines: [{ engine: "llama-server", version: "4567 (abc1234)" }] }, [
+      "--llama-server",
+      standIns.llamaServer,
+    ]);
+    startAgent("gpu-80", { cores: 16, memory: "64g", gpus: [{ name: "NVIDIA H100 80GB HBM3", memory: "80g" }, { name: "NVIDIA H100 80GB HBM3", memory: "80g" }], engines: [{ engine: "llamacpp", version: "3.21.1" }, { engine: "vllm", version: "0.11.0" }] }, [
+      "--vllm",
+      standIns.vllm,
+    ]);
+    await eventually("three ready nodes", async () => (await nodes()).filter((n) => n.state === "ready").length === 3);
+  });
+
+  after(async () => {
+    for (const process of running) process.child.kill("SIGTERM");
+    await Promise.all(running.map((process) => process.exited));
+    rmSync(root, { recursive: true, force: true });
+  });
+
+  test("places replicas where they fit: CPU models on CPU room, GPU models on their GPU class, never a GPU twice; the rest says what each node lacks", async () => {
+    const listed = await ctl(["node", "list"]);
+    assert.match(listed.stdout, /^cpu-a +ready +\d+s ago +0\/4 +0 B \/ 8\.0 GiB +- +0$/m);
+    assert.match(listed.stdout, /^gpu-80 +ready +.* 0\/2 H100 +0$/m);
+    assert.match(listed.stdout, /^gpu-24 +ready +.* 0\/1 RTX4090 +0$/m);
+
+    const gpuSmall = path.join(root, "gpu-small.gguf");
+    cpSync(modelFile, gpuSmall);
+    const vllmDir = path.join(root, "big");
+    mkdirSync(vllmDir);
+    writeFileSync(path.join(vllmDir, "config.json"), JSON.stringify({ architectures: ["LlamaForCausalLM"] }));
+    const created = [
+      { name: "tiny", source: { kind: "file", path: modelFile }, scaling: { min: 2, max: 2 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 2, hardware: { cpu: { min_memory_gb: 3 } } }] },
+      { name: "gpu-small", source: { kind: "file", path: gpuSmall }, profiles: [{ name: "rtx", engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 1 } } }] },
+      { name: "big", source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "h100x2", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2 } } }] },
+    ];
+    for (const body of created) assert.equal((await admin("POST", "/api/v1/models", body)).status, 201, body.name);
+
+    const tiny = await eventually("both replicas of tiny ready", async () => {
+      const h = await health("tiny");
+      return h.ready === 2 ? h : undefined;
+    });
+    assert.deepEqual(tiny.replicas.map((r: any) => r.nodes.join(",")).sort(), ["cpu-a", "gpu-80"], "the two replicas of one model go to different nodes");
+    const small = await eventually("gpu-small ready", async () => ((await health("gpu-small")).ready === 1 ? health("gpu-small") : undefined));
+    assert.deepEqual(small.replicas[0].nodes, ["gpu-24"]);
+    const big = await eventually("big ready", async () => ((await health("big")).ready === 1 ? health("big") : undefined));
+    assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
+    const gpu80 = (await admin("GET", "/api/v1/nodes/gpu-80")).body;
+    assert.deepEqual(gpu80.gpus.map((g: any) => g.replica), [big.replicas[0].id, big.replicas[0].id], "both H100s belong to big");
+
+    // One more H100 model finds both GPUs taken; a 4-GPU one fits nowhere.
+    for (const [name, gpus] of [["big2", 1], ["huge", 4]] as const) {
+      assert.equal((await admin("POST", "/api/v1/models", { name, source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "h100", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: gpus } } }] })).status, 201);
+    }
+    const big2 = await eventually("big2 unplaceable", async () => ((await health("big2")).state === "unplaceable" ? health("big2") : undefined));
+    assert.deepEqual(big2.placement, ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"]);
+    const huge = await eventually("huge unplaceable", async () => ((await health("huge")).state === "unplaceable" ? health("huge") : undefined));
+    assert.match(huge.placement.find((line: string) => line.startsWith("gpu-80"))!, /2 H100 GPUs?.*needs 4/);
+    const shown = await ctl(["model", "show", "huge"]);
+    assert.match(shown.stdout, /placement: no node can take a replica:\n {2}cpu-a: no vllm engine/);
+
+    // The stand-in vLLM on gpu-80 was started as vLLM is: two GPUs, the key not on its command line.
+    const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
+    const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 3 });
+    assert.equal(answer.usage?.completion_tokens, 3);
+    for (const name of ["big2", "huge"]) await admin("DELETE", `/api/v1/models/${name}`);
+  });
+
+  test("kill -9 of an agent: its node is lost, its replica runs elsewhere, and the model answers throughout", async () => {
+    const before = await health("tiny");
+    const onA = before.replicas.find((r: any) => r.nodes[0] === "cpu-a");
+    assert.ok(onA, "a replica of tiny runs on cpu-a");
+    const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
+    agents.get("cpu-a")!.child.kill("SIGKILL");
+    const killedAt = Date.now();
+
+    // Requests keep being answered by the replica on gpu-80 while cpu-a is being declared lost.
+    let answered = 0;
+    const lost = await eventually("cpu-a lost", async () => {
+      const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
+      if (answer.usage?.completion_tokens === 2) answered += 1;
+      return (await nodes()).find((n) => n.name === "cpu-a" && n.state === "lost");
+    }, { timeoutMs: 20_000 });
+    assert.ok(lost);
+    assert.ok(answered >= 1, "the model answered while its other node was being lost");
+    const events = (await admin("GET", "/api/v1/events?kind=node_lost")).body.data;
+    assert.match(events[0].message, /Node 'cpu-a' sent no heartbeat/);
+
+    const replaced = await eventually(
+      "tiny back to two ready replicas without cpu-a",
+      async () => {
+        const h = await health("tiny");
+        return h.ready === 2 && h.replicas.every((r: any) => r.nodes[0] !== "cpu-a") ? h : undefined;
+      },
+      { timeoutMs: 60_000 },
+    );
+    assert.ok(Date.now() - killedAt < 60_000 + 20_000);
+    assert.ok(!replaced.replicas.some((r: any) => r.id === onA.id), "the replica on the lost node was replaced, not kept");
+
+    // The agent comes back with the same data dir: the node is ready again, with nothing to run.
+    const again = startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
+    await eventually("cpu-a back", async () => (await nodes()).find((n) => n.name === "cpu-a" && n.state === "ready"));
+    assert.doesNotMatch(again.output(), /joined the fleet/, "it used its node credential, not the join token");
+    assert.equal((await admin("GET", "/api/v1/events?kind=node_back")).body.data.length, 1);
+  });
+
+  test("an engine that crashes at every start is parked with the reason after 5 tries", async () => {
+    assert.equal(
+      (await admin("POST", "/api/v1/models", { name: "crashy", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"], hardware: { cpu: { min_memory_gb: 3 } } }] })).status,
+      201,
+    );
+    const parked = await eventually("crashy parked", async () => ((await health("crashy")).state === "parked" ? health("crashy") : undefined), { timeoutMs: 120_000 });
+    assert.equal(parked.replicas[0].failures, 5);
+    assert.match(parked.parked.reason, /Parked after 5 failures/);
+    assert.match(parked.parked.reason, /no-such-option/);
+    const shown = await ctl(["model", "show", "crashy"]);
+    assert.match(shown.stdout, /unpark with 'llmgw ctl model unpark crashy'/);
+    await admin("DELETE", "/api/v1/models/crashy");
+  });
+
+  test("weights altered on a node are refused before start: reported, never started", async () => {
+    const guarded = path.join(root, "guarded", "tiny.gguf");
+    mkdirSync(path.dirname(guarded));
+    cpSync(modelFile, guarded);
+    const sha256 = createHash("sha256").update(readFileSync(guarded)).digest("hex");
+    // Same size, other bytes: as a bad disk or a stray copy would leave it.
+    const bytes = readFileSync(guarded);
+    bytes[bytes.length - 10] = (bytes[bytes.length - 10] ?? 0) ^ 0xff;
+    writeFileSync(guarded, bytes);
+    assert.equal(statSync(guarded).size, tinyBytes);
+    const created = await admin("POST", "/api/v1/models", {
+      name: "guarded",
+      source: { kind: "file", path: guarded },
+      origin: { repo: "local/tiny", revision: "1", files: [{ path: "tiny.gguf", sha256, bytes: tinyBytes }] },
+      // 3 GiB keeps it off gpu-24, whose llama.cpp is the stand-in llama-server.
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, hardware: { cpu: { min_memory_gb: 3 } } }],
+    });
+    assert.equal(created.status, 201);
+    const refused = await eventually("guarded refused", async () => {
+      const h = await health("guarded");
+      return h.replicas[0]?.last_error?.includes("sha256") ? h : undefined;
+    });
+    assert.match(refused.replicas[0].last_error, new RegExp(sha256));
+    assert.equal(refused.replicas[0].weights_verified, false);
+    assert.equal(refused.ready, 0);
+    const runsDir = path.join(root, `agent-${refused.replicas[0].nodes[0]}`, "runs");
+    const logs = run("sh", ["-c", `ls ${runsDir}/${refused.replicas[0].id}-*/ 2>/dev/null || true`]);
+    assert.doesNotMatch((await logs).stdout, /attempt-1\.log/, "no engine was started on the altered weights");
+    await admin("DELETE", "/api/v1/models/guarded");
+  });
+
+  test("bad input: a wrong join token, a credential copied to another node, a removed node's credential", async () => {
+    const wrong = llmgw(["agent", "--server", url, "--join-token", "ljt_wrong", "--name", "intruder", "--data-dir", path.join(root, "intruder"), "--inventory", path.join(root, "agent-cpu-a", "inventory.json")]);
+    assert.equal(await wrong.exited, 1);
+    assert.match(wrong.output(), /The join token is not this server's/);
+
+    const nodeJson = readFileSync(path.join(root, "agent-gpu-24", "node.json"), "utf8");
+    const credential = (JSON.parse(nodeJson) as { credential: string }).credential;
+    const copied = await fetch(`${url}/agent/v1/heartbeat`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${credential}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "impostor", address: "127.0.0.1", inventory: { cores: 1, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] }, replicas: [] }),
+    });
+    assert.equal(copied.status, 403);
+    assert.match(((await copied.json()) as any).error.message, /belongs to node 'gpu-24', not 'impostor'/);
+
+    const impossible = await fetch(`${url}/agent/v1/heartbeat`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${credential}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "gpu-24", address: "127.0.0.1", inventory: { cores: 0, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] }, replicas: [] }),
+    });
+    assert.equal(impossible.status, 400);
+    assert.equal(((await impossible.json()) as any).error.code, "invalid_inventory");
+
+    const gpu24 = agents.get("gpu-24")!;
+    await ctl(["node", "remove", "gpu-24"]);
+    await eventually("the removed node's agent to be refused", () => /was removed from the fleet/.test(gpu24.output()));
+    const afterRemove = await fetch(`${url}/agent/v1/assignments?wait_ms=0`, { headers: { authorization: `Bearer ${credential}` } });
+    assert.equal(afterRemove.status, 401);
+    assert.equal(((await afterRemove.json()) as any).error.code, "node_removed");
+    // The removed node's engine stops: it is no longer among any node's assignments, and gpu-small is unplaceable.
+    await eventually("gpu-small unplaceable without gpu-24", async () => (await health("gpu-small")).state === "unplaceable");
+  });
+});
