@@ -44,6 +44,7 @@ const unit = [
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
   "src/agent/local-node.test.ts",
+  "src/fleet/on-demand.test.ts",
   "src/fleet/gpu-class.test.ts",
   "src/fleet/replica-needs.test.ts",
   "src/fleet/placement.test.ts",

@@ -59,7 +59,7 @@ testBothStores("models are created with defaults, resolved by name and alias, an
   assert.equal(created.name, "tiny");
   assert.equal(created.created_by, "admin:root");
   assert.equal(created.created_at, "2026-11-30T10:00:00.000Z");
-  assert.deepEqual(created.definition.scaling, { min: 1, max: 1, idle_seconds: 0 });
+  assert.deepEqual(created.definition.scaling, { min: 1, max: 1, idle_seconds: 900 });
   assert.deepEqual(created.definition.prices, { input_per_million: 0.5, output_per_million: 0 });
   assert.equal(created.definition.profiles[0]?.priority, 0);
   assert.equal(catalog.resolve("tiny-latest")?.name, "tiny");
@@ -90,7 +90,7 @@ testBothStores("updates merge nested fields, rename, keep external keys and reco
   await catalog.create({ name: "ext", profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:9/", api_key: "upstream-secret" }], scaling: { min: 1, max: 3 } }, "t");
   const updated = await catalog.update("ext", { name: "ext2", scaling: { max: 4 }, profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:10/" }] }, "admin:ops");
   assert.equal(updated.name, "ext2");
-  assert.deepEqual(updated.definition.scaling, { min: 1, max: 4, idle_seconds: 0 });
+  assert.deepEqual(updated.definition.scaling, { min: 1, max: 4, idle_seconds: 900 });
   assert.equal(updated.definition.profiles[0]?.api_key, "upstream-secret", "the stored key survives a PATCH that cannot know it");
   assert.equal(catalog.resolve("ext"), undefined);
   const log = await readAudit(store.db, { action: "model.", target: "ext2" });

@@ -16,6 +16,8 @@ export const DEFAULT_CONTEXT_PER_REQUEST = 4096;
 
 /** Requests the gateway has in flight at one external server unless its profile says otherwise. */
 export const DEFAULT_EXTERNAL_MAX_INFLIGHT = 64;
+/** scaling.idle_seconds by default: an on-demand replica (scaling.min 0) stops after 15 idle minutes. */
+export const DEFAULT_IDLE_SECONDS = 900;
 /** Requests that may wait for a free replica of a model, and how long each may wait. */
 export const DEFAULT_QUEUE_SIZE = 256;
 export const DEFAULT_QUEUE_TIMEOUT_SECONDS = 60;
@@ -133,8 +135,13 @@ const modelFields = {
   guard_format: z.enum(["llama-guard-3", "shieldgemma"]).optional(),
   profiles: z.array(profileSchema).min(1, "a model needs at least one profile"),
   scaling: z
-    .strictObject({ min: z.number().int().min(0).default(1), max: z.number().int().min(0).default(1), idle_seconds: z.number().int().min(0).default(0) })
-    .default({ min: 1, max: 1, idle_seconds: 0 }),
+    .strictObject({
+      min: z.number().int().min(0).default(1),
+      max: z.number().int().min(0).default(1),
+      /** With min 0: seconds without requests before the on-demand replica stops (0: it stays once started). */
+      idle_seconds: z.number().int().min(0).default(DEFAULT_IDLE_SECONDS),
+    })
+    .default({ min: 1, max: 1, idle_seconds: DEFAULT_IDLE_SECONDS }),
   /** Requests that may wait for a free replica (0: none wait; a busy model answers 429 at once). */
   queue_size: z.number().int().min(0).max(100_000).default(DEFAULT_QUEUE_SIZE),
   /** Seconds a waiting request may wait before it gets 503 queue_timeout. */

@@ -24,6 +24,7 @@ export function externalReplicasOf(model: CatalogModel): Replica[] {
       engineKey: profile.api_key ?? null,
       upstreamModel: profile.upstream_model ?? model.name,
       weight: profile.weight,
+      priority: profile.priority,
       slots: profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT,
       attempt: 0,
       failures: 0,

@@ -75,7 +75,12 @@ export class Fleet implements Assignments {
   private readonly parked = new Map<string, ParkedModel>();
   private unplaceable = new Map<string, string[]>();
   private readonly weights = new Map<string, WeightsInfo>();
+  /** On-demand models (scaling.min 0) whose replica is wanted now. */
   private readonly demand = new Map<string, number>();
+  /** Requests of each model in the gateway now, and when the last one began or ended. */
+  private readonly active = new Map<string, number>();
+  private readonly lastActivity = new Map<string, number>();
+  private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
   private readonly versions = new Map<string, number>();
   private readonly wakeups = new Map<string, Set<() => void>>();
@@ -125,9 +130,14 @@ export class Fleet implements Assignments {
       }
       this.records.set(record.id, record);
       this.publish(record);
+      // An on-demand replica that ran before the restart stays wanted until it is idle.
+      if (record.desired === "run") {
+        this.demand.set(record.modelId, 1);
+        this.lastActivity.set(record.modelId, this.clock());
+      }
     }
     this.unsubscribeCatalog = this.options.catalog.onChange(() => this.schedule());
-    this.timer = setInterval(() => this.tick(), this.settings.tickMs);
+    this.timer = setInterval(() => this.checkNow(), this.settings.tickMs);
     this.timer.unref();
     this.schedule();
   }
@@ -201,6 +211,62 @@ export class Fleet implements Assignments {
       });
     }
     return { version, assignments };
+  }
+
+  // --- On demand (the gateway's OnDemand) -----------------------------------------------
+
+  /** A request for the model arrived: a model without replicas (scaling.min 0) gets one. */
+  requested(model: CatalogModel): void {
+    this.active.set(model.id, (this.active.get(model.id) ?? 0) + 1);
+    this.lastActivity.set(model.id, this.clock());
+    if (model.definition.scaling.min > 0 || !runsOnEngines(model) || (this.demand.get(model.id) ?? 0) > 0) return;
+    this.demand.set(model.id, 1);
+    this.options.logger.info({ model: model.name }, "starting a replica on demand");
+    this.schedule();
+  }
+
+  finished(model: CatalogModel): void {
+    const left = (this.active.get(model.id) ?? 1) - 1;
+    if (left > 0) this.active.set(model.id, left);
+    else this.active.delete(model.id);
+    this.lastActivity.set(model.id, this.clock());
+  }
+
+  /** Whether a replica of the model is being started on demand and may still come up. */
+  starting(modelId: string): boolean {
+    if ((this.demand.get(modelId) ?? 0) === 0 || this.parked.has(modelId) || this.unplaceable.has(modelId)) return false;
+    const info = this.weights.get(modelId);
+    return info === undefined || "weights" in info;
+  }
+
+  /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
+  onStatusChange(listener: (modelId: string) => void): void {
+    this.statusListener = listener;
+  }
+
+  /**
+   * Stops the replicas of on-demand models that had no request for their idle time. Runs
+   * in one turn of the event loop with the gateway's admission, so a request that took a
+   * slot a moment ago keeps its replica (its count is above zero), and one that comes
+   * after finds the replica stopping and waits for a fresh start.
+   */
+  private stopIdle(): void {
+    const now = this.clock();
+    for (const modelId of [...this.demand.keys()]) {
+      const model = this.modelById(modelId);
+      if (model === undefined || model.definition.scaling.min > 0) {
+        this.demand.delete(modelId);
+        continue;
+      }
+      const idleSeconds = model.definition.scaling.idle_seconds;
+      // 0: an on-demand replica, once started, stays.
+      if (idleSeconds === 0 || (this.active.get(modelId) ?? 0) > 0) continue;
+      if (now - (this.lastActivity.get(modelId) ?? now) < idleSeconds * 1000) continue;
+      this.demand.delete(modelId);
+      const replicas = [...this.records.values()].filter((r) => r.modelId === modelId && r.desired === "run");
+      this.options.logger.info({ model: model.name, idleSeconds, replicas: replicas.length }, "stopping idle on-demand replicas");
+      for (const record of replicas) this.markStopping(record);
+    }
   }
 
   // --- Operations (admin API) ----------------------------------------------------------
@@ -277,7 +343,8 @@ export class Fleet implements Assignments {
       .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "fleet reconciliation failed"));
   }
 
-  private tick(): void {
+  /** What the 1 s tick does: lost nodes, idle on-demand replicas, heartbeat writes, a reconciliation. */
+  checkNow(): void {
     for (const node of this.nodes.expire(this.settings.nodeTimeoutMs)) {
       this.options.logger.warn({ node: node.name, lastHeartbeat: new Date(node.lastHeartbeat).toISOString() }, "node lost");
       const replicas = this.recordsOn(node.id);
@@ -289,6 +356,7 @@ export class Fleet implements Assignments {
       );
       this.bump(node.id);
     }
+    this.stopIdle();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
       this.lastFlush = this.clock();
       void this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -366,7 +434,9 @@ export class Fleet implements Assignments {
         this.options.logger.warn({ model: this.modelById(modelId)?.name, explanation: lines }, "replica unplaceable");
       }
     }
+    const changed = [...new Set([...this.unplaceable.keys(), ...decision.unplaceable.keys()])].filter((id) => this.unplaceable.has(id) !== decision.unplaceable.has(id));
     this.unplaceable = decision.unplaceable;
+    for (const modelId of changed) this.statusListener?.(modelId);
   }
 
   private async refreshWeights(models: readonly CatalogModel[]): Promise<void> {
@@ -437,6 +507,7 @@ export class Fleet implements Assignments {
       this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's parking");
     }
     this.options.logger.error({ model: model.name, reason }, "model parked");
+    this.statusListener?.(model.id);
     void this.event("model_parked", "critical", `model:${model.name}`, `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`);
   }
 
@@ -492,6 +563,7 @@ export class Fleet implements Assignments {
       engineKey: record.engineKey,
       upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
       weight: profile?.weight ?? 1,
+      priority: profile?.priority ?? 0,
       slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
       attempt: record.attempt,
       failures: record.failures,

@@ -26,6 +26,8 @@ export interface Replica {
   /** The model name the engine or external server expects in request bodies. */
   upstreamModel: string;
   weight: number;
+  /** The profile's priority: the gateway prefers ready replicas of the highest (default 0). */
+  priority?: number;
   /**
    * Requests the replica serves at once: an engine's parallel sequences, an external
    * server's max_inflight. The gateway never has more in flight there; the rest wait in

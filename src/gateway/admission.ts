@@ -6,8 +6,8 @@
 // where nobody can bound the wait or see it. Requests beyond that wait here, first come
 // first served, and go to whichever replica frees a slot first. The queue is bounded
 // (`queue_size`; full means 429 model_overloaded at once) and each wait has a deadline
-// (`queue_timeout`; 503 queue_timeout). The fleet's on-demand start will park requests in
-// this same queue while a replica starts.
+// (`queue_timeout`; 503 queue_timeout). A model without replicas (scaling.min 0) keeps its
+// requests in this same queue while the fleet starts one on demand.
 import { ClientClosedError, TooManyRequestsError, UnavailableError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { isComingUp, isRoutable } from "../fleet/model-health.ts";
@@ -52,6 +52,8 @@ export class Admission {
   constructor(
     private readonly replicas: ReplicaSource,
     private readonly clock: () => number = Date.now,
+    /** Whether the fleet is starting a replica of the model on demand (then waiting is worthwhile though none exists yet). */
+    private readonly startingOnDemand: (modelId: string) => boolean = () => false,
   ) {
     this.unsubscribe = replicas.onChange((replica, removed) => {
       if (removed) {
@@ -157,9 +159,11 @@ export class Admission {
   }
 
   /**
-   * The least loaded ready replica with a free slot (in-flight requests over weight). Ties
-   * go to a rotating start, so equal replicas share sequential traffic evenly; a replica
-   * that just failed counts as fully loaded until its cooldown ends.
+   * The ready replica with a free slot in the highest-priority profile, and within it the
+   * least loaded (in-flight requests over weight). A replica that just failed is taken
+   * only when nothing else is free. When every replica of the best profile is full, a free
+   * one of a lower profile serves rather than the request waiting while it idles. Ties go
+   * to a rotating start, so equal replicas share sequential traffic evenly.
    */
   private pick(model: CatalogModel, exclude: ReadonlySet<string>): Replica | undefined {
     const candidates = this.replicas.forModel(model.id);
@@ -168,17 +172,17 @@ export class Admission {
     const now = this.clock();
     const start = this.rotation++ % count;
     let best: Replica | undefined;
-    let bestLoad = Infinity;
+    let bestRank: [number, number, number] = [Infinity, Infinity, Infinity];
     for (let i = 0; i < count; i += 1) {
       const replica = candidates[(start + i) % count]!;
       if (!isRoutable(replica) || exclude.has(replica.id)) continue;
       const inFlight = this.inFlight.get(replica.id) ?? 0;
       if (inFlight >= replica.slots) continue;
-      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now;
-      const load = cooling ? Number.MAX_SAFE_INTEGER : inFlight / replica.weight;
-      if (load < bestLoad) {
+      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now ? 1 : 0;
+      const rank: [number, number, number] = [cooling, -(replica.priority ?? 0), inFlight / replica.weight];
+      if (rank[0] < bestRank[0] || (rank[0] === bestRank[0] && (rank[1] < bestRank[1] || (rank[1] === bestRank[1] && rank[2] < bestRank[2])))) {
         best = replica;
-        bestLoad = load;
+        bestRank = rank;
       }
     }
     return best;
@@ -186,9 +190,12 @@ export class Admission {
 
   /** Whether some replica outside `exclude` is ready (busy) or on its way up. */
   private worthWaiting(model: CatalogModel, exclude: ReadonlySet<string>): boolean {
-    return this.replicas
-      .forModel(model.id)
-      .some((r) => !exclude.has(r.id) && (isRoutable(r) || isComingUp(r)));
+    return this.replicas.forModel(model.id).some((r) => !exclude.has(r.id) && (isRoutable(r) || isComingUp(r))) || this.startingOnDemand(model.id);
+  }
+
+  /** Looks at a model's waiters again (the fleet gave up starting it: parked, unplaceable). */
+  recheck(modelId: string): void {
+    this.pump(modelId);
   }
 
   /** Hands freed slots to the model's waiters in arrival order; ends waits that became hopeless. */

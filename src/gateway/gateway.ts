@@ -70,6 +70,18 @@ export interface GatewayOptions {
   stalledReaderMs?: number;
   /** What the fleet knows of a model (parked, unplaceable), so a 503 says why. */
   fleetStatus?: (modelId: string) => FleetStatusOfModel;
+  /** Starts replicas of models without any (scaling.min 0) when requests come, and stops idle ones. */
+  onDemand?: OnDemand;
+}
+
+/** What the gateway tells the fleet about requests, for models served on demand. */
+export interface OnDemand {
+  /** A request for the model is about to wait for a replica: start one if it has none. */
+  requested(model: CatalogModel): void;
+  /** That request is over (answered, failed or gone): the idle clock starts from the last one. */
+  finished(model: CatalogModel): void;
+  /** Whether a replica is being started on demand, so a request may wait for it. */
+  starting(modelId: string): boolean;
 }
 
 interface ProxyRoute {
@@ -115,7 +127,7 @@ export class Gateway {
     this.maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
     this.bodyTimeoutMs = options.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS;
     this.maxAttempts = options.maxAttempts ?? 3;
-    this.admission = new Admission(options.replicas);
+    this.admission = new Admission(options.replicas, Date.now, (modelId) => options.onDemand?.starting(modelId) ?? false);
     this.unsubscribe = options.replicas.onChange((replica, removed) => this.forgetOrigin(replica, removed));
   }
 
@@ -128,6 +140,11 @@ export class Gateway {
   /** Requests in flight at a replica (for tests and, later, metrics). */
   inFlightOf(replicaId: string): number {
     return this.admission.inFlightAt(replicaId);
+  }
+
+  /** Looks at a model's waiting requests again, after the fleet's view of it changed (parked, unplaceable). */
+  recheck(modelId: string): void {
+    this.admission.recheck(modelId);
   }
 
   /** Requests waiting in a model's queue (for tests and, later, metrics). */
@@ -224,6 +241,7 @@ export class Gateway {
     };
     const tried = new Set<string>();
     let lastFailure: LlmgwError | undefined;
+    this.options.onDemand?.requested(model);
     try {
       for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
         const lease = await this.admission.acquire(model, { exclude: tried, signal: abort.signal }).catch((error: unknown) => {
@@ -318,6 +336,7 @@ export class Gateway {
       throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
     } finally {
       res.off("close", onClose);
+      this.options.onDemand?.finished(model);
     }
   }
 

@@ -33,7 +33,7 @@ export function unavailableError(model: CatalogModel, replicas: readonly Replica
     case "no-replicas":
       return new UnavailableError(
         model.definition.scaling.min === 0
-          ? `Model '${name}' has no replica running (scaling.min is 0). An administrator must raise scaling.min to run one.`
+          ? `Model '${name}' runs on demand (scaling.min is 0) and no replica could be started for this request${detail}. Retry shortly; if it persists, tell an administrator.`
           : `Model '${name}' has no replica yet; it has not been placed. An administrator can check 'llmgw ctl model list'.`,
         { code: "no_ready_replica", retryAfterSeconds: 10 },
       );

@@ -59,6 +59,8 @@ export interface ServerConfig {
   /** Fleet timings (tests shorten them): a node without a heartbeat this long is lost (default 15 s). */
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
+  /** The fleet's clock (heartbeats, idle time); tests move it. */
+  fleetClock?: () => number;
   logger: Logger;
 }
 
@@ -119,6 +121,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
     ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
+    ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
   });
   let stopExternalSync = () => {};
   try {
@@ -152,7 +155,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     bodyTimeoutMs: config.bodyTimeoutMs,
     stalledReaderMs: config.stalledReaderMs,
     fleetStatus: (modelId) => fleet.status(modelId),
+    onDemand: fleet,
   });
+  fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, fleet, joinToken: () => joinToken, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;

@@ -39,6 +39,7 @@ export interface HarnessOptions {
   registryToken?: string;
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
+  fleetClock?: () => number;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
 }
 
@@ -61,6 +62,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       registryToken: options.registryToken,
       nodeTimeoutMs: options.nodeTimeoutMs,
       heartbeatIntervalMs: options.heartbeatIntervalMs,
+      fleetClock: options.fleetClock,
     },
     options.withAgent,
   );
