@@ -160,6 +160,42 @@ describe("admission", () => {
     assert.equal(answers[2]?.choices[0]?.message.content, "from b");
   });
 
+  test("requests go to the highest-priority profile with a ready replica; a lower one serves only when that one is full or down", async () => {
+    const gate = new Gate();
+    const primary = await upstream({ beforeAnswer: gate.wait, reply: "primary" });
+    const fallback = await upstream({ reply: "fallback" });
+    await addModel({
+      name: "prioritised",
+      profiles: [
+        // Listed first and weighted higher, yet lower in priority: priority decides.
+        { name: "fallback", engine: "external", url: fallback.url, priority: 0, weight: 10, max_inflight: 4 },
+        { name: "primary", engine: "external", url: primary.url, priority: 5, max_inflight: 1 },
+      ],
+    });
+    gate.open();
+    for (let n = 0; n < 3; n += 1) {
+      const answer = await client.chat.completions.create({ model: "prioritised", messages: hi(n) });
+      assert.equal(answer.choices[0]?.message.content, "primary");
+    }
+    assert.equal(fallback.requests.length, 0, "an idle lower-priority replica gets nothing while the primary is free");
+
+    // The primary's one slot busy: the next request goes to the fallback rather than wait.
+    const held = new Gate();
+    const busyPrimary = await upstream({ beforeAnswer: held.wait, reply: "primary" });
+    await harness.admin("PATCH", "/api/v1/models/prioritised", {
+      profiles: [
+        { name: "fallback", engine: "external", url: fallback.url, priority: 0, max_inflight: 4 },
+        { name: "primary", engine: "external", url: busyPrimary.url, priority: 5, max_inflight: 1 },
+      ],
+    });
+    const first = client.chat.completions.create({ model: "prioritised", messages: hi(10) });
+    await eventually("the primary busy", () => busyPrimary.inFlight() === 1);
+    const second = await client.chat.completions.create({ model: "prioritised", messages: hi(11) });
+    assert.equal(second.choices[0]?.message.content, "fallback");
+    held.open();
+    assert.equal((await first).choices[0]?.message.content, "primary");
+  });
+
   test("a client that leaves while waiting leaves the queue", async () => {
     const gate = new Gate();
     const busy = await upstream({ beforeAnswer: gate.wait });

@@ -1,0 +1,147 @@
+// The reconciler's rules on their own (reconciler.ts is a pure function): what it starts,
+// where, and what it stops, for definition changes, draining and lost nodes, scaling down,
+// parking and demand. Placement is the real one.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { modelDefinitionSchema } from "../catalog/model-schema.ts";
+import type { FleetNode } from "./node-registry.ts";
+import { placeReplicas } from "./placement.ts";
+import { reconcile, type ReconcileInput } from "./reconciler.ts";
+import type { ReplicaRecord } from "./replica-rows.ts";
+
+const GiB = 1024 ** 3;
+
+function model(name: string, scaling: { min: number; max: number }, version = "1"): CatalogModel {
+  return {
+    id: `m-${name}`,
+    name,
+    definition: modelDefinitionSchema.parse({ source: { kind: "file", path: `/w/${name}.gguf` }, scaling, description: version, profiles: [{ name: "cpu", engine: "llamacpp" }] }),
+    created_by: "t",
+    created_at: "2026-01-01T00:00:00Z",
+    updated_by: "t",
+    updated_at: "2026-01-01T00:00:00Z",
+  };
+}
+
+function node(name: string, memoryGiB: number, state: FleetNode["state"] = "ready"): FleetNode {
+  return {
+    id: `n-${name}`,
+    name,
+    address: "127.0.0.1",
+    labels: {},
+    inventory: { cores: 8, memoryBytes: memoryGiB * GiB, gpus: [], engines: [{ engine: "llamacpp", version: "3.21.1" }] },
+    state,
+    lastHeartbeat: 0,
+    joinedAt: "",
+    credentialHash: "",
+  };
+}
+
+function replica(id: string, of: CatalogModel, on: FleetNode, overrides: Partial<ReplicaRecord> = {}): ReplicaRecord {
+  return {
+    id,
+    modelId: of.id,
+    profile: "cpu",
+    engine: "llamacpp",
+    nodeIds: [on.id],
+    gpus: {},
+    fingerprint: fingerprint(of),
+    desired: "run",
+    engineKey: "k",
+    state: "ready",
+    endpoint: null,
+    attempt: 1,
+    failures: 0,
+    lastError: null,
+    startedAt: null,
+    readyAt: null,
+    weightsVerified: true,
+    ...overrides,
+  };
+}
+
+const fingerprint = (m: CatalogModel) => `${m.name}@${m.definition.description}`;
+
+function input(parts: Partial<ReconcileInput> & Pick<ReconcileInput, "models" | "nodes">): ReconcileInput {
+  let next = 0;
+  return {
+    replicas: [],
+    parked: new Set(),
+    demand: new Map(),
+    // Each replica takes 4 GiB: a 16 GiB node (14.4 usable) holds three.
+    optionsFor: () => [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 } }],
+    fingerprintOf: (m) => fingerprint(m),
+    weightsKeyOf: () => null,
+    cachedWeights: () => new Set(),
+    place: placeReplicas,
+    newReplicaId: () => `new-${(next += 1)}`,
+    ...parts,
+  };
+}
+
+test("scaling.min replicas are placed, one model's replicas on different nodes", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const decision = reconcile(input({ models: [m], nodes: [node("x", 16), node("y", 16)] }));
+  assert.deepEqual(decision.create.map((r) => r.nodeIds[0]).sort(), ["n-x", "n-y"]);
+  assert.deepEqual(decision.stop, []);
+});
+
+test("a changed definition starts the new replica before stopping the serving old one, which stops once the new one is ready", () => {
+  const old = model("a", { min: 1, max: 1 }, "1");
+  const changed = model("a", { min: 1, max: 1 }, "2");
+  const x = node("x", 16);
+  const serving = replica("old", old, x);
+  const first = reconcile(input({ models: [changed], nodes: [x], replicas: [serving] }));
+  assert.equal(first.create.length, 1, "the successor is placed while there is room");
+  assert.deepEqual(first.stop, [], "the old replica keeps serving meanwhile");
+  const successor = replica("new-1", changed, x, { state: "starting" });
+  assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, successor] })).stop, [], "not before the successor is ready");
+  const ready = { ...successor, state: "ready" as const };
+  assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, ready] })).stop.map((s) => s.id), ["old"]);
+});
+
+test("without room for the successor, the old replica is stopped to make room", () => {
+  const old = model("a", { min: 1, max: 1 }, "1");
+  const changed = model("a", { min: 1, max: 1 }, "2");
+  const small = node("x", 8); // 6 GiB usable: one 4 GiB replica
+  const decision = reconcile(input({ models: [changed], nodes: [small], replicas: [replica("old", old, small)] }));
+  assert.deepEqual(decision.create, []);
+  assert.deepEqual(decision.stop.map((s) => s.id), ["old"]);
+  assert.equal(decision.unplaceable.size, 0, "not reported unplaceable: room comes once the old one stops");
+});
+
+test("a draining node's replica is replaced elsewhere first; a lost node's replica is stopped at once", () => {
+  const m = model("a", { min: 1, max: 1 });
+  const draining = node("d", 16, "draining");
+  const other = node("o", 16);
+  const first = reconcile(input({ models: [m], nodes: [draining, other], replicas: [replica("r", m, draining)] }));
+  assert.deepEqual(first.create.map((r) => r.nodeIds[0]), ["n-o"]);
+  assert.deepEqual(first.stop, []);
+
+  const lost = node("l", 16, "lost");
+  const second = reconcile(input({ models: [m], nodes: [lost, other], replicas: [replica("r", m, lost)] }));
+  assert.deepEqual(second.stop.map((s) => s.id), ["r"]);
+  assert.deepEqual(second.create.map((r) => r.nodeIds[0]), ["n-o"]);
+});
+
+test("scaling down stops the replicas that do not serve first; a parked model gets no new replica; demand drives min 0", () => {
+  const m = model("a", { min: 1, max: 3 });
+  const x = node("x", 32);
+  const replicas = [replica("ready-1", m, x), replica("failing", m, x, { state: "failed" }), replica("ready-2", m, x)];
+  const stops = reconcile(input({ models: [m], nodes: [x], replicas })).stop.map((s) => s.id);
+  assert.equal(stops.length, 2, "min 1 of 3 running: two stop");
+  assert.ok(stops.includes("failing"), "the failing one is among them");
+
+  assert.deepEqual(reconcile(input({ models: [m], nodes: [x], parked: new Set([m.id]) })).create, []);
+
+  const lazy = model("lazy", { min: 0, max: 2 });
+  assert.deepEqual(reconcile(input({ models: [lazy], nodes: [x] })).create, [], "no demand, no replica");
+  assert.equal(reconcile(input({ models: [lazy], nodes: [x], demand: new Map([[lazy.id, 1]]) })).create.length, 1);
+});
+
+test("a model no node can take says what each node lacks", () => {
+  const m = model("a", { min: 1, max: 1 });
+  const decision = reconcile(input({ models: [m], nodes: [node("small", 4), node("gone", 64, "lost")] }));
+  assert.deepEqual(decision.unplaceable.get(m.id), ["gone: lost", "small: 2.0 GiB free, needs 4.0 GiB"]);
+});
