@@ -241,9 +241,12 @@ describe("gateway", () => {
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
       body: JSON.stringify({ model: "idle", messages: [{ role: "user", content: "x" }] }),
     });
+    // On demand, but no node has joined this server to start it on.
     assert.equal(response.status, 503);
-    assert.equal(response.headers.get("retry-after"), "10");
-    assert.match(((await response.json()) as any).error.message, /scaling\.min is 0/);
+    assert.equal(response.headers.get("retry-after"), "30");
+    const error = ((await response.json()) as any).error;
+    assert.equal(error.code, "model_unplaceable");
+    assert.match(error.message, /cannot run now: no node can take a replica/);
   });
 
   test("usage is recorded per request with tokens and the key", async () => {

@@ -20,7 +20,7 @@ export function unavailableError(model: CatalogModel, replicas: readonly Replica
       );
     case "unplaceable":
       return new UnavailableError(
-        `Model '${name}' cannot run now: no node has room for a replica${detail}. An administrator can see what each node lacks with 'llmgw ctl model show ${name}'.`,
+        `Model '${name}' cannot run now: no node can take a replica${detail}. An administrator can see what each node lacks with 'llmgw ctl model show ${name}'.`,
         { code: "model_unplaceable", retryAfterSeconds: 30 },
       );
     case "starting":
