@@ -3,7 +3,8 @@
 // supervisors, the gateway routing to them. Timings are shortened so failures park quickly.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readdirSync, rmSync, truncateSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
@@ -119,6 +120,28 @@ describe("local node", () => {
     });
     assert.equal((await harness.server.store.db.selectFrom("model_states").selectAll().execute()).length, 0, "parking was cleared in the store");
     await harness.admin("DELETE", "/api/v1/models/crashing");
+  });
+
+  test("a local file that no longer matches the sha256 its origin published is refused before start, and named", async () => {
+    const copy = path.join(modelDir, "published.gguf");
+    const { bytes } = await writeTinyLlamaGguf({ path: copy, seed: 9 });
+    const sha256 = createHash("sha256").update(readFileSync(copy)).digest("hex");
+    const altered = readFileSync(copy);
+    altered[altered.length - 1] = (altered[altered.length - 1] ?? 0) ^ 0x01;
+    writeFileSync(copy, altered);
+    await harness.addModel({
+      name: "published",
+      source: { kind: "file", path: copy },
+      origin: { repo: "local/tiny", revision: "1", files: [{ path: "published.gguf", sha256, bytes }] },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
+    });
+    const refused = await eventually("the altered weights refused", async () => {
+      const { body } = await harness.admin("GET", "/api/v1/models/published/health");
+      return body.replicas[0]?.last_error?.includes(sha256) ? body : undefined;
+    });
+    assert.equal(refused.replicas[0].weights_verified, false);
+    assert.deepEqual(agent.engineProcesses().filter((p) => p.modelName === "published"), [], "no engine runs on them");
+    await harness.admin("DELETE", "/api/v1/models/published");
   });
 
   test("a model is served by a supervised engine, and deleting it stops the engine", async () => {

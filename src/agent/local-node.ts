@@ -8,9 +8,10 @@ import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { llamaCppLaunch } from "../engines/llamacpp/engine-launch.ts";
 import type { NodeInventory } from "../fleet/fleet-types.ts";
-import { BUNDLED_LLAMA_CPP } from "../gguf/llama-support.ts";
 import type { ServerParts } from "../server/server.ts";
 import { LocalWeights } from "./local-weights.ts";
+import { WeightsIdentity } from "./weights-identity.ts";
+import { BUNDLED_ENGINE } from "./inventory.ts";
 import { NodeAgent, type LaunchBuilder, type SupervisorTimings } from "./node-agent.ts";
 import { readNodeIdentity, writeNodeIdentity } from "./node-identity.ts";
 
@@ -32,7 +33,8 @@ export function thisMachineInventory(): NodeInventory {
     cores: os.availableParallelism(),
     memoryBytes: os.totalmem(),
     gpus: [],
-    engines: [{ engine: "llamacpp", version: `${BUNDLED_LLAMA_CPP.release} (node-llama-cpp ${BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]})` }],
+    // `up` runs the bundled llama.cpp only (its CPU build), so GPUs are not looked for.
+    engines: [BUNDLED_ENGINE],
   };
 }
 
@@ -67,7 +69,7 @@ export async function startLocalNode(parts: ServerParts, options: LocalNodeOptio
     inventory,
     labels: {},
     stateRoot: path.join(parts.config.dataDir, "runs"),
-    weights: new LocalWeights({ mirror: parts.mirror }),
+    weights: new LocalWeights({ mirror: parts.mirror, identity: new WeightsIdentity({ memoFile: path.join(agentDir, "weights-verified.json"), logger: options.logger }) }),
     launch: options.launch ?? bundledLaunch,
     logger: options.logger,
     ...(options.supervisor ? { supervisor: options.supervisor } : {}),
