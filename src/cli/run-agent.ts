@@ -12,7 +12,8 @@ import { engineLaunch, type NodeEngines } from "../engines/engine-launch.ts";
 import { addressSchema, nodeNameSchema } from "../fleet/agent-protocol.ts";
 import { parseWith } from "../core/errors.ts";
 import { detectInventory, parseLabels, readInventoryFile } from "../agent/inventory.ts";
-import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
+import { stopAllSupervisors } from "../agent/engine-supervisor.ts";
+import { stopOnSignals } from "./shutdown.ts";
 import { HttpAssignments } from "../agent/http-assignments.ts";
 import { NodeAgent, type SupervisorTimings } from "../agent/node-agent.ts";
 import { readNodeIdentity, writeNodeIdentity } from "../agent/node-identity.ts";
@@ -104,28 +105,13 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   agent.start();
   process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);
 
-  let stopping = false;
-  const shutdown = (signal: NodeJS.Signals) => {
-    if (stopping) {
-      logger.warn({ signal }, "second signal: killing engines and exiting");
-      killAllSupervisedSync();
-      process.exit(1);
-    }
-    stopping = true;
-    logger.info({ signal }, "agent shutting down");
-    agent
-      .stop()
-      .then(() => stopAllSupervisors())
-      .then(() => Promise.all([cache.close(), assignments.close()]))
-      .then(
-        () => process.exit(0),
-        (error: unknown) => {
-          logger.error({ err: describeError(error) }, "agent shutdown failed");
-          process.exit(1);
-        },
-      );
-  };
-  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, shutdown);
+  stopOnSignals({
+    logger,
+    stop: async () => {
+      await agent.stop();
+      await Promise.all([cache.close(), assignments.close()]);
+    },
+  });
 }
 
 async function detected(engines: NodeEngines, logger: Logger) {

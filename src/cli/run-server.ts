@@ -5,10 +5,9 @@
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import { createLogger, parseLogFormat } from "../core/log.ts";
-import { describeError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE } from "../core/data-dir.ts";
 import { startLocalNode } from "../agent/local-node.ts";
-import { killAllSupervisedSync, stopAllSupervisors } from "../agent/engine-supervisor.ts";
+import { stopOnSignals } from "./shutdown.ts";
 import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
@@ -74,30 +73,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
   }
   announceReadyModels(server, out);
 
-  let stopping = false;
-  const shutdown = (signal: NodeJS.Signals) => {
-    if (stopping) {
-      // A second signal means "now": kill every engine group at once rather than wait.
-      logger.warn({ signal }, "second signal: killing engines and exiting");
-      killAllSupervisedSync();
-      process.exit(1);
-    }
-    stopping = true;
-    logger.info({ signal }, "shutting down");
-    server
-      .close()
-      .then(() => stopAllSupervisors())
-      .then(
-        () => process.exit(0),
-        (error: unknown) => {
-          logger.error({ err: describeError(error) }, "shutdown failed");
-          process.exit(1);
-        },
-      );
-  };
-  // SIGHUP (the terminal closed, an ssh session dropped) would otherwise end the process
-  // without its exit hooks, leaving the detached engines running.
-  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(signal, shutdown);
+  stopOnSignals({ logger, stop: () => server.close() });
 }
 
 /**

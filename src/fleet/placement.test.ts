@@ -6,6 +6,7 @@ import type { EngineName, NodeState, PlacementNode, PlacementOption, PlacementRe
 import { normalizeGpuClass } from "./gpu-class.ts";
 import { NO_NODES_EXPLANATION, placeReplicas } from "./placement.ts";
 import { replicaNeeds } from "./replica-needs.ts";
+import { LLAMA3_8B } from "../../test/support/model-shapes.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -261,19 +262,6 @@ describe("engines and node states", () => {
 });
 
 describe("the issue's three nodes (CPU only; one 24 GB GPU; two 80 GB GPUs)", () => {
-  const LLAMA3_8B: GgufModelShape = {
-    architecture: "llama",
-    contextLength: 8192,
-    embeddingLength: 4096,
-    blockCount: 32,
-    headCount: 32,
-    headCountKv: 8,
-    keyLength: 128,
-    valueLength: 128,
-    feedForwardLength: 14336,
-    vocabSize: 128256,
-    tensorBytes: 4_920_000_000,
-  };
   const pool = () => [
     node("cpu-16", { memoryGiB: 16, cores: 8, engines: ["llamacpp"] }),
     node("gpu-24", { memoryGiB: 64, cores: 16, gpus: [[RTX4090, RTX4090_BYTES]], engines: ["llamacpp", "llama-server"] }),

@@ -2,26 +2,13 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { profileSchema } from "../catalog/model-schema.ts";
 import { LlmgwError } from "../core/errors.ts";
-import { estimateGgufMemory, llamaCppPerGpuBytes, type GgufModelShape } from "../gguf/memory-estimate.ts";
+import { estimateGgufMemory, llamaCppPerGpuBytes } from "../gguf/memory-estimate.ts";
 import { replicaNeeds } from "./replica-needs.ts";
+import { LLAMA3_8B } from "../../test/support/model-shapes.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
 
-// Llama-3-8B as its GGUF header states it, Q4_K_M weights.
-const LLAMA3_8B: GgufModelShape = {
-  architecture: "llama",
-  contextLength: 8192,
-  embeddingLength: 4096,
-  blockCount: 32,
-  headCount: 32,
-  headCountKv: 8,
-  keyLength: 128,
-  valueLength: 128,
-  feedForwardLength: 14336,
-  vocabSize: 128256,
-  tensorBytes: 4_920_000_000,
-};
 const WEIGHTS = LLAMA3_8B.tensorBytes;
 
 const profile = (fields: Record<string, unknown>) => profileSchema.parse({ name: "p", ...fields });

@@ -9,25 +9,13 @@ import {
   type GgufModelShape,
 } from "./memory-estimate.ts";
 import { BadRequestError } from "../core/errors.ts";
+import { LLAMA3_8B as LLAMA3_8B_SHAPE } from "../../test/support/model-shapes.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
 
-/** Llama-3-8B's shape as its GGUF header states it (Q4_K_M: 4.58 GiB of tensors). */
-const LLAMA3_8B: GgufModelShape = {
-  architecture: "llama",
-  contextLength: 8192,
-  embeddingLength: 4096,
-  blockCount: 32,
-  headCount: 32,
-  headCountKv: 8,
-  keyLength: 128,
-  valueLength: 128,
-  feedForwardLength: 14336,
-  vocabSize: 128256,
-  tensorBytes: 4_920_734_720,
-  metadataBytes: 7_900_000,
-};
+/** Llama-3-8B's shape as its GGUF header states it, with the size of its metadata. */
+const LLAMA3_8B: GgufModelShape = { ...LLAMA3_8B_SHAPE, metadataBytes: 7_900_000 };
 
 /** config.json of Llama-3-8B-Instruct (the fields that matter). */
 const LLAMA3_8B_CONFIG = {
