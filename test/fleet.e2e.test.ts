@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -38,7 +39,7 @@ function llmgw(args: string[], env: Record<string, string> = {}): Running {
   return { child, output: () => out, exited };
 }
 
-describe("a fleet of three agents", { timeout: 600_000 }, () => {
+describe("a fleet of agents", { timeout: 600_000 }, () => {
   // Short: vLLM's Unix sockets go below each run folder, and a socket path has at most 107 bytes.
   const root = mkdtempSync(path.join(tmpdir(), "lf"));
   const serverDir = path.join(root, "server");
@@ -48,7 +49,7 @@ describe("a fleet of three agents", { timeout: 600_000 }, () => {
   let adminKey = "";
   let modelFile = "";
   let tinyBytes = 0;
-  let standIns: { llamaServer: string; vllm: string };
+  let standIns: { llamaServer: string; vllm: string; vllmRecord: string; ray: string; rayRecord: string };
   // Short backoff, so an engine that crashes at start parks after its 5 tries in seconds.
   const timings = JSON.stringify({ backoffMs: [100, 400] });
 
@@ -80,9 +81,14 @@ describe("a fleet of three agents", { timeout: 600_000 }, () => {
   before(async () => {
     modelFile = path.join(root, "tiny.gguf");
     tinyBytes = (await writeTinyLlamaGguf({ path: modelFile, seed: 11 })).bytes;
+    const vllm = await writeStandInExecutable({ dir: path.join(root, "bin-vllm"), engine: "vllm" });
+    const ray = await writeStandInExecutable({ dir: path.join(root, "bin-ray"), engine: "ray" });
     standIns = {
       llamaServer: (await writeStandInExecutable({ dir: path.join(root, "bin-llama-server"), engine: "llama-server" })).executable,
-      vllm: (await writeStandInExecutable({ dir: path.join(root, "bin-vllm"), engine: "vllm" })).executable,
+      vllm: vllm.executable,
+      vllmRecord: vllm.recordFile,
+      ray: ray.executable,
+      rayRecord: ray.recordFile,
     };
     const port = await findFreePort("127.0.0.1");
     url = `http://127.0.0.1:${port}`;
@@ -102,7 +108,11 @@ describe("a fleet of three agents", { timeout: 600_000 }, () => {
       "--vllm",
       standIns.vllm,
     ]);
-    await eventually("three ready nodes", async () => (await nodes()).filter((n) => n.state === "ready").length === 3);
+    // Two nodes with one A100 each, for a vLLM replica that spans both (pipeline parallel over Ray).
+    for (const name of ["pp-1", "pp-2"]) {
+      startAgent(name, { cores: 8, memory: "32g", gpus: [{ name: "NVIDIA A100-SXM4-80GB", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] }, ["--vllm", standIns.vllm, "--ray", standIns.ray]);
+    }
+    await eventually("five ready nodes", async () => (await nodes()).filter((n) => n.state === "ready").length === 5);
   });
 
   after(async () => {
@@ -146,7 +156,8 @@ describe("a fleet of three agents", { timeout: 600_000 }, () => {
       assert.equal((await admin("POST", "/api/v1/models", { name, source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "h100", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: gpus } } }] })).status, 201);
     }
     const big2 = await eventually("big2 unplaceable", async () => ((await health("big2")).state === "unplaceable" ? health("big2") : undefined));
-    assert.deepEqual(big2.placement, ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"]);
+    assert.deepEqual(big2.placement.filter((line: string) => !line.startsWith("pp-")), ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"]);
+    assert.match(big2.placement.find((line: string) => line.startsWith("pp-1"))!, /no H100 GPU/);
     const huge = await eventually("huge unplaceable", async () => ((await health("huge")).state === "unplaceable" ? health("huge") : undefined));
     assert.match(huge.placement.find((line: string) => line.startsWith("gpu-80"))!, /2 H100 GPUs?.*needs 4/);
     const shown = await ctl(["model", "show", "huge"]);
@@ -157,6 +168,36 @@ describe("a fleet of three agents", { timeout: 600_000 }, () => {
     const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 3 });
     assert.equal(answer.usage?.completion_tokens, 3);
     for (const name of ["big2", "huge"]) await admin("DELETE", `/api/v1/models/${name}`);
+  });
+
+  test("a vLLM replica over two nodes: a Ray head on one, a worker joining it on the other, then vLLM on the head through Ray", async () => {
+    const vllmDir = path.join(root, "big");
+    assert.equal(
+      (await admin("POST", "/api/v1/models", { name: "spanning", source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "a100x2", engine: "vllm", hardware: { gpu: { class: "A100", gpus_per_node: 1, nodes: 2 } } }] })).status,
+      201,
+    );
+    const spanning = await eventually("spanning ready", async () => ((await health("spanning")).ready === 1 ? health("spanning") : undefined));
+    assert.deepEqual([...spanning.replicas[0].nodes].sort(), ["pp-1", "pp-2"]);
+    const [head, worker] = spanning.replicas[0].nodes as string[];
+
+    const rayStarts = (await readFile(standIns.rayRecord, "utf8")).trim().split("\n").map((line) => JSON.parse(line) as { argv: string[]; env: Record<string, string> });
+    const headStart = rayStarts.find((start) => start.argv.includes("--head"))!;
+    const workerStart = rayStarts.find((start) => start.argv.includes("--address"))!;
+    const gcs = `127.0.0.1:${headStart.argv[headStart.argv.indexOf("--port") + 1]}`;
+    assert.equal(workerStart.argv[workerStart.argv.indexOf("--address") + 1], gcs, "the worker joined the head's GCS");
+    const vllmStart = (await readFile(standIns.vllmRecord, "utf8"))
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { argv: string[]; env: Record<string, string> })
+      .find((start) => start.argv.includes("--distributed-executor-backend"))!;
+    assert.equal(vllmStart.argv[vllmStart.argv.indexOf("--pipeline-parallel-size") + 1], "2");
+    assert.equal(vllmStart.argv[vllmStart.argv.indexOf("--distributed-executor-backend") + 1], "ray");
+    assert.equal(vllmStart.env.RAY_ADDRESS, gcs, "vLLM runs on that Ray cluster");
+    assert.ok(head !== worker);
+    const pp = (await nodes()).filter((n) => n.name.startsWith("pp-"));
+    assert.ok(pp.every((n) => n.gpus[0].replica === spanning.replicas[0].id), "each node's A100 belongs to the replica");
+    await admin("DELETE", "/api/v1/models/spanning");
+    await eventually("the spanning replica gone from both nodes", async () => (await nodes()).filter((n) => n.name.startsWith("pp-")).every((n) => n.replicas.length === 0));
   });
 
   test("kill -9 of an agent: its node is lost, its replica runs elsewhere, and the model answers throughout", async () => {

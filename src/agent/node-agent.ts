@@ -12,6 +12,8 @@ import type { Assignment, Assignments, HeartbeatReport, ReplicaReport, ReportedS
 import type { NodeInventory, NodeLabels } from "../fleet/fleet-types.ts";
 import { abortableDelay } from "./engine-health.ts";
 import { EngineSupervisor, pruneRunFolders, type EngineLaunch, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
+import { findFreePort } from "./free-port.ts";
+import { formatHost } from "../core/format.ts";
 
 /** Where a replica's weights are on this node, fetched and checked as needed. */
 export interface WeightsProvider {
@@ -24,8 +26,21 @@ export interface WeightsProvider {
   held?(): string[];
 }
 
-/** Builds the engine command for one attempt of an assignment (the engine adapters). */
-export type LaunchBuilder = (input: { assignment: Assignment; weightsPath: string; host: string; port: number; attempt: number; stateDir: string }) => EngineLaunch;
+/**
+ * Builds the command for one attempt of an assignment (the engine adapters). `part` is the
+ * engine itself, or for a vLLM replica over several nodes the Ray head (on the head node,
+ * its GCS on `rayAddress`) or a Ray worker (joining `rayAddress`).
+ */
+export type LaunchBuilder = (input: {
+  assignment: Assignment;
+  part: "engine" | "ray-head" | "ray-worker";
+  weightsPath: string;
+  host: string;
+  port: number;
+  attempt: number;
+  stateDir: string;
+  rayAddress?: string;
+}) => EngineLaunch;
 
 export type SupervisorTimings = Partial<Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">>;
 
@@ -60,12 +75,17 @@ export interface NodeAgentOptions {
 const DISMISSED = new Set(["node_removed", "invalid_node_credential"]);
 
 interface Running {
+  /** The newest assignment of the replica (a head learns from it when its workers are ready). */
   assignment: Assignment;
-  supervisor: EngineSupervisor;
+  /** The engine (or on a worker node, the Ray worker); a head's starts once its workers joined. */
+  supervisor: EngineSupervisor | null;
+  /** On a head node: the Ray head, started first, with its GCS at `rayAddress`. */
+  rayHead: EngineSupervisor | null;
+  rayAddress: string | null;
   fetching: boolean;
   weightsVerified: boolean;
   stopping: boolean;
-  unsubscribe: () => void;
+  unsubscribers: Array<() => void>;
 }
 
 const DEFAULT_POLL_WAIT_MS = 25_000;
@@ -106,10 +126,12 @@ export class NodeAgent {
 
   /** The engine processes this agent runs now (diagnostics and tests). */
   engineProcesses(): Array<{ replicaId: string; modelName: string; pid: number }> {
-    return [...this.running.values()].flatMap((replica) => {
-      const pid = replica.supervisor.snapshot().pid;
-      return pid === null ? [] : [{ replicaId: replica.assignment.replicaId, modelName: replica.assignment.modelName, pid }];
-    });
+    return [...this.running.values()].flatMap((replica) =>
+      [replica.supervisor, replica.rayHead].flatMap((supervisor) => {
+        const pid = supervisor?.snapshot().pid ?? null;
+        return pid === null ? [] : [{ replicaId: replica.assignment.replicaId, modelName: replica.assignment.modelName, pid }];
+      }),
+    );
   }
 
   private async poll(): Promise<void> {
@@ -152,59 +174,133 @@ export class NodeAgent {
       if (!wanted.has(id) && !replica.stopping) retiring.push(this.retire(replica));
     }
     for (const assignment of assignments) {
-      if (!this.running.has(assignment.replicaId)) this.launch(assignment);
+      const running = this.running.get(assignment.replicaId);
+      if (running?.stopping === true) continue;
+      if (running !== undefined) running.assignment = assignment;
+      const ray = assignment.ray;
+      if (ray?.role === "worker") {
+        // A head that restarted has a new address: the worker joins that one.
+        if (running !== undefined && running.rayAddress !== ray.headAddress) {
+          const headAddress = ray.headAddress;
+          retiring.push(this.retire(running).then(() => {
+            if (headAddress !== null && !this.controller.signal.aborted) this.launch(assignment, { part: "ray-worker", rayAddress: headAddress });
+          }));
+        }
+        else if (running === undefined && ray.headAddress !== null) this.launch(assignment, { part: "ray-worker", rayAddress: ray.headAddress });
+      } else if (ray?.role === "head") {
+        if (running === undefined) await this.launchRayHead(assignment);
+        else this.startHeadEngine(running);
+      } else if (running === undefined) {
+        this.launch(assignment, { part: "engine" });
+      }
     }
     this.requestHeartbeat();
     // Stops run in the background: a slow engine stop must not delay new assignments.
     void Promise.all(retiring).then(() => this.requestHeartbeat());
   }
 
-  private launch(assignment: Assignment): void {
-    const { logger } = this.options;
-    const host = this.options.address;
-    let weightsPath: string | null = null;
-    const running: Running = {
+  /** Starts the supervisor of a replica's engine (or Ray worker) on this node. */
+  private launch(assignment: Assignment, options: { part: "engine" | "ray-worker"; rayAddress?: string }, existing?: Running): void {
+    const running: Running = existing ?? {
       assignment,
+      supervisor: null,
+      rayHead: null,
+      rayAddress: options.rayAddress ?? null,
       fetching: false,
       weightsVerified: false,
       stopping: false,
-      unsubscribe: () => {},
-      supervisor: new EngineSupervisor({
-        replicaId: assignment.replicaId,
-        stateRoot: this.options.stateRoot,
-        host,
-        logger,
-        backoff: AGENT_BACKOFF,
-        ...this.options.supervisor,
-        preflight: async (signal) => {
-          // Before every attempt: the weights are present and are what the server published.
-          running.fetching = true;
-          running.weightsVerified = false;
-          this.requestHeartbeat();
-          try {
-            const prepared = await this.options.weights.prepare(assignment, signal);
-            weightsPath = prepared.path;
-            running.weightsVerified = prepared.verified;
-          } finally {
-            running.fetching = false;
-            this.requestHeartbeat();
-          }
-        },
-        prepare: ({ port, attempt, stateDir }) => this.options.launch({ assignment, weightsPath: weightsPath!, host, port, attempt, stateDir }),
-      }),
+      unsubscribers: [],
     };
-    running.unsubscribe = running.supervisor.onChange(() => this.requestHeartbeat());
+    let weightsPath: string | null = null;
+    const supervisor = this.supervisor(assignment.replicaId, {
+      preflight: async (signal) => {
+        // Before every attempt: the weights are present and are what the server published.
+        running.fetching = true;
+        running.weightsVerified = false;
+        this.requestHeartbeat();
+        try {
+          const prepared = await this.options.weights.prepare(running.assignment, signal);
+          weightsPath = prepared.path;
+          running.weightsVerified = prepared.verified;
+        } finally {
+          running.fetching = false;
+          this.requestHeartbeat();
+        }
+      },
+      prepare: ({ port, attempt, stateDir }) =>
+        this.options.launch({
+          assignment: running.assignment,
+          part: options.part,
+          weightsPath: weightsPath!,
+          host: this.options.address,
+          port,
+          attempt,
+          stateDir,
+          ...(options.rayAddress === undefined ? {} : { rayAddress: options.rayAddress }),
+        }),
+    });
+    running.supervisor = supervisor;
+    running.unsubscribers.push(supervisor.onChange(() => this.requestHeartbeat()));
     this.running.set(assignment.replicaId, running);
-    running.supervisor.start();
-    logger.info({ model: assignment.modelName, replica: assignment.replicaId }, "starting replica");
+    supervisor.start();
+    this.options.logger.info({ model: assignment.modelName, replica: assignment.replicaId, part: options.part }, "starting replica");
+  }
+
+  /** A head node first runs the Ray head; its engine starts once the workers joined (startHeadEngine). */
+  private async launchRayHead(assignment: Assignment): Promise<void> {
+    const gcsPort = await findFreePort(this.options.address);
+    const running: Running = {
+      assignment,
+      supervisor: null,
+      rayHead: null,
+      rayAddress: `${formatHost(this.options.address)}:${gcsPort}`,
+      fetching: false,
+      weightsVerified: false,
+      stopping: false,
+      unsubscribers: [],
+    };
+    const rayHead = this.supervisor(`${assignment.replicaId}-ray`, {
+      prepare: ({ port, attempt, stateDir }) =>
+        this.options.launch({ assignment: running.assignment, part: "ray-head", weightsPath: "", host: this.options.address, port, attempt, stateDir, rayAddress: running.rayAddress! }),
+    });
+    running.rayHead = rayHead;
+    running.unsubscribers.push(
+      rayHead.onChange(() => {
+        this.startHeadEngine(running);
+        this.requestHeartbeat();
+      }),
+    );
+    this.running.set(assignment.replicaId, running);
+    rayHead.start();
+    this.options.logger.info({ model: assignment.modelName, replica: assignment.replicaId, rayAddress: running.rayAddress }, "starting the Ray head of a replica over several nodes");
+  }
+
+  /** vLLM on the head, once its Ray head is up and every worker joined it. */
+  private startHeadEngine(running: Running): void {
+    if (running.stopping || running.supervisor !== null || running.rayHead?.snapshot().state !== "ready" || running.assignment.ray?.workersReady !== true) return;
+    this.launch(running.assignment, { part: "engine", rayAddress: running.rayAddress! }, running);
+  }
+
+  private supervisor(id: string, parts: Pick<SupervisorOptions, "prepare"> & Partial<Pick<SupervisorOptions, "preflight">>): EngineSupervisor {
+    return new EngineSupervisor({
+      replicaId: id,
+      stateRoot: this.options.stateRoot,
+      host: this.options.address,
+      logger: this.options.logger,
+      backoff: AGENT_BACKOFF,
+      ...this.options.supervisor,
+      ...parts,
+    });
   }
 
   private async retire(replica: Running): Promise<void> {
     if (replica.stopping) return;
     replica.stopping = true;
     this.options.logger.info({ model: replica.assignment.modelName, replica: replica.assignment.replicaId }, "stopping replica");
-    await replica.supervisor.stop();
-    replica.unsubscribe();
+    // The engine before the Ray head it runs on.
+    await replica.supervisor?.stop();
+    await replica.rayHead?.stop();
+    for (const unsubscribe of replica.unsubscribers) unsubscribe();
     this.running.delete(replica.assignment.replicaId);
   }
 
@@ -251,9 +347,12 @@ export class NodeAgent {
 }
 
 function reportOf(replica: Running): ReplicaReport {
-  const snapshot: SupervisorSnapshot = replica.supervisor.snapshot();
+  // A head whose engine waits for its workers reports its Ray head, as starting until the engine runs.
+  const rayHead = replica.rayHead?.snapshot();
+  const snapshot: SupervisorSnapshot = replica.supervisor?.snapshot() ?? { ...rayHead!, endpoint: null, state: rayHead!.state === "ready" ? "starting" : rayHead!.state };
   const state: ReportedState = replica.fetching && snapshot.state === "starting" ? "fetching" : snapshot.state;
   return {
+    ...(rayHead === undefined ? {} : { rayAddress: rayHead.state === "ready" ? replica.rayAddress : null }),
     id: replica.assignment.replicaId,
     state,
     endpoint: snapshot.endpoint,

@@ -47,6 +47,7 @@ program
   .option("--labels <k=v,...>", "labels of this node")
   .option("--llama-server <path>", "the node's own llama-server, used for every llama.cpp profile (GPU profiles need it)")
   .option("--vllm <path>", "the node's vllm executable")
+  .option("--ray <path>", "the node's ray executable, for vLLM replicas over several nodes (default: ray on PATH)")
   .option("--log-format <format>", "json, pretty or auto")
   .action(async (options: Record<string, string | undefined>) => {
     const { runAgentCommand } = await import("./run-agent.ts");

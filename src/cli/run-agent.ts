@@ -9,6 +9,7 @@ import path from "node:path";
 import { BadRequestError, describeError, LlmgwError } from "../core/errors.ts";
 import { createLogger, parseLogFormat, type Logger } from "../core/log.ts";
 import { engineLaunch, type NodeEngines } from "../engines/engine-launch.ts";
+import { rayHeadLaunch, rayWorkerLaunch } from "../engines/vllm/ray-launch.ts";
 import { addressSchema, nodeNameSchema } from "../fleet/agent-protocol.ts";
 import { parseWith } from "../core/errors.ts";
 import { detectInventory, parseLabels, readInventoryFile } from "../agent/inventory.ts";
@@ -31,6 +32,7 @@ export interface AgentCommandOptions {
   labels?: string;
   llamaServer?: string;
   vllm?: string;
+  ray?: string;
   logFormat?: string;
 }
 
@@ -47,6 +49,8 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   const name = parseWith(nodeNameSchema, options.name ?? defaultNodeName(), "--name");
   const address = parseWith(addressSchema, options.advertise ?? "127.0.0.1", "--advertise");
   const labels = options.labels === undefined ? {} : parseLabels(options.labels);
+  // vLLM over several nodes runs on Ray, which comes with vLLM's install.
+  const ray = options.ray ?? "ray";
   const engines: NodeEngines = { ...(options.llamaServer ? { llamaServer: options.llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
   const inventory = options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger);
 
@@ -84,8 +88,10 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     labels,
     stateRoot: path.join(dataDir, "runs"),
     weights: new NodeWeights({ cache, identity: weightsIdentity }),
-    launch: ({ assignment, weightsPath, host, port, attempt, stateDir }) =>
-      engineLaunch({
+    launch: ({ assignment, part, weightsPath, host, port, attempt, stateDir, rayAddress }) => {
+      if (part === "ray-head") return rayHeadLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, gcsPort: Number(rayAddress!.split(":").at(-1)) });
+      if (part === "ray-worker") return rayWorkerLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, headAddress: rayAddress! });
+      return engineLaunch({
         profile: assignment.profile,
         modelName: assignment.modelName,
         weightsPath,
@@ -93,8 +99,10 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
         attempt: { attempt, host, port, stateDir },
         engines,
         gpus: assignment.gpus,
+        ...(rayAddress === undefined ? {} : { rayAddress }),
         ...(assignment.profile.engine === "vllm" && assignment.profile.ctx_size !== undefined ? { maxModelLen: assignment.profile.ctx_size } : {}),
-      }),
+      });
+    },
     logger,
     supervisor: timingsFromEnv(),
     onDismissed: (error) => {

@@ -44,6 +44,8 @@ export interface ReplicaReport {
   readyAt: number | null;
   /** Whether the weights passed the identity check (size and sha256) before the current start. */
   weightsVerified: boolean;
+  /** A replica over several nodes, from its head: the Ray head's GCS address once it is up. */
+  rayAddress?: string | null;
 }
 
 export interface HeartbeatReport {
@@ -89,6 +91,20 @@ export interface Assignment {
   gpus: number[];
   /** Every node of the replica, the head first (several only for a pipeline-parallel vLLM replica). */
   nodeIds: string[];
+  /**
+   * A vLLM replica over several nodes runs on a Ray cluster of its own: the head node runs
+   * the Ray head and, once every worker has joined it, `vllm serve`; each other node runs a
+   * Ray worker that joins the head's address (reference/engines.md, "vLLM").
+   */
+  ray?: RayPart;
+}
+
+export interface RayPart {
+  role: "head" | "worker";
+  /** HOST:PORT of the head's GCS, once the head reported it; a worker waits for it. */
+  headAddress: string | null;
+  /** Whether every worker reported its Ray worker ready; the head starts vLLM then. */
+  workersReady: boolean;
 }
 
 export interface AssignmentSet {
@@ -136,6 +152,7 @@ const reportSchema = z.strictObject({
   startedAt: z.number().nullable(),
   readyAt: z.number().nullable(),
   weightsVerified: z.boolean().default(false),
+  rayAddress: z.string().max(300).nullable().optional(),
 });
 
 export const heartbeatBodySchema = z.strictObject({

@@ -172,7 +172,13 @@ export class Fleet implements Assignments {
     if (report.cached !== undefined) this.cached.set(node.id, new Set(report.cached));
     const reported = new Map(report.replicas.map((replica) => [replica.id, replica]));
     for (const record of [...this.records.values()]) {
-      if (record.nodeIds[0] !== node.id) continue;
+      const index = record.nodeIds.indexOf(node.id);
+      if (index < 0) continue;
+      if (index > 0) {
+        // A worker of a replica over several nodes: its Ray worker's state tells the head when to start vLLM.
+        this.recordWorker(record, node.id, reported.get(record.id)?.state ?? "absent");
+        continue;
+      }
       const replica = reported.get(record.id);
       if (replica === undefined) {
         // Told to stop and no longer on the node: done.
@@ -197,7 +203,11 @@ export class Fleet implements Assignments {
       const info = model === undefined ? undefined : this.weights.get(model.id);
       const source = model?.definition.source;
       if (model === undefined || profile === undefined || source === undefined || info === undefined || !("weights" in info)) continue;
+      const index = record.nodeIds.indexOf(node.id);
       assignments.push({
+        ...(record.nodeIds.length > 1
+          ? { ray: { role: index === 0 ? ("head" as const) : ("worker" as const), headAddress: record.rayAddress ?? null, workersReady: workersReady(record) } }
+          : {}),
         replicaId: record.id,
         modelId: model.id,
         modelName: model.name,
@@ -469,7 +479,18 @@ export class Fleet implements Assignments {
 
   // --- Records --------------------------------------------------------------------------
 
+  private recordWorker(record: ReplicaRecord, nodeId: string, state: string): void {
+    const before = workersReady(record);
+    record.workerStates = { ...record.workerStates, [nodeId]: state };
+    if (workersReady(record) !== before) this.bump(record.nodeIds[0]!);
+  }
+
   private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
+    if (record.nodeIds.length > 1 && (report.rayAddress ?? null) !== (record.rayAddress ?? null)) {
+      // The head's Ray address is news for the workers (a restarted head has a new one).
+      record.rayAddress = report.rayAddress ?? null;
+      for (const nodeId of record.nodeIds.slice(1)) this.bump(nodeId);
+    }
     const state: ReplicaState = record.desired === "stop" && report.state !== "stopped" ? "stopping" : report.state;
     const next = {
       state,
@@ -614,6 +635,11 @@ export class Fleet implements Assignments {
       this.options.logger.warn({ kind, err: describeError(error) }, "could not record an event");
     }
   }
+}
+
+/** Whether every worker node of a replica over several nodes runs its Ray worker. */
+function workersReady(record: ReplicaRecord): boolean {
+  return record.nodeIds.slice(1).every((nodeId) => record.workerStates?.[nodeId] === "ready");
 }
 
 /** What a replica of this profile was made from: another value means its engine must be replaced. */

@@ -30,6 +30,9 @@ export interface ReplicaRecord {
   startedAt: string | null;
   readyAt: string | null;
   weightsVerified: boolean;
+  /** A replica over several nodes (not stored: the nodes report them again): the Ray head's GCS address, and each worker's state. */
+  rayAddress?: string | null;
+  workerStates?: Record<string, string>;
 }
 
 export class ReplicaRows {

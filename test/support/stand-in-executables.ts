@@ -12,6 +12,7 @@ import { fileURLToPath } from "node:url";
 export const STAND_IN_SCRIPTS = {
   "llama-server": fileURLToPath(new URL("./stand-in-llama-server.mjs", import.meta.url)),
   vllm: fileURLToPath(new URL("./stand-in-vllm.mjs", import.meta.url)),
+  ray: fileURLToPath(new URL("./stand-in-ray.mjs", import.meta.url)),
 } as const;
 
 export interface StandInStart {

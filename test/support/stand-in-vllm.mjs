@@ -12,6 +12,8 @@
 // - The key guards only /v1 (and /v2, /inference): /v1/models without `Authorization:
 //   Bearer KEY` answers 401 {"error":"Unauthorized"}; /health stays open.
 // - /v1/models lists the served model name (the folder's path without one).
+// - With --distributed-executor-backend ray (a replica over several nodes), it runs on the
+//   Ray cluster at RAY_ADDRESS and cannot start when that does not answer.
 // - Offline, a folder without config.json cannot be loaded: the process prints an error
 //   and exits 1 (the real one would try the Hub and fail, since HF_HUB_OFFLINE=1).
 //
@@ -24,6 +26,7 @@
 //   --attention-backend; STAND_IN_CRASH=always: it always dies during start-up.
 import { appendFileSync, existsSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import { join } from "node:path";
 
 const argv = process.argv.slice(2);
@@ -99,6 +102,19 @@ if (process.env.STAND_IN_NEVER_READY === "1") {
       console.error("ERROR core.py: EngineCore failed to start.");
       console.error("RuntimeError: FlashAttention only supports Ampere GPUs or newer.");
       process.exit(1);
+    }
+    if (flag("--distributed-executor-backend") === "ray") {
+      // Over several nodes, vLLM runs on the Ray cluster at RAY_ADDRESS; without it, it cannot start.
+      const address = process.env.RAY_ADDRESS ?? "";
+      const socket = net.connect(Number(address.slice(address.lastIndexOf(":") + 1)), address.slice(0, address.lastIndexOf(":")), () => {
+        console.log(`INFO ray_utils.py: Connected to Ray cluster at ${address}`);
+        serve();
+      });
+      socket.on("error", (error) => {
+        console.error(`ConnectionError: could not connect to the Ray cluster at '${address}': ${error.message}`);
+        process.exit(1);
+      });
+      return;
     }
     serve();
   }, loadMs);
