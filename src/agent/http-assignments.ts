@@ -36,6 +36,8 @@ export class HttpAssignments implements Assignments {
   }
 
   private async call<T>(method: "GET" | "POST", pathname: string, options: { credential?: string; body?: unknown; signal?: AbortSignal; timeoutMs?: number }): Promise<T> {
+    // Only a joined agent has engines to keep and a loop that retries; a join just fails.
+    const meanwhile = options.credential === undefined ? "check --server and that the server runs" : "the agent keeps its engines running and retries";
     const url = new URL(pathname, this.server);
     const signals = [AbortSignal.timeout(options.timeoutMs ?? CALL_TIMEOUT_MS), ...(options.signal ? [options.signal] : [])];
     let response: Dispatcher.ResponseData;
@@ -51,7 +53,7 @@ export class HttpAssignments implements Assignments {
         signal: AbortSignal.any(signals),
       });
     } catch (error) {
-      throw new UpstreamError(`Cannot reach the llmgw server at ${this.server} (${describeError(error)}); the agent keeps its engines running and retries.`, {
+      throw new UpstreamError(`Cannot reach the llmgw server at ${this.server} (${describeError(error)}); ${meanwhile}.`, {
         code: "server_unreachable",
         retryable: true,
         cause: error,

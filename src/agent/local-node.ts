@@ -72,6 +72,11 @@ export async function startLocalNode(parts: ServerParts, options: LocalNodeOptio
     weights: new LocalWeights({ mirror: parts.mirror, identity: new WeightsIdentity({ memoFile: path.join(agentDir, "weights-verified.json"), logger: options.logger }) }),
     launch: options.launch ?? bundledLaunch,
     logger: options.logger,
+    onDismissed: (error) =>
+      options.logger.error(
+        { err: error.message },
+        "this server's own node was removed from its fleet, so `up` runs no engines now; restart `llmgw up` to join again",
+      ),
     ...(options.supervisor ? { supervisor: options.supervisor } : {}),
   });
   agent.start();

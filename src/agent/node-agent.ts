@@ -114,14 +114,28 @@ export class NodeAgent {
     this.pollLoop = this.poll();
   }
 
-  /** Stops polling and every engine (SIGTERM to each group, SIGKILL after the grace). */
+  /**
+   * Stops polling and every engine (SIGTERM to each group, SIGKILL after the grace), then
+   * tells the server they stopped, so it routes nothing to them while this node is away
+   * (they are placed elsewhere only if it stays away past the node timeout).
+   */
   async stop(): Promise<void> {
     this.controller.abort();
     clearTimeout(this.heartbeatTimer);
     clearTimeout(this.heartbeatSoon);
     await this.pollLoop;
-    await Promise.all([...this.running.values()].map((replica) => this.retire(replica)));
+    const replicas = [...this.running.values()];
+    await Promise.all(replicas.map((replica) => this.retire(replica)));
     await this.heartbeating;
+    if (replicas.length === 0) return;
+    try {
+      await this.options.assignments.heartbeat(this.options.credential, {
+        ...this.report(),
+        replicas: replicas.map((replica) => ({ ...reportOf(replica), state: "stopped" as const, endpoint: null, readyAt: null })),
+      });
+    } catch (error) {
+      this.options.logger.warn({ err: describeError(error) }, "could not tell the server the engines stopped");
+    }
   }
 
   /** The engine processes this agent runs now (diagnostics and tests). */
@@ -182,9 +196,12 @@ export class NodeAgent {
         // A head that restarted has a new address: the worker joins that one.
         if (running !== undefined && running.rayAddress !== ray.headAddress) {
           const headAddress = ray.headAddress;
-          retiring.push(this.retire(running).then(() => {
-            if (headAddress !== null && !this.controller.signal.aborted) this.launch(assignment, { part: "ray-worker", rayAddress: headAddress });
-          }));
+          retiring.push(
+            this.retire(running).then(() => {
+              // A poll in between may have started it already.
+              if (headAddress !== null && !this.controller.signal.aborted && !this.running.has(assignment.replicaId)) this.launch(assignment, { part: "ray-worker", rayAddress: headAddress });
+            }),
+          );
         }
         else if (running === undefined && ray.headAddress !== null) this.launch(assignment, { part: "ray-worker", rayAddress: ray.headAddress });
       } else if (ray?.role === "head") {

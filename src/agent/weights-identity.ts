@@ -135,7 +135,7 @@ export class WeightsIdentity {
       throw this.#refuse(
         absolute,
         "weights_sha256_mismatch",
-        `${absolute} has sha256 ${actual}, but the server published ${file.sha256} for it (both ${file.bytes} bytes): its bytes were changed on this node after they were verified.`,
+        `${absolute} has sha256 ${actual}, but the server published ${file.sha256} for it (both ${file.bytes} bytes): ${known === undefined ? "these are not the published bytes" : "its bytes were changed on this node after they were verified"}.`,
       );
     }
     // Bytes read while the file was being changed prove nothing about the file now.

@@ -57,11 +57,11 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
     });
   node
     .command("drain <name>")
-    .description("Move the node's replicas elsewhere (each is replaced before it stops) and place nothing new there")
+    .description("Place nothing new on the node and move its replicas elsewhere where there is room (each stops once its replacement is ready)")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const n = await connect(command).call<NodeView>("POST", `/api/v1/nodes/${encodeURIComponent(name)}/drain`);
-      print(command, n, () => `Node '${n.name}' is draining: ${countOf(n.replicas.length, "replica")} move elsewhere as room allows.`);
+      print(command, n, () => `Node '${n.name}' is draining: nothing new is placed there, and its ${countOf(n.replicas.length, "replica")} stop once replaced elsewhere (those without room elsewhere keep running).`);
     });
   node
     .command("remove <name>")

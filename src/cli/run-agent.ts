@@ -47,6 +47,12 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   const server = parseServerUrl(options.server ?? process.env.LLMGW_SERVER);
   const dataDir = path.resolve(options.dataDir ?? process.env.LLMGW_AGENT_DATA_DIR ?? path.join(os.homedir(), ".llmgw-agent"));
   const name = parseWith(nodeNameSchema, options.name ?? defaultNodeName(), "--name");
+  if (options.advertise === undefined && !isLoopback(new URL(server).hostname)) {
+    // The gateway would dial 127.0.0.1 on its own machine, reaching whatever listens there.
+    throw new BadRequestError(`The server ${server} is on another machine: pass --advertise with this node's address as that server reaches it (engines bind to it).`, {
+      code: "advertise_missing",
+    });
+  }
   const address = parseWith(addressSchema, options.advertise ?? "127.0.0.1", "--advertise");
   const labels = options.labels === undefined ? {} : parseLabels(options.labels);
   // vLLM over several nodes runs on Ray, which comes with vLLM's install.
@@ -141,6 +147,10 @@ function parseServerUrl(value: string | undefined): string {
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") throw new BadRequestError(`Invalid --server '${value}': use http:// or https://.`, { code: "invalid_server" });
   return url.origin;
+}
+
+function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "[::1]" || host === "::1" || host.startsWith("127.");
 }
 
 function defaultNodeName(): string {

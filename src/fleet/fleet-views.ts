@@ -24,15 +24,15 @@ export interface NodeView {
 }
 
 export function nodeView(node: FleetNode, fleet: Fleet, table: ReplicaTable): NodeView {
-  const records = fleet.recordsOn(node.id).filter((r) => r.desired === "run");
+  // A stopping replica holds its room until its node confirms the stop, as placement counts it.
+  const records = fleet.recordsOn(node.id);
   const gpuOwner = new Map<number, string>();
   let memory = 0;
   let cores = 0;
   for (const record of records) {
     for (const index of record.gpus[node.id] ?? []) gpuOwner.set(index, record.id);
-    const needs = fleet.needsOf(record);
-    memory += needs?.memoryBytes ?? 0;
-    cores += needs?.cores ?? 0;
+    memory += record.needs?.memoryBytes ?? 0;
+    cores += record.needs?.cores ?? 0;
   }
   return {
     id: node.id,

@@ -18,9 +18,9 @@ import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { nowIso, type Store } from "../store/store.ts";
-import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
+import type { AssignedFile, Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
 import { recordEvent } from "./events.ts";
-import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
+import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult } from "./fleet-types.ts";
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { readModelWeights, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
@@ -198,11 +198,13 @@ export class Fleet implements Assignments {
     const assignments: Assignment[] = [];
     for (const record of this.records.values()) {
       if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(node.id)) continue;
+      // A parked replica's supervisor gave up: an agent that restarts must not try it again.
+      if (record.state === "parked") continue;
       const model = this.modelById(record.modelId);
       const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-      const info = model === undefined ? undefined : this.weights.get(model.id);
       const source = model?.definition.source;
-      if (model === undefined || profile === undefined || source === undefined || info === undefined || !("weights" in info)) continue;
+      // The files it was placed with: what the server's weights check says now does not take a running replica away.
+      if (model === undefined || profile === undefined || source === undefined) continue;
       const index = record.nodeIds.indexOf(node.id);
       assignments.push({
         ...(record.nodeIds.length > 1
@@ -215,7 +217,7 @@ export class Fleet implements Assignments {
         engineKey: record.engineKey,
         fingerprint: record.fingerprint,
         source,
-        files: info.weights.files,
+        files: record.files,
         gpus: record.gpus[node.id] ?? [],
         nodeIds: record.nodeIds,
       });
@@ -311,12 +313,6 @@ export class Fleet implements Assignments {
     return this.options.store.db;
   }
 
-  /** What a replica takes of its nodes (from its model's current profile), when known. */
-  needsOf(record: ReplicaRecord): ReplicaNeeds | undefined {
-    const model = this.modelById(record.modelId);
-    return model === undefined ? undefined : this.optionsFor(model)?.find((o) => o.profile === record.profile)?.needs;
-  }
-
   /** Whether the node verified the replica's weights (size and sha256) before its current start. */
   weightsVerified(replicaId: string): boolean {
     return this.records.get(replicaId)?.weightsVerified ?? false;
@@ -362,7 +358,7 @@ export class Fleet implements Assignments {
         "node_lost",
         "warning",
         `node:${node.name}`,
-        `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere.`,
+        `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere where there is room.`,
       );
       this.bump(node.id);
     }
@@ -421,6 +417,8 @@ export class Fleet implements Assignments {
         nodeIds: replica.nodeIds,
         gpus: replica.gpus,
         fingerprint: replica.fingerprint,
+        needs: replica.needs,
+        files: this.filesOf(replica.modelId),
         desired: "run",
         engineKey: randomBytes(24).toString("hex"),
         state: "placed",
@@ -459,12 +457,20 @@ export class Fleet implements Assignments {
         this.weights.set(model.id, { definitionAt: model.updated_at, weights: await readModelWeights(model, this.options.mirror) });
       } catch (error) {
         const problem = weightsProblem(model, error);
-        if (known === undefined || !("problem" in known) || known.problem !== problem) this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
+        if (known === undefined || !("problem" in known) || known.problem !== problem) {
+          this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
+          this.statusListener?.(model.id);
+        }
         this.weights.set(model.id, { definitionAt: model.updated_at, problem });
       }
     }
     const ids = new Set(models.map((m) => m.id));
     for (const id of this.weights.keys()) if (!ids.has(id)) this.weights.delete(id);
+  }
+
+  private filesOf(modelId: string): AssignedFile[] {
+    const info = this.weights.get(modelId);
+    return info !== undefined && "weights" in info ? info.weights.files : [];
   }
 
   private optionsFor(model: CatalogModel): PlacementOption[] | null {
@@ -486,6 +492,11 @@ export class Fleet implements Assignments {
   }
 
   private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
+    if (report.endpoint !== null && report.endpoint.host !== node.address) {
+      // The gateway sends the engine key there: only to the address the node joined with.
+      this.options.logger.warn({ node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address }, "a replica's endpoint is not on its node's address; ignored");
+      report = { ...report, endpoint: null, state: report.state === "ready" ? "starting" : report.state };
+    }
     if (record.nodeIds.length > 1 && (report.rayAddress ?? null) !== (record.rayAddress ?? null)) {
       // The head's Ray address is news for the workers (a restarted head has a new one).
       record.rayAddress = report.rayAddress ?? null;

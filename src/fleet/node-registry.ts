@@ -5,7 +5,7 @@
 // few hundred nodes beating every 5 s would otherwise be a write per node per beat.
 import { AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
-import { nowIso, type Store } from "../store/store.ts";
+import { isUniqueViolation, nowIso, type Store } from "../store/store.ts";
 import type { JoinReply, JoinRequest } from "./agent-protocol.ts";
 import type { NodeInventory, NodeLabels, NodeState } from "./fleet-types.ts";
 import { credentialNodeId, hashSecret, mintNodeCredential, newNodeId, sameHash } from "./node-credentials.ts";
@@ -17,6 +17,8 @@ export interface FleetNode {
   labels: NodeLabels;
   inventory: NodeInventory;
   state: NodeState;
+  /** An operator drains it: it stays draining through being lost and back. */
+  draining: boolean;
   /** Epoch ms. */
   lastHeartbeat: number;
   joinedAt: string;
@@ -58,6 +60,7 @@ export class NodeRegistry {
         labels: JSON.parse(row.labels) as NodeLabels,
         inventory: JSON.parse(row.inventory) as NodeInventory,
         state: row.state === "draining" ? "draining" : row.state === "lost" ? "lost" : "ready",
+        draining: row.state === "draining",
         lastHeartbeat: now,
         joinedAt: row.joined_at ?? row.last_heartbeat,
         credentialHash: row.credential_hash,
@@ -87,13 +90,7 @@ export class NodeRegistry {
       );
     }
     const taken = [...this.nodes.values()].find((node) => node.name === request.name);
-    if (taken !== undefined) {
-      throw new ConflictError(
-        `A node named '${request.name}' has already joined (${taken.state}, last heartbeat ${new Date(taken.lastHeartbeat).toISOString()}). ` +
-          `If this is that machine, keep using its node credential (node.json in the agent's data dir); to replace it, run 'llmgw ctl node remove ${request.name}' first, or join under another --name.`,
-        { code: "node_name_taken", param: "name" },
-      );
-    }
+    if (taken !== undefined) throw nameTaken(request.name, `${taken.state}, last heartbeat ${new Date(taken.lastHeartbeat).toISOString()}`);
     const id = newNodeId();
     const credential = mintNodeCredential(id);
     const now = this.clock();
@@ -104,30 +101,37 @@ export class NodeRegistry {
       labels: request.labels,
       inventory: request.inventory,
       state: "ready",
+      draining: false,
       lastHeartbeat: now,
       joinedAt: nowIso(() => now),
       credentialHash: hashSecret(credential),
     };
     const db = this.options.store.db;
     // A removed node's name may be used again: its old row (kept to explain its dead credential) steps aside.
-    await db.transaction().execute(async (trx) => {
-      await trx.deleteFrom("nodes").where("name", "=", request.name).where("state", "=", "removed").execute();
-      await trx
-        .insertInto("nodes")
-        .values({
-          id,
-          name: node.name,
-          address: node.address,
-          labels: JSON.stringify(node.labels),
-          inventory: JSON.stringify(node.inventory),
-          state: node.state,
-          last_heartbeat: node.joinedAt,
-          credential_hash: node.credentialHash,
-          joined_at: node.joinedAt,
-          removed_at: null,
-        })
-        .execute();
-    });
+    try {
+      await db.transaction().execute(async (trx) => {
+        await trx.deleteFrom("nodes").where("name", "=", request.name).where("state", "=", "removed").execute();
+        await trx
+          .insertInto("nodes")
+          .values({
+            id,
+            name: node.name,
+            address: node.address,
+            labels: JSON.stringify(node.labels),
+            inventory: JSON.stringify(node.inventory),
+            state: node.state,
+            last_heartbeat: node.joinedAt,
+            credential_hash: node.credentialHash,
+            joined_at: node.joinedAt,
+            removed_at: null,
+          })
+          .execute();
+      });
+    } catch (error) {
+      // Two agents joining under one name at once: the database saw the second.
+      if (isUniqueViolation(error)) throw nameTaken(request.name, "joining right now");
+      throw error;
+    }
     for (const [removedId, entry] of this.removed) if (entry.name === request.name) this.removed.delete(removedId);
     this.nodes.set(id, node);
     this.options.logger.info({ node: node.name, nodeId: id, address: node.address }, "node joined");
@@ -178,7 +182,7 @@ export class NodeRegistry {
     node.labels = report.labels;
     this.heartbeatDirty.add(node.id);
     if (node.state !== "lost") return false;
-    node.state = "ready";
+    node.state = node.draining ? "draining" : "ready";
     return true;
   }
 
@@ -189,6 +193,8 @@ export class NodeRegistry {
     for (const node of this.nodes.values()) {
       if (node.state !== "lost" && now - node.lastHeartbeat > timeoutMs) {
         node.state = "lost";
+        // Written at the next flush, so a restarted server does not take it for ready.
+        this.heartbeatDirty.add(node.id);
         lost.push(node);
       }
     }
@@ -197,6 +203,7 @@ export class NodeRegistry {
 
   setState(node: FleetNode, state: NodeState): void {
     node.state = state;
+    node.draining = state === "draining";
     this.heartbeatDirty.add(node.id);
   }
 
@@ -232,4 +239,12 @@ export class NodeRegistry {
       }
     });
   }
+}
+
+function nameTaken(name: string, detail: string): ConflictError {
+  return new ConflictError(
+    `A node named '${name}' has already joined (${detail}). ` +
+      `If this is that machine, keep using its node credential (node.json in the agent's data dir); to replace it, run 'llmgw ctl node remove ${name}' first, or join under another --name.`,
+    { code: "node_name_taken", param: "name" },
+  );
 }

@@ -32,6 +32,7 @@ function node(name: string, memoryGiB: number, state: FleetNode["state"] = "read
     labels: {},
     inventory: { cores: 8, memoryBytes: memoryGiB * GiB, gpus: [], engines: [{ engine: "llamacpp", version: "3.21.1" }] },
     state,
+    draining: state === "draining",
     lastHeartbeat: 0,
     joinedAt: "",
     credentialHash: "",
@@ -47,6 +48,8 @@ function replica(id: string, of: CatalogModel, on: FleetNode, overrides: Partial
     nodeIds: [on.id],
     gpus: {},
     fingerprint: fingerprint(of),
+    needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 },
+    files: [],
     desired: "run",
     engineKey: "k",
     state: "ready",
@@ -109,6 +112,35 @@ test("without room for the successor, the old replica is stopped to make room", 
   assert.deepEqual(decision.create, []);
   assert.deepEqual(decision.stop.map((s) => s.id), ["old"]);
   assert.equal(decision.unplaceable.size, 0, "not reported unplaceable: room comes once the old one stops");
+});
+
+test("a successor that would not fit even in the old replica's room leaves the old one serving, and says why", () => {
+  const old = model("a", { min: 1, max: 1 }, "1");
+  const changed = model("a", { min: 1, max: 1 }, "2");
+  const small = node("x", 8);
+  const decision = reconcile(
+    input({
+      models: [changed],
+      nodes: [small],
+      replicas: [replica("old", old, small)],
+      // The new definition asks for more than the node has at all.
+      optionsFor: () => [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 7 * GiB, cores: 1 } }],
+    }),
+  );
+  assert.deepEqual(decision.stop, [], "a bad edit does not take the working replica down");
+  assert.deepEqual(decision.unplaceable.get(changed.id), ["x: 2.0 GiB free, needs 7.0 GiB"]);
+});
+
+test("a replica being stopped holds its room until its node confirms; on a lost node it is forgotten", () => {
+  const m = model("a", { min: 1, max: 1 });
+  const small = node("x", 8);
+  const other = model("b", { min: 1, max: 1 });
+  const stopping = replica("going", other, small, { desired: "stop", state: "stopping" });
+  const decision = reconcile(input({ models: [m, other], nodes: [small], replicas: [stopping], optionsFor: (mm) => (mm.id === m.id ? [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 } }] : []) }));
+  assert.deepEqual(decision.create, [], "its 4 GiB are not free yet");
+  const lost = node("l", 8, "lost");
+  const forgotten = reconcile(input({ models: [m], nodes: [lost], replicas: [replica("going", other, lost, { desired: "stop", state: "stopping" })] }));
+  assert.deepEqual(forgotten.stop.map((s) => s.id), ["going"]);
 });
 
 test("a draining node's replica is replaced elsewhere first; a lost node's replica is stopped at once", () => {

@@ -10,8 +10,11 @@
 // - A replica made from an older definition (another fingerprint), or on a draining node,
 //   is replaced first and stopped once enough current replicas are ready ("start the new
 //   one before stopping the old one when there is room"); when the new one does not fit,
-//   the old one is stopped to make room, and the next pass places the new one there.
+//   but would with the old one's room, the old one is stopped, and a later pass places the
+//   new one there once its node confirms the stop.
 // - Extra replicas (scaled down, idle) stop, those not ready first.
+// - A replica holds its room (memory, cores, GPUs) until its node confirms it stopped: a
+//   stopping engine still has its memory, and a GPU is never given to two at once.
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { FleetNode } from "./node-registry.ts";
 import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
@@ -63,12 +66,16 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
   const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map() };
   const nodesById = new Map(input.nodes.map((node) => [node.id, node]));
   const live = input.replicas.filter((r) => r.desired === "run");
+  const onLostNode = (replica: ReplicaRecord) => replica.nodeIds.some((id) => nodesById.get(id) === undefined || nodesById.get(id)!.state === "lost");
   const stopped = new Set<string>();
   const stop = (id: string, why: string) => {
     if (stopped.has(id)) return;
     stopped.add(id);
     decision.stop.push({ id, why });
   };
+
+  // Being stopped on a node that is gone: that node will never confirm it.
+  for (const replica of input.replicas) if (replica.desired === "stop" && onLostNode(replica)) stop(replica.id, "its node is lost or was removed");
 
   const byModel = new Map<string, ReplicaRecord[]>();
   for (const replica of live) byModel.set(replica.modelId, [...(byModel.get(replica.modelId) ?? []), replica]);
@@ -93,7 +100,7 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     const leaving: ReplicaRecord[] = [];
     for (const replica of replicas) {
       const nodes = replica.nodeIds.map((id) => nodesById.get(id));
-      if (nodes.some((node) => node === undefined || node.state === "lost")) {
+      if (onLostNode(replica)) {
         stop(replica.id, "its node is lost or was removed");
       } else if (replica.engineKey === null) {
         stop(replica.id, "its engine key was sealed with another server secret");
@@ -128,36 +135,37 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
   }
   if (requests.length === 0) return decision;
 
-  // What the replicas that keep running already hold, node by node.
+  // What the replicas hold, node by node: every one whose node has not confirmed its stop.
   const usage = new Map<string, { memoryBytes: number; cores: number; gpus: number[]; models: Set<string> }>();
   for (const node of input.nodes) usage.set(node.id, { memoryBytes: 0, cores: 0, gpus: [], models: new Set() });
-  for (const replica of live) {
-    if (stopped.has(replica.id)) continue;
-    const model = models.get(replica.modelId);
-    const option = model === undefined ? undefined : input.optionsFor(model)?.find((o) => o.profile === replica.profile);
+  const hold = (replica: ReplicaRecord, sign: 1 | -1) => {
     for (const nodeId of replica.nodeIds) {
       const used = usage.get(nodeId);
       if (used === undefined) continue;
-      used.memoryBytes += option?.needs.memoryBytes ?? 0;
-      used.cores += option?.needs.cores ?? 0;
-      used.gpus.push(...(replica.gpus[nodeId] ?? []));
-      used.models.add(replica.modelId);
+      used.memoryBytes += sign * (replica.needs?.memoryBytes ?? 0);
+      used.cores += sign * (replica.needs?.cores ?? 0);
+      const gpus = replica.gpus[nodeId] ?? [];
+      if (sign === 1) used.gpus.push(...gpus);
+      else used.gpus = used.gpus.filter((index) => !gpus.includes(index));
+      if (sign === 1 && replica.desired === "run" && !stopped.has(replica.id)) used.models.add(replica.modelId);
     }
-  }
-  const placementNodes: PlacementNode[] = input.nodes.map((node) => {
-    const used = usage.get(node.id)!;
-    return {
-      id: node.id,
-      name: node.name,
-      state: node.state,
-      inventory: node.inventory,
-      labels: node.labels,
-      used: { memoryBytes: used.memoryBytes, cores: used.cores, gpus: used.gpus },
-      models: used.models,
-      cachedWeights: input.cachedWeights(node.id),
-    };
-  });
-  const result = input.place({ nodes: placementNodes, requests });
+  };
+  for (const replica of input.replicas) if (!onLostNode(replica)) hold(replica, 1);
+  const placementNodes = (): PlacementNode[] =>
+    input.nodes.map((node) => {
+      const used = usage.get(node.id)!;
+      return {
+        id: node.id,
+        name: node.name,
+        state: node.state,
+        inventory: node.inventory,
+        labels: node.labels,
+        used: { memoryBytes: used.memoryBytes, cores: used.cores, gpus: [...used.gpus] },
+        models: used.models,
+        cachedWeights: input.cachedWeights(node.id),
+      };
+    });
+  const result = input.place({ nodes: placementNodes(), requests });
   for (const placed of result.placed) {
     const { model } = requestModel.get(placed.key)!;
     const option = optionsByModel.get(model.id)!.find((o) => o.profile === placed.profile)!;
@@ -174,8 +182,16 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
   }
   for (const unplaceable of result.unplaceable) {
     const { replaceable } = requestModel.get(unplaceable.key)!;
-    // No room for the successor: stop one predecessor so the next pass can use its room.
-    const old = replaceable.find((r) => !stopped.has(r.id));
+    // No room for the successor: stop a predecessor only when its room would make the
+    // successor fit; otherwise (a profile no node can run, a draining node) it keeps serving.
+    const request = requests.find((r) => r.key === unplaceable.key)!;
+    const old = replaceable.find((candidate) => {
+      if (stopped.has(candidate.id)) return false;
+      hold(candidate, -1);
+      const fits = input.place({ nodes: placementNodes(), requests: [request] }).placed.length > 0;
+      hold(candidate, 1);
+      return fits;
+    });
     if (old !== undefined) stop(old.id, "making room for its successor");
     else decision.unplaceable.set(unplaceable.modelId, unplaceable.explanation);
   }

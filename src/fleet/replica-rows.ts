@@ -8,6 +8,8 @@ import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import type { ReplicaEndpoint, ReplicaState } from "./replica-table.ts";
+import type { AssignedFile } from "./agent-protocol.ts";
+import type { ReplicaNeeds } from "./fleet-types.ts";
 
 export interface ReplicaRecord {
   id: string;
@@ -18,6 +20,10 @@ export interface ReplicaRecord {
   nodeIds: string[];
   gpus: Record<string, number[]>;
   fingerprint: string;
+  /** What it takes of its nodes, as placed (its room is held until the node confirms it stopped). */
+  needs: ReplicaNeeds | null;
+  /** The weights files it was placed with, with their published size and sha256. */
+  files: AssignedFile[];
   /** What the node is told: run it, or stop it (the row goes once the node no longer has it). */
   desired: "run" | "stop";
   /** null only for a row whose sealed key could not be opened (another server secret): it is replaced. */
@@ -53,6 +59,7 @@ export class ReplicaRows {
         nodeIds: JSON.parse(row.node_ids) as string[],
         gpus: row.gpus === null ? {} : (JSON.parse(row.gpus) as Record<string, number[]>),
         fingerprint: row.fingerprint ?? "",
+        ...readSpec(row.spec),
         desired: row.desired === "stop" ? "stop" : "run",
         engineKey: row.engine_key === null ? null : this.options.box.open(row.engine_key),
         state: row.state as ReplicaState,
@@ -84,6 +91,7 @@ export class ReplicaRows {
       updated_at: nowIso(this.options.clock),
       fingerprint: record.fingerprint,
       gpus: JSON.stringify(record.gpus),
+      spec: JSON.stringify({ needs: record.needs, files: record.files }),
       desired: record.desired,
     };
     this.enqueue(record.id, async (db) => {
@@ -115,6 +123,12 @@ export class ReplicaRows {
       }
     });
   }
+}
+
+function readSpec(text: string | null): { needs: ReplicaNeeds | null; files: AssignedFile[] } {
+  if (text === null) return { needs: null, files: [] };
+  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[] };
+  return { needs: parsed.needs ?? null, files: parsed.files ?? [] };
 }
 
 function splitEndpoint(text: string): ReplicaEndpoint {

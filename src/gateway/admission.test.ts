@@ -160,11 +160,11 @@ describe("admission", () => {
     assert.equal(answers[2]?.choices[0]?.message.content, "from b");
   });
 
-  test("requests go to the highest-priority profile with a ready replica; a lower one serves only when that one is full or down", async () => {
-    const gate = new Gate();
-    const primary = await upstream({ beforeAnswer: gate.wait, reply: "primary" });
+  test("requests go to the highest-priority profile with a ready replica, waiting for it when it is busy; a lower one serves when it is down", async () => {
+    const held = new Gate();
+    const primary = await upstream({ beforeAnswer: held.wait, reply: "primary" });
     const fallback = await upstream({ reply: "fallback" });
-    await addModel({
+    const model = await addModel({
       name: "prioritised",
       profiles: [
         // Listed first and weighted higher, yet lower in priority: priority decides.
@@ -172,28 +172,23 @@ describe("admission", () => {
         { name: "primary", engine: "external", url: primary.url, priority: 5, max_inflight: 1 },
       ],
     });
-    gate.open();
-    for (let n = 0; n < 3; n += 1) {
-      const answer = await client.chat.completions.create({ model: "prioritised", messages: hi(n) });
-      assert.equal(answer.choices[0]?.message.content, "primary");
-    }
-    assert.equal(fallback.requests.length, 0, "an idle lower-priority replica gets nothing while the primary is free");
+    const first = client.chat.completions.create({ model: "prioritised", messages: hi(1) });
+    await eventually("the primary busy", () => primary.inFlight() === 1);
+    const second = client.chat.completions.create({ model: "prioritised", messages: hi(2) });
+    await eventually("the second request waiting for the primary", () => gateway().waitingFor(model.id) === 1);
+    held.open();
+    assert.deepEqual((await Promise.all([first, second])).map((a) => a.choices[0]?.message.content), ["primary", "primary"]);
+    assert.equal(fallback.requests.length, 0, "an idle lower-priority replica gets nothing while the primary is ready");
 
-    // The primary's one slot busy: the next request goes to the fallback rather than wait.
-    const held = new Gate();
-    const busyPrimary = await upstream({ beforeAnswer: held.wait, reply: "primary" });
+    // The primary down (nothing listens there): the request fails over to the fallback.
     await harness.admin("PATCH", "/api/v1/models/prioritised", {
       profiles: [
         { name: "fallback", engine: "external", url: fallback.url, priority: 0, max_inflight: 4 },
-        { name: "primary", engine: "external", url: busyPrimary.url, priority: 5, max_inflight: 1 },
+        { name: "primary", engine: "external", url: "http://127.0.0.1:9", priority: 5, max_inflight: 1 },
       ],
     });
-    const first = client.chat.completions.create({ model: "prioritised", messages: hi(10) });
-    await eventually("the primary busy", () => busyPrimary.inFlight() === 1);
-    const second = await client.chat.completions.create({ model: "prioritised", messages: hi(11) });
-    assert.equal(second.choices[0]?.message.content, "fallback");
-    held.open();
-    assert.equal((await first).choices[0]?.message.content, "primary");
+    const failedOver = await client.chat.completions.create({ model: "prioritised", messages: hi(3) });
+    assert.equal(failedOver.choices[0]?.message.content, "fallback");
   });
 
   test("a client that leaves while waiting leaves the queue", async () => {

@@ -159,30 +159,35 @@ export class Admission {
   }
 
   /**
-   * The ready replica with a free slot in the highest-priority profile, and within it the
-   * least loaded (in-flight requests over weight). A replica that just failed is taken
-   * only when nothing else is free. When every replica of the best profile is full, a free
-   * one of a lower profile serves rather than the request waiting while it idles. Ties go
-   * to a rotating start, so equal replicas share sequential traffic evenly.
+   * The least loaded replica with a free slot (in-flight requests over weight) within the
+   * highest-priority profile that has a ready replica: a lower profile serves only when no
+   * replica of a higher one is ready (down, starting, or already tried by this request),
+   * not when they are merely busy; then the request waits for them in the queue. Ties go
+   * to a rotating start, so equal replicas share sequential traffic evenly; a replica that
+   * just failed counts as fully loaded until its cooldown ends.
    */
   private pick(model: CatalogModel, exclude: ReadonlySet<string>): Replica | undefined {
     const candidates = this.replicas.forModel(model.id);
     const count = candidates.length;
     if (count === 0) return undefined;
+    let priority = -Infinity;
+    for (const replica of candidates) {
+      if (isRoutable(replica) && !exclude.has(replica.id)) priority = Math.max(priority, replica.priority ?? 0);
+    }
     const now = this.clock();
     const start = this.rotation++ % count;
     let best: Replica | undefined;
-    let bestRank: [number, number, number] = [Infinity, Infinity, Infinity];
+    let bestLoad = Infinity;
     for (let i = 0; i < count; i += 1) {
       const replica = candidates[(start + i) % count]!;
-      if (!isRoutable(replica) || exclude.has(replica.id)) continue;
+      if (!isRoutable(replica) || exclude.has(replica.id) || (replica.priority ?? 0) !== priority) continue;
       const inFlight = this.inFlight.get(replica.id) ?? 0;
       if (inFlight >= replica.slots) continue;
-      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now ? 1 : 0;
-      const rank: [number, number, number] = [cooling, -(replica.priority ?? 0), inFlight / replica.weight];
-      if (rank[0] < bestRank[0] || (rank[0] === bestRank[0] && (rank[1] < bestRank[1] || (rank[1] === bestRank[1] && rank[2] < bestRank[2])))) {
+      const cooling = (this.coolingUntil.get(replica.id) ?? 0) > now;
+      const load = cooling ? Number.MAX_SAFE_INTEGER : inFlight / replica.weight;
+      if (load < bestLoad) {
         best = replica;
-        bestRank = rank;
+        bestLoad = load;
       }
     }
     return best;

@@ -129,6 +129,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     await catalog.refresh();
     stopExternalSync = syncExternalReplicas(catalog, replicas);
     await fleet.start();
+    // The first pass knows every model's weights before an agent asks for its assignments.
+    await fleet.settled();
     // Fetches cut off by the last stop are listed as incomplete, never as present.
     const recovered = await mirror.recover();
     if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");

@@ -164,7 +164,7 @@ const migrations: Record<string, MigrationFactory> = {
       for (const column of ["credential_hash", "joined_at", "removed_at"]) {
         await db.schema.alterTable("nodes").addColumn(column, "text").execute();
       }
-      for (const column of ["fingerprint", "gpus", "desired"]) {
+      for (const column of ["fingerprint", "gpus", "desired", "spec"]) {
         await db.schema.alterTable("replicas").addColumn(column, "text").execute();
       }
       await db.schema

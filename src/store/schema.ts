@@ -84,6 +84,8 @@ export interface ReplicasTable {
   gpus: string | null;
   /** run | stop: what the node is told to do with it. */
   desired: string | null;
+  /** JSON {needs, files}: what it takes of its nodes, and the weights files it was placed with. */
+  spec: string | null;
 }
 
 /** Runtime state of a model that must outlive a restart: parking. */
