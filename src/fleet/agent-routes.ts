@@ -1,6 +1,6 @@
 // /agent/v1: the agent protocol (agent-protocol.ts) over HTTP, for `llmgw agent`. Join
 // takes the join token in its body; every other call takes the node credential as Bearer.
-// Bodies are checked at the door (inventory, labels, replica reports) and every failure
+// Bodies are checked at the door (their shape here, inventory and labels by the fleet) and every failure
 // leaves through renderError, so an agent reads the same error shape as everyone else.
 import { Hono, type Context } from "hono";
 import { z } from "zod";
@@ -9,7 +9,7 @@ import { LlmgwError, NotFoundError, parseWith, renderError } from "../core/error
 import { readJsonRequest, type BodyLimits } from "../core/http.ts";
 import type { Logger } from "../core/log.ts";
 import { heartbeatBodySchema, joinBodySchema, type Assignments } from "./agent-protocol.ts";
-import { checkInventory, checkLabels } from "./inventory-schema.ts";
+import type { NodeInventory } from "./fleet-types.ts";
 
 export const AGENT_API_PREFIX = "/agent/v1";
 /** A poll waits at most this long, below common proxies' 60 s idle timeouts. */
@@ -35,22 +35,19 @@ export function createAgentApi(options: { fleet: Assignments; logger: Logger; bo
 
   app.post(`${AGENT_API_PREFIX}/join`, async (c) => {
     const request = parseWith(joinBodySchema, await body(c), "join request");
+    // Inventory and labels are checked by the fleet itself (for in-process agents too), once.
     const reply = await options.fleet.join({
       joinToken: request.join_token,
       name: request.name,
       address: request.address,
-      inventory: checkInventory(request.inventory, "inventory"),
-      labels: checkLabels(request.labels, "labels"),
+      inventory: request.inventory as NodeInventory,
+      labels: request.labels,
     });
     return c.json(reply, 201);
   });
   app.post(`${AGENT_API_PREFIX}/heartbeat`, async (c) => {
     const report = parseWith(heartbeatBodySchema, await body(c), "heartbeat");
-    const reply = await options.fleet.heartbeat(bearerToken(c.req.header("authorization")) ?? "", {
-      ...report,
-      inventory: checkInventory(report.inventory, "inventory"),
-      labels: checkLabels(report.labels, "labels"),
-    });
+    const reply = await options.fleet.heartbeat(bearerToken(c.req.header("authorization")) ?? "", { ...report, inventory: report.inventory as NodeInventory });
     return c.json(reply);
   });
   app.get(`${AGENT_API_PREFIX}/assignments`, async (c) => {
