@@ -238,6 +238,30 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.equal((await admin("GET", "/api/v1/events?kind=node_back")).body.data.length, 1);
   });
 
+  test("a mirrored model runs on a node that fetches its weights from the server's mirror with its node credential", async () => {
+    const fetched = await ctl(["mirror", "fetch", modelFile, "--model", "mirrored"]);
+    const serveLine = /llmgw ctl model add NAME --mirror (\S+)/.exec(fetched.stdout);
+    assert.ok(serveLine, fetched.stdout);
+    const [, version, ...file] = serveLine[1]!.split("/");
+    assert.equal(
+      (await admin("POST", "/api/v1/models", {
+        name: "mirrored",
+        source: { kind: "mirror", model: "mirrored", version, file: file.join("/") },
+        // 3 GiB keeps it off gpu-24, whose llama.cpp is the stand-in llama-server.
+        profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, hardware: { cpu: { min_memory_gb: 3 } } }],
+      })).status,
+      201,
+    );
+    const ready = await eventually("mirrored ready", async () => ((await health("mirrored")).ready === 1 ? health("mirrored") : undefined), { timeoutMs: 90_000 });
+    assert.equal(ready.replicas[0].weights_verified, true, "the node verified the mirror's sha256 before the start");
+    const node = ready.replicas[0].nodes[0] as string;
+    const cached = path.join(root, `agent-${node}`, "weights", "mirrored", version!, ...file);
+    assert.equal(createHash("sha256").update(readFileSync(cached)).digest("hex"), createHash("sha256").update(readFileSync(modelFile)).digest("hex"), "the node's cache holds the mirrored bytes");
+    const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
+    assert.equal((await client.chat.completions.create({ model: "mirrored", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 })).usage?.completion_tokens, 2);
+    await admin("DELETE", "/api/v1/models/mirrored");
+  });
+
   test("an engine that crashes at every start is parked with the reason after 5 tries", async () => {
     assert.equal(
       (await admin("POST", "/api/v1/models", { name: "crashy", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"], hardware: { cpu: { min_memory_gb: 3 } } }] })).status,
@@ -314,5 +338,21 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.equal(((await afterRemove.json()) as any).error.code, "node_removed");
     // The removed node's engine stops: it is no longer among any node's assignments, and gpu-small is unplaceable.
     await eventually("gpu-small unplaceable without gpu-24", async () => (await health("gpu-small")).state === "unplaceable");
+  });
+  test("drain: replicas move to another node and stop there only once their successors are ready; one with nowhere to go keeps serving", async () => {
+    const before = await health("tiny");
+    assert.ok(before.replicas.every((r: any) => r.nodes[0] === "gpu-80"), "after cpu-a was lost, both replicas of tiny run on gpu-80");
+    const drained = await ctl(["node", "drain", "gpu-80"]);
+    assert.match(drained.stdout, /Node 'gpu-80' is draining/);
+    const moved = await eventually("tiny ready on cpu-a only", async () => {
+      const h = await health("tiny");
+      return h.ready === 2 && h.replicas.length === 2 && h.replicas.every((r: any) => r.nodes[0] === "cpu-a") ? h : undefined;
+    }, { timeoutMs: 90_000 });
+    assert.ok(moved.replicas.every((r: any) => !before.replicas.some((old: any) => old.id === r.id)));
+    // big needs two H100s, and only gpu-80 has them: it stays where it is rather than stop.
+    const big = await health("big");
+    assert.equal(big.ready, 1);
+    assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
+    assert.equal((await nodes()).find((n) => n.name === "gpu-80").state, "draining");
   });
 });

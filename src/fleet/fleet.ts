@@ -214,7 +214,8 @@ export class Fleet implements Assignments {
         modelId: model.id,
         modelName: model.name,
         profile,
-        engineKey: record.engineKey,
+        // Only the head runs the engine; a Ray worker has no use for its key.
+        engineKey: index === 0 ? record.engineKey : "",
         fingerprint: record.fingerprint,
         source,
         files: record.files,
