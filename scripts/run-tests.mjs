@@ -46,6 +46,7 @@ const unit = [
   "src/agent/local-node.test.ts",
   "src/fleet/on-demand.test.ts",
   "src/fleet/reconciler.test.ts",
+  "src/fleet/node-registry.test.ts",
   "src/fleet/gpu-class.test.ts",
   "src/fleet/replica-needs.test.ts",
   "src/fleet/placement.test.ts",
