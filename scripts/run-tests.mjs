@@ -47,6 +47,7 @@ const unit = [
   "src/fleet/on-demand.test.ts",
   "src/fleet/reconciler.test.ts",
   "src/fleet/node-registry.test.ts",
+  "src/fleet/fleet.test.ts",
   "src/fleet/gpu-class.test.ts",
   "src/fleet/replica-needs.test.ts",
   "src/fleet/placement.test.ts",

@@ -6,6 +6,7 @@
 // later, not a heartbeat later). It decides nothing about placement; `llmgw agent` runs it
 // against the server over HTTP, `llmgw up` against the in-process fleet (DESIGN.md "The
 // fleet seam").
+import { randomBytes } from "node:crypto";
 import { describeError, LlmgwError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Assignment, Assignments, HeartbeatReport, ReplicaReport, ReportedState } from "../fleet/agent-protocol.ts";
@@ -101,6 +102,8 @@ export class NodeAgent {
   private heartbeating: Promise<void> = Promise.resolve();
   private pollLoop: Promise<void> = Promise.resolve();
   private started = false;
+  /** This start of the agent, so the server knows the engines of an earlier one are gone. */
+  private readonly run = randomBytes(6).toString("hex");
 
   constructor(private readonly options: NodeAgentOptions) {}
 
@@ -359,6 +362,7 @@ export class NodeAgent {
       labels: this.options.labels,
       replicas: [...this.running.values()].map((replica) => reportOf(replica)),
       cached: this.options.weights.held?.() ?? [],
+      agentRun: this.run,
     };
   }
 }

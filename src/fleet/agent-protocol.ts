@@ -56,6 +56,8 @@ export interface HeartbeatReport {
   replicas: ReplicaReport[];
   /** weightsKeys of the weights this node holds (placement prefers such nodes). */
   cached?: string[];
+  /** Differs for each start of the agent: a new one has none of the engines the last one ran. */
+  agentRun?: string;
 }
 
 export interface HeartbeatReply {
@@ -162,4 +164,5 @@ export const heartbeatBodySchema = z.strictObject({
   labels: labelsSchema.default({}),
   replicas: z.array(reportSchema).max(10_000),
   cached: z.array(z.string().max(2000)).max(10_000).optional(),
+  agentRun: z.string().max(100).optional(),
 });

@@ -82,6 +82,8 @@ export class Fleet implements Assignments {
   private readonly lastActivity = new Map<string, number>();
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
+  /** Each node's agent run, from its heartbeats: a new one means its engines are new too. */
+  private readonly agentRuns = new Map<string, string>();
   private readonly versions = new Map<string, number>();
   private readonly wakeups = new Map<string, Set<() => void>>();
   /** Versions differ between server starts, so an agent's old version never matches by chance. */
@@ -171,6 +173,8 @@ export class Fleet implements Assignments {
     }
     if (report.cached !== undefined) this.cached.set(node.id, new Set(report.cached));
     const reported = new Map(report.replicas.map((replica) => [replica.id, replica]));
+    const restarted = report.agentRun !== undefined && this.agentRuns.has(node.id) && this.agentRuns.get(node.id) !== report.agentRun;
+    if (report.agentRun !== undefined) this.agentRuns.set(node.id, report.agentRun);
     for (const record of [...this.records.values()]) {
       const index = record.nodeIds.indexOf(node.id);
       if (index < 0) continue;
@@ -183,6 +187,9 @@ export class Fleet implements Assignments {
       if (replica === undefined) {
         // Told to stop and no longer on the node: done.
         if (record.desired === "stop") this.forget(record);
+        // The agent started again (after kill -9, say): its engines went with the last one,
+        // so nothing is routed to them until it reports the replica running again.
+        else if (restarted && record.state !== "parked" && record.state !== "placed") this.unconfirm(record);
         continue;
       }
       if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
@@ -561,6 +568,14 @@ export class Fleet implements Assignments {
     const model = this.modelById(modelId);
     if (model !== undefined) void this.event("model_unparked", "info", `model:${model.name}`, `Model '${model.name}' is no longer parked; its replicas are started again.`);
     return count;
+  }
+
+  private unconfirm(record: ReplicaRecord): void {
+    record.state = "placed";
+    record.endpoint = null;
+    record.readyAt = null;
+    this.rows.save(record);
+    this.publish(record);
   }
 
   private markStopping(record: ReplicaRecord): void {
