@@ -21,12 +21,12 @@
 // same partial files.
 import { lstat, mkdir, readdir, realpath, rm } from "node:fs/promises";
 import path from "node:path";
-import { Agent, type Dispatcher } from "undici";
+import type { Dispatcher } from "undici";
 import { ConflictError, LlmgwError, UpstreamError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { defaultIo } from "../mirror/disk-files.ts";
 import type { ActiveFile, FetchContext } from "../mirror/fetch-input.ts";
-import { FileDownloader, type DownloadRows } from "../mirror/file-download.ts";
+import { createDownloader, type FileDownloader, type DownloadRows } from "../mirror/file-download.ts";
 import type { SourceStatus } from "../mirror/http-source.ts";
 import { origin } from "../mirror/mirror-errors.ts";
 import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "../mirror/mirror-paths.ts";
@@ -130,36 +130,17 @@ export class WeightCache {
     this.#credential = options.credential;
     this.#identity = options.identity;
     this.#logger = options.logger ?? silentLogger();
-    const headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
-    const bodyTimeoutMs = options.bodyTimeoutMs ?? 60_000;
-    if (options.dispatcher !== undefined) {
-      this.#dispatcher = options.dispatcher;
-      this.#ownsDispatcher = false;
-    } else {
-      this.#dispatcher = new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 }, headersTimeout: headersTimeoutMs, bodyTimeout: bodyTimeoutMs });
-      this.#ownsDispatcher = true;
-    }
-    const retryDelayMs = Math.max(0, options.retryDelayMs ?? 1000);
-    this.#downloader = new FileDownloader({
+    // The persist settings (default) only pace the background fsync: the cache has no rows to update.
+    const made = createDownloader(options, {
       rows: NO_ROWS,
       io: { ...defaultIo, ...(options.io ?? {}) },
       logger: this.#logger,
       clock: Date.now,
-      http: {
-        dispatcher: this.#dispatcher,
-        headersTimeoutMs,
-        bodyTimeoutMs,
-        headersForRedirect,
-        statusError: (answer) => this.#statusError(answer),
-      },
-      retries: Math.max(0, options.retries ?? 4),
-      retryDelayMs,
-      maxRetryDelayMs: Math.max(retryDelayMs, options.maxRetryDelayMs ?? 30_000),
-      // Only the background fsync hangs off these: the cache has no rows to update.
-      persistIntervalMs: 1000,
-      persistBytes: 64 * 1024 * 1024,
-      progressIntervalMs: options.progressIntervalMs ?? 250,
+      http: { headersForRedirect, statusError: (answer) => this.#statusError(answer) },
     });
+    this.#downloader = made.downloader;
+    this.#dispatcher = made.dispatcher;
+    this.#ownsDispatcher = made.ownsDispatcher;
   }
 
   /** Where a file of the cache is (or will be): `root/{model}/{version}/{file}`. Throws a 400 for a name that is not one plain path. */

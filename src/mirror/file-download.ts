@@ -9,6 +9,7 @@
 import { mkdir, rename, rm, truncate } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { Agent, type Dispatcher } from "undici";
 import { LlmgwError, UpstreamError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { ContentHasher, blobHeaderSize, checksumProblem, hashFileInto } from "./content-hash.ts";
@@ -64,6 +65,48 @@ interface Transfer {
 // Large enough that a fast source rarely waits on the writer (fs.WriteStream joins queued
 // chunks into one writev), small enough to bound memory per download.
 const WRITE_HIGH_WATER_MARK = 8 * 1024 * 1024;
+
+/** How downloads talk HTTP and retry: what the mirror and a node's weight cache both configure. */
+export interface TransferOptions {
+  /** HTTP dispatcher; by default one of its own, with the timeouts below. */
+  dispatcher?: Dispatcher;
+  connectTimeoutMs?: number;
+  headersTimeoutMs?: number;
+  bodyTimeoutMs?: number;
+  retries?: number;
+  retryDelayMs?: number;
+  maxRetryDelayMs?: number;
+  persistIntervalMs?: number;
+  persistBytes?: number;
+  progressIntervalMs?: number;
+}
+
+/**
+ * A downloader with the defaults both users share (30 s to headers, 60 s between body
+ * bytes, 4 retries from 1 s up to 30 s apart), and the dispatcher it made when it was
+ * given none (its owner closes that one).
+ */
+export function createDownloader(
+  options: TransferOptions,
+  parts: Pick<DownloaderSettings, "rows" | "io" | "logger" | "clock"> & { http: Pick<HttpSourceSettings, "headersForRedirect" | "statusError"> },
+): { downloader: FileDownloader; dispatcher: Dispatcher; ownsDispatcher: boolean } {
+  const headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
+  const bodyTimeoutMs = options.bodyTimeoutMs ?? 60_000;
+  const ownsDispatcher = options.dispatcher === undefined;
+  const dispatcher = options.dispatcher ?? new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 }, headersTimeout: headersTimeoutMs, bodyTimeout: bodyTimeoutMs });
+  const retryDelayMs = Math.max(0, options.retryDelayMs ?? 1000);
+  const downloader = new FileDownloader({
+    ...parts,
+    http: { ...parts.http, dispatcher, headersTimeoutMs, bodyTimeoutMs },
+    retries: Math.max(0, options.retries ?? 4),
+    retryDelayMs,
+    maxRetryDelayMs: Math.max(retryDelayMs, options.maxRetryDelayMs ?? 30_000),
+    persistIntervalMs: options.persistIntervalMs ?? 1000,
+    persistBytes: options.persistBytes ?? 64 * 1024 * 1024,
+    progressIntervalMs: options.progressIntervalMs ?? 250,
+  });
+  return { downloader, dispatcher, ownsDispatcher };
+}
 
 export class FileDownloader {
   readonly #settings: DownloaderSettings;

@@ -24,13 +24,13 @@
 //   mirror-errors.ts     how fetch failures are named and classified
 import path from "node:path";
 import { rm, rmdir } from "node:fs/promises";
-import { Agent, type Dispatcher } from "undici";
+import type { Dispatcher } from "undici";
 import { BadRequestError, ConflictError, LlmgwError, NotFoundError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { headersForRedirect as registryHeadersForRedirect } from "../registry/redirects.ts";
 import { defaultIo, diskStamp, fileSize } from "./disk-files.ts";
 import { folderUsage, measureDiskUsage } from "./disk-usage.ts";
-import { FileDownloader } from "./file-download.ts";
+import { createDownloader, type FileDownloader } from "./file-download.ts";
 import { emitProgress, outcome, summarize, validateFetchFiles, type ActiveFile, type FetchContext } from "./fetch-input.ts";
 import { localFailure } from "./mirror-errors.ts";
 import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "./mirror-paths.ts";
@@ -96,29 +96,16 @@ export class Mirror {
     this.#rows = new MirrorRows(options.store, clock);
     this.#io = { ...defaultIo, ...(options.io ?? {}) };
     this.#slots = new Semaphore(Math.max(1, Math.floor(options.concurrency ?? 4)));
-    const headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
-    const bodyTimeoutMs = options.bodyTimeoutMs ?? 60_000;
-    if (options.dispatcher !== undefined) {
-      this.#dispatcher = options.dispatcher;
-      this.#ownsDispatcher = false;
-    } else {
-      this.#dispatcher = new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 }, headersTimeout: headersTimeoutMs, bodyTimeout: bodyTimeoutMs });
-      this.#ownsDispatcher = true;
-    }
-    const retryDelayMs = Math.max(0, options.retryDelayMs ?? 1000);
-    this.#downloader = new FileDownloader({
+    const made = createDownloader(options, {
       rows: this.#rows,
       io: this.#io,
       logger: this.#logger,
       clock,
-      http: { dispatcher: this.#dispatcher, headersTimeoutMs, bodyTimeoutMs, headersForRedirect: options.headersForRedirect ?? registryHeadersForRedirect },
-      retries: Math.max(0, options.retries ?? 4),
-      retryDelayMs,
-      maxRetryDelayMs: Math.max(retryDelayMs, options.maxRetryDelayMs ?? 30_000),
-      persistIntervalMs: options.persistIntervalMs ?? 1000,
-      persistBytes: options.persistBytes ?? 64 * 1024 * 1024,
-      progressIntervalMs: options.progressIntervalMs ?? 250,
+      http: { headersForRedirect: options.headersForRedirect ?? registryHeadersForRedirect },
     });
+    this.#downloader = made.downloader;
+    this.#dispatcher = made.dispatcher;
+    this.#ownsDispatcher = made.ownsDispatcher;
   }
 
   /**
