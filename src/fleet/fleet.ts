@@ -6,8 +6,10 @@
 //
 // Loop: every change (catalog, a node joining, back or lost, a replica's report) asks for
 // a reconciliation; they run one at a time, and a 1 s tick also runs one (it notices lost
-// nodes). A node's assignments carry a version; the agent long-polls with the version it
-// has, and the poll answers as soon as that version moves.
+// nodes). A node's assignments carry a version (assignment-versions.ts); the agent
+// long-polls with the version it has, and the poll answers as soon as that version moves.
+// What it knows of each model's weights is in weights-knowledge.ts, and the demand for
+// models served on demand in demand.ts.
 import { createHash, randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
@@ -18,15 +20,16 @@ import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { nowIso, type Store } from "../store/store.ts";
-import type { AssignedFile, Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
+import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
 import { recordEvent } from "./events.ts";
-import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult } from "./fleet-types.ts";
+import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-types.ts";
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
-import { readModelWeights, weightsProblem, type ModelWeights } from "./model-weights.ts";
+import { AssignmentVersions } from "./assignment-versions.ts";
+import { Demand } from "./demand.ts";
+import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
-import { reconcile, runsOnEngines, type ReconcileDecision } from "./reconciler.ts";
-import { replicaNeeds } from "./replica-needs.ts";
+import { reconcile, type ReconcileDecision } from "./reconciler.ts";
 import { ReplicaRows, type ReplicaRecord } from "./replica-rows.ts";
 import type { ReplicaState, ReplicaTable } from "./replica-table.ts";
 
@@ -59,7 +62,6 @@ interface ParkedModel {
   at: string;
 }
 
-type WeightsInfo = { definitionAt: string; weights: ModelWeights } | { definitionAt: string; problem: string };
 
 /** What the fleet knows about a model beyond its replicas, for its health line. */
 export interface ModelFleetStatus {
@@ -74,20 +76,13 @@ export class Fleet implements Assignments {
   private readonly records = new Map<string, ReplicaRecord>();
   private readonly parked = new Map<string, ParkedModel>();
   private unplaceable = new Map<string, string[]>();
-  private readonly weights = new Map<string, WeightsInfo>();
-  /** On-demand models (scaling.min 0) whose replica is wanted now. */
-  private readonly demand = new Map<string, number>();
-  /** Requests of each model in the gateway now, and when the last one began or ended. */
-  private readonly active = new Map<string, number>();
-  private readonly lastActivity = new Map<string, number>();
+  private readonly weights: WeightsKnowledge;
+  private readonly demand: Demand;
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
   /** Each node's agent run, from its heartbeats: a new one means its engines are new too. */
   private readonly agentRuns = new Map<string, string>();
-  private readonly versions = new Map<string, number>();
-  private readonly wakeups = new Map<string, Set<() => void>>();
-  /** Versions differ between server starts, so an agent's old version never matches by chance. */
-  private readonly boot = randomBytes(4).toString("hex");
+  private readonly versions = new AssignmentVersions();
   private readonly clock: () => number;
   private readonly settings: { nodeTimeoutMs: number; heartbeatIntervalMs: number; tickMs: number };
   private chain: Promise<void> = Promise.resolve();
@@ -112,6 +107,8 @@ export class Fleet implements Assignments {
       );
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
+    this.demand = new Demand(this.clock);
+    this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
   }
 
@@ -134,8 +131,7 @@ export class Fleet implements Assignments {
       this.publish(record);
       // An on-demand replica that ran before the restart stays wanted until it is idle.
       if (record.desired === "run") {
-        this.demand.set(record.modelId, 1);
-        this.lastActivity.set(record.modelId, this.clock());
+        this.demand.keep(record.modelId);
       }
     }
     this.unsubscribeCatalog = this.options.catalog.onChange(() => this.schedule());
@@ -148,7 +144,7 @@ export class Fleet implements Assignments {
     this.stopped = true;
     if (this.timer !== undefined) clearInterval(this.timer);
     this.unsubscribeCatalog?.();
-    for (const set of this.wakeups.values()) for (const wake of set) wake();
+    this.versions.wakeAll();
     await this.chain;
     await this.rows.flush();
     await this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -168,7 +164,7 @@ export class Fleet implements Assignments {
     if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: checkLabels(report.labels, "labels") })) {
       this.options.logger.info({ node: node.name }, "node is back");
       void this.event("node_back", "info", `node:${node.name}`, `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`);
-      this.bump(node.id);
+      this.versions.bump(node.id);
       this.schedule();
     }
     if (report.cached !== undefined) this.cached.set(node.id, new Set(report.cached));
@@ -195,13 +191,13 @@ export class Fleet implements Assignments {
       if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
       else this.applyReport(record, replica, node);
     }
-    return { nodeId: node.id, state: node.state, assignmentsVersion: this.versionOf(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
+    return { nodeId: node.id, state: node.state, assignmentsVersion: this.versions.of(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
   }
 
   async assignments(credential: string, options: { knownVersion: string | null; waitMs: number; signal: AbortSignal }): Promise<AssignmentSet> {
     const node = this.nodes.authenticate(credential);
-    if (options.knownVersion === this.versionOf(node.id) && !this.stopped) await this.waitForChange(node.id, options.waitMs, options.signal);
-    const version = this.versionOf(node.id);
+    if (options.knownVersion === this.versions.of(node.id) && !this.stopped) await this.versions.waitForChange(node.id, options.waitMs, options.signal);
+    const version = this.versions.of(node.id);
     const assignments: Assignment[] = [];
     for (const record of this.records.values()) {
       if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(node.id)) continue;
@@ -237,26 +233,19 @@ export class Fleet implements Assignments {
 
   /** A request for the model arrived: a model without replicas (scaling.min 0) gets one. */
   requested(model: CatalogModel): void {
-    this.active.set(model.id, (this.active.get(model.id) ?? 0) + 1);
-    this.lastActivity.set(model.id, this.clock());
-    if (model.definition.scaling.min > 0 || !runsOnEngines(model) || (this.demand.get(model.id) ?? 0) > 0) return;
-    this.demand.set(model.id, 1);
+    if (!this.demand.requested(model)) return;
     this.options.logger.info({ model: model.name }, "starting a replica on demand");
     this.schedule();
   }
 
   finished(model: CatalogModel): void {
-    const left = (this.active.get(model.id) ?? 1) - 1;
-    if (left > 0) this.active.set(model.id, left);
-    else this.active.delete(model.id);
-    this.lastActivity.set(model.id, this.clock());
+    this.demand.finished(model.id);
   }
 
   /** Whether a replica of the model is being started on demand and may still come up. */
   starting(modelId: string): boolean {
-    if ((this.demand.get(modelId) ?? 0) === 0 || this.parked.has(modelId) || this.unplaceable.has(modelId)) return false;
-    const info = this.weights.get(modelId);
-    return info === undefined || "weights" in info;
+    if (!this.demand.wants(modelId) || this.parked.has(modelId) || this.unplaceable.has(modelId)) return false;
+    return this.weights.problem(modelId) === null;
   }
 
   /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
@@ -271,20 +260,9 @@ export class Fleet implements Assignments {
    * after finds the replica stopping and waits for a fresh start.
    */
   private stopIdle(): void {
-    const now = this.clock();
-    for (const modelId of [...this.demand.keys()]) {
-      const model = this.modelById(modelId);
-      if (model === undefined || model.definition.scaling.min > 0) {
-        this.demand.delete(modelId);
-        continue;
-      }
-      const idleSeconds = model.definition.scaling.idle_seconds;
-      // 0: an on-demand replica, once started, stays.
-      if (idleSeconds === 0 || (this.active.get(modelId) ?? 0) > 0) continue;
-      if (now - (this.lastActivity.get(modelId) ?? now) < idleSeconds * 1000) continue;
-      this.demand.delete(modelId);
-      const replicas = [...this.records.values()].filter((r) => r.modelId === modelId && r.desired === "run");
-      this.options.logger.info({ model: model.name, idleSeconds, replicas: replicas.length }, "stopping idle on-demand replicas");
+    for (const model of this.demand.takeIdle((modelId) => this.modelById(modelId))) {
+      const replicas = [...this.records.values()].filter((r) => r.modelId === model.id && r.desired === "run");
+      this.options.logger.info({ model: model.name, idleSeconds: model.definition.scaling.idle_seconds, replicas: replicas.length }, "stopping idle on-demand replicas");
       for (const record of replicas) this.markStopping(record);
     }
   }
@@ -311,7 +289,7 @@ export class Fleet implements Assignments {
   async remove(name: string): Promise<FleetNode> {
     const node = this.nodes.byName(name);
     await this.nodes.remove(node);
-    this.bump(node.id);
+    this.versions.bump(node.id);
     this.schedule();
     return node;
   }
@@ -331,11 +309,10 @@ export class Fleet implements Assignments {
   }
 
   status(modelId: string): ModelFleetStatus {
-    const info = this.weights.get(modelId);
     return {
       parked: this.parked.get(modelId) ?? null,
       unplaceable: this.unplaceable.get(modelId) ?? null,
-      weightsProblem: info !== undefined && "problem" in info ? info.problem : null,
+      weightsProblem: this.weights.problem(modelId),
     };
   }
 
@@ -368,7 +345,7 @@ export class Fleet implements Assignments {
         `node:${node.name}`,
         `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere where there is room.`,
       );
-      this.bump(node.id);
+      this.versions.bump(node.id);
     }
     this.stopIdle();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
@@ -385,19 +362,16 @@ export class Fleet implements Assignments {
       const model = models.find((m) => m.id === modelId);
       if (model === undefined || model.updated_at > parked.at) await this.clearParking(modelId);
     }
-    await this.refreshWeights(models);
+    await this.weights.refresh(models, (modelId: string) => this.statusListener?.(modelId));
     const decision = reconcile({
       models,
       nodes: this.nodes.list(),
       replicas: [...this.records.values()],
       parked: new Set(this.parked.keys()),
-      demand: this.demand,
-      optionsFor: (model) => this.optionsFor(model),
+      demand: this.demand.wanted,
+      optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
-      weightsKeyOf: (model) => {
-        const info = this.weights.get(model.id);
-        return info !== undefined && "weights" in info ? info.weights.key : null;
-      },
+      weightsKeyOf: (model) => this.weights.keyOf(model.id),
       cachedWeights: (nodeId) => this.cached.get(nodeId) ?? new Set(),
       place: this.options.place ?? placeReplicas,
       newReplicaId: () => `r-${randomBytes(6).toString("hex")}`,
@@ -426,7 +400,7 @@ export class Fleet implements Assignments {
         gpus: replica.gpus,
         fingerprint: replica.fingerprint,
         needs: replica.needs,
-        files: this.filesOf(replica.modelId),
+        files: this.weights.filesOf(replica.modelId),
         desired: "run",
         engineKey: randomBytes(24).toString("hex"),
         state: "placed",
@@ -443,7 +417,7 @@ export class Fleet implements Assignments {
       this.publish(record);
       const names = replica.nodeIds.map((id) => this.nodes.get(id)?.name ?? id).join(", ");
       this.options.logger.info({ replica: record.id, model: this.modelById(record.modelId)?.name, profile: record.profile, nodes: names }, "replica placed");
-      for (const nodeId of replica.nodeIds) this.bump(nodeId);
+      for (const nodeId of replica.nodeIds) this.versions.bump(nodeId);
     }
     for (const [modelId, lines] of decision.unplaceable) {
       if (this.unplaceable.get(modelId)?.join("\n") !== lines.join("\n")) {
@@ -455,48 +429,12 @@ export class Fleet implements Assignments {
     for (const modelId of changed) this.statusListener?.(modelId);
   }
 
-  private async refreshWeights(models: readonly CatalogModel[]): Promise<void> {
-    for (const model of models) {
-      if (!runsOnEngines(model)) continue;
-      const known = this.weights.get(model.id);
-      // A problem is looked at again on every pass: the mirror may have finished the file.
-      if (known !== undefined && known.definitionAt === model.updated_at && "weights" in known) continue;
-      try {
-        this.weights.set(model.id, { definitionAt: model.updated_at, weights: await readModelWeights(model, this.options.mirror) });
-      } catch (error) {
-        const problem = weightsProblem(model, error);
-        if (known === undefined || !("problem" in known) || known.problem !== problem) {
-          this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
-          this.statusListener?.(model.id);
-        }
-        this.weights.set(model.id, { definitionAt: model.updated_at, problem });
-      }
-    }
-    const ids = new Set(models.map((m) => m.id));
-    for (const id of this.weights.keys()) if (!ids.has(id)) this.weights.delete(id);
-  }
-
-  private filesOf(modelId: string): AssignedFile[] {
-    const info = this.weights.get(modelId);
-    return info !== undefined && "weights" in info ? info.weights.files : [];
-  }
-
-  private optionsFor(model: CatalogModel): PlacementOption[] | null {
-    const info = this.weights.get(model.id);
-    if (info === undefined || !("weights" in info)) return null;
-    const { weights } = info;
-    return [...model.definition.profiles]
-      .filter((profile) => profile.engine !== "external")
-      .sort((a, b) => b.priority - a.priority || b.weight - a.weight)
-      .map((profile) => ({ profile: profile.name, needs: replicaNeeds({ profile, weightsBytes: weights.bytes, ...(weights.header ? { header: weights.header } : {}) }) }));
-  }
-
   // --- Records --------------------------------------------------------------------------
 
   private recordWorker(record: ReplicaRecord, nodeId: string, state: string): void {
     const before = workersReady(record);
     record.workerStates = { ...record.workerStates, [nodeId]: state };
-    if (workersReady(record) !== before) this.bump(record.nodeIds[0]!);
+    if (workersReady(record) !== before) this.versions.bump(record.nodeIds[0]!);
   }
 
   private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
@@ -508,7 +446,7 @@ export class Fleet implements Assignments {
     if (record.nodeIds.length > 1 && (report.rayAddress ?? null) !== (record.rayAddress ?? null)) {
       // The head's Ray address is news for the workers (a restarted head has a new one).
       record.rayAddress = report.rayAddress ?? null;
-      for (const nodeId of record.nodeIds.slice(1)) this.bump(nodeId);
+      for (const nodeId of record.nodeIds.slice(1)) this.versions.bump(nodeId);
     }
     const state: ReplicaState = record.desired === "stop" && report.state !== "stopped" ? "stopping" : report.state;
     const next = {
@@ -584,14 +522,14 @@ export class Fleet implements Assignments {
     record.state = "stopping";
     this.rows.save(record);
     this.publish(record);
-    for (const nodeId of record.nodeIds) this.bump(nodeId);
+    for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
   }
 
   private forget(record: ReplicaRecord): void {
     this.records.delete(record.id);
     this.rows.delete(record.id);
     this.options.replicas.remove(record.id);
-    for (const nodeId of record.nodeIds) this.bump(nodeId);
+    for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
   }
 
   /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
@@ -623,36 +561,6 @@ export class Fleet implements Assignments {
 
   private modelById(modelId: string): CatalogModel | undefined {
     return this.options.catalog.list().find((model) => model.id === modelId);
-  }
-
-  // --- Assignment versions and long polls -----------------------------------------------
-
-  private versionOf(nodeId: string): string {
-    return `${this.boot}.${this.versions.get(nodeId) ?? 0}`;
-  }
-
-  private bump(nodeId: string): void {
-    this.versions.set(nodeId, (this.versions.get(nodeId) ?? 0) + 1);
-    const waiting = this.wakeups.get(nodeId);
-    if (waiting === undefined) return;
-    this.wakeups.delete(nodeId);
-    for (const wake of waiting) wake();
-  }
-
-  private waitForChange(nodeId: string, waitMs: number, signal: AbortSignal): Promise<void> {
-    return new Promise((resolve) => {
-      const set = this.wakeups.get(nodeId) ?? new Set<() => void>();
-      this.wakeups.set(nodeId, set);
-      const done = () => {
-        clearTimeout(timer);
-        signal.removeEventListener("abort", done);
-        set.delete(done);
-        resolve();
-      };
-      const timer = setTimeout(done, waitMs);
-      signal.addEventListener("abort", done, { once: true });
-      set.add(done);
-    });
   }
 
   private async event(kind: string, severity: "info" | "warning" | "critical", subject: string, message: string): Promise<void> {
