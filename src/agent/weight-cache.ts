@@ -26,7 +26,7 @@ import { ConflictError, LlmgwError, UpstreamError, describeError } from "../core
 import { silentLogger, type Logger } from "../core/log.ts";
 import { defaultIo } from "../mirror/disk-files.ts";
 import type { ActiveFile, FetchContext } from "../mirror/fetch-input.ts";
-import { createDownloader, type FileDownloader, type DownloadRows } from "../mirror/file-download.ts";
+import { createDownloader, type FileDownloader, type DownloadRows, type TransferOptions } from "../mirror/file-download.ts";
 import type { SourceStatus } from "../mirror/http-source.ts";
 import { origin } from "../mirror/mirror-errors.ts";
 import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "../mirror/mirror-paths.ts";
@@ -67,7 +67,8 @@ export interface CachedFile {
   bytes: number;
 }
 
-export interface WeightCacheOptions {
+/** Downloads as the mirror's (file-download.ts); the persist settings only pace the background fsync here. */
+export interface WeightCacheOptions extends Omit<TransferOptions, "persistIntervalMs" | "persistBytes"> {
   /** The cache folder, for example DATA_DIR/weights. */
   root: string;
   /** The llmgw server's base URL, for example http://10.0.0.1:8080. */
@@ -76,17 +77,6 @@ export interface WeightCacheOptions {
   credential: () => string;
   identity: WeightsIdentity;
   logger?: Logger;
-  /** Default: an undici Agent of the cache's own, closed by `close()`. */
-  dispatcher?: Dispatcher;
-  /** Transient failures in a row (without progress) before a download fails. Default 4. */
-  retries?: number;
-  /** First pause before a retry, doubled each time up to `maxRetryDelayMs`. Default 1000. */
-  retryDelayMs?: number;
-  maxRetryDelayMs?: number;
-  headersTimeoutMs?: number;
-  bodyTimeoutMs?: number;
-  connectTimeoutMs?: number;
-  progressIntervalMs?: number;
   io?: Partial<MirrorIo>;
 }
 

@@ -68,16 +68,24 @@ const WRITE_HIGH_WATER_MARK = 8 * 1024 * 1024;
 
 /** How downloads talk HTTP and retry: what the mirror and a node's weight cache both configure. */
 export interface TransferOptions {
-  /** HTTP dispatcher; by default one of its own, with the timeouts below. */
+  /** HTTP dispatcher; by default one of its own with the timeouts below, closed with its owner. */
   dispatcher?: Dispatcher;
+  /** TCP/TLS connect timeout of that own dispatcher. Default 10 s. */
   connectTimeoutMs?: number;
+  /** Time to wait for response headers. Default 30 s (undici's own default is 300 s). */
   headersTimeoutMs?: number;
+  /** Longest silence while a body streams. Default 60 s. */
   bodyTimeoutMs?: number;
+  /** Further attempts after a transient failure (timeout, drop, 408/429/5xx) that made no progress. Default 4. */
   retries?: number;
+  /** First delay between attempts; doubles each time up to `maxRetryDelayMs`. Default 1 s. */
   retryDelayMs?: number;
   maxRetryDelayMs?: number;
+  /** How often progress is written to the rows (and the partial file synced) while a file streams: every this many ms ... Default 1 s. */
   persistIntervalMs?: number;
+  /** ... or every this many bytes, whichever comes first. Default 64 MiB. */
   persistBytes?: number;
+  /** Least time between two progress reports for one file. Default 250 ms. */
   progressIntervalMs?: number;
 }
 

@@ -2,7 +2,7 @@
 // they get back (outcomes, file views, disk use, recovery and verification summaries).
 // Types only, so every part of the mirror and its consumers share one definition.
 import type { Writable } from "node:stream";
-import type { Dispatcher } from "undici";
+import type { TransferOptions } from "./file-download.ts";
 import type { LlmgwError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
@@ -195,33 +195,14 @@ export interface MirrorIo {
   freeBytes(dir: string): Promise<number | null>;
 }
 
-export interface MirrorOptions {
+export interface MirrorOptions extends TransferOptions {
   store: Store;
   /** The content store's folder, DATA_DIR/mirror. */
   root: string;
   logger?: Logger;
-  /** HTTP dispatcher; by default the mirror makes its own Agent with the timeouts below. */
-  dispatcher?: Dispatcher;
   /** Files downloading at once, across all versions. Default 4. */
   concurrency?: number;
   clock?: () => number;
-  /** TCP/TLS connect timeout of the mirror's own Agent. Default 10 s. */
-  connectTimeoutMs?: number;
-  /** Time to wait for response headers. Default 30 s (undici's own default is 300 s). */
-  headersTimeoutMs?: number;
-  /** Longest silence while a body streams. Default 60 s. */
-  bodyTimeoutMs?: number;
-  /** Further attempts after a transient failure (timeout, drop, 408/429/5xx) that made no progress. Default 4. */
-  retries?: number;
-  /** First delay between attempts; doubles each time up to `maxRetryDelayMs`. Default 1 s. */
-  retryDelayMs?: number;
-  maxRetryDelayMs?: number;
-  /** How often `bytes_done` is written to the store while a file streams: every this many ms ... Default 1 s. */
-  persistIntervalMs?: number;
-  /** ... or every this many bytes, whichever comes first. Default 64 MiB. */
-  persistBytes?: number;
-  /** Least time between two `onProgress` calls for one file. Default 250 ms. */
-  progressIntervalMs?: number;
   /** Which headers survive a redirect; default the registry's rule (Authorization dropped across hosts). */
   headersForRedirect?: (headers: Record<string, string>, from: string, to: string) => Record<string, string>;
   io?: Partial<MirrorIo>;
