@@ -15,6 +15,7 @@ const unit = [
   "src/catalog/catalog.test.ts",
   "src/catalog/weights-check.test.ts",
   "src/cli/local-paths.test.ts",
+  "src/cli/ctl-job.test.ts",
   "src/keys/key-service.test.ts",
   "src/gguf/header.test.ts",
   "src/gguf/llama-support.test.ts",

@@ -124,8 +124,8 @@ describe("llmgw ctl model plan", () => {
 
     const moved = path.join(workDir, "elsewhere", "moved.gguf");
     await writeTinyLlamaGguf({ path: moved, seed: 9 });
-    await ctl(["model", "update", "defined", "--patch", JSON.stringify({ source: { kind: "file", path: "./moved.gguf" } })], elsewhere);
-    assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, moved, "ctl model update sends a relative path absolute too");
+    await ctl(["model", "edit", "defined", "--patch", JSON.stringify({ source: { kind: "file", path: "./moved.gguf" } })], elsewhere);
+    assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, moved, "ctl model edit sends a relative path absolute too");
 
     const cut = path.join(workDir, "add-cut.gguf");
     const { bytes } = await writeTinyLlamaGguf({ path: cut, seed: 8 });

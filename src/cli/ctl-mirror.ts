@@ -2,7 +2,8 @@
 // (what the plan recommends for the server's hardware unless told a quantisation or file)
 // and follows it with a progress bar; `verify` hashes mirrored files again and reports each
 // one; `list` and `rm` show and delete versions (a version a catalog model uses only with
-// --force). Each command exits non-zero when what it did failed.
+// --force). Each command exits non-zero when what it did failed. The progress bar is shared
+// with the serve jobs' mirror step (ctl-job.ts).
 import { countOf } from "../core/format.ts";
 import type { Command } from "commander";
 import { UpstreamError } from "../core/errors.ts";
@@ -10,20 +11,12 @@ import { formatBytes } from "../gguf/memory-estimate.ts";
 import { absoluteRepoArgument } from "./local-paths.ts";
 import type { AdminClient } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
+import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
-
-type Options = Record<string, unknown>;
-
-/** What ctl's commands share: the admin client from the flags, and printing JSON or text. */
-export interface CtlHelpers {
-  connect: (command: Command) => AdminClient;
-  print: (command: Command, json: unknown, human: () => string) => void;
-}
 
 export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
-  mirror
-    .command("fetch <repo>")
+  withExamples(mirror.command("fetch <repo>"), "llmgw ctl mirror fetch llmgw-test/tiny-llama-GGUF --quant Q4_K_M")
     .description("Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the server's hardware")
     .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
     .option("--file <path>", "an exact file of the repository")
@@ -48,11 +41,11 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       }
       if (!json) process.stdout.write(`${describePick(started.picked)}\n`);
       const followed = await followFetch(client, started, { draw: !json });
-      print(command, followed.files, () => describeFetchOutcome(started, followed));
+      print(command, followed.files, () => describeFetchOutcome(started, followed, serveCommandFor(repo, options)));
       if (followed.state === "interrupted" || followed.files.some((f: any) => f.state === "failed")) process.exitCode = 1;
     });
-  mirror
-    .command("list")
+  withExamples(mirror.command("list"), "llmgw ctl mirror list --model tiny")
+    .description("Mirrored files by model and version, with their state, and the mirror's disk use")
     .option("--model <name>", "only this model")
     .option("--json", "print JSON")
     .action(async (options: Options, command: Command) => {
@@ -68,8 +61,7 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
         return `${table}\n\nMirror ${disk.root}: ${formatBytes(disk.bytes)} used (${formatBytes(disk.partialBytes)} partial)${disk.freeBytes === null ? "" : `, ${formatBytes(disk.freeBytes)} free`}.`;
       });
     });
-  mirror
-    .command("verify [model] [version]")
+  withExamples(mirror.command("verify [model] [version]"), "llmgw ctl mirror verify tiny")
     .description("Hash mirrored files again (all, one model's, or one version's); a file that no longer matches is marked failed and no longer served")
     .option("--json", "print JSON")
     .action(async (modelName: string | undefined, version: string | undefined, _options: Options, command: Command) => {
@@ -83,16 +75,23 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       print(command, run, () => describeVerification(run));
       if (run.state !== "done" || run.failed > 0) process.exitCode = 1;
     });
-  mirror
-    .command("rm <model> <version>")
+  withExamples(mirror.command("rm <model> <version>"), "llmgw ctl mirror rm tiny 1a2b3c4d5e6f")
     .description("Delete a mirrored version and its files (refused while a catalog model uses it, unless --force)")
     .option("--force", "delete even though catalog models use it (they are left without weights)")
+    .option("--json", "print JSON")
     .action(async (modelName: string, version: string, options: Options, command: Command) => {
       const query = options.force === true ? "?force=true" : "";
-      const { deleted } = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
+      const result = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
+      const { deleted } = result;
       const forced = deleted.forced === true ? ` The ${deleted.usedBy.length === 1 ? "catalog model" : "catalog models"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.` : "";
-      process.stdout.write(`Deleted ${deleted.model}/${deleted.version}: ${countOf(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}\n`);
+      print(command, result, () => `Deleted ${deleted.model}/${deleted.version}: ${countOf(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}`);
     });
+}
+
+/** The `model serve` line that fetches the same artifact and serves it in one step. */
+function serveCommandFor(repo: string, options: Options): string {
+  const flags = (["revision", "quant", "file", "format"] as const).filter((name) => typeof options[name] === "string").map((name) => ` --${name} ${options[name] as string}`);
+  return `llmgw ctl model serve ${repo}${flags.join("")}`;
 }
 
 function pick(options: Options, names: string[]): Record<string, string> {
@@ -177,13 +176,14 @@ export async function followFetch(
   }
 }
 
-function progressBar(done: number, total: number, width = 30): string {
+/** `[#####-----]  50.0%`: the bar ctl draws for byte counts (mirror fetch, verify, a job's mirror step). */
+export function progressBar(done: number, total: number, width = 30): string {
   const ratio = total > 0 ? Math.min(1, done / total) : 0;
   const filled = Math.round(ratio * width);
   return `[${"#".repeat(filled)}${"-".repeat(width - filled)}] ${(ratio * 100).toFixed(1).padStart(5)}%`;
 }
 
-function describeFetchOutcome(started: { model: string; version: string; repo: string }, followed: FollowedFetch): string {
+function describeFetchOutcome(started: { model: string; version: string; repo: string }, followed: FollowedFetch, serveCommand: string): string {
   const { files } = followed;
   const failed = files.filter((f) => f.state === "failed");
   const failures = failed.map((f) => `  ${f.file}: ${f.error}`).join("\n");
@@ -199,7 +199,11 @@ function describeFetchOutcome(started: { model: string; version: string; repo: s
   }
   if (failed.length === 0) {
     const entry = files[0]?.file ?? "";
-    return `Mirrored ${started.repo} as ${started.model}/${started.version} (${countOf(files.length, "file")} verified).\nServe it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}`;
+    return (
+      `Mirrored ${started.repo} as ${started.model}/${started.version} (${countOf(files.length, "file")} verified).\n` +
+      `Serve it: llmgw ctl model add NAME --mirror ${started.model}/${started.version}/${entry}\n` +
+      `Or fetch, add, place and smoke-test in one command: ${serveCommand}`
+    );
   }
   return `${failed.length} of ${countOf(files.length, "file")} failed:\n${failures}\nRun the same fetch again to retry; completed files are kept.`;
 }

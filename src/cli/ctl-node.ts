@@ -4,10 +4,8 @@
 // health from the fleet (replicas by state and node, parking, placement explanation).
 import type { Command } from "commander";
 import { countOf, formatBytes } from "../core/format.ts";
-import type { CtlHelpers } from "./ctl-mirror.ts";
+import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
-
-type Options = Record<string, unknown>;
 
 interface NodeView {
   name: string;
@@ -24,8 +22,8 @@ interface NodeView {
 
 export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const node = ctl.command("node").description("Nodes of the fleet: the machines agents run on");
-  node
-    .command("list")
+  withExamples(node.command("list"), "llmgw ctl node list")
+    .description("Nodes with their state, last heartbeat, cores, memory and GPUs used/total, and replicas")
     .option("--json", "print JSON")
     .action(async (_options: Options, command: Command) => {
       const { data } = await connect(command).call<{ data: NodeView[] }>("GET", "/api/v1/nodes");
@@ -38,8 +36,8 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
             ),
       );
     });
-  node
-    .command("show <name>")
+  withExamples(node.command("show <name>"), "llmgw ctl node show gpu-01")
+    .description("One node: its hardware, engines, labels, GPUs and replicas")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const n = await connect(command).call<NodeView>("GET", `/api/v1/nodes/${encodeURIComponent(name)}`);
@@ -55,24 +53,21 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
         ].join("\n"),
       );
     });
-  node
-    .command("drain <name>")
+  withExamples(node.command("drain <name>"), "llmgw ctl node drain gpu-01")
     .description("Place nothing new on the node and move its replicas elsewhere where there is room (each stops once its replacement is ready)")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const n = await connect(command).call<NodeView>("POST", `/api/v1/nodes/${encodeURIComponent(name)}/drain`);
       print(command, n, () => `Node '${n.name}' is draining: nothing new is placed there, and its ${countOf(n.replicas.length, "replica")} stop once replaced elsewhere (those without room elsewhere keep running).`);
     });
-  node
-    .command("remove <name>")
+  withExamples(node.command("remove <name>"), "llmgw ctl node remove gpu-01")
     .description("Remove the node: its replicas are placed elsewhere and its credential stops working")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const removed = await connect(command).call<{ removed: string }>("DELETE", `/api/v1/nodes/${encodeURIComponent(name)}`);
       print(command, removed, () => `Removed node '${removed.removed}'. To bring the machine back, delete node.json in its agent's data dir and join again.`);
     });
-  node
-    .command("join-token")
+  withExamples(node.command("join-token"), "llmgw ctl node join-token")
     .description("Print the join token and the command that joins a node")
     .option("--json", "print JSON")
     .action(async (_options: Options, command: Command) => {
