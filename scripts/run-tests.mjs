@@ -54,6 +54,8 @@ const unit = [
   "src/fleet/placement.test.ts",
   "src/fleet/inventory-schema.test.ts",
   "src/agent/inventory.test.ts",
+  "src/serve/jobs.test.ts",
+  "src/serve/serve-request.test.ts",
 ];
 
 const endToEnd = [
@@ -63,6 +65,7 @@ const endToEnd = [
   "test/supply-chain.e2e.test.ts",
   "test/stream-failure.e2e.test.ts",
   "test/fleet.e2e.test.ts",
+  "test/serve.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

@@ -44,6 +44,12 @@ export const LIMITS = {
   replicas: { max: 64 },
 } as const;
 
+/**
+ * How a guard model answers (reference/guard-models.md): Llama Guard 3's "safe"/"unsafe"
+ * lines, ShieldGemma's Yes/No, or a JSON verdict.
+ */
+export const GUARD_FORMATS = ["llama-guard-3", "shieldgemma", "json"] as const;
+
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
 
@@ -112,17 +118,27 @@ export const profileSchema = z
     }
   });
 
-const originSchema = z.strictObject({
-  repo: z.string().min(1),
-  revision: z.string().min(1),
-  files: z.array(z.strictObject({ path: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lower-case hex digits"), bytes: z.number().int().min(0) })),
-});
-
 /** Where a node finds the weights: a local file (embedded mode) or the mirror. */
 const sourceSchema = z.discriminatedUnion("kind", [
   z.strictObject({ kind: z.literal("file"), path: z.string().min(1) }),
   z.strictObject({ kind: z.literal("mirror"), model: z.string().min(1), version: z.string().min(1), file: z.string().min(1) }),
 ]);
+
+const originFiles = z.array(z.strictObject({ path: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lower-case hex digits"), bytes: z.number().int().min(0) }));
+
+/**
+ * Where the weights came from (provenance): the repository, the commit, and every file
+ * with the sha256 and size it was verified with. An update keeps the revision it replaced
+ * in `previous` (with that revision's source), so a rollback knows where to return to.
+ */
+const originSchema = z.strictObject({
+  repo: z.string().min(1),
+  revision: z.string().min(1),
+  /** The branch or tag the model follows for updates (default main). */
+  ref: z.string().min(1).optional(),
+  files: originFiles,
+  previous: z.strictObject({ revision: z.string().min(1), files: originFiles, source: sourceSchema }).optional(),
+});
 
 const modelFields = {
   aliases: z.array(modelName).default([]),
@@ -132,7 +148,7 @@ const modelFields = {
   max_output: positiveInt.optional(),
   capabilities: z.strictObject({ vision: z.boolean().default(false), embeddings: z.boolean().default(false) }).default({ vision: false, embeddings: false }),
   role: z.enum(["serve", "guard"]).default("serve"),
-  guard_format: z.enum(["llama-guard-3", "shieldgemma"]).optional(),
+  guard_format: z.enum(GUARD_FORMATS).optional(),
   profiles: z.array(profileSchema).min(1, "a model needs at least one profile"),
   scaling: z
     .strictObject({
@@ -158,7 +174,7 @@ function checkModel(model: { name?: string; aliases: string[]; role: string; gua
     ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
   }
   if (model.role === "guard" && model.guard_format === undefined) {
-    ctx.addIssue({ code: "custom", path: ["guard_format"], message: "a guard model needs guard_format (llama-guard-3 or shieldgemma)" });
+    ctx.addIssue({ code: "custom", path: ["guard_format"], message: `a guard model needs guard_format (${GUARD_FORMATS.join(", ")})` });
   }
   const profileNames = new Set<string>();
   model.profiles.forEach((profile, index) => {
@@ -260,7 +276,7 @@ export const modelPatchSchema = z.strictObject({
   max_output: positiveInt.nullable().optional(),
   capabilities: z.unknown().optional(),
   role: z.enum(["serve", "guard"]).optional(),
-  guard_format: z.enum(["llama-guard-3", "shieldgemma"]).nullable().optional(),
+  guard_format: z.enum(GUARD_FORMATS).nullable().optional(),
   profiles: z.array(z.unknown()).optional(),
   scaling: z.record(z.string(), z.unknown()).optional(),
   queue_size: z.unknown().optional(),

@@ -44,8 +44,8 @@ export function parsePositiveInt(value: string, flag: string, { allowZero = fals
 
 /** Parses a duration like 30s, 500ms, 2m or a plain number of seconds into milliseconds. */
 export function parseDuration(value: string, flag: string): number {
-  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m)?$/i.exec(value.trim());
-  const ms = match === null ? NaN : Number(match[1]) * { ms: 1, s: 1000, m: 60_000 }[(match[2] ?? "s").toLowerCase() as "ms" | "s" | "m"];
-  if (!Number.isFinite(ms) || ms <= 0) throw new BadRequestError(`Invalid ${flag} '${value}': use a duration like 30s, 500ms or 2m.`);
+  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$/i.exec(value.trim());
+  const ms = match === null ? NaN : Number(match[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(match[2] ?? "s").toLowerCase() as "ms" | "s" | "m" | "h"];
+  if (!Number.isFinite(ms) || ms <= 0) throw new BadRequestError(`Invalid ${flag} '${value}': use a duration like 30s, 500ms, 2m or 6h.`);
   return Math.round(ms);
 }

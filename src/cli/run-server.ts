@@ -24,6 +24,7 @@ export interface ServerCommandOptions {
   logFormat?: string;
   nodeTimeout?: string;
   heartbeatInterval?: string;
+  updateCheck?: string;
   demo?: boolean;
 }
 
@@ -53,6 +54,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       registryToken: resolveRegistryToken(),
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
+      ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
       logger,
     },
     withAgent,

@@ -14,15 +14,15 @@ import { JSON_API_BODY_LIMITS, readJsonRequest, type BodyLimits } from "../core/
 import { silentLogger, type Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { Registry } from "../registry/types.ts";
-import { chooseFetch, type MirrorPlanner } from "./fetch-choice.ts";
+import type { MirrorPlanner } from "../serve/artifact-choice.ts";
+import { prepareMirrorFetch } from "../serve/fetch-preparation.ts";
 import { validateMirrorKey } from "./mirror-paths.ts";
-import { defaultMirrorModelName } from "./mirror-plan.ts";
 import type { ModelsUsing } from "./mirror-users.ts";
 import type { Mirror, MirrorFileView } from "./mirror.ts";
 import { VerifyRuns } from "./verify-runs.ts";
 
 export { MIRROR_FILES_PREFIX, createMirrorFileHandler, isMirrorFileRequest, parseMirrorPath, parseRange, type MirrorFileHandlerOptions } from "./mirror-file-server.ts";
-export type { MirrorPlanner } from "./fetch-choice.ts";
+export type { MirrorPlanner } from "../serve/artifact-choice.ts";
 
 /** The admin API's context variables: its middleware sets the verified principal. */
 export type MirrorRoutesEnv = { Variables: { principal: Principal } };
@@ -94,18 +94,8 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   app.post("/api/v1/mirror", async (c) => {
     const body = parseWith(startSchema, await readJsonRequest(c, bodyLimits));
     // Reading the repository stops when the client goes away; the fetch itself does not.
-    const { plan, pick } = await chooseFetch({
-      request: body,
-      registry: options.registry,
-      signal: c.req.raw.signal,
-      ...(options.planner === undefined ? {} : { planner: options.planner }),
-      ...(options.cwd === undefined ? {} : { cwd: options.cwd }),
-    });
-    const model = validateMirrorKey("model", body.model ?? defaultMirrorModelName(plan.repo));
+    const { model, plan, pick } = await prepareMirrorFetch({ request: body, registry: options.registry, mirror, planner: options.planner, cwd: options.cwd, signal: c.req.raw.signal });
     const fetch = { model, version: plan.version, repo: plan.repo, revision: plan.revision, files: plan.files };
-    // Everything fetchVersion would refuse is refused here, before the 202: a fetch that is
-    // accepted always gets its rows, so `ctl mirror fetch` has something to follow.
-    mirror.checkFetch(fetch);
     const actor = actorOf(c.get("principal"));
     await mirror.audit({
       actor,

@@ -15,6 +15,7 @@ import type { Fleet } from "../fleet/fleet.ts";
 import { mountFleetRoutes } from "../fleet/fleet-routes.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
 import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
+import { mountServeRoutes, type ServeRoutesOptions } from "../serve/serve-routes.ts";
 import type { AuditTrail } from "../store/audit.ts";
 import type { StorageFaultState } from "../store/storage-fault.ts";
 
@@ -39,6 +40,8 @@ export interface AdminApiOptions {
   joinToken: () => string;
   /** The weights mirror and the registry it fetches from (the /api/v1/mirror routes). */
   mirror?: MirrorRoutesOptions;
+  /** Serve and update jobs, and the update check (the /api/v1/jobs and /api/v1/updates routes). */
+  serve?: Omit<ServeRoutesOptions, "catalog" | "audit" | "bodyLimits">;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
   planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<unknown>;
   /** Whether the server is ready to take traffic (started, and its store takes writes). */
@@ -129,6 +132,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   });
 
   if (options.mirror !== undefined) mountMirrorRoutes(app, options.mirror);
+  if (options.serve !== undefined) mountServeRoutes(app, { ...options.serve, catalog, audit: options.audit, bodyLimits });
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

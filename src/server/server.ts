@@ -37,6 +37,11 @@ import { JSON_API_BODY_LIMITS, type BodyLimits } from "../core/http.ts";
 import { faultSummary } from "../store/storage-fault.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 import { SERVER_INFO_FILE, writeAdminKeyFile } from "../core/data-dir.ts";
+import { JobRunner } from "../serve/jobs.ts";
+import { serveJobHandler } from "../serve/serve-job.ts";
+import { updateJobHandler } from "../serve/update-job.ts";
+import { UpdateChecker } from "../serve/update-checker.ts";
+import { smokeTestReplica } from "../serve/smoke-test.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -61,6 +66,10 @@ export interface ServerConfig {
   heartbeatIntervalMs?: number;
   /** The fleet's clock (heartbeats, idle time); tests move it. */
   fleetClock?: () => number;
+  /** How often the server checks served repositories for newer revisions (default 6 h; 0: never on a schedule). */
+  updateCheckIntervalMs?: number;
+  /** How long a serve or update job waits for a ready replica (default 30 min). */
+  replicaTimeoutMs?: number;
   logger: Logger;
 }
 
@@ -166,6 +175,18 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
   // One planner for GET /api/v1/plan and for mirror fetches without a quant, so both pick the same artifact.
   const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal });
+  const jobDependencies = {
+    catalog,
+    mirror,
+    registry,
+    fleet,
+    planner,
+    smokeTest: smokeTestReplica,
+    logger,
+    ...(config.replicaTimeoutMs === undefined ? {} : { replicaTimeoutMs: config.replicaTimeoutMs }),
+  };
+  const jobs = new JobRunner({ store, logger, handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) } });
+  const updates = new UpdateChecker({ store, catalog, registry, logger, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
   const readiness = async (): Promise<Readiness> => {
     const usageRowsDropped = usage.droppedRows();
     if (!ready) return { status: "starting", reason: "The server is starting.", usage_rows_dropped: usageRowsDropped };
@@ -191,6 +212,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     readiness,
     audit: auditTrail(store),
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
+    serve: { jobs, updates },
     planner,
     bodyLimits,
     fleet,
@@ -239,6 +261,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   /** Undoes a start that failed halfway, so a caller that catches the error leaks nothing. */
   const abandonStart = async () => {
     if (refreshTimer !== undefined) clearInterval(refreshTimer);
+    updates.stop();
+    await jobs.close();
     stopExternalSync();
     await fleet.stop();
     server.close();
@@ -258,6 +282,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       refreshTimer.unref();
     }
     attachment = withAgent === undefined ? undefined : await withAgent(parts);
+    // Jobs cut by the last stop continue once this server's own node (if any) is back.
+    await jobs.start();
+    updates.start();
   } catch (error) {
     await abandonStart();
     throw error;
@@ -276,6 +303,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       ready = false;
       if (refreshTimer !== undefined) clearInterval(refreshTimer);
       stopExternalSync();
+      updates.stop();
+      // Before the mirror and the fleet: a running job stops where it is and resumes on the next start.
+      await jobs.close();
       await attachment?.stop();
       await new Promise<void>((resolve) => {
         server.close(() => resolve());

@@ -186,6 +186,40 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.createIndex("events_at").on("events").column("at").execute();
     },
   }),
+  // Serve and update jobs (issue 8): each job keeps its request, its steps with their live
+  // state, and the context a resumed run needs (the commit and files the registry step
+  // chose; never a token). `model_updates` is what the update check last found per model.
+  "0006_jobs": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("jobs")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("kind", "text", (c) => c.notNull())
+        .addColumn("state", "text", (c) => c.notNull())
+        .addColumn("request", "text", (c) => c.notNull())
+        .addColumn("steps", "text", (c) => c.notNull())
+        .addColumn("context", "text")
+        .addColumn("model", "text")
+        .addColumn("error", "text")
+        .addColumn("result", "text")
+        .addColumn("resumed", "integer", (c) => c.notNull().defaultTo(0))
+        .addColumn("created_by", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .addColumn("finished_at", "text")
+        .execute();
+      await db.schema.createIndex("jobs_created_at").on("jobs").column("created_at").execute();
+      await db.schema
+        .createTable("model_updates")
+        .addColumn("model_id", "text", (c) => c.primaryKey())
+        .addColumn("repo", "text", (c) => c.notNull())
+        .addColumn("revision", "text", (c) => c.notNull())
+        .addColumn("latest_revision", "text")
+        .addColumn("checked_at", "text", (c) => c.notNull())
+        .addColumn("error", "text")
+        .execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

@@ -157,6 +157,36 @@ export interface StoreProbeTable {
   at: string;
 }
 
+/** A serve or update job: request, steps and outcome as JSON text (serve/job-rows.ts). */
+export interface JobsTable {
+  id: string;
+  kind: string;
+  state: string;
+  request: string;
+  steps: string;
+  context: string | null;
+  model: string | null;
+  error: string | null;
+  result: string | null;
+  resumed: number;
+  created_by: string;
+  created_at: string;
+  updated_at: string;
+  finished_at: string | null;
+}
+
+/** What the last update check found for a model with an origin repository. */
+export interface ModelUpdatesTable {
+  model_id: string;
+  repo: string;
+  /** The revision the model serves (its origin's). */
+  revision: string;
+  /** The newest commit of the repository's branch, or null when the check failed. */
+  latest_revision: string | null;
+  checked_at: string;
+  error: string | null;
+}
+
 export interface Database {
   models: ModelsTable;
   model_aliases: ModelAliasesTable;
@@ -169,4 +199,6 @@ export interface Database {
   store_probe: StoreProbeTable;
   model_states: ModelStatesTable;
   events: EventsTable;
+  jobs: JobsTable;
+  model_updates: ModelUpdatesTable;
 }

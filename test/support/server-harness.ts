@@ -40,6 +40,10 @@ export interface HarnessOptions {
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
   fleetClock?: () => number;
+  /** How long serve and update jobs wait for a ready replica. */
+  replicaTimeoutMs?: number;
+  /** The scheduled update check (default off in tests: they call the check themselves). */
+  updateCheckIntervalMs?: number;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
 }
 
@@ -63,6 +67,8 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       nodeTimeoutMs: options.nodeTimeoutMs,
       heartbeatIntervalMs: options.heartbeatIntervalMs,
       fleetClock: options.fleetClock,
+      replicaTimeoutMs: options.replicaTimeoutMs,
+      updateCheckIntervalMs: options.updateCheckIntervalMs ?? 0,
     },
     options.withAgent,
   );

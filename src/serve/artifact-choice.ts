@@ -1,4 +1,5 @@
-// What `POST /api/v1/mirror` (and `ctl mirror fetch`) fetches from a repository, and why.
+// Which artifact of a repository a serve job (and `POST /api/v1/mirror`, `ctl mirror
+// fetch`) takes, and why.
 // Asked for a quantisation or a file: that. Asked for neither: what the planner recommends
 // for this server's hardware (the same plan `GET /api/v1/plan` and `ctl model plan` show,
 // for the same context), so the two always agree; when nothing fits, the registry's
@@ -9,7 +10,7 @@ import type { RepositoryPlan } from "../plan/plan-repository.ts";
 import { DEFAULT_QUANT, chooseArtifact, classifyFiles, type ChooseArtifactOptions, type ListedFile } from "../registry/file-sets.ts";
 import { assertLocalFilesReadable, isLocalSource, listLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
-import { planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "./mirror-plan.ts";
+import { planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "../mirror/mirror-plan.ts";
 
 /** Plans a repository against this server's pool: the planner behind `GET /api/v1/plan`. */
 export type MirrorPlanner = (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<RepositoryPlan>;
@@ -36,6 +37,8 @@ export interface FetchPick {
 export interface FetchChoice {
   plan: MirrorFetchPlan;
   pick: FetchPick;
+  /** The planner's view of the repository, when it was asked (no quant or file given). */
+  planned?: RepositoryPlan;
 }
 
 export async function chooseFetch(options: { request: FetchRequest; registry: Registry; planner?: MirrorPlanner; cwd?: string; signal: AbortSignal }): Promise<FetchChoice> {
@@ -64,10 +67,10 @@ export async function chooseFetch(options: { request: FetchRequest; registry: Re
   const revision = isLocalSource(request.repo) ? undefined : planned.sha;
   if (recommended === null || entry === undefined) {
     const { plan, set } = await readAndChoose(options, revision, asked);
-    return { plan, pick: { by: "default", artifact: set, reason: `the default choice, since nothing in the plan fits this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
+    return { plan, planned, pick: { by: "default", artifact: set, reason: `the default choice, since nothing in the plan fits this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
   }
   const { plan, set } = await readAndChoose(options, revision, { ...asked, file: entry, format: recommended.artifact.format });
-  return { plan, pick: { by: "plan", artifact: set, reason: `what 'llmgw ctl model plan' recommends for this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
+  return { plan, planned, pick: { by: "plan", artifact: set, reason: `what 'llmgw ctl model plan' recommends for this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
 }
 
 /** Reads the repository (or lists the local source), picks the artifact and makes the mirror's file list. */

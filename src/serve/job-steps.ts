@@ -1,0 +1,199 @@
+// The steps serve and update jobs share: fetch a version into the mirror with live
+// progress (bytes, speed, time left), check what was fetched (the GGUF header llama.cpp
+// must accept, or config.json for safetensors) and collect the origin's verified files,
+// and wait for a ready replica of the model's current definition, ending early with the
+// reason when the model parks or cannot be placed.
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { UpstreamError } from "../core/errors.ts";
+import { countOf, formatBytes } from "../core/format.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { checkWeightsFile } from "../catalog/weights-check.ts";
+import { estimateGgufMemory } from "../gguf/memory-estimate.ts";
+import type { Mirror, MirrorFetchFile } from "../mirror/mirror.ts";
+import type { Registry } from "../registry/types.ts";
+import type { FleetStatusOfModel } from "../fleet/model-health.ts";
+import type { StepHandle } from "./jobs.ts";
+import type { OriginFile, WeightsFormat } from "./serve-definition.ts";
+import type { SmokeTarget } from "./smoke-test.ts";
+
+/** What the registry step decided about the files, kept in the job's context (no headers: they may hold the registry token). */
+export interface PlannedFetch {
+  model: string;
+  version: string;
+  repo: string;
+  revision: string;
+  files: Array<Omit<MirrorFetchFile, "headers">>;
+  totalBytes: number;
+}
+
+/** A replica of a model as the fleet sees it, for the jobs (holds the engine key: server-side only). */
+export interface JobReplica extends Omit<SmokeTarget, "endpoint"> {
+  profile: string;
+  state: string;
+  endpoint: SmokeTarget["endpoint"] | null;
+  weightsVerified: boolean;
+  lastError: string | null;
+}
+
+/** What the jobs need of the fleet. */
+export interface JobFleet {
+  currentReplicas(modelId: string): JobReplica[];
+  outdatedReplicas(modelId: string): JobReplica[];
+  status(modelId: string): FleetStatusOfModel;
+  /** Keeps the model's ready outdated replicas serving until the returned release is called. */
+  holdOutdated(modelId: string): () => void;
+  /** On-demand models: a request wants a replica / is done with it. */
+  requested(model: CatalogModel): void;
+  finished(model: CatalogModel): void;
+}
+
+export function withoutHeaders(files: readonly MirrorFetchFile[]): PlannedFetch["files"] {
+  return files.map(({ headers: _headers, ...file }) => file);
+}
+
+/** Fetches the planned files into the mirror, reporting progress; throws naming each file that failed. */
+export async function mirrorFiles(input: { planned: PlannedFetch; mirror: Mirror; registry: Registry; step: StepHandle; signal: AbortSignal; clock?: () => number }): Promise<string> {
+  const { planned, step } = input;
+  const clock = input.clock ?? Date.now;
+  // Headers again from the registry: the token is never stored with the job.
+  const files = planned.files.map((file): MirrorFetchFile => (file.url.startsWith("file:") ? file : { ...file, headers: input.registry.requestHeaders(file.url) }));
+  const done = new Map<string, number>();
+  const complete = new Set<string>();
+  const samples: Array<{ at: number; bytes: number }> = [];
+  const report = () => {
+    const bytes = [...done.values()].reduce((sum, n) => sum + n, 0);
+    const now = clock();
+    samples.push({ at: now, bytes });
+    // Speed over the last five seconds: steady enough to read, recent enough to follow a change.
+    while (samples.length > 2 && now - samples[0]!.at > 5000) samples.shift();
+    const first = samples[0]!;
+    const rate = now - first.at >= 500 ? ((bytes - first.bytes) * 1000) / (now - first.at) : null;
+    const left = Math.max(0, planned.totalBytes - bytes);
+    step.progress({
+      bytes_done: bytes,
+      bytes_total: planned.totalBytes,
+      bytes_per_second: rate === null ? null : Math.round(rate),
+      eta_seconds: rate === null || rate <= 0 ? null : Math.ceil(left / rate),
+      files_done: complete.size,
+      files_total: planned.files.length,
+    });
+  };
+  const summary = await input.mirror.fetchVersion({
+    model: planned.model,
+    version: planned.version,
+    repo: planned.repo,
+    revision: planned.revision,
+    files,
+    signal: input.signal,
+    onProgress: (event) => {
+      done.set(event.file, event.bytesDone);
+      if (event.state === "complete") complete.add(event.file);
+      report();
+    },
+  });
+  if (!summary.complete) {
+    const failed = summary.files.filter((file) => file.state === "failed");
+    throw new UpstreamError(
+      `${failed.length} of ${countOf(summary.files.length, "file")} could not be mirrored: ${failed.map((file) => `${file.file}: ${file.error?.message ?? "failed"}`).join("; ")}. ` +
+        "Files that were verified stay in the mirror; run the job again to retry the rest.",
+      { code: "mirror_failed" },
+    );
+  }
+  for (const file of summary.files) done.set(file.file, file.bytesTotal ?? done.get(file.file) ?? 0);
+  report();
+  const bytes = summary.files.reduce((sum, file) => sum + (file.bytesTotal ?? 0), 0);
+  return `${countOf(summary.files.length, "file")} verified (${formatBytes(bytes)}): ${summary.fetched} fetched, ${summary.skipped} already in the mirror`;
+}
+
+/**
+ * Checks the mirrored weights the way an engine will load them and collects the origin:
+ * each file with the sha256 the mirror verified it with.
+ */
+export async function checkMirrored(input: {
+  planned: PlannedFetch;
+  entry: string;
+  format: WeightsFormat;
+  modelName: string;
+  contextPool: number;
+  parallel: number;
+  mirror: Pick<Mirror, "check">;
+  signal: AbortSignal;
+}): Promise<{ detail: string; origin: OriginFile[] }> {
+  const { planned, mirror } = input;
+  const origin: OriginFile[] = [];
+  let entryPath = "";
+  for (const file of planned.files) {
+    const checked = await mirror.check(planned.model, planned.version, file.path);
+    if (checked.kind === "refused") throw checked.error;
+    origin.push({ path: file.path, sha256: checked.sha256, bytes: checked.size });
+    if (file.path === input.entry) entryPath = checked.path;
+  }
+  if (input.format === "gguf") {
+    const checked = await checkWeightsFile({ file: entryPath, modelName: input.modelName, llamaCpp: true, param: "repo", signal: input.signal });
+    const header = checked.header!;
+    const estimate = estimateGgufMemory({ header, contextSize: input.contextPool, parallel: input.parallel });
+    const warnings = estimate.warnings.length > 0 ? ` Note: ${estimate.warnings.join(" ")}` : "";
+    return {
+      origin,
+      detail:
+        `${header.architecture}, ${header.blockCount} layers, ${header.quantisation}, trained for ${header.contextLength} tokens; ` +
+        `needs about ${formatBytes(estimate.totalBytes)} with a ${input.contextPool}-token pool (weights ${formatBytes(estimate.weightsBytes)}, KV cache ${formatBytes(estimate.kvCacheBytes)})${warnings}`,
+    };
+  }
+  const configPath = path.join(path.dirname(entryPath), "config.json");
+  let shape = "no config.json next to the weights";
+  try {
+    const config = JSON.parse(await readFile(configPath, "utf8")) as { model_type?: string; architectures?: string[]; num_hidden_layers?: number; torch_dtype?: string };
+    shape = `${config.architectures?.[0] ?? config.model_type ?? "unknown architecture"}, ${config.num_hidden_layers ?? "?"} layers, ${config.torch_dtype ?? "dtype not given"}`;
+  } catch {
+    // Said in the detail: vLLM will refuse the folder itself if it needs the file.
+  }
+  const bytes = origin.reduce((sum, file) => sum + file.bytes, 0);
+  return { origin, detail: `${shape}; ${formatBytes(bytes)} of safetensors for vLLM` };
+}
+
+export type ReplicaWait = { kind: "ready"; replica: JobReplica & { endpoint: SmokeTarget["endpoint"] }; waitedMs: number } | { kind: "busy"; explanation: string[] };
+
+/**
+ * Waits for a ready replica of the model's current definition. Throws when the model
+ * parks (with why), when no node could ever take it (with the placement explanation), or
+ * at the deadline; resolves `busy` when nodes have the hardware but it is taken.
+ */
+export async function waitForReplica(input: { fleet: JobFleet; model: CatalogModel; timeoutMs: number; signal: AbortSignal; step: StepHandle; pollMs?: number }): Promise<ReplicaWait> {
+  const { fleet, model, step } = input;
+  const started = Date.now();
+  let lastLine = "";
+  for (;;) {
+    input.signal.throwIfAborted();
+    const replicas = fleet.currentReplicas(model.id);
+    const ready = replicas.find((r) => r.state === "ready" && r.endpoint !== null);
+    if (ready !== undefined) return { kind: "ready", replica: { ...ready, endpoint: ready.endpoint! }, waitedMs: Date.now() - started };
+    const status = fleet.status(model.id);
+    if (status.parked !== null) throw new UpstreamError(`The model parked: ${status.parked.reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`, { code: "model_parked" });
+    if (status.weightsProblem !== null) throw new UpstreamError(status.weightsProblem, { code: "weights_unreadable" });
+    if (status.unplaceable !== null && status.unplaceable.length > 0) {
+      if (onlyBusy(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
+      throw new UpstreamError(`No node can run '${model.name}': ${status.unplaceable.join("; ")}.`, { code: "model_unplaceable" });
+    }
+    const line = replicas.length === 0 ? "placing a replica" : replicas.map((r) => `${r.id} ${r.state} on ${r.nodeNames.join(",") || "?"}${r.lastError ? ` (${r.lastError})` : ""}`).join("; ");
+    if (line !== lastLine) {
+      step.detail(line);
+      lastLine = line;
+    }
+    if (Date.now() - started > input.timeoutMs) {
+      throw new UpstreamError(`No replica of '${model.name}' became ready within ${Math.round(input.timeoutMs / 1000)} s (${line}). 'llmgw ctl model show ${model.name}' shows why.`, { code: "placement_timeout" });
+    }
+    await new Promise((resolve) => setTimeout(resolve, input.pollMs ?? 250));
+  }
+}
+
+/**
+ * Whether some node has the hardware the replica needs but others use it now: the
+ * placement explanation (fleet/placement.ts `shortfall`) says "free" exactly when a node
+ * has the GPUs, memory or cores in total but not free. Then the model waits for room
+ * rather than failing: it starts when a replica elsewhere stops.
+ */
+export function onlyBusy(explanation: readonly string[]): boolean {
+  return explanation.some((line) => /\bfree\b/.test(line));
+}

@@ -1,0 +1,141 @@
+// The job runner on both stores: steps recorded as they run, a job cut by a server stop
+// resumed at the step it was in (steps done before are not run again), given up after too
+// many restarts, cancel with undo, a failure with its reason, and the finished-jobs limit.
+import assert from "node:assert/strict";
+import { silentLogger } from "../core/log.ts";
+import { testBothStores } from "../../test/support/stores.ts";
+import { eventually } from "../../test/support/eventually.ts";
+import { Gate } from "../../test/support/gate.ts";
+import { JobRows } from "./job-rows.ts";
+import { JobRunner, MAX_RESUMES, type JobHandler } from "./jobs.ts";
+
+/** A handler whose second step waits on a gate (or the job's signal), counting how often each step body runs. */
+function gatedHandler() {
+  const runs = { fetch: 0, wait: 0, undo: 0 };
+  let open = new Gate();
+  const handler: JobHandler = {
+    steps: () => ["fetch", "wait", "finish"],
+    async run(job) {
+      await job.step("fetch", async () => {
+        runs.fetch += 1;
+        await job.remember({ fetched: "abc" });
+        return "fetched abc";
+      });
+      await job.step("wait", async (step) => {
+        runs.wait += 1;
+        step.detail("waiting for the gate");
+        await Promise.race([open.wait(), new Promise((_, reject) => job.signal.addEventListener("abort", () => reject(job.signal.reason), { once: true }))]);
+        return `used ${String(job.context.fetched)}`;
+      });
+      if (job.request.fail === true) await job.step("finish", async () => Promise.reject(new Error("the replica answered nothing")));
+      else await job.step("finish", async () => "finished");
+      return "done";
+    },
+    async undo() {
+      runs.undo += 1;
+    },
+  };
+  return { handler, runs, release: () => open.open(), reset: () => (open = new Gate()) };
+}
+
+function runner(store: Parameters<Parameters<typeof testBothStores>[1]>[0], handler: JobHandler) {
+  return new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+}
+
+testBothStores("a job records each step, and one cut by a server stop resumes where it was", async (store) => {
+  const { handler, runs, release } = gatedHandler();
+  const first = runner(store, handler);
+  const submitted = await first.submit("serve", { repo: "o/n" }, "admin:root", null);
+  assert.equal(submitted.state, "queued");
+  assert.deepEqual(submitted.steps.map((s) => s.name), ["fetch", "wait", "finish"]);
+  await eventually("the wait step running", async () => (await first.get(submitted.id)).steps[1]?.state === "running");
+  const during = await first.get(submitted.id);
+  assert.equal(during.state, "running");
+  assert.equal(during.steps[0]?.state, "done");
+  assert.equal(during.steps[0]?.detail, "fetched abc");
+
+  // The server stops: the job stays running in the store, as a kill would leave it.
+  await first.close();
+  assert.equal((await first.get(submitted.id)).state, "running");
+
+  const second = runner(store, handler);
+  await second.start();
+  release();
+  const finished = await eventually("the resumed job done", async () => {
+    const job = await second.get(submitted.id);
+    return job.state === "done" ? job : undefined;
+  });
+  assert.equal(finished.resumed, 1);
+  assert.equal(runs.fetch, 1, "a step done before the stop is not run again");
+  assert.equal(runs.wait, 2, "the step cut by the stop runs again");
+  assert.equal(finished.steps[1]?.detail, "used abc", "the resumed step reads what the first run remembered");
+  assert.deepEqual(finished.steps.map((s) => s.state), ["done", "done", "done"]);
+  assert.ok(finished.finished_at !== null);
+  await second.close();
+});
+
+testBothStores("a job cut by more restarts than MAX_RESUMES fails with that reason", async (store) => {
+  const { handler } = gatedHandler();
+  let current = runner(store, handler);
+  const job = await current.submit("serve", {}, "admin:root", null);
+  for (let restart = 0; restart < MAX_RESUMES; restart += 1) {
+    await eventually("the wait step running", async () => (await current.get(job.id)).steps[1]?.state === "running");
+    await current.close();
+    current = runner(store, handler);
+    await current.start();
+  }
+  await eventually("the wait step running again", async () => (await current.get(job.id)).steps[1]?.state === "running");
+  await current.close();
+  const last = runner(store, handler);
+  await last.start();
+  const failed = await last.get(job.id);
+  assert.equal(failed.state, "failed");
+  assert.match(failed.error ?? "", /cut by 4 server restarts.*run it again/);
+  await last.close();
+});
+
+testBothStores("cancel stops the running step, undoes what the job started, and a finished job cannot be cancelled", async (store) => {
+  const { handler, runs } = gatedHandler();
+  const jobs = runner(store, handler);
+  const job = await jobs.submit("serve", {}, "admin:root", "m");
+  await eventually("the wait step running", async () => (await jobs.get(job.id)).steps[1]?.state === "running");
+  const cancelled = await jobs.cancel(job.id);
+  assert.equal(cancelled.state, "cancelled");
+  assert.deepEqual(cancelled.steps.map((s) => s.state), ["done", "cancelled", "cancelled"]);
+  assert.equal(cancelled.steps[1]?.detail, "waiting for the gate", "the cancelled step keeps where it had got to");
+  assert.equal(runs.undo, 1);
+  await assert.rejects(jobs.cancel(job.id), (e: unknown) => (e as { code?: string }).code === "job_finished");
+  await assert.rejects(jobs.get("job-nothere"), (e: unknown) => (e as { code?: string }).code === "job_not_found");
+  await jobs.close();
+});
+
+testBothStores("a failed step names the reason; the steps after it are skipped", async (store) => {
+  const { handler, release } = gatedHandler();
+  release();
+  const jobs = runner(store, handler);
+  const job = await jobs.submit("serve", { fail: true }, "admin:root", null);
+  const failed = await eventually("the job failed", async () => {
+    const view = await jobs.get(job.id);
+    return view.state === "failed" ? view : undefined;
+  });
+  assert.equal(failed.error, "the replica answered nothing");
+  assert.equal(failed.steps[2]?.state, "failed");
+  assert.equal(failed.steps[2]?.detail, "the replica answered nothing");
+  await jobs.close();
+});
+
+testBothStores("only the newest 100 finished jobs are kept", async (store) => {
+  const handler: JobHandler = { steps: () => ["only"], run: async (job) => (await job.step("only", async () => "ok"), "done") };
+  let now = Date.parse("2026-11-30T10:00:00Z");
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, clock: () => (now += 1000) });
+  const ids: string[] = [];
+  for (let i = 0; i < 103; i += 1) {
+    const job = await jobs.submit("serve", {}, "admin:root", null);
+    ids.push(job.id);
+    await eventually("job done", async () => (await jobs.get(job.id)).state === "done");
+  }
+  const kept = await new JobRows(store).list({ limit: 1000 });
+  assert.equal(kept.length, 100);
+  assert.ok(!kept.some((job) => ids.slice(0, 3).includes(job.id)), "the oldest three are gone");
+  await jobs.close();
+});

@@ -1,0 +1,335 @@
+// The job runner: starts serve and update jobs, runs their steps with live state, keeps
+// every change in the `jobs` table, cancels on request, and picks up after a restart.
+//
+// - A job runs in the background; the request that made it returns at once with its id.
+// - Each step is marked running, then done, failed or cancelled, with a detail line and
+//   its times. Progress writes are throttled (one row write a second at most); state
+//   changes are written at once.
+// - A step found done when a job resumes is not run again: its result is in the job's
+//   context. A step cut midway runs again, which is safe because each one is idempotent
+//   (the mirror resumes its files, the catalog step recognises the model it created).
+// - A server that stops leaves its jobs `running`; the next start resumes them. A job cut
+//   this way more than MAX_RESUMES times fails with that reason, so none stays running
+//   forever.
+// - Cancel aborts the job's signal (stopping the mirror fetch, the waits) and then asks
+//   its handler to undo what it started; files already verified stay in the mirror.
+// - Only the newest KEPT_FINISHED_JOBS finished jobs are kept.
+import { randomBytes } from "node:crypto";
+import { ConflictError, NotFoundError, describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import { FINISHED_STATES, JobRows, KEPT_FINISHED_JOBS, viewJob, type JobKind, type JobRecord, type JobResult, type JobState, type JobStep, type JobView, type StepProgress } from "./job-rows.ts";
+
+/** How often a job may be resumed after server restarts before it fails. */
+export const MAX_RESUMES = 3;
+/** Jobs that run at once; more wait as `queued`. */
+const CONCURRENT_JOBS = 4;
+/** A progress change is written at most this often. */
+const PROGRESS_WRITE_MS = 1000;
+
+export interface JobHandler {
+  /** The steps a job of this kind shows, in order. */
+  steps(request: Record<string, unknown>): string[];
+  /** Runs the steps; resolves with how the job finished, or throws why it failed. */
+  run(job: RunningJob): Promise<"done" | "waiting">;
+  /** After a cancel: stop and remove what the job started (its context says what). */
+  undo?(job: RunningJob): Promise<void>;
+}
+
+export interface JobRunnerOptions {
+  store: Store;
+  logger: Logger;
+  handlers: Record<JobKind, JobHandler>;
+  clock?: () => number;
+}
+
+/** Why a running job's signal was aborted. */
+class JobStop extends Error {
+  constructor(readonly why: "cancel" | "server-stop") {
+    super(why === "cancel" ? "The job was cancelled." : "The server is stopping; the job resumes on the next start.");
+  }
+}
+
+/** What a handler sees of its job while it runs. */
+export class RunningJob {
+  private pendingWrite: NodeJS.Timeout | undefined;
+  private writing: Promise<void> = Promise.resolve();
+
+  constructor(
+    readonly record: JobRecord,
+    readonly signal: AbortSignal,
+    private readonly rows: JobRows,
+    private readonly clock: () => number,
+    private readonly logger: Logger,
+  ) {}
+
+  get id(): string {
+    return this.record.id;
+  }
+  get request(): Record<string, unknown> {
+    return this.record.request;
+  }
+  get context(): Record<string, unknown> {
+    return this.record.context;
+  }
+  get actor(): string {
+    return this.record.created_by;
+  }
+
+  /**
+   * Runs one step: marks it running, runs `body`, marks it done with the detail `body`
+   * returns (or failed with the error's message). A step already done (a resumed job) is
+   * skipped: what it decided is in the context.
+   */
+  async step(name: string, body: (step: StepHandle) => Promise<string>): Promise<void> {
+    const step = this.stepNamed(name);
+    if (step.state === "done") return;
+    this.signal.throwIfAborted();
+    Object.assign(step, { state: "running", started_at: nowIso(this.clock), finished_at: null });
+    await this.save();
+    const handle: StepHandle = {
+      detail: (text) => {
+        step.detail = text;
+        this.saveSoon();
+      },
+      progress: (progress) => {
+        step.progress = progress;
+        this.saveSoon();
+      },
+    };
+    try {
+      const detail = await body(handle);
+      Object.assign(step, { state: "done", detail, finished_at: nowIso(this.clock) });
+    } catch (error) {
+      const stop = this.signal.reason instanceof JobStop ? this.signal.reason : null;
+      if (stop?.why === "server-stop") {
+        // Left running: the next start resumes the job at this step.
+        throw error;
+      }
+      const cancelled = stop?.why === "cancel";
+      // A failed step's line is the reason; a cancelled one keeps where it had got to.
+      Object.assign(step, { state: cancelled ? "cancelled" : "failed", detail: cancelled ? step.detail : describeError(error), finished_at: nowIso(this.clock) });
+      throw error;
+    } finally {
+      await this.save();
+    }
+  }
+
+  /** Marks a step skipped with why (nothing to do for this request). */
+  async skip(name: string, why: string): Promise<void> {
+    const step = this.stepNamed(name);
+    if (step.state === "done" || step.state === "skipped") return;
+    Object.assign(step, { state: "skipped", detail: why, finished_at: nowIso(this.clock) });
+    await this.save();
+  }
+
+  stepState(name: string): JobStep["state"] {
+    return this.stepNamed(name).state;
+  }
+
+  setModel(name: string): void {
+    this.record.model = name;
+  }
+
+  setResult(result: JobResult): void {
+    this.record.result = result;
+  }
+
+  /** Merges into the context and writes it, so a resumed run knows it. */
+  async remember(values: Record<string, unknown>): Promise<void> {
+    Object.assign(this.record.context, values);
+    await this.save();
+  }
+
+  /** Writes the record now (after any write in progress). */
+  save(): Promise<void> {
+    if (this.pendingWrite !== undefined) {
+      clearTimeout(this.pendingWrite);
+      this.pendingWrite = undefined;
+    }
+    this.record.updated_at = nowIso(this.clock);
+    const snapshot = structuredClone(this.record);
+    this.writing = this.writing
+      .then(() => this.rows.save(snapshot))
+      .catch((error: unknown) => this.logger.warn({ job: this.id, err: describeError(error) }, "could not record a job's progress"));
+    return this.writing;
+  }
+
+  private saveSoon(): void {
+    if (this.pendingWrite !== undefined) return;
+    this.pendingWrite = setTimeout(() => {
+      this.pendingWrite = undefined;
+      void this.save();
+    }, PROGRESS_WRITE_MS);
+    this.pendingWrite.unref();
+  }
+
+  private stepNamed(name: string): JobStep {
+    const step = this.record.steps.find((s) => s.name === name);
+    if (step === undefined) throw new Error(`job ${this.id} has no step '${name}'`);
+    return step;
+  }
+}
+
+export interface StepHandle {
+  /** Replaces the step's detail line while it runs. */
+  detail(text: string): void;
+  progress(progress: StepProgress): void;
+}
+
+export class JobRunner {
+  private readonly rows: JobRows;
+  private readonly clock: () => number;
+  private readonly running = new Map<string, { controller: AbortController; done: Promise<void> }>();
+  private readonly queue: Array<() => void> = [];
+  private active = 0;
+  private closed = false;
+
+  constructor(private readonly options: JobRunnerOptions) {
+    this.rows = new JobRows(options.store);
+    this.clock = options.clock ?? Date.now;
+  }
+
+  /** Resumes the jobs an earlier run of the server left unfinished. */
+  async start(): Promise<void> {
+    for (const record of await this.rows.unfinished()) {
+      if (record.resumed >= MAX_RESUMES) {
+        await this.finish(record, "failed", `The job was cut by ${MAX_RESUMES + 1} server restarts and is given up; run it again.`);
+        continue;
+      }
+      record.resumed += 1;
+      for (const step of record.steps) if (step.state === "running") step.state = "pending";
+      this.options.logger.info({ job: record.id, kind: record.kind, resumed: record.resumed }, "resuming a job cut by a server stop");
+      await this.rows.save(record);
+      this.launch(record);
+    }
+  }
+
+  /** Creates a job and starts it in the background; resolves once it is recorded. */
+  async submit(kind: JobKind, request: Record<string, unknown>, actor: string, model: string | null): Promise<JobView> {
+    if (this.closed) throw new ConflictError("The server is stopping; submit the job again once it is back.", { code: "server_stopping" });
+    const now = nowIso(this.clock);
+    const record: JobRecord = {
+      id: `job-${randomBytes(6).toString("hex")}`,
+      kind,
+      state: "queued",
+      request,
+      model,
+      steps: this.options.handlers[kind].steps(request).map((name) => ({ name, state: "pending", detail: null, started_at: null, finished_at: null })),
+      error: null,
+      result: null,
+      resumed: 0,
+      context: {},
+      created_by: actor,
+      created_at: now,
+      updated_at: now,
+      finished_at: null,
+    };
+    await this.rows.insert(record);
+    const accepted = viewJob(structuredClone(record));
+    this.launch(record);
+    return accepted;
+  }
+
+  async get(id: string): Promise<JobView> {
+    const record = await this.rows.get(id);
+    if (record === null) throw jobNotFound(id);
+    return viewJob(record);
+  }
+
+  async list(query: { state?: string; kind?: string; model?: string; limit?: number }): Promise<JobView[]> {
+    return (await this.rows.list(query)).map(viewJob);
+  }
+
+  /** The unfinished job about this model (by the name it serves), if any: one job at a time per model. */
+  async unfinishedFor(model: string): Promise<JobView | undefined> {
+    const found = (await this.rows.unfinished()).find((job) => job.model === model || job.request.name === model || job.request.model === model);
+    return found === undefined ? undefined : viewJob(found);
+  }
+
+  /** Stops a job and undoes what it started; resolves with the job once it has stopped. */
+  async cancel(id: string): Promise<JobView> {
+    const record = await this.rows.get(id);
+    if (record === null) throw jobNotFound(id);
+    if (FINISHED_STATES.has(record.state)) {
+      throw new ConflictError(`Job ${id} already finished (${record.state}); there is nothing to cancel.`, { code: "job_finished" });
+    }
+    const run = this.running.get(id);
+    if (run === undefined) {
+      // Recorded as unfinished but not running here (it never started): end it as it is.
+      await this.finish(record, "cancelled", "The job was cancelled.");
+    } else {
+      run.controller.abort(new JobStop("cancel"));
+      await run.done;
+    }
+    return this.get(id);
+  }
+
+  /** Stops running jobs without finishing them (they resume on the next start). */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const resolve of this.queue.splice(0)) resolve();
+    const runs = [...this.running.values()];
+    for (const run of runs) run.controller.abort(new JobStop("server-stop"));
+    await Promise.all(runs.map((run) => run.done));
+  }
+
+  private launch(record: JobRecord): void {
+    const controller = new AbortController();
+    const done = this.run(record, controller).finally(() => this.running.delete(record.id));
+    this.running.set(record.id, { controller, done });
+  }
+
+  private async run(record: JobRecord, controller: AbortController): Promise<void> {
+    if (this.active >= CONCURRENT_JOBS) await new Promise<void>((resolve) => this.queue.push(resolve));
+    if (this.closed || controller.signal.aborted) {
+      if (controller.signal.reason instanceof JobStop && controller.signal.reason.why === "cancel") await this.finish(record, "cancelled", "The job was cancelled.");
+      return;
+    }
+    this.active += 1;
+    const handler = this.options.handlers[record.kind];
+    const job = new RunningJob(record, controller.signal, this.rows, this.clock, this.options.logger);
+    try {
+      record.state = "running";
+      await job.save();
+      const outcome = await handler.run(job);
+      await this.finish(record, outcome, null);
+      this.options.logger.info({ job: record.id, kind: record.kind, model: record.model, outcome }, "job finished");
+    } catch (error) {
+      const stop = controller.signal.reason instanceof JobStop ? controller.signal.reason : null;
+      if (stop?.why === "server-stop") {
+        await job.save();
+      } else if (stop?.why === "cancel") {
+        await handler.undo?.(job).catch((undoError: unknown) => this.options.logger.warn({ job: record.id, err: describeError(undoError) }, "could not undo all a cancelled job started"));
+        this.markRemaining(record, "cancelled");
+        await this.finish(record, "cancelled", "The job was cancelled.");
+        this.options.logger.info({ job: record.id, kind: record.kind }, "job cancelled");
+      } else {
+        this.markRemaining(record, "skipped");
+        await this.finish(record, "failed", describeError(error));
+        this.options.logger.warn({ job: record.id, kind: record.kind, model: record.model, err: describeError(error) }, "job failed");
+      }
+    } finally {
+      this.active -= 1;
+      this.queue.shift()?.();
+    }
+  }
+
+  /** Steps that never ran: skipped after a failure, cancelled after a cancel. */
+  private markRemaining(record: JobRecord, state: "skipped" | "cancelled"): void {
+    for (const step of record.steps) {
+      if (step.state === "pending" || step.state === "running") Object.assign(step, { state, finished_at: step.started_at === null ? null : nowIso(this.clock) });
+    }
+  }
+
+  private async finish(record: JobRecord, state: JobState, error: string | null): Promise<void> {
+    const now = nowIso(this.clock);
+    Object.assign(record, { state, error, updated_at: now, finished_at: now });
+    await this.rows.save(record);
+    await this.rows.prune().catch((pruneError: unknown) => this.options.logger.warn({ err: describeError(pruneError) }, "could not delete old jobs"));
+  }
+}
+
+function jobNotFound(id: string): NotFoundError {
+  return new NotFoundError(`There is no job '${id}'. List jobs with 'llmgw ctl job list' (the newest ${KEPT_FINISHED_JOBS} finished ones are kept).`, { code: "job_not_found" });
+}

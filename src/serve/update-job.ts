@@ -1,0 +1,240 @@
+// The update job: moves a served model to a newer revision of its origin repository (or,
+// as a rollback, back to the previous one while its files are still mirrored) without a
+// failed request:
+//   registry  read the repository at the revision asked for (default: the branch the model follows)
+//   mirror    fetch the new revision's files (a rollback checks the old ones are still there)
+//   check     read them as the engine will
+//   catalog   point the model at them; its old replicas are held serving meanwhile
+//   rollout   wait for a ready replica of the new revision
+//   smoke_test ask it for a hello
+//   retire    release the old replicas: the gateway drains each before it stops
+// The old revision serves until a new replica passes the smoke test. A failure at rollout
+// or smoke test points the model back at the old revision, whose replicas never stopped,
+// and the job fails saying why.
+import { BadRequestError, ConflictError, NotFoundError, UpstreamError, describeError, parseWith } from "../core/errors.ts";
+import { countOf, formatBytes } from "../core/format.ts";
+import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import type { ModelDefinition } from "../catalog/model-schema.ts";
+import { isLocalSource } from "../registry/local-source.ts";
+import { z } from "zod";
+import { prepareMirrorFetch } from "./fetch-preparation.ts";
+import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type PlannedFetch } from "./job-steps.ts";
+import type { JobHandler, RunningJob } from "./jobs.ts";
+import { DEFAULT_REPLICA_TIMEOUT_MS, type JobDependencies } from "./serve-job.ts";
+import { contextSettings, type OriginFile } from "./serve-definition.ts";
+
+export const UPDATE_STEPS = ["registry", "mirror", "check", "catalog", "rollout", "smoke_test", "retire"] as const;
+
+/** How long the retire step waits for the old replicas to drain and stop. */
+const RETIRE_TIMEOUT_MS = 10 * 60_000;
+
+export interface UpdateRequest extends Record<string, unknown> {
+  model: string;
+  revision?: string;
+  rollback?: boolean;
+}
+
+type Origin = NonNullable<ModelDefinition["origin"]>;
+type Source = NonNullable<ModelDefinition["source"]>;
+type MirrorSource = Extract<Source, { kind: "mirror" }>;
+
+interface UpdateContext {
+  planned?: PlannedFetch;
+  /** Nothing to do: the model already serves this revision. */
+  current?: boolean;
+  newSource?: MirrorSource;
+  newOrigin?: OriginFile[];
+  /** The definition's source and origin before the catalog step, to return to on failure. */
+  before?: { source: Source; origin: Origin };
+}
+
+const updateBodySchema = z.strictObject({ model: z.string().min(1), revision: z.string().min(1).optional() });
+
+/** Checks an update (or rollback) request against the catalog; throws what to do instead. */
+export function checkUpdateRequest(body: unknown, catalog: Pick<Catalog, "resolve">, rollback: boolean): UpdateRequest {
+  const request = parseWith(updateBodySchema, body, rollback ? "rollback" : "update request");
+  const model = catalog.resolve(request.model);
+  if (model === undefined || model.name !== request.model) {
+    throw new NotFoundError(`There is no model named '${request.model}'${model === undefined ? "" : ` ('${request.model}' is an alias of '${model.name}')`}. List them with 'llmgw ctl model list'.`, { code: "model_not_found", param: "model" });
+  }
+  const { origin, source } = model.definition;
+  if (origin === undefined || source?.kind !== "mirror") {
+    throw new BadRequestError(
+      `Model '${model.name}' was not served from a repository through the mirror, so it has no revisions to move between. Serve the repository with 'llmgw ctl model serve', or change its source with 'llmgw ctl model edit'.`,
+      { code: "no_origin", param: "model" },
+    );
+  }
+  if (rollback) {
+    if (origin.previous === undefined) throw new ConflictError(`Model '${model.name}' has no previous revision to return to: it was never updated.`, { code: "no_previous_revision" });
+    return { model: model.name, revision: origin.previous.revision, rollback: true };
+  }
+  if (isLocalSource(origin.repo)) {
+    throw new BadRequestError(`Model '${model.name}' was served from local files (${origin.repo}), which have no revisions. Serve the changed files with 'llmgw ctl model serve' under another name.`, { code: "no_origin", param: "model" });
+  }
+  return { model: model.name, ...(request.revision === undefined ? {} : { revision: request.revision }) };
+}
+
+export function updateJobHandler(deps: JobDependencies): JobHandler {
+  return {
+    steps: () => [...UPDATE_STEPS],
+    async run(job) {
+      const request = job.request as UpdateRequest;
+      const context = job.context as UpdateContext;
+      const model = () => deps.catalog.get(request.model);
+      const timeoutMs = deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS;
+      job.setModel(request.model);
+
+      await job.step("registry", async () => {
+        const { origin, source } = model().definition as { origin: Origin; source: MirrorSource };
+        if (request.rollback === true) {
+          const previous = origin.previous!;
+          if (previous.source.kind !== "mirror") throw new BadRequestError("The previous revision was not served from the mirror; there is nothing to return to.", { code: "no_previous_revision" });
+          await job.remember({ newSource: previous.source, newOrigin: previous.files } satisfies UpdateContext);
+          return `back to ${origin.repo} @ ${previous.revision.slice(0, 12)} from ${origin.revision.slice(0, 12)}`;
+        }
+        const ref = request.revision ?? origin.ref ?? "main";
+        const prepared = await prepareMirrorFetch({
+          // The same file the model serves now (with the other parts of its set), at the new commit.
+          request: { repo: origin.repo, revision: ref, file: source.file, model: source.model },
+          registry: deps.registry,
+          mirror: deps.mirror,
+          signal: job.signal,
+        }).catch((error: unknown) => {
+          throw new UpstreamError(`Revision '${ref}' of ${origin.repo} cannot replace what '${request.model}' serves: ${describeError(error)}`, { code: "update_unavailable", cause: error });
+        });
+        const { plan } = prepared;
+        if (plan.revision === origin.revision) {
+          await job.remember({ current: true } satisfies UpdateContext);
+          return `'${request.model}' already serves ${origin.repo} @ ${plan.revision.slice(0, 12)}, the newest on '${ref}'`;
+        }
+        const planned: PlannedFetch = { model: prepared.model, version: plan.version, repo: plan.repo, revision: plan.revision, files: withoutHeaders(plan.files), totalBytes: plan.totalBytes };
+        await job.remember({ planned, newSource: { kind: "mirror", model: prepared.model, version: plan.version, file: source.file } } satisfies UpdateContext);
+        return `${origin.repo}: ${origin.revision.slice(0, 12)} → ${plan.revision.slice(0, 12)} ('${ref}'), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}`;
+      });
+      if (context.current === true) {
+        for (const name of UPDATE_STEPS.slice(1)) await job.skip(name, "nothing to update");
+        return "done";
+      }
+
+      await job.step("mirror", async (step) => {
+        if (context.planned !== undefined) return mirrorFiles({ planned: context.planned, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal });
+        // A rollback fetches nothing: the previous revision's files must still be mirrored and intact.
+        const source = context.newSource!;
+        for (const file of context.newOrigin!) {
+          const checked = await deps.mirror.check(source.model, source.version, file.path);
+          if (checked.kind === "refused") {
+            throw new ConflictError(`The previous revision's file ${file.path} is no longer usable in the mirror (${describeError(checked.error)}). Fetch that revision again with 'llmgw ctl model update ${request.model} --revision REV'.`, { code: "previous_files_gone" });
+          }
+        }
+        return `${countOf(context.newOrigin!.length, "file")} of the previous revision still in the mirror`;
+      });
+
+      await job.step("check", async () => {
+        const current = model();
+        const profile = current.definition.profiles.find((p) => p.engine === "llamacpp");
+        const source = context.newSource!;
+        const planned: PlannedFetch = context.planned ?? {
+          model: source.model,
+          version: source.version,
+          repo: current.definition.origin!.repo,
+          revision: current.definition.origin!.previous!.revision,
+          files: context.newOrigin!.map((f) => ({ path: f.path, url: "file:///", sha256: f.sha256, size: f.bytes })),
+          totalBytes: 0,
+        };
+        const { pool, parallel } = contextSettings({ ctx_pool: profile?.ctx_size, context: profile?.ctx_size !== undefined && profile.parallel !== undefined ? Math.floor(profile.ctx_size / profile.parallel) : undefined });
+        const checked = await checkMirrored({ planned, entry: source.file, format: profile === undefined ? "safetensors" : "gguf", modelName: request.model, contextPool: pool, parallel, mirror: deps.mirror, signal: job.signal });
+        await job.remember({ newOrigin: checked.origin } satisfies UpdateContext);
+        return checked.detail;
+      });
+
+      // Held from the catalog change until the new revision passed its smoke test.
+      const release = deps.fleet.holdOutdated(model().id);
+      let released = false;
+      const releaseOnce = () => {
+        if (!released) release();
+        released = true;
+      };
+      try {
+        await job.step("catalog", async () => {
+          const current = model();
+          const { origin, source } = current.definition as { origin: Origin; source: Source };
+          if (context.before === undefined) await job.remember({ before: { source, origin } } satisfies UpdateContext);
+          const before = context.before!;
+          if (JSON.stringify(source) === JSON.stringify(context.newSource)) return `'${request.model}' already points at the new revision (the server restarted meanwhile)`;
+          const newRevision = request.rollback === true ? before.origin.previous!.revision : context.planned!.revision;
+          const newOrigin: Origin = {
+            repo: before.origin.repo,
+            revision: newRevision,
+            ...(before.origin.ref === undefined ? {} : { ref: before.origin.ref }),
+            files: context.newOrigin!,
+            previous: { revision: before.origin.revision, files: before.origin.files, source: before.source },
+          };
+          await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin }, job.actor);
+          return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
+        });
+        const target = model();
+        await withRevert(job, deps.catalog, context, async () => {
+          const onDemand = target.definition.scaling.min === 0;
+          if (onDemand) deps.fleet.requested(target);
+          try {
+            let ready: Awaited<ReturnType<typeof waitForReplica>> | undefined;
+            await job.step("rollout", async (step) => {
+              ready = await waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step });
+              if (ready.kind === "busy") throw new UpstreamError(`There is no room for a replica of the new revision: ${ready.explanation.join("; ")}.`, { code: "no_room" });
+              return `replica ${ready.replica.id} of the new revision ready on ${ready.replica.nodeNames.join(", ")}${ready.replica.weightsVerified ? ", weights verified against the origin" : ""}`;
+            });
+            await job.step("smoke_test", async (step) => {
+              const found = ready ?? (await waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step }));
+              if (found.kind !== "ready") throw new UpstreamError("The new revision's replica is gone.", { code: "no_room" });
+              const result = await deps.smokeTest(found.replica, target.name, job.signal);
+              job.setResult(result);
+              return `"${result.reply}" (${result.completion_tokens} tokens, ${result.tokens_per_second} tokens/s)`;
+            });
+          } finally {
+            if (onDemand) deps.fleet.finished(target);
+          }
+        });
+        releaseOnce();
+        await job.step("retire", async (step) => {
+          const before = deps.fleet.outdatedReplicas(target.id).length;
+          const started = Date.now();
+          for (;;) {
+            job.signal.throwIfAborted();
+            const left = deps.fleet.outdatedReplicas(target.id);
+            if (left.length === 0) break;
+            step.detail(`draining ${countOf(left.length, "old replica")}: ${left.map((r) => `${r.id} ${r.state}`).join(", ")}`);
+            if (Date.now() - started > RETIRE_TIMEOUT_MS) throw new UpstreamError(`${countOf(left.length, "old replica")} did not stop within ${RETIRE_TIMEOUT_MS / 60_000} min; the new revision serves meanwhile.`, { code: "retire_timeout" });
+            await new Promise((resolve) => setTimeout(resolve, 250));
+          }
+          return before === 0 ? "no old replicas were running" : `${countOf(before, "old replica")} drained and stopped`;
+        });
+      } finally {
+        releaseOnce();
+      }
+      return "done";
+    },
+    async undo(job) {
+      // A cancelled update leaves the model on the revision it served before.
+      const context = job.context as UpdateContext;
+      const name = (job.request as UpdateRequest).model;
+      const current = deps.catalog.resolve(name);
+      if (context.before === undefined || current === undefined || JSON.stringify(current.definition.source) !== JSON.stringify(context.newSource)) return;
+      await deps.catalog.update(name, { source: context.before.source, origin: context.before.origin }, job.actor);
+    },
+  };
+}
+
+/** Runs the rollout; on failure points the model back at the revision it served before, then rethrows with that said. */
+async function withRevert(job: RunningJob, catalog: Catalog, context: UpdateContext, body: () => Promise<void>): Promise<void> {
+  try {
+    await body();
+  } catch (error) {
+    const before = context.before;
+    if (before === undefined || job.signal.aborted) throw error;
+    const name = (job.request as UpdateRequest).model;
+    await catalog.update(name, { source: before.source, origin: before.origin }, job.actor);
+    throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${name}' is back on ${before.origin.revision.slice(0, 12)}, whose replicas kept serving.`, { code: "update_failed", cause: error });
+  }
+}
+
+export type { CatalogModel };

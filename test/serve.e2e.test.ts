@@ -1,0 +1,206 @@
+// Serve and update jobs end to end: `llmgw ctl model serve` against the stand-in Hub with
+// a generated GGUF (every step done, the smoke test's reply and tokens/s printed, then the
+// model answering the `openai` client through the gateway, with its provenance shown);
+// the update check and its `new_weights` event; an update that swaps revisions while a
+// client keeps sending requests (none fails, none is cut); an update whose new file is
+// corrupt at the Hub (the old revision keeps serving); a rollback; and a cancel.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import OpenAI from "openai";
+import { readEvents } from "../src/fleet/events.ts";
+import { eventually } from "./support/eventually.ts";
+import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
+import { fakeCommitSha, startStandInHub, type StandInFile, type StandInHub, type StandInRepo } from "./support/stand-in-hub.ts";
+import { buildStandInRepos, GGUF_REPO, tinyGgufBytes } from "./support/stand-in-repos.ts";
+
+const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
+const run = promisify(execFile);
+const Q8 = "tiny-llama-Q8_0.gguf";
+const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
+
+describe("serve and update jobs", () => {
+  let hub: StandInHub;
+  let harness: Harness;
+  let repo: StandInRepo;
+  let client: OpenAI;
+
+  before(async () => {
+    repo = (await buildStandInRepos()).gguf;
+    hub = await startStandInHub({ repos: [repo] });
+    ({ harness } = await startHarnessWithAgent({ registryEndpoint: hub.url, replicaTimeoutMs: 120_000 }));
+    client = new OpenAI({ baseURL: `${harness.url}/v1`, apiKey: await harness.clientKey(), maxRetries: 0 });
+  });
+
+  after(async () => {
+    await harness.close();
+    await hub.close();
+  });
+
+  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" }, timeout: 240_000 });
+  const ctlFails = (args: string[]) =>
+    ctl(args).then(
+      (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
+      (error: { code: number | null; stdout: string; stderr: string }) => error,
+    );
+  const job = async (id: string) => (await harness.admin("GET", `/api/v1/jobs/${id}`)).body;
+  const lastJob = async (model: string) => (await harness.admin("GET", `/api/v1/jobs?model=${encodeURIComponent(model)}&limit=1`)).body.data[0];
+  const ask = async () => (await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 })).choices[0]?.message.content;
+
+  /** Publishes a new commit on main whose Q8_0 file has other bytes; returns its sha and the file's sha256. */
+  async function publish(seed: number, label: string): Promise<{ sha: string; fileSha: string }> {
+    const bytes = await tinyGgufBytes({ seed });
+    const previousMain = repo.revisions!.main!;
+    const files: StandInFile[] = repo.files.map((file) => (file.path === Q8 ? { path: Q8, content: bytes } : file));
+    const sha = fakeCommitSha(`${GGUF_REPO}@${label}`);
+    repo = { ...repo, revisions: { ...repo.revisions, main: sha }, filesAt: { ...repo.filesAt, [previousMain]: repo.files }, files };
+    hub.putRepo(repo);
+    return { sha, fileSha: sha256(bytes) };
+  }
+
+  test("ctl model serve: every step done, the reply and tokens/s printed, then the model answers through the gateway with its provenance", { timeout: 240_000 }, async () => {
+    const served = await ctl(["model", "serve", GGUF_REPO, "--quant", "Q8_0", "--name", "tiny", "--alias", "tiny-chat", "--ctx-pool", "2048", "--context", "1024"]);
+    assert.match(served.stdout, /registry/);
+    assert.match(served.stdout, /tokens\/s/, served.stdout);
+    const finished = await lastJob("tiny");
+    assert.equal(finished.state, "done", JSON.stringify(finished.steps));
+    assert.deepEqual(finished.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`), ["registry:done", "mirror:done", "check:done", "catalog:done", "placement:done", "smoke_test:done"]);
+    assert.ok(finished.result.reply.length > 0);
+    assert.ok(finished.result.tokens_per_second > 0);
+    assert.ok(finished.result.completion_tokens > 0);
+    assert.match(finished.steps[0].detail, new RegExp(`${GGUF_REPO} @ [0-9a-f]{12}: Q8_0`));
+    assert.match(finished.steps[2].detail, /llama, \d+ layers/);
+
+    assert.ok((await ask())!.length > 0, "the served model answers the openai client through the gateway");
+    const viaAlias = await client.chat.completions.create({ model: "tiny-chat", messages: [{ role: "user", content: "Hi" }], max_tokens: 4 });
+    assert.equal(viaAlias.choices.length, 1);
+
+    // Provenance: the origin names the commit and each file with the sha256 the Hub published.
+    const model = (await harness.admin("GET", "/api/v1/models/tiny")).body;
+    const published = repo.files.find((f) => f.path === Q8)!.content as Buffer;
+    assert.equal(model.origin.repo, GGUF_REPO);
+    assert.equal(model.origin.revision, repo.revisions!.main);
+    assert.deepEqual(model.origin.files, [{ path: Q8, sha256: sha256(published), bytes: published.length }]);
+    const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
+    assert.ok(health.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified), JSON.stringify(health.replicas));
+    const shown = await ctl(["model", "show", "tiny"]);
+    assert.match(shown.stdout, new RegExp(`origin: ${GGUF_REPO} @ ${repo.revisions!.main}`));
+    assert.match(shown.stdout, new RegExp(sha256(published)));
+    assert.match(shown.stdout, /verified/);
+  });
+
+  test("refusals at the door say what to do: a name in use, a job already at work on the model", async () => {
+    const taken = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "tiny" });
+    assert.equal(taken.status, 409);
+    assert.match(taken.body.error.message, /already used by model 'tiny'/);
+    const cli = await ctlFails(["model", "serve", GGUF_REPO, "--name", "tiny-chat"]);
+    assert.equal(cli.code, 1);
+    assert.match(cli.stderr, /^error: The name 'tiny-chat' is already used/m);
+    const noOrigin = await harness.admin("POST", "/api/v1/jobs/update", { model: "nothing-here" });
+    assert.equal(noOrigin.status, 404);
+  });
+
+  test("the update check finds a newer revision once and records new_weights", async () => {
+    const none = await harness.admin("POST", "/api/v1/updates/check", { model: "tiny" });
+    assert.equal(none.body.data[0].update_available, false);
+    const { sha } = await publish(21, "second");
+    const found = (await harness.admin("POST", "/api/v1/updates/check", {})).body.data.find((u: { model: string }) => u.model === "tiny");
+    assert.equal(found.update_available, true);
+    assert.equal(found.latest_revision, sha);
+    await harness.admin("POST", "/api/v1/updates/check", {});
+    const events = (await readEvents(harness.server.store.db, { kind: "new_weights" })).filter((e) => e.subject === "model:tiny");
+    assert.equal(events.length, 1, "one event per newly published revision");
+    assert.match(events[0]!.message, /llmgw ctl model update tiny/);
+    assert.equal((await harness.admin("GET", "/api/v1/updates")).body.data[0].update_available, true);
+  });
+
+  test("an update swaps revisions while a client keeps sending requests: none fails, none is cut", { timeout: 240_000 }, async () => {
+    const before = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    const target = repo.revisions!.main!;
+    let sending = true;
+    let ok = 0;
+    const failures: string[] = [];
+    const sender = async () => {
+      while (sending) {
+        try {
+          const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Count" }], max_tokens: 12, stream: true });
+          let finish: string | null | undefined;
+          for await (const chunk of stream) finish = chunk.choices[0]?.finish_reason ?? finish;
+          if (finish === undefined || finish === null) failures.push("a stream ended without a finish reason");
+          else ok += 1;
+        } catch (error) {
+          failures.push(String(error));
+        }
+      }
+    };
+    const senders = [sender(), sender()];
+    const updated = await ctl(["model", "update", "tiny"]);
+    // Keep sending until the old replica is gone, so requests cross the switch.
+    await eventually("some requests after the update", () => ok >= 4);
+    sending = false;
+    await Promise.all(senders);
+    assert.deepEqual(failures, []);
+    assert.match(updated.stdout, /tokens\/s/);
+    const done = await lastJob("tiny");
+    assert.equal(done.kind, "update");
+    assert.equal(done.state, "done", JSON.stringify(done.steps));
+    assert.match(done.steps.find((s: { name: string }) => s.name === "retire").detail, /drained and stopped/);
+    const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    assert.equal(after.revision, target);
+    assert.equal(after.previous.revision, before.revision);
+    const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
+    assert.equal(health.replicas.filter((r: { state: string }) => r.state === "ready").length, 1, "the old replica stopped");
+    assert.equal((await harness.admin("GET", "/api/v1/updates")).body.data[0].update_available, false);
+  });
+
+  test("an update whose new file is corrupt at the Hub fails and leaves the old revision serving", { timeout: 240_000 }, async () => {
+    const before = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    await publish(31, "third");
+    hub.setFault({ kind: "corrupt", match: "/cdn/" });
+    try {
+      const failed = await ctlFails(["model", "update", "tiny"]);
+      assert.equal(failed.code, 1);
+      assert.match(failed.stderr, /could not be mirrored|sha256/);
+    } finally {
+      hub.setFault(null);
+    }
+    const job = await lastJob("tiny");
+    assert.equal(job.state, "failed");
+    assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").state, "failed");
+    assert.equal((await harness.admin("GET", "/api/v1/models/tiny")).body.origin.revision, before.revision);
+    assert.ok((await ask())!.length > 0, "the old revision still answers");
+  });
+
+  test("rollback returns to the previous revision while its files are still mirrored", { timeout: 240_000 }, async () => {
+    const current = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    const rolled = await ctl(["model", "rollback", "tiny"]);
+    assert.match(rolled.stdout, /tokens\/s/);
+    const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    assert.equal(after.revision, current.previous.revision);
+    assert.equal(after.previous.revision, current.revision);
+    const job = await lastJob("tiny");
+    assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").detail, "1 file of the previous revision still in the mirror");
+    assert.ok((await ask())!.length > 0);
+  });
+
+  test("cancel stops a serve job and removes what it started; verified files stay", { timeout: 120_000 }, async () => {
+    hub.setFault({ kind: "hang", match: "/cdn/" });
+    try {
+      const started = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q4_K_M", name: "doomed" });
+      assert.equal(started.status, 202);
+      await eventually("the mirror step running", async () => (await job(started.body.id)).steps[1].state === "running");
+      const cancelled = await ctl(["job", "cancel", started.body.id, "--json"]);
+      const view = JSON.parse(cancelled.stdout);
+      assert.equal(view.state, "cancelled");
+      assert.deepEqual(view.steps.map((s: { state: string }) => s.state), ["done", "cancelled", "cancelled", "cancelled", "cancelled", "cancelled"]);
+      assert.equal((await harness.admin("GET", "/api/v1/models/doomed")).status, 404);
+    } finally {
+      hub.setFault(null);
+    }
+    const listed = JSON.parse((await ctl(["job", "list", "--json"])).stdout);
+    assert.ok(listed.some((j: { state: string }) => j.state === "cancelled"));
+  });
+});
