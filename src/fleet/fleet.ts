@@ -9,15 +9,14 @@
 // nodes). A node's assignments carry a version (assignment-versions.ts); the agent
 // long-polls with the version it has, and the poll answers as soon as that version moves.
 // What it knows of each model's weights is in weights-knowledge.ts, and the demand for
-// models served on demand in demand.ts.
+// models served on demand in demand.ts; parked models are in parked-models.ts, and how a
+// record is told to a node and to the gateway in record-projections.ts.
 import { createHash, randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
-import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
@@ -26,6 +25,8 @@ import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-t
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
+import { ParkedModels, type ParkedModel } from "./parked-models.ts";
+import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
@@ -57,11 +58,6 @@ export interface FleetOptions {
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
 }
 
-interface ParkedModel {
-  reason: string;
-  at: string;
-}
-
 
 /** What the fleet knows about a model beyond its replicas, for its health line. */
 export interface ModelFleetStatus {
@@ -74,7 +70,7 @@ export class Fleet implements Assignments {
   readonly nodes: NodeRegistry;
   private readonly rows: ReplicaRows;
   private readonly records = new Map<string, ReplicaRecord>();
-  private readonly parked = new Map<string, ParkedModel>();
+  private readonly parked: ParkedModels;
   private unplaceable = new Map<string, string[]>();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
@@ -108,15 +104,14 @@ export class Fleet implements Assignments {
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.demand = new Demand(this.clock);
+    this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
   }
 
   async start(): Promise<void> {
     await this.nodes.load();
-    for (const row of await this.options.store.db.selectFrom("model_states").selectAll().execute()) {
-      if (row.parked_reason !== null) this.parked.set(row.model_id, { reason: row.parked_reason, at: row.parked_at ?? row.updated_at });
-    }
+    await this.parked.load();
     for (const record of await this.rows.load()) {
       const profile = this.options.catalog.list().find((m) => m.id === record.modelId)?.definition.profiles.find((p) => p.name === record.profile);
       record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
@@ -200,31 +195,8 @@ export class Fleet implements Assignments {
     const version = this.versions.of(node.id);
     const assignments: Assignment[] = [];
     for (const record of this.records.values()) {
-      if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(node.id)) continue;
-      // A parked replica's supervisor gave up: an agent that restarts must not try it again.
-      if (record.state === "parked") continue;
-      const model = this.modelById(record.modelId);
-      const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-      const source = model?.definition.source;
-      // The files it was placed with: what the server's weights check says now does not take a running replica away.
-      if (model === undefined || profile === undefined || source === undefined) continue;
-      const index = record.nodeIds.indexOf(node.id);
-      assignments.push({
-        ...(record.nodeIds.length > 1
-          ? { ray: { role: index === 0 ? ("head" as const) : ("worker" as const), headAddress: record.rayAddress ?? null, workersReady: workersReady(record) } }
-          : {}),
-        replicaId: record.id,
-        modelId: model.id,
-        modelName: model.name,
-        profile,
-        // Only the head runs the engine; a Ray worker has no use for its key.
-        engineKey: index === 0 ? record.engineKey : "",
-        fingerprint: record.fingerprint,
-        source,
-        files: record.files,
-        gpus: record.gpus[node.id] ?? [],
-        nodeIds: record.nodeIds,
-      });
+      const assignment = assignmentOf(record, this.modelById(record.modelId), node.id);
+      if (assignment !== null) assignments.push(assignment);
     }
     return { version, assignments };
   }
@@ -358,7 +330,7 @@ export class Fleet implements Assignments {
   private async reconcileNow(): Promise<void> {
     const models = this.options.catalog.list();
     // Any change to a parked model's definition ends its parking (DESIGN.md "Replica lifecycle").
-    for (const [modelId, parked] of this.parked) {
+    for (const [modelId, parked] of this.parked.entries()) {
       const model = models.find((m) => m.id === modelId);
       if (model === undefined || model.updated_at > parked.at) await this.clearParking(modelId);
     }
@@ -367,7 +339,7 @@ export class Fleet implements Assignments {
       models,
       nodes: this.nodes.list(),
       replicas: [...this.records.values()],
-      parked: new Set(this.parked.keys()),
+      parked: this.parked.ids(),
       demand: this.demand.wanted,
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
@@ -473,17 +445,7 @@ export class Fleet implements Assignments {
     const model = this.modelById(record.modelId);
     if (model === undefined || this.parked.has(model.id)) return;
     const reason = `replica ${record.id} on node '${node.name}': ${record.lastError ?? "no error recorded"}`;
-    const at = nowIso(this.clock);
-    this.parked.set(model.id, { reason, at });
-    try {
-      await this.options.store.db
-        .insertInto("model_states")
-        .values({ model_id: model.id, parked_reason: reason, parked_at: at, updated_at: at })
-        .onConflict((oc) => oc.column("model_id").doUpdateSet({ parked_reason: reason, parked_at: at, updated_at: at }))
-        .execute();
-    } catch (error) {
-      this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's parking");
-    }
+    await this.parked.park(model, reason);
     this.options.logger.error({ model: model.name, reason }, "model parked");
     this.statusListener?.(model.id);
     void this.event("model_parked", "critical", `model:${model.name}`, `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`);
@@ -501,8 +463,7 @@ export class Fleet implements Assignments {
         count += 1;
       }
     }
-    if (!this.parked.delete(modelId)) return count;
-    await this.options.store.db.deleteFrom("model_states").where("model_id", "=", modelId).execute();
+    if (!(await this.parked.clear(modelId))) return count;
     const model = this.modelById(modelId);
     if (model !== undefined) void this.event("model_unparked", "info", `model:${model.name}`, `Model '${model.name}' is no longer parked; its replicas are started again.`);
     return count;
@@ -534,29 +495,7 @@ export class Fleet implements Assignments {
 
   /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
   private publish(record: ReplicaRecord): void {
-    const model = this.modelById(record.modelId);
-    const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-    const previous = this.options.replicas.get(record.id);
-    this.options.replicas.upsert({
-      id: record.id,
-      modelId: record.modelId,
-      modelName: model?.name ?? previous?.modelName ?? record.modelId,
-      profile: record.profile,
-      engine: record.engine,
-      nodeIds: record.nodeIds,
-      state: record.desired === "stop" && record.state !== "stopped" ? "stopping" : record.state,
-      endpoint: record.endpoint,
-      engineKey: record.engineKey,
-      upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
-      weight: profile?.weight ?? 1,
-      priority: profile?.priority ?? 0,
-      slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
-      attempt: record.attempt,
-      failures: record.failures,
-      lastError: record.lastError,
-      startedAt: record.startedAt,
-      readyAt: record.readyAt,
-    });
+    this.options.replicas.upsert(tableEntryOf(record, this.modelById(record.modelId), this.options.replicas.get(record.id), record.desired === "stop"));
   }
 
   private modelById(modelId: string): CatalogModel | undefined {
@@ -570,11 +509,6 @@ export class Fleet implements Assignments {
       this.options.logger.warn({ kind, err: describeError(error) }, "could not record an event");
     }
   }
-}
-
-/** Whether every worker node of a replica over several nodes runs its Ray worker. */
-function workersReady(record: ReplicaRecord): boolean {
-  return record.nodeIds.slice(1).every((nodeId) => record.workerStates?.[nodeId] === "ready");
 }
 
 /** What a replica of this profile was made from: another value means its engine must be replaced. */
