@@ -11,7 +11,12 @@
 // What it knows of each model's weights is in weights-knowledge.ts, and the demand for
 // models served on demand in demand.ts; parked models are in parked-models.ts, and how a
 // record is told to a node and to the gateway in record-projections.ts.
-import { createHash, randomBytes } from "node:crypto";
+//
+// Stopping a replica the gateway has requests at drains it first (drain.ts): out of
+// routing at once, stopped on its node once those requests are done. A model update can
+// hold the model's outdated replicas (outdated-holds.ts) and read its replicas split by
+// definition (model-replicas.ts) to check the new ones before the old ones go.
+import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
@@ -25,6 +30,9 @@ import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-t
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
+import { Drains } from "./drain.ts";
+import { fingerprintOf, replicasByDefinition, type CurrentReplica, type ReplicasByDefinition } from "./model-replicas.ts";
+import { OutdatedHolds } from "./outdated-holds.ts";
 import { ParkedModels, type ParkedModel } from "./parked-models.ts";
 import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
@@ -41,6 +49,8 @@ export const FLEET_DEFAULTS = {
   tickMs: 1_000,
   /** Heartbeat times reach the store this often (state changes at once). */
   heartbeatFlushMs: 5_000,
+  /** A stopped replica's requests in flight get this long to finish before its engine is stopped anyway. */
+  drainTimeoutMs: 60_000,
 } as const;
 
 export interface FleetOptions {
@@ -55,6 +65,10 @@ export interface FleetOptions {
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
   tickMs?: number;
+  /** The gateway's requests in flight at a replica: a replica with some is drained before it stops. */
+  inFlight?: (replicaId: string) => number;
+  /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
+  drainTimeoutMs?: number;
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
 }
 
@@ -74,6 +88,8 @@ export class Fleet implements Assignments {
   private unplaceable = new Map<string, string[]>();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
+  private readonly drains: Drains;
+  private readonly holds = new OutdatedHolds();
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
   /** Each node's agent run, from its heartbeats: a new one means its engines are new too. */
@@ -105,6 +121,12 @@ export class Fleet implements Assignments {
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.demand = new Demand(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
+    this.drains = new Drains({
+      inFlight: (replicaId) => options.inFlight?.(replicaId) ?? 0,
+      clock: this.clock,
+      timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
+      logger: options.logger,
+    });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
   }
@@ -186,6 +208,7 @@ export class Fleet implements Assignments {
       if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
       else this.applyReport(record, replica, node);
     }
+    this.finishDrains();
     return { nodeId: node.id, state: node.state, assignmentsVersion: this.versions.of(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
   }
 
@@ -218,6 +241,36 @@ export class Fleet implements Assignments {
   starting(modelId: string): boolean {
     if (!this.demand.wants(modelId) || this.parked.has(modelId) || this.unplaceable.has(modelId)) return false;
     return this.weights.problem(modelId) === null;
+  }
+
+  // --- Model updates (server-side only: these carry engine keys) ------------------------
+
+  /**
+   * Keeps the model's ready replicas of an earlier definition serving beside the new ones
+   * until the returned function is called (an update checks the new ones meanwhile); then
+   * they are drained and stopped. Holds nest.
+   */
+  holdOutdated(modelId: string): () => void {
+    return this.holds.hold(modelId, () => this.schedule());
+  }
+
+  /**
+   * The model's replicas made from its current definition, with endpoints and engine keys.
+   * To wait for them, re-read on the ReplicaTable's `onChange` (every placement, report and
+   * stop changes it); `onStatusChange` holds one listener, the gateway's, and is not for this.
+   */
+  currentReplicas(modelId: string): CurrentReplica[] {
+    return this.byDefinition(modelId).current;
+  }
+
+  /** The model's replicas of an earlier definition that still run (held, or waiting for their successors). */
+  outdatedReplicas(modelId: string): CurrentReplica[] {
+    return this.byDefinition(modelId).outdated;
+  }
+
+  private byDefinition(modelId: string): ReplicasByDefinition {
+    const nodeName = (nodeId: string) => this.nodes.get(nodeId)?.name ?? nodeId;
+    return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName });
   }
 
   /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
@@ -306,7 +359,7 @@ export class Fleet implements Assignments {
       .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "fleet reconciliation failed"));
   }
 
-  /** What the 1 s tick does: lost nodes, idle on-demand replicas, heartbeat writes, a reconciliation. */
+  /** What the 1 s tick does: lost nodes, idle on-demand replicas, drained replicas, heartbeat writes, a reconciliation. */
   checkNow(): void {
     for (const node of this.nodes.expire(this.settings.nodeTimeoutMs)) {
       this.options.logger.warn({ node: node.name, lastHeartbeat: new Date(node.lastHeartbeat).toISOString() }, "node lost");
@@ -320,6 +373,7 @@ export class Fleet implements Assignments {
       this.versions.bump(node.id);
     }
     this.stopIdle();
+    this.finishDrains();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
       this.lastFlush = this.clock();
       void this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -341,6 +395,7 @@ export class Fleet implements Assignments {
       replicas: [...this.records.values()],
       parked: this.parked.ids(),
       demand: this.demand.wanted,
+      holding: this.holds.held(),
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
       weightsKeyOf: (model) => this.weights.keyOf(model.id),
@@ -355,11 +410,14 @@ export class Fleet implements Assignments {
     for (const { id, why } of decision.stop) {
       const record = this.records.get(id);
       if (record === undefined) continue;
-      this.options.logger.info({ replica: id, why }, "stopping replica");
       const nodes = record.nodeIds.map((nodeId) => this.nodes.get(nodeId));
-      // A lost or removed node cannot confirm the stop; if it comes back, its agent stops
-      // the engine because the replica is no longer among its assignments.
-      if (nodes.some((node) => node === undefined || node.state === "lost")) this.forget(record);
+      const lost = nodes.some((node) => node === undefined || node.state === "lost");
+      // A draining replica stays desired "run" until it is drained: the reconciler names it again.
+      if (this.drains.has(id) && !lost) continue;
+      this.options.logger.info({ replica: id, why }, "stopping replica");
+      // A lost or removed node cannot confirm the stop (nor serve a drain); if it comes back,
+      // its agent stops the engine because the replica is no longer among its assignments.
+      if (lost) this.forget(record);
       else this.markStopping(record);
     }
     for (const replica of decision.create) {
@@ -420,7 +478,8 @@ export class Fleet implements Assignments {
       record.rayAddress = report.rayAddress ?? null;
       for (const nodeId of record.nodeIds.slice(1)) this.versions.bump(nodeId);
     }
-    const state: ReplicaState = record.desired === "stop" && report.state !== "stopped" ? "stopping" : report.state;
+    // A draining replica is still running on its node, but must not be routed to again.
+    const state: ReplicaState = (record.desired === "stop" || this.drains.has(record.id)) && report.state !== "stopped" ? "stopping" : report.state;
     const next = {
       state,
       endpoint: report.endpoint === null ? null : { origin: `http://${formatHost(report.endpoint.host)}:${report.endpoint.port}`, basePath: "" },
@@ -477,8 +536,21 @@ export class Fleet implements Assignments {
     this.publish(record);
   }
 
-  private markStopping(record: ReplicaRecord): void {
+  /**
+   * Stops the replica. One the gateway has requests at is drained first (drain.ts): it
+   * leaves routing now, and its node keeps running it (desired "run") until `finishDrains`
+   * calls this again with `drained`.
+   */
+  private markStopping(record: ReplicaRecord, drained = false): void {
     if (record.desired === "stop") return;
+    if (!drained && this.drains.begin(record.id, this.modelById(record.modelId)?.name ?? record.modelId)) {
+      // "stopping" in the record too: the reconciler no longer counts it as serving.
+      if (record.state === "stopping") return;
+      record.state = "stopping";
+      this.rows.save(record);
+      this.publish(record);
+      return;
+    }
     record.desired = "stop";
     record.state = "stopping";
     this.rows.save(record);
@@ -486,7 +558,16 @@ export class Fleet implements Assignments {
     for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
   }
 
+  /** Stops the drained replicas whose requests are done or whose drain deadline passed. */
+  private finishDrains(): void {
+    for (const id of this.drains.takeDone()) {
+      const record = this.records.get(id);
+      if (record !== undefined) this.markStopping(record, true);
+    }
+  }
+
   private forget(record: ReplicaRecord): void {
+    this.drains.end(record.id);
     this.records.delete(record.id);
     this.rows.delete(record.id);
     this.options.replicas.remove(record.id);
@@ -495,7 +576,8 @@ export class Fleet implements Assignments {
 
   /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
   private publish(record: ReplicaRecord): void {
-    this.options.replicas.upsert(tableEntryOf(record, this.modelById(record.modelId), this.options.replicas.get(record.id), record.desired === "stop"));
+    const leaving = record.desired === "stop" || this.drains.has(record.id);
+    this.options.replicas.upsert(tableEntryOf(record, this.modelById(record.modelId), this.options.replicas.get(record.id), leaving));
   }
 
   private modelById(modelId: string): CatalogModel | undefined {
@@ -511,9 +593,5 @@ export class Fleet implements Assignments {
   }
 }
 
-/** What a replica of this profile was made from: another value means its engine must be replaced. */
-export function fingerprintOf(model: CatalogModel, profileName: string): string {
-  const { source, profiles } = model.definition;
-  const profile = profiles.find((p) => p.name === profileName);
-  return createHash("sha256").update(JSON.stringify({ name: model.name, source, profile })).digest("hex").slice(0, 16);
-}
+/** Re-exported: what a replica of a profile was made from (model-replicas.ts). */
+export { fingerprintOf };
