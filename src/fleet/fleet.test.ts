@@ -1,14 +1,30 @@
 // The fleet through its agent protocol, with the test as the agent: a real server (store,
 // catalog, gateway table) and calls to join, heartbeat and assignments as `llmgw agent`
 // makes them, without engines. What the gateway may route to follows what the node says.
+//
+// Then a model update on a Fleet of its own, on SQLite and PostgreSQL, with the test's
+// clock, the gateway's in-flight counts as a map the test sets, and a fake node that runs
+// whatever it is assigned (as an agent does) and reports it ready: replicas are drained
+// before they stop, outdated ones are held while an update is checked, and a model's
+// replicas split by definition.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import path from "node:path";
+import { silentLogger } from "../core/log.ts";
+import { SecretBox } from "../core/secret-box.ts";
+import { Catalog } from "../catalog/catalog.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import type { Store } from "../store/store.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { testBothStores } from "../../test/support/stores.ts";
 import type { Assignment, ReplicaReport } from "./agent-protocol.ts";
+import { Fleet } from "./fleet.ts";
 import type { NodeInventory } from "./fleet-types.ts";
+import { ReplicaTable } from "./replica-table.ts";
 
 const inventory: NodeInventory = { cores: 8, memoryBytes: 32 * 1024 ** 3, gpus: [], engines: [{ engine: "llamacpp", version: "3.21.1" }] };
 
@@ -100,4 +116,235 @@ describe("fleet protocol", () => {
     await beat([], "run-2");
     assert.equal(table(assignment!.replicaId), undefined);
   });
+});
+
+// --- A model update on a Fleet of its own -------------------------------------------------
+
+/** Two weights files: the model's definition moves from the first to the second. */
+const weightsDir = mkdtempSync(path.join(tmpdir(), "llmgw-fleet-update-"));
+const weightsA = path.join(weightsDir, "a.gguf");
+const weightsB = path.join(weightsDir, "b.gguf");
+const weightsWritten = Promise.all([writeTinyLlamaGguf({ path: weightsA, seed: 11 }), writeTinyLlamaGguf({ path: weightsB, seed: 12 })]);
+after(() => rmSync(weightsDir, { recursive: true, force: true }));
+
+interface UpdateRig {
+  fleet: Fleet;
+  table: ReplicaTable;
+  store: Store;
+  /** The gateway's requests in flight at each replica, as the test sets them. */
+  inFlight: Map<string, number>;
+  /** Moves the fleet's clock. */
+  advance(ms: number): void;
+  /** Adds model "m" on the first weights file and waits for its first placement. */
+  addModel(): Promise<string>;
+  /** Moves model "m" to the second weights file (a new revision) and waits for the pass. */
+  changeWeights(): Promise<void>;
+  /** The replica ids in the node's assignments (what its agent keeps running). */
+  assigned(): Promise<string[]>;
+  /** One round of the fake node: runs what it is assigned, reports all of it ready, and waits for the fleet's passes. */
+  sync(): Promise<string[]>;
+  /** The stored row's desired state (undefined once the row is gone). */
+  desiredInStore(replicaId: string): Promise<string | null | undefined>;
+  close(): Promise<void>;
+}
+
+async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number } = {}): Promise<UpdateRig> {
+  await weightsWritten;
+  let now = 1_700_000_000_000;
+  const table = new ReplicaTable();
+  const inFlight = new Map<string, number>();
+  // Every definition is accepted: the fleet's own read of the weights is what this tests.
+  const catalog = new Catalog({ store, weights: { check: async () => undefined } });
+  await catalog.refresh();
+  const fleet = new Fleet({
+    store,
+    catalog,
+    replicas: table,
+    mirror: {
+      check: async () => {
+        throw new Error("these models are local files; the mirror is not asked");
+      },
+    },
+    box: SecretBox.fromKey(randomBytes(32)),
+    joinToken: () => "ljt_test",
+    logger: silentLogger(),
+    clock: () => now,
+    // Far beyond the steps of the clock below: moving it loses no node.
+    nodeTimeoutMs: 3_600_000,
+    // The test runs the tick itself (checkNow).
+    tickMs: 3_600_000,
+    inFlight: (replicaId) => inFlight.get(replicaId) ?? 0,
+    ...(options.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: options.drainTimeoutMs }),
+  });
+  await fleet.start();
+  const { credential } = await fleet.join({ joinToken: "ljt_test", name: "n1", address: "127.0.0.1", inventory, labels: {} });
+  const ports = new Map<string, number>();
+  const assigned = async () => (await fleet.assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments.map((a) => a.replicaId);
+  const sync = async () => {
+    const running = await assigned();
+    const replicas: ReplicaReport[] = running.map((id) => {
+      if (!ports.has(id)) ports.set(id, 20_000 + ports.size);
+      return { id, state: "ready", endpoint: { host: "127.0.0.1", port: ports.get(id)! }, attempt: 1, failures: 0, lastError: null, lastErrorCode: null, startedAt: now, readyAt: now, weightsVerified: true };
+    });
+    await fleet.heartbeat(credential, { name: "n1", address: "127.0.0.1", inventory, labels: {}, replicas, agentRun: "run-1" });
+    await fleet.settled();
+    return running;
+  };
+  return {
+    fleet,
+    table,
+    store,
+    inFlight,
+    advance: (ms) => {
+      now += ms;
+    },
+    addModel: async () => {
+      const model = await catalog.create({ name: "m", source: { kind: "file", path: weightsA }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] }, "test");
+      await fleet.settled();
+      return model.id;
+    },
+    changeWeights: async () => {
+      await catalog.update("m", { source: { kind: "file", path: weightsB } }, "test");
+      await fleet.settled();
+    },
+    assigned,
+    sync,
+    desiredInStore: async (replicaId) => (await store.db.selectFrom("replicas").select("desired").where("id", "=", replicaId).executeTakeFirst())?.desired,
+    close: () => fleet.stop(),
+  };
+}
+
+/** Places the model, runs its replica, changes its weights: returns the old replica's id, and the new one's once the node ran it. */
+async function updateUnderway(rig: UpdateRig, beforeSuccessorReady: (old: string) => void = () => {}): Promise<{ modelId: string; old: string; successor: string }> {
+  const modelId = await rig.addModel();
+  const [old] = await rig.sync();
+  assert.ok(old !== undefined, "the model's first replica is assigned");
+  assert.equal(rig.table.get(old)?.state, "ready");
+  await rig.changeWeights();
+  beforeSuccessorReady(old);
+  // The node runs both; the successor's "ready" is what lets the old one go.
+  const running = await rig.sync();
+  const successor = running.find((id) => id !== old);
+  assert.ok(successor !== undefined, `a successor was placed beside ${old} (assigned: ${running.join(", ")})`);
+  return { modelId, old, successor };
+}
+
+testBothStores("a replica with requests in flight leaves routing but runs on its node until they are done, then stops", async (store) => {
+  const rig = await startUpdateRig(store);
+  try {
+    const { modelId, old, successor } = await updateUnderway(rig, (id) => rig.inFlight.set(id, 2));
+    assert.equal(rig.table.get(successor)?.state, "ready");
+    assert.equal(rig.table.get(old)?.state, "stopping", "out of routing: the gateway sends it nothing new");
+    assert.ok((await rig.assigned()).includes(old), "still in its node's assignments: the engine keeps serving what it has");
+    await eventually("the row still desired run while it drains", async () => (await rig.desiredInStore(old)) === "run");
+
+    // Its node reports it ready again: it stays out of routing, and the reconciler does not count it as serving.
+    await rig.sync();
+    assert.equal(rig.table.get(old)?.state, "stopping");
+    assert.deepEqual(rig.fleet.outdatedReplicas(modelId).map((r) => [r.id, r.state]), [[old, "stopping"]]);
+    rig.inFlight.set(old, 1);
+    rig.fleet.checkNow();
+    await rig.fleet.settled();
+    assert.ok((await rig.assigned()).includes(old), "one request left: still draining");
+
+    rig.inFlight.set(old, 0);
+    rig.fleet.checkNow();
+    await rig.fleet.settled();
+    assert.deepEqual(await rig.assigned(), [successor], "drained: its node is told to stop it");
+    assert.equal(rig.table.get(old)?.state, "stopping");
+    await eventually("the row desired stop", async () => (await rig.desiredInStore(old)) === "stop");
+    // The node stopped it and no longer reports it: it is gone.
+    await rig.sync();
+    assert.equal(rig.table.get(old), undefined);
+    await eventually("the row gone", async () => (await rig.desiredInStore(old)) === undefined);
+  } finally {
+    await rig.close();
+  }
+});
+
+testBothStores("a drain that outlasts its deadline stops the replica anyway", async (store) => {
+  const rig = await startUpdateRig(store, { drainTimeoutMs: 30_000 });
+  try {
+    const { old, successor } = await updateUnderway(rig, (id) => rig.inFlight.set(id, 1));
+    assert.equal(rig.table.get(old)?.state, "stopping");
+    rig.advance(29_000);
+    rig.fleet.checkNow();
+    await rig.fleet.settled();
+    assert.ok((await rig.assigned()).includes(old), "before the deadline it still drains");
+    rig.advance(1_000);
+    rig.fleet.checkNow();
+    await rig.fleet.settled();
+    assert.deepEqual(await rig.assigned(), [successor], "at the deadline it is stopped with its request still in flight");
+  } finally {
+    await rig.close();
+  }
+});
+
+testBothStores("holdOutdated keeps the old ready replica serving beside its ready successor; the last release stops it", async (store) => {
+  const rig = await startUpdateRig(store);
+  try {
+    const modelId = await rig.addModel();
+    const [old] = await rig.sync();
+    assert.ok(old !== undefined);
+    const first = rig.fleet.holdOutdated(modelId);
+    const second = rig.fleet.holdOutdated(modelId);
+    await rig.changeWeights();
+    const running = await rig.sync();
+    const successor = running.find((id) => id !== old);
+    assert.ok(successor !== undefined, "the successor is placed while the model is held");
+    await rig.sync();
+    assert.equal(rig.table.get(successor)?.state, "ready");
+    assert.equal(rig.table.get(old)?.state, "ready", "the old one still serves beside the ready successor");
+    assert.deepEqual((await rig.assigned()).sort(), [old, successor].sort());
+
+    first();
+    first(); // A second call of one release ends nothing more.
+    await rig.fleet.settled();
+    assert.ok((await rig.assigned()).includes(old), "held until every hold is released");
+
+    second();
+    await rig.fleet.settled();
+    assert.deepEqual(await rig.assigned(), [successor], "released: the old one stops");
+    assert.equal(rig.table.get(old)?.state, "stopping");
+  } finally {
+    await rig.close();
+  }
+});
+
+testBothStores("currentReplicas and outdatedReplicas split a model's running replicas by definition", async (store) => {
+  const rig = await startUpdateRig(store);
+  try {
+    const modelId = await rig.addModel();
+    const [old] = await rig.sync();
+    assert.ok(old !== undefined);
+    assert.deepEqual(rig.fleet.currentReplicas(modelId).map((r) => r.id), [old]);
+    assert.deepEqual(rig.fleet.outdatedReplicas(modelId), []);
+
+    await rig.changeWeights();
+    const [current] = rig.fleet.currentReplicas(modelId);
+    assert.ok(current !== undefined && current.id !== old, "the successor is the current one");
+    assert.equal(current.state, "placed");
+    assert.equal(current.endpoint, null, "not running yet");
+    assert.deepEqual(current.nodeNames, ["n1"]);
+    assert.equal(current.profile, "cpu");
+    assert.equal(current.engine, "llamacpp");
+    assert.deepEqual(current.files.map((f) => f.file), [weightsB], "placed with the new revision's file");
+    assert.match(current.engineKey ?? "", /^[0-9a-f]{48}$/);
+
+    const outdated = rig.fleet.outdatedReplicas(modelId);
+    assert.deepEqual(outdated.map((r) => r.id), [old]);
+    assert.equal(outdated[0]!.state, "ready");
+    assert.deepEqual(outdated[0]!.files.map((f) => f.file), [weightsA]);
+    assert.match(outdated[0]!.endpoint?.origin ?? "", /^http:\/\/127\.0\.0\.1:\d+$/);
+    assert.equal(outdated[0]!.weightsVerified, true);
+    assert.equal(outdated[0]!.lastError, null);
+
+    // The successor ready, the old one stops: only what runs, of the current definition, is left.
+    await rig.sync();
+    assert.deepEqual(rig.fleet.outdatedReplicas(modelId), []);
+    assert.deepEqual(rig.fleet.currentReplicas(modelId).map((r) => [r.id, r.state]), [[current.id, "ready"]]);
+    assert.deepEqual(rig.fleet.currentReplicas("no-such-model"), []);
+  } finally {
+    await rig.close();
+  }
 });

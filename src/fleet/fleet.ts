@@ -9,15 +9,19 @@
 // nodes). A node's assignments carry a version (assignment-versions.ts); the agent
 // long-polls with the version it has, and the poll answers as soon as that version moves.
 // What it knows of each model's weights is in weights-knowledge.ts, and the demand for
-// models served on demand in demand.ts.
-import { createHash, randomBytes } from "node:crypto";
+// models served on demand in demand.ts; parked models are in parked-models.ts, and how a
+// record is told to a node and to the gateway in record-projections.ts.
+//
+// Stopping a replica the gateway has requests at drains it first (drain.ts): out of
+// routing at once, stopped on its node once those requests are done. A model update can
+// hold the model's outdated replicas (outdated-holds.ts) and read its replicas split by
+// definition (model-replicas.ts) to check the new ones before the old ones go.
+import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
-import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
@@ -26,6 +30,11 @@ import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-t
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
+import { Drains } from "./drain.ts";
+import { fingerprintOf, replicasByDefinition, type CurrentReplica, type ReplicasByDefinition } from "./model-replicas.ts";
+import { OutdatedHolds } from "./outdated-holds.ts";
+import { ParkedModels, type ParkedModel } from "./parked-models.ts";
+import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
@@ -40,6 +49,8 @@ export const FLEET_DEFAULTS = {
   tickMs: 1_000,
   /** Heartbeat times reach the store this often (state changes at once). */
   heartbeatFlushMs: 5_000,
+  /** A stopped replica's requests in flight get this long to finish before its engine is stopped anyway. */
+  drainTimeoutMs: 60_000,
 } as const;
 
 export interface FleetOptions {
@@ -54,12 +65,11 @@ export interface FleetOptions {
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
   tickMs?: number;
+  /** The gateway's requests in flight at a replica: a replica with some is drained before it stops. */
+  inFlight?: (replicaId: string) => number;
+  /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
+  drainTimeoutMs?: number;
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
-}
-
-interface ParkedModel {
-  reason: string;
-  at: string;
 }
 
 
@@ -74,10 +84,12 @@ export class Fleet implements Assignments {
   readonly nodes: NodeRegistry;
   private readonly rows: ReplicaRows;
   private readonly records = new Map<string, ReplicaRecord>();
-  private readonly parked = new Map<string, ParkedModel>();
+  private readonly parked: ParkedModels;
   private unplaceable = new Map<string, string[]>();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
+  private readonly drains: Drains;
+  private readonly holds = new OutdatedHolds();
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
   /** Each node's agent run, from its heartbeats: a new one means its engines are new too. */
@@ -108,15 +120,20 @@ export class Fleet implements Assignments {
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.demand = new Demand(this.clock);
+    this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
+    this.drains = new Drains({
+      inFlight: (replicaId) => options.inFlight?.(replicaId) ?? 0,
+      clock: this.clock,
+      timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
+      logger: options.logger,
+    });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
   }
 
   async start(): Promise<void> {
     await this.nodes.load();
-    for (const row of await this.options.store.db.selectFrom("model_states").selectAll().execute()) {
-      if (row.parked_reason !== null) this.parked.set(row.model_id, { reason: row.parked_reason, at: row.parked_at ?? row.updated_at });
-    }
+    await this.parked.load();
     for (const record of await this.rows.load()) {
       const profile = this.options.catalog.list().find((m) => m.id === record.modelId)?.definition.profiles.find((p) => p.name === record.profile);
       record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
@@ -191,6 +208,7 @@ export class Fleet implements Assignments {
       if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
       else this.applyReport(record, replica, node);
     }
+    this.finishDrains();
     return { nodeId: node.id, state: node.state, assignmentsVersion: this.versions.of(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
   }
 
@@ -200,31 +218,8 @@ export class Fleet implements Assignments {
     const version = this.versions.of(node.id);
     const assignments: Assignment[] = [];
     for (const record of this.records.values()) {
-      if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(node.id)) continue;
-      // A parked replica's supervisor gave up: an agent that restarts must not try it again.
-      if (record.state === "parked") continue;
-      const model = this.modelById(record.modelId);
-      const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-      const source = model?.definition.source;
-      // The files it was placed with: what the server's weights check says now does not take a running replica away.
-      if (model === undefined || profile === undefined || source === undefined) continue;
-      const index = record.nodeIds.indexOf(node.id);
-      assignments.push({
-        ...(record.nodeIds.length > 1
-          ? { ray: { role: index === 0 ? ("head" as const) : ("worker" as const), headAddress: record.rayAddress ?? null, workersReady: workersReady(record) } }
-          : {}),
-        replicaId: record.id,
-        modelId: model.id,
-        modelName: model.name,
-        profile,
-        // Only the head runs the engine; a Ray worker has no use for its key.
-        engineKey: index === 0 ? record.engineKey : "",
-        fingerprint: record.fingerprint,
-        source,
-        files: record.files,
-        gpus: record.gpus[node.id] ?? [],
-        nodeIds: record.nodeIds,
-      });
+      const assignment = assignmentOf(record, this.modelById(record.modelId), node.id);
+      if (assignment !== null) assignments.push(assignment);
     }
     return { version, assignments };
   }
@@ -246,6 +241,36 @@ export class Fleet implements Assignments {
   starting(modelId: string): boolean {
     if (!this.demand.wants(modelId) || this.parked.has(modelId) || this.unplaceable.has(modelId)) return false;
     return this.weights.problem(modelId) === null;
+  }
+
+  // --- Model updates (server-side only: these carry engine keys) ------------------------
+
+  /**
+   * Keeps the model's ready replicas of an earlier definition serving beside the new ones
+   * until the returned function is called (an update checks the new ones meanwhile); then
+   * they are drained and stopped. Holds nest.
+   */
+  holdOutdated(modelId: string): () => void {
+    return this.holds.hold(modelId, () => this.schedule());
+  }
+
+  /**
+   * The model's replicas made from its current definition, with endpoints and engine keys.
+   * To wait for them, re-read on the ReplicaTable's `onChange` (every placement, report and
+   * stop changes it); `onStatusChange` holds one listener, the gateway's, and is not for this.
+   */
+  currentReplicas(modelId: string): CurrentReplica[] {
+    return this.byDefinition(modelId).current;
+  }
+
+  /** The model's replicas of an earlier definition that still run (held, or waiting for their successors). */
+  outdatedReplicas(modelId: string): CurrentReplica[] {
+    return this.byDefinition(modelId).outdated;
+  }
+
+  private byDefinition(modelId: string): ReplicasByDefinition {
+    const nodeName = (nodeId: string) => this.nodes.get(nodeId)?.name ?? nodeId;
+    return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName });
   }
 
   /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
@@ -334,7 +359,7 @@ export class Fleet implements Assignments {
       .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "fleet reconciliation failed"));
   }
 
-  /** What the 1 s tick does: lost nodes, idle on-demand replicas, heartbeat writes, a reconciliation. */
+  /** What the 1 s tick does: lost nodes, idle on-demand replicas, drained replicas, heartbeat writes, a reconciliation. */
   checkNow(): void {
     for (const node of this.nodes.expire(this.settings.nodeTimeoutMs)) {
       this.options.logger.warn({ node: node.name, lastHeartbeat: new Date(node.lastHeartbeat).toISOString() }, "node lost");
@@ -348,6 +373,7 @@ export class Fleet implements Assignments {
       this.versions.bump(node.id);
     }
     this.stopIdle();
+    this.finishDrains();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
       this.lastFlush = this.clock();
       void this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -358,7 +384,7 @@ export class Fleet implements Assignments {
   private async reconcileNow(): Promise<void> {
     const models = this.options.catalog.list();
     // Any change to a parked model's definition ends its parking (DESIGN.md "Replica lifecycle").
-    for (const [modelId, parked] of this.parked) {
+    for (const [modelId, parked] of this.parked.entries()) {
       const model = models.find((m) => m.id === modelId);
       if (model === undefined || model.updated_at > parked.at) await this.clearParking(modelId);
     }
@@ -367,8 +393,9 @@ export class Fleet implements Assignments {
       models,
       nodes: this.nodes.list(),
       replicas: [...this.records.values()],
-      parked: new Set(this.parked.keys()),
+      parked: this.parked.ids(),
       demand: this.demand.wanted,
+      holding: this.holds.held(),
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
       weightsKeyOf: (model) => this.weights.keyOf(model.id),
@@ -383,11 +410,14 @@ export class Fleet implements Assignments {
     for (const { id, why } of decision.stop) {
       const record = this.records.get(id);
       if (record === undefined) continue;
-      this.options.logger.info({ replica: id, why }, "stopping replica");
       const nodes = record.nodeIds.map((nodeId) => this.nodes.get(nodeId));
-      // A lost or removed node cannot confirm the stop; if it comes back, its agent stops
-      // the engine because the replica is no longer among its assignments.
-      if (nodes.some((node) => node === undefined || node.state === "lost")) this.forget(record);
+      const lost = nodes.some((node) => node === undefined || node.state === "lost");
+      // A draining replica stays desired "run" until it is drained: the reconciler names it again.
+      if (this.drains.has(id) && !lost) continue;
+      this.options.logger.info({ replica: id, why }, "stopping replica");
+      // A lost or removed node cannot confirm the stop (nor serve a drain); if it comes back,
+      // its agent stops the engine because the replica is no longer among its assignments.
+      if (lost) this.forget(record);
       else this.markStopping(record);
     }
     for (const replica of decision.create) {
@@ -448,7 +478,8 @@ export class Fleet implements Assignments {
       record.rayAddress = report.rayAddress ?? null;
       for (const nodeId of record.nodeIds.slice(1)) this.versions.bump(nodeId);
     }
-    const state: ReplicaState = record.desired === "stop" && report.state !== "stopped" ? "stopping" : report.state;
+    // A draining replica is still running on its node, but must not be routed to again.
+    const state: ReplicaState = (record.desired === "stop" || this.drains.has(record.id)) && report.state !== "stopped" ? "stopping" : report.state;
     const next = {
       state,
       endpoint: report.endpoint === null ? null : { origin: `http://${formatHost(report.endpoint.host)}:${report.endpoint.port}`, basePath: "" },
@@ -473,17 +504,7 @@ export class Fleet implements Assignments {
     const model = this.modelById(record.modelId);
     if (model === undefined || this.parked.has(model.id)) return;
     const reason = `replica ${record.id} on node '${node.name}': ${record.lastError ?? "no error recorded"}`;
-    const at = nowIso(this.clock);
-    this.parked.set(model.id, { reason, at });
-    try {
-      await this.options.store.db
-        .insertInto("model_states")
-        .values({ model_id: model.id, parked_reason: reason, parked_at: at, updated_at: at })
-        .onConflict((oc) => oc.column("model_id").doUpdateSet({ parked_reason: reason, parked_at: at, updated_at: at }))
-        .execute();
-    } catch (error) {
-      this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's parking");
-    }
+    await this.parked.park(model, reason);
     this.options.logger.error({ model: model.name, reason }, "model parked");
     this.statusListener?.(model.id);
     void this.event("model_parked", "critical", `model:${model.name}`, `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`);
@@ -501,8 +522,7 @@ export class Fleet implements Assignments {
         count += 1;
       }
     }
-    if (!this.parked.delete(modelId)) return count;
-    await this.options.store.db.deleteFrom("model_states").where("model_id", "=", modelId).execute();
+    if (!(await this.parked.clear(modelId))) return count;
     const model = this.modelById(modelId);
     if (model !== undefined) void this.event("model_unparked", "info", `model:${model.name}`, `Model '${model.name}' is no longer parked; its replicas are started again.`);
     return count;
@@ -516,8 +536,21 @@ export class Fleet implements Assignments {
     this.publish(record);
   }
 
-  private markStopping(record: ReplicaRecord): void {
+  /**
+   * Stops the replica. One the gateway has requests at is drained first (drain.ts): it
+   * leaves routing now, and its node keeps running it (desired "run") until `finishDrains`
+   * calls this again with `drained`.
+   */
+  private markStopping(record: ReplicaRecord, drained = false): void {
     if (record.desired === "stop") return;
+    if (!drained && this.drains.begin(record.id, this.modelById(record.modelId)?.name ?? record.modelId)) {
+      // "stopping" in the record too: the reconciler no longer counts it as serving.
+      if (record.state === "stopping") return;
+      record.state = "stopping";
+      this.rows.save(record);
+      this.publish(record);
+      return;
+    }
     record.desired = "stop";
     record.state = "stopping";
     this.rows.save(record);
@@ -525,7 +558,16 @@ export class Fleet implements Assignments {
     for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
   }
 
+  /** Stops the drained replicas whose requests are done or whose drain deadline passed. */
+  private finishDrains(): void {
+    for (const id of this.drains.takeDone()) {
+      const record = this.records.get(id);
+      if (record !== undefined) this.markStopping(record, true);
+    }
+  }
+
   private forget(record: ReplicaRecord): void {
+    this.drains.end(record.id);
     this.records.delete(record.id);
     this.rows.delete(record.id);
     this.options.replicas.remove(record.id);
@@ -534,29 +576,8 @@ export class Fleet implements Assignments {
 
   /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
   private publish(record: ReplicaRecord): void {
-    const model = this.modelById(record.modelId);
-    const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-    const previous = this.options.replicas.get(record.id);
-    this.options.replicas.upsert({
-      id: record.id,
-      modelId: record.modelId,
-      modelName: model?.name ?? previous?.modelName ?? record.modelId,
-      profile: record.profile,
-      engine: record.engine,
-      nodeIds: record.nodeIds,
-      state: record.desired === "stop" && record.state !== "stopped" ? "stopping" : record.state,
-      endpoint: record.endpoint,
-      engineKey: record.engineKey,
-      upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
-      weight: profile?.weight ?? 1,
-      priority: profile?.priority ?? 0,
-      slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
-      attempt: record.attempt,
-      failures: record.failures,
-      lastError: record.lastError,
-      startedAt: record.startedAt,
-      readyAt: record.readyAt,
-    });
+    const leaving = record.desired === "stop" || this.drains.has(record.id);
+    this.options.replicas.upsert(tableEntryOf(record, this.modelById(record.modelId), this.options.replicas.get(record.id), leaving));
   }
 
   private modelById(modelId: string): CatalogModel | undefined {
@@ -572,14 +593,5 @@ export class Fleet implements Assignments {
   }
 }
 
-/** Whether every worker node of a replica over several nodes runs its Ray worker. */
-function workersReady(record: ReplicaRecord): boolean {
-  return record.nodeIds.slice(1).every((nodeId) => record.workerStates?.[nodeId] === "ready");
-}
-
-/** What a replica of this profile was made from: another value means its engine must be replaced. */
-export function fingerprintOf(model: CatalogModel, profileName: string): string {
-  const { source, profiles } = model.definition;
-  const profile = profiles.find((p) => p.name === profileName);
-  return createHash("sha256").update(JSON.stringify({ name: model.name, source, profile })).digest("hex").slice(0, 16);
-}
+/** Re-exported: what a replica of a profile was made from (model-replicas.ts). */
+export { fingerprintOf };

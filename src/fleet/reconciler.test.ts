@@ -1,6 +1,6 @@
 // The reconciler's rules on their own (reconciler.ts is a pure function): what it starts,
 // where, and what it stops, for definition changes, draining and lost nodes, scaling down,
-// parking and demand. Placement is the real one.
+// parking, demand and models held during an update. Placement is the real one.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { CatalogModel } from "../catalog/catalog.ts";
@@ -72,6 +72,7 @@ function input(parts: Partial<ReconcileInput> & Pick<ReconcileInput, "models" | 
     replicas: [],
     parked: new Set(),
     demand: new Map(),
+    holding: new Set(),
     // Each replica takes 4 GiB: a 16 GiB node (14.4 usable) holds three.
     optionsFor: () => [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 } }],
     fingerprintOf: (m) => fingerprint(m),
@@ -102,6 +103,33 @@ test("a changed definition starts the new replica before stopping the serving ol
   assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, successor] })).stop, [], "not before the successor is ready");
   const ready = { ...successor, state: "ready" as const };
   assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, ready] })).stop.map((s) => s.id), ["old"]);
+});
+
+test("a held model's ready outdated replica keeps serving beside its successor, a model not held is replaced as usual", () => {
+  const heldOld = model("held", { min: 1, max: 1 }, "1");
+  const heldNew = model("held", { min: 1, max: 1 }, "2");
+  const freeOld = model("free", { min: 1, max: 1 }, "1");
+  const freeNew = model("free", { min: 1, max: 1 }, "2");
+  const x = node("x", 32);
+  const replicas = [
+    replica("held-old", heldOld, x),
+    replica("held-new", heldNew, x),
+    // Not ready: nothing is lost by stopping it, held or not.
+    replica("held-old-failed", heldOld, x, { state: "failed" }),
+    replica("free-old", freeOld, x),
+    replica("free-new", freeNew, x),
+  ];
+  const held = reconcile(input({ models: [heldNew, freeNew], nodes: [x], replicas, holding: new Set([heldNew.id]) }));
+  assert.deepEqual(held.stop.map((s) => s.id).sort(), ["free-old", "held-old-failed"]);
+  assert.deepEqual(held.create, [], "the held model has its current replica; nothing more is placed");
+
+  const released = reconcile(input({ models: [heldNew, freeNew], nodes: [x], replicas }));
+  assert.ok(released.stop.some((s) => s.id === "held-old"), "once released, the old one stops");
+
+  // A draining node is not held up by an update: its replica goes once replaced.
+  const draining = node("d", 32, "draining");
+  const onDraining = reconcile(input({ models: [heldNew], nodes: [x, draining], replicas: [replica("held-old", heldOld, draining), replica("held-new", heldNew, x)], holding: new Set([heldNew.id]) }));
+  assert.deepEqual(onDraining.stop.map((s) => s.id), ["held-old"]);
 });
 
 test("without room for the successor, the old replica is stopped to make room", () => {

@@ -12,6 +12,10 @@
 //   one before stopping the old one when there is room"); when the new one does not fit,
 //   but would with the old one's room, the old one is stopped, and a later pass places the
 //   new one there once its node confirms the stop.
+// - While a model is held (an update checks its new replicas, see Fleet.holdOutdated), its
+//   ready replicas that are outdated only by their fingerprint keep serving alongside the
+//   new ones; the rest of the rule above still holds for them (not ready, a draining or
+//   lost node, making room for a successor).
 // - Extra replicas (scaled down, idle) stop, those not ready first.
 // - A replica holds its room (memory, cores, GPUs) until its node confirms it stopped: a
 //   stopping engine still has its memory, and a GPU is never given to two at once.
@@ -28,6 +32,8 @@ export interface ReconcileInput {
   parked: ReadonlySet<string>;
   /** On-demand models (scaling.min 0): how many replicas requests want now. */
   demand: ReadonlyMap<string, number>;
+  /** Model ids whose ready outdated replicas are kept while their update is checked (Fleet.holdOutdated). */
+  holding: ReadonlySet<string>;
   /** How a model's replicas can run (its profiles with what they need), or null while unknown. */
   optionsFor: (model: CatalogModel) => PlacementOption[] | null;
   /** The fingerprint of a model's profile: replicas made from another one are outdated. */
@@ -98,15 +104,15 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     const wanted = Math.min(max, min > 0 ? min : (input.demand.get(model.id) ?? 0));
     const current: ReplicaRecord[] = [];
     const leaving: ReplicaRecord[] = [];
+    const onDrainingNode = new Set<string>();
     for (const replica of replicas) {
-      const nodes = replica.nodeIds.map((id) => nodesById.get(id));
+      const draining = replica.nodeIds.some((id) => nodesById.get(id)?.state === "draining");
+      if (draining) onDrainingNode.add(replica.id);
       if (onLostNode(replica)) {
         stop(replica.id, "its node is lost or was removed");
       } else if (replica.engineKey === null) {
         stop(replica.id, "its engine key was sealed with another server secret");
-      } else if (replica.fingerprint !== input.fingerprintOf(model, replica.profile)) {
-        leaving.push(replica);
-      } else if (nodes.some((node) => node?.state === "draining")) {
+      } else if (draining || replica.fingerprint !== input.fingerprintOf(model, replica.profile)) {
         leaving.push(replica);
       } else {
         current.push(replica);
@@ -119,8 +125,12 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       current.splice(0, current.length, ...order.slice(current.length - wanted));
     }
     const readyCurrent = current.filter((r) => r.state === "ready").length;
+    const held = input.holding.has(model.id);
     for (const old of leaving) {
-      // Nothing is lost by stopping one that does not serve; a serving one waits for its successors.
+      // Nothing is lost by stopping one that does not serve; a serving one waits for its
+      // successors, and while its model is held it keeps serving beside them (a node being
+      // drained is not held up by an update: its replicas go once replaced).
+      if (old.state === "ready" && held && !onDrainingNode.has(old.id)) continue;
       if (old.state !== "ready" || readyCurrent >= wanted) stop(old.id, "replaced by a replica of the current definition or another node");
     }
     const missing = input.parked.has(model.id) ? 0 : wanted - current.length;

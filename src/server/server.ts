@@ -120,6 +120,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const keys = new KeyService({ store });
   const replicas = new ReplicaTable();
   let joinToken = "";
+  // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
+  let inFlightOf = (_replicaId: string): number => 0;
   const fleet = new Fleet({
     store,
     catalog,
@@ -128,6 +130,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     box: SecretBox.forDataDir(config.dataDir),
     joinToken: () => joinToken,
     logger,
+    // A replica the gateway has requests at is drained before its engine is stopped.
+    inFlight: (replicaId) => inFlightOf(replicaId),
     ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
     ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
     ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
@@ -169,6 +173,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     onDemand: fleet,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
+  inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, fleet, joinToken: () => joinToken, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;

@@ -1,0 +1,29 @@
+// Models whose update is being checked (a serve/update job smoke-tests the new replicas):
+// while a model is held, the reconciler keeps its ready replicas of the earlier definition
+// serving beside the new ones (reconciler.ts), so clients are served by the old ones until
+// the new ones proved themselves, and a failed check can restore the old definition without
+// a gap. Holds nest: a model stays held until every hold on it is released.
+
+export class OutdatedHolds {
+  private readonly counts = new Map<string, number>();
+
+  /** The held model ids (what the reconciler reads). */
+  held(): ReadonlySet<string> {
+    return new Set(this.counts.keys());
+  }
+
+  /** Holds the model; the returned function releases this hold (once) and then calls `onRelease`. */
+  hold(modelId: string, onRelease: () => void): () => void {
+    this.counts.set(modelId, (this.counts.get(modelId) ?? 0) + 1);
+    let released = false;
+    return () => {
+      // A release called twice must not end someone else's hold on the same model.
+      if (released) return;
+      released = true;
+      const left = (this.counts.get(modelId) ?? 1) - 1;
+      if (left > 0) this.counts.set(modelId, left);
+      else this.counts.delete(modelId);
+      onRelease();
+    };
+  }
+}

@@ -1,0 +1,74 @@
+// What the fleet tells others of a replica record: a node's agent gets it as an assignment
+// (agent-protocol.ts), the gateway as an entry of its ReplicaTable. Pure mappings, so the
+// fleet (fleet.ts) decides only when to tell them.
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
+import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
+import type { Assignment } from "./agent-protocol.ts";
+import type { ReplicaRecord } from "./replica-rows.ts";
+import type { Replica } from "./replica-table.ts";
+
+/**
+ * What `nodeId` must run of the record, or null when it runs nothing of it: the record is
+ * not meant to run, is parked, is not on that node, or its model or profile is gone.
+ */
+export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefined, nodeId: string): Assignment | null {
+  if (record.desired !== "run" || record.engineKey === null || !record.nodeIds.includes(nodeId)) return null;
+  // A parked replica's supervisor gave up: an agent that restarts must not try it again.
+  if (record.state === "parked") return null;
+  const profile = model?.definition.profiles.find((p) => p.name === record.profile);
+  const source = model?.definition.source;
+  // The files it was placed with: what the server's weights check says now does not take a running replica away.
+  if (model === undefined || profile === undefined || source === undefined) return null;
+  const index = record.nodeIds.indexOf(nodeId);
+  return {
+    ...(record.nodeIds.length > 1
+      ? { ray: { role: index === 0 ? ("head" as const) : ("worker" as const), headAddress: record.rayAddress ?? null, workersReady: workersReady(record) } }
+      : {}),
+    replicaId: record.id,
+    modelId: model.id,
+    modelName: model.name,
+    profile,
+    // Only the head runs the engine; a Ray worker has no use for its key.
+    engineKey: index === 0 ? record.engineKey : "",
+    fingerprint: record.fingerprint,
+    source,
+    files: record.files,
+    gpus: record.gpus[nodeId] ?? [],
+    nodeIds: record.nodeIds,
+  };
+}
+
+/**
+ * The gateway's table entry for the record. `leaving`: it is being stopped or drained, so
+ * it stays visible as "stopping" but takes no requests. `previous` is the entry so far
+ * (its names are kept when the model is gone from the catalog).
+ */
+export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefined, previous: Replica | undefined, leaving: boolean): Replica {
+  const profile = model?.definition.profiles.find((p) => p.name === record.profile);
+  return {
+    id: record.id,
+    modelId: record.modelId,
+    modelName: model?.name ?? previous?.modelName ?? record.modelId,
+    profile: record.profile,
+    engine: record.engine,
+    nodeIds: record.nodeIds,
+    state: leaving && record.state !== "stopped" ? "stopping" : record.state,
+    endpoint: record.endpoint,
+    engineKey: record.engineKey,
+    upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
+    weight: profile?.weight ?? 1,
+    priority: profile?.priority ?? 0,
+    slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
+    attempt: record.attempt,
+    failures: record.failures,
+    lastError: record.lastError,
+    startedAt: record.startedAt,
+    readyAt: record.readyAt,
+  };
+}
+
+/** Whether every worker node of a replica over several nodes runs its Ray worker. */
+export function workersReady(record: ReplicaRecord): boolean {
+  return record.nodeIds.slice(1).every((nodeId) => record.workerStates?.[nodeId] === "ready");
+}
