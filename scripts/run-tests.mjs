@@ -66,6 +66,7 @@ const endToEnd = [
   "test/stream-failure.e2e.test.ts",
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
+  "test/serve-restart.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

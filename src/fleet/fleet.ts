@@ -22,7 +22,7 @@ import { countOf, formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import type { Mirror } from "../mirror/mirror.ts";
+import type { MirrorReader } from "./model-weights.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
 import { recordEvent } from "./events.ts";
@@ -57,7 +57,7 @@ export interface FleetOptions {
   store: Store;
   catalog: Catalog;
   replicas: ReplicaTable;
-  mirror: Pick<Mirror, "check">;
+  mirror: MirrorReader;
   box: SecretBox;
   joinToken: () => string;
   logger: Logger;

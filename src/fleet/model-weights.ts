@@ -25,7 +25,10 @@ export function splitPartSuffix(no: number, count: number): string {
 }
 
 /** The model's weights as this server sees them; throws with the reason when they are not servable now. */
-export async function readModelWeights(model: CatalogModel, mirror: Pick<Mirror, "check">): Promise<ModelWeights> {
+/** What the fleet reads of the mirror: a file's check, and (for vLLM folders) the files of a version. */
+export type MirrorReader = Pick<Mirror, "check"> & Partial<Pick<Mirror, "list">>;
+
+export async function readModelWeights(model: CatalogModel, mirror: MirrorReader): Promise<ModelWeights> {
   const source = model.definition.source;
   if (source === undefined) throw new Error(`model '${model.name}' has no weights source`);
   const llamaCpp = model.definition.profiles.some((p) => p.engine === "llamacpp");
@@ -46,6 +49,15 @@ export async function readModelWeights(model: CatalogModel, mirror: Pick<Mirror,
   if (checked.kind === "refused") throw checked.error;
   const header = llamaCpp ? await readGgufHeader({ file: checked.path }) : undefined;
   const files: AssignedFile[] = [{ file: source.file, bytes: checked.size, sha256: checked.sha256 }];
+  if (!llamaCpp && mirror.list !== undefined) {
+    // vLLM loads a folder (config.json, tokenizer, every shard): the node needs the whole mirrored version.
+    const others = (await mirror.list({ model: source.model })).filter((f) => f.version === source.version && f.file !== source.file);
+    for (const other of others.sort((a, b) => a.file.localeCompare(b.file))) {
+      const otherChecked = await mirror.check(source.model, source.version, other.file);
+      if (otherChecked.kind === "refused") throw otherChecked.error;
+      files.push({ file: other.file, bytes: otherChecked.size, sha256: otherChecked.sha256 });
+    }
+  }
   if (header?.split !== undefined && header.split.count > 1) {
     const prefix = source.file.slice(0, -splitPartSuffix(0, header.split.count).length);
     for (let no = 1; no < header.split.count; no += 1) {

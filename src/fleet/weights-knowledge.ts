@@ -5,10 +5,9 @@
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { Mirror } from "../mirror/mirror.ts";
 import type { AssignedFile } from "./agent-protocol.ts";
 import type { PlacementOption } from "./fleet-types.ts";
-import { readModelWeights, weightsProblem, type ModelWeights } from "./model-weights.ts";
+import { readModelWeights, type MirrorReader, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { runsOnEngines } from "./reconciler.ts";
 import { replicaNeeds } from "./replica-needs.ts";
 
@@ -17,7 +16,7 @@ type WeightsInfo = { definitionAt: string; weights: ModelWeights } | { definitio
 export class WeightsKnowledge {
   private readonly known = new Map<string, WeightsInfo>();
 
-  constructor(private readonly options: { mirror: Pick<Mirror, "check">; logger: Logger }) {}
+  constructor(private readonly options: { mirror: MirrorReader; logger: Logger }) {}
 
   /** Reads what is new or was a problem; calls `onNewProblem` with a model whose weights just became (another) problem. */
   async refresh(models: readonly CatalogModel[], onNewProblem: (modelId: string) => void): Promise<void> {

@@ -133,7 +133,12 @@ export async function checkMirrored(input: {
     const checked = await checkWeightsFile({ file: entryPath, modelName: input.modelName, llamaCpp: true, param: "repo", signal: input.signal });
     const header = checked.header!;
     const estimate = estimateGgufMemory({ header, contextSize: input.contextPool, parallel: input.parallel });
-    const warnings = estimate.warnings.length > 0 ? ` Note: ${estimate.warnings.join(" ")}` : "";
+    // The pool is shared by `parallel` requests, so what may outrun the training is one request's share, not the pool.
+    const perRequest = Math.floor(input.contextPool / input.parallel);
+    const warnings =
+      header.contextLength > 0 && perRequest > header.contextLength
+        ? `. Note: each request gets ${perRequest} tokens, more than the ${header.contextLength} the model was trained for; answers past that may lose coherence (serve with --context ${header.contextLength})`
+        : "";
     return {
       origin,
       detail:

@@ -77,7 +77,10 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         const profiles = chooseProfiles({ request, format, planOptions: prepared.planned?.plan.options ?? [], artifactId: pick.by === "plan" ? plannedArtifact : null });
         const planned: PlannedFetch = { model: prepared.model, version: plan.version, repo: plan.repo, revision: plan.revision, files: withoutHeaders(plan.files), totalBytes: plan.totalBytes };
         await job.remember({ planned, format, entry, profiles } satisfies ServeContext);
-        return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}`;
+        // Mirrored and kept in the origin, but not yet handed to engines: say so rather than imply image input works.
+        const projector = request.projector === undefined ? undefined : typeof request.projector === "string" ? request.projector : plan.files.find((f) => /mmproj/i.test(f.path))?.path;
+        const projectorNote = projector === undefined ? "" : `; the vision projector ${projector} is mirrored with it, but engines do not load projectors yet, so the model takes no images`;
+        return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}${projectorNote}`;
       });
 
       await job.step("mirror", (step) => mirrorFiles({ planned: context.planned!, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal }));
