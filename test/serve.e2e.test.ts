@@ -6,8 +6,11 @@
 // corrupt at the Hub (the old revision keeps serving); a rollback; and a cancel.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
@@ -15,7 +18,8 @@ import { readEvents } from "../src/fleet/events.ts";
 import { eventually } from "./support/eventually.ts";
 import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
 import { fakeCommitSha, startStandInHub, type StandInFile, type StandInHub, type StandInRepo } from "./support/stand-in-hub.ts";
-import { buildStandInRepos, GGUF_REPO, tinyGgufBytes } from "./support/stand-in-repos.ts";
+import { writeStandInExecutable } from "./support/stand-in-executables.ts";
+import { buildStandInRepos, GGUF_REPO, SAFETENSORS_REPO, tinyGgufBytes } from "./support/stand-in-repos.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -27,17 +31,27 @@ describe("serve and update jobs", () => {
   let harness: Harness;
   let repo: StandInRepo;
   let client: OpenAI;
+  let gpuAgent: ChildProcess | undefined;
+  // Short: vLLM's Unix sockets go below the agent's run folders, and a socket path has at most 107 bytes.
+  const agentRoot = mkdtempSync(path.join(tmpdir(), "ls"));
 
   before(async () => {
-    repo = (await buildStandInRepos()).gguf;
-    hub = await startStandInHub({ repos: [repo] });
+    const repos = await buildStandInRepos();
+    repo = repos.gguf;
+    hub = await startStandInHub({ repos: [repo, repos.safetensors] });
     ({ harness } = await startHarnessWithAgent({ registryEndpoint: hub.url, replicaTimeoutMs: 120_000 }));
     client = new OpenAI({ baseURL: `${harness.url}/v1`, apiKey: await harness.clientKey(), maxRetries: 0 });
   });
 
   after(async () => {
+    if (gpuAgent !== undefined && gpuAgent.exitCode === null) {
+      const exited = new Promise((resolve) => gpuAgent!.once("exit", resolve));
+      gpuAgent.kill("SIGTERM");
+      await exited;
+    }
     await harness.close();
     await hub.close();
+    rmSync(agentRoot, { recursive: true, force: true });
   });
 
   const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" }, timeout: 240_000 });
@@ -84,6 +98,7 @@ describe("serve and update jobs", () => {
     assert.equal(model.origin.repo, GGUF_REPO);
     assert.equal(model.origin.revision, repo.revisions!.main);
     assert.deepEqual(model.origin.files, [{ path: Q8, sha256: sha256(published), bytes: published.length }]);
+    assert.ok(model.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified), "the model shows, per replica, that its node verified the hashes");
     const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
     assert.ok(health.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified), JSON.stringify(health.replicas));
     const shown = await ctl(["model", "show", "tiny"]);
@@ -202,5 +217,34 @@ describe("serve and update jobs", () => {
     }
     const listed = JSON.parse((await ctl(["job", "list", "--json"])).stdout);
     assert.ok(listed.some((j: { state: string }) => j.state === "cancelled"));
+  });
+
+  test("original weights: a safetensors repository is served on vLLM on a GPU node, which gets the whole mirrored folder", { timeout: 240_000 }, async () => {
+    const vllm = await writeStandInExecutable({ dir: path.join(agentRoot, "bin"), engine: "vllm" });
+    const dir = path.join(agentRoot, "gpu");
+    mkdirSync(dir, { recursive: true });
+    const inventory = path.join(dir, "inventory.json");
+    writeFileSync(inventory, JSON.stringify({ cores: 8, memory: "32g", gpus: [{ name: "NVIDIA H100 80GB HBM3", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] }));
+    const joinToken = readFileSync(path.join(harness.dataDir, "join.token"), "utf8").trim();
+    gpuAgent = spawn(process.execPath, [BIN, "agent", "--server", harness.url, "--join-token", joinToken, "--name", "gpu", "--data-dir", dir, "--inventory", inventory, "--vllm", vllm.executable], {
+      stdio: "ignore",
+      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+    });
+    await eventually("the GPU node joined", async () => (await harness.admin("GET", "/api/v1/nodes")).body.data.some((n: { name: string; state: string }) => n.name === "gpu" && n.state === "ready"));
+
+    const cpu = await ctlFails(["model", "serve", SAFETENSORS_REPO, "--cpu", "--name", "orig"]);
+    assert.match(cpu.stderr, /never on the CPU/);
+    const served = await ctl(["model", "serve", SAFETENSORS_REPO, "--gpu-class", "H100", "--name", "orig"]);
+    assert.match(served.stdout, /Hello from the stand-in vLLM\./);
+    const job = await lastJob("orig");
+    assert.equal(job.state, "done", JSON.stringify(job.steps));
+    assert.match(job.steps[0].detail, /vllm on 1× H100/);
+    const model = (await harness.admin("GET", "/api/v1/models/orig")).body;
+    assert.equal(model.profiles[0].engine, "vllm");
+    // The stand-in refuses a folder that misses config.json or a shard: every file of the version went to the node.
+    const files = model.origin.files.map((f: { path: string }) => f.path).sort();
+    assert.ok(files.includes("config.json") && files.filter((f: string) => f.endsWith(".safetensors")).length === 2, files.join(","));
+    const answer = await client.chat.completions.create({ model: "orig", messages: [{ role: "user", content: "Hi" }], max_tokens: 8 });
+    assert.equal(answer.choices[0]?.message.content, "Hello from the stand-in vLLM.");
   });
 });

@@ -165,12 +165,22 @@ export type ReplicaWait = { kind: "ready"; replica: JobReplica & { endpoint: Smo
  * parks (with why), when no node could ever take it (with the placement explanation), or
  * at the deadline; resolves `busy` when nodes have the hardware but it is taken.
  */
-export async function waitForReplica(input: { fleet: JobFleet; model: CatalogModel; timeoutMs: number; signal: AbortSignal; step: StepHandle; pollMs?: number }): Promise<ReplicaWait> {
+export async function waitForReplica(input: {
+  fleet: JobFleet;
+  model: CatalogModel;
+  timeoutMs: number;
+  signal: AbortSignal;
+  step: StepHandle;
+  pollMs?: number;
+  /** Whether the model is still in the catalog: a removed one ends the wait at once. */
+  exists?: () => boolean;
+}): Promise<ReplicaWait> {
   const { fleet, model, step } = input;
   const started = Date.now();
   let lastLine = "";
   for (;;) {
     input.signal.throwIfAborted();
+    if (input.exists !== undefined && !input.exists()) throw new UpstreamError(`The model '${model.name}' was removed from the catalog while the job waited for its replica.`, { code: "model_removed" });
     const replicas = fleet.currentReplicas(model.id);
     const ready = replicas.find((r) => r.state === "ready" && r.endpoint !== null);
     if (ready !== undefined) return { kind: "ready", replica: { ...ready, endpoint: ready.endpoint! }, waitedMs: Date.now() - started };

@@ -281,7 +281,18 @@ export class JobRunner {
   }
 
   private async run(record: JobRecord, controller: AbortController): Promise<void> {
-    if (this.active >= CONCURRENT_JOBS) await new Promise<void>((resolve) => this.queue.push(resolve));
+    if (this.active >= CONCURRENT_JOBS) {
+      // Waits for a free slot, or for a cancel or a stop, which must not wait behind other jobs.
+      await new Promise<void>((resolve) => {
+        const wake = () => {
+          const index = this.queue.indexOf(wake);
+          if (index >= 0) this.queue.splice(index, 1);
+          resolve();
+        };
+        this.queue.push(wake);
+        controller.signal.addEventListener("abort", wake, { once: true });
+      });
+    }
     if (this.closed || controller.signal.aborted) {
       if (controller.signal.reason instanceof JobStop && controller.signal.reason.why === "cancel") await this.finish(record, "cancelled", "The job was cancelled.");
       return;

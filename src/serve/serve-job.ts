@@ -19,7 +19,7 @@ import type { Registry } from "../registry/types.ts";
 import type { MirrorPlanner } from "./artifact-choice.ts";
 import { prepareMirrorFetch } from "./fetch-preparation.ts";
 import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
-import type { JobHandler, RunningJob } from "./jobs.ts";
+import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import { chooseProfiles, contextSettings, describeProfiles, serveModelBody, type OriginFile, type ServeProfile, type WeightsFormat } from "./serve-definition.ts";
 import { serveRequestSchema, type ServeRequest } from "./serve-request.ts";
 import type { SmokeTest } from "./smoke-test.ts";
@@ -113,11 +113,13 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       job.setModel(model.name);
       // An on-demand model gets its replica the way a request would start it.
       const onDemand = model.definition.scaling.min === 0;
+      const waitReady = (step: StepHandle) =>
+        waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === model.id) });
       if (onDemand) deps.fleet.requested(model);
       try {
         let waited: Awaited<ReturnType<typeof waitForReplica>> | undefined;
         await job.step("placement", async (step) => {
-          waited = await waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step });
+          waited = await waitReady(step);
           if (waited.kind === "busy") return `waiting for room: ${waited.explanation.join("; ")}. The model starts when a node has room.`;
           const r = waited.replica;
           return `replica ${r.id} ready on ${r.nodeNames.join(", ")} (${r.profile}) after ${(waited.waitedMs / 1000).toFixed(1)} s${r.weightsVerified ? ", weights verified against the origin" : ""}`;
@@ -128,7 +130,7 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         }
         await job.step("smoke_test", async (step) => {
           // A resumed job skipped the placement step: find the replica again.
-          const ready = waited?.kind === "ready" ? waited : await waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step });
+          const ready = waited?.kind === "ready" ? waited : await waitReady(step);
           if (ready.kind !== "ready") throw new Error("the replica is gone and the nodes are busy");
           const result = await deps.smokeTest(ready.replica, model.name, job.signal);
           job.setResult(result);

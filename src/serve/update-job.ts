@@ -19,7 +19,7 @@ import { isLocalSource } from "../registry/local-source.ts";
 import { z } from "zod";
 import { prepareMirrorFetch } from "./fetch-preparation.ts";
 import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type PlannedFetch } from "./job-steps.ts";
-import type { JobHandler, RunningJob } from "./jobs.ts";
+import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import { DEFAULT_REPLICA_TIMEOUT_MS, type JobDependencies } from "./serve-job.ts";
 import { contextSettings, type OriginFile } from "./serve-definition.ts";
 
@@ -173,18 +173,19 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
         });
         const target = model();
+        const waitReady = (step: StepHandle) => waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === target.id) });
         await withRevert(job, deps.catalog, context, async () => {
           const onDemand = target.definition.scaling.min === 0;
           if (onDemand) deps.fleet.requested(target);
           try {
             let ready: Awaited<ReturnType<typeof waitForReplica>> | undefined;
             await job.step("rollout", async (step) => {
-              ready = await waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step });
+              ready = await waitReady(step);
               if (ready.kind === "busy") throw new UpstreamError(`There is no room for a replica of the new revision: ${ready.explanation.join("; ")}.`, { code: "no_room" });
               return `replica ${ready.replica.id} of the new revision ready on ${ready.replica.nodeNames.join(", ")}${ready.replica.weightsVerified ? ", weights verified against the origin" : ""}`;
             });
             await job.step("smoke_test", async (step) => {
-              const found = ready ?? (await waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step }));
+              const found = ready ?? (await waitReady(step));
               if (found.kind !== "ready") throw new UpstreamError("The new revision's replica is gone.", { code: "no_room" });
               const result = await deps.smokeTest(found.replica, target.name, job.signal);
               job.setResult(result);

@@ -102,7 +102,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
       name: model.name,
       ...redactDefinition(model.definition),
       health: modelHealth(model, modelReplicas, options.fleet.status(model.id)),
-      replicas: modelReplicas.map(viewReplica),
+      // Provenance per replica: whether its node checked the weights against the origin's sha256 before start.
+      replicas: modelReplicas.map((replica) => ({ ...viewReplica(replica), weights_verified: options.fleet.weightsVerified(replica.id) })),
       created_by: model.created_by,
       created_at: model.created_at,
       updated_by: model.updated_by,

@@ -15,7 +15,11 @@
 // - With --distributed-executor-backend ray (a replica over several nodes), it runs on the
 //   Ray cluster at RAY_ADDRESS and cannot start when that does not answer.
 // - Offline, a folder without config.json cannot be loaded: the process prints an error
-//   and exits 1 (the real one would try the Hub and fail, since HF_HUB_OFFLINE=1).
+//   and exits 1 (the real one would try the Hub and fail, since HF_HUB_OFFLINE=1); nor can
+//   one that misses a shard its model.safetensors.index.json names.
+// - POST /v1/chat/completions answers in OpenAI's shape (a stream of chat.completion.chunk
+//   events with a final usage chunk when stream_options.include_usage, or one
+//   chat.completion), always with the same short sentence: the stand-in has no model.
 //
 // What the tests control (environment variables, set by a wrapper script the test writes):
 // - STAND_IN_RECORD: a file to which one JSON line {pid, argv, env} is appended at start.
@@ -24,7 +28,7 @@
 // - STAND_IN_CRASH=default-attention: the engine dies during start-up with the default
 //   attention backend (FlashAttention on a GPU older than Ampere), and starts with any
 //   --attention-backend; STAND_IN_CRASH=always: it always dies during start-up.
-import { appendFileSync, existsSync } from "node:fs";
+import { appendFileSync, existsSync, readFileSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
 import { join } from "node:path";
@@ -67,6 +71,24 @@ const json = (res, status, body) => {
   res.end(JSON.stringify(body));
 };
 
+const REPLY = ["Hello", " from", " the", " stand-in", " vLLM", "."];
+
+function answerChat(res, request) {
+  const id = `chatcmpl-${process.pid}-${Date.now()}`;
+  const created = Math.floor(Date.now() / 1000);
+  const usage = { prompt_tokens: 8, completion_tokens: REPLY.length, total_tokens: 8 + REPLY.length };
+  if (request.stream !== true) {
+    return json(res, 200, { id, object: "chat.completion", created, model: served, choices: [{ index: 0, message: { role: "assistant", content: REPLY.join("") }, finish_reason: "stop" }], usage });
+  }
+  res.writeHead(200, { "content-type": "text/event-stream" });
+  const send = (chunk) => res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: served, ...chunk })}\n\n`);
+  send({ choices: [{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }] });
+  for (const piece of REPLY) send({ choices: [{ index: 0, delta: { content: piece }, finish_reason: null }] });
+  send({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] });
+  if (request.stream_options?.include_usage === true) send({ choices: [], usage });
+  res.end("data: [DONE]\n\n");
+}
+
 function serve() {
   const server = http.createServer((req, res) => {
     const path = (req.url ?? "/").split("?")[0];
@@ -84,6 +106,12 @@ function serve() {
         data: [{ id: served, object: "model", created: Math.floor(Date.now() / 1000), owned_by: "vllm", root: modelDir, parent: null, max_model_len: maxModelLen, permission: [] }],
       });
     }
+    if (path === "/v1/chat/completions" && req.method === "POST") {
+      let body = "";
+      req.on("data", (chunk) => (body += chunk));
+      req.on("end", () => answerChat(res, JSON.parse(body)));
+      return;
+    }
     json(res, 404, { detail: "Not Found" });
   });
   server.listen(port, host, () => console.log(`INFO:     Uvicorn running on http://${host}:${port} (Press CTRL+C to quit)`));
@@ -97,6 +125,15 @@ if (process.env.STAND_IN_NEVER_READY === "1") {
     if (!existsSync(join(modelDir, "config.json"))) {
       console.error(`OSError: ${modelDir} does not appear to have a file named config.json (HF_HUB_OFFLINE=${process.env.HF_HUB_OFFLINE ?? "0"})`);
       process.exit(1);
+    }
+    const index = join(modelDir, "model.safetensors.index.json");
+    if (existsSync(index)) {
+      const shards = [...new Set(Object.values(JSON.parse(readFileSync(index, "utf8")).weight_map ?? {}))];
+      const missing = shards.find((shard) => !existsSync(join(modelDir, shard)));
+      if (missing !== undefined) {
+        console.error(`FileNotFoundError: ${join(modelDir, missing)} (named by model.safetensors.index.json)`);
+        process.exit(1);
+      }
     }
     if (crash === "always" || (crash === "default-attention" && attentionBackend === undefined)) {
       console.error("ERROR core.py: EngineCore failed to start.");
