@@ -219,7 +219,7 @@ describe("serve and update jobs", () => {
     assert.ok(listed.some((j: { state: string }) => j.state === "cancelled"));
   });
 
-  test("original weights: a safetensors repository is served on vLLM on a GPU node, which gets the whole mirrored folder", { timeout: 240_000 }, async () => {
+  test("original weights: a safetensors repository is planned onto the fleet's GPU node and served on vLLM there, which gets the whole mirrored folder", { timeout: 240_000 }, async () => {
     const vllm = await writeStandInExecutable({ dir: path.join(agentRoot, "bin"), engine: "vllm" });
     const dir = path.join(agentRoot, "gpu");
     mkdirSync(dir, { recursive: true });
@@ -234,7 +234,8 @@ describe("serve and update jobs", () => {
 
     const cpu = await ctlFails(["model", "serve", SAFETENSORS_REPO, "--cpu", "--name", "orig"]);
     assert.match(cpu.stderr, /never on the CPU/);
-    const served = await ctl(["model", "serve", SAFETENSORS_REPO, "--gpu-class", "H100", "--name", "orig"]);
+    // No hardware given: the plan is made against the fleet's nodes, and picks the GPU node's H100.
+    const served = await ctl(["model", "serve", SAFETENSORS_REPO, "--name", "orig"]);
     assert.match(served.stdout, /Hello from the stand-in vLLM\./);
     const job = await lastJob("orig");
     assert.equal(job.state, "done", JSON.stringify(job.steps));

@@ -1,5 +1,5 @@
 // `llmgw ctl mirror ...`: the weights mirror over the admin API. `fetch` starts a fetch
-// (what the plan recommends for the server's hardware unless told a quantisation or file)
+// (what the plan recommends for the fleet's hardware unless told a quantisation or file)
 // and follows it with a progress bar; `verify` hashes mirrored files again and reports each
 // one; `list` and `rm` show and delete versions (a version a catalog model uses only with
 // --force). Each command exits non-zero when what it did failed. The progress bar is shared
@@ -17,7 +17,7 @@ import { renderTable } from "./output.ts";
 export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
   withExamples(mirror.command("fetch <repo>"), "llmgw ctl mirror fetch llmgw-test/tiny-llama-GGUF --quant Q4_K_M")
-    .description("Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the server's hardware")
+    .description("Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the fleet's hardware")
     .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
     .option("--file <path>", "an exact file of the repository")
     .option("--format <format>", "gguf or safetensors")

@@ -29,6 +29,7 @@ import { auditTrail } from "../store/audit.ts";
 import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts";
 import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
+import { fleetPool } from "../fleet/fleet-pool.ts";
 import { Mirror } from "../mirror/mirror.ts";
 import { createMirrorFileHandler, isMirrorFileRequest, type MirrorPlanner } from "../mirror/mirror-routes.ts";
 import { catalogModelsUsing } from "../mirror/mirror-users.ts";
@@ -178,8 +179,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   let attachment: Attachment | undefined;
   let ready = false;
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
-  // One planner for GET /api/v1/plan and for mirror fetches without a quant, so both pick the same artifact.
-  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: localPool(), signal });
+  // One planner for GET /api/v1/plan, mirror fetches without a quant and serve jobs, so all pick the same artifact.
+  // Against the fleet's nodes once any has joined; before that, this machine.
+  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleet.nodes.list()) ?? localPool(), signal });
   const jobDependencies = {
     catalog,
     mirror,
