@@ -13,51 +13,9 @@ import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } 
 import { progressBar } from "./ctl-mirror.ts";
 import { renderTable } from "./output.ts";
 
-export type JobState = "queued" | "running" | "done" | "waiting" | "failed" | "cancelled";
-export type JobStepState = "pending" | "running" | "done" | "failed" | "skipped" | "cancelled";
-
-export interface JobStepProgress {
-  bytes_done: number;
-  bytes_total: number;
-  bytes_per_second: number | null;
-  eta_seconds: number | null;
-  files_done: number;
-  files_total: number;
-}
-
-export interface JobStep {
-  name: string;
-  state: JobStepState;
-  detail: string | null;
-  started_at: string | null;
-  finished_at: string | null;
-  progress?: JobStepProgress;
-}
-
-export interface JobResult {
-  reply: string;
-  tokens_per_second: number;
-  completion_tokens: number;
-  replica: string;
-  node: string;
-}
-
-/** A job as `GET /api/v1/jobs/:id` returns it (notes/serve-api.md). */
-export interface JobView {
-  id: string;
-  kind: "serve" | "update";
-  state: JobState;
-  request: Record<string, unknown>;
-  model: string | null;
-  steps: JobStep[];
-  error: string | null;
-  result: JobResult | null;
-  resumed: number;
-  created_by: string;
-  created_at: string;
-  updated_at: string;
-  finished_at: string | null;
-}
+// The wire shapes are the server's own (types only: nothing of the server is loaded).
+import type { JobResult, JobState, JobStep, JobView, StepProgress as JobStepProgress, StepState as JobStepState } from "../serve/job-rows.ts";
+export type { JobResult, JobState, JobStep, JobStepProgress, JobStepState, JobView };
 
 /** States a job does not leave: "waiting" is finished too (in the catalog, waiting for room). */
 const FINISHED_JOB_STATES: ReadonlySet<JobState> = new Set(["done", "waiting", "failed", "cancelled"]);

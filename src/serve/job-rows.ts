@@ -2,6 +2,7 @@
 // live state, the context a resumed run continues from, and the outcome. The runner
 // (jobs.ts) owns the records in memory while they run and writes them here; readers (the
 // API, `ctl job`) read the rows, so a job looks the same before and after a restart.
+import type { JobsTable } from "../store/schema.ts";
 import type { Store } from "../store/store.ts";
 
 export type JobKind = "serve" | "update";
@@ -112,22 +113,7 @@ export class JobRows {
   }
 }
 
-type Row = {
-  id: string;
-  kind: string;
-  state: string;
-  request: string;
-  steps: string;
-  context: string | null;
-  model: string | null;
-  error: string | null;
-  result: string | null;
-  resumed: number;
-  created_by: string;
-  created_at: string;
-  updated_at: string;
-  finished_at: string | null;
-};
+type Row = JobsTable;
 
 function toRow(job: JobRecord): Row {
   return {
