@@ -202,11 +202,15 @@ describe("serve and update jobs", () => {
   });
 
   test("cancel stops a serve job and removes what it started; verified files stay", { timeout: 120_000 }, async () => {
-    hub.setFault({ kind: "hang", match: "/cdn/" });
+    // The projector's download hangs; the weights file completes and is verified meanwhile.
+    const projector = repo.files.find((f) => f.path.startsWith("mmproj-"))!;
+    const weights = repo.files.find((f) => f.path === "tiny-llama-Q4_K_M.gguf")!;
+    hub.setFault({ kind: "hang", match: new RegExp(`/cdn/repos/${sha256(projector.content as Buffer)}`) });
+    const mirrored = async () => (await harness.admin("GET", "/api/v1/mirror?model=llmgw-test--tiny-llama-GGUF")).body.data as Array<{ file: string; state: string; actualSha256: string | null }>;
     try {
-      const started = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q4_K_M", name: "doomed" });
+      const started = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q4_K_M", projector: true, name: "doomed" });
       assert.equal(started.status, 202);
-      await eventually("the mirror step running", async () => (await job(started.body.id)).steps[1].state === "running");
+      await eventually("the weights verified while the projector hangs", async () => (await job(started.body.id)).steps[1].state === "running" && (await mirrored()).some((f) => f.file === weights.path && f.state === "complete"));
       const cancelled = await ctl(["job", "cancel", started.body.id, "--json"]);
       const view = JSON.parse(cancelled.stdout);
       assert.equal(view.state, "cancelled");
@@ -215,6 +219,9 @@ describe("serve and update jobs", () => {
     } finally {
       hub.setFault(null);
     }
+    const kept = (await mirrored()).find((f) => f.file === weights.path);
+    assert.equal(kept?.state, "complete", "the verified file stays in the mirror");
+    assert.equal(kept?.actualSha256, sha256(weights.content as Buffer));
     const listed = JSON.parse((await ctl(["job", "list", "--json"])).stdout);
     assert.ok(listed.some((j: { state: string }) => j.state === "cancelled"));
   });
