@@ -14,7 +14,10 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
+import { UpstreamError } from "../src/core/errors.ts";
 import { readEvents } from "../src/fleet/events.ts";
+import { smokeTestReplica, type SmokeTest } from "../src/serve/smoke-test.ts";
+import { Gate } from "./support/gate.ts";
 import { eventually } from "./support/eventually.ts";
 import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
 import { fakeCommitSha, startStandInHub, type StandInFile, type StandInHub, type StandInRepo } from "./support/stand-in-hub.ts";
@@ -25,6 +28,11 @@ const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const Q8 = "tiny-llama-Q8_0.gguf";
 const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
+const open = () => {
+  const gate = new Gate();
+  gate.open();
+  return gate;
+};
 
 describe("serve and update jobs", () => {
   let hub: StandInHub;
@@ -32,6 +40,7 @@ describe("serve and update jobs", () => {
   let repo: StandInRepo;
   let client: OpenAI;
   let gpuAgent: ChildProcess | undefined;
+  const smoke = { fail: false, gate: open() };
   // Short: vLLM's Unix sockets go below the agent's run folders, and a socket path has at most 107 bytes.
   const agentRoot = mkdtempSync(path.join(tmpdir(), "ls"));
 
@@ -39,7 +48,13 @@ describe("serve and update jobs", () => {
     const repos = await buildStandInRepos();
     repo = repos.gguf;
     hub = await startStandInHub({ repos: [repo, repos.safetensors] });
-    ({ harness } = await startHarnessWithAgent({ registryEndpoint: hub.url, replicaTimeoutMs: 120_000 }));
+    // The real smoke test, unless a test makes the new revision fail it or holds it.
+    const smokeTest: SmokeTest = async (target, name, signal) => {
+      await Promise.race([smoke.gate.wait(), new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true }))]);
+      if (smoke.fail) throw new UpstreamError("the new revision answered nonsense (this test says so)");
+      return smokeTestReplica(target, name, signal);
+    };
+    ({ harness } = await startHarnessWithAgent({ registryEndpoint: hub.url, replicaTimeoutMs: 120_000, smokeTest }));
     client = new OpenAI({ baseURL: `${harness.url}/v1`, apiKey: await harness.clientKey(), maxRetries: 0 });
   });
 
@@ -63,6 +78,61 @@ describe("serve and update jobs", () => {
   const job = async (id: string) => (await harness.admin("GET", `/api/v1/jobs/${id}`)).body;
   const lastJob = async (model: string) => (await harness.admin("GET", `/api/v1/jobs?model=${encodeURIComponent(model)}&limit=1`)).body.data[0];
   const ask = async () => (await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 })).choices[0]?.message.content;
+
+  /** Two clients streaming chat requests to `tiny` until stopped; every request that failed or was cut is listed. */
+  function keepSending(): { stop(): Promise<{ ok: number; failures: string[] }> } {
+    let sending = true;
+    let ok = 0;
+    const failures: string[] = [];
+    const sender = async () => {
+      while (sending) {
+        try {
+          const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Count" }], max_tokens: 12, stream: true });
+          let finish: string | null | undefined;
+          for await (const chunk of stream) finish = chunk.choices[0]?.finish_reason ?? finish;
+          if (finish === undefined || finish === null) failures.push("a stream ended without a finish reason");
+          else ok += 1;
+        } catch (error) {
+          failures.push(String(error));
+        }
+      }
+    };
+    const senders = [sender(), sender()];
+    return {
+      stop: async () => {
+        // A few more after the change, so requests cross it.
+        const after = ok + 4;
+        await eventually("requests after the change", () => ok >= after || failures.length > 0);
+        sending = false;
+        await Promise.all(senders);
+        return { ok, failures };
+      },
+    };
+  }
+
+  /** The id of the one ready replica of `tiny`, and a watch that notes any moment it was not ready. */
+  async function watchReadyReplica(): Promise<{ id: string; stop(): Promise<string[]> }> {
+    const ready = async () => ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).filter((r) => r.state === "ready");
+    const [first] = await ready();
+    assert.ok(first !== undefined, "tiny has a ready replica");
+    const seen: string[] = [];
+    let watching = true;
+    const watch = (async () => {
+      while (watching) {
+        const replica = ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).find((r) => r.id === first.id);
+        if (replica?.state !== "ready") seen.push(replica?.state ?? "gone");
+        await new Promise((resolve) => setTimeout(resolve, 25));
+      }
+    })();
+    return {
+      id: first.id,
+      stop: async () => {
+        watching = false;
+        await watch;
+        return seen;
+      },
+    };
+  }
 
   /** Publishes a new commit on main whose Q8_0 file has other bytes; returns its sha and the file's sha256. */
   async function publish(seed: number, label: string): Promise<{ sha: string; fileSha: string }> {
@@ -135,29 +205,11 @@ describe("serve and update jobs", () => {
   test("an update swaps revisions while a client keeps sending requests: none fails, none is cut", { timeout: 240_000 }, async () => {
     const before = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     const target = repo.revisions!.main!;
-    let sending = true;
-    let ok = 0;
-    const failures: string[] = [];
-    const sender = async () => {
-      while (sending) {
-        try {
-          const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Count" }], max_tokens: 12, stream: true });
-          let finish: string | null | undefined;
-          for await (const chunk of stream) finish = chunk.choices[0]?.finish_reason ?? finish;
-          if (finish === undefined || finish === null) failures.push("a stream ended without a finish reason");
-          else ok += 1;
-        } catch (error) {
-          failures.push(String(error));
-        }
-      }
-    };
-    const senders = [sender(), sender()];
+    const traffic = keepSending();
     const updated = await ctl(["model", "update", "tiny"]);
-    // Keep sending until the old replica is gone, so requests cross the switch.
-    await eventually("some requests after the update", () => ok >= 4);
-    sending = false;
-    await Promise.all(senders);
+    const { ok, failures } = await traffic.stop();
     assert.deepEqual(failures, []);
+    assert.ok(ok > 0);
     assert.match(updated.stdout, /tokens\/s/);
     const done = await lastJob("tiny");
     assert.equal(done.kind, "update");
@@ -198,6 +250,52 @@ describe("serve and update jobs", () => {
     assert.equal(after.previous.revision, current.revision);
     const job = await lastJob("tiny");
     assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").detail, "1 file of the previous revision still in the mirror");
+    assert.ok((await ask())!.length > 0);
+  });
+
+  test("an update whose new replica fails the smoke test points the model back; the old replica served throughout", { timeout: 240_000 }, async () => {
+    const before = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    const old = await watchReadyReplica();
+    const traffic = keepSending();
+    smoke.fail = true;
+    try {
+      const failed = await ctlFails(["model", "update", "tiny"]);
+      assert.match(failed.stderr, /did not take over: the new revision answered nonsense.*back on [0-9a-f]{12}, whose replicas kept serving/);
+    } finally {
+      smoke.fail = false;
+    }
+    const { failures } = await traffic.stop();
+    assert.deepEqual(failures, [], "no request failed while the new revision was tried and given up");
+    assert.deepEqual(await old.stop(), [], "the old replica stayed ready the whole time");
+    const job = await lastJob("tiny");
+    assert.deepEqual(job.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`), ["registry:done", "mirror:done", "check:done", "catalog:done", "rollout:done", "smoke_test:failed", "retire:skipped"]);
+    const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    assert.equal(after.revision, before.revision, "back on the old revision");
+    assert.equal(after.previous?.revision, before.previous?.revision);
+    await eventually("the failed revision's replica gone", async () => {
+      const replicas = (await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string }>;
+      return replicas.length === 1 && replicas[0]!.id === old.id;
+    });
+  });
+
+  test("an update cancelled during its smoke test leaves the old revision serving", { timeout: 240_000 }, async () => {
+    const before = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
+    const old = await watchReadyReplica();
+    smoke.gate = new Gate();
+    try {
+      const started = await harness.admin("POST", "/api/v1/jobs/update", { model: "tiny" });
+      assert.equal(started.status, 202);
+      await eventually("the smoke test running", async () => (await job(started.body.id)).steps[5].state === "running");
+      // The new replica is ready but unproven: clients still reach only the old one.
+      const health = (await harness.admin("GET", "/api/v1/models/tiny")).body.replicas as Array<{ id: string; state: string; endpoint: unknown }>;
+      assert.deepEqual(health.filter((r) => r.endpoint !== null).map((r) => r.id), [old.id]);
+      const cancelled = (await harness.admin("POST", `/api/v1/jobs/${started.body.id}/cancel`)).body;
+      assert.equal(cancelled.state, "cancelled");
+    } finally {
+      smoke.gate.open();
+    }
+    assert.deepEqual(await old.stop(), [], "the old replica stayed ready the whole time");
+    assert.equal((await harness.admin("GET", "/api/v1/models/tiny")).body.origin.revision, before.revision);
     assert.ok((await ask())!.length > 0);
   });
 

@@ -154,7 +154,9 @@ class ProgressLine {
 /** `✓ registry   llmgw-test/tiny-llama-GGUF@1a2b3c4d: Q4_K_M, 1 file, 2.1 MB` */
 export function describeStep(step: JobStep): string {
   const text = step.detail ?? (step.state === "running" ? "running" : step.state);
-  return `${STEP_MARKS[step.state]} ${step.name.padEnd(STEP_NAME_WIDTH)}${oneLine(text)}`;
+  // A smoke test's detail quotes the model's reply: no control character reaches the terminal.
+  const shown = oneLine(text).replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+  return `${STEP_MARKS[step.state]} ${step.name.padEnd(STEP_NAME_WIDTH)}${shown}`;
 }
 
 /** The mirror step's bar: bytes, speed, time left and files. */
@@ -259,7 +261,7 @@ export function registerJobCommands(ctl: Command, helpers: CtlHelpers): void {
       await followAndReport(helpers, command, connect(command), id);
     });
   withExamples(job.command("cancel <id>"), "llmgw ctl job cancel 0c9d2f3e")
-    .description("Stop a queued or running job; what it finished stays (a fetched file, a catalog entry)")
+    .description("Stop a queued or running job and undo what it started (a serve job's model is removed, an update returns to the revision it served); files already verified stay in the mirror")
     .option("--json", "print JSON")
     .action(async (id: string, _options: Options, command: Command) => {
       const cancelled = await connect(command).call<JobView>("POST", `/api/v1/jobs/${encodeURIComponent(id)}/cancel`);

@@ -295,6 +295,9 @@ testBothStores("holdOutdated keeps the old ready replica serving beside its read
     await rig.sync();
     assert.equal(rig.table.get(successor)?.state, "ready");
     assert.equal(rig.table.get(old)?.state, "ready", "the old one still serves beside the ready successor");
+    assert.equal(rig.table.get(successor)?.endpoint, null, "the unproven successor takes no client traffic while held");
+    assert.notEqual(rig.table.get(old)?.endpoint, null);
+    assert.notEqual(rig.fleet.currentReplicas(modelId)[0]?.endpoint, null, "the update job still reaches it directly");
     assert.deepEqual((await rig.assigned()).sort(), [old, successor].sort());
 
     first();
@@ -305,6 +308,7 @@ testBothStores("holdOutdated keeps the old ready replica serving beside its read
     second();
     await rig.fleet.settled();
     assert.deepEqual(await rig.assigned(), [successor], "released: the old one stops");
+    assert.notEqual(rig.table.get(successor)?.endpoint, null, "released: the successor takes traffic");
     assert.equal(rig.table.get(old)?.state, "stopping");
   } finally {
     await rig.close();

@@ -12,10 +12,9 @@
 // models served on demand in demand.ts; parked models are in parked-models.ts, and how a
 // record is told to a node and to the gateway in record-projections.ts.
 //
-// Stopping a replica the gateway has requests at drains it first (drain.ts): out of
-// routing at once, stopped on its node once those requests are done. A model update can
-// hold the model's outdated replicas (outdated-holds.ts) and read its replicas split by
-// definition (model-replicas.ts) to check the new ones before the old ones go.
+// Stopping a replica the gateway has requests at drains it first (drain.ts). An update
+// holds a model's outdated replicas (outdated-holds.ts) while it checks the new ones,
+// which it reads split by definition (model-replicas.ts).
 import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
@@ -245,20 +244,21 @@ export class Fleet implements Assignments {
 
   // --- Model updates (server-side only: these carry engine keys) ------------------------
 
-  /**
-   * Keeps the model's ready replicas of an earlier definition serving beside the new ones
-   * until the returned function is called (an update checks the new ones meanwhile); then
-   * they are drained and stopped. Holds nest.
-   */
+  /** Keeps the model's running replicas serving and new ones out of routing until released (outdated-holds.ts). */
   holdOutdated(modelId: string): () => void {
-    return this.holds.hold(modelId, () => this.schedule());
+    const ofModel = () => [...this.records.values()].filter((record) => record.modelId === modelId);
+    const changed = () => {
+      // Taken before start (a restarted server's unfinished update): start publishes and reconciles with it.
+      if (this.timer === undefined) return;
+      for (const record of ofModel()) this.publish(record);
+      this.schedule();
+    };
+    const release = this.holds.hold(modelId, ofModel().map((record) => record.id), changed);
+    changed();
+    return release;
   }
 
-  /**
-   * The model's replicas made from its current definition, with endpoints and engine keys.
-   * To wait for them, re-read on the ReplicaTable's `onChange` (every placement, report and
-   * stop changes it); `onStatusChange` holds one listener, the gateway's, and is not for this.
-   */
+  /** The model's replicas of its current definition, with endpoints and engine keys (re-read on the ReplicaTable's `onChange` to wait). */
   currentReplicas(modelId: string): CurrentReplica[] {
     return this.byDefinition(modelId).current;
   }
@@ -269,8 +269,7 @@ export class Fleet implements Assignments {
   }
 
   private byDefinition(modelId: string): ReplicasByDefinition {
-    const nodeName = (nodeId: string) => this.nodes.get(nodeId)?.name ?? nodeId;
-    return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName });
+    return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName: (id) => this.nodes.get(id)?.name ?? id });
   }
 
   /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
@@ -577,7 +576,10 @@ export class Fleet implements Assignments {
   /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
   private publish(record: ReplicaRecord): void {
     const leaving = record.desired === "stop" || this.drains.has(record.id);
-    this.options.replicas.upsert(tableEntryOf(record, this.modelById(record.modelId), this.options.replicas.get(record.id), leaving));
+    const model = this.modelById(record.modelId);
+    // While an update checks a held model's new replicas, clients stay on the old ones.
+    const unproven = model !== undefined && this.holds.unproven(model.id, record.id) && record.fingerprint === fingerprintOf(model, record.profile);
+    this.options.replicas.upsert(tableEntryOf(record, model, this.options.replicas.get(record.id), leaving, unproven));
   }
 
   private modelById(modelId: string): CatalogModel | undefined {

@@ -140,6 +140,12 @@ test("without room for the successor, the old replica is stopped to make room", 
   assert.deepEqual(decision.create, []);
   assert.deepEqual(decision.stop.map((s) => s.id), ["old"]);
   assert.equal(decision.unplaceable.size, 0, "not reported unplaceable: room comes once the old one stops");
+
+  // Held by an update, the serving old replica never makes room: the successor waits, and says why.
+  const held = reconcile(input({ models: [changed], nodes: [small], replicas: [replica("old", old, small)], holding: new Set([changed.id]) }));
+  assert.deepEqual(held.stop, []);
+  assert.deepEqual(held.create, []);
+  assert.match(held.unplaceable.get(changed.id)?.join("\n") ?? "", /free/, "the explanation says the room exists but is taken");
 });
 
 test("a successor that would not fit even in the old replica's room leaves the old one serving, and says why", () => {

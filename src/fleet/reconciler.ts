@@ -140,7 +140,9 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     for (let i = 0; i < missing; i += 1) {
       const key = input.newReplicaId();
       requests.push({ key, modelId: model.id, modelName: model.name, options, weightsKey: input.weightsKeyOf(model) });
-      requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id)) });
+      // A held model's ready old replicas never make room: they serve until the new revision
+      // passed its check, so an update without room for both waits instead (the job says so).
+      requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id) && !(held && r.state === "ready" && !onDrainingNode.has(r.id))) });
     }
   }
   if (requests.length === 0) return decision;

@@ -42,9 +42,11 @@ export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefi
 /**
  * The gateway's table entry for the record. `leaving`: it is being stopped or drained, so
  * it stays visible as "stopping" but takes no requests. `previous` is the entry so far
- * (its names are kept when the model is gone from the catalog).
+ * (its names are kept when the model is gone from the catalog). `unproven`: a new replica
+ * an update has not yet smoke-tested; it is listed without an endpoint, so nothing routes
+ * to it (the update job reaches it directly).
  */
-export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefined, previous: Replica | undefined, leaving: boolean): Replica {
+export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefined, previous: Replica | undefined, leaving: boolean, unproven = false): Replica {
   const profile = model?.definition.profiles.find((p) => p.name === record.profile);
   return {
     id: record.id,
@@ -54,7 +56,7 @@ export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefi
     engine: record.engine,
     nodeIds: record.nodeIds,
     state: leaving && record.state !== "stopped" ? "stopping" : record.state,
-    endpoint: record.endpoint,
+    endpoint: unproven ? null : record.endpoint,
     engineKey: record.engineKey,
     upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
     weight: profile?.weight ?? 1,

@@ -75,7 +75,7 @@ testBothStores("a job records each step, and one cut by a server stop resumes wh
 });
 
 testBothStores("a job cut by more restarts than MAX_RESUMES fails with that reason", async (store) => {
-  const { handler } = gatedHandler();
+  const { handler, runs } = gatedHandler();
   let current = runner(store, handler);
   const job = await current.submit("serve", {}, "admin:root", null);
   for (let restart = 0; restart < MAX_RESUMES; restart += 1) {
@@ -90,7 +90,8 @@ testBothStores("a job cut by more restarts than MAX_RESUMES fails with that reas
   await last.start();
   const failed = await last.get(job.id);
   assert.equal(failed.state, "failed");
-  assert.match(failed.error ?? "", /cut by 4 server restarts.*run it again/);
+  assert.match(failed.error ?? "", /cut by 4 server restarts and is given up; what it started was undone\. Run it again/);
+  assert.equal(runs.undo, 1, "what a given-up job started is undone, as for a cancel");
   await last.close();
 });
 
@@ -134,8 +135,9 @@ testBothStores("only the newest 100 finished jobs are kept", async (store) => {
     ids.push(job.id);
     await eventually("job done", async () => (await jobs.get(job.id)).state === "done");
   }
+  // Close first: it waits for each job's end, the deletion of old ones included.
+  await jobs.close();
   const kept = await new JobRows(store).list({ limit: 1000 });
   assert.equal(kept.length, 100);
   assert.ok(!kept.some((job) => ids.slice(0, 3).includes(job.id)), "the oldest three are gone");
-  await jobs.close();
 });

@@ -32,8 +32,13 @@ export interface JobHandler {
   steps(request: Record<string, unknown>): string[];
   /** Runs the steps; resolves with how the job finished, or throws why it failed. */
   run(job: RunningJob): Promise<"done" | "waiting">;
-  /** After a cancel: stop and remove what the job started (its context says what). */
+  /** After a cancel, or when a job is given up: stop and remove what the job started (its context says what). */
   undo?(job: RunningJob): Promise<void>;
+  /**
+   * Before the fleet's first reconciliation after a restart, for each unfinished job of
+   * this kind: take again what only lived in memory (an update's hold on its old replicas).
+   */
+  recover?(job: JobRecord): void;
 }
 
 export interface JobRunnerOptions {
@@ -74,6 +79,11 @@ export class RunningJob {
   }
   get actor(): string {
     return this.record.created_by;
+  }
+
+  /** Why the job's signal was aborted: a cancel (undo what it started) or a server stop (leave it to resume); null while it runs. */
+  get stopReason(): "cancel" | "server-stop" | null {
+    return this.signal.reason instanceof JobStop ? this.signal.reason.why : null;
   }
 
   /**
@@ -184,17 +194,41 @@ export class JobRunner {
   private readonly queue: Array<() => void> = [];
   private active = 0;
   private closed = false;
+  /** The unfinished jobs `recover` read, for `start`. */
+  private unfinished: JobRecord[] | undefined;
 
   constructor(private readonly options: JobRunnerOptions) {
     this.rows = new JobRows(options.store);
     this.clock = options.clock ?? Date.now;
   }
 
+  /**
+   * Lets each unfinished job take again what lived only in memory; call it before the
+   * fleet's first reconciliation, then `start` once the server takes traffic.
+   */
+  async recover(): Promise<void> {
+    this.unfinished = await this.rows.unfinished();
+    for (const record of this.unfinished) {
+      try {
+        this.options.handlers[record.kind].recover?.(record);
+      } catch (error) {
+        this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not recover a job's holds");
+      }
+    }
+  }
+
   /** Resumes the jobs an earlier run of the server left unfinished. */
   async start(): Promise<void> {
-    for (const record of await this.rows.unfinished()) {
+    for (const record of this.unfinished ?? (await this.rows.unfinished())) {
       if (record.resumed >= MAX_RESUMES) {
-        await this.finish(record, "failed", `The job was cut by ${MAX_RESUMES + 1} server restarts and is given up; run it again.`);
+        // Given up: undone like a cancel, so the model is as it was and its name is free to try again.
+        const aborted = new AbortController();
+        aborted.abort(new JobStop("cancel"));
+        await this.options.handlers[record.kind].undo?.(new RunningJob(record, aborted.signal, this.rows, this.clock, this.options.logger)).catch((error: unknown) =>
+          this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not undo all a given-up job started"),
+        );
+        this.markRemaining(record, "skipped");
+        await this.finish(record, "failed", `The job was cut by ${MAX_RESUMES + 1} server restarts and is given up; what it started was undone. Run it again.`);
         continue;
       }
       record.resumed += 1;
@@ -203,6 +237,7 @@ export class JobRunner {
       await this.rows.save(record);
       this.launch(record);
     }
+    this.unfinished = undefined;
   }
 
   /** Creates a job and starts it in the background; resolves once it is recorded. */
@@ -268,7 +303,6 @@ export class JobRunner {
   /** Stops running jobs without finishing them (they resume on the next start). */
   async close(): Promise<void> {
     this.closed = true;
-    for (const resolve of this.queue.splice(0)) resolve();
     const runs = [...this.running.values()];
     for (const run of runs) run.controller.abort(new JobStop("server-stop"));
     await Promise.all(runs.map((run) => run.done));
@@ -276,28 +310,43 @@ export class JobRunner {
 
   private launch(record: JobRecord): void {
     const controller = new AbortController();
-    const done = this.run(record, controller).finally(() => this.running.delete(record.id));
+    // A store that fails the last write must not take the server down: the row stays
+    // unfinished and the next start resumes the job.
+    const done = this.run(record, controller)
+      .catch((error: unknown) => this.options.logger.error({ job: record.id, err: describeError(error) }, "could not record a job's outcome"))
+      .finally(() => this.running.delete(record.id));
     this.running.set(record.id, { controller, done });
   }
 
   private async run(record: JobRecord, controller: AbortController): Promise<void> {
-    if (this.active >= CONCURRENT_JOBS) {
+    // A slot is claimed when it is handed over, so a job submitted meanwhile cannot take it too.
+    let claimed = this.active < CONCURRENT_JOBS;
+    if (claimed) {
+      this.active += 1;
+    } else {
       // Waits for a free slot, or for a cancel or a stop, which must not wait behind other jobs.
-      await new Promise<void>((resolve) => {
-        const wake = () => {
-          const index = this.queue.indexOf(wake);
-          if (index >= 0) this.queue.splice(index, 1);
-          resolve();
+      claimed = await new Promise<boolean>((resolve) => {
+        const handOver = () => {
+          this.active += 1;
+          resolve(true);
         };
-        this.queue.push(wake);
-        controller.signal.addEventListener("abort", wake, { once: true });
+        this.queue.push(handOver);
+        controller.signal.addEventListener(
+          "abort",
+          () => {
+            const index = this.queue.indexOf(handOver);
+            if (index >= 0) this.queue.splice(index, 1);
+            resolve(false);
+          },
+          { once: true },
+        );
       });
     }
     if (this.closed || controller.signal.aborted) {
+      if (claimed) this.releaseSlot();
       if (controller.signal.reason instanceof JobStop && controller.signal.reason.why === "cancel") await this.finish(record, "cancelled", "The job was cancelled.");
       return;
     }
-    this.active += 1;
     const handler = this.options.handlers[record.kind];
     const job = new RunningJob(record, controller.signal, this.rows, this.clock, this.options.logger);
     try {
@@ -321,9 +370,13 @@ export class JobRunner {
         this.options.logger.warn({ job: record.id, kind: record.kind, model: record.model, err: describeError(error) }, "job failed");
       }
     } finally {
-      this.active -= 1;
-      this.queue.shift()?.();
+      this.releaseSlot();
     }
+  }
+
+  private releaseSlot(): void {
+    this.active -= 1;
+    this.queue.shift()?.();
   }
 
   /** Steps that never ran: skipped after a failure, cancelled after a cancel. */

@@ -9,10 +9,10 @@
 //   smoke_test ask that replica for a hello; reply and tokens/s are the job's result
 // What a step decided is kept in the job's context, so a job cut by a restart resumes
 // where it was. A cancelled job removes the model it added; mirrored files stay.
-import { describeError } from "../core/errors.ts";
+import { UpstreamError, describeError, errorCode } from "../core/errors.ts";
 import { countOf, formatBytes } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
-import type { Catalog } from "../catalog/catalog.ts";
+import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
@@ -92,13 +92,21 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       });
 
       await job.step("catalog", async () => {
-        const existing = context.createdModelId === undefined ? undefined : deps.catalog.list().find((m) => m.id === context.createdModelId);
-        if (existing !== undefined) return `'${existing.name}' was added before the server restarted`;
         const planned = context.planned!;
+        const source = { kind: "mirror" as const, model: planned.model, version: planned.version, file: context.entry! };
+        // Added before a restart: by the id remembered, or (killed between adding it and
+        // remembering) by its name with this job's source and revision.
+        const existing = deps.catalog
+          .list()
+          .find((m) => m.id === context.createdModelId || (context.createdModelId === undefined && m.name === request.name && m.definition.origin?.revision === planned.revision && JSON.stringify(m.definition.source) === JSON.stringify(source)));
+        if (existing !== undefined) {
+          await job.remember({ createdModelId: existing.id } satisfies ServeContext);
+          return `'${existing.name}' was added before the server restarted`;
+        }
         const body = serveModelBody({
           request,
           profiles: context.profiles!,
-          source: { kind: "mirror", model: planned.model, version: planned.version, file: context.entry! },
+          source,
           origin: { repo: planned.repo, revision: planned.revision, ...followedRef(request), files: context.origin! },
         });
         const created = await deps.catalog.create(body, job.actor);
@@ -110,36 +118,16 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
 
       const model = deps.catalog.list().find((m) => m.id === context.createdModelId);
       if (model === undefined) throw new Error(`The model '${request.name}' this job added is gone from the catalog; it was removed while the job ran.`);
-      job.setModel(model.name);
-      // An on-demand model gets its replica the way a request would start it.
-      const onDemand = model.definition.scaling.min === 0;
-      const waitReady = (step: StepHandle) =>
-        waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === model.id) });
-      if (onDemand) deps.fleet.requested(model);
       try {
-        let waited: Awaited<ReturnType<typeof waitForReplica>> | undefined;
-        await job.step("placement", async (step) => {
-          waited = await waitReady(step);
-          if (waited.kind === "busy") return `waiting for room: ${waited.explanation.join("; ")}. The model starts when a node has room.`;
-          const r = waited.replica;
-          return `replica ${r.id} ready on ${r.nodeNames.join(", ")} (${r.profile}) after ${(waited.waitedMs / 1000).toFixed(1)} s${r.weightsVerified ? ", weights verified against the origin" : ""}`;
-        });
-        if (waited?.kind === "busy") {
-          await job.skip("smoke_test", "the model waits for room on a node");
-          return "waiting";
-        }
-        await job.step("smoke_test", async (step) => {
-          // A resumed job skipped the placement step: find the replica again.
-          const ready = waited?.kind === "ready" ? waited : await waitReady(step);
-          if (ready.kind !== "ready") throw new Error("the replica is gone and the nodes are busy");
-          const result = await deps.smokeTest(ready.replica, model.name, job.signal);
-          job.setResult(result);
-          return `"${result.reply}" (${result.completion_tokens} tokens, ${result.tokens_per_second} tokens/s)`;
-        });
-      } finally {
-        if (onDemand) deps.fleet.finished(model);
+        return await placeAndTest(job, deps, model);
+      } catch (error) {
+        if (job.stopReason !== null) throw error;
+        // The model stays in the catalog (it may only need room, or an unpark): say what to do with it.
+        throw new UpstreamError(
+          `${describeError(error)}. The model '${model.name}' stays in the catalog: fix the cause and 'llmgw ctl model unpark ${model.name}', or 'llmgw ctl model remove ${model.name}' before serving it again.`,
+          { code: errorCode(error) ?? "serve_failed", cause: error },
+        );
       }
-      return "done";
     },
     async undo(job: RunningJob) {
       const modelId = (job.context as ServeContext).createdModelId;
@@ -152,6 +140,40 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       });
     },
   };
+}
+
+/** The placement and smoke test steps of a serve job, for the model its catalog step added. */
+async function placeAndTest(job: RunningJob, deps: JobDependencies, model: CatalogModel): Promise<"done" | "waiting"> {
+  job.setModel(model.name);
+  // An on-demand model gets its replica the way a request would start it.
+  const onDemand = model.definition.scaling.min === 0;
+  const waitReady = (step: StepHandle) =>
+    waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === model.id) });
+  if (onDemand) deps.fleet.requested(model);
+  try {
+    let waited: Awaited<ReturnType<typeof waitForReplica>> | undefined;
+    await job.step("placement", async (step) => {
+      waited = await waitReady(step);
+      if (waited.kind === "busy") return `waiting for room: ${waited.explanation.join("; ")}. The model starts when a node has room.`;
+      const r = waited.replica;
+      return `replica ${r.id} ready on ${r.nodeNames.join(", ")} (${r.profile}) after ${(waited.waitedMs / 1000).toFixed(1)} s${r.weightsVerified ? ", weights verified against the origin" : ""}`;
+    });
+    if (waited?.kind === "busy") {
+      await job.skip("smoke_test", "the model waits for room on a node");
+      return "waiting";
+    }
+    await job.step("smoke_test", async (step) => {
+      // A resumed job skipped the placement step: find the replica again.
+      const ready = waited?.kind === "ready" ? waited : await waitReady(step);
+      if (ready.kind !== "ready") throw new Error("the replica is gone and the nodes are busy");
+      const result = await deps.smokeTest(ready.replica, model.name, job.signal);
+      job.setResult(result);
+      return `"${result.reply}" (${result.completion_tokens} tokens, ${result.tokens_per_second} tokens/s)`;
+    });
+    return "done";
+  } finally {
+    if (onDemand) deps.fleet.finished(model);
+  }
 }
 
 /** The branch or tag updates follow: the one asked for, unless it was a commit (then the default branch). */

@@ -93,7 +93,7 @@ export async function checkServeRequest(body: unknown, options: ServeDoorOptions
     const owner = options.catalog.resolve(taken);
     if (owner !== undefined) {
       throw new ConflictError(
-        `The name '${taken}' is already used by model '${owner.name}'. Give another ${param === "name" ? "name (--name)" : "alias"}, or move '${owner.name}' to a newer revision with 'llmgw ctl model update ${owner.name}'.`,
+        `The name '${taken}' is already used by model '${owner.name}'. Give another ${param === "name" ? "name (--name)" : "alias"}, move '${owner.name}' to a newer revision with 'llmgw ctl model update ${owner.name}', or remove it first with 'llmgw ctl model remove ${owner.name}'.`,
         { code: "model_exists", param },
       );
     }

@@ -120,7 +120,9 @@ export class UpdateChecker {
       error = describeError(failure);
       this.options.logger.warn({ model: model.name, repo: origin.repo, err: error }, "update check could not read the repository");
     }
-    const row = { repo: origin.repo, revision: origin.revision, latest_revision: latest, checked_at: nowIso(this.clock), error };
+    // A failed read keeps what the last good one found, so the next success is news only if the repository moved.
+    const known = previous?.revision === origin.revision ? previous.latest_revision : null;
+    const row = { repo: origin.repo, revision: origin.revision, latest_revision: latest ?? known, checked_at: nowIso(this.clock), error };
     if (previous === undefined) await db.insertInto("model_updates").values({ model_id: model.id, ...row }).execute();
     else await db.updateTable("model_updates").set(row).where("model_id", "=", model.id).execute();
     const news = latest !== null && latest !== origin.revision && latest !== previous?.latest_revision;

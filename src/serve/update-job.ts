@@ -75,6 +75,8 @@ export function checkUpdateRequest(body: unknown, catalog: Pick<Catalog, "resolv
 }
 
 export function updateJobHandler(deps: JobDependencies): JobHandler {
+  /** Holds taken for unfinished updates when the server started, until their jobs take their own. */
+  const bootHolds = new Map<string, () => void>();
   return {
     steps: () => [...UPDATE_STEPS],
     async run(job) {
@@ -147,41 +149,43 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         return checked.detail;
       });
 
-      // Held from the catalog change until the new revision passed its smoke test.
+      // Held from the catalog change until the new revision passed its smoke test. A hold
+      // taken when the server started (recover) is handed over to this one.
       const release = deps.fleet.holdOutdated(model().id);
-      let released = false;
-      const releaseOnce = () => {
-        if (!released) release();
-        released = true;
-      };
+      bootHolds.get(job.id)?.();
+      bootHolds.delete(job.id);
+      let keepHold = false;
       try {
-        await job.step("catalog", async () => {
-          const current = model();
-          const { origin, source } = current.definition as { origin: Origin; source: Source };
-          if (context.before === undefined) await job.remember({ before: { source, origin } } satisfies UpdateContext);
-          const before = context.before!;
-          if (JSON.stringify(source) === JSON.stringify(context.newSource)) return `'${request.model}' already points at the new revision (the server restarted meanwhile)`;
-          const newRevision = request.rollback === true ? before.origin.previous!.revision : context.planned!.revision;
-          const newOrigin: Origin = {
-            repo: before.origin.repo,
-            revision: newRevision,
-            ...(before.origin.ref === undefined ? {} : { ref: before.origin.ref }),
-            files: context.newOrigin!,
-            previous: { revision: before.origin.revision, files: before.origin.files, source: before.source },
-          };
-          await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin }, job.actor);
-          return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
-        });
-        const target = model();
+        let target = model();
         const waitReady = (step: StepHandle) => waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === target.id) });
-        await withRevert(job, deps.catalog, context, async () => {
+        try {
+          await job.step("catalog", async () => {
+            const current = model();
+            const { origin, source } = current.definition as { origin: Origin; source: Source };
+            if (context.before === undefined) await job.remember({ before: { source, origin } } satisfies UpdateContext);
+            const before = context.before!;
+            if (JSON.stringify(source) === JSON.stringify(context.newSource)) return `'${request.model}' already points at the new revision (the server restarted meanwhile)`;
+            const newRevision = request.rollback === true ? before.origin.previous!.revision : context.planned!.revision;
+            const newOrigin: Origin = {
+              repo: before.origin.repo,
+              revision: newRevision,
+              ...(before.origin.ref === undefined ? {} : { ref: before.origin.ref }),
+              files: context.newOrigin!,
+              previous: { revision: before.origin.revision, files: before.origin.files, source: before.source },
+            };
+            await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin }, job.actor);
+            return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
+          });
+          target = model();
           const onDemand = target.definition.scaling.min === 0;
           if (onDemand) deps.fleet.requested(target);
           try {
             let ready: Awaited<ReturnType<typeof waitForReplica>> | undefined;
             await job.step("rollout", async (step) => {
               ready = await waitReady(step);
-              if (ready.kind === "busy") throw new UpstreamError(`There is no room for a replica of the new revision: ${ready.explanation.join("; ")}.`, { code: "no_room" });
+              if (ready.kind === "busy") {
+                throw new UpstreamError(`There is no room to run the new revision beside the old one, which keeps serving until the new one is checked: ${ready.explanation.join("; ")}. Free room (scale another model down) and update again.`, { code: "no_room" });
+              }
               return `replica ${ready.replica.id} of the new revision ready on ${ready.replica.nodeNames.join(", ")}${ready.replica.weightsVerified ? ", weights verified against the origin" : ""}`;
             });
             await job.step("smoke_test", async (step) => {
@@ -194,8 +198,25 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           } finally {
             if (onDemand) deps.fleet.finished(target);
           }
-        });
-        releaseOnce();
+        } catch (error) {
+          // A server stop leaves everything as it is (held, pointing at the new revision) for the resumed job.
+          if (job.stopReason === "server-stop") {
+            keepHold = true;
+            throw error;
+          }
+          // Failed or cancelled before the new revision proved itself: back to the old one
+          // while its replicas are still held, so they never stop.
+          const reverted = await revert(job, deps.catalog, context).catch((revertError: unknown) => {
+            keepHold = true;
+            throw new UpstreamError(
+              `The new revision did not take over (${describeError(error)}), and '${request.model}' could not be pointed back (${describeError(revertError)}). Its old replicas keep serving; run 'llmgw ctl model rollback ${request.model}'.`,
+              { code: "update_failed", cause: error },
+            );
+          });
+          if (job.stopReason === "cancel") throw error;
+          throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${request.model}' is back on ${reverted}, whose replicas kept serving.`, { code: "update_failed", cause: error });
+        }
+        release();
         await job.step("retire", async (step) => {
           const before = deps.fleet.outdatedReplicas(target.id).length;
           const started = Date.now();
@@ -210,32 +231,43 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           return before === 0 ? "no old replicas were running" : `${countOf(before, "old replica")} drained and stopped`;
         });
       } finally {
-        releaseOnce();
+        // Released once the new revision passed (above), or after a revert; kept through a
+        // server stop (the hold dies with the process and the next start takes it again).
+        if (!keepHold && job.stopReason !== "server-stop") release();
       }
       return "done";
     },
     async undo(job) {
-      // A cancelled update leaves the model on the revision it served before.
-      const context = job.context as UpdateContext;
-      const name = (job.request as UpdateRequest).model;
-      const current = deps.catalog.resolve(name);
-      if (context.before === undefined || current === undefined || JSON.stringify(current.definition.source) !== JSON.stringify(context.newSource)) return;
-      await deps.catalog.update(name, { source: context.before.source, origin: context.before.origin }, job.actor);
+      bootHolds.get(job.id)?.();
+      bootHolds.delete(job.id);
+      // Once the new revision passed its smoke test there is nothing to undo: it serves.
+      if (job.stepState("smoke_test") === "done") return;
+      await revert(job, deps.catalog, job.context as UpdateContext);
+    },
+    recover(record) {
+      // An update cut between its catalog change and its smoke test: its old replicas must
+      // keep serving from the first reconciliation of the new server on.
+      const steps = new Map(record.steps.map((step) => [step.name, step.state]));
+      if (steps.get("catalog") !== "done" || steps.get("smoke_test") === "done") return;
+      const model = deps.catalog.resolve((record.request as UpdateRequest).model);
+      if (model !== undefined) bootHolds.set(record.id, deps.fleet.holdOutdated(model.id));
     },
   };
 }
 
-/** Runs the rollout; on failure points the model back at the revision it served before, then rethrows with that said. */
-async function withRevert(job: RunningJob, catalog: Catalog, context: UpdateContext, body: () => Promise<void>): Promise<void> {
-  try {
-    await body();
-  } catch (error) {
-    const before = context.before;
-    if (before === undefined || job.signal.aborted) throw error;
-    const name = (job.request as UpdateRequest).model;
+/**
+ * Points the model back at the source and origin it had before the job changed it, when it
+ * still points at the new ones; returns the short revision it is on.
+ */
+async function revert(job: RunningJob, catalog: Catalog, context: UpdateContext): Promise<string> {
+  const name = (job.request as UpdateRequest).model;
+  const before = context.before;
+  const current = catalog.resolve(name);
+  if (before === undefined || current === undefined) return current?.definition.origin?.revision.slice(0, 12) ?? "its earlier revision";
+  if (JSON.stringify(current.definition.source) === JSON.stringify(context.newSource)) {
     await catalog.update(name, { source: before.source, origin: before.origin }, job.actor);
-    throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${name}' is back on ${before.origin.revision.slice(0, 12)}, whose replicas kept serving.`, { code: "update_failed", cause: error });
   }
+  return before.origin.revision.slice(0, 12);
 }
 
 export type { CatalogModel };

@@ -42,7 +42,7 @@ import { JobRunner } from "../serve/jobs.ts";
 import { serveJobHandler } from "../serve/serve-job.ts";
 import { updateJobHandler } from "../serve/update-job.ts";
 import { UpdateChecker } from "../serve/update-checker.ts";
-import { smokeTestReplica } from "../serve/smoke-test.ts";
+import { smokeTestReplica, type SmokeTest } from "../serve/smoke-test.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -71,6 +71,8 @@ export interface ServerConfig {
   updateCheckIntervalMs?: number;
   /** How long a serve or update job waits for a ready replica (default 30 min). */
   replicaTimeoutMs?: number;
+  /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
+  smokeTest?: SmokeTest;
   logger: Logger;
 }
 
@@ -137,11 +139,29 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
     ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
   });
+  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
+  // One planner for GET /api/v1/plan, mirror fetches without a quant and serve jobs, so all pick the same artifact.
+  // Against the fleet's nodes once any has joined; before that, this machine.
+  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleet.nodes.list()) ?? localPool(), signal });
+  const jobDependencies = {
+    catalog,
+    mirror,
+    registry,
+    fleet,
+    planner,
+    smokeTest: config.smokeTest ?? smokeTestReplica,
+    logger,
+    ...(config.replicaTimeoutMs === undefined ? {} : { replicaTimeoutMs: config.replicaTimeoutMs }),
+  };
+  const jobs = new JobRunner({ store, logger, handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) } });
+  const updates = new UpdateChecker({ store, catalog, registry, logger, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
   let stopExternalSync = () => {};
   try {
     joinToken = ensureJoinToken(config.dataDir);
     await catalog.refresh();
     stopExternalSync = syncExternalReplicas(catalog, replicas);
+    // Before the fleet's first pass: an update cut by the last stop holds its old replicas again.
+    await jobs.recover();
     await fleet.start();
     // The first pass knows every model's weights before an agent asks for its assignments.
     await fleet.settled();
@@ -153,6 +173,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     stopExternalSync();
     await fleet.stop().catch(() => undefined);
     await mirror.close().catch(() => undefined);
+    await registry.close().catch(() => undefined);
     await store.close().catch(() => undefined);
     lock.release();
     throw error;
@@ -178,22 +199,6 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const parts: ServerParts = { store, mirror, catalog, keys, replicas, fleet, joinToken: () => joinToken, logger, config };
   let attachment: Attachment | undefined;
   let ready = false;
-  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
-  // One planner for GET /api/v1/plan, mirror fetches without a quant and serve jobs, so all pick the same artifact.
-  // Against the fleet's nodes once any has joined; before that, this machine.
-  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleet.nodes.list()) ?? localPool(), signal });
-  const jobDependencies = {
-    catalog,
-    mirror,
-    registry,
-    fleet,
-    planner,
-    smokeTest: smokeTestReplica,
-    logger,
-    ...(config.replicaTimeoutMs === undefined ? {} : { replicaTimeoutMs: config.replicaTimeoutMs }),
-  };
-  const jobs = new JobRunner({ store, logger, handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) } });
-  const updates = new UpdateChecker({ store, catalog, registry, logger, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
   const readiness = async (): Promise<Readiness> => {
     const usageRowsDropped = usage.droppedRows();
     if (!ready) return { status: "starting", reason: "The server is starting.", usage_rows_dropped: usageRowsDropped };

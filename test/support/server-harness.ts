@@ -9,6 +9,7 @@ import type { CatalogModel } from "../../src/catalog/catalog.ts";
 import type { NodeAgent, SupervisorTimings } from "../../src/agent/node-agent.ts";
 import { startLocalNode } from "../../src/agent/local-node.ts";
 import { readNodeIdentity } from "../../src/agent/node-identity.ts";
+import type { SmokeTest } from "../../src/serve/smoke-test.ts";
 import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
 
 export interface Harness {
@@ -44,6 +45,8 @@ export interface HarnessOptions {
   replicaTimeoutMs?: number;
   /** The scheduled update check (default off in tests: they call the check themselves). */
   updateCheckIntervalMs?: number;
+  /** Replaces the jobs' smoke test (to make a revision fail it). */
+  smokeTest?: SmokeTest;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
 }
 
@@ -69,6 +72,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       fleetClock: options.fleetClock,
       replicaTimeoutMs: options.replicaTimeoutMs,
       updateCheckIntervalMs: options.updateCheckIntervalMs ?? 0,
+      ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
     },
     options.withAgent,
   );
