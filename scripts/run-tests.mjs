@@ -56,6 +56,7 @@ const unit = [
   "src/agent/inventory.test.ts",
   "src/serve/jobs.test.ts",
   "src/serve/serve-request.test.ts",
+  "src/serve/update-job.test.ts",
 ];
 
 const endToEnd = [

@@ -151,7 +151,12 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
 
       // Held from the catalog change until the new revision passed its smoke test. A hold
       // taken when the server started (recover) is handed over to this one.
-      const release = deps.fleet.holdOutdated(model().id);
+      const hold = deps.fleet.holdOutdated(model().id);
+      let held = true;
+      const release = () => {
+        if (held) hold();
+        held = false;
+      };
       bootHolds.get(job.id)?.();
       bootHolds.delete(job.id);
       let keepHold = false;

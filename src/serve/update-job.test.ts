@@ -1,0 +1,127 @@
+// The update job after a restart, with a recording stand-in for the fleet: an update cut
+// between its catalog change and its smoke test holds the model's old replicas again when
+// the server starts (before the fleet's first pass), hands that hold over to the resumed
+// run, and releases it only once the new revision passed; one already past its smoke test
+// takes no hold. Each hold's life is recorded, so a release too early would show.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { silentLogger } from "../core/log.ts";
+import { testBothStores } from "../../test/support/stores.ts";
+import { eventually } from "../../test/support/eventually.ts";
+import { JobRows, type JobRecord } from "./job-rows.ts";
+import { JobRunner } from "./jobs.ts";
+import type { JobDependencies } from "./serve-job.ts";
+import { UPDATE_STEPS, updateJobHandler } from "./update-job.ts";
+
+const mirrorSource = (version: string) => ({ kind: "mirror" as const, model: "o--m", version, file: "m.gguf" });
+const file = { path: "m.gguf", sha256: "a".repeat(64), bytes: 10 };
+
+function fakes() {
+  const events: string[] = [];
+  let holds = 0;
+  const model = {
+    id: "model-1",
+    name: "m",
+    definition: {
+      scaling: { min: 1, max: 1 },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+      source: mirrorSource("new"),
+      origin: { repo: "o/m", revision: "n".repeat(40), files: [file], previous: { revision: "o".repeat(40), files: [file], source: mirrorSource("old") } },
+    },
+  } as unknown as CatalogModel;
+  const replica = { id: "r-new", profile: "cpu", state: "ready", nodeNames: ["n1"], endpoint: { origin: "http://127.0.0.1:1", basePath: "" }, engineKey: "k", weightsVerified: true, lastError: null };
+  const deps = {
+    catalog: { get: () => model, resolve: () => model, list: () => [model], update: async () => model },
+    mirror: {},
+    registry: {},
+    fleet: {
+      holdOutdated: (modelId: string) => {
+        holds += 1;
+        const n = holds;
+        events.push(`hold ${n} ${modelId}`);
+        return () => events.push(`release ${n}`);
+      },
+      currentReplicas: () => [replica],
+      outdatedReplicas: () => [],
+      status: () => ({ parked: null, unplaceable: null, weightsProblem: null }),
+      requested: () => undefined,
+      finished: () => undefined,
+    },
+    smokeTest: async () => {
+      events.push("smoke test");
+      return { reply: "hi", tokens_per_second: 1, completion_tokens: 1, replica: "r-new", node: "n1" };
+    },
+    logger: silentLogger(),
+  } as unknown as JobDependencies;
+  return { deps, events };
+}
+
+/** An update job as a killed server left it: steps up to `doneUntil` done, the context they wrote. */
+function cutUpdate(id: string, doneUntil: string): JobRecord {
+  const now = "2026-11-30T10:00:00.000Z";
+  const last = UPDATE_STEPS.indexOf(doneUntil as (typeof UPDATE_STEPS)[number]);
+  return {
+    id,
+    kind: "update",
+    state: "running",
+    request: { model: "m" },
+    model: "m",
+    steps: UPDATE_STEPS.map((name, index) => ({ name, state: index <= last ? "done" : index === last + 1 ? "running" : "pending", detail: null, started_at: null, finished_at: null })),
+    context: {
+      newSource: mirrorSource("new"),
+      newOrigin: [file],
+      before: { source: mirrorSource("old"), origin: { repo: "o/m", revision: "o".repeat(40), files: [file] } },
+      planned: { model: "o--m", version: "new", repo: "o/m", revision: "n".repeat(40), files: [], totalBytes: 0 },
+    },
+    error: null,
+    result: null,
+    resumed: 0,
+    created_by: "admin:root",
+    created_at: now,
+    updated_at: now,
+    finished_at: null,
+  };
+}
+
+testBothStores("an update cut between its catalog change and its smoke test holds the old replicas from the restart until the new revision passed", async (store) => {
+  await new JobRows(store).insert(cutUpdate("job-cut", "catalog"));
+  const { deps, events } = fakes();
+  const handler = updateJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+
+  await jobs.recover();
+  assert.deepEqual(events, ["hold 1 model-1"], "held before anything runs (the server's fleet starts after this)");
+
+  await jobs.start();
+  await eventually("the resumed job done", async () => (await jobs.get("job-cut")).state === "done");
+  // The resumed run takes its own hold before it lets go of the one from the start, and
+  // releases its own only after the smoke test passed.
+  assert.deepEqual(events, ["hold 1 model-1", "hold 2 model-1", "release 1", "smoke test", "release 2"]);
+  await jobs.close();
+});
+
+testBothStores("an update that had passed its smoke test takes no hold after a restart", async (store) => {
+  await new JobRows(store).insert(cutUpdate("job-passed", "smoke_test"));
+  const { deps, events } = fakes();
+  const handler = updateJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+  await jobs.recover();
+  assert.deepEqual(events, []);
+  await jobs.close();
+});
+
+test("a cancelled update whose new revision passed its smoke test is not pointed back", async () => {
+  const { deps } = fakes();
+  let updates = 0;
+  (deps.catalog as unknown as { update: () => Promise<void> }).update = async () => void (updates += 1);
+  const handler = updateJobHandler(deps);
+  const record = cutUpdate("job-retiring", "smoke_test");
+  const aborted = new AbortController();
+  aborted.abort();
+  const { RunningJob } = await import("./jobs.ts");
+  await handler.undo!(new RunningJob(record, aborted.signal, {} as JobRows, Date.now, silentLogger()));
+  assert.equal(updates, 0);
+  await handler.undo!(new RunningJob(cutUpdate("job-rolling", "catalog"), aborted.signal, {} as JobRows, Date.now, silentLogger()));
+  assert.equal(updates, 1, "before the smoke test passed, a cancel points the model back");
+});
