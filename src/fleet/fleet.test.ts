@@ -139,6 +139,11 @@ interface UpdateRig {
   addModel(): Promise<string>;
   /** Moves model "m" to the second weights file (a new revision) and waits for the pass. */
   changeWeights(): Promise<void>;
+  /** Points model "m" back at the first weights file (an update that failed), without waiting. */
+  changeWeightsBack(): Promise<void>;
+  /** The weights file a replica's assignment tells its node to load. */
+  sourceOf(replicaId: string): Promise<string | undefined>;
+  weights: { a: string; b: string };
   /** The replica ids in the node's assignments (what its agent keeps running). */
   assigned(): Promise<string[]>;
   /** One round of the fake node: runs what it is assigned, reports all of it ready, and waits for the fleet's passes. */
@@ -179,7 +184,8 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
   await fleet.start();
   const { credential } = await fleet.join({ joinToken: "ljt_test", name: "n1", address: "127.0.0.1", inventory, labels: {} });
   const ports = new Map<string, number>();
-  const assigned = async () => (await fleet.assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments.map((a) => a.replicaId);
+  const assignments = async () => (await fleet.assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments;
+  const assigned = async () => (await assignments()).map((a) => a.replicaId);
   const sync = async () => {
     const running = await assigned();
     const replicas: ReplicaReport[] = running.map((id) => {
@@ -207,6 +213,14 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
       await catalog.update("m", { source: { kind: "file", path: weightsB } }, "test");
       await fleet.settled();
     },
+    changeWeightsBack: async () => {
+      await catalog.update("m", { source: { kind: "file", path: weightsA } }, "test");
+    },
+    sourceOf: async (replicaId) => {
+      const source = (await assignments()).find((a) => a.replicaId === replicaId)?.source;
+      return source?.kind === "file" ? source.path : undefined;
+    },
+    weights: { a: weightsA, b: weightsB },
     assigned,
     sync,
     desiredInStore: async (replicaId) => (await store.db.selectFrom("replicas").select("desired").where("id", "=", replicaId).executeTakeFirst())?.desired,
@@ -241,7 +255,7 @@ testBothStores("a replica with requests in flight leaves routing but runs on its
     // Its node reports it ready again: it stays out of routing, and the reconciler does not count it as serving.
     await rig.sync();
     assert.equal(rig.table.get(old)?.state, "stopping");
-    assert.deepEqual(rig.fleet.outdatedReplicas(modelId).map((r) => [r.id, r.state]), [[old, "stopping"]]);
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated.map((r) => [r.id, r.state]), [[old, "stopping"]]);
     rig.inFlight.set(old, 1);
     rig.fleet.checkNow();
     await rig.fleet.settled();
@@ -293,12 +307,15 @@ testBothStores("holdOutdated keeps the old ready replica serving beside its read
     const successor = running.find((id) => id !== old);
     assert.ok(successor !== undefined, "the successor is placed while the model is held");
     await rig.sync();
-    assert.equal(rig.table.get(successor)?.state, "ready");
+    assert.equal(rig.fleet.replicasByDefinition(modelId).current[0]?.state, "ready", "its engine is ready");
     assert.equal(rig.table.get(old)?.state, "ready", "the old one still serves beside the ready successor");
     assert.equal(rig.table.get(successor)?.endpoint, null, "the unproven successor takes no client traffic while held");
+    assert.equal(rig.table.get(successor)?.state, "starting", "to clients it is still starting, so requests wait for it rather than give up");
     assert.notEqual(rig.table.get(old)?.endpoint, null);
-    assert.notEqual(rig.fleet.currentReplicas(modelId)[0]?.endpoint, null, "the update job still reaches it directly");
+    assert.notEqual(rig.fleet.replicasByDefinition(modelId).current[0]?.endpoint, null, "the update job still reaches it directly");
     assert.deepEqual((await rig.assigned()).sort(), [old, successor].sort());
+    assert.equal(await rig.sourceOf(old), rig.weights.a, "the held old replica keeps loading its own weights, should its engine restart");
+    assert.equal(await rig.sourceOf(successor), rig.weights.b);
 
     first();
     first(); // A second call of one release ends nothing more.
@@ -309,23 +326,54 @@ testBothStores("holdOutdated keeps the old ready replica serving beside its read
     await rig.fleet.settled();
     assert.deepEqual(await rig.assigned(), [successor], "released: the old one stops");
     assert.notEqual(rig.table.get(successor)?.endpoint, null, "released: the successor takes traffic");
+    assert.equal(rig.table.get(successor)?.state, "ready");
     assert.equal(rig.table.get(old)?.state, "stopping");
   } finally {
     await rig.close();
   }
 });
 
-testBothStores("currentReplicas and outdatedReplicas split a model's running replicas by definition", async (store) => {
+testBothStores("an update released as rejected: the model points back, its new replica stops without ever taking traffic, the old one serves on", async (store) => {
   const rig = await startUpdateRig(store);
   try {
     const modelId = await rig.addModel();
     const [old] = await rig.sync();
     assert.ok(old !== undefined);
-    assert.deepEqual(rig.fleet.currentReplicas(modelId).map((r) => r.id), [old]);
-    assert.deepEqual(rig.fleet.outdatedReplicas(modelId), []);
+    const release = rig.fleet.holdOutdated(modelId);
+    await rig.changeWeights();
+    const successor = (await rig.sync()).find((id) => id !== old)!;
+    await rig.sync();
+    assert.equal(rig.fleet.replicasByDefinition(modelId).current[0]?.state, "ready");
+    // The new revision failed its check: the model points back, then the hold ends.
+    await rig.changeWeightsBack();
+    const seen: string[] = [];
+    const unsubscribe = rig.table.onChange((replica) => {
+      if (replica.id === successor) seen.push(`${replica.state}${replica.endpoint === null ? "" : " with endpoint"}`);
+    });
+    release("rejected");
+    await rig.fleet.settled();
+    unsubscribe();
+    assert.ok(seen.length > 0 && !seen.includes("ready with endpoint"), `the rejected replica was never routable: ${seen.join(", ")}`);
+    assert.equal(await rig.desiredInStore(successor), "stop");
+    assert.deepEqual(await rig.assigned(), [old]);
+    assert.equal(rig.table.get(old)?.state, "ready");
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id), [old], "the old one is current again");
+  } finally {
+    await rig.close();
+  }
+});
+
+testBothStores("replicasByDefinition splits a model's running replicas by definition", async (store) => {
+  const rig = await startUpdateRig(store);
+  try {
+    const modelId = await rig.addModel();
+    const [old] = await rig.sync();
+    assert.ok(old !== undefined);
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id), [old]);
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated, []);
 
     await rig.changeWeights();
-    const [current] = rig.fleet.currentReplicas(modelId);
+    const [current] = rig.fleet.replicasByDefinition(modelId).current;
     assert.ok(current !== undefined && current.id !== old, "the successor is the current one");
     assert.equal(current.state, "placed");
     assert.equal(current.endpoint, null, "not running yet");
@@ -335,7 +383,7 @@ testBothStores("currentReplicas and outdatedReplicas split a model's running rep
     assert.deepEqual(current.files.map((f) => f.file), [weightsB], "placed with the new revision's file");
     assert.match(current.engineKey ?? "", /^[0-9a-f]{48}$/);
 
-    const outdated = rig.fleet.outdatedReplicas(modelId);
+    const outdated = rig.fleet.replicasByDefinition(modelId).outdated;
     assert.deepEqual(outdated.map((r) => r.id), [old]);
     assert.equal(outdated[0]!.state, "ready");
     assert.deepEqual(outdated[0]!.files.map((f) => f.file), [weightsA]);
@@ -345,9 +393,9 @@ testBothStores("currentReplicas and outdatedReplicas split a model's running rep
 
     // The successor ready, the old one stops: only what runs, of the current definition, is left.
     await rig.sync();
-    assert.deepEqual(rig.fleet.outdatedReplicas(modelId), []);
-    assert.deepEqual(rig.fleet.currentReplicas(modelId).map((r) => [r.id, r.state]), [[current.id, "ready"]]);
-    assert.deepEqual(rig.fleet.currentReplicas("no-such-model"), []);
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated, []);
+    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => [r.id, r.state]), [[current.id, "ready"]]);
+    assert.deepEqual(rig.fleet.replicasByDefinition("no-such-model").current, []);
   } finally {
     await rig.close();
   }

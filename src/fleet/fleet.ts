@@ -1,20 +1,15 @@
 // The fleet on the server: nodes (node-registry.ts), replica records (replica-rows.ts,
 // the store's rows are the truth), the reconciler (reconciler.ts decides, this applies),
-// parking as model state, and the agent protocol (agent-protocol.ts) that nodes call —
-// over /agent/v1 from `llmgw agent`, in-process from `llmgw up`. It feeds the gateway's
-// in-memory ReplicaTable from the records, so routing never waits on the store.
+// parking (parked-models.ts), and the agent protocol (agent-protocol.ts) that nodes call
+// over /agent/v1 (`llmgw agent`) or in-process (`llmgw up`). It feeds the gateway's
+// ReplicaTable from the records (record-projections.ts), so routing never waits on the store.
 //
-// Loop: every change (catalog, a node joining, back or lost, a replica's report) asks for
-// a reconciliation; they run one at a time, and a 1 s tick also runs one (it notices lost
-// nodes). A node's assignments carry a version (assignment-versions.ts); the agent
-// long-polls with the version it has, and the poll answers as soon as that version moves.
-// What it knows of each model's weights is in weights-knowledge.ts, and the demand for
-// models served on demand in demand.ts; parked models are in parked-models.ts, and how a
-// record is told to a node and to the gateway in record-projections.ts.
-//
-// Stopping a replica the gateway has requests at drains it first (drain.ts). An update
-// holds a model's outdated replicas (outdated-holds.ts) while it checks the new ones,
-// which it reads split by definition (model-replicas.ts).
+// Every change (catalog, a node joining, back or lost, a replica's report) asks for a
+// reconciliation; they run one at a time, and a 1 s tick runs one too (it notices lost
+// nodes). Agents long-poll their assignments by version (assignment-versions.ts). Also
+// here: each model's weights (weights-knowledge.ts), on-demand demand (demand.ts), drains
+// before a stop (drain.ts), and an update's hold on a model's old replicas
+// (outdated-holds.ts) with its replicas split by definition (model-replicas.ts).
 import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
@@ -30,7 +25,7 @@ import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
 import { Drains } from "./drain.ts";
-import { fingerprintOf, replicasByDefinition, type CurrentReplica, type ReplicasByDefinition } from "./model-replicas.ts";
+import { fingerprintOf, replicasByDefinition, type ReplicasByDefinition } from "./model-replicas.ts";
 import { OutdatedHolds } from "./outdated-holds.ts";
 import { ParkedModels, type ParkedModel } from "./parked-models.ts";
 import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
@@ -244,8 +239,12 @@ export class Fleet implements Assignments {
 
   // --- Model updates (server-side only: these carry engine keys) ------------------------
 
-  /** Keeps the model's running replicas serving and new ones out of routing until released (outdated-holds.ts). */
-  holdOutdated(modelId: string): () => void {
+  /**
+   * Keeps the model's running replicas serving and new ones out of routing until released
+   * (outdated-holds.ts). Released as "rejected" (the new revision failed), the replicas
+   * placed during the hold that the model no longer wants stop first: released, they would take traffic.
+   */
+  holdOutdated(modelId: string): (outcome?: "passed" | "rejected") => void {
     const ofModel = () => [...this.records.values()].filter((record) => record.modelId === modelId);
     const changed = () => {
       // Taken before start (a restarted server's unfinished update): start publishes and reconciles with it.
@@ -255,20 +254,16 @@ export class Fleet implements Assignments {
     };
     const release = this.holds.hold(modelId, ofModel().map((record) => record.id), changed);
     changed();
-    return release;
+    return (outcome = "passed") => {
+      const model = this.modelById(modelId);
+      const unwanted = (r: ReplicaRecord) => this.holds.unproven(modelId, r.id) && (model === undefined || r.fingerprint !== fingerprintOf(model, r.profile));
+      if (outcome === "rejected") for (const record of ofModel().filter(unwanted)) this.markStopping(record);
+      release();
+    };
   }
 
-  /** The model's replicas of its current definition, with endpoints and engine keys (re-read on the ReplicaTable's `onChange` to wait). */
-  currentReplicas(modelId: string): CurrentReplica[] {
-    return this.byDefinition(modelId).current;
-  }
-
-  /** The model's replicas of an earlier definition that still run (held, or waiting for their successors). */
-  outdatedReplicas(modelId: string): CurrentReplica[] {
-    return this.byDefinition(modelId).outdated;
-  }
-
-  private byDefinition(modelId: string): ReplicasByDefinition {
+  /** The model's running replicas of its current and of earlier definitions, with endpoints and engine keys (server-side only). */
+  replicasByDefinition(modelId: string): ReplicasByDefinition {
     return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName: (id) => this.nodes.get(id)?.name ?? id });
   }
 
@@ -333,16 +328,12 @@ export class Fleet implements Assignments {
   }
 
   status(modelId: string): ModelFleetStatus {
-    return {
-      parked: this.parked.get(modelId) ?? null,
-      unplaceable: this.unplaceable.get(modelId) ?? null,
-      weightsProblem: this.weights.problem(modelId),
-    };
+    return { parked: this.parked.get(modelId) ?? null, unplaceable: this.unplaceable.get(modelId) ?? null, weightsProblem: this.weights.problem(modelId) };
   }
 
   /** Resolves after the reconciliations asked for so far have run (tests, and `up` before it reports). */
-  async settled(): Promise<void> {
-    await this.chain;
+  settled(): Promise<void> {
+    return this.chain;
   }
 
   // --- Reconciliation ----------------------------------------------------------------
@@ -382,6 +373,9 @@ export class Fleet implements Assignments {
 
   private async reconcileNow(): Promise<void> {
     const models = this.options.catalog.list();
+    // Read with the models, before anything is awaited: an update that points a model back
+    // and then releases its hold meanwhile must not meet the new definition without its hold.
+    const holding = this.holds.held();
     // Any change to a parked model's definition ends its parking (DESIGN.md "Replica lifecycle").
     for (const [modelId, parked] of this.parked.entries()) {
       const model = models.find((m) => m.id === modelId);
@@ -394,7 +388,7 @@ export class Fleet implements Assignments {
       replicas: [...this.records.values()],
       parked: this.parked.ids(),
       demand: this.demand.wanted,
-      holding: this.holds.held(),
+      holding,
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
       weightsKeyOf: (model) => this.weights.keyOf(model.id),
@@ -430,6 +424,7 @@ export class Fleet implements Assignments {
         fingerprint: replica.fingerprint,
         needs: replica.needs,
         files: this.weights.filesOf(replica.modelId),
+        source: this.modelById(replica.modelId)?.definition.source ?? null,
         desired: "run",
         engineKey: randomBytes(24).toString("hex"),
         state: "placed",

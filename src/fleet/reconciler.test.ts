@@ -50,6 +50,7 @@ function replica(id: string, of: CatalogModel, on: FleetNode, overrides: Partial
     fingerprint: fingerprint(of),
     needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 },
     files: [],
+    source: null,
     desired: "run",
     engineKey: "k",
     state: "ready",
@@ -125,6 +126,10 @@ test("a held model's ready outdated replica keeps serving beside its successor, 
 
   const released = reconcile(input({ models: [heldNew, freeNew], nodes: [x], replicas }));
   assert.ok(released.stop.some((s) => s.id === "held-old"), "once released, the old one stops");
+
+  // After a server restart every replica is "placed" until its node reports it: held, the old one stays.
+  const restarted = reconcile(input({ models: [heldNew], nodes: [x], replicas: [replica("held-old", heldOld, x, { state: "placed" }), replica("held-new", heldNew, x)], holding: new Set([heldNew.id]) }));
+  assert.deepEqual(restarted.stop, []);
 
   // A draining node is not held up by an update: its replica goes once replaced.
   const draining = node("d", 32, "draining");

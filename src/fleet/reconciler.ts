@@ -13,9 +13,9 @@
 //   but would with the old one's room, the old one is stopped, and a later pass places the
 //   new one there once its node confirms the stop.
 // - While a model is held (an update checks its new replicas, see Fleet.holdOutdated), its
-//   ready replicas that are outdated only by their fingerprint keep serving alongside the
-//   new ones; the rest of the rule above still holds for them (not ready, a draining or
-//   lost node, making room for a successor).
+//   replicas that are outdated only by their fingerprint and have not failed keep running
+//   alongside the new ones, and never make room for them (an update needs room for both);
+//   ones on a draining or lost node go as above.
 // - Extra replicas (scaled down, idle) stop, those not ready first.
 // - A replica holds its room (memory, cores, GPUs) until its node confirms it stopped: a
 //   stopping engine still has its memory, and a GPU is never given to two at once.
@@ -128,9 +128,10 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     const held = input.holding.has(model.id);
     for (const old of leaving) {
       // Nothing is lost by stopping one that does not serve; a serving one waits for its
-      // successors, and while its model is held it keeps serving beside them (a node being
-      // drained is not held up by an update: its replicas go once replaced).
-      if (old.state === "ready" && held && !onDrainingNode.has(old.id)) continue;
+      // successors. While its model is held it stays beside them, also when not ready yet
+      // (after a restart, until its node reports it); a node being drained is not held up
+      // by an update: its replicas go once replaced.
+      if (held && keptWhileHeld(old) && !onDrainingNode.has(old.id)) continue;
       if (old.state !== "ready" || readyCurrent >= wanted) stop(old.id, "replaced by a replica of the current definition or another node");
     }
     const missing = input.parked.has(model.id) ? 0 : wanted - current.length;
@@ -140,9 +141,9 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     for (let i = 0; i < missing; i += 1) {
       const key = input.newReplicaId();
       requests.push({ key, modelId: model.id, modelName: model.name, options, weightsKey: input.weightsKeyOf(model) });
-      // A held model's ready old replicas never make room: they serve until the new revision
+      // A held model's old replicas never make room: they serve until the new revision
       // passed its check, so an update without room for both waits instead (the job says so).
-      requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id) && !(held && r.state === "ready" && !onDrainingNode.has(r.id))) });
+      requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id) && !(held && keptWhileHeld(r) && !onDrainingNode.has(r.id))) });
     }
   }
   if (requests.length === 0) return decision;
@@ -208,6 +209,14 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     else decision.unplaceable.set(unplaceable.modelId, unplaceable.explanation);
   }
   return decision;
+}
+
+/**
+ * An outdated replica a held model keeps: one that serves, or may again (after a server
+ * restart every replica is `placed` until its node reports it). Failed and parked ones go.
+ */
+function keptWhileHeld(replica: ReplicaRecord): boolean {
+  return replica.state !== "failed" && replica.state !== "parked";
 }
 
 /** Stop order among extras: parked and failed first, ready last. */

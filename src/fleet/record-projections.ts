@@ -17,8 +17,9 @@ export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefi
   // A parked replica's supervisor gave up: an agent that restarts must not try it again.
   if (record.state === "parked") return null;
   const profile = model?.definition.profiles.find((p) => p.name === record.profile);
-  const source = model?.definition.source;
-  // The files it was placed with: what the server's weights check says now does not take a running replica away.
+  // The source and files it was placed with: an old replica held through an update keeps
+  // its own weights, and what the server's weights check says now does not take a running replica away.
+  const source = record.source ?? model?.definition.source;
   if (model === undefined || profile === undefined || source === undefined) return null;
   const index = record.nodeIds.indexOf(nodeId);
   return {
@@ -43,8 +44,8 @@ export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefi
  * The gateway's table entry for the record. `leaving`: it is being stopped or drained, so
  * it stays visible as "stopping" but takes no requests. `previous` is the entry so far
  * (its names are kept when the model is gone from the catalog). `unproven`: a new replica
- * an update has not yet smoke-tested; it is listed without an endpoint, so nothing routes
- * to it (the update job reaches it directly).
+ * an update has not yet smoke-tested; it is listed as starting without an endpoint, so
+ * nothing routes to it (the update job reaches it directly) and requests wait for it.
  */
 export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefined, previous: Replica | undefined, leaving: boolean, unproven = false): Replica {
   const profile = model?.definition.profiles.find((p) => p.name === record.profile);
@@ -55,7 +56,8 @@ export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefi
     profile: record.profile,
     engine: record.engine,
     nodeIds: record.nodeIds,
-    state: leaving && record.state !== "stopped" ? "stopping" : record.state,
+    // Unproven and ready: "starting" to clients, so requests wait for it rather than give up.
+    state: leaving && record.state !== "stopped" ? "stopping" : unproven && record.state === "ready" ? "starting" : record.state,
     endpoint: unproven ? null : record.endpoint,
     engineKey: record.engineKey,
     upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,

@@ -10,6 +10,9 @@ import { nowIso, type Store } from "../store/store.ts";
 import type { ReplicaEndpoint, ReplicaState } from "./replica-table.ts";
 import type { AssignedFile } from "./agent-protocol.ts";
 import type { ReplicaNeeds } from "./fleet-types.ts";
+import type { ModelDefinition } from "../catalog/model-schema.ts";
+
+type WeightsSource = NonNullable<ModelDefinition["source"]>;
 
 export interface ReplicaRecord {
   id: string;
@@ -24,6 +27,11 @@ export interface ReplicaRecord {
   needs: ReplicaNeeds | null;
   /** The weights files it was placed with, with their published size and sha256. */
   files: AssignedFile[];
+  /**
+   * The weights source it was placed with; null for rows stored before it was kept (they
+   * follow the model's). An old replica held through an update keeps loading its own.
+   */
+  source: WeightsSource | null;
   /** What the node is told: run it, or stop it (the row goes once the node no longer has it). */
   desired: "run" | "stop";
   /** null only for a row whose sealed key could not be opened (another server secret): it is replaced. */
@@ -91,7 +99,7 @@ export class ReplicaRows {
       updated_at: nowIso(this.options.clock),
       fingerprint: record.fingerprint,
       gpus: JSON.stringify(record.gpus),
-      spec: JSON.stringify({ needs: record.needs, files: record.files }),
+      spec: JSON.stringify({ needs: record.needs, files: record.files, source: record.source }),
       desired: record.desired,
     };
     this.enqueue(record.id, async (db) => {
@@ -125,10 +133,10 @@ export class ReplicaRows {
   }
 }
 
-function readSpec(text: string | null): { needs: ReplicaNeeds | null; files: AssignedFile[] } {
-  if (text === null) return { needs: null, files: [] };
-  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[] };
-  return { needs: parsed.needs ?? null, files: parsed.files ?? [] };
+function readSpec(text: string | null): { needs: ReplicaNeeds | null; files: AssignedFile[]; source: WeightsSource | null } {
+  if (text === null) return { needs: null, files: [], source: null };
+  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[]; source?: WeightsSource | null };
+  return { needs: parsed.needs ?? null, files: parsed.files ?? [], source: parsed.source ?? null };
 }
 
 function splitEndpoint(text: string): ReplicaEndpoint {

@@ -38,11 +38,14 @@ export interface JobReplica extends Omit<SmokeTarget, "endpoint"> {
 
 /** What the jobs need of the fleet. */
 export interface JobFleet {
-  currentReplicas(modelId: string): JobReplica[];
-  outdatedReplicas(modelId: string): JobReplica[];
+  /** The model's running replicas of its current definition, and of earlier ones. */
+  replicasByDefinition(modelId: string): { current: JobReplica[]; outdated: JobReplica[] };
   status(modelId: string): FleetStatusOfModel;
-  /** Keeps the model's ready outdated replicas serving until the returned release is called. */
-  holdOutdated(modelId: string): () => void;
+  /**
+   * Keeps the model's running replicas serving, and new ones out of routing, until the
+   * returned release; "rejected" stops the new ones first (their revision failed).
+   */
+  holdOutdated(modelId: string): (outcome?: "passed" | "rejected") => void;
   /** On-demand models: a request wants a replica / is done with it. */
   requested(model: CatalogModel): void;
   finished(model: CatalogModel): void;
@@ -181,7 +184,7 @@ export async function waitForReplica(input: {
   for (;;) {
     input.signal.throwIfAborted();
     if (input.exists !== undefined && !input.exists()) throw new UpstreamError(`The model '${model.name}' was removed from the catalog while the job waited for its replica.`, { code: "model_removed" });
-    const replicas = fleet.currentReplicas(model.id);
+    const replicas = fleet.replicasByDefinition(model.id).current;
     const ready = replicas.find((r) => r.state === "ready" && r.endpoint !== null);
     if (ready !== undefined) return { kind: "ready", replica: { ...ready, endpoint: ready.endpoint! }, waitedMs: Date.now() - started };
     const status = fleet.status(model.id);

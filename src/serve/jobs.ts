@@ -219,7 +219,10 @@ export class JobRunner {
 
   /** Resumes the jobs an earlier run of the server left unfinished. */
   async start(): Promise<void> {
-    for (const record of this.unfinished ?? (await this.rows.unfinished())) {
+    for (const listed of this.unfinished ?? (await this.rows.unfinished())) {
+      // Read again: it may have been cancelled since `recover` listed it.
+      const record = await this.rows.get(listed.id);
+      if (record === null || FINISHED_STATES.has(record.state)) continue;
       if (record.resumed >= MAX_RESUMES) {
         // Given up: undone like a cancel, so the model is as it was and its name is free to try again.
         const aborted = new AbortController();
@@ -291,8 +294,10 @@ export class JobRunner {
     }
     const run = this.running.get(id);
     if (run === undefined) {
-      // Recorded as unfinished but not running here (it never started): end it as it is.
-      await this.finish(record, "cancelled", "The job was cancelled.");
+      // Unfinished but not running here (cut by a restart, not resumed yet): undo what it
+      // started, and keep `start` from resuming it.
+      this.unfinished = this.unfinished?.filter((job) => job.id !== id);
+      await this.undoCancelled(record);
     } else {
       run.controller.abort(new JobStop("cancel"));
       await run.done;
@@ -344,7 +349,8 @@ export class JobRunner {
     }
     if (this.closed || controller.signal.aborted) {
       if (claimed) this.releaseSlot();
-      if (controller.signal.reason instanceof JobStop && controller.signal.reason.why === "cancel") await this.finish(record, "cancelled", "The job was cancelled.");
+      // Cancelled while queued: a resumed job may have started things before the restart.
+      if (controller.signal.reason instanceof JobStop && controller.signal.reason.why === "cancel") await this.undoCancelled(record);
       return;
     }
     const handler = this.options.handlers[record.kind];
@@ -377,6 +383,17 @@ export class JobRunner {
   private releaseSlot(): void {
     this.active -= 1;
     this.queue.shift()?.();
+  }
+
+  /** Ends a job that is not running here as cancelled, after its handler undid what it had started. */
+  private async undoCancelled(record: JobRecord): Promise<void> {
+    const aborted = new AbortController();
+    aborted.abort(new JobStop("cancel"));
+    await this.options.handlers[record.kind]
+      .undo?.(new RunningJob(record, aborted.signal, this.rows, this.clock, this.options.logger))
+      .catch((error: unknown) => this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not undo all a cancelled job started"));
+    this.markRemaining(record, "cancelled");
+    await this.finish(record, "cancelled", "The job was cancelled.");
   }
 
   /** Steps that never ran: skipped after a failure, cancelled after a cancel. */

@@ -42,8 +42,7 @@ function fakes() {
         events.push(`hold ${n} ${modelId}`);
         return () => events.push(`release ${n}`);
       },
-      currentReplicas: () => [replica],
-      outdatedReplicas: () => [],
+      replicasByDefinition: () => ({ current: [replica], outdated: [] }),
       status: () => ({ parked: null, unplaceable: null, weightsProblem: null }),
       requested: () => undefined,
       finished: () => undefined,

@@ -46,6 +46,8 @@ interface UpdateContext {
   newOrigin?: OriginFile[];
   /** The definition's source and origin before the catalog step, to return to on failure. */
   before?: { source: Source; origin: Origin };
+  /** Why the model was pointed back (a resumed run must not carry on). */
+  reverted?: string;
 }
 
 const updateBodySchema = z.strictObject({ model: z.string().min(1), revision: z.string().min(1).optional() });
@@ -75,8 +77,11 @@ export function checkUpdateRequest(body: unknown, catalog: Pick<Catalog, "resolv
 }
 
 export function updateJobHandler(deps: JobDependencies): JobHandler {
-  /** Holds taken for unfinished updates when the server started, until their jobs take their own. */
-  const bootHolds = new Map<string, () => void>();
+  type Release = (outcome?: "passed" | "rejected") => void;
+  /** Holds taken for unfinished updates when the server started, by job id, until their jobs take their own. */
+  const bootHolds = new Map<string, Release>();
+  /** Holds a failed revert left, by model name: the model still points at a revision that did not pass. */
+  const lingering = new Map<string, Release>();
   return {
     steps: () => [...UPDATE_STEPS],
     async run(job) {
@@ -150,16 +155,15 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
       });
 
       // Held from the catalog change until the new revision passed its smoke test. A hold
-      // taken when the server started (recover) is handed over to this one.
+      // taken when the server started (recover), or one a failed revert left behind, is
+      // handed over to this one.
       const hold = deps.fleet.holdOutdated(model().id);
       let held = true;
-      const release = () => {
-        if (held) hold();
+      const release = (outcome: "passed" | "rejected") => {
+        if (held) hold(outcome);
         held = false;
       };
-      bootHolds.get(job.id)?.();
-      bootHolds.delete(job.id);
-      let keepHold = false;
+      takeOver(job.id, request.model);
       try {
         let target = model();
         const waitReady = (step: StepHandle) => waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === target.id) });
@@ -182,6 +186,10 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
             return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
           });
           target = model();
+          // A run resumed after the server restarted: an earlier run may have pointed the model back already.
+          if (context.reverted !== undefined || JSON.stringify(target.definition.source) !== JSON.stringify(context.newSource)) {
+            throw new UpstreamError(`The update was given up before the server restarted${context.reverted === undefined ? "" : ` (${context.reverted})`}; '${request.model}' points at its earlier revision.`, { code: "update_failed" });
+          }
           const onDemand = target.definition.scaling.min === 0;
           if (onDemand) deps.fleet.requested(target);
           try {
@@ -205,29 +213,34 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           }
         } catch (error) {
           // A server stop leaves everything as it is (held, pointing at the new revision) for the resumed job.
-          if (job.stopReason === "server-stop") {
-            keepHold = true;
-            throw error;
-          }
+          if (job.stopReason === "server-stop") throw error;
           // Failed or cancelled before the new revision proved itself: back to the old one
-          // while its replicas are still held, so they never stop.
-          const reverted = await revert(job, deps.catalog, context).catch((revertError: unknown) => {
-            keepHold = true;
+          // while its replicas are still held, so they never stop; then the new ones stop.
+          let reverted: string;
+          try {
+            reverted = await revert(job, deps.catalog, context);
+            await job.remember({ reverted: job.stopReason === "cancel" ? "cancelled" : describeError(error) } satisfies UpdateContext);
+          } catch (revertError) {
+            // Still pointing at the new revision: the hold stays (the old replicas serve) until a
+            // later update or rollback of the model takes it over.
+            lingering.set(request.model, hold);
+            held = false;
             throw new UpstreamError(
               `The new revision did not take over (${describeError(error)}), and '${request.model}' could not be pointed back (${describeError(revertError)}). Its old replicas keep serving; run 'llmgw ctl model rollback ${request.model}'.`,
               { code: "update_failed", cause: error },
             );
-          });
+          }
+          release("rejected");
           if (job.stopReason === "cancel") throw error;
           throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${request.model}' is back on ${reverted}, whose replicas kept serving.`, { code: "update_failed", cause: error });
         }
-        release();
+        release("passed");
         await job.step("retire", async (step) => {
-          const before = deps.fleet.outdatedReplicas(target.id).length;
+          const before = deps.fleet.replicasByDefinition(target.id).outdated.length;
           const started = Date.now();
           for (;;) {
             job.signal.throwIfAborted();
-            const left = deps.fleet.outdatedReplicas(target.id);
+            const left = deps.fleet.replicasByDefinition(target.id).outdated;
             if (left.length === 0) break;
             step.detail(`draining ${countOf(left.length, "old replica")}: ${left.map((r) => `${r.id} ${r.state}`).join(", ")}`);
             if (Date.now() - started > RETIRE_TIMEOUT_MS) throw new UpstreamError(`${countOf(left.length, "old replica")} did not stop within ${RETIRE_TIMEOUT_MS / 60_000} min; the new revision serves meanwhile.`, { code: "retire_timeout" });
@@ -236,28 +249,44 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           return before === 0 ? "no old replicas were running" : `${countOf(before, "old replica")} drained and stopped`;
         });
       } finally {
-        // Released once the new revision passed (above), or after a revert; kept through a
-        // server stop (the hold dies with the process and the next start takes it again).
-        if (!keepHold && job.stopReason !== "server-stop") release();
+        // Kept through a server stop: the hold dies with the process and the next start takes it again.
+        if (held && job.stopReason !== "server-stop") release(context.reverted === undefined ? "passed" : "rejected");
       }
       return "done";
     },
     async undo(job) {
-      bootHolds.get(job.id)?.();
-      bootHolds.delete(job.id);
-      // Once the new revision passed its smoke test there is nothing to undo: it serves.
-      if (job.stepState("smoke_test") === "done") return;
-      await revert(job, deps.catalog, job.context as UpdateContext);
+      const name = (job.request as UpdateRequest).model;
+      try {
+        // Once the new revision passed its smoke test there is nothing to undo: it serves.
+        if (job.stepState("smoke_test") !== "done") {
+          await revert(job, deps.catalog, job.context as UpdateContext);
+          lingering.get(name)?.("rejected");
+          lingering.delete(name);
+        }
+      } finally {
+        // After the revert: released first, the old replicas would meet the new definition unheld.
+        bootHolds.get(job.id)?.("rejected");
+        bootHolds.delete(job.id);
+      }
     },
     recover(record) {
-      // An update cut between its catalog change and its smoke test: its old replicas must
-      // keep serving from the first reconciliation of the new server on.
-      const steps = new Map(record.steps.map((step) => [step.name, step.state]));
-      if (steps.get("catalog") !== "done" || steps.get("smoke_test") === "done") return;
+      // An update cut between its catalog change (begun or done) and the end of its smoke
+      // test: its old replicas must keep serving from the new server's first reconciliation.
+      const context = record.context as UpdateContext;
+      const smokeDone = record.steps.some((step) => step.name === "smoke_test" && step.state === "done");
+      if (context.before === undefined || smokeDone || context.reverted !== undefined) return;
       const model = deps.catalog.resolve((record.request as UpdateRequest).model);
       if (model !== undefined) bootHolds.set(record.id, deps.fleet.holdOutdated(model.id));
     },
   };
+
+  /** Lets go of the holds a new run replaces: its own from the server's start, and one a failed revert left for the model. */
+  function takeOver(jobId: string, modelName: string): void {
+    bootHolds.get(jobId)?.();
+    bootHolds.delete(jobId);
+    lingering.get(modelName)?.();
+    lingering.delete(modelName);
+  }
 }
 
 /**
