@@ -139,7 +139,7 @@ describe("followJob", () => {
     assert.match(plain[0]!, /^\[#+-+\]  50\.0% 1 MiB \/ 2 MiB .*\n$/);
   });
 
-  test("a failed job ends the follow with the failed step marked and the error flagged; skipped steps show as such", async () => {
+  test("a failed job ends the follow with the failed step marked and the error flagged; steps passed over show as such", async () => {
     const lines: string[] = [];
     const job = await followJob(
       scriptedClient([

@@ -13,12 +13,10 @@ import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } 
 import { progressBar } from "./ctl-mirror.ts";
 import { renderTable } from "./output.ts";
 
-// The wire shapes are the server's own (types only: nothing of the server is loaded).
-import type { JobResult, JobState, JobStep, JobView, StepProgress as JobStepProgress, StepState as JobStepState } from "../serve/job-rows.ts";
+// The wire shapes and finished states are the server's own (job-rows.ts loads nothing else of the server).
+import { FINISHED_STATES, type JobResult, type JobState, type JobStep, type JobView, type StepProgress as JobStepProgress, type StepState as JobStepState } from "../serve/job-rows.ts";
 export type { JobResult, JobState, JobStep, JobStepProgress, JobStepState, JobView };
 
-/** States a job does not leave: "waiting" is finished too (in the catalog, waiting for room). */
-const FINISHED_JOB_STATES: ReadonlySet<JobState> = new Set(["done", "waiting", "failed", "cancelled"]);
 const ENDED_STEP_STATES: ReadonlySet<JobStepState> = new Set(["done", "failed", "skipped", "cancelled"]);
 const STEP_MARKS: Record<JobStepState, string> = { pending: " ", running: "…", done: "✓", failed: "✗", skipped: "-", cancelled: "✗" };
 /** Wide enough for the longest step name ("placement", "smoke_test") and a space. */
@@ -100,7 +98,7 @@ export async function followJob(client: Pick<AdminClient, "call">, jobId: string
           printLine(describeStep(step));
         }
       });
-      if (FINISHED_JOB_STATES.has(job.state)) {
+      if (FINISHED_STATES.has(job.state)) {
         progress.clear();
         if (job.result !== null) out(describeSmokeTest(job.result));
         return job;

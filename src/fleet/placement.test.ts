@@ -163,7 +163,7 @@ describe("GPU replicas", () => {
     assert.deepEqual(explanationOf(result, "m3"), ["h: 0 of 2 H100 GPUs free, needs 1"]);
   });
 
-  test("GPUs held by the node's replicas are skipped, and a partly free node is explained", () => {
+  test("GPUs held by the node's replicas are passed over, and a partly free node is explained", () => {
     const result = placeReplicas({ nodes: [twoH100("h", { used: { gpus: [0] } })], requests: [request("two", gpu("H100", 40, { perNode: 2 })), request("one", gpu("H100", 40))] });
     assert.deepEqual(result.placed.map((p) => [p.key, p.gpus]), [["one", { "id-h": [1] }]]);
     assert.deepEqual(explanationOf(result, "two"), ["h: 1 of 2 H100 GPUs free, needs 2"]);

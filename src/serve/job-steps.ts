@@ -191,7 +191,7 @@ export async function waitForReplica(input: {
     if (status.parked !== null) throw new UpstreamError(`The model parked: ${status.parked.reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`, { code: "model_parked" });
     if (status.weightsProblem !== null) throw new UpstreamError(status.weightsProblem, { code: "weights_unreadable" });
     if (status.unplaceable !== null && status.unplaceable.length > 0) {
-      if (onlyBusy(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
+      if (hardwareIsBusy(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
       throw new UpstreamError(`No node can run '${model.name}': ${status.unplaceable.join("; ")}.`, { code: "model_unplaceable" });
     }
     const line = replicas.length === 0 ? "placing a replica" : replicas.map((r) => `${r.id} ${r.state} on ${r.nodeNames.join(",") || "?"}${r.lastError ? ` (${r.lastError})` : ""}`).join("; ");
@@ -212,6 +212,6 @@ export async function waitForReplica(input: {
  * has the GPUs, memory or cores in total but not free. Then the model waits for room
  * rather than failing: it starts when a replica elsewhere stops.
  */
-export function onlyBusy(explanation: readonly string[]): boolean {
+export function hardwareIsBusy(explanation: readonly string[]): boolean {
   return explanation.some((line) => /\bfree\b/.test(line));
 }

@@ -110,7 +110,7 @@ testBothStores("cancel stops the running step, undoes what the job started, and 
   await jobs.close();
 });
 
-testBothStores("a failed step names the reason; the steps after it are skipped", async (store) => {
+testBothStores("a failed step names the reason; the steps after it never run", async (store) => {
   const { handler, release } = gatedHandler();
   release();
   const jobs = runner(store, handler);

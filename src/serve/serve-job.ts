@@ -183,4 +183,3 @@ function followedRef(request: ServeRequest): { ref?: string } {
   return { ref: revision === undefined || /^[0-9a-f]{40}$/.test(revision) ? "main" : revision };
 }
 
-export type { ServeRequest };

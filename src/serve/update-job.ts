@@ -13,7 +13,7 @@
 // and the job fails saying why.
 import { BadRequestError, ConflictError, NotFoundError, UpstreamError, describeError, parseWith } from "../core/errors.ts";
 import { countOf, formatBytes } from "../core/format.ts";
-import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
+import type { Catalog } from "../catalog/catalog.ts";
 import type { ModelDefinition } from "../catalog/model-schema.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import { z } from "zod";
@@ -304,4 +304,3 @@ async function revert(job: RunningJob, catalog: Catalog, context: UpdateContext)
   return before.origin.revision.slice(0, 12);
 }
 
-export type { CatalogModel };
