@@ -37,6 +37,7 @@ import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
 import { UsageTap, type TokenUsage } from "./usage-tap.ts";
 import type { UsageRow } from "./usage-recorder.ts";
+import type { LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
 
 /** What the gateway reads of the catalog: names and aliases to models. */
 export interface ModelResolver {
@@ -72,6 +73,10 @@ export interface GatewayOptions {
   fleetStatus?: (modelId: string) => FleetStatusOfModel;
   /** Starts replicas of models without any (scaling.min 0) when requests come, and stops idle ones. */
   onDemand?: OnDemand;
+  /** Budgets and rate limits: reserved before a replica is asked, settled when the request ends. */
+  limits?: RequestLimits;
+  /** Guard models on the input (and on answers that are not streamed). */
+  guards?: RequestGuards;
 }
 
 /** What the gateway tells the fleet about requests, for models served on demand. */
@@ -112,6 +117,12 @@ interface Call {
   stream: boolean;
   firstByteAt: number | null;
   usage: TokenUsage | null;
+  /** The resolved catalog model (its prices give the cost). */
+  catalogModel: CatalogModel | null;
+  /** What the limits reserved for this request; settled once, when it ends. */
+  permit: LimitsPermit | null;
+  /** Milliseconds the guard models took on this request, when any applied. */
+  guardMs: number | null;
 }
 
 export class Gateway {
@@ -165,7 +176,19 @@ export class Gateway {
 
   /** Node request listener for every path under /v1. */
   handle = (req: IncomingMessage, res: ServerResponse): void => {
-    const call: Call = { started: performance.now(), endpoint: pathOf(req.url), principal: null, model: null, replicaId: null, stream: false, firstByteAt: null, usage: null };
+    const call: Call = {
+      started: performance.now(),
+      endpoint: pathOf(req.url),
+      principal: null,
+      model: null,
+      replicaId: null,
+      stream: false,
+      firstByteAt: null,
+      usage: null,
+      catalogModel: null,
+      permit: null,
+      guardMs: null,
+    };
     this.serve(req, res, call).catch((error: unknown) => this.fail(req, res, error, call));
   };
 
@@ -189,9 +212,37 @@ export class Gateway {
     const model = this.options.catalog.resolve(body.model);
     if (model === undefined) throw modelNotFound(body.model);
     call.model = model.name;
+    call.catalogModel = model;
     assertAllowed(call.principal, model, body.model);
-    const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal });
-    this.record(call, status);
+    const abort = new AbortController();
+    const onClose = () => {
+      if (!res.writableFinished) abort.abort();
+    };
+    res.on("close", onClose);
+    try {
+      const outputCheck = await this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path }, res, call, abort.signal);
+      const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, abort, outputCheck });
+      this.record(call, status);
+    } finally {
+      res.off("close", onClose);
+    }
+  }
+
+  /**
+   * Limits first (cheap, and a key over its limits must not cost a guard model's time),
+   * then the guards on the input. Returns the check for the output, if one applies.
+   */
+  private async applyPolicy(request: PolicyRequest, res: ServerResponse, call: Call, signal: AbortSignal): Promise<OutputCheck | null> {
+    if (this.options.limits !== undefined) {
+      call.permit = await this.options.limits.admit(request);
+      // Every answer to a limited key says where it stands, errors included (sendError merges these).
+      for (const [name, value] of Object.entries(call.permit.headers)) res.setHeader(name, value);
+    }
+    if (this.options.guards === undefined) return null;
+    const checked = await this.options.guards.checkInput(request, signal);
+    if (signal.aborted) throw new ClientClosedError();
+    call.guardMs = checked.guardMs;
+    return call.stream ? null : checked.output;
   }
 
   private listModels(principal: Principal) {
@@ -215,13 +266,11 @@ export class Gateway {
     body: GatewayRequestBody;
     model: CatalogModel;
     principal: Principal;
+    abort: AbortController;
+    /** Looks at a whole non-stream answer before the client gets it (an output guard). */
+    outputCheck: OutputCheck | null;
   }): Promise<number> {
-    const { req, res, call, route, body, model, principal } = request;
-    const abort = new AbortController();
-    const onClose = () => {
-      if (!res.writableFinished) abort.abort();
-    };
-    res.on("close", onClose);
+    const { req, res, call, route, body, model, principal, abort } = request;
     const stream = body.stream === true;
     // Token counts for every stream: when the client did not ask for them, ask the upstream
     // and take them back out of what the client receives (stream-usage.ts).
@@ -335,7 +384,6 @@ export class Gateway {
       }
       throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
     } finally {
-      res.off("close", onClose);
       this.options.onDemand?.finished(model);
     }
   }
@@ -351,8 +399,16 @@ export class Gateway {
     this.record(call, error instanceof LlmgwError ? error.status : 500);
   }
 
-  /** One usage row per proxied request whose key is known, whatever its outcome. */
+  /**
+   * The one end of every /v1 request: the limits settle what was reserved, and a request
+   * whose key is known leaves one usage row, whatever its outcome.
+   */
   private record(call: Call, status: number): void {
+    if (call.permit !== null) {
+      const permit = call.permit;
+      call.permit = null;
+      permit.settle(call.usage);
+    }
     if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
     this.options.usage.record({
       at: new Date(performance.timeOrigin + call.started).toISOString(),

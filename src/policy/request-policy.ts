@@ -1,0 +1,51 @@
+// The seams between the gateway's hot path and the policy it asks before a request runs:
+// limits (budgets and rate limits, which reserve at admission and settle at the end) and
+// guard models (which look at the input before it reaches a replica and, for answers that
+// are not streamed, at the output before it reaches the client). The gateway depends only
+// on these interfaces; src/policy implements them.
+import type { CatalogModel } from "../catalog/catalog.ts";
+import type { Principal } from "../keys/key-service.ts";
+import type { TokenUsage } from "../gateway/usage-tap.ts";
+
+/** What one /v1 request asks for, as the policy sees it once the model is resolved. */
+export interface PolicyRequest {
+  principal: Principal;
+  model: CatalogModel;
+  /** The parsed chat-completions (or completions, embeddings) body. */
+  body: { model: string; [key: string]: unknown };
+  /** The OpenAI path the request runs as (an Anthropic request runs as /v1/chat/completions). */
+  endpoint: string;
+}
+
+/** A request admitted by the limits: what it reserved, until it settles. */
+export interface LimitsPermit {
+  /** Headers every answer to this request carries (x-ratelimit-*); empty for an unlimited key. */
+  readonly headers: Readonly<Record<string, string>>;
+  /**
+   * Replaces the reservation by what the request used (null: nothing known, e.g. refused
+   * before any replica answered, which costs nothing). Called exactly once, whatever the outcome.
+   */
+  settle(usage: TokenUsage | null): void;
+}
+
+export interface RequestLimits {
+  /**
+   * Reserves the request's worst case against the key's budget and rate limits, atomically
+   * in the store. Refused: throws a 429 LlmgwError (insufficient_quota or rate_limit_exceeded)
+   * whose headers include Retry-After and the x-ratelimit-* headers.
+   */
+  admit(request: PolicyRequest): Promise<LimitsPermit>;
+}
+
+/** Checks an answer that is not streamed before the client sees it; throws to refuse it. */
+export type OutputCheck = (answer: Buffer) => Promise<void>;
+
+export interface RequestGuards {
+  /**
+   * Asks the guard models named for this model or key about the input; throws a 400
+   * content_policy_violation (unsafe) or 503 (guard failed, fail closed). Resolves with
+   * the milliseconds spent, or null when no guard applies, and an output check when an
+   * output guard applies to this (non-stream) request.
+   */
+  checkInput(request: PolicyRequest, signal: AbortSignal): Promise<{ guardMs: number | null; output: OutputCheck | null }>;
+}
