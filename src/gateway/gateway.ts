@@ -407,7 +407,7 @@ export class Gateway {
     if (call.permit !== null) {
       const permit = call.permit;
       call.permit = null;
-      permit.settle(call.usage);
+      permit.settle({ usage: call.usage, answered: call.firstByteAt !== null });
     }
     if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
     this.options.usage.record({

@@ -22,10 +22,12 @@ export interface LimitsPermit {
   /** Headers every answer to this request carries (x-ratelimit-*); empty for an unlimited key. */
   readonly headers: Readonly<Record<string, string>>;
   /**
-   * Replaces the reservation by what the request used (null: nothing known, e.g. refused
-   * before any replica answered, which costs nothing). Called exactly once, whatever the outcome.
+   * Replaces the reservation by what the request used. Called exactly once, whatever the
+   * outcome. `usage` null with `answered` false: no replica sent a byte (refused, failed
+   * before answering), which costs nothing; null with `answered` true: a replica answered
+   * without token counts (an external server, a broken stream), so the reservation stands.
    */
-  settle(usage: TokenUsage | null): void;
+  settle(outcome: { usage: TokenUsage | null; answered: boolean }): void;
 }
 
 export interface RequestLimits {
