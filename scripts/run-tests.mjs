@@ -38,6 +38,7 @@ const unit = [
   "src/gateway/usage-tap.test.ts",
   "src/gateway/stream-usage.test.ts",
   "src/gateway/usage-recorder.test.ts",
+  "src/usage/usage-aggregates.test.ts",
   "src/gateway/gateway.test.ts",
   "src/gateway/gateway-faults.test.ts",
   "src/gateway/admission.test.ts",

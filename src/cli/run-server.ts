@@ -11,7 +11,7 @@ import { stopOnSignals } from "./shutdown.ts";
 import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
-import { parseByteSize, parseDuration, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
+import { parseByteSize, parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
 export interface ServerCommandOptions {
   listen?: string;
@@ -25,6 +25,7 @@ export interface ServerCommandOptions {
   nodeTimeout?: string;
   heartbeatInterval?: string;
   updateCheck?: string;
+  usageRetention?: string;
   demo?: boolean;
 }
 
@@ -55,6 +56,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
       ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
+      ...(options.usageRetention === undefined ? {} : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
       logger,
     },
     withAgent,

@@ -37,6 +37,7 @@ import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
 import { UsageTap, type TokenUsage } from "./usage-tap.ts";
 import type { UsageRow } from "./usage-recorder.ts";
+import { costUsd } from "../policy/cost.ts";
 import type { LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
 
 /** What the gateway reads of the catalog: names and aliases to models. */
@@ -423,6 +424,8 @@ export class Gateway {
       duration_ms: Math.round(performance.now() - call.started),
       status,
       stream: call.stream ? 1 : 0,
+      cost_usd: call.usage === null || call.catalogModel === null ? null : costUsd(call.catalogModel.definition.prices, call.usage),
+      guard_ms: call.guardMs,
     });
   }
 }

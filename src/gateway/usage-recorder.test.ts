@@ -18,6 +18,8 @@ const row = (model: string): UsageRow => ({
   duration_ms: 5,
   status: 200,
   stream: 0,
+  cost_usd: null,
+  guard_ms: null,
 });
 
 test("rows the store refuses are counted as dropped and logged once a minute", async () => {

@@ -7,11 +7,15 @@
 // benchmark measured at ~15 µs a row and up to 40 ms of blocking per flush. When the
 // store refuses writes (a full disk), rows are dropped, never retried into an ever
 // growing queue: the count is kept (/readyz shows it) and logged at most once a minute.
+// Each flush also adds the batch to the per-minute aggregates (src/usage), in the same
+// transaction: the batch is summed in memory first, so a flush costs one upsert per
+// (minute, key, model) it touched, not one per row.
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Statement } from "better-sqlite3";
 import type { Store } from "../store/store.ts";
-import type { UsageTable } from "../store/schema.ts";
+import type { UsageMinutesTable, UsageTable } from "../store/schema.ts";
+import { aggregateByMinute, sqliteUpsertSql, upsertPostgres } from "../usage/usage-aggregates.ts";
 
 export type UsageRow = Omit<UsageTable, "id">;
 
@@ -27,6 +31,8 @@ const USAGE_COLUMNS: readonly (keyof UsageRow)[] = [
   "duration_ms",
   "status",
   "stream",
+  "cost_usd",
+  "guard_ms",
 ];
 
 export interface UsageRecorderOptions {
@@ -62,8 +68,10 @@ export class UsageRecorder {
       const statement: Statement<UsageRow> = sqlite.prepare(
         `INSERT INTO usage (${USAGE_COLUMNS.join(", ")}) VALUES (${USAGE_COLUMNS.map((c) => `@${c}`).join(", ")})`,
       );
+      const upsert: Statement<UsageMinutesTable> = sqlite.prepare(sqliteUpsertSql());
       this.insertSqlite = sqlite.transaction((rows: UsageRow[]) => {
         for (const row of rows) statement.run(row);
+        for (const aggregate of aggregateByMinute(rows)) upsert.run(aggregate);
       });
     }
   }
@@ -90,7 +98,12 @@ export class UsageRecorder {
       this.writing = this.writing.then(async () => {
         try {
           if (this.insertSqlite !== undefined) this.insertSqlite(batch);
-          else await this.options.store.db.insertInto("usage").values(batch).execute();
+          else {
+            await this.options.store.db.transaction().execute(async (trx) => {
+              await trx.insertInto("usage").values(batch).execute();
+              await upsertPostgres(trx, aggregateByMinute(batch));
+            });
+          }
         } catch (error) {
           this.dropped(batch.length, error);
         }

@@ -17,6 +17,7 @@ import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
 import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
 import { mountServeRoutes, type ServeRoutesOptions } from "../serve/serve-routes.ts";
 import type { AuditTrail } from "../store/audit.ts";
+import { mountUsageRoutes, type UsageRoutesOptions } from "../usage/usage-routes.ts";
 import type { StorageFaultState } from "../store/storage-fault.ts";
 
 /** What /readyz answers: 200 when ready, else 503 with the reason. */
@@ -44,6 +45,8 @@ export interface AdminApiOptions {
   serve?: Omit<ServeRoutesOptions, "catalog" | "audit" | "bodyLimits">;
   /** Plans a repository against this server's pool (GET /api/v1/plan). */
   planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<unknown>;
+  /** Usage reports (GET /api/v1/usage), read from the store's aggregates. */
+  usage?: Omit<UsageRoutesOptions, "keys" | "catalog">;
   /** Whether the server is ready to take traffic (started, and its store takes writes). */
   readiness?: () => Promise<Readiness>;
   /** Every action of every domain, for GET /api/v1/audit; records unparks. */
@@ -134,6 +137,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
 
   if (options.mirror !== undefined) mountMirrorRoutes(app, options.mirror);
   if (options.serve !== undefined) mountServeRoutes(app, { ...options.serve, catalog, audit: options.audit, bodyLimits });
+
+  if (options.usage !== undefined) mountUsageRoutes(app, { ...options.usage, keys, catalog });
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

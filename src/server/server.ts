@@ -22,6 +22,7 @@ import { syncExternalReplicas } from "../fleet/external-replicas.ts";
 import { Gateway } from "../gateway/gateway.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
+import { UsageRetention } from "../usage/usage-retention.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi, type Readiness } from "./admin-api.ts";
 import { acquireDataDirLock } from "./data-dir-lock.ts";
@@ -71,6 +72,8 @@ export interface ServerConfig {
   updateCheckIntervalMs?: number;
   /** How long a serve or update job waits for a ready replica (default 30 min). */
   replicaTimeoutMs?: number;
+  /** Days raw usage rows are kept (default 30; 0: forever); the per-minute aggregates stay 400 days. */
+  usageRetentionDays?: number;
   /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
   smokeTest?: SmokeTest;
   logger: Logger;
@@ -181,6 +184,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
+  const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
   const gateway = new Gateway({
     catalog,
     keys,
@@ -225,6 +229,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     audit: auditTrail(store),
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     serve: { jobs, updates },
+    usage: { store },
     planner,
     bodyLimits,
     fleet,
@@ -306,6 +311,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   lock.setAddress(url);
   const instance = lock.holder.instance;
   writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid, instance }) + "\n");
+  usageRetention.start();
   ready = true;
   logger.info({ url, database: store.location }, "llmgw server listening");
 
@@ -328,6 +334,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       await pools.closeAll();
       await mirror.close();
       await registry.close();
+      await usageRetention.stop();
       await usage.close();
       await fleet.stop();
       await store.close();

@@ -220,6 +220,30 @@ const migrations: Record<string, MigrationFactory> = {
         .execute();
     },
   }),
+  // Usage you can read (issue 9): what a request cost and how long its guards took, on
+  // the raw row; and per-minute aggregates, which outlive the raw rows (--usage-retention)
+  // and which every server's flush adds to. Money is a double in both databases (SQLite's
+  // REAL is one; PostgreSQL's `real` would keep only ~7 digits of a long sum).
+  "0008_usage_aggregates": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("usage").addColumn("cost_usd", "double precision").execute();
+      await db.schema.alterTable("usage").addColumn("guard_ms", "integer").execute();
+      await db.schema
+        .createTable("usage_minutes")
+        .addColumn("minute", "text", (c) => c.notNull())
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("requests", "bigint", (c) => c.notNull())
+        .addColumn("errors", "bigint", (c) => c.notNull())
+        .addColumn("prompt_tokens", "bigint", (c) => c.notNull())
+        .addColumn("completion_tokens", "bigint", (c) => c.notNull())
+        .addColumn("cost_usd", "double precision", (c) => c.notNull())
+        .addColumn("duration_hist", "text", (c) => c.notNull())
+        .addColumn("ttft_hist", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("usage_minutes_pk", ["minute", "key_id", "model"])
+        .execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

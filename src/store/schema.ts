@@ -121,6 +121,32 @@ export interface UsageTable {
   duration_ms: number;
   status: number;
   stream: number;
+  /** What the request cost at the model's prices, when its token counts are known (0008). */
+  cost_usd: number | null;
+  /** Milliseconds the guard models took on the request, when any applied (0008). */
+  guard_ms: number | null;
+}
+
+/**
+ * Usage added up per minute, key and model (src/usage): kept long after the raw rows,
+ * and added to by every server's flush (an upsert that adds), so reports need no raw rows.
+ */
+export interface UsageMinutesTable {
+  /** The minute's start, ISO text (2026-11-30T10:05:00.000Z). */
+  minute: string;
+  /** The key's id; "" for a row without a key (a primary key column cannot be null). */
+  key_id: string;
+  model: string;
+  requests: number;
+  /** Requests that ended with a status of 400 or more (499: the client went away). */
+  errors: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  cost_usd: number;
+  /** JSON: sparse latency histogram of the durations (src/usage/latency-histogram.ts). */
+  duration_hist: string;
+  /** JSON: the same for the time to first token, of the requests that got a first byte. */
+  ttft_hist: string;
 }
 
 /** One file of a mirrored model version (DATA_DIR/mirror/{model}/{version}/{file}). */
@@ -195,6 +221,7 @@ export interface Database {
   nodes: NodesTable;
   replicas: ReplicasTable;
   usage: UsageTable;
+  usage_minutes: UsageMinutesTable;
   mirror_files: MirrorFilesTable;
   store_probe: StoreProbeTable;
   model_states: ModelStatesTable;
