@@ -66,6 +66,7 @@ const endToEnd = [
   "test/plan-cli.e2e.test.ts",
   "test/supply-chain.e2e.test.ts",
   "test/stream-failure.e2e.test.ts",
+  "test/usage.e2e.test.ts",
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",

@@ -11,6 +11,7 @@ import { registerJobCommands } from "./ctl-job.ts";
 import { registerMirrorCommands } from "./ctl-mirror.ts";
 import { registerModelCommands } from "./ctl-model.ts";
 import { registerNodeCommands } from "./ctl-node.ts";
+import { registerUsageCommand } from "./ctl-usage.ts";
 import { renderTable } from "./output.ts";
 
 export function registerCtl(program: Command): void {
@@ -33,6 +34,7 @@ export function registerCtl(program: Command): void {
   registerJobCommands(ctl, helpers);
   registerMirrorCommands(ctl, helpers);
   registerNodeCommands(ctl, helpers);
+  registerUsageCommand(ctl, helpers);
 
   const key = ctl.command("key").description("API keys");
   withExamples(key.command("create"), "llmgw ctl key create --name ci --models tiny-llama --expires 30d", "llmgw ctl key create --name ops --admin")
