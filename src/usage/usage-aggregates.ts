@@ -17,6 +17,9 @@ const FIRST_ERROR_STATUS = 400;
 
 /** The start of the minute `iso` falls in, as the ISO text the table stores. */
 export function minuteOf(iso: string): string {
+  // The gateway writes `at` with toISOString (YYYY-MM-DDTHH:MM:SS.sssZ): cutting the text
+  // is several times cheaper than parsing it, and the flush blocks the event loop on SQLite.
+  if (iso.length === 24 && iso.endsWith("Z")) return `${iso.slice(0, 17)}00.000Z`;
   const ms = Date.parse(iso);
   return new Date(ms - (((ms % 60_000) + 60_000) % 60_000)).toISOString();
 }
