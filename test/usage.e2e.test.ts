@@ -7,12 +7,17 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
 import { startHarness, type Harness } from "./support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "./support/fake-upstream.ts";
 import { eventually } from "./support/eventually.ts";
+import { openStore } from "../src/store/store.ts";
+import { UsageRecorder } from "../src/gateway/usage-recorder.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -131,4 +136,31 @@ describe("usage reports", () => {
     assert.equal(none, "No usage in the last 7d for key 'reporter' of model 'never-served'.\n");
     await assert.rejects(ctl(["--since", "last week"]), (error: { stderr?: string }) => /Invalid --since 'last week'/.test(error.stderr ?? ""));
   });
+});
+
+test("a starting server deletes raw usage rows past the retention and keeps their aggregates", async () => {
+  // A data dir whose database already holds a 40-day-old and a 1-day-old request.
+  const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-usage-retention-"));
+  const store = await openStore({ database: path.join(dataDir, "llmgw.db") });
+  const recorder = new UsageRecorder({ store });
+  const daysAgo = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
+  const yesterday = daysAgo(1);
+  for (const at of [daysAgo(40), yesterday]) {
+    recorder.record({ at, key_id: "old-key", model: "m", replica_id: null, endpoint: "/v1/chat/completions", prompt_tokens: 1, completion_tokens: 1, ttft_ms: null, duration_ms: 10, status: 200, stream: 0, cost_usd: null, guard_ms: null });
+  }
+  await recorder.close();
+  await store.close();
+
+  const harness = await startHarness({ dataDir });
+  try {
+    const left = await eventually("the 40-day-old row to go (default retention 30 days)", async () => {
+      const rows = await harness.server.store.db.selectFrom("usage").select("at").execute();
+      return rows.length === 1 && rows;
+    });
+    assert.equal(left[0]!.at, yesterday, "the recent row stays");
+    const report = await harness.admin("GET", `/api/v1/usage?from=${encodeURIComponent(daysAgo(60))}`);
+    assert.equal(report.body.data[0]?.requests, 2, "both requests are still in the aggregates");
+  } finally {
+    await harness.close();
+  }
 });
