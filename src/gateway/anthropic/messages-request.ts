@@ -14,7 +14,7 @@ import { parseWith } from "../../core/errors.ts";
 import type { GatewayRequestBody } from "../request-schemas.ts";
 
 /** Fields of the Messages API that llmgw does not translate yet: named as such when sent. */
-const NOT_YET_SUPPORTED = new Set(["tools", "tool_choice", "thinking", "service_tier", "container", "mcp_servers", "context_management"]);
+const NOT_YET_SUPPORTED = new Set(["tools", "tool_choice", "thinking", "output_config", "container", "mcp_servers", "context_management"]);
 
 const FIELDS_TAKEN = "model, messages, max_tokens, system, stop_sequences, temperature, top_p, top_k, stream, metadata";
 
@@ -68,6 +68,10 @@ export const messagesRequestSchema = z.strictObject(
     stream: z.boolean().optional(),
     // Ignored but for its user_id, which the chat request carries as `user`.
     metadata: z.looseObject({ user_id: z.string().nullable().optional() }).optional(),
+    // Hints about Anthropic's own serving (its prompt cache, its capacity tiers): the
+    // answer is the same without them, so they are accepted and ignored.
+    cache_control: z.unknown().optional(),
+    service_tier: z.unknown().optional(),
   },
   { error: (issue) => (issue.code === "unrecognized_keys" ? unknownFieldMessage(issue.keys) : undefined) },
 );
