@@ -72,6 +72,7 @@ const endToEnd = [
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
+  "test/anthropic.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];
