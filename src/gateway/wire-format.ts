@@ -10,7 +10,7 @@ import type { AnswerHead, BodyRewriter } from "./relay.ts";
 import type { GatewayRequestBody } from "./request-schemas.ts";
 
 export interface WireFormat {
-  /** The key the request carries (OpenAI's routes read `Authorization: Bearer`). */
+  /** The key the request carries (OpenAI's routes read `Authorization: Bearer`); may throw a 401 saying where to put it. */
   apiKey(req: IncomingMessage): string | undefined;
   /** Checks the client's JSON body (a 400 naming the field) and translates it into the upstream body. */
   toUpstream(json: unknown): GatewayRequestBody;

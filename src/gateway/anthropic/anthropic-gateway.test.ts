@@ -134,6 +134,10 @@ describe("/v1/messages through the gateway", () => {
     assert.equal((image.error as any).error.type, "invalid_request_error");
     assert.match((image.error as any).error.message, /messages\.0\.content\.0\.type'.*'image' are not supported yet/);
 
+    const noKey = await fetch(`${harness.url}/v1/messages`, { method: "POST", body: "{}" });
+    assert.equal(noKey.status, 401);
+    assert.deepEqual(await noKey.json(), { type: "error", error: { type: "authentication_error", message: "No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>')." } });
+
     const notJson = await fetch(`${harness.url}/v1/messages`, { method: "POST", headers: { "x-api-key": key }, body: "{" });
     assert.equal(notJson.status, 400);
     assert.equal(((await notJson.json()) as any).error.type, "invalid_request_error");

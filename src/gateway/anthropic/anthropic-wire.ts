@@ -7,6 +7,7 @@
 // (messages-stream.ts) and the error shape (anthropic-errors.ts).
 import type { IncomingMessage } from "node:http";
 import { bearerToken } from "../../core/bearer.ts";
+import { AuthenticationError } from "../../core/errors.ts";
 import type { WireFormat } from "../wire-format.ts";
 import { ANTHROPIC_ERRORS } from "./anthropic-errors.ts";
 import { MessagesAnswer } from "./messages-answer.ts";
@@ -18,10 +19,12 @@ import { MessagesStream } from "./messages-stream.ts";
  * `authToken` option, and curl habits). The `anthropic-version` header the SDKs send is
  * accepted and not required: there is one version of this translation.
  */
-function apiKey(req: IncomingMessage): string | undefined {
+function apiKey(req: IncomingMessage): string {
   const header = req.headers["x-api-key"];
-  const key = typeof header === "string" ? header.trim() : "";
-  return key !== "" ? key : bearerToken(req.headers.authorization);
+  const key = (typeof header === "string" ? header.trim() : "") || bearerToken(req.headers.authorization);
+  // Said here rather than by the key service, whose message names only the Bearer header.
+  if (key === undefined) throw new AuthenticationError("No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>').", { code: "missing_api_key" });
+  return key;
 }
 
 export const anthropicMessages: WireFormat = {
