@@ -42,6 +42,10 @@ const unit = [
   "src/gateway/gateway.test.ts",
   "src/gateway/gateway-faults.test.ts",
   "src/gateway/admission.test.ts",
+  "src/gateway/anthropic/messages-request.test.ts",
+  "src/gateway/anthropic/messages-answer.test.ts",
+  "src/gateway/anthropic/messages-stream.test.ts",
+  "src/gateway/anthropic/anthropic-gateway.test.ts",
   "src/server/admin-api.test.ts",
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
@@ -70,6 +74,7 @@ const endToEnd = [
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
+  "test/anthropic.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

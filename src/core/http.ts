@@ -3,7 +3,8 @@
 // (size and time), one error writer, one 405, and the one policy for a stream that fails
 // after its first byte: a final SSE `data: {"error": ...}` event, then close, never
 // `[DONE]` (the OpenAI SDKs raise an APIError for such an event, where a bare socket reset
-// would surface as a connection error or, worse, as a clean end).
+// would surface as a connection error or, worse, as a clean end). A route of another wire
+// format passes its own ErrorDialect (error body and failure event) to the same writers.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { ClientClosedError, LlmgwError, PayloadTooLargeError, RequestTimeoutError, renderError } from "./errors.ts";
 import { formatBytes } from "./format.ts";
@@ -51,6 +52,11 @@ export function sseData(payload: unknown): string {
   return `data: ${JSON.stringify(payload)}\n\n`;
 }
 
+/** An event with a name (`event:` line), as the Anthropic Messages API streams them. */
+export function sseNamedEvent(name: string, payload: unknown): string {
+  return `event: ${name}\ndata: ${JSON.stringify(payload)}\n\n`;
+}
+
 /** What the last event of a failed stream says; `code` tells the client which failure it was. */
 export interface StreamFailure {
   message: string;
@@ -63,19 +69,31 @@ export function streamFailureEvent(failure: StreamFailure): string {
 }
 
 /**
+ * How one wire format answers failures: the error body with its status and headers, and
+ * the last event of a stream that broke. OpenAI's (renderError) unless a route speaks
+ * another format (the Anthropic Messages API, gateway/anthropic/).
+ */
+export interface ErrorDialect {
+  render(error: unknown): { status: number; headers: Record<string, string>; body: unknown };
+  streamFailureEvent(failure: StreamFailure): string;
+}
+
+export const OPENAI_ERRORS: ErrorDialect = { render: renderError, streamFailureEvent };
+
+/**
  * Ends a response whose headers are already out because something failed mid-answer. An
  * event stream gets the failure event and then closes; any other body cannot say anything
  * any more, so the connection is destroyed and the client sees a truncated answer, never
  * one that looks complete.
  */
-export function endBrokenResponse(res: ServerResponse, failure: StreamFailure): void {
+export function endBrokenResponse(res: ServerResponse, failure: StreamFailure, dialect: ErrorDialect = OPENAI_ERRORS): void {
   if (res.destroyed || res.writableEnded) return;
   if (isEventStream(res)) {
     // Close the connection after this: the stream's framing is intact, but the upstream
     // that fed it is gone, and a keep-alive reuse gains nothing. The socket is taken now:
     // a finished response is detached from it (res.socket is null in the callback).
     const socket = res.socket;
-    res.end(streamFailureEvent(failure), () => socket?.destroySoon());
+    res.end(dialect.streamFailureEvent(failure), () => socket?.destroySoon());
     return;
   }
   res.destroy();
@@ -86,18 +104,19 @@ export function methodNotAllowed(method: string, path: string, allowed: string):
 }
 
 /**
- * Answers an error: the OpenAI error shape with its status and headers, or, when the
- * answer had already begun, `endBrokenResponse`. A HEAD request gets the headers only.
+ * Answers an error: the error shape of the dialect (OpenAI's by default) with its status
+ * and headers, or, when the answer had already begun, `endBrokenResponse`. A HEAD request
+ * gets the headers only.
  */
-export function sendError(req: IncomingMessage, res: ServerResponse, error: unknown): void {
+export function sendError(req: IncomingMessage, res: ServerResponse, error: unknown, dialect: ErrorDialect = OPENAI_ERRORS): void {
   // The client is gone (or the answer is done): nobody would read it.
   if (res.destroyed || res.writableEnded) return;
   if (res.headersSent) {
     const rendered = renderError(error).body.error;
-    endBrokenResponse(res, { message: rendered.message, code: rendered.code ?? "internal_error" });
+    endBrokenResponse(res, { message: rendered.message, code: rendered.code ?? "internal_error" }, dialect);
     return;
   }
-  const rendered = renderError(error);
+  const rendered = dialect.render(error);
   const text = JSON.stringify(rendered.body);
   res.writeHead(rendered.status, {
     ...rendered.headers,

@@ -3,7 +3,9 @@
 // proxy the request with undici on Node streams (relay.ts). A replica that refuses or
 // fails before its first byte is replaced by another; a client that goes away cancels the
 // upstream. Every request whose key is known leaves one usage row, whatever its outcome,
-// and every failure leaves in OpenAI's error shape.
+// and every failure leaves in OpenAI's error shape. The Anthropic Messages API
+// (/v1/messages) enters the same path as a chat completion (wire-format.ts, anthropic/),
+// with its own key header, body, answer and error shape at the edges.
 //
 // The gateway depends on narrow interfaces (a model resolver, a key verifier, a replica
 // source), not on the catalog, key service or replica table themselves.
@@ -29,7 +31,9 @@ import type { Principal } from "../keys/key-service.ts";
 import { isRoutable } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
 import { Admission, type ReplicaSource } from "./admission.ts";
-import { relay, type RelayResult } from "./relay.ts";
+import { relay, type AnswerHead, type BodyRewriter, type RelayResult } from "./relay.ts";
+import type { WireFormat } from "./wire-format.ts";
+import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { StreamUsageFilter } from "./stream-usage.ts";
 import { unavailableError } from "./unavailable.ts";
@@ -91,14 +95,18 @@ export interface OnDemand {
 }
 
 interface ProxyRoute {
+  /** The upstream path the request runs as. */
   path: string;
   schema: z.ZodType<GatewayRequestBody>;
+  /** Another wire format than OpenAI's, translated to and from `path`. */
+  wire?: WireFormat;
 }
 
 const PROXY_ROUTES = new Map<string, ProxyRoute>([
   ["/v1/chat/completions", { path: "/v1/chat/completions", schema: chatCompletionSchema as z.ZodType<GatewayRequestBody> }],
   ["/v1/completions", { path: "/v1/completions", schema: completionSchema as z.ZodType<GatewayRequestBody> }],
   ["/v1/embeddings", { path: "/v1/embeddings", schema: embeddingSchema as z.ZodType<GatewayRequestBody> }],
+  ["/v1/messages", { path: "/v1/chat/completions", schema: chatCompletionSchema as z.ZodType<GatewayRequestBody>, wire: anthropicMessages }],
 ]);
 
 /** Usage status of an answer cut short by the upstream after its first byte: a bad gateway. */
@@ -202,12 +210,13 @@ export class Gateway {
       return;
     }
     if (route === undefined) {
-      throw new NotFoundError(`Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings.`, { code: "unknown_endpoint" });
+      throw new NotFoundError(`Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages.`, { code: "unknown_endpoint" });
     }
     if (req.method !== "POST") throw methodNotAllowed(req.method ?? "GET", pathname, "POST");
-    call.principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
+    call.principal = await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization));
     const raw = await readLimitedBody(req, { maxBytes: this.maxBodyBytes, timeoutMs: this.bodyTimeoutMs, tooLargeHint: "Send a smaller request, or ask the operator to raise --max-body." });
-    const body = parseWith(route.schema, parseJsonBody(raw.toString("utf8")), "request");
+    const json = parseJsonBody(raw.toString("utf8"));
+    const body = parseWith(route.schema, route.wire === undefined ? json : route.wire.toUpstream(json), "request");
     call.model = body.model;
     call.stream = body.stream === true;
     const model = this.options.catalog.resolve(body.model);
@@ -278,7 +287,7 @@ export class Gateway {
     const injectUsage = stream && (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage !== true;
     const payloads = new Map<string, Buffer>();
     const payloadFor = (upstreamModel: string): Buffer => {
-      if (upstreamModel === body.model && !injectUsage) return request.raw;
+      if (upstreamModel === body.model && !injectUsage && route.wire === undefined) return request.raw;
       let payload = payloads.get(upstreamModel);
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
@@ -351,8 +360,7 @@ export class Gateway {
           result = await relay({
             res,
             upstream,
-            tap: stream && injectUsage ? null : new UsageTap(stream),
-            filter: injectUsage ? new StreamUsageFilter() : null,
+            ...answerHandling(route, body, injectUsage),
             brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
             stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
           });
@@ -396,7 +404,7 @@ export class Gateway {
 
   private fail(req: IncomingMessage, res: ServerResponse, error: unknown, call: Call): void {
     if (!(error instanceof LlmgwError)) this.options.logger.error({ err: error, path: call.endpoint }, "unexpected error on /v1");
-    sendError(req, res, call.principal?.role === "admin" ? error : withoutServerDetails(error));
+    sendError(req, res, call.principal?.role === "admin" ? error : withoutServerDetails(error), PROXY_ROUTES.get(call.endpoint)?.wire?.errors);
     this.record(call, error instanceof LlmgwError ? error.status : 500);
   }
 
@@ -441,6 +449,18 @@ function withoutServerDetails(error: unknown): unknown {
     "llmgw cannot use its database right now, so it cannot check keys or answer. Retry in 30 s; if it persists, tell an administrator (the server's log and /readyz say why).",
     { code: "storage_unavailable", retryAfterSeconds: 30 },
   );
+}
+
+/**
+ * How an answer is read and changed on its way: OpenAI's routes pass it as it is (less
+ * the usage the gateway asked for on the client's behalf, stream-usage.ts) and tap its
+ * usage; another wire format's rewriter translates it and reads the usage itself.
+ */
+function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage: boolean) {
+  const stream = body.stream === true;
+  const wire = route.wire;
+  if (wire !== undefined) return { tap: null, rewrite: (head: AnswerHead): BodyRewriter => wire.answer(body, head), errors: wire.errors };
+  return { tap: stream && injectUsage ? null : new UsageTap(stream), rewrite: injectUsage ? () => new StreamUsageFilter() : null };
 }
 
 function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {

@@ -1,16 +1,18 @@
 // Copies one upstream answer to the client, and says how that ended. The rules:
-// - The client gets the status and headers only when the upstream's first body byte (or
-//   its end) arrives. Until then nothing is committed, so an upstream that fails after
+// - The client gets the status and headers only with its first body byte (or the
+//   upstream's end). Until then nothing is committed, so an upstream that fails after
 //   its headers but before any byte is retried on another replica like a refused
 //   connection (outcome `failed-before-first-byte`).
 // - After the first byte a broken upstream cannot be retried: a stream ends with the one
 //   failure event of core/http (the OpenAI SDKs raise an APIError), never `[DONE]`; a
 //   JSON answer cut mid-way closes the connection, so it never looks complete.
 // - A client that leaves cancels the upstream request.
+// - A body rewriter (BodyRewriter) may change what passes: the usage filter of streams,
+//   the translation into another wire format. The first byte is then the first one it
+//   lets through, so one that holds back a whole answer can still choose its status.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
-import { endBrokenResponse, startEventStream } from "../core/http.ts";
-import type { StreamUsageFilter } from "./stream-usage.ts";
+import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
 import type { TokenUsage, UsageTap } from "./usage-tap.ts";
 
 export interface UpstreamAnswer {
@@ -36,13 +38,32 @@ export interface RelayResult {
   firstByteAt: number | null;
 }
 
+/** Changes an answer on its way to the client, and reads its token usage as it passes. */
+export interface BodyRewriter {
+  /** Takes the next bytes from the upstream; returns what the client gets now (maybe nothing yet). */
+  push(chunk: Buffer): Buffer;
+  /** The upstream ended: the rest of what the client gets. */
+  end(): Buffer;
+  usage(): TokenUsage | null;
+  /** Status and content type for the client, when the rewriter changes them; asked when the headers go out. */
+  head?(): { status: number; contentType: string };
+}
+
+/** What is known of an answer when its rewriter is chosen. */
+export interface AnswerHead {
+  status: number;
+  eventStream: boolean;
+}
+
 export interface RelayOptions {
   res: ServerResponse;
   upstream: UpstreamAnswer;
   /** Finds the usage in what passes (when the client asked for it, or for JSON answers). */
   tap: UsageTap | null;
-  /** Takes out the usage the gateway asked for on the client's behalf. */
-  filter: StreamUsageFilter | null;
+  /** Makes the rewriter of this answer (the usage filter, a wire-format translation); null passes it as it is. */
+  rewrite: ((answer: AnswerHead) => BodyRewriter | null) | null;
+  /** How a failure is told once the answer has begun (OpenAI's failure event by default). */
+  errors?: ErrorDialect;
   /** What the failure event says when the upstream breaks mid-stream. */
   brokenMessage: string;
   /**
@@ -88,26 +109,32 @@ function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
 }
 
 export function relay(options: RelayOptions): Promise<RelayResult> {
-  const { res, upstream, tap, filter } = options;
+  const { res, upstream, tap } = options;
   const body = upstream.body;
   let firstByteAt: number | null = null;
   let headersOut = false;
-  const sendHeaders = () => {
-    if (headersOut) return;
-    headersOut = true;
-    const headers = forwardedHeaders(upstream.headers, filter !== null);
-    if (eventStream) startEventStream(res, upstream.statusCode, headers);
-    else res.writeHead(upstream.statusCode, headers);
-  };
   // An event stream that ends without `[DONE]` did not finish: the upstream stopped (an
   // engine shutting down, say). Its last bytes tell whether it said so itself.
   const eventStream = isEventStream(upstream.headers);
+  const rewriter = options.rewrite?.({ status: upstream.statusCode, eventStream }) ?? null;
+  const sendHeaders = () => {
+    if (headersOut) return;
+    headersOut = true;
+    const headers = forwardedHeaders(upstream.headers, rewriter !== null);
+    const head = rewriter?.head?.();
+    if (head !== undefined) headers["content-type"] = head.contentType;
+    const status = head?.status ?? upstream.statusCode;
+    if (eventStream && head === undefined) startEventStream(res, status, headers);
+    else res.writeHead(status, headers);
+  };
   // The last two chunks, kept as they are: decoding every chunk to find the end would cost
   // more than the whole rest of the relay.
   let lastChunks: [Buffer | null, Buffer | null] = [null, null];
   let stalled: NodeJS.Timeout | undefined;
   const write = (bytes: Buffer) => {
-    if (bytes.length === 0 || res.write(bytes)) return;
+    if (bytes.length === 0) return;
+    sendHeaders();
+    if (res.write(bytes)) return;
     body.pause();
     stalled = setTimeout(() => res.destroy(), options.stalledReaderMs);
     res.once("drain", () => {
@@ -128,36 +155,36 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       // Late errors of a body we stopped caring about must not become unhandled.
       body.removeListener("error", onError);
       body.on("error", () => undefined);
-      resolve({ outcome, usage: filter?.usage() ?? tap?.usage() ?? null, firstByteAt });
+      resolve({ outcome, usage: rewriter?.usage() ?? tap?.usage() ?? null, firstByteAt });
     };
     const onData = (chunk: Buffer) => {
       if (firstByteAt === null) firstByteAt = performance.now();
-      sendHeaders();
       tap?.push(chunk);
       if (eventStream) lastChunks = [lastChunks[1], chunk];
-      write(filter === null ? chunk : filter.push(chunk));
+      write(rewriter === null ? chunk : rewriter.push(chunk));
     };
     const onEnd = () => {
+      if (rewriter !== null) write(rewriter.end());
       sendHeaders();
-      if (filter !== null) write(filter.end());
       const tail = eventStream ? streamTail(lastChunks) : "";
       if (eventStream && upstream.statusCode === 200 && !tail.includes(SSE_DONE_TEXT)) {
         const error = new Error("the upstream ended its event stream without [DONE]");
         // Its own error event already told the client; otherwise say it here.
         if (tail.includes('{"error"')) res.end();
-        else endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" });
+        else endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, options.errors);
         finish({ kind: "broken", error });
         return;
       }
       res.end();
-      finish({ kind: "answered", status: upstream.statusCode });
+      // The status the client got: a rewriter may have changed it.
+      finish({ kind: "answered", status: res.statusCode });
     };
     const onError = (error: Error) => {
       if (!headersOut) {
         finish({ kind: "failed-before-first-byte", error });
         return;
       }
-      endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" });
+      endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, options.errors);
       finish({ kind: "broken", error });
     };
     const onClientClose = () => {

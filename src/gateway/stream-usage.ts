@@ -8,12 +8,13 @@
 // Events are forwarded as soon as they are complete; only an event cut by a chunk
 // boundary waits for its rest. Events without the text `"usage"` pass untouched and
 // unparsed, so the cost on a long stream is a substring search per chunk.
+import type { BodyRewriter } from "./relay.ts";
 import type { TokenUsage } from "./usage-tap.ts";
 
 const USAGE_MARK = Buffer.from('"usage"');
 const EMPTY = Buffer.alloc(0);
 
-export class StreamUsageFilter {
+export class StreamUsageFilter implements BodyRewriter {
   private pending: Buffer = EMPTY;
   private found: TokenUsage | null = null;
 

@@ -206,15 +206,21 @@ test("stop sequences end the reply before the stop text with finish_reason stop"
   const stopped = await client.chat.completions.create({ model: MODEL_NAME, messages: hello, max_tokens: 40, temperature: 0, stop: [stop, "never-there"] });
   assert.equal(stopped.choices[0]?.finish_reason, "stop");
   assert.equal(stopped.choices[0]?.message.content, full.slice(0, match.index));
+  // vLLM's field: which stop sequence ended the reply (the Anthropic translation needs it).
+  assert.equal((stopped.choices[0] as unknown as { stop_reason?: string }).stop_reason, stop);
+  assert.equal((greedy.choices[0] as unknown as { stop_reason?: string }).stop_reason, undefined, "no stop sequence, no stop_reason");
 
   const streamed = await client.chat.completions.create({ model: MODEL_NAME, messages: hello, max_tokens: 40, temperature: 0, stop, stream: true });
   let text = "";
   let finish: string | null = null;
+  let stopReason: string | undefined;
   for await (const chunk of streamed) {
     text += chunk.choices[0]?.delta.content ?? "";
     finish = chunk.choices[0]?.finish_reason ?? finish;
+    stopReason ??= (chunk.choices[0] as unknown as { stop_reason?: string } | undefined)?.stop_reason;
   }
   assert.equal(finish, "stop");
+  assert.equal(stopReason, stop);
   assert.equal(text, full.slice(0, match.index), "the stop text never reaches the stream");
 });
 

@@ -90,7 +90,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     if (!job.stream) {
       const result = await engine.chat(job.messages, { params: job.params, signal });
       if (finishAborted(result, res, signal)) return;
-      sendJson(res, 200, chatCompletion(identity, { text: result.text, finishReason: result.finishReason, usage: usage(result.promptTokens, result.completionTokens) }));
+      sendJson(res, 200, chatCompletion(identity, { text: result.text, finishReason: result.finishReason, stopSequence: result.stopSequence, usage: usage(result.promptTokens, result.completionTokens) }));
       return;
     }
     const stream = sseWriter(res);
@@ -106,7 +106,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       },
     });
     if (finishAborted(result, res, signal)) return;
-    stream.event(chatChunk(identity, { delta: {}, finishReason: result.finishReason }, job.includeUsage));
+    stream.event(chatChunk(identity, { delta: {}, finishReason: result.finishReason, stopSequence: result.stopSequence }, job.includeUsage));
     if (job.includeUsage) stream.event(chatChunk(identity, { usage: usage(result.promptTokens, result.completionTokens) }, true));
     stream.done();
   }
@@ -119,7 +119,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     if (!job.stream) {
       const result = await engine.complete(job.prompt, { params: job.params, signal });
       if (finishAborted(result, res, signal)) return;
-      sendJson(res, 200, textCompletion(identity, { text: result.text, finishReason: result.finishReason, usage: usage(result.promptTokens, result.completionTokens) }));
+      sendJson(res, 200, textCompletion(identity, { text: result.text, finishReason: result.finishReason, stopSequence: result.stopSequence, usage: usage(result.promptTokens, result.completionTokens) }));
       return;
     }
     const stream = sseWriter(res);
@@ -132,7 +132,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       },
     });
     if (finishAborted(result, res, signal)) return;
-    stream.event(textCompletionChunk(identity, { text: "", finishReason: result.finishReason }, job.includeUsage));
+    stream.event(textCompletionChunk(identity, { text: "", finishReason: result.finishReason, stopSequence: result.stopSequence }, job.includeUsage));
     if (job.includeUsage) stream.event(textCompletionChunk(identity, { usage: usage(result.promptTokens, result.completionTokens) }, true));
     stream.done();
   }

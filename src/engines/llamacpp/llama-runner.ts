@@ -51,6 +51,8 @@ import { StopSequences } from "./stop-sequences.ts";
 export interface GenerationResult {
   text: string;
   finishReason: FinishReason;
+  /** The stop sequence that ended the reply, if one did. */
+  stopSequence: string | null;
   promptTokens: number;
   completionTokens: number;
   /** True when the signal stopped the generation; text holds what was made until then. */
@@ -405,6 +407,7 @@ export class LlamaRunner implements TextGenerator {
       return {
         text,
         finishReason: stopped ? "stop" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
+        stopSequence: stopped ? stops.matched : null,
         promptTokens,
         completionTokens: turn.sampledTokens,
         aborted,

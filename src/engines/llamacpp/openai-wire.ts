@@ -157,6 +157,15 @@ export function toCompletionJob(body: CompletionRequest): CompletionJob {
 
 export type FinishReason = "stop" | "length";
 
+/**
+ * vLLM's `stop_reason` on a choice: the stop sequence that ended it. Chat completions
+ * otherwise say only `stop`, and the Anthropic Messages API needs the sequence
+ * (`stop_sequence`); the field is left out when no stop sequence ended the reply.
+ */
+function stopReasonField(stopSequence: string | null | undefined): { stop_reason?: string } {
+  return typeof stopSequence === "string" ? { stop_reason: stopSequence } : {};
+}
+
 export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
@@ -179,7 +188,7 @@ export function newIdentity(kind: "chat" | "completion", model: string, now: () 
   return { id: prefix + randomBytes(12).toString("hex"), created: Math.floor(now() / 1000), model };
 }
 
-export function chatCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; usage: Usage }) {
+export function chatCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; stopSequence?: string | null; usage: Usage }) {
   return {
     id: identity.id,
     object: "chat.completion" as const,
@@ -191,6 +200,7 @@ export function chatCompletion(identity: ResponseIdentity, result: { text: strin
         message: { role: "assistant" as const, content: result.text, refusal: null },
         logprobs: null,
         finish_reason: result.finishReason,
+        ...stopReasonField(result.stopSequence),
       },
     ],
     usage: result.usage,
@@ -208,25 +218,25 @@ export interface ChatDelta {
  */
 export function chatChunk(
   identity: ResponseIdentity,
-  part: { delta: ChatDelta; finishReason: FinishReason | null } | { usage: Usage },
+  part: { delta: ChatDelta; finishReason: FinishReason | null; stopSequence?: string | null } | { usage: Usage },
   includeUsage: boolean,
 ) {
   const base = { id: identity.id, object: "chat.completion.chunk" as const, created: identity.created, model: identity.model };
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, delta: part.delta, logprobs: null, finish_reason: part.finishReason }],
+    choices: [{ index: 0, delta: part.delta, logprobs: null, finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
 
-export function textCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; usage: Usage }) {
+export function textCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; stopSequence?: string | null; usage: Usage }) {
   return {
     id: identity.id,
     object: "text_completion" as const,
     created: identity.created,
     model: identity.model,
-    choices: [{ index: 0, text: result.text, logprobs: null, finish_reason: result.finishReason }],
+    choices: [{ index: 0, text: result.text, logprobs: null, finish_reason: result.finishReason, ...stopReasonField(result.stopSequence) }],
     usage: result.usage,
   };
 }
@@ -234,14 +244,14 @@ export function textCompletion(identity: ResponseIdentity, result: { text: strin
 /** One legacy-completions stream chunk (OpenAI streams them with object "text_completion"). */
 export function textCompletionChunk(
   identity: ResponseIdentity,
-  part: { text: string; finishReason: FinishReason | null } | { usage: Usage },
+  part: { text: string; finishReason: FinishReason | null; stopSequence?: string | null } | { usage: Usage },
   includeUsage: boolean,
 ) {
   const base = { id: identity.id, object: "text_completion" as const, created: identity.created, model: identity.model };
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, text: part.text, logprobs: null, finish_reason: part.finishReason }],
+    choices: [{ index: 0, text: part.text, logprobs: null, finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }

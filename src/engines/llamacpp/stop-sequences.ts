@@ -16,6 +16,8 @@ export class StopSequences {
   private readonly stops: string[];
   private held = "";
   private done = false;
+  /** The stop sequence that ended the reply, once one did (reported as vLLM's `stop_reason`). */
+  matched: string | null = null;
 
   constructor(stops: readonly string[]) {
     this.stops = stops.filter((stop) => stop !== "");
@@ -31,7 +33,10 @@ export class StopSequences {
     let first = -1;
     for (const stop of this.stops) {
       const at = buffer.indexOf(stop);
-      if (at >= 0 && (first < 0 || at < first)) first = at;
+      if (at >= 0 && (first < 0 || at < first)) {
+        first = at;
+        this.matched = stop;
+      }
     }
     if (first >= 0) {
       this.done = true;
