@@ -22,6 +22,7 @@ import { syncExternalReplicas } from "../fleet/external-replicas.ts";
 import { Gateway } from "../gateway/gateway.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
+import { LimitsService } from "../policy/limits.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi, type Readiness } from "./admin-api.ts";
 import { acquireDataDirLock } from "./data-dir-lock.ts";
@@ -98,6 +99,8 @@ export interface RunningServer extends ServerParts {
   url: string;
   /** The /v1 gateway (its admission counters are read by tests and, later, metrics). */
   gateway: Gateway;
+  /** Budgets and rate limits of keys (spend per key for metrics: spentByKey). */
+  limits: LimitsService;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
@@ -181,6 +184,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
+  const limits = new LimitsService({ store, logger });
   const gateway = new Gateway({
     catalog,
     keys,
@@ -193,6 +197,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     stalledReaderMs: config.stalledReaderMs,
     fleetStatus: (modelId) => fleet.status(modelId),
     onDemand: fleet,
+    limits,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
@@ -218,6 +223,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const adminApi = createAdminApi({
     catalog,
     keys,
+    limits,
     replicas,
     logger,
     version: LLMGW_VERSION,
@@ -329,6 +335,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       await mirror.close();
       await registry.close();
       await usage.close();
+      await limits.close();
       await fleet.stop();
       await store.close();
       removeServerInfoIfOurs(config.dataDir, instance);
@@ -336,7 +343,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, gateway, createdAdminKey, close };
+  return { ...parts, url, gateway, limits, createdAdminKey, close };
 }
 
 /**
