@@ -51,6 +51,8 @@ export interface ServerConfig {
   port: number;
   /** SQLite file path or postgres:// URL. */
   database: string;
+  /** PostgreSQL only: the schema llmgw's tables live in (default public); tests give each its own. */
+  databaseSchema?: string;
   maxBodyBytes?: number;
   /** A request body must arrive whole within this (408 and the connection closes). Default 30 s. */
   bodyTimeoutMs?: number;
@@ -68,6 +70,8 @@ export interface ServerConfig {
   heartbeatIntervalMs?: number;
   /** The fleet's clock (heartbeats, idle time); tests move it. */
   fleetClock?: () => number;
+  /** The clock of budget periods and rate windows; tests move it. */
+  limitsClock?: () => number;
   /** How often the server checks served repositories for newer revisions (default 6 h; 0: never on a schedule). */
   updateCheckIntervalMs?: number;
   /** How long a serve or update job waits for a ready replica (default 30 min). */
@@ -116,7 +120,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
   let store: Store;
   try {
-    store = await openStore({ database: config.database });
+    store = await openStore({ database: config.database, ...(config.databaseSchema === undefined ? {} : { schema: config.databaseSchema }) });
   } catch (error) {
     lock.release();
     throw error;
@@ -184,7 +188,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
-  const limits = new LimitsService({ store, logger });
+  const limits = new LimitsService({ store, logger, ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }) });
   const gateway = new Gateway({
     catalog,
     keys,
