@@ -60,6 +60,7 @@ const unit = [
   "src/policy/limit-store.test.ts",
   "src/policy/token-bound.test.ts",
   "src/policy/limits.test.ts",
+  "src/cli/ctl-key.test.ts",
 ];
 
 const endToEnd = [
