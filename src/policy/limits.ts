@@ -303,7 +303,8 @@ function budgetRefusal(options: {
   const where =
     `The key '${keyName}' has spent ${usd(nanoToUsd(seen.spentNano))} of its ${usd(limits.budgetUsd ?? 0)} budget ${periodText}` +
     (seen.reservedNano > 0 ? `, and requests in flight hold ${usd(nanoToUsd(seen.reservedNano))}` : "") +
-    `; this request may cost up to ${usd(nanoToUsd(costNano))}.`;
+    `; this request may cost up to ${usd(nanoToUsd(costNano))}` +
+    (costNano > Math.round((limits.budgetUsd ?? 0) * 1e9) ? `, more than the whole budget: lower max_tokens or shorten the prompt.` : ".");
   const next =
     period.resetsAt === null
       ? ` A total budget does not reset: an administrator can raise it with 'llmgw ctl key update ${keyName} --budget USD'.`
