@@ -62,6 +62,10 @@ const unit = [
   "src/serve/jobs.test.ts",
   "src/serve/serve-request.test.ts",
   "src/serve/update-job.test.ts",
+  "src/policy/limit-store.test.ts",
+  "src/policy/token-bound.test.ts",
+  "src/policy/limits.test.ts",
+  "src/cli/ctl-key.test.ts",
 ];
 
 const endToEnd = [

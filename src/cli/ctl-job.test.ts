@@ -283,7 +283,7 @@ test("every leaf ctl command shows an example under --help", () => {
       "job list", "job show", "job watch", "job cancel",
       "mirror fetch", "mirror list", "mirror verify", "mirror rm",
       "node list", "node show", "node drain", "node remove", "node join-token",
-      "key create", "key list", "key revoke",
+      "key create", "key list", "key show", "key update", "key revoke",
       "replicas",
     ].sort(),
   );

@@ -416,7 +416,10 @@ export class Gateway {
     if (call.permit !== null) {
       const permit = call.permit;
       call.permit = null;
-      permit.settle({ usage: call.usage, answered: call.firstByteAt !== null });
+      // A replica's own refusal (a 4xx or 5xx it sent whole) generated nothing, so it costs
+      // nothing; a broken stream may have generated up to the reservation.
+      const answered = call.firstByteAt !== null && (status < 400 || status === STATUS_UPSTREAM_BROKE);
+      permit.settle({ usage: call.usage, answered });
     }
     if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
     this.options.usage.record({

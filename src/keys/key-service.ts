@@ -10,10 +10,11 @@ import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, Per
 import { recordAudit } from "../store/audit.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
+import { keyLimitFields, keyLimitsPatchSchema, limitColumns, limitsOfRow, limitsView, type KeyLimitColumns, type KeyLimits, type KeyLimitsView } from "../policy/key-limits.ts";
 
 export type KeyRole = "admin" | "client";
 
-export interface ApiKeyInfo {
+export interface ApiKeyInfo extends KeyLimitsView {
   id: string;
   name: string;
   prefix: string;
@@ -34,6 +35,8 @@ export interface Principal {
   /** null: every model. */
   allowedModels: ReadonlySet<string> | null;
   expiresAt: number | null;
+  /** Budget and rate limits; absent for a key without any (admission then costs no query). */
+  limits?: KeyLimits;
 }
 
 export const newKeySchema = z.strictObject({
@@ -41,6 +44,7 @@ export const newKeySchema = z.strictObject({
   role: z.enum(["admin", "client"]).default("client"),
   allowed_models: z.array(z.string().regex(MODEL_NAME_PATTERN, "must be a model name")).min(1).nullable().default(null),
   expires_at: z.iso.datetime({ offset: true, error: "must be an ISO-8601 date-time such as 2027-01-31T00:00:00Z" }).nullable().default(null),
+  ...keyLimitFields,
 });
 
 const KEY_PREFIX = "llmgw-";
@@ -101,11 +105,12 @@ export class KeyService {
       created_at: now,
       created_by: actor,
       last_used_at: null,
+      ...limitColumns(request),
     };
     this.unknown.clear();
     await this.store.db.transaction().execute(async (trx) => {
       await trx.insertInto("api_keys").values(row).execute();
-      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at } });
+      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at, ...limitsView(row) } });
     });
     return { key, info: toInfo(row) };
   }
@@ -122,14 +127,7 @@ export class KeyService {
    * once leave one of them.
    */
   async revoke(reference: string, actor: string): Promise<ApiKeyInfo> {
-    const rows = await this.store.db
-      .selectFrom("api_keys")
-      .selectAll()
-      .where((eb) => eb.or([eb("id", "=", reference), eb("prefix", "=", reference), eb("name", "=", reference)]))
-      .execute();
-    if (rows.length === 0) throw new NotFoundError(`No API key matches '${reference}'. List keys with 'llmgw ctl key list' and use the id or prefix.`, { code: "key_not_found" });
-    if (rows.length > 1) throw new ConflictError(`${rows.length} keys match '${reference}'; revoke by id or prefix instead.`, { code: "ambiguous_key" });
-    const row = rows[0]!;
+    const row = await this.find(reference, "revoke");
     const now = nowIso(this.clock);
     if (row.revoked_at === null) {
       await this.store.db.transaction().execute(async (trx) => {
@@ -151,6 +149,42 @@ export class KeyService {
     this.generation += 1;
     this.cache.clear();
     return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
+  }
+
+  /** One key by id, shown prefix or name (a name must be unambiguous). */
+  async get(reference: string): Promise<ApiKeyInfo> {
+    return toInfo(await this.find(reference, "show"));
+  }
+
+  /**
+   * Changes a key's budget and rate limits (null removes one). Applies to the key's next
+   * request on this server (the cache is cleared) and within the cache's 5 s on others.
+   * Spending so far stays: a raised budget admits more in the same period.
+   */
+  async updateLimits(reference: string, body: unknown, actor: string): Promise<ApiKeyInfo> {
+    const patch = parseWith(keyLimitsPatchSchema, body, "key update");
+    const row = await this.find(reference, "update");
+    const merged = { ...limitsView(row), ...patch };
+    const columns = limitColumns(merged);
+    const now = nowIso(this.clock);
+    await this.store.db.transaction().execute(async (trx) => {
+      await trx.updateTable("api_keys").set(columns).where("id", "=", row.id).execute();
+      await recordAudit(trx, { at: now, actor, action: "key.update", target: row.prefix, detail: { id: row.id, name: row.name, ...patch } });
+    });
+    this.generation += 1;
+    this.cache.clear();
+    return toInfo({ ...row, ...columns });
+  }
+
+  private async find(reference: string, verb: string) {
+    const rows = await this.store.db
+      .selectFrom("api_keys")
+      .selectAll()
+      .where((eb) => eb.or([eb("id", "=", reference), eb("prefix", "=", reference), eb("name", "=", reference)]))
+      .execute();
+    if (rows.length === 0) throw new NotFoundError(`No API key matches '${reference}'. List keys with 'llmgw ctl key list' and use the id or prefix.`, { code: "key_not_found" });
+    if (rows.length > 1) throw new ConflictError(`${rows.length} keys match '${reference}'; ${verb} by id or prefix instead.`, { code: "ambiguous_key" });
+    return rows[0]!;
   }
 
   /**
@@ -188,6 +222,8 @@ export class KeyService {
         allowedModels: row.allowed_models === null ? null : new Set(JSON.parse(row.allowed_models) as string[]),
         expiresAt: row.expires_at === null ? null : Date.parse(row.expires_at),
       };
+      const limits = limitsOfRow(row);
+      if (limits !== undefined) principal.limits = limits;
       if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now });
     }
     if (principal.expiresAt !== null && principal.expiresAt <= now) {
@@ -257,7 +293,7 @@ function generateKey(): string {
   return KEY_PREFIX + body;
 }
 
-function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null }): ApiKeyInfo {
+function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null } & KeyLimitColumns): ApiKeyInfo {
   return {
     id: row.id,
     name: row.name,
@@ -269,5 +305,6 @@ function toInfo(row: { id: string; name: string; prefix: string; role: string; a
     created_at: row.created_at,
     created_by: row.created_by,
     last_used_at: row.last_used_at,
+    ...limitsView(row),
   };
 }

@@ -10,6 +10,7 @@ import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import { DEFAULT_CONTEXT_POOL, redactDefinition } from "../catalog/model-schema.ts";
 import type { KeyService, Principal } from "../keys/key-service.ts";
+import type { LimitsService } from "../policy/limits.ts";
 import { modelHealth } from "../fleet/model-health.ts";
 import type { Fleet } from "../fleet/fleet.ts";
 import { mountFleetRoutes } from "../fleet/fleet-routes.ts";
@@ -33,6 +34,8 @@ export interface Readiness {
 export interface AdminApiOptions {
   catalog: Catalog;
   keys: KeyService;
+  /** Budgets and rate limits: what a key spent and uses now (GET /api/v1/keys/:ref). */
+  limits?: LimitsService;
   replicas: ReplicaTable;
   logger: Logger;
   /** Nodes, placement, parking (the /api/v1/nodes routes, model health, unpark). */
@@ -147,6 +150,11 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     const { key, info } = await keys.create(await jsonBody(c), actor(c));
     return c.json({ ...info, key }, 201);
   });
+  app.get("/api/v1/keys/:ref", async (c) => {
+    const info = await keys.get(c.req.param("ref"));
+    return c.json({ ...info, usage: (await options.limits?.usageOf(info)) ?? null });
+  });
+  app.patch("/api/v1/keys/:ref", async (c) => c.json(await keys.updateLimits(c.req.param("ref"), await jsonBody(c), actor(c))));
   app.delete("/api/v1/keys/:ref", async (c) => c.json(await keys.revoke(c.req.param("ref"), actor(c))));
 
   return app;

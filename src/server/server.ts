@@ -23,6 +23,7 @@ import { Gateway } from "../gateway/gateway.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { UsageRetention } from "../usage/usage-retention.ts";
+import { LimitsService } from "../policy/limits.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi, type Readiness } from "./admin-api.ts";
 import { acquireDataDirLock } from "./data-dir-lock.ts";
@@ -51,6 +52,8 @@ export interface ServerConfig {
   port: number;
   /** SQLite file path or postgres:// URL. */
   database: string;
+  /** PostgreSQL only: the schema llmgw's tables live in (default public); tests give each its own. */
+  databaseSchema?: string;
   maxBodyBytes?: number;
   /** A request body must arrive whole within this (408 and the connection closes). Default 30 s. */
   bodyTimeoutMs?: number;
@@ -68,6 +71,8 @@ export interface ServerConfig {
   heartbeatIntervalMs?: number;
   /** The fleet's clock (heartbeats, idle time); tests move it. */
   fleetClock?: () => number;
+  /** The clock of budget periods and rate windows; tests move it. */
+  limitsClock?: () => number;
   /** How often the server checks served repositories for newer revisions (default 6 h; 0: never on a schedule). */
   updateCheckIntervalMs?: number;
   /** How long a serve or update job waits for a ready replica (default 30 min). */
@@ -101,6 +106,8 @@ export interface RunningServer extends ServerParts {
   url: string;
   /** The /v1 gateway (its admission counters are read by tests and, later, metrics). */
   gateway: Gateway;
+  /** Budgets and rate limits of keys (spend per key for metrics: spentByKey). */
+  limits: LimitsService;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
@@ -116,7 +123,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
   let store: Store;
   try {
-    store = await openStore({ database: config.database });
+    store = await openStore({ database: config.database, ...(config.databaseSchema === undefined ? {} : { schema: config.databaseSchema }) });
   } catch (error) {
     lock.release();
     throw error;
@@ -185,6 +192,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
   const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
+  const limits = new LimitsService({ store, logger, ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }) });
   const gateway = new Gateway({
     catalog,
     keys,
@@ -197,6 +205,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     stalledReaderMs: config.stalledReaderMs,
     fleetStatus: (modelId) => fleet.status(modelId),
     onDemand: fleet,
+    limits,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
@@ -222,6 +231,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const adminApi = createAdminApi({
     catalog,
     keys,
+    limits,
     replicas,
     logger,
     version: LLMGW_VERSION,
@@ -336,6 +346,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       await registry.close();
       await usageRetention.stop();
       await usage.close();
+      await limits.close();
       await fleet.stop();
       await store.close();
       removeServerInfoIfOurs(config.dataDir, instance);
@@ -343,7 +354,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, gateway, createdAdminKey, close };
+  return { ...parts, url, gateway, limits, createdAdminKey, close };
 }
 
 /**

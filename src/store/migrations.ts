@@ -220,6 +220,39 @@ const migrations: Record<string, MigrationFactory> = {
         .execute();
     },
   }),
+  // Budgets and rate limits (issue 9): the limits live on the key; what was spent and
+  // reserved lives in one row per key and budget period ('total', a UTC day '2026-12-01'
+  // or month '2026-12'), and requests and tokens in one row per key, model ('*' for the
+  // whole key) and one-minute window. Money is counted in integer nano-USD, so sums and
+  // the comparison against the limit are exact in both databases.
+  "0007_key_limits": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("api_keys").addColumn("rpm", "integer").execute();
+      await db.schema.alterTable("api_keys").addColumn("tpm", "integer").execute();
+      await db.schema.alterTable("api_keys").addColumn("budget_usd", "double precision").execute();
+      await db.schema.alterTable("api_keys").addColumn("budget_period", "text").execute();
+      await db.schema.alterTable("api_keys").addColumn("model_limits", "text").execute();
+      await db.schema
+        .createTable("key_budgets")
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("period", "text", (c) => c.notNull())
+        .addColumn("spent_nano", "bigint", (c) => c.notNull())
+        .addColumn("reserved_nano", "bigint", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("key_budgets_pk", ["key_id", "period"])
+        .execute();
+      await db.schema
+        .createTable("key_rate_windows")
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("window_start", "text", (c) => c.notNull())
+        .addColumn("requests", "integer", (c) => c.notNull())
+        .addColumn("tokens", "bigint", (c) => c.notNull())
+        .addPrimaryKeyConstraint("key_rate_windows_pk", ["key_id", "model", "window_start"])
+        .execute();
+      await db.schema.createIndex("key_rate_windows_start").on("key_rate_windows").column("window_start").execute();
+    },
+  }),
   // Usage you can read (issue 9): what a request cost and how long its guards took, on
   // the raw row; and per-minute aggregates, which outlive the raw rows (--usage-retention)
   // and which every server's flush adds to. Money is a double in both databases (SQLite's

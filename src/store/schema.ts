@@ -45,6 +45,39 @@ export interface ApiKeysTable {
   created_at: string;
   created_by: string;
   last_used_at: string | null;
+  /** Requests per minute; null: not limited (0007). */
+  rpm: Generated<number | null>;
+  /** Tokens per minute; null: not limited. */
+  tpm: Generated<number | null>;
+  budget_usd: Generated<number | null>;
+  /** total | day | month (UTC); null before 0007. */
+  budget_period: Generated<string | null>;
+  /** JSON object: model name → {rpm, tpm}, limits of one model for this key. */
+  model_limits: Generated<string | null>;
+}
+
+/** What a key spent and has reserved in one budget period (src/policy/limit-store.ts). */
+export interface KeyBudgetsTable {
+  key_id: string;
+  /** 'total', a UTC day '2026-12-01' or a UTC month '2026-12'. */
+  period: string;
+  /** Settled cost, in nano-USD (integers keep sums exact). */
+  spent_nano: number;
+  /** Upper bounds of the requests in flight, in nano-USD. */
+  reserved_nano: number;
+  updated_at: string;
+}
+
+/** Requests and tokens of a key (or of one model for it) in one fixed one-minute window. */
+export interface KeyRateWindowsTable {
+  key_id: string;
+  /** A model name, or '*' for the whole key. */
+  model: string;
+  /** ISO start of the minute. */
+  window_start: string;
+  requests: number;
+  /** Reserved at admission, corrected to the actual count at settlement. */
+  tokens: number;
 }
 
 export interface NodesTable {
@@ -228,4 +261,6 @@ export interface Database {
   events: EventsTable;
   jobs: JobsTable;
   model_updates: ModelUpdatesTable;
+  key_budgets: KeyBudgetsTable;
+  key_rate_windows: KeyRateWindowsTable;
 }

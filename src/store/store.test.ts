@@ -17,11 +17,11 @@ testBothStores("migrations create every table and record themselves", async (sto
       ? await sql<{ name: string }>`select table_name as name from information_schema.tables where table_schema = ${store.schema}`.execute(store.db)
       : await sql<{ name: string }>`select name from sqlite_master where type = 'table'`.execute(store.db);
   const names = listed.rows.map((row) => row.name);
-  for (const table of ["llmgw_migrations", "models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files", "store_probe", "model_states", "events", "usage_minutes"]) {
+  for (const table of ["llmgw_migrations", "models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files", "store_probe", "model_states", "events", "usage_minutes", "key_budgets", "key_rate_windows"]) {
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
   const applied = await sql<{ name: string }>`select name from llmgw_migrations order by name`.execute(store.db);
-  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror", "0003_mirror_verified", "0004_store_probe", "0005_fleet", "0006_jobs", "0008_usage_aggregates"]);
+  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror", "0003_mirror_verified", "0004_store_probe", "0005_fleet", "0006_jobs", "0007_key_limits", "0008_usage_aggregates"]);
 });
 
 testBothStores("a store migrates in its own schema even when another schema holds llmgw tables", async (store) => {

@@ -24,13 +24,17 @@ export interface Harness {
   /** The credential of the server's own node (`up`'s in-process agent), from DATA_DIR/agent/node.json. */
   nodeCredential(): string;
   /** Creates a client key through the API and returns it. */
-  clientKey(options?: { allowed_models?: string[] }): Promise<string>;
+  clientKey(options?: { allowed_models?: string[]; name?: string; rpm?: number; tpm?: number; budget_usd?: number; budget_period?: string; model_limits?: unknown }): Promise<string>;
   close(): Promise<void>;
 }
 
 export interface HarnessOptions {
   /** An empty (or missing) directory to use as the data dir, e.g. on a small file system; removed on close. */
   dataDir?: string;
+  /** Another database than the data dir's SQLite file: PostgreSQL (a URL and a schema), e.g. shared by two servers. */
+  database?: { database: string; schema?: string };
+  /** The admin key, when the database already has one (a second server on a shared database creates none). */
+  adminKey?: string;
   maxBodyBytes?: number;
   bodyTimeoutMs?: number;
   headerTimeoutMs?: number;
@@ -41,6 +45,8 @@ export interface HarnessOptions {
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
   fleetClock?: () => number;
+  /** The clock of budget periods and rate windows. */
+  limitsClock?: () => number;
   /** How long serve and update jobs wait for a ready replica. */
   replicaTimeoutMs?: number;
   /** The scheduled update check (default off in tests: they call the check themselves). */
@@ -58,7 +64,8 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       dataDir,
       host: "127.0.0.1",
       port: 0,
-      database: path.join(dataDir, "llmgw.db"),
+      database: options.database?.database ?? path.join(dataDir, "llmgw.db"),
+      ...(options.database?.schema === undefined ? {} : { databaseSchema: options.database.schema }),
       logger: silentLogger(),
       maxBodyBytes: options.maxBodyBytes,
       bodyTimeoutMs: options.bodyTimeoutMs,
@@ -70,14 +77,15 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       nodeTimeoutMs: options.nodeTimeoutMs,
       heartbeatIntervalMs: options.heartbeatIntervalMs,
       fleetClock: options.fleetClock,
+      limitsClock: options.limitsClock,
       replicaTimeoutMs: options.replicaTimeoutMs,
       updateCheckIntervalMs: options.updateCheckIntervalMs ?? 0,
       ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
     },
     options.withAgent,
   );
-  const adminKey = server.createdAdminKey;
-  if (adminKey === null) throw new Error("a fresh data dir must create an admin key");
+  const adminKey = server.createdAdminKey ?? options.adminKey ?? null;
+  if (adminKey === null) throw new Error("a fresh database must create an admin key (or give the harness the one it has)");
   const admin = async (method: string, pathname: string, body?: unknown) => {
     const response = await fetch(server.url + pathname, {
       method,
@@ -103,7 +111,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       if (identity === null) throw new Error("this harness runs no local node");
       return identity.credential;
     },
-    clientKey: async (keyOptions = {}) => {
+    clientKey: async (keyOptions: Record<string, unknown> = {}) => {
       const created = await admin("POST", "/api/v1/keys", { name: `client-${Math.random().toString(36).slice(2, 8)}`, ...keyOptions });
       if (created.status !== 201) throw new Error(`key creation failed: ${JSON.stringify(created.body)}`);
       return created.body.key as string;

@@ -114,7 +114,7 @@ export function testBothDatabases(name: string, body: (database: TestDatabase, t
   });
 }
 
-async function dropSchema(schema: string): Promise<void> {
+export async function dropSchema(schema: string): Promise<void> {
   const client = new pg.Client({ connectionString: TEST_POSTGRES_URL });
   await client.connect();
   try {

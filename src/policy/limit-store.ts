@@ -1,0 +1,200 @@
+// The store side of budgets and rate limits: one atomic statement per reservation and one
+// per settlement, the same on SQLite and PostgreSQL. A reservation is an upsert whose
+// update only happens when the new total still fits the limit (INSERT ... ON CONFLICT DO
+// UPDATE ... WHERE ... RETURNING): the database decides under its row lock, so requests
+// in flight on one server or on many sharing PostgreSQL can never add up past a limit,
+// and no counter is synced later. Nothing here reads and then writes.
+//
+// Budget periods are UTC: a day ('2026-12-01'), a month ('2026-12'), or the key's whole
+// life ('total'). Rate limits count in fixed one-minute windows: one row per key (or key
+// and model) per minute, so a reservation is a single-row upsert and the reset time the
+// x-ratelimit-reset-* headers give is exact. The price of a fixed window is that a client
+// may spend one window's allowance at its end and the next one's at the start of the
+// next; a sliding window would need a row per request or a read of two windows.
+import { sql } from "kysely";
+import type { Store } from "../store/store.ts";
+import type { BudgetPeriod } from "./key-limits.ts";
+
+/** Money in the store is integer nano-USD: sums and comparisons stay exact. */
+export const NANO_PER_USD = 1_000_000_000;
+export const WINDOW_MS = 60_000;
+/** The model column of a key-wide rate window. */
+export const WHOLE_KEY = "*";
+/** Old windows are deleted once they are this old (nothing reads them after their minute). */
+const WINDOW_RETENTION_MS = 60 * 60_000;
+
+export function usdToNano(usd: number): number {
+  // The tolerance keeps float noise (0.1 + 0.2) from adding a nano-USD; ceil keeps an
+  // upper bound an upper bound.
+  return Math.max(0, Math.ceil(usd * NANO_PER_USD - 1e-6));
+}
+
+export function nanoToUsd(nano: number): number {
+  return nano / NANO_PER_USD;
+}
+
+/** One budget period of a key: the row it counts in and when it ends. */
+export interface BudgetPeriodAt {
+  id: string;
+  /** When the period began (null for total). */
+  startsAt: number | null;
+  /** When the next period begins (null for total: it never resets). */
+  resetsAt: number | null;
+}
+
+export function budgetPeriodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
+  const date = new Date(now);
+  const year = date.getUTCFullYear();
+  const month = date.getUTCMonth();
+  if (period === "total") return { id: "total", startsAt: null, resetsAt: null };
+  if (period === "day") {
+    const startsAt = Date.UTC(year, month, date.getUTCDate());
+    return { id: new Date(startsAt).toISOString().slice(0, 10), startsAt, resetsAt: Date.UTC(year, month, date.getUTCDate() + 1) };
+  }
+  const startsAt = Date.UTC(year, month, 1);
+  return { id: new Date(startsAt).toISOString().slice(0, 7), startsAt, resetsAt: Date.UTC(year, month + 1, 1) };
+}
+
+/** The fixed one-minute window `now` falls in. */
+export function windowAt(now: number): { start: string; endsAt: number } {
+  const startMs = Math.floor(now / WINDOW_MS) * WINDOW_MS;
+  return { start: new Date(startMs).toISOString(), endsAt: startMs + WINDOW_MS };
+}
+
+export interface BudgetUse {
+  spentNano: number;
+  reservedNano: number;
+}
+
+export interface WindowUse {
+  requests: number;
+  tokens: number;
+}
+
+export interface WindowRef {
+  keyId: string;
+  /** A model name, or WHOLE_KEY. */
+  model: string;
+  windowStart: string;
+}
+
+export class LimitStore {
+  private lastPruneAt = 0;
+
+  constructor(private readonly store: Store) {}
+
+  /**
+   * Adds `amountNano` to the period's reservations if spent + reserved + amount stays
+   * within `limitNano`; returns the row after it, or null when it did not fit. The
+   * caller checks amount <= limit first (a fresh row is inserted without a condition).
+   */
+  async reserveBudget(options: { keyId: string; period: string; amountNano: number; limitNano: number; now: number }): Promise<BudgetUse | null> {
+    const { keyId, period, amountNano, limitNano } = options;
+    const updatedAt = new Date(options.now).toISOString();
+    const row = await this.store.db
+      .insertInto("key_budgets")
+      .values({ key_id: keyId, period, spent_nano: 0, reserved_nano: amountNano, updated_at: updatedAt })
+      .onConflict((oc) =>
+        oc
+          .columns(["key_id", "period"])
+          .doUpdateSet({ reserved_nano: sql`key_budgets.reserved_nano + ${amountNano}`, updated_at: updatedAt })
+          .where(sql<boolean>`key_budgets.spent_nano + key_budgets.reserved_nano + ${amountNano} <= ${limitNano}`),
+      )
+      .returning(["spent_nano", "reserved_nano"])
+      .executeTakeFirst();
+    return row === undefined ? null : { spentNano: Number(row.spent_nano), reservedNano: Number(row.reserved_nano) };
+  }
+
+  /** Replaces a reservation by what was charged (0 to undo it). */
+  async settleBudget(options: { keyId: string; period: string; reservedNano: number; chargedNano: number; now: number }): Promise<void> {
+    await this.store.db
+      .updateTable("key_budgets")
+      .set({
+        spent_nano: sql`spent_nano + ${options.chargedNano}`,
+        reserved_nano: sql`reserved_nano - ${options.reservedNano}`,
+        updated_at: new Date(options.now).toISOString(),
+      })
+      .where("key_id", "=", options.keyId)
+      .where("period", "=", options.period)
+      .execute();
+  }
+
+  /** What a key spent and has reserved in a period (zeros when nothing was). For messages and `ctl key show`, never for a decision. */
+  async budgetUse(keyId: string, period: string): Promise<BudgetUse> {
+    const row = await this.store.db.selectFrom("key_budgets").select(["spent_nano", "reserved_nano"]).where("key_id", "=", keyId).where("period", "=", period).executeTakeFirst();
+    return { spentNano: Number(row?.spent_nano ?? 0), reservedNano: Number(row?.reserved_nano ?? 0) };
+  }
+
+  /** Budget rows of many keys at once (spend per key for metrics and listings). */
+  async budgetRows(keyIds: readonly string[]): Promise<Array<{ keyId: string; period: string } & BudgetUse>> {
+    if (keyIds.length === 0) return [];
+    const rows = await this.store.db.selectFrom("key_budgets").select(["key_id", "period", "spent_nano", "reserved_nano"]).where("key_id", "in", keyIds).execute();
+    return rows.map((row) => ({ keyId: row.key_id, period: row.period, spentNano: Number(row.spent_nano), reservedNano: Number(row.reserved_nano) }));
+  }
+
+  /**
+   * Counts one request and `tokens` in the window if both stay within the limits (null:
+   * not limited); returns the window after it, or null when it did not fit. The caller
+   * checks tokens <= tpm first.
+   */
+  async reserveWindow(options: WindowRef & { tokens: number; rpm: number | null; tpm: number | null }): Promise<WindowUse | null> {
+    const { keyId, model, windowStart, tokens, rpm, tpm } = options;
+    const fits = [
+      ...(rpm === null ? [] : [sql`key_rate_windows.requests + 1 <= ${rpm}`]),
+      ...(tpm === null ? [] : [sql`key_rate_windows.tokens + ${tokens} <= ${tpm}`]),
+    ];
+    const row = await this.store.db
+      .insertInto("key_rate_windows")
+      .values({ key_id: keyId, model, window_start: windowStart, requests: 1, tokens })
+      .onConflict((oc) => {
+        const update = oc.columns(["key_id", "model", "window_start"]).doUpdateSet({
+          requests: sql`key_rate_windows.requests + 1`,
+          tokens: sql`key_rate_windows.tokens + ${tokens}`,
+        });
+        return fits.length === 0 ? update : update.where(sql<boolean>`${sql.join(fits, sql` and `)}`);
+      })
+      .returning(["requests", "tokens"])
+      .executeTakeFirst();
+    this.pruneNow(options.windowStart);
+    return row === undefined ? null : { requests: Number(row.requests), tokens: Number(row.tokens) };
+  }
+
+  /** Corrects a window by a difference: the settled tokens, or an undone request. */
+  async adjustWindow(options: WindowRef & { requests: number; tokens: number }): Promise<void> {
+    if (options.requests === 0 && options.tokens === 0) return;
+    await this.store.db
+      .updateTable("key_rate_windows")
+      .set({ requests: sql`requests + ${options.requests}`, tokens: sql`tokens + ${options.tokens}` })
+      .where("key_id", "=", options.keyId)
+      .where("model", "=", options.model)
+      .where("window_start", "=", options.windowStart)
+      .execute();
+  }
+
+  /** A window's counts (zeros when empty). For messages, headers of refusals and `ctl key show`. */
+  async windowUse(ref: WindowRef): Promise<WindowUse> {
+    const row = await this.store.db
+      .selectFrom("key_rate_windows")
+      .select(["requests", "tokens"])
+      .where("key_id", "=", ref.keyId)
+      .where("model", "=", ref.model)
+      .where("window_start", "=", ref.windowStart)
+      .executeTakeFirst();
+    return { requests: Number(row?.requests ?? 0), tokens: Number(row?.tokens ?? 0) };
+  }
+
+  /** Deletes windows older than the retention, at most once per retention period per server, off the request path. */
+  private pruneNow(windowStart: string): void {
+    const now = Date.parse(windowStart);
+    if (now - this.lastPruneAt < WINDOW_RETENTION_MS) return;
+    this.lastPruneAt = now;
+    const before = new Date(now - WINDOW_RETENTION_MS).toISOString();
+    this.store.db
+      .deleteFrom("key_rate_windows")
+      .where("window_start", "<", before)
+      .execute()
+      .catch(() => {
+        // Old rows only take room; the next prune tries again.
+      });
+  }
+}
