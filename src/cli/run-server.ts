@@ -25,6 +25,7 @@ export interface ServerCommandOptions {
   nodeTimeout?: string;
   heartbeatInterval?: string;
   updateCheck?: string;
+  metricsKey?: string;
   demo?: boolean;
 }
 
@@ -54,6 +55,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       registryToken: resolveRegistryToken(),
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
+      ...metricsKeyOption(options.metricsKey ?? process.env.LLMGW_METRICS_KEY),
       ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
       logger,
     },
@@ -76,6 +78,11 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
   announceReadyModels(server, out);
 
   stopOnSignals({ logger, stop: () => server.close() });
+}
+
+/** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */
+function metricsKeyOption(key: string | undefined): { metricsKey?: string } {
+  return key === undefined || key === "" ? {} : { metricsKey: key };
 }
 
 /**

@@ -43,6 +43,9 @@ import { serveJobHandler } from "../serve/serve-job.ts";
 import { updateJobHandler } from "../serve/update-job.ts";
 import { UpdateChecker } from "../serve/update-checker.ts";
 import { smokeTestReplica, type SmokeTest } from "../serve/smoke-test.ts";
+import { Metrics, type BudgetSpent } from "../metrics/metrics.ts";
+import { MetricsKey } from "../metrics/metrics-access.ts";
+import { createMetricsHandler, isMetricsRequest } from "../metrics/metrics-route.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -73,6 +76,10 @@ export interface ServerConfig {
   replicaTimeoutMs?: number;
   /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
   smokeTest?: SmokeTest;
+  /** A secret that lets a scraper on another machine read GET /metrics (admin keys may too; loopback needs none). */
+  metricsKey?: string;
+  /** Spending per key in its current budget period, read at each scrape for llmgw_budget_spent_usd. */
+  budgetSpent?: () => Promise<readonly BudgetSpent[]>;
   logger: Logger;
 }
 
@@ -96,8 +103,10 @@ export interface Attachment {
 
 export interface RunningServer extends ServerParts {
   url: string;
-  /** The /v1 gateway (its admission counters are read by tests and, later, metrics). */
+  /** The /v1 gateway (its admission counters are read by tests and metrics). */
   gateway: Gateway;
+  /** What GET /metrics renders. */
+  metrics: Metrics;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
@@ -108,6 +117,8 @@ const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 
 export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
   const { logger } = config;
+  // Before anything is opened: a metrics key too short to keep a secret stops the start here.
+  const metricsKey = config.metricsKey === undefined ? null : new MetricsKey(config.metricsKey);
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
   // Before the store or any engine: a second server on this data dir stops here.
   const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
@@ -181,6 +192,17 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
 
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
+  const metrics: Metrics = new Metrics({
+    logger,
+    sources: {
+      models: () => catalog.list(),
+      replicasOf: (modelId) => replicas.forModel(modelId),
+      // Read at scrape time only, after the gateway below exists.
+      inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
+      waitingFor: (modelId): number => gateway.waitingFor(modelId),
+      ...(config.budgetSpent === undefined ? {} : { budgetSpent: config.budgetSpent }),
+    },
+  });
   const gateway = new Gateway({
     catalog,
     keys,
@@ -193,6 +215,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     stalledReaderMs: config.stalledReaderMs,
     fleetStatus: (modelId) => fleet.status(modelId),
     onDemand: fleet,
+    metrics,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
@@ -239,6 +262,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     },
     logger,
   });
+  const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
   const agentListener = getRequestListener(createAgentApi({ fleet, logger, bodyLimits }).fetch);
 
   const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
@@ -256,6 +280,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
+    else if (isMetricsRequest(url)) metricsListener(req, res);
     else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);
     else void adminListener(req, res);
   });
@@ -336,7 +361,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, gateway, createdAdminKey, close };
+  return { ...parts, url, gateway, metrics, createdAdminKey, close };
 }
 
 /**
