@@ -109,7 +109,7 @@ interface ModelSeries {
 }
 
 export class Metrics implements RequestMetrics {
-  readonly registry = new Registry();
+  private readonly registry = new Registry();
   private readonly duration: Histogram<"model">;
   private readonly ttft: Histogram<"model">;
   private readonly series = new Map<string, ModelSeries>();

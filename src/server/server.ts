@@ -1,8 +1,8 @@
 // Assembles a running llmgw server: opens the store, loads the catalog, prepares keys,
-// the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed)
-// and everything else (admin API, health) on one listener. `llmgw server` runs this
-// alone; `llmgw up` adds a local agent through the `withAgent` hook. One server per data
-// dir: the data dir lock is taken before anything else is opened.
+// the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed),
+// GET /metrics (Prometheus) and everything else (admin API, health) on one listener.
+// `llmgw server` runs this alone; `llmgw up` adds a local agent through the `withAgent`
+// hook. One server per data dir: the data dir lock is taken before anything else is opened.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
