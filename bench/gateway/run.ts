@@ -298,6 +298,15 @@ async function main(): Promise<void> {
     const windowCount = Math.max(1, Math.round(options.durationS / options.windowS));
     const windowMs = (options.durationS * 1000) / windowCount;
     const cellCount = options.modes.length * options.concurrency.length;
+    // Metrics are always on in llmgw; a scraper reads each llmgw's /metrics every second (15 times
+    // Prometheus's default rate), so what scraping costs is in the figures too.
+    const scraper = setInterval(() => {
+      for (const target of targets.slice(2)) {
+        void request(`${urls[target]}/metrics`)
+          .then((response) => response.body.dump())
+          .catch(() => undefined);
+      }
+    }, 1000);
     let cellIndex = 0;
     for (const mode of options.modes) {
       for (const concurrency of options.concurrency) {
@@ -377,6 +386,17 @@ async function main(): Promise<void> {
       }
     }
 
+    clearInterval(scraper);
+    // What /metrics counted, beside what the load saw (which leaves out answers cut at a window's end).
+    const metricsCounted: Record<string, Record<string, number>> = {};
+    for (const target of targets.slice(2)) {
+      const text = await (await request(`${urls[target]}/metrics`)).body.text();
+      const counts: Record<string, number> = {};
+      for (const match of text.matchAll(new RegExp(`^llmgw_requests_total\\{model="${MODEL}",status="(\\d+)"\\} (\\d+)$`, "gm"))) counts[match[1]!] = Number(match[2]);
+      metricsCounted[target] = counts;
+      log(`${target} /metrics: llmgw_requests_total for '${MODEL}' by status ${JSON.stringify(counts)}; answers the load read whole: ${served[target]! - 1}`);
+    }
+
     const cellOf = (mode: Mode, concurrency: number, target: Target) => cells.find((cell) => cell.mode === mode && cell.concurrency === concurrency && cell.target === target)!;
     const windowOf = (mode: Mode, concurrency: number, target: Target, window: number) =>
       windows.find((w) => w.mode === mode && w.concurrency === concurrency && w.target === target && w.window === window)!;
@@ -450,6 +470,7 @@ async function main(): Promise<void> {
       cells,
       goals,
       served,
+      metricsCounted,
       windows,
     };
     writeFileSync(file, JSON.stringify(report, null, 2) + "\n");

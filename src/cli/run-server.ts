@@ -26,6 +26,7 @@ export interface ServerCommandOptions {
   heartbeatInterval?: string;
   updateCheck?: string;
   usageRetention?: string;
+  metricsKey?: string;
   demo?: boolean;
 }
 
@@ -55,6 +56,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       registryToken: resolveRegistryToken(),
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
+      ...metricsKeyOption(options.metricsKey ?? process.env.LLMGW_METRICS_KEY),
       ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
       ...(options.usageRetention === undefined ? {} : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
       logger,
@@ -78,6 +80,11 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
   announceReadyModels(server, out);
 
   stopOnSignals({ logger, stop: () => server.close() });
+}
+
+/** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */
+function metricsKeyOption(key: string | undefined): { metricsKey?: string } {
+  return key === undefined || key === "" ? {} : { metricsKey: key };
 }
 
 /**

@@ -43,6 +43,7 @@ import { UsageTap, type TokenUsage } from "./usage-tap.ts";
 import type { UsageRow } from "./usage-recorder.ts";
 import { costUsd } from "../policy/cost.ts";
 import type { LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
+import type { RequestMetrics } from "../metrics/metrics.ts";
 
 /** What the gateway reads of the catalog: names and aliases to models. */
 export interface ModelResolver {
@@ -82,6 +83,8 @@ export interface GatewayOptions {
   limits?: RequestLimits;
   /** Guard models on the input (and on answers that are not streamed). */
   guards?: RequestGuards;
+  /** Told of every /v1 request as it ends (Prometheus counters and histograms). */
+  metrics?: RequestMetrics;
 }
 
 /** What the gateway tells the fleet about requests, for models served on demand. */
@@ -157,7 +160,7 @@ export class Gateway {
     this.admission.close();
   }
 
-  /** Requests in flight at a replica (for tests and, later, metrics). */
+  /** Requests in flight at a replica (for tests and metrics). */
   inFlightOf(replicaId: string): number {
     return this.admission.inFlightAt(replicaId);
   }
@@ -167,7 +170,7 @@ export class Gateway {
     this.admission.recheck(modelId);
   }
 
-  /** Requests waiting in a model's queue (for tests and, later, metrics). */
+  /** Requests waiting in a model's queue (for tests and metrics). */
   waitingFor(modelId: string): number {
     return this.admission.waiting(modelId);
   }
@@ -207,6 +210,7 @@ export class Gateway {
     if (pathname === "/v1/models" && req.method === "GET") {
       const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
       sendJson(res, 200, this.listModels(principal));
+      this.record(call, 200);
       return;
     }
     if (route === undefined) {
@@ -409,8 +413,8 @@ export class Gateway {
   }
 
   /**
-   * The one end of every /v1 request: the limits settle what was reserved, and a request
-   * whose key is known leaves one usage row, whatever its outcome.
+   * The one end of every /v1 request: the limits settle what was reserved, the metrics
+   * count it, and a request whose key is known leaves one usage row, whatever its outcome.
    */
   private record(call: Call, status: number): void {
     if (call.permit !== null) {
@@ -421,6 +425,15 @@ export class Gateway {
       const answered = call.firstByteAt !== null && (status < 400 || status === STATUS_UPSTREAM_BROKE);
       permit.settle({ usage: call.usage, answered });
     }
+    this.options.metrics?.requestEnded({
+      // Never call.model: before resolution it is whatever the client sent, an unbounded label.
+      model: call.catalogModel?.name ?? null,
+      status,
+      stream: call.stream,
+      seconds: (performance.now() - call.started) / 1000,
+      ttftSeconds: call.firstByteAt === null ? null : (call.firstByteAt - call.started) / 1000,
+      usage: call.usage,
+    });
     if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
     this.options.usage.record({
       at: new Date(performance.timeOrigin + call.started).toISOString(),

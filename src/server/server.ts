@@ -1,8 +1,8 @@
 // Assembles a running llmgw server: opens the store, loads the catalog, prepares keys,
-// the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed)
-// and everything else (admin API, health) on one listener. `llmgw server` runs this
-// alone; `llmgw up` adds a local agent through the `withAgent` hook. One server per data
-// dir: the data dir lock is taken before anything else is opened.
+// the replica table and the gateway, and serves /v1 (gateway, raw node:http for speed),
+// GET /metrics (Prometheus) and everything else (admin API, health) on one listener.
+// `llmgw server` runs this alone; `llmgw up` adds a local agent through the `withAgent`
+// hook. One server per data dir: the data dir lock is taken before anything else is opened.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
@@ -45,6 +45,9 @@ import { serveJobHandler } from "../serve/serve-job.ts";
 import { updateJobHandler } from "../serve/update-job.ts";
 import { UpdateChecker } from "../serve/update-checker.ts";
 import { smokeTestReplica, type SmokeTest } from "../serve/smoke-test.ts";
+import { Metrics, type BudgetSpent } from "../metrics/metrics.ts";
+import { MetricsKey } from "../metrics/metrics-access.ts";
+import { createMetricsHandler, isMetricsRequest } from "../metrics/metrics-route.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -81,6 +84,10 @@ export interface ServerConfig {
   usageRetentionDays?: number;
   /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
   smokeTest?: SmokeTest;
+  /** A secret that lets a scraper on another machine read GET /metrics (admin keys may too; loopback needs none). */
+  metricsKey?: string;
+  /** Spending per key in its current budget period, read at each scrape for llmgw_budget_spent_usd. */
+  budgetSpent?: () => Promise<readonly BudgetSpent[]>;
   logger: Logger;
 }
 
@@ -104,10 +111,12 @@ export interface Attachment {
 
 export interface RunningServer extends ServerParts {
   url: string;
-  /** The /v1 gateway (its admission counters are read by tests and, later, metrics). */
+  /** The /v1 gateway (its admission counters are read by tests and metrics). */
   gateway: Gateway;
   /** Budgets and rate limits of keys (spend per key for metrics: spentByKey). */
   limits: LimitsService;
+  /** What GET /metrics renders. */
+  metrics: Metrics;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
@@ -118,6 +127,8 @@ const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
 
 export async function startServer(config: ServerConfig, withAgent?: (parts: ServerParts) => Promise<Attachment>): Promise<RunningServer> {
   const { logger } = config;
+  // Before anything is opened: a metrics key too short to keep a secret stops the start here.
+  const metricsKey = config.metricsKey === undefined ? null : new MetricsKey(config.metricsKey);
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
   // Before the store or any engine: a second server on this data dir stops here.
   const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
@@ -193,6 +204,17 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const usage = new UsageRecorder({ store, logger });
   const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
   const limits = new LimitsService({ store, logger, ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }) });
+  const metrics: Metrics = new Metrics({
+    logger,
+    sources: {
+      models: () => catalog.list(),
+      replicasOf: (modelId) => replicas.forModel(modelId),
+      // Read at scrape time only, after the gateway below exists.
+      inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
+      waitingFor: (modelId): number => gateway.waitingFor(modelId),
+      budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
+    },
+  });
   const gateway = new Gateway({
     catalog,
     keys,
@@ -206,6 +228,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     fleetStatus: (modelId) => fleet.status(modelId),
     onDemand: fleet,
     limits,
+    metrics,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
@@ -254,6 +277,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     },
     logger,
   });
+  const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
   const agentListener = getRequestListener(createAgentApi({ fleet, logger, bodyLimits }).fetch);
 
   const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
@@ -271,6 +295,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
+    else if (isMetricsRequest(url)) metricsListener(req, res);
     else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);
     else void adminListener(req, res);
   });
@@ -354,7 +379,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, gateway, limits, createdAdminKey, close };
+  return { ...parts, url, gateway, limits, metrics, createdAdminKey, close };
 }
 
 /**

@@ -10,7 +10,7 @@ import type { NodeAgent, SupervisorTimings } from "../../src/agent/node-agent.ts
 import { startLocalNode } from "../../src/agent/local-node.ts";
 import { readNodeIdentity } from "../../src/agent/node-identity.ts";
 import type { SmokeTest } from "../../src/serve/smoke-test.ts";
-import { startServer, type Attachment, type RunningServer, type ServerParts } from "../../src/server/server.ts";
+import { startServer, type Attachment, type RunningServer, type ServerConfig, type ServerParts } from "../../src/server/server.ts";
 
 export interface Harness {
   server: RunningServer;
@@ -54,6 +54,8 @@ export interface HarnessOptions {
   /** Replaces the jobs' smoke test (to make a revision fail it). */
   smokeTest?: SmokeTest;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
+  /** The server's metrics key and budget source (GET /metrics). */
+  metrics?: Pick<ServerConfig, "metricsKey" | "budgetSpent">;
 }
 
 export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
@@ -81,6 +83,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       replicaTimeoutMs: options.replicaTimeoutMs,
       updateCheckIntervalMs: options.updateCheckIntervalMs ?? 0,
       ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
+      ...options.metrics,
     },
     options.withAgent,
   );
