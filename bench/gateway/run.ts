@@ -56,6 +56,8 @@ interface Options {
   out: string;
   llmgwEntry: string;
   compare: { name: string; entry: string }[];
+  /** Whether the client key has a budget and rate limits (and the model prices), so policy is in the path. */
+  keyLimits: boolean;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -78,6 +80,8 @@ function parseOptions(argv: string[]): Options {
   });
   const cpuProf = flag("cpu-prof", "BENCH_CPU_PROF") ?? "none";
   if (!["none", "llmgw", "floor", "all"].includes(cpuProf)) throw new Error(`Invalid --cpu-prof '${cpuProf}': use llmgw, floor or all.`);
+  const keyLimits = flag("key-limits", "BENCH_KEY_LIMITS") ?? "on";
+  if (keyLimits !== "on" && keyLimits !== "off") throw new Error(`Invalid --key-limits '${keyLimits}': use on or off.`);
   return {
     durationS: positive(flag("duration", "BENCH_DURATION"), 5, "duration"),
     windowS: positive(flag("window", "BENCH_WINDOW"), 1, "window"),
@@ -97,6 +101,7 @@ function parseOptions(argv: string[]): Options {
         }
         return { name, entry: path.resolve(entry) };
       }),
+    keyLimits: keyLimits === "on",
   };
 }
 
@@ -266,12 +271,16 @@ async function main(): Promise<void> {
       const server = await startService({ name, args: [...(name === "llmgw" ? profArgs("llmgw") : []), entry, "server", "--data-dir", dataDir, "--listen", "127.0.0.1:0"], logDir });
       services.push(server);
       const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
-      await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [{ name: "stub", engine: "external", url: stub.url }] });
-      const { key } = (await api(`${server.url}/api/v1/keys`, adminKey, "POST", { name: "bench" })) as { key: string };
+      // With key limits on, every request reserves and settles a budget (priced model) and a
+      // rate window in SQLite, and answers carry x-ratelimit-* headers: the limits never bind.
+      const prices = options.keyLimits ? { prices: { input_per_million: 0.5, output_per_million: 1.5 } } : {};
+      const limits = options.keyLimits ? { rpm: 100_000_000, tpm: 100_000_000, budget_usd: 1_000_000, budget_period: "month" } : {};
+      await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [{ name: "stub", engine: "external", url: stub.url }], ...prices });
+      const { key } = (await api(`${server.url}/api/v1/keys`, adminKey, "POST", { name: "bench", ...limits })) as { key: string };
       urls[name] = server.url;
       keys[name] = key;
       pids[name] = server.child.pid;
-      log(`${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…)`);
+      log(`${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…${options.keyLimits ? " with a budget and rate limits" : ""})`);
     }
     log(`stub ${stub.url}  floor ${floor.url}`);
 
@@ -289,11 +298,16 @@ async function main(): Promise<void> {
       const refused = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: "Bearer llmgw-not-a-real-key", "content-type": "application/json" }, body: requestBody("non-stream") });
       await refused.body.dump();
       if (refused.statusCode !== 401) throw new Error(`${target} answered ${refused.statusCode} to a wrong key; the benchmark needs the key check on (expected 401).`);
+      if (options.keyLimits) {
+        const limited = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${keys[target]}`, "content-type": "application/json" }, body: requestBody("non-stream") });
+        await limited.body.dump();
+        if (limited.headers["x-ratelimit-limit-requests"] === undefined) throw new Error(`${target} answered a limited key without x-ratelimit-limit-requests; the limits are not in the path.`);
+      }
     }
 
     const windows: WindowRecord[] = [];
     // Every answer each target gave, warm-ups and probes included (to put a CPU profile per request).
-    const served: Record<Target, number> = Object.fromEntries(targets.map((target, index) => [target, index === 0 ? options.modes.length * targets.length : index === 1 ? options.modes.length : options.modes.length + 1]));
+    const served: Record<Target, number> = Object.fromEntries(targets.map((target, index) => [target, index === 0 ? options.modes.length * targets.length : index === 1 ? options.modes.length : options.modes.length + 1 + (options.keyLimits ? 1 : 0)]));
     const cells: CellResult[] = [];
     const windowCount = Math.max(1, Math.round(options.durationS / options.windowS));
     const windowMs = (options.durationS * 1000) / windowCount;
