@@ -57,6 +57,7 @@ const unit = [
   "src/serve/jobs.test.ts",
   "src/serve/serve-request.test.ts",
   "src/serve/update-job.test.ts",
+  "src/policy/guards-formats.test.ts",
 ];
 
 const endToEnd = [
