@@ -7,9 +7,12 @@
 //   failure event of core/http (the OpenAI SDKs raise an APIError), never `[DONE]`; a
 //   JSON answer cut mid-way closes the connection, so it never looks complete.
 // - A client that leaves cancels the upstream request.
+// - With an output check (a guard model on the answer), a JSON answer is held whole until
+//   the check passes; a check that throws sends its error instead, and nothing of the answer.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import { endBrokenResponse, startEventStream } from "../core/http.ts";
+import type { OutputCheck } from "../policy/request-policy.ts";
 import type { StreamUsageFilter } from "./stream-usage.ts";
 import type { TokenUsage, UsageTap } from "./usage-tap.ts";
 
@@ -27,7 +30,9 @@ export type RelayOutcome =
   /** The upstream failed before sending a byte: nothing reached the client; try another replica. */
   | { kind: "failed-before-first-byte"; error: Error }
   /** The client left first. */
-  | { kind: "client-gone" };
+  | { kind: "client-gone" }
+  /** The output check refused the whole answer; nothing of it reached the client. */
+  | { kind: "refused"; error: Error };
 
 export interface RelayResult {
   outcome: RelayOutcome;
@@ -51,6 +56,8 @@ export interface RelayOptions {
    * (undici's body timeout does not run while the upstream is paused for it).
    */
   stalledReaderMs: number;
+  /** Looks at a whole successful JSON answer before any of it is sent (event streams are never held). */
+  outputCheck?: OutputCheck | null;
 }
 
 /**
@@ -105,6 +112,9 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   // The last two chunks, kept as they are: decoding every chunk to find the end would cost
   // more than the whole rest of the relay.
   let lastChunks: [Buffer | null, Buffer | null] = [null, null];
+  const outputCheck = options.outputCheck ?? null;
+  const holding = outputCheck !== null && !eventStream && upstream.statusCode >= 200 && upstream.statusCode < 300;
+  const held: Buffer[] = [];
   let stalled: NodeJS.Timeout | undefined;
   const write = (bytes: Buffer) => {
     if (bytes.length === 0 || res.write(bytes)) return;
@@ -132,12 +142,32 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     };
     const onData = (chunk: Buffer) => {
       if (firstByteAt === null) firstByteAt = performance.now();
+      if (holding) {
+        tap?.push(chunk);
+        held.push(chunk);
+        return;
+      }
       sendHeaders();
       tap?.push(chunk);
       if (eventStream) lastChunks = [lastChunks[1], chunk];
       write(filter === null ? chunk : filter.push(chunk));
     };
     const onEnd = () => {
+      if (holding) {
+        const answer = Buffer.concat(held);
+        outputCheck(answer).then(
+          () => {
+            if (settled) return;
+            sendHeaders();
+            write(filter === null ? answer : filter.push(answer));
+            if (filter !== null) write(filter.end());
+            res.end();
+            finish({ kind: "answered", status: upstream.statusCode });
+          },
+          (error: unknown) => finish({ kind: "refused", error: error instanceof Error ? error : new Error(String(error)) }),
+        );
+        return;
+      }
       sendHeaders();
       if (filter !== null) write(filter.end());
       const tail = eventStream ? streamTail(lastChunks) : "";
