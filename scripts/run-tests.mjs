@@ -58,6 +58,7 @@ const unit = [
   "src/serve/serve-request.test.ts",
   "src/serve/update-job.test.ts",
   "src/policy/guards-formats.test.ts",
+  "src/policy/guards.test.ts",
 ];
 
 const endToEnd = [
@@ -69,6 +70,7 @@ const endToEnd = [
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
+  "test/guards-engine.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

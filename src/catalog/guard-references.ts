@@ -49,16 +49,17 @@ export function assertGuardReferences(after: readonly NamedDefinition[], changed
     }
   }
   // Models that named the changed model as a guard must still find a guard under that name.
+  const orphaned: string[] = [];
   for (const model of after) {
     if (model.name === changed.name) continue;
-    for (const list of LISTS) {
-      for (const guardName of model.definition.guards?.[list] ?? []) {
-        if (!changed.previousNames.includes(guardName) || byName.get(guardName)?.definition.role === "guard") continue;
-        throw new ConflictError(
-          `Model '${changed.previousNames[0]}' is a guard of model '${model.name}' (guards.${list} names '${guardName}'), and this change would leave that model without it. Take it out of '${model.name}''s guards first.`,
-          { code: "guard_in_use" },
-        );
-      }
-    }
+    const names = LISTS.flatMap((list) => model.definition.guards?.[list] ?? []);
+    if (names.some((guardName) => changed.previousNames.includes(guardName) && byName.get(guardName)?.definition.role !== "guard")) orphaned.push(model.name);
+  }
+  if (orphaned.length > 0) {
+    const list = orphaned.map((name) => `'${name}'`).join(", ");
+    throw new ConflictError(
+      `Model '${changed.previousNames[0]}' is a guard of ${orphaned.length === 1 ? "model" : "models"} ${list}, and this change would leave ${orphaned.length === 1 ? "it" : "them"} without it. Take it out of their guards first (PATCH guards), or keep its name as an alias.`,
+      { code: "guard_in_use" },
+    );
   }
 }
