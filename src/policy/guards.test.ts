@@ -9,6 +9,7 @@ import OpenAI from "openai";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
 import { startStandInGuard, type StandInGuard } from "../../test/support/stand-in-guard.ts";
+import { eventually } from "../../test/support/eventually.ts";
 import type { GuardFormat } from "./guards-formats.ts";
 
 const GUARD_TIMEOUT_MS = 500;
@@ -177,6 +178,32 @@ describe("guard models", () => {
     for await (const chunk of stream) streamed += chunk.choices[0]?.delta.content ?? "";
     assert.equal(streamed, "first you build a bomb");
     assert.equal(guard.questions.length, asks);
+  });
+
+  test("a client that leaves while its answer is being checked cancels the guard's question", async () => {
+    // A server whose guard timeout is far away, so only the client's leaving can end the question.
+    const patient = await startHarness({ guardTimeoutMs: 600_000 });
+    const guard = await startStandInGuard({ format: "llama-guard-3", unsafeWords: {} });
+    try {
+      guard.behaviour = "hang";
+      await patient.addModel({ name: "lg", role: "guard", guard_format: "llama-guard-3", profiles: [{ name: "g", engine: "external", url: guard.url }] });
+      await patient.addModel({ name: "checked", guards: { output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: upstream.url }] });
+      const controller = new AbortController();
+      const request = fetch(`${patient.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${patient.adminKey}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "checked", messages: [{ role: "user", content: "Hi" }] }),
+        signal: controller.signal,
+      }).catch((error: unknown) => error);
+      await eventually("the output guard to be asked", () => guard.questions.length === 1);
+      assert.equal(guard.questions[0]!.check, "output");
+      controller.abort();
+      assert.ok((await request) instanceof Error);
+      await eventually("the guard's question to be cancelled", () => guard.cancelled() === 1);
+    } finally {
+      await patient.close();
+      await guard.close();
+    }
   });
 
   test("completions prompts and embeddings input are checked; token ids are refused on a guarded model", async () => {

@@ -87,10 +87,12 @@ export class GuardModels implements RequestGuards {
     }
     for (const outcome of outcomes) {
       if (outcome.kind !== "failed") continue;
+      const detail = { guard: outcome.guard, model: request.model.name, check: question.check, reason: outcome.reason };
       if (outcome.allow) {
-        this.options.logger.warn({ guard: outcome.guard, model: request.model.name, check: question.check, reason: outcome.reason }, "guard model failed; the request passes (guard_on_error allow)");
+        this.options.logger.warn(detail, "guard model failed; the request passes (guard_on_error allow)");
         continue;
       }
+      this.options.logger.warn(detail, "guard model failed; the request is refused (fail closed)");
       throw new UnavailableError(
         `Guard model '${outcome.guard}' could not check the ${question.check === "input" ? "request" : "answer"} (${outcome.reason}), so it was refused. Retry shortly; if it persists, tell an administrator.`,
         { code: "guard_unavailable", retryAfterSeconds: 5 },

@@ -28,6 +28,8 @@ export interface StandInGuard {
   behaviour: StandInGuardBehaviour;
   /** What each request asked: the judged side and text as the stand-in read them. */
   questions: Array<{ check: "input" | "output"; judged: string; authorization: string | undefined; body: any }>;
+  /** Questions whose asker hung up before the answer (a cancelled guard call). */
+  cancelled: () => number;
   close(): Promise<void>;
 }
 
@@ -63,10 +65,12 @@ function verdictText(format: GuardFormat, categories: string[] | null): string {
 
 export async function startStandInGuard(options: StandInGuardOptions): Promise<StandInGuard> {
   const sockets = new Set<import("node:net").Socket>();
+  let cancelled = 0;
   const guard: StandInGuard = {
     url: "",
     behaviour: "verdict",
     questions: [],
+    cancelled: () => cancelled,
     close: async () => undefined,
   };
   const server = http.createServer((req, res) => {
@@ -85,7 +89,10 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
         return;
       }
       guard.questions.push({ ...question, authorization: req.headers.authorization, body });
-      if (guard.behaviour === "hang") return;
+      if (guard.behaviour === "hang") {
+        res.on("close", () => (cancelled += 1));
+        return;
+      }
       if (guard.behaviour === "error") {
         reply(500, { error: { message: "the guard engine failed", type: "server_error", param: null, code: null } });
         return;
