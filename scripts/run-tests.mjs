@@ -69,6 +69,8 @@ const unit = [
   "src/policy/token-bound.test.ts",
   "src/policy/limits.test.ts",
   "src/cli/ctl-key.test.ts",
+  "src/policy/guards-formats.test.ts",
+  "src/policy/guards.test.ts",
 ];
 
 const endToEnd = [
@@ -82,6 +84,7 @@ const endToEnd = [
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
   "test/anthropic.e2e.test.ts",
+  "test/guards-engine.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

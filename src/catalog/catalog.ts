@@ -9,6 +9,7 @@ import { randomUUID } from "node:crypto";
 import { ConflictError, NotFoundError } from "../core/errors.ts";
 import { recordAudit as audit } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
+import { assertGuardReferences } from "./guard-references.ts";
 import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
 import type { WeightsChecker } from "./weights-check.ts";
 
@@ -111,6 +112,7 @@ export class Catalog {
 
   async create(body: unknown, actor: string): Promise<CatalogModel> {
     const { name, ...definition } = parseNewModel(body);
+    assertGuardReferences([...this.models, { name, definition }], { name, previousNames: [] });
     await this.weights.check({ name, definition });
     const now = nowIso(this.clock);
     const id = randomUUID();
@@ -130,6 +132,7 @@ export class Catalog {
     const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
+    assertGuardReferences([...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }], { name: finalName, previousNames: [current.name, ...current.definition.aliases] });
     // Only a change to where the weights are or what loads them is checked against the
     // disk: a model whose file went bad must still take other changes (scaling.min 0 to
     // stop it, a description); its replicas park with the reason meanwhile.
@@ -153,6 +156,7 @@ export class Catalog {
 
   async delete(name: string, actor: string): Promise<void> {
     const current = this.getForChange(name);
+    assertGuardReferences(this.models.filter((model) => model.id !== current.id), { name: null, previousNames: [current.name, ...current.definition.aliases] });
     await this.write(async (trx) => {
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
       await trx.deleteFrom("models").where("id", "=", current.id).execute();

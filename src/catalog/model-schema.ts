@@ -45,10 +45,17 @@ export const LIMITS = {
 } as const;
 
 /**
- * How a guard model answers (reference/guard-models.md): Llama Guard 3's "safe"/"unsafe"
+ * How a guard model answers (reference/protocols.md §6): Llama Guard 3's "safe"/"unsafe"
  * lines, ShieldGemma's Yes/No, or a JSON verdict.
  */
 export const GUARD_FORMATS = ["llama-guard-3", "shieldgemma", "json"] as const;
+
+/** The CLI's and serve requests' spelling of a guard format, accepted here too and stored as the catalog's. */
+const GUARD_FORMAT_ALIASES: Record<string, (typeof GUARD_FORMATS)[number]> = { llamaguard3: "llama-guard-3" };
+const guardFormat = z.preprocess(
+  (value) => (typeof value === "string" ? (GUARD_FORMAT_ALIASES[value] ?? value) : value),
+  z.enum(GUARD_FORMATS, { error: `must be one of ${GUARD_FORMATS.join(", ")} (llamaguard3 is accepted for llama-guard-3)` }),
+);
 
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
@@ -58,6 +65,16 @@ const modelName = z
   .regex(MODEL_NAME_PATTERN, "must be 1-128 characters of letters, digits and . _ : / @ + -, starting with a letter or digit");
 
 const positiveInt = z.number().int().positive();
+
+/**
+ * The guard models a serving model's requests go through (names or aliases of catalog
+ * models with role guard): `input` before a replica is asked, `output` on answers that are
+ * not streamed, before the client sees them.
+ */
+const guardLists = z.strictObject({
+  input: z.array(modelName).max(8, "at most 8 guard models").default([]),
+  output: z.array(modelName).max(8, "at most 8 guard models").default([]),
+});
 
 const cpuHardware = z.strictObject({
   min_memory_gb: z.number().positive().optional(),
@@ -148,7 +165,11 @@ const modelFields = {
   max_output: positiveInt.optional(),
   capabilities: z.strictObject({ vision: z.boolean().default(false), embeddings: z.boolean().default(false) }).default({ vision: false, embeddings: false }),
   role: z.enum(["serve", "guard"]).default("serve"),
-  guard_format: z.enum(GUARD_FORMATS).optional(),
+  guard_format: guardFormat.optional(),
+  /** Serving models: the guard models that check its requests (src/policy/guards.ts). */
+  guards: guardLists.optional(),
+  /** Guard models: what a request does when this guard fails or answers garbage: refused with 503 (block, the default) or let through with a logged warning (allow). */
+  guard_on_error: z.enum(["block", "allow"]).optional(),
   profiles: z.array(profileSchema).min(1, "a model needs at least one profile"),
   scaling: z
     .strictObject({
@@ -169,12 +190,19 @@ const modelFields = {
   source: sourceSchema.optional(),
 };
 
-function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
+function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; guards?: { input: string[]; output: string[] } | undefined; guard_on_error?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
   if (model.scaling.max < model.scaling.min) {
     ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
   }
   if (model.role === "guard" && model.guard_format === undefined) {
     ctx.addIssue({ code: "custom", path: ["guard_format"], message: `a guard model needs guard_format (${GUARD_FORMATS.join(", ")})` });
+  }
+  if (model.role === "guard" && model.guards !== undefined && model.guards.input.length + model.guards.output.length > 0) {
+    // A guard asked about a request would need its own guards asked first: a chain with no end.
+    ctx.addIssue({ code: "custom", path: ["guards"], message: "a guard model cannot itself have guards; remove them or give the model role serve" });
+  }
+  if (model.role !== "guard" && model.guard_on_error !== undefined) {
+    ctx.addIssue({ code: "custom", path: ["guard_on_error"], message: "belongs to guard models (role guard): it says what happens when that guard fails" });
   }
   const profileNames = new Set<string>();
   model.profiles.forEach((profile, index) => {
@@ -276,7 +304,9 @@ export const modelPatchSchema = z.strictObject({
   max_output: positiveInt.nullable().optional(),
   capabilities: z.unknown().optional(),
   role: z.enum(["serve", "guard"]).optional(),
-  guard_format: z.enum(GUARD_FORMATS).nullable().optional(),
+  guard_format: guardFormat.nullable().optional(),
+  guards: z.unknown().optional(),
+  guard_on_error: z.enum(["block", "allow"]).nullable().optional(),
   profiles: z.array(z.unknown()).optional(),
   scaling: z.record(z.string(), z.unknown()).optional(),
   queue_size: z.unknown().optional(),
@@ -294,7 +324,7 @@ export function parseNewModel(body: unknown): NewModel {
 
 /**
  * Applies a PATCH to a stored definition and validates the result as a whole. Nested
- * objects (scaling, prices) merge field by field; a null removes an optional field. An
+ * objects (scaling, prices, guards) merge field by field; a null removes an optional field. An
  * external profile sent without its api_key keeps the stored one, because clients never
  * see stored keys and could not send them back.
  */
@@ -306,7 +336,7 @@ export function applyModelPatch(current: ModelDefinition, patchBody: unknown): {
     if (value === undefined) continue;
     if (value === null) {
       delete merged[key];
-    } else if ((key === "scaling" || key === "prices") && typeof value === "object") {
+    } else if ((key === "scaling" || key === "prices" || key === "guards") && typeof value === "object") {
       merged[key] = { ...(current[key] as object), ...(value as object) };
     } else {
       merged[key] = value;

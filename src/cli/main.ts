@@ -19,6 +19,7 @@ const serverOptions = (command: Command) =>
     .option("--body-timeout <duration>", "a request body must arrive whole within this, else 408 (default 30s)")
     .option("--header-timeout <duration>", "request headers must arrive within this, else 408 (default 60s)")
     .option("--metrics-key <key>", "secret that lets scrapers on other machines read GET /metrics (prefer LLMGW_METRICS_KEY: flags show in ps); loopback needs none")
+    .option("--guard-timeout <duration>", "how long a guard model may take on one check, its queue included, before the request gets 503 (default 10s)")
     .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
     .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)")
     .option("--node-timeout <duration>", "a node without a heartbeat for this long is lost and its replicas placed elsewhere (default 15s)")

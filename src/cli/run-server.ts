@@ -20,6 +20,7 @@ export interface ServerCommandOptions {
   maxBody?: string;
   bodyTimeout?: string;
   headerTimeout?: string;
+  guardTimeout?: string;
   registry?: string;
   logFormat?: string;
   nodeTimeout?: string;
@@ -52,6 +53,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       maxBodyBytes: options.maxBody === undefined ? undefined : parseByteSize(options.maxBody, "--max-body"),
       bodyTimeoutMs: options.bodyTimeout === undefined ? undefined : parseDuration(options.bodyTimeout, "--body-timeout"),
       headerTimeoutMs: options.headerTimeout === undefined ? undefined : parseDuration(options.headerTimeout, "--header-timeout"),
+      guardTimeoutMs: options.guardTimeout === undefined ? undefined : parseDuration(options.guardTimeout, "--guard-timeout"),
       registryEndpoint: resolveRegistryEndpoint({ flag: options.registry, env: process.env }),
       registryToken: resolveRegistryToken(),
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),

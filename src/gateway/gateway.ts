@@ -31,6 +31,7 @@ import type { Principal } from "../keys/key-service.ts";
 import { isRoutable } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
 import { Admission, type ReplicaSource } from "./admission.ts";
+import { callModelInternally, type InternalCaller } from "./internal-call.ts";
 import { relay, type AnswerHead, type BodyRewriter, type RelayResult } from "./relay.ts";
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
@@ -160,6 +161,10 @@ export class Gateway {
     this.admission.close();
   }
 
+  /** Sends one chat completion of llmgw's own (a guard model's question) through admission and the upstream pools. */
+  callModel: InternalCaller = (request) =>
+    callModelInternally({ admission: this.admission, replicas: this.options.replicas, pools: this.options.pools, onDemand: this.options.onDemand, fleetStatus: this.options.fleetStatus }, request);
+
   /** Requests in flight at a replica (for tests and metrics). */
   inFlightOf(replicaId: string): number {
     return this.admission.inFlightAt(replicaId);
@@ -256,7 +261,17 @@ export class Gateway {
     const checked = await this.options.guards.checkInput(request, signal);
     if (signal.aborted) throw new ClientClosedError();
     call.guardMs = checked.guardMs;
-    return call.stream ? null : checked.output;
+    const output = checked.output;
+    if (call.stream || output === null) return null;
+    // The output guards' time counts in the request's guard time as well.
+    return async (answer) => {
+      const started = performance.now();
+      try {
+        await output(answer);
+      } finally {
+        call.guardMs = (call.guardMs ?? 0) + Math.round(performance.now() - started);
+      }
+    };
   }
 
   private listModels(principal: Principal) {
@@ -367,6 +382,7 @@ export class Gateway {
             ...answerHandling(route, body, injectUsage),
             brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
             stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
+            outputCheck: request.outputCheck,
           });
         } finally {
           lease.release();
@@ -376,6 +392,7 @@ export class Gateway {
         const { outcome } = result;
         if (outcome.kind === "answered") return outcome.status;
         if (outcome.kind === "client-gone") return new ClientClosedError().status;
+        if (outcome.kind === "refused") throw outcome.error;
         if (outcome.kind === "broken") {
           this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(outcome.error) }, "upstream failed mid-answer");
           return STATUS_UPSTREAM_BROKE;

@@ -10,9 +10,13 @@
 // - A body rewriter (BodyRewriter) may change what passes: the usage filter of streams,
 //   the translation into another wire format. The first byte is then the first one it
 //   lets through, so one that holds back a whole answer can still choose its status.
+// - With an output check (a guard model on the answer), a JSON answer is held whole until
+//   the check passes, and the check sees it as the upstream sent it (before any rewriter);
+//   a check that throws sends its error instead, and nothing of the answer.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
+import type { OutputCheck } from "../policy/request-policy.ts";
 import type { TokenUsage, UsageTap } from "./usage-tap.ts";
 
 export interface UpstreamAnswer {
@@ -29,7 +33,9 @@ export type RelayOutcome =
   /** The upstream failed before sending a byte: nothing reached the client; try another replica. */
   | { kind: "failed-before-first-byte"; error: Error }
   /** The client left first. */
-  | { kind: "client-gone" };
+  | { kind: "client-gone" }
+  /** The output check refused the whole answer; nothing of it reached the client. */
+  | { kind: "refused"; error: Error };
 
 export interface RelayResult {
   outcome: RelayOutcome;
@@ -72,6 +78,8 @@ export interface RelayOptions {
    * (undici's body timeout does not run while the upstream is paused for it).
    */
   stalledReaderMs: number;
+  /** Looks at a whole successful JSON answer before any of it is sent (event streams are never held). */
+  outputCheck?: OutputCheck | null;
 }
 
 /**
@@ -130,6 +138,9 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   // The last two chunks, kept as they are: decoding every chunk to find the end would cost
   // more than the whole rest of the relay.
   let lastChunks: [Buffer | null, Buffer | null] = [null, null];
+  const outputCheck = options.outputCheck ?? null;
+  const holding = outputCheck !== null && !eventStream && upstream.statusCode >= 200 && upstream.statusCode < 300;
+  const held: Buffer[] = [];
   let stalled: NodeJS.Timeout | undefined;
   const write = (bytes: Buffer) => {
     if (bytes.length === 0) return;
@@ -160,10 +171,29 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     const onData = (chunk: Buffer) => {
       if (firstByteAt === null) firstByteAt = performance.now();
       tap?.push(chunk);
+      if (holding) {
+        held.push(chunk);
+        return;
+      }
       if (eventStream) lastChunks = [lastChunks[1], chunk];
       write(rewriter === null ? chunk : rewriter.push(chunk));
     };
     const onEnd = () => {
+      if (holding) {
+        const answer = Buffer.concat(held);
+        outputCheck(answer).then(
+          () => {
+            if (settled) return;
+            write(rewriter === null ? answer : rewriter.push(answer));
+            if (rewriter !== null) write(rewriter.end());
+            sendHeaders();
+            res.end();
+            finish({ kind: "answered", status: res.statusCode });
+          },
+          (error: unknown) => finish({ kind: "refused", error: error instanceof Error ? error : new Error(String(error)) }),
+        );
+        return;
+      }
       if (rewriter !== null) write(rewriter.end());
       sendHeaders();
       const tail = eventStream ? streamTail(lastChunks) : "";

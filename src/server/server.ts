@@ -20,6 +20,7 @@ import { ensureJoinToken } from "../fleet/node-credentials.ts";
 import { SecretBox } from "../core/secret-box.ts";
 import { syncExternalReplicas } from "../fleet/external-replicas.ts";
 import { Gateway } from "../gateway/gateway.ts";
+import { GuardModels } from "../policy/guards.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { UsageRetention } from "../usage/usage-retention.ts";
@@ -62,6 +63,8 @@ export interface ServerConfig {
   bodyTimeoutMs?: number;
   /** Request headers must arrive within this (408 and the connection closes). Default 60 s. */
   headerTimeoutMs?: number;
+  /** How long one guard model may take on one check, a wait in its queue included. Default 10 s. */
+  guardTimeoutMs?: number;
   /** An idle keep-alive connection is closed after this. Default 65 s (above common load balancers' 60 s). */
   keepAliveTimeoutMs?: number;
   /** A /v1 client that reads nothing of its answer for this long is cut off. Default 60 s. */
@@ -215,7 +218,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
     },
   });
-  const gateway = new Gateway({
+  // The guards ask their models through the gateway's own admission, so a guard waits in its model's queue like any request.
+  const guards: GuardModels = new GuardModels({ catalog, ask: (request): Promise<unknown> => gateway.callModel(request), logger, ...(config.guardTimeoutMs === undefined ? {} : { timeoutMs: config.guardTimeoutMs }) });
+  const gateway: Gateway = new Gateway({
     catalog,
     keys,
     replicas,
@@ -229,6 +234,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     onDemand: fleet,
     limits,
     metrics,
+    guards,
   });
   fleet.onStatusChange((modelId) => gateway.recheck(modelId));
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);

@@ -40,6 +40,7 @@ export interface HarnessOptions {
   headerTimeoutMs?: number;
   keepAliveTimeoutMs?: number;
   stalledReaderMs?: number;
+  guardTimeoutMs?: number;
   registryEndpoint?: string;
   registryToken?: string;
   nodeTimeoutMs?: number;
@@ -74,6 +75,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       headerTimeoutMs: options.headerTimeoutMs,
       keepAliveTimeoutMs: options.keepAliveTimeoutMs,
       stalledReaderMs: options.stalledReaderMs,
+      guardTimeoutMs: options.guardTimeoutMs,
       registryEndpoint: options.registryEndpoint,
       registryToken: options.registryToken,
       nodeTimeoutMs: options.nodeTimeoutMs,
