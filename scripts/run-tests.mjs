@@ -71,6 +71,7 @@ const unit = [
   "src/cli/ctl-key.test.ts",
   "src/policy/guards-formats.test.ts",
   "src/policy/guards.test.ts",
+  "src/policy/key-guards.test.ts",
 ];
 
 const endToEnd = [
