@@ -46,6 +46,7 @@ const unit = [
   "src/gateway/anthropic/messages-answer.test.ts",
   "src/gateway/anthropic/messages-stream.test.ts",
   "src/gateway/anthropic/anthropic-gateway.test.ts",
+  "src/gateway/anthropic/anthropic-policy.test.ts",
   "src/server/admin-api.test.ts",
   "src/server/data-dir-lock.test.ts",
   "src/server/server.test.ts",
@@ -71,6 +72,7 @@ const unit = [
   "src/cli/ctl-key.test.ts",
   "src/policy/guards-formats.test.ts",
   "src/policy/guards.test.ts",
+  "src/policy/key-guards.test.ts",
 ];
 
 const endToEnd = [

@@ -10,6 +10,7 @@ import { ConflictError, NotFoundError } from "../core/errors.ts";
 import { recordAudit as audit } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
 import { assertGuardReferences } from "./guard-references.ts";
+import type { KeyGuardReference } from "../policy/key-guards.ts";
 import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
 import type { WeightsChecker } from "./weights-check.ts";
 
@@ -29,12 +30,15 @@ export interface CatalogOptions {
   store: Store;
   /** Refuses a model whose weights cannot run (the server's: DiskWeightsChecker with its mirror). */
   weights: WeightsChecker;
+  /** The guards active API keys name (the key service's), so a guard is not removed from under a key. */
+  keyGuards?: () => Promise<readonly KeyGuardReference[]>;
   clock?: () => number;
 }
 
 export class Catalog {
   private readonly store: Store;
   private readonly weights: WeightsChecker;
+  private readonly keyGuards: () => Promise<readonly KeyGuardReference[]>;
   private readonly clock: () => number;
   private models: readonly CatalogModel[] = [];
   private byName = new Map<string, CatalogModel>();
@@ -45,6 +49,7 @@ export class Catalog {
   constructor(options: CatalogOptions) {
     this.store = options.store;
     this.weights = options.weights;
+    this.keyGuards = options.keyGuards ?? (async () => []);
     this.clock = options.clock ?? Date.now;
   }
 
@@ -132,7 +137,7 @@ export class Catalog {
     const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
-    assertGuardReferences([...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }], { name: finalName, previousNames: [current.name, ...current.definition.aliases] });
+    assertGuardReferences([...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }], { name: finalName, previousNames: [current.name, ...current.definition.aliases] }, await this.keysNamingGuards(current));
     // Only a change to where the weights are or what loads them is checked against the
     // disk: a model whose file went bad must still take other changes (scaling.min 0 to
     // stop it, a description); its replicas park with the reason meanwhile.
@@ -156,12 +161,17 @@ export class Catalog {
 
   async delete(name: string, actor: string): Promise<void> {
     const current = this.getForChange(name);
-    assertGuardReferences(this.models.filter((model) => model.id !== current.id), { name: null, previousNames: [current.name, ...current.definition.aliases] });
+    assertGuardReferences(this.models.filter((model) => model.id !== current.id), { name: null, previousNames: [current.name, ...current.definition.aliases] }, await this.keysNamingGuards(current));
     await this.write(async (trx) => {
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
       await trx.deleteFrom("models").where("id", "=", current.id).execute();
       await audit(trx, { at: nowIso(this.clock), actor, action: "model.delete", target: current.name, detail: {} });
     }, name);
+  }
+
+  /** The keys that name guards, asked only when the model changed is a guard (no query otherwise). */
+  private async keysNamingGuards(model: CatalogModel): Promise<readonly KeyGuardReference[]> {
+    return model.definition.role === "guard" ? this.keyGuards() : [];
   }
 
   private async write(body: (trx: Tx) => Promise<void>, name: string): Promise<void> {

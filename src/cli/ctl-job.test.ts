@@ -284,7 +284,7 @@ test("every leaf ctl command shows an example under --help", () => {
       "mirror fetch", "mirror list", "mirror verify", "mirror rm",
       "node list", "node show", "node drain", "node remove", "node join-token",
       "key create", "key list", "key show", "key update", "key revoke",
-      "replicas",
+      "replicas", "usage",
     ].sort(),
   );
   for (const { name, command } of leaves) {

@@ -1,6 +1,6 @@
 // `llmgw ctl key create|update|show` as child processes against a real server: the limit
-// flags become the API's fields, `show` prints spent/limit and the rate use of this minute,
-// and a wrong flag is refused before anything is sent.
+// and guard flags become the API's fields, `show` prints spent/limit, the rate use of this
+// minute and the key's guards, and a wrong flag is refused before anything is sent.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -10,7 +10,7 @@ import OpenAI from "openai";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
-import { limitFields } from "./ctl-key.ts";
+import { guardFields, limitFields } from "./ctl-key.ts";
 
 const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -29,6 +29,13 @@ test("limit flags become API fields; 'none' removes a limit; nonsense is refused
   assert.throws(() => limitFields({ modelLimit: ["big:rps=5"] }), /Invalid --model-limit 'big:rps=5': write MODEL:rpm=N,tpm=N/);
 });
 
+test("guard flags become the guards field: a side given replaces it, 'none' empties it, a side not given is left out", () => {
+  assert.deepEqual(guardFields({ inputGuards: "lg, jg", outputGuards: "lg" }), { guards: { input: ["lg", "jg"], output: ["lg"] } });
+  assert.deepEqual(guardFields({ outputGuards: "none" }), { guards: { output: [] } });
+  assert.deepEqual(guardFields({}), {});
+  assert.throws(() => guardFields({ inputGuards: " , " }), /Invalid --input-guards ' , ': give comma-separated guard model names, or 'none'/);
+});
+
 describe("ctl key against a server", () => {
   let harness: Harness;
   let upstream: FakeUpstream;
@@ -38,6 +45,7 @@ describe("ctl key against a server", () => {
     harness = await startHarness();
     upstream = await startFakeUpstream();
     await harness.addModel({ name: "priced", prices: { input_per_million: 1000, output_per_million: 1000 }, profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    await harness.addModel({ name: "jg", role: "guard", guard_format: "json", profiles: [{ name: "g", engine: "external", url: upstream.url }] });
   });
   after(async () => {
     await harness.close();
@@ -57,10 +65,21 @@ describe("ctl key against a server", () => {
     assert.match(stdout, /budget: \$0\.012 spent of \$20 this month \(\d{4}-\d{2}, UTC\); \$19\.99 left; resets at \d{4}-\d{2}-01T00:00:00\.000Z/);
     assert.match(stdout, /\(key\)\s+1\/60\s+12\/100000/);
     const updated = (await ctl("update", "team-a", "--rpm", "none", "--model-limit", "priced:rpm=5")).stdout;
-    assert.match(updated, /Updated key 'team-a' \(llmgw-\w+…\): 100000 tpm, \$20 per month, priced: 5 rpm\./);
+    assert.match(updated, /Updated key 'team-a' \(llmgw-\w+…\): 100000 tpm, \$20 per month, priced: 5 rpm; guards: none\./);
     const list = (await ctl("list")).stdout;
     assert.match(list, /team-a .*100000 tpm, \$20 per month, priced: 5 rpm/);
-    await assert.rejects(ctl("update", "team-a"), (error: { stderr: string }) => /Nothing to update: give --rpm, --tpm, --budget, --budget-period or --model-limit/.test(error.stderr));
+    await assert.rejects(ctl("update", "team-a"), (error: { stderr: string }) => /Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards/.test(error.stderr));
     await assert.rejects(ctl("update", "team-a", "--budget-period", "week"), (error: { stderr: string }) => /budget_period/.test(error.stderr));
+  });
+
+  test("create with guards, show them, change one side, clear it; a name that is not a guard is refused with its field", async () => {
+    const created = JSON.parse((await ctl("create", "--name", "kiosk", "--input-guards", "jg", "--output-guards", "jg", "--json")).stdout);
+    assert.deepEqual(created.guards, { input: ["jg"], output: ["jg"] });
+    assert.match((await ctl("show", "kiosk")).stdout, /^guards: input jg; output jg$/m);
+    assert.match((await ctl("update", "kiosk", "--output-guards", "none")).stdout, /guards: input jg; output none\.$/m);
+    assert.deepEqual(JSON.parse((await ctl("show", "kiosk", "--json")).stdout).guards, { input: ["jg"], output: [] });
+    await assert.rejects(ctl("update", "kiosk", "--input-guards", "jg,priced"), (error: { stderr: string }) => /guards\.input\.1': 'priced' is not a guard model/.test(error.stderr));
+    assert.match((await ctl("update", "kiosk", "--input-guards", "none")).stdout, /guards: none\.$/m, "both sides empty: no guards");
+    assert.match((await ctl("show", "kiosk")).stdout, /^guards: none$/m);
   });
 });

@@ -1,7 +1,7 @@
-// `llmgw ctl key ...`: API keys over the admin API: create (with its models, expiry and
-// limits), list, show (limits, what the key spent in its budget period and its rate use
-// this minute), update (budget and rate limits), revoke. The key itself is printed once,
-// at creation.
+// `llmgw ctl key ...`: API keys over the admin API: create (with its models, expiry,
+// limits and guard models), list, show (limits, guards, what the key spent in its budget
+// period and its rate use this minute), update (budget, rate limits, guards), revoke. The
+// key itself is printed once, at creation.
 import type { Command } from "commander";
 import { BadRequestError } from "../core/errors.ts";
 import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
@@ -28,6 +28,7 @@ interface KeyView {
   budget_usd: number | null;
   budget_period: string;
   model_limits: Record<string, { rpm: number | null; tpm: number | null }> | null;
+  guards: { input: string[]; output: string[] } | null;
   usage?: {
     budget: { limit_usd: number; period: string; period_id: string; spent_usd: number; reserved_usd: number; remaining_usd: number; resets_at: string | null } | null;
     rate: (RateUse & { resets_at: string }) | null;
@@ -42,13 +43,15 @@ function withLimitFlags(command: Command): Command {
     .option("--tpm <n>", "tokens per minute, prompt and output ('none' removes the limit)")
     .option("--budget <usd>", "budget in USD over the budget period ('none' removes it)")
     .option("--budget-period <period>", "total (default), day or month; days and months are UTC")
-    .option("--model-limit <limit>", "limits for one model: MODEL:rpm=N,tpm=N (repeat for more models; on update, replaces them all; 'none' removes them)", collect, []);
+    .option("--model-limit <limit>", "limits for one model: MODEL:rpm=N,tpm=N (repeat for more models; on update, replaces them all; 'none' removes them)", collect, [])
+    .option("--input-guards <names>", "comma-separated guard models that check every request of the key, besides its model's own ('none': no input guards)")
+    .option("--output-guards <names>", "comma-separated guard models that check every non-stream answer to the key ('none': no output guards)");
 }
 
 export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const key = ctl.command("key").description("API keys, their budgets and rate limits");
   withLimitFlags(
-    withExamples(key.command("create"), "llmgw ctl key create --name ci --models tiny-llama --expires 30d", "llmgw ctl key create --name team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month", "llmgw ctl key create --name ops --admin")
+    withExamples(key.command("create"), "llmgw ctl key create --name ci --models tiny-llama --expires 30d", "llmgw ctl key create --name team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month", "llmgw ctl key create --name kiosk --input-guards lg --output-guards lg", "llmgw ctl key create --name ops --admin")
       .description("Create an API key; it is shown once")
       .requiredOption("--name <name>", "who or what the key is for")
       .option("--admin", "an admin key (admin API and every model)")
@@ -63,6 +66,7 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
         ...(typeof options.models === "string" ? { allowed_models: options.models.split(",").map((m) => m.trim()).filter(Boolean) } : {}),
         ...(typeof options.expires === "string" ? { expires_at: parseExpiry(options.expires) } : {}),
         ...limitFields(options),
+        ...guardFields(options),
       });
       print(command, created, () => `${created.key}\n\nThis is the only time the key is shown; store it now. (id ${created.id}, prefix ${created.prefix})`);
     });
@@ -85,14 +89,14 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
       const k = await connect(command).call<KeyView>("GET", `/api/v1/keys/${encodeURIComponent(ref)}`);
       print(command, k, () => showKey(k));
     });
-  withLimitFlags(withExamples(key.command("update <ref>"), "llmgw ctl key update ci --budget 50 --budget-period month", "llmgw ctl key update ci --rpm none --model-limit big-model:rpm=5"))
-    .description("Change a key's budget and rate limits; applies to its next request (within 5 s on other servers). Spending so far stays counted")
+  withLimitFlags(withExamples(key.command("update <ref>"), "llmgw ctl key update ci --budget 50 --budget-period month", "llmgw ctl key update ci --rpm none --model-limit big-model:rpm=5", "llmgw ctl key update kiosk --input-guards lg,jg --output-guards none"))
+    .description("Change a key's budget, rate limits and guard models; applies to its next request (within 5 s on other servers). Spending so far stays counted")
     .option("--json", "print JSON")
     .action(async (ref: string, options: Options, command: Command) => {
-      const fields = limitFields(options);
-      if (Object.keys(fields).length === 0) throw new BadRequestError("Nothing to update: give --rpm, --tpm, --budget, --budget-period or --model-limit.");
+      const fields = { ...limitFields(options), ...guardFields(options) };
+      if (Object.keys(fields).length === 0) throw new BadRequestError("Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards.");
       const updated = await connect(command).call<KeyView>("PATCH", `/api/v1/keys/${encodeURIComponent(ref)}`, fields);
-      print(command, updated, () => `Updated key '${updated.name}' (${updated.prefix}…): ${limitsSummary(updated)}.`);
+      print(command, updated, () => `Updated key '${updated.name}' (${updated.prefix}…): ${limitsSummary(updated)}; guards: ${guardsSummary(updated)}.`);
     });
   withExamples(key.command("revoke <ref>"), "llmgw ctl key revoke ci")
     .description("Revoke a key by id, prefix or name; applies to its next request")
@@ -122,6 +126,22 @@ export function limitFields(options: Options): Record<string, unknown> {
   const modelLimits = (options.modelLimit as string[] | undefined) ?? [];
   if (modelLimits.length > 0) fields.model_limits = modelLimits.length === 1 && modelLimits[0] === "none" ? null : Object.fromEntries(modelLimits.map(parseModelLimit));
   return fields;
+}
+
+/**
+ * The API's `guards` field from --input-guards / --output-guards: a side given replaces
+ * that side ('none' empties it), a side not given is left as it is (on update) or empty.
+ */
+export function guardFields(options: Options): Record<string, unknown> {
+  const guards: Record<string, string[]> = {};
+  for (const [flag, side] of [["inputGuards", "input"], ["outputGuards", "output"]] as const) {
+    const value = options[flag];
+    if (typeof value !== "string") continue;
+    const names = value.split(",").map((name) => name.trim()).filter(Boolean);
+    if (names.length === 0) throw new BadRequestError(`Invalid --${side}-guards '${value}': give comma-separated guard model names, or 'none' for no ${side} guards.`);
+    guards[side] = names.length === 1 && names[0] === "none" ? [] : names;
+  }
+  return Object.keys(guards).length === 0 ? {} : { guards };
 }
 
 function wholeOrNone(value: string, flag: string, what: string): number | null {
@@ -154,10 +174,17 @@ function limitsSummary(k: KeyView): string {
   return parts.length === 0 ? "none" : parts.join(", ");
 }
 
+function guardsSummary(k: KeyView): string {
+  if (k.guards === null) return "none";
+  const side = (names: string[]) => (names.length === 0 ? "none" : names.join(", "));
+  return `input ${side(k.guards.input)}; output ${side(k.guards.output)}`;
+}
+
 function showKey(k: KeyView): string {
   const lines = [
     `key ${k.name} (${k.prefix}…): ${k.role}, ${k.revoked_at === null ? "active" : `revoked at ${k.revoked_at}`}`,
     `models: ${k.allowed_models?.join(", ") ?? "all"}; expires: ${k.expires_at ?? "never"}; last used: ${k.last_used_at ?? "never"}`,
+    `guards: ${guardsSummary(k)}`,
   ];
   const budget = k.usage?.budget ?? null;
   if (budget === null) lines.push("budget: none");

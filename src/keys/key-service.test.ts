@@ -136,3 +136,66 @@ testBothStores("an admin key reset adds a working admin key, rewrites admin.key 
     rmSync(dataDir, { recursive: true, force: true });
   }
 });
+
+testBothStores("a key's guards are checked by the given checker, stored, shown, carried on the principal, patched side by side and removed", async (store) => {
+  let now = Date.parse("2026-11-30T10:00:00Z");
+  const guardModels = new Set(["lg", "jg"]);
+  const keys = new KeyService({
+    store,
+    clock: () => now,
+    guardChecker: (guards) => {
+      for (const side of ["input", "output"] as const) {
+        (guards[side] ?? []).forEach((name, index) => {
+          if (!guardModels.has(name)) throw new BadRequestError(`'${name}' is not a guard model`, { code: "invalid_field", param: `guards.${side}.${index}` });
+        });
+      }
+    },
+  });
+  await assert.rejects(keys.create({ name: "bad", guards: { input: ["lg", "chat"] } }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.1");
+  await assert.rejects(keys.create({ name: "bad", guards: { input: ["lg"], extra: [] } }, "t"), (e: unknown) => e instanceof BadRequestError && /guards/.test(e.message));
+  await assert.rejects(keys.create({ name: "bad", guards: { input: ["bad name!"] } }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.0");
+  assert.deepEqual(await keys.list(), [], "a refused key is not stored");
+
+  const { key, info } = await keys.create({ name: "kiosk", guards: { input: ["lg", "lg"] } }, "admin:root");
+  assert.deepEqual(info.guards, { input: ["lg"], output: [] }, "duplicates dropped, the missing side empty");
+  const [row] = await store.db.selectFrom("api_keys").select("guards").where("id", "=", info.id).execute();
+  assert.deepEqual(JSON.parse(row!.guards!), { input: ["lg"], output: [] });
+  assert.deepEqual((await keys.verify(key)).guards, { input: ["lg"], output: [] });
+  assert.deepEqual((await keys.get("kiosk")).guards, { input: ["lg"], output: [] });
+  const plain = await keys.create({ name: "plain" }, "admin:root");
+  assert.equal(plain.info.guards, null);
+  assert.equal((await keys.verify(plain.key)).guards, undefined, "a key without guards carries none");
+  assert.deepEqual((await keys.guardReferences()).map((reference) => reference.name), ["kiosk"]);
+
+  // A side given replaces that side; the other stays. The change applies to the very next request.
+  await assert.rejects(keys.update("kiosk", { guards: { output: ["nope"] } }, "admin:root"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.output.0");
+  const patched = await keys.update("kiosk", { guards: { output: ["jg"] } }, "admin:root");
+  assert.deepEqual(patched.guards, { input: ["lg"], output: ["jg"] });
+  assert.deepEqual((await keys.verify(key)).guards, { input: ["lg"], output: ["jg"] });
+  const limitsOnly = await keys.update("kiosk", { rpm: 10 }, "admin:root");
+  assert.deepEqual(limitsOnly.guards, { input: ["lg"], output: ["jg"] }, "a PATCH without guards keeps them");
+  assert.equal(limitsOnly.rpm, 10);
+  assert.deepEqual((await readAudit(store.db, { action: "key.update" })).map((entry) => entry.detail), [
+    { id: info.id, name: "kiosk", rpm: 10 },
+    { id: info.id, name: "kiosk", guards: { input: ["lg"], output: ["jg"] } },
+  ], "newest first: each change audited with what it set");
+
+  // Emptying both sides, or null, removes the guards.
+  assert.equal((await keys.update("kiosk", { guards: { input: [], output: [] } }, "admin:root")).guards, null);
+  await keys.update("kiosk", { guards: { input: ["jg"] } }, "admin:root");
+  assert.deepEqual((await keys.verify(key)).guards, { input: ["jg"], output: [] });
+  const removed = await keys.update("kiosk", { guards: null }, "admin:root");
+  assert.equal(removed.guards, null);
+  assert.equal((await keys.verify(key)).guards, undefined);
+  const [cleared] = await store.db.selectFrom("api_keys").select("guards").where("id", "=", info.id).execute();
+  assert.equal(cleared!.guards, null);
+  assert.deepEqual(await keys.guardReferences(), []);
+
+  // Revoked and expired keys keep no guard in use.
+  await keys.update("kiosk", { guards: { input: ["lg"] } }, "admin:root");
+  await keys.create({ name: "brief", expires_at: "2026-11-30T11:00:00Z", guards: { output: ["jg"] } }, "admin:root");
+  assert.deepEqual((await keys.guardReferences()).map((reference) => [reference.name, reference.guards]), [["brief", { input: [], output: ["jg"] }], ["kiosk", { input: ["lg"], output: [] }]]);
+  now = Date.parse("2026-11-30T12:00:00Z");
+  await keys.revoke("kiosk", "admin:root");
+  assert.deepEqual(await keys.guardReferences(), []);
+});

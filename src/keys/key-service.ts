@@ -1,5 +1,6 @@
 // API keys: admin keys (the admin API and every model) and client keys (the /v1 API,
-// optionally limited to some models and an expiry). Only a sha256 of each key is stored;
+// optionally limited to some models and an expiry, with budgets and rate limits
+// (policy/key-limits.ts) and guard models of their own (policy/key-guards.ts)). Only a sha256 of each key is stored;
 // the key itself is shown once, at creation. Verification sits on the request hot path,
 // so verified keys are cached for a few seconds; a revocation made through this service
 // clears the cache at once, and one made by another server takes effect within the TTL.
@@ -10,7 +11,8 @@ import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, Per
 import { recordAudit } from "../store/audit.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
-import { keyLimitFields, keyLimitsPatchSchema, limitColumns, limitsOfRow, limitsView, type KeyLimitColumns, type KeyLimits, type KeyLimitsView } from "../policy/key-limits.ts";
+import { keyLimitFields, keyLimitsPatchFields, limitColumns, limitsOfRow, limitsView, type KeyLimitColumns, type KeyLimits, type KeyLimitsView } from "../policy/key-limits.ts";
+import { guardsColumn, guardsOfColumn, keyGuardsField, keyGuardsPatchField, mergeKeyGuards, type KeyGuardChecker, type KeyGuardReference, type KeyGuards } from "../policy/key-guards.ts";
 
 export type KeyRole = "admin" | "client";
 
@@ -25,6 +27,8 @@ export interface ApiKeyInfo extends KeyLimitsView {
   created_at: string;
   created_by: string;
   last_used_at: string | null;
+  /** Guard models every request with the key is checked by, besides its model's own; null: none. */
+  guards: KeyGuards | null;
 }
 
 /** Who is calling, as the rest of the server sees it after authentication. */
@@ -37,6 +41,8 @@ export interface Principal {
   expiresAt: number | null;
   /** Budget and rate limits; absent for a key without any (admission then costs no query). */
   limits?: KeyLimits;
+  /** Guard models the key names (GuardModels adds them to the model's own); absent for a key without any. */
+  guards?: KeyGuards;
 }
 
 export const newKeySchema = z.strictObject({
@@ -45,7 +51,13 @@ export const newKeySchema = z.strictObject({
   allowed_models: z.array(z.string().regex(MODEL_NAME_PATTERN, "must be a model name")).min(1).nullable().default(null),
   expires_at: z.iso.datetime({ offset: true, error: "must be an ISO-8601 date-time such as 2027-01-31T00:00:00Z" }).nullable().default(null),
   ...keyLimitFields,
+  guards: keyGuardsField,
 });
+
+/** PATCH /api/v1/keys/:ref: limits and guards to change; null removes one. */
+const keyPatchSchema = z
+  .strictObject({ ...keyLimitsPatchFields, guards: keyGuardsPatchField })
+  .refine((patch) => Object.keys(patch).length > 0, "give at least one of rpm, tpm, budget_usd, budget_period, model_limits, guards");
 
 const KEY_PREFIX = "llmgw-";
 const KEY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -64,6 +76,12 @@ function invalidKey(): AuthenticationError {
 
 export interface KeyServiceOptions {
   store: Store;
+  /**
+   * Refuses guard names that are not guard models (the server's checks the catalog). Without
+   * one, names are only checked for their shape, and a request naming a missing guard is
+   * refused (fail closed) when it runs.
+   */
+  guardChecker?: KeyGuardChecker;
   clock?: () => number;
 }
 
@@ -79,9 +97,11 @@ export class KeyService {
   /** Bumped by every revocation: a lookup that started before one must not refill the cache. */
   private generation = 0;
   private readonly lastUsedWritten = new Map<string, number>();
+  private readonly guardChecker: KeyGuardChecker;
 
   constructor(options: KeyServiceOptions) {
     this.store = options.store;
+    this.guardChecker = options.guardChecker ?? (() => undefined);
     this.clock = options.clock ?? Date.now;
   }
 
@@ -91,6 +111,7 @@ export class KeyService {
     if (request.expires_at !== null && Date.parse(request.expires_at) <= this.clock()) {
       throw new BadRequestError(`Invalid key: field 'expires_at': ${request.expires_at} is in the past.`, { param: "expires_at", code: "invalid_field" });
     }
+    if (request.guards !== null) this.guardChecker(request.guards);
     const key = generateKey();
     const now = nowIso(this.clock);
     const row = {
@@ -106,11 +127,12 @@ export class KeyService {
       created_by: actor,
       last_used_at: null,
       ...limitColumns(request),
+      guards: guardsColumn(request.guards),
     };
     this.unknown.clear();
     await this.store.db.transaction().execute(async (trx) => {
       await trx.insertInto("api_keys").values(row).execute();
-      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at, ...limitsView(row) } });
+      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at, ...limitsView(row), guards: guardsOfColumn(row.guards) } });
     });
     return { key, info: toInfo(row) };
   }
@@ -157,15 +179,21 @@ export class KeyService {
   }
 
   /**
-   * Changes a key's budget and rate limits (null removes one). Applies to the key's next
-   * request on this server (the cache is cleared) and within the cache's 5 s on others.
-   * Spending so far stays: a raised budget admits more in the same period.
+   * Changes a key's budget, rate limits and guards (null removes one; a guards side given
+   * replaces that side). Applies to the key's next request on this server (the cache is
+   * cleared) and within the cache's 5 s on others. Spending so far stays: a raised budget
+   * admits more in the same period.
    */
-  async updateLimits(reference: string, body: unknown, actor: string): Promise<ApiKeyInfo> {
-    const patch = parseWith(keyLimitsPatchSchema, body, "key update");
+  async update(reference: string, body: unknown, actor: string): Promise<ApiKeyInfo> {
+    const { guards: guardsPatch, ...limitsPatch } = parseWith(keyPatchSchema, body, "key update");
+    // Only the names sent are checked: a guard named before and removed since does not block other changes.
+    if (guardsPatch !== undefined && guardsPatch !== null) this.guardChecker(guardsPatch);
     const row = await this.find(reference, "update");
-    const merged = { ...limitsView(row), ...patch };
-    const columns = limitColumns(merged);
+    const columns = {
+      ...limitColumns({ ...limitsView(row), ...limitsPatch }),
+      guards: guardsPatch === undefined ? row.guards : guardsColumn(mergeKeyGuards(guardsOfColumn(row.guards), guardsPatch)),
+    };
+    const patch = { ...limitsPatch, ...(guardsPatch === undefined ? {} : { guards: guardsOfColumn(columns.guards) }) };
     const now = nowIso(this.clock);
     await this.store.db.transaction().execute(async (trx) => {
       await trx.updateTable("api_keys").set(columns).where("id", "=", row.id).execute();
@@ -224,6 +252,8 @@ export class KeyService {
       };
       const limits = limitsOfRow(row);
       if (limits !== undefined) principal.limits = limits;
+      const guards = guardsOfColumn(row.guards);
+      if (guards !== null) principal.guards = guards;
       if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now });
     }
     if (principal.expiresAt !== null && principal.expiresAt <= now) {
@@ -240,6 +270,20 @@ export class KeyService {
       throw new PermissionDeniedError(`The key '${principal.name}' is a client key; the admin API needs an admin key.`, { code: "admin_required" });
     }
     return principal;
+  }
+
+  /** Active (not revoked, not expired) keys that name guards: what the catalog keeps guards for. */
+  async guardReferences(): Promise<KeyGuardReference[]> {
+    const now = nowIso(this.clock);
+    const rows = await this.store.db
+      .selectFrom("api_keys")
+      .select(["name", "guards"])
+      .where("guards", "is not", null)
+      .where("revoked_at", "is", null)
+      .where((eb) => eb.or([eb("expires_at", "is", null), eb("expires_at", ">", now)]))
+      .orderBy("name")
+      .execute();
+    return rows.map((row) => ({ name: row.name, guards: guardsOfColumn(row.guards)! }));
   }
 
   async hasActiveAdminKey(): Promise<boolean> {
@@ -293,7 +337,7 @@ function generateKey(): string {
   return KEY_PREFIX + body;
 }
 
-function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null } & KeyLimitColumns): ApiKeyInfo {
+function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null; guards: string | null } & KeyLimitColumns): ApiKeyInfo {
   return {
     id: row.id,
     name: row.name,
@@ -306,5 +350,6 @@ function toInfo(row: { id: string; name: string; prefix: string; role: string; a
     created_by: row.created_by,
     last_used_at: row.last_used_at,
     ...limitsView(row),
+    guards: guardsOfColumn(row.guards),
   };
 }

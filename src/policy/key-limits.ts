@@ -42,18 +42,14 @@ export const keyLimitFields = {
   model_limits: modelLimits.nullable().default(null),
 };
 
-/** PATCH /api/v1/keys/:ref: the limit fields to change; null removes a limit. */
-export const keyLimitsPatchSchema = z
-  .strictObject({
-    rpm: perMinute.nullable().optional(),
-    tpm: perMinute.nullable().optional(),
-    budget_usd: budget.nullable().optional(),
-    budget_period: z.enum(BUDGET_PERIODS, { error: `must be one of ${BUDGET_PERIODS.join(", ")}` }).optional(),
-    model_limits: modelLimits.nullable().optional(),
-  })
-  .refine((patch) => Object.keys(patch).length > 0, "give at least one of rpm, tpm, budget_usd, budget_period, model_limits");
-
-export type KeyLimitsPatch = z.output<typeof keyLimitsPatchSchema>;
+/** PATCH /api/v1/keys/:ref: the limit fields to change (key-service.ts adds the others); null removes a limit. */
+export const keyLimitsPatchFields = {
+  rpm: perMinute.nullable().optional(),
+  tpm: perMinute.nullable().optional(),
+  budget_usd: budget.nullable().optional(),
+  budget_period: z.enum(BUDGET_PERIODS, { error: `must be one of ${BUDGET_PERIODS.join(", ")}` }).optional(),
+  model_limits: modelLimits.nullable().optional(),
+};
 
 /** The limit columns of an api_keys row. */
 export interface KeyLimitColumns {

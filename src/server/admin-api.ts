@@ -154,7 +154,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     const info = await keys.get(c.req.param("ref"));
     return c.json({ ...info, usage: (await options.limits?.usageOf(info)) ?? null });
   });
-  app.patch("/api/v1/keys/:ref", async (c) => c.json(await keys.updateLimits(c.req.param("ref"), await jsonBody(c), actor(c))));
+  app.patch("/api/v1/keys/:ref", async (c) => c.json(await keys.update(c.req.param("ref"), await jsonBody(c), actor(c))));
   app.delete("/api/v1/keys/:ref", async (c) => c.json(await keys.revoke(c.req.param("ref"), actor(c))));
 
   return app;

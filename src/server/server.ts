@@ -11,6 +11,7 @@ import { getRequestListener } from "@hono/node-server";
 import { ConflictError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { Catalog } from "../catalog/catalog.ts";
+import { assertGuardsExist } from "../catalog/guard-references.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { KeyService } from "../keys/key-service.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
@@ -143,8 +144,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     throw error;
   }
   const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
-  const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
-  const keys = new KeyService({ store });
+  // Keys name guard models and the catalog keeps the guards keys name: each asks the other through a closure.
+  const catalog: Catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
+  const keys: KeyService = new KeyService({ store, guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key") });
   const replicas = new ReplicaTable();
   let joinToken = "";
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
@@ -219,7 +221,14 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     },
   });
   // The guards ask their models through the gateway's own admission, so a guard waits in its model's queue like any request.
-  const guards: GuardModels = new GuardModels({ catalog, ask: (request): Promise<unknown> => gateway.callModel(request), logger, ...(config.guardTimeoutMs === undefined ? {} : { timeoutMs: config.guardTimeoutMs }) });
+  const guards: GuardModels = new GuardModels({
+    catalog,
+    ask: (request): Promise<unknown> => gateway.callModel(request),
+    // A key's own guards come with its Principal: no lookup on the hot path.
+    keyGuards: (request) => request.principal.guards ?? null,
+    logger,
+    ...(config.guardTimeoutMs === undefined ? {} : { timeoutMs: config.guardTimeoutMs }),
+  });
   const gateway: Gateway = new Gateway({
     catalog,
     keys,

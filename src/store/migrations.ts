@@ -277,6 +277,13 @@ const migrations: Record<string, MigrationFactory> = {
         .execute();
     },
   }),
+  // Keys naming guard models (issue 9): a JSON object {input: [...], output: [...]} of
+  // guard model names every request with the key is checked by; null for none.
+  "0009_key_guards": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("api_keys").addColumn("guards", "text").execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

@@ -54,6 +54,8 @@ export interface ApiKeysTable {
   budget_period: Generated<string | null>;
   /** JSON object: model name → {rpm, tpm}, limits of one model for this key. */
   model_limits: Generated<string | null>;
+  /** JSON object {input: [...], output: [...]}: guard models every request with the key is checked by (0009). */
+  guards: Generated<string | null>;
 }
 
 /** What a key spent and has reserved in one budget period (src/policy/limit-store.ts). */

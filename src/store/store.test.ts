@@ -21,7 +21,7 @@ testBothStores("migrations create every table and record themselves", async (sto
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
   const applied = await sql<{ name: string }>`select name from llmgw_migrations order by name`.execute(store.db);
-  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror", "0003_mirror_verified", "0004_store_probe", "0005_fleet", "0006_jobs", "0007_key_limits", "0008_usage_aggregates"]);
+  assert.deepEqual(applied.rows.map((r) => r.name), ["0001_foundation", "0002_mirror", "0003_mirror_verified", "0004_store_probe", "0005_fleet", "0006_jobs", "0007_key_limits", "0008_usage_aggregates", "0009_key_guards"]);
 });
 
 testBothStores("a store migrates in its own schema even when another schema holds llmgw tables", async (store) => {

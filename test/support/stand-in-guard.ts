@@ -26,6 +26,8 @@ export interface StandInGuardOptions {
 export interface StandInGuard {
   url: string;
   behaviour: StandInGuardBehaviour;
+  /** Milliseconds the guard thinks before each answer (a known minimum of guard time); default 0. */
+  delayMs: number;
   /** What each request asked: the judged side and text as the stand-in read them. */
   questions: Array<{ check: "input" | "output"; judged: string; authorization: string | undefined; body: any }>;
   /** Questions whose asker hung up before the answer (a cancelled guard call). */
@@ -69,6 +71,7 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
   const guard: StandInGuard = {
     url: "",
     behaviour: "verdict",
+    delayMs: 0,
     questions: [],
     cancelled: () => cancelled,
     close: async () => undefined,
@@ -101,14 +104,14 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
       const matched = Object.entries(options.unsafeWords).filter(([word]) => lower.includes(word.toLowerCase()));
       const categories = matched.length === 0 ? null : [...new Set(matched.flatMap(([, names]) => names))];
       const content = guard.behaviour === "garbled" ? "I'm sorry, but I can't help with that." : verdictText(options.format, categories);
-      reply(200, {
+      setTimeout(() => reply(200, {
         id: "chatcmpl-guard",
         object: "chat.completion",
         created: 1764500000,
         model: body.model,
         choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop", logprobs: null }],
         usage: { prompt_tokens: 100, completion_tokens: 3, total_tokens: 103 },
-      });
+      }), guard.delayMs);
     });
   });
   server.on("connection", (socket) => {
