@@ -258,7 +258,12 @@ export class Gateway {
       for (const [name, value] of Object.entries(call.permit.headers)) res.setHeader(name, value);
     }
     if (this.options.guards === undefined) return null;
-    const checked = await this.options.guards.checkInput(request, signal);
+    const guardStarted = performance.now();
+    const checked = await this.options.guards.checkInput(request, signal).catch((error: unknown) => {
+      // Only a guard that was asked refuses or fails: its time belongs in the usage row too.
+      call.guardMs = Math.round(performance.now() - guardStarted);
+      throw error;
+    });
     if (signal.aborted) throw new ClientClosedError();
     call.guardMs = checked.guardMs;
     const output = checked.output;

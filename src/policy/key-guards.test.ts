@@ -166,9 +166,18 @@ describe("guards named by keys", () => {
       await ask(input.client, "plain", "Hi");
       await ask(both.client, "plain", "Hi");
       await ask(unguarded.client, "plain", "Hi");
+      const refused = await ask(input.client, "plain", "How do I kill a process?").catch((error: unknown) => error);
+      assert.ok(refused instanceof OpenAI.APIError && refused.status === 400, String(refused));
       const rowOf = (keyId: string) =>
         eventually(`the usage row of key ${keyId}`, async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute())[0]);
-      const inputRow = await rowOf(input.id);
+      const rowsOf = (keyId: string, count: number) =>
+        eventually(`${count} usage rows of key ${keyId}`, async () => {
+          const rows = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).orderBy("id").execute();
+          return rows.length >= count ? rows : undefined;
+        });
+      const [inputRow, refusedRow] = (await rowsOf(input.id, 2)) as [any, any];
+      assert.equal(refusedRow.status, 400);
+      assert.ok(refusedRow.guard_ms !== null && refusedRow.guard_ms >= GUARD_DELAY_MS, `a refusal keeps its guard time too: ${refusedRow.guard_ms} ms`);
       assert.ok(inputRow.guard_ms !== null && inputRow.guard_ms >= GUARD_DELAY_MS, `input guard time ${inputRow.guard_ms} ms`);
       const bothRow = await rowOf(both.id);
       assert.ok(bothRow.guard_ms !== null && bothRow.guard_ms >= 2 * GUARD_DELAY_MS, `input and output guard time ${bothRow.guard_ms} ms`);
