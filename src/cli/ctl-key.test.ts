@@ -53,7 +53,7 @@ describe("ctl key against a server", () => {
   });
 
   test("create with limits, use the key, show spent/limit and rate use, update", async () => {
-    const created = JSON.parse((await ctl("create", "--name", "team-a", "--rpm", "60", "--tpm", "100000", "--budget", "20", "--budget-period", "month", "--json")).stdout);
+    const created = JSON.parse((await ctl("create", "team-a", "--rpm", "60", "--tpm", "100000", "--budget", "20", "--budget-period", "month", "--json")).stdout);
     assert.equal(created.rpm, 60);
     assert.equal(created.budget_usd, 20);
     assert.equal(created.budget_period, "month");
@@ -70,6 +70,8 @@ describe("ctl key against a server", () => {
     assert.match(list, /team-a .*100000 tpm, \$20 per month, priced: 5 rpm/);
     await assert.rejects(ctl("update", "team-a"), (error: { stderr: string }) => /Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards/.test(error.stderr));
     await assert.rejects(ctl("update", "team-a", "--budget-period", "week"), (error: { stderr: string }) => /budget_period/.test(error.stderr));
+    await assert.rejects(ctl("create", "one", "--name", "two"), (error: { stderr: string }) => /Two names given: 'one' and --name 'two'/.test(error.stderr));
+    await assert.rejects(ctl("create", "--rpm", "5"), (error: { stderr: string }) => /Name the key: llmgw ctl key create NAME/.test(error.stderr));
   });
 
   test("create with guards, show them, change one side, clear it; a name that is not a guard is refused with its field", async () => {

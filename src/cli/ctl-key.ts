@@ -51,17 +51,22 @@ function withLimitFlags(command: Command): Command {
 export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const key = ctl.command("key").description("API keys, their budgets and rate limits");
   withLimitFlags(
-    withExamples(key.command("create"), "llmgw ctl key create --name ci --models tiny-llama --expires 30d", "llmgw ctl key create --name team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month", "llmgw ctl key create --name kiosk --input-guards lg --output-guards lg", "llmgw ctl key create --name ops --admin")
+    withExamples(key.command("create [name]"), "llmgw ctl key create ci --models tiny-llama --expires 30d", "llmgw ctl key create team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month", "llmgw ctl key create kiosk --input-guards lg --output-guards lg", "llmgw ctl key create --name ops --admin")
       .description("Create an API key; it is shown once")
-      .requiredOption("--name <name>", "who or what the key is for")
+      .option("--name <name>", "who or what the key is for (or give it as the first argument)")
       .option("--admin", "an admin key (admin API and every model)")
       .option("--models <names>", "comma-separated models the key may use (default: all)")
       .option("--expires <when>", "expiry: an ISO date-time or a duration like 30d, 12h"),
   )
     .option("--json", "print JSON")
-    .action(async (options: Options, command: Command) => {
+    .action(async (positionalName: string | undefined, options: Options, command: Command) => {
+      if (positionalName !== undefined && typeof options.name === "string" && options.name !== positionalName) {
+        throw new BadRequestError(`Two names given: '${positionalName}' and --name '${options.name}'. Give the key's name once.`);
+      }
+      const name = positionalName ?? options.name;
+      if (typeof name !== "string") throw new BadRequestError("Name the key: llmgw ctl key create NAME (or --name NAME).");
       const created = await connect(command).call("POST", "/api/v1/keys", {
-        name: options.name,
+        name,
         role: options.admin === true ? "admin" : "client",
         ...(typeof options.models === "string" ? { allowed_models: options.models.split(",").map((m) => m.trim()).filter(Boolean) } : {}),
         ...(typeof options.expires === "string" ? { expires_at: parseExpiry(options.expires) } : {}),
