@@ -41,6 +41,7 @@ const unit = [
   "src/usage/usage-aggregates.test.ts",
   "src/gateway/gateway.test.ts",
   "src/gateway/gateway-faults.test.ts",
+  "src/gateway/request-outcome.test.ts",
   "src/gateway/admission.test.ts",
   "src/gateway/anthropic/messages-request.test.ts",
   "src/gateway/anthropic/messages-answer.test.ts",

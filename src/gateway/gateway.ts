@@ -37,10 +37,11 @@ import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { StreamUsageFilter } from "./stream-usage.ts";
+import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
 import { unavailableError } from "./unavailable.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
-import { UsageTap, type TokenUsage } from "./usage-tap.ts";
+import type { TokenUsage } from "./usage-tap.ts";
 import type { UsageRow } from "./usage-recorder.ts";
 import { costUsd } from "../policy/cost.ts";
 import type { LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
@@ -128,8 +129,11 @@ interface Call {
   model: string | null;
   replicaId: string | null;
   stream: boolean;
+  /** When the replica whose answer the client got sent its first byte (a failed attempt's does not count). */
   firstByteAt: number | null;
   usage: TokenUsage | null;
+  /** How the last replica attempt ended: with the usage, what the request costs (request-outcome.ts). */
+  outcome: AttemptOutcome;
   /** The resolved catalog model (its prices give the cost). */
   catalogModel: CatalogModel | null;
   /** What the limits reserved for this request; settled once, when it ends. */
@@ -202,6 +206,7 @@ export class Gateway {
       stream: false,
       firstByteAt: null,
       usage: null,
+      outcome: NO_ATTEMPT,
       catalogModel: null,
       permit: null,
       guardMs: null,
@@ -392,9 +397,13 @@ export class Gateway {
         } finally {
           lease.release();
         }
-        call.usage = result.usage;
-        call.firstByteAt = result.firstByteAt;
         const { outcome } = result;
+        call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
+        // A failed attempt's timing and usage are not the request's: another replica may answer it.
+        if (outcome.kind !== "failed-before-first-byte") {
+          call.usage = result.usage;
+          call.firstByteAt = result.firstByteAt;
+        }
         if (outcome.kind === "answered") return outcome.status;
         if (outcome.kind === "client-gone") return new ClientClosedError().status;
         if (outcome.kind === "refused") throw outcome.error;
@@ -442,10 +451,7 @@ export class Gateway {
     if (call.permit !== null) {
       const permit = call.permit;
       call.permit = null;
-      // A replica's own refusal (a 4xx or 5xx it sent whole) generated nothing, so it costs
-      // nothing; a broken stream may have generated up to the reservation.
-      const answered = call.firstByteAt !== null && (status < 400 || status === STATUS_UPSTREAM_BROKE);
-      permit.settle({ usage: call.usage, answered });
+      permit.settle(settlementOf(call.outcome, call.usage));
     }
     this.options.metrics?.requestEnded({
       // Never call.model: before resolution it is whatever the client sent, an unbounded label.
@@ -491,14 +497,14 @@ function withoutServerDetails(error: unknown): unknown {
 
 /**
  * How an answer is read and changed on its way: OpenAI's routes pass it as it is (less
- * the usage the gateway asked for on the client's behalf, stream-usage.ts) and tap its
- * usage; another wire format's rewriter translates it and reads the usage itself.
+ * the usage the gateway asked for on the client's behalf, stream-usage.ts); another wire
+ * format's rewriter translates it. The relay reads the usage of JSON answers itself; a
+ * stream's is read by its rewriter, or tapped when the client asked for it.
  */
 function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage: boolean) {
-  const stream = body.stream === true;
   const wire = route.wire;
-  if (wire !== undefined) return { tap: null, rewrite: (head: AnswerHead): BodyRewriter => wire.answer(body, head), errors: wire.errors };
-  return { tap: stream && injectUsage ? null : new UsageTap(stream), rewrite: injectUsage ? () => new StreamUsageFilter() : null };
+  if (wire !== undefined) return { tapEventStream: false, rewrite: (head: AnswerHead): BodyRewriter => wire.answer(body, head), errors: wire.errors };
+  return { tapEventStream: !injectUsage, rewrite: injectUsage ? () => new StreamUsageFilter() : null };
 }
 
 function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {

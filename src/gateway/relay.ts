@@ -13,11 +13,14 @@
 // - With an output check (a guard model on the answer), a JSON answer is held whole until
 //   the check passes, and the check sees it as the upstream sent it (before any rewriter);
 //   a check that throws sends its error instead, and nothing of the answer.
+// - The usage of every JSON answer is read as it passes (a UsageTap), whatever rewrites
+//   it: an answer the output check refused, or one a rewriter never finished, still says
+//   what its generation cost.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
 import type { OutputCheck } from "../policy/request-policy.ts";
-import type { TokenUsage, UsageTap } from "./usage-tap.ts";
+import { UsageTap, type TokenUsage } from "./usage-tap.ts";
 
 export interface UpstreamAnswer {
   statusCode: number;
@@ -64,8 +67,11 @@ export interface AnswerHead {
 export interface RelayOptions {
   res: ServerResponse;
   upstream: UpstreamAnswer;
-  /** Finds the usage in what passes (when the client asked for it, or for JSON answers). */
-  tap: UsageTap | null;
+  /**
+   * Reads the usage from an event stream's data events as they pass: when the client asked
+   * for it, so no rewriter takes it out. JSON answers are always read.
+   */
+  tapEventStream: boolean;
   /** Makes the rewriter of this answer (the usage filter, a wire-format translation); null passes it as it is. */
   rewrite: ((answer: AnswerHead) => BodyRewriter | null) | null;
   /** How a failure is told once the answer has begun (OpenAI's failure event by default). */
@@ -117,13 +123,14 @@ function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
 }
 
 export function relay(options: RelayOptions): Promise<RelayResult> {
-  const { res, upstream, tap } = options;
+  const { res, upstream } = options;
   const body = upstream.body;
   let firstByteAt: number | null = null;
   let headersOut = false;
   // An event stream that ends without `[DONE]` did not finish: the upstream stopped (an
   // engine shutting down, say). Its last bytes tell whether it said so itself.
   const eventStream = isEventStream(upstream.headers);
+  const tap = !eventStream ? new UsageTap(false) : options.tapEventStream ? new UsageTap(true) : null;
   const rewriter = options.rewrite?.({ status: upstream.statusCode, eventStream }) ?? null;
   const sendHeaders = () => {
     if (headersOut) return;

@@ -9,7 +9,7 @@
 // boundary waits for its rest. Events without the text `"usage"` pass untouched and
 // unparsed, so the cost on a long stream is a substring search per chunk.
 import type { BodyRewriter } from "./relay.ts";
-import type { TokenUsage } from "./usage-tap.ts";
+import { readTokenUsage, type TokenUsage } from "./usage-tap.ts";
 
 const USAGE_MARK = Buffer.from('"usage"');
 const EMPTY = Buffer.alloc(0);
@@ -60,7 +60,7 @@ export class StreamUsageFilter implements BodyRewriter {
     }
     if (typeof payload !== "object" || payload === null || !("usage" in payload)) return event;
     const chunk = payload as { usage?: unknown; choices?: unknown };
-    const usage = readUsage(chunk.usage);
+    const usage = readTokenUsage(chunk.usage);
     if (usage !== null) this.found = usage;
     if (Array.isArray(chunk.choices) && chunk.choices.length === 0) return "";
     delete chunk.usage;
@@ -78,11 +78,4 @@ function completeEventsEnd(data: Buffer): number {
   const lf = data.lastIndexOf("\n\n");
   const crlf = data.lastIndexOf("\r\n\r\n");
   return Math.max(lf === -1 ? 0 : lf + 2, crlf === -1 ? 0 : crlf + 4);
-}
-
-function readUsage(value: unknown): TokenUsage | null {
-  if (typeof value !== "object" || value === null) return null;
-  const { prompt_tokens, completion_tokens } = value as Record<string, unknown>;
-  if (typeof prompt_tokens !== "number") return null;
-  return { prompt_tokens, completion_tokens: typeof completion_tokens === "number" ? completion_tokens : 0 };
 }

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { UsageTap } from "./usage-tap.ts";
+import { UsageTap, readTokenUsage } from "./usage-tap.ts";
 
 test("finds usage in a JSON answer whose text mentions usage and braces", () => {
   const tap = new UsageTap(false);
@@ -33,4 +33,16 @@ test("finds usage at the end of a JSON answer far larger than the tail it keeps"
   assert.ok(body.length > 1024 * 1024);
   for (let offset = 0; offset < body.length; offset += 16 * 1024) tap.push(body.subarray(offset, offset + 16 * 1024));
   assert.deepEqual(tap.usage(), { prompt_tokens: 100, completion_tokens: 0 });
+});
+
+test("counts that are not whole numbers >= 0 are no usage; a missing completion count is 0", () => {
+  assert.deepEqual(readTokenUsage({ prompt_tokens: 3, completion_tokens: 0 }), { prompt_tokens: 3, completion_tokens: 0 });
+  assert.deepEqual(readTokenUsage({ prompt_tokens: 3 }), { prompt_tokens: 3, completion_tokens: 0 }, "an embeddings answer");
+  assert.deepEqual(readTokenUsage({ prompt_tokens: 3, completion_tokens: null }), { prompt_tokens: 3, completion_tokens: 0 });
+  for (const usage of [null, {}, { prompt_tokens: -1, completion_tokens: 2 }, { prompt_tokens: 1, completion_tokens: -2 }, { prompt_tokens: 0.5 }, { prompt_tokens: "3" }, { prompt_tokens: 1e300 }, { prompt_tokens: 3, completion_tokens: "2" }]) {
+    assert.equal(readTokenUsage(usage), null, JSON.stringify(usage));
+  }
+  const tap = new UsageTap(false);
+  tap.push(Buffer.from(JSON.stringify({ choices: [], usage: { prompt_tokens: -7, completion_tokens: 5 } })));
+  assert.equal(tap.usage(), null);
 });

@@ -2,7 +2,9 @@
 // it. A JSON answer carries `usage` at the top level (last, in practice); a stream carries
 // it in its last data event when the client asked for `stream_options.include_usage`. The
 // tap keeps only the last 64 KiB of the response and parses what it needs once, after the
-// end.
+// end. Counts are an upstream's word, not llmgw's: readTokenUsage, the one reader every
+// part of the gateway uses, keeps only counts a usage row, a cost and a Prometheus counter
+// can take (whole numbers >= 0), and treats anything else as no usage at all.
 export interface TokenUsage {
   prompt_tokens: number;
   completion_tokens: number;
@@ -29,12 +31,12 @@ export class UsageTap {
   usage(): TokenUsage | null {
     if (this.chunks.length === 0) return null;
     const text = Buffer.concat(this.chunks).toString("utf8");
-    if (!this.stream) return pickUsage(safeParse(usageObjectText(text)));
+    if (!this.stream) return usageOf(safeParse(usageObjectText(text)));
     const events = text.split("\n");
     for (let i = events.length - 1; i >= 0; i -= 1) {
       const line = events[i]!.trim();
       if (!line.startsWith("data:") || !line.includes('"usage"')) continue;
-      const usage = pickUsage(safeParse(line.slice(5).trim()));
+      const usage = usageOf(safeParse(line.slice(5).trim()));
       if (usage !== null) return usage;
     }
     return null;
@@ -71,11 +73,31 @@ function safeParse(text: string): unknown {
   }
 }
 
-function pickUsage(value: unknown): TokenUsage | null {
+function usageOf(value: unknown): TokenUsage | null {
   if (typeof value !== "object" || value === null) return null;
-  const usage = (value as { usage?: unknown }).usage;
-  if (typeof usage !== "object" || usage === null) return null;
-  const { prompt_tokens, completion_tokens } = usage as Record<string, unknown>;
-  if (typeof prompt_tokens !== "number") return null;
-  return { prompt_tokens, completion_tokens: typeof completion_tokens === "number" ? completion_tokens : 0 };
+  return readTokenUsage((value as { usage?: unknown }).usage);
+}
+
+/**
+ * The token counts of an OpenAI `usage` object (a chat or text completion's, a usage
+ * chunk's, an embeddings answer's, which has no completion_tokens: 0). Null when there
+ * are none, or when a count is not a whole number >= 0 (a negative count would make the
+ * Prometheus counters throw at every scrape, a fraction fails an integer column): such
+ * usage is unknown, as if the upstream had sent none.
+ */
+export function readTokenUsage(value: unknown): TokenUsage | null {
+  if (typeof value !== "object" || value === null) return null;
+  const { prompt_tokens, completion_tokens } = value as Record<string, unknown>;
+  if (!isTokenCount(prompt_tokens)) return null;
+  if (completion_tokens === undefined || completion_tokens === null) return { prompt_tokens, completion_tokens: 0 };
+  return isTokenCount(completion_tokens) ? { prompt_tokens, completion_tokens } : null;
+}
+
+/** Whether a usage the gateway holds has counts fit to add up (see readTokenUsage). */
+export function isTokenUsage(usage: TokenUsage): boolean {
+  return isTokenCount(usage.prompt_tokens) && isTokenCount(usage.completion_tokens);
+}
+
+function isTokenCount(value: unknown): value is number {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0;
 }

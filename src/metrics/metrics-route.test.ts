@@ -12,6 +12,7 @@ import { silentLogger } from "../core/log.ts";
 import { startServer } from "../server/server.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream } from "../../test/support/fake-upstream.ts";
+import { startJsonOnlyUpstream } from "../../test/support/json-only-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
 import { parsePrometheusText, type Exposition } from "../../test/support/prometheus-text.ts";
@@ -79,6 +80,29 @@ test("after requests, a local scrape shows them by model and status, with latenc
     assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-a" }), 0.75);
     assert.ok(exposition.value("process_cpu_seconds_total")! > 0);
     assert.equal(exposition.families.get("nodejs_heap_size_used_bytes")?.type, "gauge");
+  } finally {
+    await harness.close();
+    await upstream.close();
+  }
+});
+
+test("an upstream that reports a negative token count leaves /metrics working, and its count out", async () => {
+  const upstream = await startJsonOnlyUpstream({ reply: "odd", usage: { prompt_tokens: -5, completion_tokens: 3, total_tokens: -2 } });
+  const harness = await startHarness();
+  try {
+    await harness.addModel({ name: "odd", profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    const key = await harness.clientKey();
+    for (const stream of [false, true]) {
+      const answer = await chat(harness, key, { model: "odd", stream });
+      assert.equal(answer.status, 200);
+      await answer.text();
+    }
+    const exposition = await eventually("both requests counted", async () => {
+      const seen = await scrape(harness);
+      return seen.value("llmgw_requests_total", { model: "odd", status: "200" }) === 2 ? seen : undefined;
+    });
+    assert.deepEqual(exposition.samples("llmgw_tokens_total", { model: "odd" }), [], "the nonsense counts are not added");
+    assert.equal((await fetch(`${harness.url}/metrics`)).status, 200, "a later scrape works too");
   } finally {
     await harness.close();
     await upstream.close();

@@ -60,6 +60,18 @@ test("requests, latencies and tokens are counted by catalog model and status; a 
   assert.equal(exposition.samples("llmgw_tokens_total", { model: "-" }).length, 0);
 });
 
+test("usage whose counts are not whole numbers >= 0 is not counted, and the scrape still works", async () => {
+  const metrics = new Metrics({ sources: fakeFleet().sources, logger: silentLogger() });
+  metrics.requestEnded({ model: "chat", status: 200, stream: false, seconds: 0.1, ttftSeconds: 0.1, usage: { prompt_tokens: 4, completion_tokens: 2 } });
+  for (const usage of [{ prompt_tokens: -5, completion_tokens: 3 }, { prompt_tokens: 5, completion_tokens: -3 }, { prompt_tokens: Number.NaN, completion_tokens: 1 }, { prompt_tokens: 1.5, completion_tokens: 1 }]) {
+    metrics.requestEnded({ model: "chat", status: 200, stream: false, seconds: 0.1, ttftSeconds: 0.1, usage });
+  }
+  const exposition = await scrape(metrics);
+  assert.equal(exposition.value("llmgw_requests_total", { model: "chat", status: "200" }), 5, "the requests count");
+  assert.equal(exposition.value("llmgw_tokens_total", { model: "chat", direction: "input" }), 4);
+  assert.equal(exposition.value("llmgw_tokens_total", { model: "chat", direction: "output" }), 2);
+});
+
 test("in flight, queue depth and replicas by state are read from the fleet at each scrape", async () => {
   const fleet = fakeFleet();
   fleet.models.set("m-embed", "embed");
@@ -138,6 +150,13 @@ test("budget spent per key comes from the callback at each scrape; a failing one
   exposition = await scrape(metrics);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-a" }), 2.5);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-b" }), undefined, "a key no longer listed is gone");
+
+  // Key names are not unique: the shown prefix, when the source gives it, tells two keys of one name apart.
+  spent = [{ key: "ci", prefix: "llmgw_AAAA", spent_usd: 1 }, { key: "ci", prefix: "llmgw_BBBB", spent_usd: 3 }];
+  exposition = await scrape(metrics);
+  assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_AAAA" }), 1);
+  assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_BBBB" }), 3);
+  assert.equal(exposition.samples("llmgw_budget_spent_usd").length, 2);
 
   failing = true;
   exposition = await scrape(metrics);

@@ -11,13 +11,14 @@
 //
 // Label values are bounded: `model` is a catalog name or "-" (a request refused before
 // its model was resolved, a model name the catalog does not know), `status` an HTTP
-// status, `state` a replica state, `key` a key name. Series of models removed from the
-// catalog are dropped at the next scrape.
+// status, `state` a replica state, `key` a key name with `prefix` the key's shown prefix
+// (names are not unique, so the prefix tells keys of one name apart). Series of models
+// removed from the catalog are dropped at the next scrape.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
-import type { TokenUsage } from "../gateway/usage-tap.ts";
+import { isTokenUsage, type TokenUsage } from "../gateway/usage-tap.ts";
 
 /** The label of requests whose model is not (yet) a catalog model. */
 export const UNKNOWN_MODEL = "-";
@@ -71,7 +72,10 @@ export interface RequestMetrics {
 
 /** One key's spending in its current budget period. */
 export interface BudgetSpent {
+  /** The key's name. */
   key: string;
+  /** The key's shown prefix, which tells apart keys of one name; without it the series has only `key`. */
+  prefix?: string;
   spent_usd: number;
 }
 
@@ -202,8 +206,8 @@ export class Metrics implements RequestMetrics {
       const logger = options.logger;
       new Gauge({
         name: "llmgw_budget_spent_usd",
-        help: "USD spent by each key with a budget in its current budget period.",
-        labelNames: ["key"],
+        help: "USD spent by each key with a budget in its current budget period, by key name and shown prefix.",
+        labelNames: ["key", "prefix"],
         registers,
         async collect() {
           this.reset();
@@ -215,7 +219,7 @@ export class Metrics implements RequestMetrics {
             logger.warn({ err: describeError(error) }, "metrics: reading the budgets' spending failed; llmgw_budget_spent_usd is left out of this scrape");
             return;
           }
-          for (const row of spent) this.set({ key: row.key }, row.spent_usd);
+          for (const row of spent) this.set(row.prefix === undefined ? { key: row.key } : { key: row.key, prefix: row.prefix }, row.spent_usd);
         },
       });
     }
@@ -227,7 +231,10 @@ export class Metrics implements RequestMetrics {
     series.byStatus.set(ended.status, (series.byStatus.get(ended.status) ?? 0) + 1);
     series.duration.observe(ended.seconds);
     if (ended.stream && ended.ttftSeconds !== null) series.ttft.observe(ended.ttftSeconds);
-    if (ended.usage !== null) {
+    // Counts the gateway read are checked already (usage-tap.ts); a caller's that are not
+    // whole numbers >= 0 are left out here too, since one negative count would make every
+    // later scrape throw.
+    if (ended.usage !== null && isTokenUsage(ended.usage)) {
       series.inputTokens += ended.usage.prompt_tokens;
       series.outputTokens += ended.usage.completion_tokens;
     }

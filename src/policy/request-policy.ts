@@ -23,9 +23,11 @@ export interface LimitsPermit {
   readonly headers: Readonly<Record<string, string>>;
   /**
    * Replaces the reservation by what the request used. Called exactly once, whatever the
-   * outcome. `usage` null with `answered` false: no replica sent a byte (refused, failed
-   * before answering), which costs nothing; null with `answered` true: a replica answered
-   * without token counts (an external server, a broken stream), so the reservation stands.
+   * outcome. `usage` null with `answered` false: no replica produced an answer (refused,
+   * failed before its first byte, or sent its own error answer), which costs nothing; null
+   * with `answered` true: a replica answered, or began to, without token counts (an
+   * external server, a broken stream, a client that left), so the reservation stands.
+   * The gateway decides which (gateway/request-outcome.ts).
    */
   settle(outcome: { usage: TokenUsage | null; answered: boolean }): void;
 }

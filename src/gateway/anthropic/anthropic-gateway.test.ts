@@ -10,6 +10,7 @@ import Anthropic from "@anthropic-ai/sdk";
 import { startHarness, type Harness } from "../../../test/support/server-harness.ts";
 import { fakeUpstreams } from "../../../test/support/fake-upstream.ts";
 import { eventually } from "../../../test/support/eventually.ts";
+import { startJsonOnlyUpstream } from "../../../test/support/json-only-upstream.ts";
 
 describe("/v1/messages through the gateway", () => {
   let harness: Harness;
@@ -65,7 +66,7 @@ describe("/v1/messages through the gateway", () => {
     assert.deepEqual(message.content, [{ type: "text", text: "hello from the fake upstream" }]);
     assert.equal(message.stop_reason, "end_turn");
     assert.equal(message.stop_sequence, null);
-    assert.deepEqual(message.usage, { input_tokens: 7, output_tokens: 5 });
+    assert.deepEqual(message.usage, { input_tokens: 7, output_tokens: 5, cache_creation_input_tokens: null, cache_read_input_tokens: null });
   });
 
   test("a stream: messages.stream() gets every text piece and finalMessage() the stop reason and usage", async () => {
@@ -78,6 +79,8 @@ describe("/v1/messages through the gateway", () => {
     assert.equal(message.stop_reason, "end_turn");
     assert.deepEqual(message.usage.input_tokens, 7);
     assert.deepEqual(message.usage.output_tokens, 5);
+    assert.equal(message.usage.cache_creation_input_tokens, null, "no prompt caching: null, as Anthropic says it");
+    assert.equal(message.usage.cache_read_input_tokens, null);
     const request = seen.requests.at(-1)!;
     assert.equal(request.body.stream, true);
     assert.deepEqual(request.body.stream_options, { include_usage: true }, "the usage is asked for, for message_delta");
@@ -155,6 +158,34 @@ describe("/v1/messages through the gateway", () => {
     assert.deepEqual(error.error, { type: "error", error: { type: "invalid_request_error", message: "upstream failure" } });
     const streamed = await client.messages.stream({ model: "refusing", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).finalMessage().catch((e: unknown) => e);
     assert.ok(streamed instanceof Anthropic.BadRequestError, String(streamed));
+  });
+
+  test("a stream the upstream answered with one JSON completion reaches the SDK as the full event sequence", async () => {
+    const plain = await startJsonOnlyUpstream({ reply: "one piece", usage: { prompt_tokens: 4, completion_tokens: 2, total_tokens: 6 } });
+    try {
+      await addModel("no-streams", plain.url);
+      const stream = client.messages.stream({ model: "no-streams", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] });
+      const pieces: string[] = [];
+      stream.on("text", (text) => pieces.push(text));
+      const message = await stream.finalMessage();
+      assert.deepEqual(pieces, ["one piece"]);
+      assert.deepEqual(message.content, [{ type: "text", text: "one piece" }]);
+      assert.equal(message.stop_reason, "end_turn");
+      assert.deepEqual(message.usage, { input_tokens: 4, output_tokens: 2, cache_creation_input_tokens: null, cache_read_input_tokens: null });
+      assert.equal((plain.requests[0] as { stream?: unknown }).stream, true, "the upstream was asked for a stream");
+
+      const raw = await fetch(`${harness.url}/v1/messages`, {
+        method: "POST",
+        headers: { "x-api-key": key, "content-type": "application/json" },
+        body: JSON.stringify({ model: "no-streams", max_tokens: 8, stream: true, messages: [{ role: "user", content: "Hi" }] }),
+      });
+      assert.equal(raw.status, 200);
+      assert.match(raw.headers.get("content-type") ?? "", /^text\/event-stream/);
+      const names = [...(await raw.text()).matchAll(/^event: (\w+)$/gm)].map((match) => match[1]);
+      assert.deepEqual(names, ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+    } finally {
+      await plain.close();
+    }
   });
 
   test("a stream broken mid-way ends with Anthropic's error event, which the SDK raises as an APIError", async () => {

@@ -32,7 +32,8 @@ export const anthropicMessages: WireFormat = {
   toUpstream: messagesToChatBody,
   // A successful event stream is translated event by event; anything else (a JSON
   // answer, an error of the upstream, a stream request the upstream refused) is held
-  // whole and translated at its end.
+  // whole and translated at its end, into the full event sequence when the client asked
+  // for a stream and the upstream answered it with JSON anyway.
   answer: (request, head) => (head.eventStream && head.status === 200 ? new MessagesStream(request) : new MessagesAnswer(request, head.status)),
   errors: ANTHROPIC_ERRORS,
 };

@@ -34,7 +34,7 @@ test("a chat completion becomes a message with the requested model name, text co
     content: [{ type: "text", text: "Hi there" }],
     stop_reason: "end_turn",
     stop_sequence: null,
-    usage: { input_tokens: 11, output_tokens: 3 },
+    usage: { input_tokens: 11, output_tokens: 3, cache_creation_input_tokens: null, cache_read_input_tokens: null },
   });
   assert.deepEqual(head, { status: 200, contentType: "application/json" });
   assert.deepEqual(usage, { prompt_tokens: 11, completion_tokens: 3 });
@@ -43,8 +43,52 @@ test("a chat completion becomes a message with the requested model name, text co
 test("an empty reply has no content block, and a missing usage gives zeros", () => {
   const { json, usage } = rewrite(200, JSON.stringify(completion({ message: { role: "assistant", content: "" } }, null)));
   assert.deepEqual(json.content, []);
-  assert.deepEqual(json.usage, { input_tokens: 0, output_tokens: 0 });
+  assert.deepEqual(json.usage, { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null });
   assert.equal(usage, null);
+});
+
+test("a stream request the upstream answered with one JSON completion gets the message as the full event sequence", () => {
+  const answer = new MessagesAnswer({ ...request, stream: true }, 200);
+  assert.equal(answer.push(Buffer.from(JSON.stringify(completion({ finish_reason: "length" })))).length, 0);
+  const text = answer.end().toString("utf8");
+  assert.deepEqual(answer.head(), { status: 200, contentType: "text/event-stream" });
+  assert.deepEqual(answer.usage(), { prompt_tokens: 11, completion_tokens: 3 });
+  const events = text.split("\n\n").filter((part) => part !== "").map((part) => {
+    const match = /^event: (\w+)\ndata: (.*)$/.exec(part);
+    assert.ok(match, `an event line and a data line: ${JSON.stringify(part)}`);
+    return { name: match[1]!, data: JSON.parse(match[2]!) };
+  });
+  assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+  const start = events[0]!.data.message;
+  assert.deepEqual({ ...start, id: "x" }, {
+    id: "x",
+    type: "message",
+    role: "assistant",
+    model: "demo-alias",
+    content: [],
+    stop_reason: null,
+    stop_sequence: null,
+    usage: { input_tokens: 11, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+  });
+  assert.deepEqual(events[2]!.data.delta, { type: "text_delta", text: "Hi there" });
+  assert.deepEqual(events[4]!.data, {
+    type: "message_delta",
+    delta: { stop_reason: "max_tokens", stop_sequence: null },
+    usage: { input_tokens: 11, output_tokens: 3, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+  });
+
+  const refused = new MessagesAnswer({ ...request, stream: true }, 400);
+  refused.push(Buffer.from(JSON.stringify({ error: { message: "no", type: "invalid_request_error", param: null, code: null } })));
+  assert.equal(JSON.parse(refused.end().toString("utf8")).type, "error");
+  assert.deepEqual(refused.head(), { status: 400, contentType: "application/json" }, "an error keeps its status and JSON body");
+});
+
+test("usage counts that are not whole numbers >= 0 are no usage", () => {
+  for (const usage of [{ prompt_tokens: -5, completion_tokens: 3 }, { prompt_tokens: 5, completion_tokens: -1 }, { prompt_tokens: 1.5, completion_tokens: 3 }, { prompt_tokens: "5", completion_tokens: 3 }]) {
+    const { json, usage: found } = rewrite(200, JSON.stringify(completion({}, usage)));
+    assert.equal(found, null, JSON.stringify(usage));
+    assert.deepEqual(json.usage, { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null });
+  }
 });
 
 test("stop reasons: length is max_tokens; stop_sequence only when the server names a requested sequence", () => {

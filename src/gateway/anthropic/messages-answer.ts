@@ -3,10 +3,14 @@
 // §8), or the upstream's error answer turned into Anthropic's error shape. Holding the
 // whole body costs nothing here: a non-streamed completion arrives in one piece when the
 // generation is done, and the translation needs all of it (usage comes last).
+// A client that asked for a stream of an upstream that answered with one JSON body anyway
+// (some servers ignore `stream`) gets the message as the full event sequence: the SDK's
+// stream reader accepts nothing else.
 import { randomBytes } from "node:crypto";
+import { sseNamedEvent } from "../../core/http.ts";
 import type { BodyRewriter } from "../relay.ts";
 import type { GatewayRequestBody } from "../request-schemas.ts";
-import type { TokenUsage } from "../usage-tap.ts";
+import { readTokenUsage, type TokenUsage } from "../usage-tap.ts";
 import { anthropicErrorBody, upstreamErrorBody } from "./anthropic-errors.ts";
 
 export type StopReason = "end_turn" | "max_tokens" | "stop_sequence";
@@ -42,17 +46,13 @@ export function stopsOf(request: GatewayRequestBody): string[] {
   return Array.isArray(stop) ? stop.filter((s): s is string => typeof s === "string") : [];
 }
 
-/** Token counts of a chat completion's (or usage chunk's) `usage`, when it has them. */
-export function readUsage(value: unknown): TokenUsage | null {
-  if (typeof value !== "object" || value === null) return null;
-  const { prompt_tokens, completion_tokens } = value as Record<string, unknown>;
-  if (typeof prompt_tokens !== "number") return null;
-  return { prompt_tokens, completion_tokens: typeof completion_tokens === "number" ? completion_tokens : 0 };
-}
-
-/** Anthropic's usage: an upstream that gave no counts (an external server) leaves zeros. */
-export function anthropicUsage(usage: TokenUsage | null): { input_tokens: number; output_tokens: number } {
-  return { input_tokens: usage?.prompt_tokens ?? 0, output_tokens: usage?.completion_tokens ?? 0 };
+/**
+ * Anthropic's usage: an upstream that gave no counts (an external server) leaves zeros.
+ * Prompt caching is Anthropic's own and no engine reports it, so its two counts are null,
+ * as Anthropic's API sends them when nothing was cached (the SDKs type them number | null).
+ */
+export function anthropicUsage(usage: TokenUsage | null) {
+  return { input_tokens: usage?.prompt_tokens ?? 0, output_tokens: usage?.completion_tokens ?? 0, cache_creation_input_tokens: null, cache_read_input_tokens: null };
 }
 
 interface ChatChoice {
@@ -77,23 +77,47 @@ export function messageFromChatCompletion(completion: unknown, request: GatewayR
     // An empty answer has no content block, as with Anthropic.
     content: text === "" ? [] : [{ type: "text" as const, text }],
     ...stopOutcome(choice.finish_reason, choice.stop_reason, stopsOf(request)),
-    usage: anthropicUsage(readUsage((completion as { usage?: unknown }).usage)),
+    usage: anthropicUsage(readTokenUsage((completion as { usage?: unknown }).usage)),
   };
 }
 
 const EMPTY = Buffer.alloc(0);
+
+type Message = NonNullable<ReturnType<typeof messageFromChatCompletion>>;
+
+/**
+ * A whole message as the events of a stream (protocols.md §8): message_start with the
+ * input tokens, the text in one content_block_delta, message_delta with the stop reason
+ * and the usage, message_stop. An empty answer has no content block, as in a stream.
+ */
+export function messageAsEvents(message: Message): string {
+  const { content, stop_reason, stop_sequence, usage, ...head } = message;
+  let out = sseNamedEvent("message_start", { type: "message_start", message: { ...head, content: [], stop_reason: null, stop_sequence: null, usage: { ...usage, output_tokens: 0 } } });
+  const text = content[0]?.text;
+  if (text !== undefined) {
+    out += sseNamedEvent("content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } });
+    out += sseNamedEvent("content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text } });
+    out += sseNamedEvent("content_block_stop", { type: "content_block_stop", index: 0 });
+  }
+  out += sseNamedEvent("message_delta", { type: "message_delta", delta: { stop_reason, stop_sequence }, usage });
+  out += sseNamedEvent("message_stop", { type: "message_stop" });
+  return out;
+}
 
 /** Rewrites one non-streamed answer (or any error answer) into the Messages API's shape. */
 export class MessagesAnswer implements BodyRewriter {
   private readonly chunks: Buffer[] = [];
   private found: TokenUsage | null = null;
   private status: number;
+  private readonly asEvents: boolean;
 
   constructor(
     private readonly request: GatewayRequestBody,
     upstreamStatus: number,
   ) {
     this.status = upstreamStatus;
+    // Only a successful answer becomes events; an error keeps its status and JSON body, as Anthropic's do.
+    this.asEvents = request.stream === true && upstreamStatus >= 200 && upstreamStatus < 300;
   }
 
   push(chunk: Buffer): Buffer {
@@ -116,8 +140,8 @@ export class MessagesAnswer implements BodyRewriter {
       this.status = 502;
       return json(anthropicErrorBody("api_error", `The model server's answer was not a chat completion, so it cannot be given as a message (it began: ${JSON.stringify(text.slice(0, 120))}). Retry; if it persists, tell an administrator.`));
     }
-    this.found = readUsage((completion as { usage?: unknown }).usage);
-    return json(message);
+    this.found = readTokenUsage((completion as { usage?: unknown }).usage);
+    return this.asEvents ? Buffer.from(messageAsEvents(message), "utf8") : json(message);
   }
 
   usage(): TokenUsage | null {
@@ -125,7 +149,9 @@ export class MessagesAnswer implements BodyRewriter {
   }
 
   head(): { status: number; contentType: string } {
-    return { status: this.status, contentType: "application/json" };
+    // Asked when the first bytes go out, after end(): a 502 for an answer that was no chat completion is JSON.
+    const events = this.asEvents && this.status >= 200 && this.status < 300;
+    return { status: this.status, contentType: events ? "text/event-stream" : "application/json" };
   }
 }
 

@@ -70,11 +70,11 @@ test("a chat stream becomes Anthropic's events in order, whatever the chunk boun
   );
   const start = events[0]!.data.message;
   assert.match(start.id, /^msg_/);
-  assert.deepEqual({ ...start, id: "x" }, { id: "x", type: "message", role: "assistant", model: "demo", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 0, output_tokens: 0 } });
+  assert.deepEqual({ ...start, id: "x" }, { id: "x", type: "message", role: "assistant", model: "demo", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null } });
   assert.deepEqual(events[1]!.data, { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } });
   assert.deepEqual(events.slice(2, 4).map((e) => e.data.delta), [{ type: "text_delta", text: "Héllo" }, { type: "text_delta", text: " wörld 😁" }]);
   assert.deepEqual(events[4]!.data, { type: "content_block_stop", index: 0 });
-  assert.deepEqual(events[5]!.data, { type: "message_delta", delta: { stop_reason: "stop_sequence", stop_sequence: "END" }, usage: { input_tokens: 12, output_tokens: 4 } });
+  assert.deepEqual(events[5]!.data, { type: "message_delta", delta: { stop_reason: "stop_sequence", stop_sequence: "END" }, usage: { input_tokens: 12, output_tokens: 4, cache_creation_input_tokens: null, cache_read_input_tokens: null } });
 });
 
 test("CRLF framing, extra lines of other servers, and max_tokens", () => {
@@ -82,7 +82,7 @@ test("CRLF framing, extra lines of other servers, and max_tokens", () => {
   const events = parseEvents(translate(Buffer.from(input), []).out);
   assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
   assert.deepEqual(events[4]!.data.delta, { stop_reason: "max_tokens", stop_sequence: null });
-  assert.deepEqual(events[4]!.data.usage, { input_tokens: 0, output_tokens: 0 }, "no usage chunk: zeros");
+  assert.deepEqual(events[4]!.data.usage, { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null }, "no usage chunk: zeros");
 });
 
 test("a reply without text has no content block", () => {

@@ -16,9 +16,9 @@ import { StringDecoder } from "node:string_decoder";
 import { sseNamedEvent } from "../../core/http.ts";
 import type { BodyRewriter } from "../relay.ts";
 import type { GatewayRequestBody } from "../request-schemas.ts";
-import type { TokenUsage } from "../usage-tap.ts";
+import { readTokenUsage, type TokenUsage } from "../usage-tap.ts";
 import { anthropicErrorBody, anthropicErrorType } from "./anthropic-errors.ts";
-import { anthropicUsage, newMessageId, readUsage, stopOutcome, stopsOf, type StopOutcome } from "./messages-answer.ts";
+import { anthropicUsage, newMessageId, stopOutcome, stopsOf, type StopOutcome } from "./messages-answer.ts";
 
 const EVENT_END = /\r?\n\r?\n/;
 
@@ -83,7 +83,7 @@ export class MessagesStream implements BodyRewriter {
     if (typeof chunk !== "object" || chunk === null) return "";
     if (chunk.error !== undefined) return this.fail(chunk.error);
     let out = this.start();
-    const usage = readUsage(chunk.usage);
+    const usage = readTokenUsage(chunk.usage);
     if (usage !== null) this.found = usage;
     const choice = chunk.choices?.[0];
     if (choice === undefined) return out;
@@ -113,7 +113,7 @@ export class MessagesStream implements BodyRewriter {
         stop_reason: null,
         stop_sequence: null,
         // Not known before the last chunk: message_delta has the real counts.
-        usage: { input_tokens: 0, output_tokens: 0 },
+        usage: anthropicUsage(null),
       },
     });
   }
