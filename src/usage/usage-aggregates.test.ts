@@ -4,6 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { UsageRecorder, type UsageRow } from "../gateway/usage-recorder.ts";
+import { openStore } from "../store/store.ts";
 import { testBothDatabases, testBothStores } from "../../test/support/stores.ts";
 import { bucketOf, bucketValue, percentile } from "./latency-histogram.ts";
 import { queryUsage, readPlan, type UsageQuery } from "./usage-query.ts";
@@ -232,4 +233,70 @@ test("the read plan takes whole hours from the rollups and the partial hours fro
   ]);
   assert.deepEqual(plan("2026-11-30T10:00:00Z", "2026-11-30T12:00:00Z"), [["hour", "10:00", "12:00"]]);
   assert.deepEqual(plan("2026-11-30T10:10:00Z", "2026-11-30T11:20:00Z"), [["minute", "10:10", "11:20"]], "no whole hour inside: minutes only");
+});
+
+testBothDatabases("migration 0008 adds up the usage rows an older llmgw wrote, across pages, histograms included", async (database) => {
+  // The database as llmgw left it before 0008: raw rows only, without cost_usd or guard_ms.
+  const older = await openStore({ ...database.spec, migrateUntil: "0007_key_limits" });
+  try {
+    const applied = await older.db.selectFrom("llmgw_migrations" as never).select("name" as never).execute();
+    assert.equal(applied.length, 7, "the store stopped at 0007");
+    const old = (fields: { at: string; key_id: string | null; model: string; duration_ms: number; ttft_ms: number | null; stream: number; status: number }) => ({
+      replica_id: null,
+      endpoint: "/v1/chat/completions",
+      prompt_tokens: 10,
+      completion_tokens: 5,
+      ...fields,
+    });
+    const rows = [
+      old({ at: "2026-11-30T10:00:01.000Z", key_id: "key-a", model: "tiny", duration_ms: 10, ttft_ms: 4, stream: 1, status: 200 }),
+      old({ at: "2026-11-30T10:00:02.000Z", key_id: "key-a", model: "tiny", duration_ms: 20, ttft_ms: 20, stream: 0, status: 200 }),
+      old({ at: "2026-11-30T10:00:03.000Z", key_id: "key-a", model: "tiny", duration_ms: 30, ttft_ms: 30, stream: 0, status: 499 }),
+      old({ at: "2026-11-30T11:15:00.000Z", key_id: null, model: "other", duration_ms: 7, ttft_ms: null, stream: 0, status: 500 }),
+    ];
+    // 6000 more rows in 12:00-12:59, each minute's rows both sides of the backfill's 5000-row page.
+    for (let i = 0; i < 6000; i += 1) {
+      rows.push(old({ at: `2026-11-30T12:${String(i % 60).padStart(2, "0")}:00.000Z`, key_id: "key-b", model: "tiny", duration_ms: (i % 100) + 1, ttft_ms: null, stream: 0, status: 200 }));
+    }
+    for (let offset = 0; offset < rows.length; offset += 1000) await older.db.insertInto("usage").values(rows.slice(offset, offset + 1000)).execute();
+  } finally {
+    await older.close();
+  }
+
+  const store = await database.open();
+  try {
+    const minutes = await store.db.selectFrom("usage_minutes").selectAll().where("key_id", "!=", "key-b").orderBy("minute").execute();
+    assert.deepEqual(
+      minutes.map((m) => [m.minute, m.key_id, m.model, Number(m.requests), Number(m.errors), Number(m.prompt_tokens), Number(m.completion_tokens), Number(m.cost_usd)]),
+      [
+        ["2026-11-30T10:00:00.000Z", "key-a", "tiny", 3, 1, 30, 15, 0],
+        ["2026-11-30T11:15:00.000Z", "", "other", 1, 1, 10, 5, 0],
+      ],
+    );
+    assert.deepEqual(JSON.parse(minutes[0]!.ttft_hist), { [String(bucketOf(4))]: 1 }, "the ttft of the stream only");
+    const split = await store.db.selectFrom("usage_minutes").select(["requests", "duration_hist"]).where("key_id", "=", "key-b").execute();
+    assert.equal(split.length, 60);
+    for (const minute of split) {
+      assert.equal(Number(minute.requests), 100);
+      const counted = Object.values(JSON.parse(minute.duration_hist) as Record<string, number>).reduce((sum, n) => sum + Number(n), 0);
+      assert.equal(counted, 100, "a minute both pages added to has every latency in its histogram");
+    }
+    const hours = await store.db.selectFrom("usage_hours").select(["hour", "key_id", "requests"]).orderBy("hour").execute();
+    assert.deepEqual(
+      hours.map((h) => [h.hour, h.key_id, Number(h.requests)]),
+      [
+        ["2026-11-30T10:00:00.000Z", "key-a", 3],
+        ["2026-11-30T11:00:00.000Z", "", 1],
+        ["2026-11-30T12:00:00.000Z", "key-b", 6000],
+      ],
+    );
+    // The report over the day reads the hourly rollups the backfill wrote: durations 1..100 ms, 60 times each.
+    const report = await queryUsage(store, everything(["key"], { from: "2026-11-30T00:00:00Z" }), keyName);
+    assert.deepEqual(report.rows.map((r) => [r.key, r.requests, r.errors]), [[null, 1, 1], ["alice", 3, 1], ["bob", 6000, 0]]);
+    withinBound(report.rows[2]!.p50_ms, 50, "p50 of the backfilled rows");
+    withinBound(report.rows[2]!.p95_ms, 95, "p95 of the backfilled rows");
+    assert.equal(report.rows[1]!.ttft_p50_ms, 4);
+  } finally {
+    await store.close();
+  }
 });
