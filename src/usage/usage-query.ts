@@ -9,10 +9,11 @@
 // from usage_hours (60 times fewer rows than minutes), only the partial hours at either
 // end from usage_minutes, and both a page at a time in key order, yielding to the event
 // loop between pages. bench/usage/report.ts, 30 days × 10 keys × 3 models (1.3 M minute
-// rows) on SQLite: reading every minute row in one select took 22-33 s, all of it with
-// the event loop blocked; now 0.2-0.4 s, blocked at most ~25 ms at a time. Adding up
-// in SQL instead (GROUP BY a prefix of `minute`, json_each per bucket) was no cure:
-// 3 s for the counters and 15 s for one histogram over the month, all blocking.
+// rows) on SQLite, a loaded 2-core machine: reading every minute row in one select took
+// 22-33 s, all of it with the event loop blocked; now 0.4-0.9 s in all, blocked at most
+// 30-100 ms at a time. Adding up the minute rows in SQL instead (GROUP BY a prefix of
+// `minute`, json_each with a sum per bucket) was no cure: 3 s for the counters and 15 s
+// for one histogram over the month, each one blocking select.
 import { sql, type RawBuilder } from "kysely";
 import type { Store } from "../store/store.ts";
 import { AGGREGATE_TABLES, type Aggregate, type Granularity } from "./usage-aggregates.ts";
