@@ -1,5 +1,5 @@
 // `llmgw ctl usage`: what keys and models used, from GET /api/v1/usage (the server's
-// per-minute aggregates, so it reaches back past the raw rows' retention): requests,
+// usage aggregates, so it reaches back past the raw rows' retention): requests,
 // errors, tokens, cost and latency per key, model, hour or day, as an aligned table with
 // a total line (the API's `total`, whose percentiles are those of all requests), or the
 // API's rows with --json. The key filter is --key-name because

@@ -1,10 +1,10 @@
 // Usage retention: raw usage rows older than --usage-retention days (default 30) are
-// deleted at start and then every hour; the per-minute and per-hour aggregates stay 400 days (a year
-// and a month back, so last year's same month can still be compared), after which they go
-// too. Deletes run in slices of a few thousand rows: on SQLite a delete blocks the event
-// loop (and the /v1 hot path) for as long as it runs, and the first sweep after a long
-// stop may find months of rows. Two servers on one PostgreSQL both sweep; the second
-// finds nothing left to delete.
+// deleted at start and then every hour; the per-minute and per-hour aggregates stay 400
+// days (a year and a month back, so last year's same month can still be compared), after
+// which they go too. Deletes run in slices of a few thousand rows: on SQLite a delete
+// blocks the event loop (and the /v1 hot path) for as long as it runs, and the first
+// sweep after a long stop may find months of rows. Two servers on one PostgreSQL both
+// sweep; the second finds nothing left to delete.
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
