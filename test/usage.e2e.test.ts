@@ -96,7 +96,10 @@ describe("usage reports", () => {
     assert.equal(byAlias.body.data[0].model, null, "not grouped by model, so null");
     assert.equal(byAlias.body.data[0].requests, 1);
     const earlier = await harness.admin("GET", "/api/v1/usage?from=2020-01-01&to=2020-01-02");
-    assert.deepEqual(earlier.body, { data: [] }, "nothing outside the window");
+    assert.deepEqual(earlier.body.data, [], "nothing outside the window");
+    assert.equal(earlier.body.total.requests, 0);
+    assert.equal(report.body.total.requests, 2, "the total line adds up every row");
+    assert.equal(report.body.total.ttft_p50_ms, metered.ttft_p50_ms, "and its time to first token is the stream's alone");
   });
 
   test("a bad usage query is a 400 that names the field; a client key may not read usage", async () => {
@@ -125,8 +128,8 @@ describe("usage reports", () => {
     const { stdout } = await ctl(["--by", "model", "--since", "1d"]);
     const lines = stdout.trimEnd().split("\n");
     assert.match(lines[0]!, /^MODEL\s+REQUESTS\s+ERRORS\s+PROMPT TOK\s+COMPLETION TOK\s+COST\s+P50\s+P95\s+TTFT P50$/);
-    // The 500 was relayed from the upstream, so it too had a first byte.
-    assert.match(lines[1]!, /^broken\s+1\s+1\s+0\s+0\s+\$0\s+\d+ ms\s+\d+ ms\s+\d+ ms$/);
+    // The 500 answered a request that was not streamed, so it has no time to first token.
+    assert.match(lines[1]!, /^broken\s+1\s+1\s+0\s+0\s+\$0\s+\d+ ms\s+\d+ ms\s+-$/);
     assert.match(lines[2]!, /^metered\s+1\s+0\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/);
     assert.match(lines[3]!, /^TOTAL\s+2\s+1\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/, "the total has the percentiles of all requests");
 

@@ -1,8 +1,8 @@
 // `llmgw ctl usage`: what keys and models used, from GET /api/v1/usage (the server's
-// per-minute aggregates, so it reaches back past the raw rows' retention): requests,
+// usage aggregates, so it reaches back past the raw rows' retention): requests,
 // errors, tokens, cost and latency per key, model, hour or day, as an aligned table with
-// a total line (asked for ungrouped, so its percentiles are right), or the API's rows
-// with --json. The key filter is --key-name because
+// a total line (the API's `total`, whose percentiles are those of all requests), or the
+// API's rows with --json. The key filter is --key-name because
 // --key is ctl's own flag for the admin key (commander gives a parent's flag precedence,
 // wherever on the line it stands).
 import type { Command } from "commander";
@@ -46,8 +46,8 @@ export function usagePath(options: { by: string; since: string; keyName?: string
 }
 
 /**
- * The table: a column for each dimension grouped by, then the counts; `total` (the same
- * query without grouping, so its percentiles are those of all requests) is the last line.
+ * The table: a column for each dimension grouped by, then the counts; `total` (the API's
+ * total, whose percentiles are those of all requests) is the last line.
  */
 export function renderUsage(rows: readonly UsageRowView[], groupBy: readonly string[], total?: UsageRowView): string {
   const period = groupBy.includes("hour") ? "hour" : groupBy.includes("day") ? "day" : null;
@@ -94,7 +94,7 @@ export function registerUsageCommand(ctl: Command, { connect, print }: CtlHelper
       };
       const client = connect(command);
       const now = Date.now();
-      const { data } = await client.call<{ data: UsageRowView[] }>("GET", usagePath(flags, now));
+      const { data, total } = await client.call<{ data: UsageRowView[]; total: UsageRowView }>("GET", usagePath(flags, now));
       const groupBy = flags.by.split(",").map((group) => group.trim());
       if (wantsJson(command)) {
         print(command, data, () => "");
@@ -104,8 +104,6 @@ export function registerUsageCommand(ctl: Command, { connect, print }: CtlHelper
         print(command, data, () => `No usage in the last ${flags.since}${flags.keyName === undefined ? "" : ` for key '${flags.keyName}'`}${flags.model === undefined ? "" : ` of model '${flags.model}'`}.`);
         return;
       }
-      // Percentiles of the whole cannot be added up from the rows' own: ask once more, ungrouped.
-      const total = data.length > 1 ? (await client.call<{ data: UsageRowView[] }>("GET", usagePath({ ...flags, by: "" }, now))).data[0] : undefined;
-      print(command, data, () => renderUsage(data, groupBy, total));
+      print(command, data, () => renderUsage(data, groupBy, data.length > 1 ? total : undefined));
     });
 }

@@ -7,15 +7,16 @@
 // benchmark measured at ~15 µs a row and up to 40 ms of blocking per flush. When the
 // store refuses writes (a full disk), rows are dropped, never retried into an ever
 // growing queue: the count is kept (/readyz shows it) and logged at most once a minute.
-// Each flush also adds the batch to the per-minute aggregates (src/usage), in the same
-// transaction: the batch is summed in memory first, so a flush costs one upsert per
-// (minute, key, model) it touched, not one per row.
+// Each flush also adds the batch to the per-minute and per-hour aggregates (src/usage), in
+// the same transaction: the batch is summed in memory first, so a flush costs one upsert
+// per (minute, key, model) and one per (hour, key, model) it touched, not one per row.
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Statement } from "better-sqlite3";
+import type { Kysely } from "kysely";
 import type { Store } from "../store/store.ts";
-import type { UsageMinutesTable, UsageTable } from "../store/schema.ts";
-import { aggregateByMinute, sqliteUpsertSql, upsertPostgres } from "../usage/usage-aggregates.ts";
+import type { UsageTable } from "../store/schema.ts";
+import { aggregateUsage, sqliteUpsertSql, upsertAggregates, type Aggregate } from "../usage/usage-aggregates.ts";
 
 export type UsageRow = Omit<UsageTable, "id">;
 
@@ -68,10 +69,13 @@ export class UsageRecorder {
       const statement: Statement<UsageRow> = sqlite.prepare(
         `INSERT INTO usage (${USAGE_COLUMNS.join(", ")}) VALUES (${USAGE_COLUMNS.map((c) => `@${c}`).join(", ")})`,
       );
-      const upsert: Statement<UsageMinutesTable> = sqlite.prepare(sqliteUpsertSql());
+      const upsertMinute: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("minute"));
+      const upsertHour: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("hour"));
       this.insertSqlite = sqlite.transaction((rows: UsageRow[]) => {
         for (const row of rows) statement.run(row);
-        for (const aggregate of aggregateByMinute(rows)) upsert.run(aggregate);
+        const aggregates = aggregateUsage(rows);
+        for (const aggregate of aggregates.minute) upsertMinute.run(aggregate);
+        for (const aggregate of aggregates.hour) upsertHour.run(aggregate);
       });
     }
   }
@@ -101,7 +105,9 @@ export class UsageRecorder {
           else {
             await this.options.store.db.transaction().execute(async (trx) => {
               await trx.insertInto("usage").values(batch).execute();
-              await upsertPostgres(trx, aggregateByMinute(batch));
+              const aggregates = aggregateUsage(batch);
+              await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "minute", aggregates.minute);
+              await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "hour", aggregates.hour);
             });
           }
         } catch (error) {

@@ -9,6 +9,7 @@
 // history table if needed, and applies what is missing; DDL is transactional in both
 // databases, so a failed migration leaves nothing half-applied.
 import { sql, type Kysely } from "kysely";
+import { backfillUsageAggregates } from "../usage/usage-backfill.ts";
 
 export type Dialect = "sqlite" | "postgres";
 
@@ -254,10 +255,11 @@ const migrations: Record<string, MigrationFactory> = {
     },
   }),
   // Usage you can read (issue 9): what a request cost and how long its guards took, on
-  // the raw row; and per-minute aggregates, which outlive the raw rows (--usage-retention)
-  // and which every server's flush adds to. Money is a double in both databases (SQLite's
-  // REAL is one; PostgreSQL's `real` would keep only ~7 digits of a long sum).
-  "0008_usage_aggregates": () => ({
+  // the raw row; and per-minute and per-hour aggregates, which outlive the raw rows
+  // (--usage-retention) and which every server's flush adds to, filled here from the raw
+  // rows already stored (src/usage/usage-backfill.ts). Money is a double in both databases
+  // (SQLite's REAL is one; PostgreSQL's `real` would keep only ~7 digits of a long sum).
+  "0008_usage_aggregates": (dialect) => ({
     async up(db: Kysely<unknown>) {
       await db.schema.alterTable("usage").addColumn("cost_usd", "double precision").execute();
       await db.schema.alterTable("usage").addColumn("guard_ms", "integer").execute();
@@ -275,6 +277,21 @@ const migrations: Record<string, MigrationFactory> = {
         .addColumn("ttft_hist", "text", (c) => c.notNull())
         .addPrimaryKeyConstraint("usage_minutes_pk", ["minute", "key_id", "model"])
         .execute();
+      await db.schema
+        .createTable("usage_hours")
+        .addColumn("hour", "text", (c) => c.notNull())
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("requests", "bigint", (c) => c.notNull())
+        .addColumn("errors", "bigint", (c) => c.notNull())
+        .addColumn("prompt_tokens", "bigint", (c) => c.notNull())
+        .addColumn("completion_tokens", "bigint", (c) => c.notNull())
+        .addColumn("cost_usd", "double precision", (c) => c.notNull())
+        .addColumn("duration_hist", "text", (c) => c.notNull())
+        .addColumn("ttft_hist", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("usage_hours_pk", ["hour", "key_id", "model"])
+        .execute();
+      await backfillUsageAggregates(db, dialect);
     },
   }),
   // Keys naming guard models (issue 9): a JSON object {input: [...], output: [...]} of
@@ -289,8 +306,12 @@ const migrations: Record<string, MigrationFactory> = {
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */
 const MIGRATION_LOCK_KEY = 0x6c6d6777;
 
-/** Applies every migration not yet recorded in `llmgw_migrations`; returns the names applied. */
-export async function applyMigrations(db: Kysely<unknown>, dialect: Dialect): Promise<string[]> {
+/**
+ * Applies every migration not yet recorded in `llmgw_migrations`; returns the names
+ * applied. `until` (tests only) stops after the migration of that name, so a test can
+ * write rows as an older llmgw did and then see the next migration take them over.
+ */
+export async function applyMigrations(db: Kysely<unknown>, dialect: Dialect, until?: string): Promise<string[]> {
   return db.transaction().execute(async (trx) => {
     if (dialect === "postgres") await sql`select pg_advisory_xact_lock(${MIGRATION_LOCK_KEY})`.execute(trx);
     await trx.schema
@@ -303,6 +324,7 @@ export async function applyMigrations(db: Kysely<unknown>, dialect: Dialect): Pr
     const applied: string[] = [];
     for (const [name, factory] of Object.entries(migrations).sort(([a], [b]) => a.localeCompare(b))) {
       if (done.has(name)) continue;
+      if (until !== undefined && name.localeCompare(until) > 0) break;
       try {
         await factory(dialect).up(trx);
       } catch (error) {

@@ -180,8 +180,14 @@ export interface UsageMinutesTable {
   cost_usd: number;
   /** JSON: sparse latency histogram of the durations (src/usage/latency-histogram.ts). */
   duration_hist: string;
-  /** JSON: the same for the time to first token, of the requests that got a first byte. */
+  /** JSON: the same for the time to first token, of the streamed requests that got a first byte. */
   ttft_hist: string;
+}
+
+/** The same sums per hour (usage-aggregates.ts), so a report over a month reads 60 times fewer rows. */
+export interface UsageHoursTable extends Omit<UsageMinutesTable, "minute"> {
+  /** The hour's start, ISO text (2026-11-30T10:00:00.000Z). */
+  hour: string;
 }
 
 /** One file of a mirrored model version (DATA_DIR/mirror/{model}/{version}/{file}). */
@@ -257,6 +263,7 @@ export interface Database {
   replicas: ReplicasTable;
   usage: UsageTable;
   usage_minutes: UsageMinutesTable;
+  usage_hours: UsageHoursTable;
   mirror_files: MirrorFilesTable;
   store_probe: StoreProbeTable;
   model_states: ModelStatesTable;

@@ -51,6 +51,8 @@ export interface OpenStoreOptions {
   database: string;
   /** PostgreSQL only: the schema to use (created if missing); tests use one each. */
   schema?: string;
+  /** Tests only: apply the migrations up to this one (by name), not the later ones. */
+  migrateUntil?: string;
 }
 
 const INT8_OID = 20;
@@ -63,7 +65,7 @@ export function isPostgresUrl(database: string): boolean {
 export async function openStore(options: OpenStoreOptions): Promise<Store> {
   const store = isPostgresUrl(options.database) ? await openPostgres(options) : openSqlite(options.database);
   try {
-    await migrate(store);
+    await migrate(store, options.migrateUntil);
   } catch (error) {
     await store.close();
     throw error;
@@ -201,9 +203,9 @@ function faultHandling(db: Db, where: string, health: StorageHealth, hasRoom: ()
   };
 }
 
-async function migrate(store: Store): Promise<void> {
+async function migrate(store: Store, until: string | undefined): Promise<void> {
   try {
-    await applyMigrations(store.db as unknown as Kysely<unknown>, store.dialect);
+    await applyMigrations(store.db as unknown as Kysely<unknown>, store.dialect, until);
   } catch (error) {
     // A full or read-only data dir is said as such, not as a broken migration.
     const cause = error instanceof MigrationError ? error.cause : error;

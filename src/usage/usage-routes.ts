@@ -1,5 +1,6 @@
 // GET /api/v1/usage, mounted by the admin API behind its admin-key middleware:
-// `?from=&to=&key=&model=&group_by=key,model,hour|day` → {"data": [UsageReportRow]}.
+// `?from=&to=&key=&model=&group_by=key,model,hour|day` → {"data": [UsageReportRow],
+// "total": UsageReportRow} (the total of all rows, with the percentiles of all requests).
 // The handler checks the query (a 400 names the field), resolves the key to its ids (by
 // id, shown prefix or name: every key of that name) and an alias to its model, and hands
 // over to usage-query.ts. Without from and to it reports the last 24 hours.
@@ -87,6 +88,7 @@ export function mountUsageRoutes(app: Hono<Env>, options: UsageRoutesOptions): v
       model: parsed.model === undefined ? null : (options.catalog.resolve(parsed.model)?.name ?? parsed.model),
       groupBy: parsed.group_by,
     };
-    return c.json({ data: await queryUsage(options.store, query, (keyId) => names.get(keyId) ?? keyId) });
+    const report = await queryUsage(options.store, query, (keyId) => names.get(keyId) ?? keyId);
+    return c.json({ data: report.rows, total: report.total });
   });
 }
