@@ -9,21 +9,10 @@ import type { Command } from "commander";
 import { BadRequestError } from "../core/errors.ts";
 import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
+import type { UsageReportRow } from "../usage/usage-query.ts";
 
-/** One row of GET /api/v1/usage (src/usage/usage-query.ts). */
-export interface UsageRowView {
-  key: string | null;
-  model: string | null;
-  period: string | null;
-  requests: number;
-  errors: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  cost_usd: number;
-  p50_ms: number | null;
-  p95_ms: number | null;
-  ttft_p50_ms: number | null;
-}
+/** One row of GET /api/v1/usage, as the API answers it. */
+export type UsageRowView = UsageReportRow;
 
 const UNIT_MS = { d: 86_400_000, h: 3_600_000, m: 60_000 } as const;
 
