@@ -7,6 +7,8 @@
 // fake upstream, and stand-in guards (test/support/stand-in-guard.ts) that read the prompt
 // as the classifier would: a line that starts like a turn header is a turn, the last one
 // of the judged side is judged.
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
@@ -14,6 +16,19 @@ import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-up
 import { startStandInGuard, type StandInGuard } from "../../test/support/stand-in-guard.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import type { GuardFormat } from "./guards-formats.ts";
+
+/** An OpenAI-compatible server that gives every chat request the same choices (more than the one asked for, or a tool call). */
+async function startFixedAnswer(messages: Record<string, unknown>[]): Promise<{ url: string; close(): Promise<void> }> {
+  const server = http.createServer((req, res) => {
+    req.resume();
+    req.on("end", () => {
+      const choices = messages.map((message, index) => ({ index, message: { role: "assistant", ...message }, finish_reason: "stop", logprobs: null }));
+      res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ id: "chatcmpl-1", object: "chat.completion", created: 1764500000, model: "m", choices, usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 } }));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise<void>((resolve) => server.close(() => resolve())) };
+}
 
 describe("guard models against evasion", () => {
   let harness: Harness;
@@ -142,6 +157,23 @@ describe("guard models against evasion", () => {
     assert.equal(refused.status, 400, refused.text);
     assert.equal(refused.body.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
     assert.doesNotMatch(refused.text, /Kill him slowly/);
+  });
+
+  test("the output guard judges every choice the upstream sent and the text of tool calls, not only the first choice's content", async () => {
+    const answers = [
+      await startFixedAnswer([{ content: "Bread is good." }, { content: "Kill him slowly." }]),
+      await startFixedAnswer([{ content: null, tool_calls: [{ id: "c1", type: "function", function: { name: "act", arguments: '{"do":"kill him"}' } }] }]),
+    ];
+    try {
+      for (const [index, answer] of answers.entries()) {
+        await harness.addModel({ name: `out-fixed-${index}`, guards: { output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: answer.url }] });
+        const refused = await post("/v1/chat/completions", { model: `out-fixed-${index}`, messages: [{ role: "user", content: "Hi" }] });
+        assert.equal(refused.status, 400, refused.text);
+        assert.equal(refused.body.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
+      }
+    } finally {
+      await Promise.all(answers.map((answer) => answer.close()));
+    }
   });
 
   test("a stream past an output guard is refused, unless the model lets its streams pass unchecked", async () => {

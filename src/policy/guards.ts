@@ -90,8 +90,8 @@ export class GuardModels implements RequestGuards {
         ? null
         : async (answer) => {
             const reply = replyText(answer, request.endpoint);
-            // A reply without text (tool calls only) gives a text guard nothing to judge.
-            if (reply === null || reply.trim() === "") return;
+            // An answer without any text gives a text guard nothing to judge.
+            if (reply === null) return;
             await this.judge(outputNames, { check: "output", client, answer: reply }, request, signal);
           };
     return { guardMs, output };
@@ -266,7 +266,11 @@ function jsonText(value: unknown): string {
   return typeof value === "string" ? value : JSON.stringify(value);
 }
 
-/** The generated text of a whole JSON answer (chat or completions), or null when there is none. */
+/**
+ * All the generated text of a whole JSON answer the client would get, or null when there is
+ * none: every choice (llmgw asks for one, but the client gets all an upstream sends), and in chat the content,
+ * a refusal, reasoning text and tool-call arguments, which the client reads as well.
+ */
 function replyText(answer: Buffer, endpoint: string): string | null {
   let parsed: unknown;
   try {
@@ -275,7 +279,21 @@ function replyText(answer: Buffer, endpoint: string): string | null {
     // Not JSON: nothing a guard could judge, and a broken answer is the client's to see.
     return null;
   }
-  const choice = (parsed as { choices?: { message?: { content?: unknown }; text?: unknown }[] } | null)?.choices?.[0];
-  const text = endpoint === "/v1/completions" ? choice?.text : choice?.message?.content;
-  return typeof text === "string" ? text : null;
+  const choices = (parsed as { choices?: unknown } | null)?.choices;
+  if (!Array.isArray(choices)) return null;
+  const texts: string[] = [];
+  for (const choice of choices as { message?: Record<string, unknown>; text?: unknown }[]) {
+    if (endpoint === "/v1/completions") {
+      if (typeof choice?.text === "string") texts.push(choice.text);
+      continue;
+    }
+    const message = choice?.message ?? {};
+    for (const field of ["content", "refusal", "reasoning_content", "reasoning"]) {
+      const value = message[field];
+      if (typeof value === "string") texts.push(value);
+    }
+    if (Array.isArray(message.tool_calls)) for (const call of message.tool_calls) texts.push(jsonText((call as { function?: unknown }).function));
+  }
+  const text = texts.filter((piece) => piece.trim() !== "").join("\n");
+  return text === "" ? null : text;
 }
