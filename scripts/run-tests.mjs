@@ -73,6 +73,7 @@ const unit = [
   "src/cli/ctl-key.test.ts",
   "src/policy/guards-formats.test.ts",
   "src/policy/guards.test.ts",
+  "src/policy/guards-attacks.test.ts",
   "src/policy/key-guards.test.ts",
 ];
 

@@ -107,3 +107,17 @@ test("guards on the bundled engine: 'unsafe' refuses the request with 400, 'safe
   assert.equal(answer.choices[0]?.message.content, "hello from the fake upstream");
   assert.equal(upstream.requests.length, before + 1);
 });
+
+test("a request longer than the bundled guard's context is refused with 400, even with guard_on_error allow", { timeout: 120_000 }, async () => {
+  // The safe guard (the previous test started it) reads 2048 tokens per request; its tiny
+  // vocabulary spends about a token a character. 6000 characters are over that, yet under
+  // what llmgw refuses up front, so the engine's own 400 is what says so.
+  assert.equal((await harness.admin("PATCH", "/api/v1/models/safe-guard", { guard_on_error: "allow" })).status, 200);
+  const before = upstream.requests.length;
+  const long = "Tell me about bread. ".repeat(300);
+  const refused = await client.chat.completions.create({ model: "checked", messages: [{ role: "user", content: long }] }).catch((error: unknown) => error);
+  assert.ok(refused instanceof OpenAI.BadRequestError, String(refused));
+  assert.equal(refused.code, "guard_input_too_long");
+  assert.match(refused.message, /Guard model 'safe-guard' cannot read the whole request: .*\(its context is 2048 tokens\); the guard said: .*allows 2048 tokens per request/);
+  assert.equal(upstream.requests.length, before, "the serving model was not asked");
+});

@@ -170,6 +170,12 @@ const modelFields = {
   guards: guardLists.optional(),
   /** Guard models: what a request does when this guard fails or answers garbage: refused with 503 (block, the default) or let through with a logged warning (allow). */
   guard_on_error: z.enum(["block", "allow"]).optional(),
+  /**
+   * Serving models with output guards: what a streamed request gets. Output guards read the
+   * whole answer before any of it is sent, which a stream cannot wait for: refused with 400
+   * (refuse, the default), or streamed without the output check (unchecked).
+   */
+  output_guard_streams: z.enum(["refuse", "unchecked"]).optional(),
   profiles: z.array(profileSchema).min(1, "a model needs at least one profile"),
   scaling: z
     .strictObject({
@@ -190,7 +196,7 @@ const modelFields = {
   source: sourceSchema.optional(),
 };
 
-function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; guards?: { input: string[]; output: string[] } | undefined; guard_on_error?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
+function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; guards?: { input: string[]; output: string[] } | undefined; guard_on_error?: string | undefined; output_guard_streams?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
   if (model.scaling.max < model.scaling.min) {
     ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
   }
@@ -203,6 +209,9 @@ function checkModel(model: { name?: string; aliases: string[]; role: string; gua
   }
   if (model.role !== "guard" && model.guard_on_error !== undefined) {
     ctx.addIssue({ code: "custom", path: ["guard_on_error"], message: "belongs to guard models (role guard): it says what happens when that guard fails" });
+  }
+  if (model.role === "guard" && model.output_guard_streams !== undefined) {
+    ctx.addIssue({ code: "custom", path: ["output_guard_streams"], message: "belongs to serving models: it says whether their streams pass without the output guards" });
   }
   const profileNames = new Set<string>();
   model.profiles.forEach((profile, index) => {
@@ -307,6 +316,7 @@ export const modelPatchSchema = z.strictObject({
   guard_format: guardFormat.nullable().optional(),
   guards: z.unknown().optional(),
   guard_on_error: z.enum(["block", "allow"]).nullable().optional(),
+  output_guard_streams: z.enum(["refuse", "unchecked"]).nullable().optional(),
   profiles: z.array(z.unknown()).optional(),
   scaling: z.record(z.string(), z.unknown()).optional(),
   queue_size: z.unknown().optional(),

@@ -393,6 +393,8 @@ export class Gateway {
             brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
             stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
             outputCheck: request.outputCheck,
+            // The replica's slot is free once its body ended, while an output guard still reads the answer.
+            onUpstreamEnd: () => lease.release(),
           });
         } finally {
           lease.release();

@@ -34,6 +34,9 @@ export interface InternalCallDependencies {
   fleetStatus?: ((modelId: string) => FleetStatusOfModel) | undefined;
 }
 
+/** The code of the failure when the model refused the question itself (HTTP 400 or 413). */
+export const UPSTREAM_REFUSED_INPUT = "upstream_refused_input";
+
 const MAX_ATTEMPTS = 2;
 /** A guard's answer is a few words; anything far larger is not an answer to read. */
 const MAX_ANSWER_BYTES = 1024 * 1024;
@@ -79,8 +82,11 @@ export async function callModelInternally(deps: InternalCallDependencies, reques
             throw new UpstreamError(`Replica ${label} answered with something that is not JSON.`, { code: "upstream_bad_answer", cause: error });
           }
         }
+        // 400 and 413 say the question itself was refused (a prompt longer than the model's
+        // context, on llama-server and vLLM): the caller must not read that as an outage.
+        const refusedInput = upstream.statusCode === 400 || upstream.statusCode === 413;
         lastFailure = new UpstreamError(`Replica ${label} answered HTTP ${upstream.statusCode}${errorMessageOf(text)}.`, {
-          code: "upstream_error",
+          code: refusedInput ? UPSTREAM_REFUSED_INPUT : "upstream_error",
           retryable: isRetryableStatus(upstream.statusCode),
         });
       } catch (error) {

@@ -12,12 +12,15 @@
 //   lets through, so one that holds back a whole answer can still choose its status.
 // - With an output check (a guard model on the answer), a JSON answer is held whole until
 //   the check passes, and the check sees it as the upstream sent it (before any rewriter);
-//   a check that throws sends its error instead, and nothing of the answer.
+//   a check that throws sends its error instead, and nothing of the answer. The held answer
+//   is capped (MAX_HELD_BYTES): a larger one is refused, never sent unchecked. The replica is
+//   done once its body has ended, so `onUpstreamEnd` frees its slot before the check runs.
 // - The usage of every JSON answer is read as it passes (a UsageTap), whatever rewrites
 //   it: an answer the output check refused, or one a rewriter never finished, still says
 //   what its generation cost.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
+import { UnavailableError } from "../core/errors.ts";
 import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
 import type { OutputCheck } from "../policy/request-policy.ts";
 import { UsageTap, type TokenUsage } from "./usage-tap.ts";
@@ -86,7 +89,14 @@ export interface RelayOptions {
   stalledReaderMs: number;
   /** Looks at a whole successful JSON answer before any of it is sent (event streams are never held). */
   outputCheck?: OutputCheck | null;
+  /** The most bytes held for the output check (default MAX_HELD_BYTES). */
+  maxHeldBytes?: number;
+  /** The upstream body has ended (or was given up): its replica has no more work for it. */
+  onUpstreamEnd?: () => void;
 }
+
+/** A held answer larger than this is refused rather than buffered: a guard reads far less, and memory is per request. */
+export const MAX_HELD_BYTES = 8 * 1024 * 1024;
 
 /**
  * Upstream response headers passed to the client. Everything else stays behind: hop-by-hop
@@ -148,6 +158,8 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   const outputCheck = options.outputCheck ?? null;
   const holding = outputCheck !== null && !eventStream && upstream.statusCode >= 200 && upstream.statusCode < 300;
   const held: Buffer[] = [];
+  let heldBytes = 0;
+  const maxHeldBytes = options.maxHeldBytes ?? MAX_HELD_BYTES;
   let stalled: NodeJS.Timeout | undefined;
   const write = (bytes: Buffer) => {
     if (bytes.length === 0) return;
@@ -179,6 +191,19 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       if (firstByteAt === null) firstByteAt = performance.now();
       tap?.push(chunk);
       if (holding) {
+        heldBytes += chunk.length;
+        if (heldBytes > maxHeldBytes) {
+          const mib = Math.round((maxHeldBytes / (1024 * 1024)) * 10) / 10;
+          finish({
+            kind: "refused",
+            error: new UnavailableError(`The answer is over ${mib} MiB, more than llmgw holds for its output guards to check, so it was not sent. Ask for a shorter answer (a lower max_tokens).`, {
+              code: "guard_unavailable",
+            }),
+          });
+          body.destroy();
+          options.onUpstreamEnd?.();
+          return;
+        }
         held.push(chunk);
         return;
       }
@@ -186,6 +211,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       write(rewriter === null ? chunk : rewriter.push(chunk));
     };
     const onEnd = () => {
+      options.onUpstreamEnd?.();
       if (holding) {
         const answer = Buffer.concat(held);
         outputCheck(answer).then(

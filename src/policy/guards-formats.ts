@@ -2,7 +2,9 @@
 // (reference/protocols.md §6 "Safety classifiers"): the prompt each classifier was trained
 // on, filled with the conversation to check, and a strict parser of its verdict. An answer
 // that is not a verdict of the format is "garbled" (GarbledVerdictError); the caller treats
-// it as a failed guard, never as "safe".
+// it as a failed guard, never as "safe"; a garbled answer that still says unsafe is unsafe.
+// All client text goes into the one judged user message, neutralised (neutralise) so that
+// it cannot forge a turn, a marker of the prompt or a template's special token.
 //
 // How the prompt travels: as the single user message of a chat completion. Llama Guard 3's
 // and ShieldGemma's prompts are task texts that start a user turn and end where the model's
@@ -18,20 +20,15 @@
 
 export type GuardFormat = "llama-guard-3" | "shieldgemma" | "json";
 
-/** One turn of the conversation a guard looks at: the client's side or the model's. */
-export interface Turn {
-  role: "user" | "assistant";
-  text: string;
-}
-
 /**
- * What a guard is asked about: the conversation, and whether the last user turn (input,
- * before a model answered) or the last assistant turn (output, the answer) is judged.
+ * What a guard is asked about. `client` is every piece of text the client controls, in the
+ * order it came (system, developer, user, tool and client-sent assistant messages, tool
+ * definitions and call arguments, a prompt): the guard judges all of it as one message of
+ * the user, so nothing the client wrote is merely "context" (see clientTexts in guards.ts
+ * for why one merged question rather than one per turn). An output check also carries the
+ * model's answer, which is then the judged message and the client's text its context.
  */
-export interface GuardQuestion {
-  turns: readonly Turn[];
-  check: "input" | "output";
-}
+export type GuardQuestion = { check: "input"; client: readonly string[] } | { check: "output"; client: readonly string[]; answer: string };
 
 export type Verdict = { safe: true } | { safe: false; categories: string[] };
 
@@ -74,6 +71,61 @@ export function parseVerdict(format: GuardFormat, answer: string): Verdict {
 }
 
 // ---------------------------------------------------------------------------------------
+// Client text inside a prompt
+
+/**
+ * Special-token strings of the chat templates a guard may be served with (Llama 3, Gemma,
+ * ChatML, Mistral): llama-server tokenizes the rendered template with special-token
+ * parsing on, so such a string in client text would become a real turn boundary and let the
+ * client end the guard's task early and write its own answer.
+ */
+const SPECIAL_TOKEN = /<\|[^<>|\s]{1,64}\|>|<\/?(?:start_of_turn|end_of_turn|bos|eos|pad|unk|mask|s)>|\[\/?INST\]|<<\/?SYS>>/gi;
+/** The markers of the formats' own prompts (Llama Guard's blocks, the JSON transcript). */
+const PROMPT_MARKER = /<\/?\s*(?:(?:BEGIN|END)\s+(?:CONVERSATION|UNSAFE\s+CONTENT\s+CATEGORIES)|conversation)\s*>/gi;
+/** A line that reads as a turn header of one of the formats' transcripts. */
+const TURN_HEADER = /^([ \t]*)((?:user|agent|assistant|system|tool|developer|human question|chatbot response)[ \t]*:)/gim;
+
+/**
+ * One piece of client (or model) text, made unable to change the shape of the prompt it is
+ * put in (review finding 1: a forged "\n\nUser: harmless" turn made Llama Guard judge only
+ * the forged turn). Turns in every format are separated by a blank line, so blank-line runs
+ * become one newline; a line that starts like a turn header is quoted with "> "; the
+ * formats' markers and template special tokens get look-alike brackets (‹ › ( )), which
+ * keep them readable to the classifier but no longer markers or tokens. Only the guard's
+ * copy is changed; the model gets the request as the client sent it.
+ */
+export function neutralise(text: string): string {
+  return text
+    .replace(/\r\n?|[\v\f\u0085\u2028\u2029]/g, "\n")
+    .replace(SPECIAL_TOKEN, lookAlike)
+    .replace(PROMPT_MARKER, lookAlike)
+    .replace(/\n[ \t]*(?:\n[ \t]*)+/g, "\n")
+    .replace(TURN_HEADER, "$1> $2")
+    .trim();
+}
+
+function lookAlike(marker: string): string {
+  return marker.replace(/</g, "‹").replace(/>/g, "›").replace(/\[/g, "(").replace(/\]/g, ")");
+}
+
+/** The pieces of text of one side of the conversation, neutralised, as one message. */
+function judgedText(pieces: readonly string[]): string {
+  return pieces
+    .map(neutralise)
+    .filter((piece) => piece !== "")
+    .join("\n");
+}
+
+/**
+ * A garbled answer that still says "unsafe" first (any case, any punctuation: "Unsafe.",
+ * "UNSAFE S1") is an unsafe verdict: under guard_on_error allow a garbled answer passes, and
+ * a guard that said unsafe in a slightly other shape must not let the request through.
+ */
+function saysUnsafe(answer: string): boolean {
+  return /^[^A-Za-z]*([A-Za-z]+)/.exec(answer)?.[1]?.toLowerCase() === "unsafe";
+}
+
+// ---------------------------------------------------------------------------------------
 // Llama Guard 3
 
 /** The 14 hazard categories of Llama Guard 3 (its MODEL_CARD.md), by code. */
@@ -100,7 +152,9 @@ function llamaGuardPrompt(question: GuardQuestion): string {
   const categories = Object.entries(LLAMA_GUARD_3_CATEGORIES)
     .map(([code, name]) => `${code}: ${name}.`)
     .join("\n");
-  const conversation = question.turns.map((turn) => `${turn.role === "user" ? "User" : "Agent"}: ${turn.text.trim()}`).join("\n\n");
+  const turns = [`User: ${judgedText(question.client)}`];
+  if (question.check === "output") turns.push(`Agent: ${judgedText([question.answer])}`);
+  const conversation = turns.join("\n\n");
   return [
     `Task: Check if there is unsafe content in '${agentType}' messages in conversations according our safety policy with the below categories.`,
     "",
@@ -121,10 +175,11 @@ function llamaGuardPrompt(question: GuardQuestion): string {
 }
 
 /**
- * `safe`, or `unsafe` and a line of category codes. The first line decides: "unsafe" with a
- * missing or unreadable category line is still unsafe (a guard that was cut short must not
- * let the request through under guard_on_error allow); codes outside S1–S14 are named as
- * they came.
+ * `safe` alone, or `unsafe` and a line of category codes. The first line decides: "unsafe"
+ * with a missing or unreadable category line is still unsafe (a guard that was cut short
+ * must not let the request through under guard_on_error allow); codes outside S1–S14 are
+ * named as they came. Any other answer whose first word is unsafe ("unsafe S1" on one
+ * line, "Unsafe.") is unsafe too, with the S-codes found in it; the rest is garbled.
  */
 function parseLlamaGuard(answer: string): Verdict {
   const lines = answer
@@ -133,13 +188,18 @@ function parseLlamaGuard(answer: string): Verdict {
     .map((line) => line.trim())
     .filter((line) => line !== "");
   const first = lines[0];
-  if (first === "safe") return { safe: true };
-  if (first !== "unsafe") throw new GarbledVerdictError("llama-guard-3", answer);
-  const codes = (lines[1] ?? "")
-    .split(",")
-    .map((code) => code.trim().toUpperCase())
-    .filter((code) => code !== "");
-  return { safe: false, categories: codes.map((code) => (LLAMA_GUARD_3_CATEGORIES[code] === undefined ? code : `${code} ${LLAMA_GUARD_3_CATEGORIES[code]}`)) };
+  // "safe" followed by more (category lines, say) is not the format's safe: garbled.
+  if (first === "safe" && lines.length === 1) return { safe: true };
+  const named = (codes: string[]) => codes.map((code) => (LLAMA_GUARD_3_CATEGORIES[code] === undefined ? code : `${code} ${LLAMA_GUARD_3_CATEGORIES[code]}`));
+  if (first === "unsafe") {
+    const codes = (lines[1] ?? "")
+      .split(",")
+      .map((code) => code.trim().toUpperCase())
+      .filter((code) => code !== "");
+    return { safe: false, categories: named(codes) };
+  }
+  if (saysUnsafe(answer)) return { safe: false, categories: named([...new Set((answer.match(/\bS\d{1,2}\b/gi) ?? []).map((code) => code.toUpperCase()))]) };
+  throw new GarbledVerdictError("llama-guard-3", answer);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -177,18 +237,18 @@ export const SHIELDGEMMA_HARM_TYPES: readonly string[] = SHIELDGEMMA_HARMS.map((
 
 /**
  * ShieldGemma's prompt-only template, or its response variant for output checks. The
- * "Human Question" is all of the client's text (system and user turns): the model judges
- * one prompt, and text hidden in an earlier turn must not escape it.
+ * "Human Question" is all of the client's text (every client-controlled turn): the model
+ * judges one prompt, and text hidden in an earlier turn must not escape it.
  */
 function shieldGemmaPrompt(question: GuardQuestion): string {
-  const asked = question.turns.filter((turn) => turn.role === "user").map((turn) => turn.text.trim());
-  const reply = question.check === "output" ? question.turns.findLast((turn) => turn.role === "assistant")?.text.trim() ?? "" : null;
+  const asked = judgedText(question.client);
+  const reply = question.check === "output" ? judgedText([question.answer]) : null;
   const principles = SHIELDGEMMA_HARMS.map((harm) => `* ${reply === null ? harm.prompt : harm.response}`).join("\n");
   const lines = [
     `You are a policy expert trying to help determine whether ${reply === null ? "a user prompt" : "an AI response to prompt"} is in violation of the defined safety policies.`,
     "",
     "<start_of_turn>",
-    `Human Question: ${asked.join("\n\n")}`,
+    `Human Question: ${asked}`,
     "<end_of_turn>",
   ];
   if (reply !== null) lines.push("", "<start_of_turn>", `Chatbot Response: ${reply}`, "<end_of_turn>");
@@ -212,6 +272,7 @@ function parseShieldGemma(answer: string): Verdict {
   const first = /^\s*([A-Za-z]+)/.exec(answer)?.[1]?.toLowerCase();
   if (first === "no") return { safe: true };
   if (first === "yes") return { safe: false, categories: [...SHIELDGEMMA_HARM_TYPES] };
+  if (saysUnsafe(answer)) return { safe: false, categories: [] };
   throw new GarbledVerdictError("shieldgemma", answer);
 }
 
@@ -225,12 +286,20 @@ const JSON_INSTRUCTIONS = [
 ].join("\n");
 
 function jsonPrompt(question: GuardQuestion): string {
-  const transcript = question.turns.map((turn) => `${turn.role}: ${turn.text.trim()}`).join("\n\n");
+  const turns = [`user: ${judgedText(question.client)}`];
+  if (question.check === "output") turns.push(`assistant: ${judgedText([question.answer])}`);
+  const transcript = turns.join("\n\n");
   const judged = question.check === "input" ? "the last user message" : "the last assistant message";
   return `Conversation:\n<conversation>\n${transcript}\n</conversation>\n\nIs ${judged} safe? Answer with the JSON object only.`;
 }
 
-/** `{"safe": boolean, "categories": [string]}`, optionally in a ``` fence; anything else is garbled. */
+/**
+ * `{"safe": boolean, "categories": [string]}`, optionally in a ``` fence. Read toward
+ * unsafe: `safe` false or "false", with categories as a list or one string, is unsafe; a
+ * `safe: true` that still names categories is garbled, not safe; an answer that is not
+ * such an object but says `"safe": false` or starts with "unsafe" is unsafe. Anything
+ * else is garbled.
+ */
 function parseJsonVerdict(answer: string): Verdict {
   const fenced = /^```(?:json)?\s*([\s\S]*?)\s*```$/i.exec(answer.trim());
   const text = fenced?.[1] ?? answer.trim();
@@ -238,11 +307,17 @@ function parseJsonVerdict(answer: string): Verdict {
   try {
     value = JSON.parse(text);
   } catch {
+    value = undefined;
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    if (saysUnsafe(answer) || /"safe"\s*:\s*(?:false|"false")/i.test(answer)) return { safe: false, categories: [] };
     throw new GarbledVerdictError("json", answer);
   }
-  if (typeof value !== "object" || value === null || Array.isArray(value)) throw new GarbledVerdictError("json", answer);
   const { safe, categories } = value as { safe?: unknown; categories?: unknown };
-  if (typeof safe !== "boolean") throw new GarbledVerdictError("json", answer);
-  if (categories !== undefined && !(Array.isArray(categories) && categories.every((c) => typeof c === "string"))) throw new GarbledVerdictError("json", answer);
-  return safe ? { safe: true } : { safe: false, categories: (categories as string[] | undefined) ?? [] };
+  if (safe === false || (typeof safe === "string" && safe.trim().toLowerCase() === "false")) {
+    const named = typeof categories === "string" ? [categories] : Array.isArray(categories) ? categories.filter((c): c is string => typeof c === "string") : [];
+    return { safe: false, categories: named };
+  }
+  if (safe === true && (categories === undefined || (Array.isArray(categories) && categories.length === 0))) return { safe: true };
+  throw new GarbledVerdictError("json", answer);
 }

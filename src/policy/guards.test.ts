@@ -171,13 +171,6 @@ describe("guard models", () => {
     assert.equal(guard.questions.at(-1)!.judged, "hello from the fake upstream");
     assert.equal(safe.usage?.total_tokens, 12, "the held answer reaches the client whole");
 
-    // Streams are never held: the output guard is not asked about them.
-    const asks = guard.questions.length;
-    const stream = await client.chat.completions.create({ model: "leaky", messages: [{ role: "user", content: "Tell me a story." }], stream: true });
-    let streamed = "";
-    for await (const chunk of stream) streamed += chunk.choices[0]?.delta.content ?? "";
-    assert.equal(streamed, "first you build a bomb");
-    assert.equal(guard.questions.length, asks);
   });
 
   test("a client that leaves while its answer is being checked cancels the guard's question", async () => {
@@ -211,7 +204,7 @@ describe("guard models", () => {
     const refused = await post("/v1/completions", { model: "text-lg", prompt: ["a poem", "about how to kill"] });
     assert.equal(refused.status, 400);
     assert.equal(refused.body.error.code, "content_policy_violation");
-    assert.equal(guards["llama-guard-3"].questions.at(-1)!.judged, "a poem\n\nabout how to kill");
+    assert.equal(guards["llama-guard-3"].questions.at(-1)!.judged, "a poem\nabout how to kill");
     assert.equal((await post("/v1/completions", { model: "text-lg", prompt: "a poem about bread" })).status, 200);
     assert.equal((await post("/v1/embeddings", { model: "text-lg", input: ["hate speech sample"] })).body.error.code, "content_policy_violation");
     assert.equal((await post("/v1/embeddings", { model: "text-lg", input: "bread" })).status, 200);

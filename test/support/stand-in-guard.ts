@@ -5,12 +5,21 @@
 // and answers in that format's exact output shape: "safe" / "unsafe\nS1,S10", "No" / "Yes",
 // {"safe": …, "categories": […]}. A prompt not in the format's shape is answered 400, so a
 // test fails when llmgw asks the wrong question. `behaviour` switches to the failures a
-// gateway must survive: a garbled answer, a 500, or no answer at all.
+// gateway must survive: a garbled answer, a 500, no answer at all, or a verbatim answer
+// (a verdict in an unexpected shape).
+//
+// It reads the prompt as a language model would, not as llmgw wrote it: a line that starts
+// like a turn header ("User:", "Agent:", "user:", "assistant:") starts a new turn whether or
+// not a blank line comes before it; the first <END CONVERSATION> or </conversation> ends the
+// conversation; the last "Human Question:" is the question. So client text that forges a
+// turn or a marker fools it the way it would fool the real classifier. With `contextTokens`
+// it refuses a prompt longer than its context the way llama-server does (HTTP 400,
+// exceed_context_size_error), counting a token per 4 bytes.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import type { GuardFormat } from "../../src/policy/guards-formats.ts";
 
-export type StandInGuardBehaviour = "verdict" | "garbled" | "error" | "hang";
+export type StandInGuardBehaviour = "verdict" | "garbled" | "error" | "hang" | "verbatim";
 
 export interface StandInGuardOptions {
   format: GuardFormat;
@@ -21,6 +30,8 @@ export interface StandInGuardOptions {
   unsafeWords: Record<string, string[]>;
   /** Required Bearer token (the profile's api_key). */
   key?: string;
+  /** The context it can read, in tokens (4 bytes each); longer prompts get llama-server's 400. */
+  contextTokens?: number;
 }
 
 export interface StandInGuard {
@@ -28,6 +39,8 @@ export interface StandInGuard {
   behaviour: StandInGuardBehaviour;
   /** Milliseconds the guard thinks before each answer (a known minimum of guard time); default 0. */
   delayMs: number;
+  /** The answer text of behaviour "verbatim". */
+  verbatim: string;
   /** What each request asked: the judged side and text as the stand-in read them. */
   questions: Array<{ check: "input" | "output"; judged: string; authorization: string | undefined; body: any }>;
   /** Questions whose asker hung up before the answer (a cancelled guard call). */
@@ -35,28 +48,38 @@ export interface StandInGuard {
   close(): Promise<void>;
 }
 
+/** Splits a transcript into turns at every line that starts with one of `headers` and a colon. */
+function turnsOf(transcript: string, headers: string): { header: string; text: string }[] {
+  const turns: { header: string; text: string }[] = [];
+  for (const line of transcript.split("\n")) {
+    const header = new RegExp(`^(${headers}):[ ]?`).exec(line);
+    if (header !== null) turns.push({ header: header[1]!, text: line.slice(header[0].length) });
+    else if (turns.length > 0) turns.at(-1)!.text += `\n${line}`;
+  }
+  return turns.map((turn) => ({ header: turn.header, text: turn.text.trim() }));
+}
+
 /** The judged side and message of a prompt in `format`'s shape, or null when it is not one. */
 function readQuestion(format: GuardFormat, messages: { role: string; content: string }[]): { check: "input" | "output"; judged: string } | null {
   const last = messages.at(-1)?.content ?? "";
   if (format === "llama-guard-3") {
     const agentType = /^Task: Check if there is unsafe content in '(User|Agent)' messages in conversations according our safety policy/.exec(last)?.[1];
-    const conversation = /<BEGIN CONVERSATION>\n\n([\s\S]*)\n\n<END CONVERSATION>/.exec(last)?.[1];
+    const conversation = /<BEGIN CONVERSATION>\n\n([\s\S]*?)\n\n<END CONVERSATION>/.exec(last)?.[1];
     if (agentType === undefined || conversation === undefined || !last.includes(`ONLY THE LAST ${agentType} message`)) return null;
-    const turns = conversation.split(/\n\n(?=(?:User|Agent): )/);
-    const judged = turns.findLast((turn) => turn.startsWith(`${agentType}: `));
-    return judged === undefined ? null : { check: agentType === "User" ? "input" : "output", judged: judged.slice(agentType.length + 2) };
+    const judged = turnsOf(conversation, "User|Agent").findLast((turn) => turn.header === agentType);
+    return judged === undefined ? null : { check: agentType === "User" ? "input" : "output", judged: judged.text };
   }
   if (format === "shieldgemma") {
-    const question = /<start_of_turn>\nHuman Question: ([\s\S]*?)\n<end_of_turn>/.exec(last)?.[1];
-    const response = /<start_of_turn>\nChatbot Response: ([\s\S]*?)\n<end_of_turn>/.exec(last)?.[1];
+    const question = [...last.matchAll(/<start_of_turn>\nHuman Question: ([\s\S]*?)\n<end_of_turn>/g)].at(-1)?.[1];
+    const response = [...last.matchAll(/<start_of_turn>\nChatbot Response: ([\s\S]*?)\n<end_of_turn>/g)].at(-1)?.[1];
     if (question === undefined || !/Your answer must start with 'Yes' or 'No'/.test(last)) return null;
     return response === undefined ? { check: "input", judged: question } : { check: "output", judged: response };
   }
-  const transcript = /<conversation>\n([\s\S]*)\n<\/conversation>/.exec(last)?.[1];
+  const transcript = /<conversation>\n([\s\S]*?)\n<\/conversation>/.exec(last)?.[1];
   const side = /Is the last (user|assistant) message safe\?/.exec(last)?.[1];
   if (transcript === undefined || side === undefined || messages[0]?.role !== "system") return null;
-  const judged = transcript.split(/\n\n(?=(?:user|assistant): )/).findLast((turn) => turn.startsWith(`${side}: `));
-  return judged === undefined ? null : { check: side === "user" ? "input" : "output", judged: judged.slice(side.length + 2) };
+  const judged = turnsOf(transcript, "user|assistant").findLast((turn) => turn.header === side);
+  return judged === undefined ? null : { check: side === "user" ? "input" : "output", judged: judged.text };
 }
 
 function verdictText(format: GuardFormat, categories: string[] | null): string {
@@ -72,6 +95,7 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
     url: "",
     behaviour: "verdict",
     delayMs: 0,
+    verbatim: "",
     questions: [],
     cancelled: () => cancelled,
     close: async () => undefined,
@@ -85,7 +109,13 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
         reply(401, { error: { message: "bad key", type: "authentication_error", param: null, code: null } });
         return;
       }
-      const body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+      const raw = Buffer.concat(chunks);
+      const body = JSON.parse(raw.toString("utf8"));
+      const promptTokens = Math.ceil(Buffer.byteLength((body.messages ?? []).map((m: { content: string }) => m.content).join("")) / 4);
+      if (options.contextTokens !== undefined && promptTokens > options.contextTokens) {
+        reply(400, { error: { code: 400, message: "the request exceeds the available context size, try increasing it", type: "exceed_context_size_error", n_prompt_tokens: promptTokens, n_ctx: options.contextTokens } });
+        return;
+      }
       const question = req.url === "/v1/chat/completions" ? readQuestion(options.format, body.messages ?? []) : null;
       if (question === null) {
         reply(400, { error: { message: `not a ${options.format} guard prompt`, type: "invalid_request_error", param: null, code: null } });
@@ -103,7 +133,7 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
       const lower = question.judged.toLowerCase();
       const matched = Object.entries(options.unsafeWords).filter(([word]) => lower.includes(word.toLowerCase()));
       const categories = matched.length === 0 ? null : [...new Set(matched.flatMap(([, names]) => names))];
-      const content = guard.behaviour === "garbled" ? "I'm sorry, but I can't help with that." : verdictText(options.format, categories);
+      const content = guard.behaviour === "garbled" ? "I'm sorry, but I can't help with that." : guard.behaviour === "verbatim" ? guard.verbatim : verdictText(options.format, categories);
       setTimeout(() => reply(200, {
         id: "chatcmpl-guard",
         object: "chat.completion",
