@@ -67,13 +67,19 @@ export class GuardModels implements RequestGuards {
     // Embeddings have no text answer to judge.
     let outputNames = request.endpoint === "/v1/embeddings" ? [] : names.output;
     if (outputNames.length > 0 && request.body.stream === true) {
-      if (request.model.definition.output_guard_streams !== "unchecked") {
+      // The model's administrator may choose streams without the model's own output check
+      // (README); a key's output guards are the key's policy, which a model's setting must
+      // not weaken, so they still refuse streams.
+      const keyOutput = this.options.keyGuards?.(request)?.output ?? [];
+      const unchecked = request.model.definition.output_guard_streams === "unchecked";
+      const refusing = unchecked ? outputNames.filter((name) => keyOutput.includes(name)) : outputNames;
+      if (refusing.length > 0) {
+        const whose = unchecked ? `The key '${request.principal.name}' has output guards` : `Model '${request.model.name}' has output guards`;
         throw new BadRequestError(
-          `Model '${request.model.name}' has output guards (${outputNames.map((name) => `'${name}'`).join(", ")}), which check the whole answer before any of it is sent, so its answers cannot be streamed. Send "stream": false.`,
+          `${whose} (${refusing.map((name) => `'${name}'`).join(", ")}), which check the whole answer before any of it is sent, so its answers cannot be streamed. Send "stream": false.`,
           { code: "output_guard_needs_whole_answer", param: "stream" },
         );
       }
-      // The model's administrator chose streams without the output check (README).
       outputNames = [];
     }
     if (names.input.length === 0 && outputNames.length === 0) return { guardMs: null, output: null };

@@ -156,6 +156,24 @@ describe("guards named by keys", () => {
     assert.equal(upstream.requests.length, upstreamRequests);
   });
 
+  test("a model that lets its streams pass its own output guards unchecked does not lift a key's output guard", async () => {
+    const { client } = await keyWith("stream-held", { output: ["lg"] });
+    const other = await keyWith("stream-free", null);
+    assert.equal((await harness.admin("PATCH", "/api/v1/models/plain", { output_guard_streams: "unchecked" })).status, 200);
+    try {
+      const streamed = (who: OpenAI) => who.chat.completions.create({ model: "plain", messages: [{ role: "user", content: "Hi" }], stream: true });
+      const refused = await streamed(client).catch((error: unknown) => error);
+      assert.ok(refused instanceof OpenAI.APIError && refused.status === 400, String(refused));
+      assert.equal(refused.code, "output_guard_needs_whole_answer");
+      assert.match(refused.message, /The key 'stream-held' has output guards \('lg'\)/);
+      let text = "";
+      for await (const chunk of await streamed(other.client)) text += chunk.choices[0]?.delta.content ?? "";
+      assert.ok(text.length > 0, "a key without output guards streams");
+    } finally {
+      assert.equal((await harness.admin("PATCH", "/api/v1/models/plain", { output_guard_streams: "refuse" })).status, 200);
+    }
+  });
+
   test("the guards' time is in the usage row: input and output guard time of a guarded request, null for an unguarded one", async () => {
     // A few ms over the minimum asserted: Node's timers may fire up to a millisecond early.
     guard.delayMs = GUARD_DELAY_MS + 5;
