@@ -305,12 +305,13 @@ export class Gateway {
     // and take them back out of what the client receives (stream-usage.ts).
     const injectUsage = stream && (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage !== true;
     const payloads = new Map<string, Buffer>();
+    const outputCap = outputCapOf(route.path, body, call.permit?.maxOutputTokens ?? null);
     const payloadFor = (upstreamModel: string): Buffer => {
-      if (upstreamModel === body.model && !injectUsage && route.wire === undefined) return request.raw;
+      if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
       let payload = payloads.get(upstreamModel);
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
-        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel };
+        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...outputCap };
         if (injectUsage) rewritten.stream_options = { ...((body.stream_options as object | null | undefined) ?? {}), include_usage: true };
         payload = Buffer.from(JSON.stringify(rewritten));
         payloads.set(upstreamModel, payload);
@@ -523,4 +524,18 @@ function pathOf(url: string | undefined): string {
   const query = raw.indexOf("?");
   const path = query === -1 ? raw : raw.slice(0, query);
   return path.length > 1 && path.endsWith("/") ? path.slice(0, -1) : path;
+}
+
+/**
+ * The max-token fields to send upstream when the limits reserved a bounded output (null:
+ * nothing to change). max_tokens is capped (or set) for chat and completions, and
+ * max_completion_tokens too when the client sent it, so no engine generates past what the
+ * budget and rate limits reserved, whichever field it reads.
+ */
+function outputCapOf(path: string, body: GatewayRequestBody, cap: number | null): Record<string, number> | null {
+  if (cap === null || (path !== "/v1/chat/completions" && path !== "/v1/completions")) return null;
+  const capped = (value: unknown) => (typeof value === "number" && value <= cap ? value : cap);
+  const fields: Record<string, number> = { max_tokens: capped(body.max_tokens) };
+  if (path === "/v1/chat/completions" && body.max_completion_tokens !== undefined && body.max_completion_tokens !== null) fields.max_completion_tokens = capped(body.max_completion_tokens);
+  return fields.max_tokens === body.max_tokens && (fields.max_completion_tokens ?? body.max_completion_tokens) === body.max_completion_tokens ? null : fields;
 }

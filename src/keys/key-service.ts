@@ -164,16 +164,19 @@ export class KeyService {
   async updateLimits(reference: string, body: unknown, actor: string): Promise<ApiKeyInfo> {
     const patch = parseWith(keyLimitsPatchSchema, body, "key update");
     const row = await this.find(reference, "update");
-    const merged = { ...limitsView(row), ...patch };
-    const columns = limitColumns(merged);
+    // Only the columns the patch names are written, so two PATCHes of different fields at
+    // once both take effect (a read-merge-write of all of them would lose one).
+    const all = limitColumns({ ...limitsView(row), ...patch });
+    const columns = Object.fromEntries(Object.keys(patch).map((field) => [field, all[field as keyof KeyLimitColumns]]));
     const now = nowIso(this.clock);
-    await this.store.db.transaction().execute(async (trx) => {
+    const updated = await this.store.db.transaction().execute(async (trx) => {
       await trx.updateTable("api_keys").set(columns).where("id", "=", row.id).execute();
       await recordAudit(trx, { at: now, actor, action: "key.update", target: row.prefix, detail: { id: row.id, name: row.name, ...patch } });
+      return trx.selectFrom("api_keys").selectAll().where("id", "=", row.id).executeTakeFirstOrThrow();
     });
     this.generation += 1;
     this.cache.clear();
-    return toInfo({ ...row, ...columns });
+    return toInfo(updated);
   }
 
   private async find(reference: string, verb: string) {
