@@ -98,7 +98,17 @@ interface SqliteStatements {
   reserveWindow: Statement;
   adjustWindow: Statement;
   settleAll: (changes: readonly SettlementChange[], updatedAt: string) => void;
+  reserveTogether: (request: ReserveTogether) => { windows: WindowUse[]; budget: BudgetUse | null } | null;
 }
+
+/** Every reservation of one request: its rate windows and its budget (null: none). */
+export interface ReserveTogether {
+  windows: ReadonlyArray<WindowRef & { tokens: number; rpm: number | null; tpm: number | null }>;
+  budget: { keyId: string; period: string; amountNano: number; limitNano: number; now: number } | null;
+}
+
+/** Thrown inside the SQLite transaction of reserveTogether to roll it back when one reservation does not fit. */
+class DoesNotFit extends Error {}
 
 function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
   const settleBudget = sqlite.prepare(
@@ -107,7 +117,7 @@ function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
   const adjustWindow = sqlite.prepare(
     "UPDATE key_rate_windows SET requests = requests + @requests, tokens = tokens + @tokens WHERE key_id = @keyId AND model = @model AND window_start = @windowStart",
   );
-  return {
+  const statements: Omit<SqliteStatements, "reserveTogether"> = {
     reserveBudget: sqlite.prepare(
       "INSERT INTO key_budgets (key_id, period, spent_nano, reserved_nano, updated_at) VALUES (@keyId, @period, 0, @amount, @updatedAt) " +
         "ON CONFLICT (key_id, period) DO UPDATE SET reserved_nano = key_budgets.reserved_nano + @amount, updated_at = @updatedAt " +
@@ -126,6 +136,35 @@ function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
         else adjustWindow.run({ keyId: change.keyId, model: change.model, windowStart: change.windowStart, requests: 0, tokens: change.tokens });
       }
     }),
+  };
+  const together = sqlite.transaction((request: ReserveTogether) => {
+    const windows: WindowUse[] = [];
+    for (const { keyId, model, windowStart, tokens, rpm, tpm } of request.windows) {
+      const row = statements.reserveWindow.get({ keyId, model, windowStart, tokens, rpm, tpm }) as WindowUse | undefined;
+      if (row === undefined) throw new DoesNotFit();
+      windows.push({ requests: Number(row.requests), tokens: Number(row.tokens) });
+    }
+    let budget: BudgetUse | null = null;
+    if (request.budget !== null) {
+      const { keyId, period, amountNano, limitNano, now } = request.budget;
+      const row = statements.reserveBudget.get({ keyId, period, amount: amountNano, limit: limitNano, updatedAt: new Date(now).toISOString() }) as
+        | { spent_nano: number; reserved_nano: number }
+        | undefined;
+      if (row === undefined) throw new DoesNotFit();
+      budget = { spentNano: Number(row.spent_nano), reservedNano: Number(row.reserved_nano) };
+    }
+    return { windows, budget };
+  });
+  return {
+    ...statements,
+    reserveTogether: (request) => {
+      try {
+        return together(request);
+      } catch (error) {
+        if (error instanceof DoesNotFit) return null;
+        throw error;
+      }
+    },
   };
 }
 
@@ -176,6 +215,21 @@ export class LimitStore {
       .returning(["spent_nano", "reserved_nano"])
       .executeTakeFirst();
     return row === undefined ? null : { spentNano: Number(row.spent_nano), reservedNano: Number(row.reserved_nano) };
+  }
+
+  /**
+   * SQLite only: every reservation of a request in one transaction, so one commit instead
+   * of one per statement. Each statement stays the same conditional upsert; when one does
+   * not fit, the whole transaction rolls back and this returns "refused" (the caller then
+   * reserves step by step to say which limit refused). Returns undefined where it cannot
+   * run (PostgreSQL, or a Kysely transaction holds the connection).
+   */
+  reserveTogether(request: ReserveTogether): { windows: WindowUse[]; budget: BudgetUse | null } | "refused" | undefined {
+    const direct = this.direct();
+    if (direct === undefined) return undefined;
+    const reserved = this.run(() => direct.reserveTogether(request));
+    if (request.windows.length > 0) this.pruneNow(request.windows[0]!.windowStart);
+    return reserved ?? "refused";
   }
 
   /** Replaces a reservation by what was charged (0 to undo it). */

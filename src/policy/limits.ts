@@ -134,6 +134,25 @@ export class LimitsService implements RequestLimits {
     const { request, limits, bound, costNano, now, window, scopes, reserved, undoWindows } = admission;
     const tokens = bound.total;
     const keyName = request.principal.name;
+    const budgetPeriod = limits.budgetUsd !== null && costNano > 0 ? budgetPeriodAt(limits.budgetPeriod, now) : null;
+    const budgetLimitNano = Math.round((limits.budgetUsd ?? 0) * 1e9);
+    // The common case on SQLite: everything fits, reserved in one transaction (one commit).
+    // Anything that may be refused takes the step-by-step path below, which says why.
+    const mayFit = scopes.every(({ limits: l }) => l.tpm === null || tokens <= l.tpm) && (budgetPeriod === null || costNano <= budgetLimitNano);
+    const together = !mayFit
+      ? undefined
+      : this.limitStore.reserveTogether({
+          windows: scopes.map(({ ref, limits: l }) => ({ ...ref, tokens, rpm: l.rpm, tpm: l.tpm })),
+          budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
+        });
+    if (together !== undefined && together !== "refused") {
+      const counted = scopes.map((scope, index) => ({ scope, use: together.windows[index]! }));
+      return this.permit(
+        { request, reservedTokens: tokens, windows: scopes.map(({ ref }) => ref), budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano } },
+        rateHeaders(counted, now, window.endsAt),
+        this.outputCap(request, limits, scopes, bound),
+      );
+    }
     for (const scope of scopes) {
       const { rpm, tpm } = scope.limits;
       if (tpm !== null && tokens > tpm) {
@@ -178,9 +197,13 @@ export class LimitsService implements RequestLimits {
       }
       budget = { keyId, period: period.id, reservedNano: costNano };
     }
-    // The cap applies where the reservation is what holds the line: a budget or a tpm.
+    return this.permit({ request, reservedTokens: tokens, windows: reserved.map(({ scope }) => scope.ref), budget }, headers, this.outputCap(request, limits, scopes, bound));
+  }
+
+  /** The output the upstream may generate: capped where the reservation is what holds the line (a budget or a tpm). */
+  private outputCap(request: PolicyRequest, limits: KeyLimits, scopes: readonly Scope[], bound: TokenBound): number | null {
     const capsOutput = request.endpoint !== "/v1/embeddings" && (limits.budgetUsd !== null || scopes.some(({ limits: l }) => l.tpm !== null));
-    return this.permit({ request, reservedTokens: tokens, windows: reserved.map(({ scope }) => scope.ref), budget }, headers, capsOutput ? bound.output : null);
+    return capsOutput ? bound.output : null;
   }
 
   /**
