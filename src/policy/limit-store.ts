@@ -99,12 +99,20 @@ interface SqliteStatements {
   adjustWindow: Statement;
   settleAll: (changes: readonly SettlementChange[], updatedAt: string) => void;
   reserveTogether: (request: ReserveTogether) => { windows: WindowUse[]; budget: BudgetUse | null } | null;
+  /** Many requests' reservations in one transaction, each in its own savepoint (null: that one did not fit and was rolled back). */
+  reserveMany: (requests: readonly ReserveTogether[]) => Array<{ windows: WindowUse[]; budget: BudgetUse | null } | null>;
 }
 
 /** Every reservation of one request: its rate windows and its budget (null: none). */
 export interface ReserveTogether {
   windows: ReadonlyArray<WindowRef & { tokens: number; rpm: number | null; tpm: number | null }>;
   budget: { keyId: string; period: string; amountNano: number; limitNano: number; now: number } | null;
+}
+
+/** What reserveTogether reserved: the windows after it, in order, and the budget after it. */
+export interface Reserved {
+  windows: WindowUse[];
+  budget: BudgetUse | null;
 }
 
 /** Thrown inside the SQLite transaction of reserveTogether to roll it back when one reservation does not fit. */
@@ -117,7 +125,7 @@ function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
   const adjustWindow = sqlite.prepare(
     "UPDATE key_rate_windows SET requests = requests + @requests, tokens = tokens + @tokens WHERE key_id = @keyId AND model = @model AND window_start = @windowStart",
   );
-  const statements: Omit<SqliteStatements, "reserveTogether"> = {
+  const statements: Omit<SqliteStatements, "reserveTogether" | "reserveMany"> = {
     reserveBudget: sqlite.prepare(
       "INSERT INTO key_budgets (key_id, period, spent_nano, reserved_nano, updated_at) VALUES (@keyId, @period, 0, @amount, @updatedAt) " +
         "ON CONFLICT (key_id, period) DO UPDATE SET reserved_nano = key_budgets.reserved_nano + @amount, updated_at = @updatedAt " +
@@ -155,22 +163,24 @@ function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
     }
     return { windows, budget };
   });
-  return {
-    ...statements,
-    reserveTogether: (request) => {
-      try {
-        return together(request);
-      } catch (error) {
-        if (error instanceof DoesNotFit) return null;
-        throw error;
-      }
-    },
+  const reserveTogether = (request: ReserveTogether) => {
+    try {
+      // Inside reserveMany's transaction this is a savepoint: a request that does not fit
+      // rolls back its own statements only.
+      return together(request);
+    } catch (error) {
+      if (error instanceof DoesNotFit) return null;
+      throw error;
+    }
   };
+  return { ...statements, reserveTogether, reserveMany: sqlite.transaction((requests: readonly ReserveTogether[]) => requests.map(reserveTogether)) };
 }
 
 export class LimitStore {
   private lastPruneAt = 0;
   private readonly statements: SqliteStatements | undefined;
+  /** Admissions waiting for this tick's transaction (reserveTogether). */
+  private admissions: Array<{ request: ReserveTogether; done: (outcome: Reserved | "refused" | undefined) => void; failed: (error: unknown) => void }> = [];
 
   constructor(private readonly store: Store) {
     this.statements = store.sqlite === undefined ? undefined : prepareSqlite(store.sqlite);
@@ -224,13 +234,38 @@ export class LimitStore {
    * reserves step by step to say which limit refused). Returns undefined where it cannot
    * run (PostgreSQL, or a Kysely transaction holds the connection).
    */
-  reserveTogether(request: ReserveTogether): { windows: WindowUse[]; budget: BudgetUse | null } | "refused" | undefined {
-    const direct = this.direct();
-    if (direct === undefined) return undefined;
-    const reserved = this.run(() => direct.reserveTogether(request));
-    if (request.windows.length > 0) this.pruneNow(request.windows[0]!.windowStart);
-    return reserved ?? "refused";
+  async reserveTogether(request: ReserveTogether): Promise<Reserved | "refused" | undefined> {
+    if (this.direct() === undefined) return undefined;
+    // The admissions of one event-loop turn share one transaction (one commit), each in its
+    // own savepoint, written at the end of the turn (setImmediate): under load a commit
+    // costs more than the statements, and the wait is not measurable.
+    return new Promise((done, failed) => {
+      this.admissions.push({ request, done, failed });
+      if (this.admissions.length === 1) setImmediate(() => this.reserveQueued());
+    });
   }
+
+  private reserveQueued(): void {
+    const queued = this.admissions;
+    this.admissions = [];
+    const direct = this.direct();
+    if (direct === undefined) {
+      // A Kysely transaction began meanwhile: the caller reserves through Kysely instead.
+      for (const admission of queued) admission.done(undefined);
+      return;
+    }
+    let outcomes: Array<{ windows: WindowUse[]; budget: BudgetUse | null } | null>;
+    try {
+      outcomes = this.run(() => direct.reserveMany(queued.map((admission) => admission.request)));
+    } catch (error) {
+      for (const admission of queued) admission.failed(error);
+      return;
+    }
+    const windowStart = queued.find((admission) => admission.request.windows.length > 0)?.request.windows[0]!.windowStart;
+    if (windowStart !== undefined) this.pruneNow(windowStart);
+    queued.forEach((admission, index) => admission.done(outcomes[index] ?? "refused"));
+  }
+
 
   /** Replaces a reservation by what was charged (0 to undo it). */
   async settleBudget(options: { keyId: string; period: string; reservedNano: number; chargedNano: number; now: number }): Promise<void> {

@@ -240,8 +240,8 @@ describe("budgets and rate limits on one server", () => {
     const sneaky = { messages: [{ role: "user" as const, content: "hi" }], max_tokens: 1, max_completion_tokens: 100_000 };
     const large = reservation(recordingModel, sneaky).usd;
     assert.ok(large > 100 * reservation(recordingModel, { ...sneaky, max_completion_tokens: 1 }).usd, "the large field prices the reservation");
-    // A budget that holds a request of 1000 output tokens but not one of 100,000.
-    const budget = Number((reservation(recordingModel, { ...sneaky, max_completion_tokens: 1000 }).usd * 1.5).toFixed(6));
+    // A budget that holds requests of 1000 output tokens (reservations settle a few ms late: room for three) but not one of 100,000.
+    const budget = Number((reservation(recordingModel, { ...sneaky, max_completion_tokens: 1000 }).usd * 3).toFixed(6));
     const client = clientFor(harness, await harness.clientKey({ name: "two-fields", budget_usd: budget }));
     const refused = await client.chat.completions.create({ model: "recording", ...sneaky }).catch((error: unknown) => error);
     assert.ok(refused instanceof OpenAI.RateLimitError, String(refused));

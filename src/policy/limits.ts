@@ -141,7 +141,7 @@ export class LimitsService implements RequestLimits {
     const mayFit = scopes.every(({ limits: l }) => l.tpm === null || tokens <= l.tpm) && (budgetPeriod === null || costNano <= budgetLimitNano);
     const together = !mayFit
       ? undefined
-      : this.limitStore.reserveTogether({
+      : await this.limitStore.reserveTogether({
           windows: scopes.map(({ ref, limits: l }) => ({ ...ref, tokens, rpm: l.rpm, tpm: l.tpm })),
           budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
         });
