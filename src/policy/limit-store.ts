@@ -256,7 +256,8 @@ export class LimitStore {
     }
     let outcomes: Array<{ windows: WindowUse[]; budget: BudgetUse | null } | null>;
     try {
-      outcomes = this.run(() => direct.reserveMany(queued.map((admission) => admission.request)));
+      // One admission alone (the usual case at low load) needs no savepoint: its own transaction.
+      outcomes = this.run(() => (queued.length === 1 ? [direct.reserveTogether(queued[0]!.request)] : direct.reserveMany(queued.map((admission) => admission.request))));
     } catch (error) {
       for (const admission of queued) admission.failed(error);
       return;

@@ -82,3 +82,20 @@ testBothStores("many settlements of one key, written together, add up exactly", 
   assert.equal(use.reservedNano, 0);
   assert.equal(use.spentNano, usages.reduce((sum, usage) => sum + usdToNano(costUsd(PRICES, usage)), 0));
 });
+
+testBothStores("admissions at once: a request refused by the budget leaves no count in its rate window", async (store) => {
+  const { logger } = warnings();
+  const limits = new LimitsService({ store, logger, clock: () => NOW });
+  const cost = costUsd(PRICES, worstCaseUsage(tokenBound("/v1/chat/completions", BODY, MODEL), PRICES));
+  const who = { ...principal("k-burst"), limits: { rpm: 100, tpm: null, budgetUsd: Number((cost * 10.5).toFixed(9)), budgetPeriod: "total", models: new Map() } } as unknown as Principal;
+  // 30 admissions in one event-loop turn: on SQLite they share one transaction, each in its own savepoint.
+  const outcomes = await Promise.allSettled(Array.from({ length: 30 }, () => limits.admit({ principal: who, model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })));
+  const admitted = outcomes.filter((outcome) => outcome.status === "fulfilled");
+  assert.equal(admitted.length, 10, "exactly the ten that fit the budget");
+  for (const outcome of outcomes) if (outcome.status === "rejected") assert.equal((outcome.reason as { code?: string }).code, "insufficient_quota");
+  const readBack = new LimitStore(store);
+  const window = await readBack.windowUse({ keyId: "k-burst", model: "*", windowStart: new Date(Math.floor(NOW / 60_000) * 60_000).toISOString() });
+  assert.equal(window.requests, 10, "the refused requests' window counts were rolled back");
+  assert.equal((await readBack.budgetUse("k-burst", "total")).reservedNano, 10 * usdToNano(cost));
+  await limits.close();
+});

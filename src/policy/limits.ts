@@ -4,7 +4,8 @@
 // the model for this key when it has its own limits, then the budget of the current
 // period. A refusal undoes what was already reserved and answers 429, with the
 // x-ratelimit-* headers OpenAI sends. The permit settles once, when the request ends:
-// the reservation becomes the actual cost and tokens.
+// the reservation becomes the actual cost and tokens, written a few ms later in a batch
+// (see `pending`), and retried until the store takes it.
 //
 // A key without limits costs nothing here: its Principal carries no limits, and admission
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
