@@ -158,6 +158,9 @@ describe("budgets and rate limits on one server", () => {
     assert.equal(tooBig.code, "rate_limit_exceeded");
     assert.match(tooBig.message, /can never be admitted\. Lower max_tokens/);
     assert.equal(tooBig.headers.get("x-should-retry"), "false");
+    // The headers of a refusal by the first scope still say where the key stands.
+    assert.equal(tooBig.headers.get("x-ratelimit-limit-tokens"), String(tokens * 2));
+    assert.equal(tooBig.headers.get("x-ratelimit-remaining-tokens"), String(tokens * 2 - 12));
     assert.equal((await keyUse(harness, "tpm")).usage.rate.requests, 1, "a refused request is not counted");
   });
 
@@ -270,6 +273,19 @@ describe("budgets and rate limits on one server", () => {
     const { response } = await client.chat.completions.create({ model: "ctx", messages: [{ role: "user", content: "hi" }] }).withResponse();
     assert.equal(response.status, 200);
     assert.equal(reservation(contextModel, { messages: [{ role: "user", content: "hi" }] }).tokens, 4096);
+  });
+
+  test("two PATCHes of different fields at once both take effect", async () => {
+    await harness.clientKey({ name: "two-patches", rpm: 1 });
+    // Called together, both read the key before either writes (the race a read-merge-write loses).
+    await Promise.all([
+      harness.server.keys.updateLimits("two-patches", { rpm: 7 }, "test"),
+      harness.server.keys.updateLimits("two-patches", { budget_usd: 3, budget_period: "day" }, "test"),
+    ]);
+    const shown = await keyUse(harness, "two-patches");
+    assert.equal(shown.rpm, 7);
+    assert.equal(shown.budget_usd, 3);
+    assert.equal(shown.budget_period, "day");
   });
 
   test("a total budget that is spent says so and how to raise it, without Retry-After", async () => {
