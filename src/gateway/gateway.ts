@@ -37,6 +37,7 @@ import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { StreamUsageFilter } from "./stream-usage.ts";
+import { outputCapOf } from "./output-cap.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
 import { unavailableError } from "./unavailable.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
@@ -315,12 +316,13 @@ export class Gateway {
     // and take them back out of what the client receives (stream-usage.ts).
     const injectUsage = stream && (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage !== true;
     const payloads = new Map<string, Buffer>();
+    const outputCap = outputCapOf(route.path, body, call.permit?.maxOutputTokens ?? null);
     const payloadFor = (upstreamModel: string): Buffer => {
-      if (upstreamModel === body.model && !injectUsage && route.wire === undefined) return request.raw;
+      if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
       let payload = payloads.get(upstreamModel);
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
-        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel };
+        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...outputCap };
         if (injectUsage) rewritten.stream_options = { ...((body.stream_options as object | null | undefined) ?? {}), include_usage: true };
         payload = Buffer.from(JSON.stringify(rewritten));
         payloads.set(upstreamModel, payload);

@@ -189,19 +189,22 @@ export class KeyService {
     // Only the names sent are checked: a guard named before and removed since does not block other changes.
     if (guardsPatch !== undefined && guardsPatch !== null) this.guardChecker(guardsPatch);
     const row = await this.find(reference, "update");
-    const columns = {
-      ...limitColumns({ ...limitsView(row), ...limitsPatch }),
-      guards: guardsPatch === undefined ? row.guards : guardsColumn(mergeKeyGuards(guardsOfColumn(row.guards), guardsPatch)),
-    };
-    const patch = { ...limitsPatch, ...(guardsPatch === undefined ? {} : { guards: guardsOfColumn(columns.guards) }) };
+    // Only the columns the patch names are written, so two PATCHes of different fields at
+    // once both take effect (a read-merge-write of all of them would lose one). A guards
+    // side given replaces that side, merged with the other side as stored.
+    const allLimits = limitColumns({ ...limitsView(row), ...limitsPatch });
+    const columns: Record<string, unknown> = Object.fromEntries(Object.keys(limitsPatch).map((field) => [field, allLimits[field as keyof KeyLimitColumns]]));
+    if (guardsPatch !== undefined) columns.guards = guardsColumn(mergeKeyGuards(guardsOfColumn(row.guards), guardsPatch));
+    const patch = { ...limitsPatch, ...(guardsPatch === undefined ? {} : { guards: guardsOfColumn(columns.guards as string | null) }) };
     const now = nowIso(this.clock);
-    await this.store.db.transaction().execute(async (trx) => {
+    const updated = await this.store.db.transaction().execute(async (trx) => {
       await trx.updateTable("api_keys").set(columns).where("id", "=", row.id).execute();
       await recordAudit(trx, { at: now, actor, action: "key.update", target: row.prefix, detail: { id: row.id, name: row.name, ...patch } });
+      return trx.selectFrom("api_keys").selectAll().where("id", "=", row.id).executeTakeFirstOrThrow();
     });
     this.generation += 1;
     this.cache.clear();
-    return toInfo({ ...row, ...columns });
+    return toInfo(updated);
   }
 
   private async find(reference: string, verb: string) {

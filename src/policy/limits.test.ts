@@ -13,6 +13,7 @@ import { Gate } from "../../test/support/gate.ts";
 import { dropSchema, postgresProblem, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { costUsd } from "./cost.ts";
+import { worstCaseUsage } from "./limits.ts";
 import { tokenBound } from "./token-bound.ts";
 
 const PRICES = { input_per_million: 1000, output_per_million: 2000 };
@@ -22,9 +23,9 @@ const ACTUAL_COST = costUsd(PRICES, { prompt_tokens: 7, completion_tokens: 5 });
 const HI = { messages: [{ role: "user" as const, content: "hi" }], max_tokens: 10 };
 
 /** The reservation of the HI request on a model: its worst case, as admission computes it. */
-function reservation(model: CatalogModel): { usd: number; tokens: number } {
-  const bound = tokenBound("/v1/chat/completions", { model: model.name, ...HI }, model);
-  return { usd: costUsd(model.definition.prices, { prompt_tokens: bound.prompt, completion_tokens: bound.output }), tokens: bound.prompt + bound.output };
+function reservation(model: CatalogModel, body: object = HI): { usd: number; tokens: number } {
+  const bound = tokenBound("/v1/chat/completions", { model: model.name, ...body }, model);
+  return { usd: costUsd(model.definition.prices, worstCaseUsage(bound, model.definition.prices)), tokens: bound.total };
 }
 
 /** A fixed instant in the middle of a minute, that tests move. */
@@ -157,6 +158,9 @@ describe("budgets and rate limits on one server", () => {
     assert.equal(tooBig.code, "rate_limit_exceeded");
     assert.match(tooBig.message, /can never be admitted\. Lower max_tokens/);
     assert.equal(tooBig.headers.get("x-should-retry"), "false");
+    // The headers of a refusal by the first scope still say where the key stands.
+    assert.equal(tooBig.headers.get("x-ratelimit-limit-tokens"), String(tokens * 2));
+    assert.equal(tooBig.headers.get("x-ratelimit-remaining-tokens"), String(tokens * 2 - 12));
     assert.equal((await keyUse(harness, "tpm")).usage.rate.requests, 1, "a refused request is not counted");
   });
 
@@ -210,8 +214,8 @@ describe("budgets and rate limits on one server", () => {
   test("a request no replica answered costs nothing; one answered without token counts keeps its reservation", async () => {
     const refusing = await upstreams.start({ resetOnRequest: true });
     const broken = await upstreams.start({ resetMidBody: true });
-    const refusingModel = await harness.addModel({ name: "refusing", prices: PRICES, profiles: [{ name: "p", engine: "external", url: refusing.url }] });
-    await harness.addModel({ name: "broken", prices: PRICES, profiles: [{ name: "p", engine: "external", url: broken.url }] });
+    await harness.addModel({ name: "refusing", prices: PRICES, profiles: [{ name: "p", engine: "external", url: refusing.url }] });
+    const brokenModel = await harness.addModel({ name: "broken", prices: PRICES, profiles: [{ name: "p", engine: "external", url: broken.url }] });
     const client = clientFor(harness, await harness.clientKey({ name: "outcomes", budget_usd: 100 }));
     assert.ok((await client.chat.completions.create({ model: "refusing", ...HI }).catch((error: unknown) => error)) instanceof OpenAI.APIError);
     const afterRefused = await eventually("the refused request to settle", async () => {
@@ -226,9 +230,62 @@ describe("budgets and rate limits on one server", () => {
       const budget = (await keyUse(harness, "outcomes")).usage.budget;
       return budget.reserved_usd === 0 && budget.spent_usd > 0 ? budget : null;
     });
-    assert.ok(Math.abs(afterBroken.spent_usd - reservation(refusingModel).usd) < 1e-6, `charged ${afterBroken.spent_usd}, reserved ${reservation(refusingModel).usd}`);
+    assert.ok(Math.abs(afterBroken.spent_usd - reservation(brokenModel).usd) < 1e-6, `charged ${afterBroken.spent_usd}, reserved ${reservation(brokenModel).usd}`);
     const spend = await harness.server.limits.spentByKey();
-    assert.ok(spend.some((row) => row.key === "outcomes" && Math.abs(row.spent_usd - afterBroken.spent_usd) < 1e-9 && row.limit_usd === 100));
+    const row = spend.find((r) => r.key === "outcomes");
+    assert.ok(row !== undefined && Math.abs(row.spent_usd - afterBroken.spent_usd) < 1e-9 && row.limit_usd === 100, JSON.stringify(spend));
+    assert.match(row.prefix, /^llmgw-/, "each entry names the key's prefix too (names are not unique)");
+  });
+
+  test("both max-token fields: the larger one is reserved; without either, the upstream is told the reserved output as max_tokens", async () => {
+    const recording = await upstreams.start({ reply: REPLY });
+    const recordingModel = await harness.addModel({ name: "recording", prices: PRICES, max_output: 500, profiles: [{ name: "p", engine: "external", url: recording.url }] });
+    const sneaky = { messages: [{ role: "user" as const, content: "hi" }], max_tokens: 1, max_completion_tokens: 100_000 };
+    const large = reservation(recordingModel, sneaky).usd;
+    assert.ok(large > 100 * reservation(recordingModel, { ...sneaky, max_completion_tokens: 1 }).usd, "the large field prices the reservation");
+    // A budget that holds requests of 1000 output tokens (reservations settle a few ms late: room for three) but not one of 100,000.
+    const budget = Number((reservation(recordingModel, { ...sneaky, max_completion_tokens: 1000 }).usd * 3).toFixed(6));
+    const client = clientFor(harness, await harness.clientKey({ name: "two-fields", budget_usd: budget }));
+    const refused = await client.chat.completions.create({ model: "recording", ...sneaky }).catch((error: unknown) => error);
+    assert.ok(refused instanceof OpenAI.RateLimitError, String(refused));
+    assert.equal(refused.code, "insufficient_quota");
+    assert.equal(refused.headers.get("x-should-retry"), "false", "the SDKs must not retry a spent budget");
+    assert.equal(recording.requests.length, 0, "a refused request never reaches the upstream");
+    await client.chat.completions.create({ model: "recording", messages: sneaky.messages, max_tokens: 1, max_completion_tokens: 1000 });
+    assert.equal(recording.requests.length, 1);
+    assert.equal(recording.requests[0]!.body.max_tokens, 1, "a value under the cap is sent as it is");
+    assert.equal(recording.requests[0]!.body.max_completion_tokens, 1000);
+    // No max-token field: the upstream gets the reserved output (the model's max_output) as max_tokens, so it cannot outgrow the reservation.
+    await client.chat.completions.create({ model: "recording", messages: sneaky.messages });
+    const capped = recording.requests[1]!.body;
+    assert.equal(capped.max_tokens, 500);
+    assert.equal(capped.max_completion_tokens, undefined, "a field the client did not send is not added");
+    const spent = await eventually("both answers to settle", async () => {
+      const use = (await keyUse(harness, "two-fields")).usage.budget;
+      return use.reserved_usd === 0 ? use.spent_usd : null;
+    });
+    assert.ok(spent >= 2 * ACTUAL_COST - 1e-9, `spent ${spent} covers the usage the upstream reported (${2 * ACTUAL_COST})`);
+  });
+
+  test("a key with a tpm at the model's context length is admitted without max_tokens: prompt and output share one context", async () => {
+    const contextModel = await harness.addModel({ name: "ctx", prices: PRICES, context_length: 4096, profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    const client = clientFor(harness, await harness.clientKey({ name: "ctx-tpm", tpm: 4096 }));
+    const { response } = await client.chat.completions.create({ model: "ctx", messages: [{ role: "user", content: "hi" }] }).withResponse();
+    assert.equal(response.status, 200);
+    assert.equal(reservation(contextModel, { messages: [{ role: "user", content: "hi" }] }).tokens, 4096);
+  });
+
+  test("two PATCHes of different fields at once both take effect", async () => {
+    await harness.clientKey({ name: "two-patches", rpm: 1 });
+    // Called together, both read the key before either writes (the race a read-merge-write loses).
+    await Promise.all([
+      harness.server.keys.update("two-patches", { rpm: 7 }, "test"),
+      harness.server.keys.update("two-patches", { budget_usd: 3, budget_period: "day" }, "test"),
+    ]);
+    const shown = await keyUse(harness, "two-patches");
+    assert.equal(shown.rpm, 7);
+    assert.equal(shown.budget_usd, 3);
+    assert.equal(shown.budget_period, "day");
   });
 
   test("a total budget that is spent says so and how to raise it, without Retry-After", async () => {

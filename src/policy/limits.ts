@@ -4,7 +4,8 @@
 // the model for this key when it has its own limits, then the budget of the current
 // period. A refusal undoes what was already reserved and answers 429, with the
 // x-ratelimit-* headers OpenAI sends. The permit settles once, when the request ends:
-// the reservation becomes the actual cost and tokens.
+// the reservation becomes the actual cost and tokens, written a few ms later in a batch
+// (see `pending`), and retried until the store takes it.
 //
 // A key without limits costs nothing here: its Principal carries no limits, and admission
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
@@ -14,11 +15,11 @@ import { TooManyRequestsError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { TokenUsage } from "../gateway/usage-tap.ts";
 import type { Store } from "../store/store.ts";
-import { costUsd } from "./cost.ts";
+import { costUsd, type Prices } from "./cost.ts";
 import type { BudgetPeriod, KeyLimits, KeyLimitsView, RateLimits } from "./key-limits.ts";
-import { budgetPeriodAt, LimitStore, nanoToUsd, usdToNano, WHOLE_KEY, windowAt, type BudgetUse, type WindowRef, type WindowUse } from "./limit-store.ts";
+import { budgetPeriodAt, LimitStore, nanoToUsd, usdToNano, WHOLE_KEY, windowAt, type BudgetUse, type SettlementChange, type WindowRef, type WindowUse } from "./limit-store.ts";
 import type { LimitsPermit, PolicyRequest, RequestLimits } from "./request-policy.ts";
-import { tokenBound } from "./token-bound.ts";
+import { tokenBound, type TokenBound } from "./token-bound.ts";
 
 export interface LimitsServiceOptions {
   store: Store;
@@ -58,12 +59,37 @@ interface Scope {
   label: string;
 }
 
-const UNLIMITED: LimitsPermit = { headers: {}, settle: () => undefined };
+const UNLIMITED: LimitsPermit = { headers: {}, maxOutputTokens: null, settle: () => undefined };
+
+/** What a permit holds until it settles. */
+interface Held {
+  request: PolicyRequest;
+  reservedTokens: number;
+  windows: WindowRef[];
+  budget: { keyId: string; period: string; reservedNano: number } | null;
+}
+
+/** How soon queued settlements are written, and how long a failed write waits at most before it is tried again. */
+const SETTLE_DELAY_MS = 5;
+const RETRY_FIRST_MS = 100;
+const RETRY_MAX_MS = 5000;
 
 export class LimitsService implements RequestLimits {
   private readonly limitStore: LimitStore;
   private readonly clock: () => number;
-  private readonly settling = new Set<Promise<void>>();
+  /**
+   * Settlements not yet written, summed per row (budget period or rate window). They are
+   * written together a few ms after the first one is queued: one statement per row, all in
+   * one transaction on SQLite. A settlement only gives back part of a reservation (or adds
+   * what a request used beyond it), so writing it a few ms late holds a reservation a few
+   * ms longer than needed: conservative, never lets a request past a limit. A write that
+   * fails stays queued and is tried again with backoff, so a store hiccup does not leak
+   * reservations for good.
+   */
+  private pending = new Map<string, SettlementChange>();
+  private timer: NodeJS.Timeout | undefined;
+  private writing: Promise<void> = Promise.resolve();
+  private retryDelayMs = 0;
 
   constructor(private readonly options: LimitsServiceOptions) {
     this.limitStore = new LimitStore(options.store);
@@ -75,17 +101,22 @@ export class LimitsService implements RequestLimits {
     if (limits === undefined) return UNLIMITED;
     const now = this.clock();
     const bound = tokenBound(request.endpoint, request.body, request.model);
-    const tokens = bound.prompt + bound.output;
-    const costNano = usdToNano(costUsd(request.model.definition.prices, { prompt_tokens: bound.prompt, completion_tokens: bound.output }));
+    const costNano = usdToNano(costUsd(request.model.definition.prices, worstCaseUsage(bound, request.model.definition.prices)));
     const window = windowAt(now);
     const scopes = rateScopes(request, limits, window.start);
     const reserved: Array<{ scope: Scope; use: WindowUse }> = [];
-    const undoWindows = () => Promise.all(reserved.map(({ scope }) => this.limitStore.adjustWindow({ ...scope.ref, requests: -1, tokens: -tokens })));
+    let undone = false;
+    // Undoes the windows counted so far, at most once, whichever path gets here first.
+    const undoWindows = async () => {
+      if (undone) return;
+      undone = true;
+      await Promise.all(reserved.map(({ scope }) => this.limitStore.adjustWindow({ ...scope.ref, requests: -1, tokens: -bound.total })));
+    };
     try {
-      return await this.reserve({ request, limits, bound, tokens, costNano, now, window, scopes, reserved, undoWindows });
+      return await this.reserve({ request, limits, bound, costNano, now, window, scopes, reserved, undoWindows });
     } catch (error) {
       // A store that failed halfway (the refusals below undo their own): give back what was counted.
-      if (!(error instanceof TooManyRequestsError)) await undoWindows().catch(() => undefined);
+      await undoWindows().catch(() => undefined);
       throw error;
     }
   }
@@ -93,47 +124,68 @@ export class LimitsService implements RequestLimits {
   private async reserve(admission: {
     request: PolicyRequest;
     limits: KeyLimits;
-    bound: { prompt: number; output: number };
-    tokens: number;
+    bound: TokenBound;
     costNano: number;
     now: number;
     window: { start: string; endsAt: number };
     scopes: Scope[];
     reserved: Array<{ scope: Scope; use: WindowUse }>;
-    undoWindows: () => Promise<unknown>;
+    undoWindows: () => Promise<void>;
   }): Promise<LimitsPermit> {
-    const { request, limits, bound, tokens, costNano, now, window, scopes, reserved, undoWindows } = admission;
+    const { request, limits, bound, costNano, now, window, scopes, reserved, undoWindows } = admission;
+    const tokens = bound.total;
     const keyName = request.principal.name;
+    const budgetPeriod = limits.budgetUsd !== null && costNano > 0 ? budgetPeriodAt(limits.budgetPeriod, now) : null;
+    const budgetLimitNano = Math.round((limits.budgetUsd ?? 0) * 1e9);
+    // The common case on SQLite: everything fits, reserved in one transaction (one commit).
+    // Anything that may be refused takes the step-by-step path below, which says why.
+    const mayFit = scopes.every(({ limits: l }) => l.tpm === null || tokens <= l.tpm) && (budgetPeriod === null || costNano <= budgetLimitNano);
+    const together = !mayFit
+      ? undefined
+      : await this.limitStore.reserveTogether({
+          windows: scopes.map(({ ref, limits: l }) => ({ ...ref, tokens, rpm: l.rpm, tpm: l.tpm })),
+          budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
+        });
+    if (together !== undefined && together !== "refused") {
+      const counted = scopes.map((scope, index) => ({ scope, use: together.windows[index]! }));
+      return this.permit(
+        { request, reservedTokens: tokens, windows: scopes.map(({ ref }) => ref), budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano } },
+        rateHeaders(counted, now, window.endsAt),
+        this.outputCap(request, limits, scopes, bound),
+      );
+    }
     for (const scope of scopes) {
       const { rpm, tpm } = scope.limits;
       if (tpm !== null && tokens > tpm) {
         await undoWindows();
         throw new TooManyRequestsError(
           `This request may use up to ${tokens} tokens (a prompt of up to ${bound.prompt} and up to ${bound.output} of output), more than the ${tpm} tokens per minute ${scope.label} allows, so it can never be admitted. Lower max_tokens or shorten the prompt, or ask an administrator to raise the tpm limit ('llmgw ctl key update ${keyName} --tpm N').`,
-          { code: "rate_limit_exceeded", type: "tokens", headers: { ...rateHeaders(reserved, now, window.endsAt), "x-should-retry": "false" } },
+          { code: "rate_limit_exceeded", type: "tokens", headers: { ...(await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt)), "x-should-retry": "false" } },
         );
       }
       const use = await this.limitStore.reserveWindow({ ...scope.ref, tokens, rpm, tpm });
       if (use === null) {
         await undoWindows();
-        const seen = await this.limitStore.windowUse(scope.ref);
-        const byRequests = rpm !== null && seen.requests + 1 > rpm;
+        const seen = await this.limitStore.windowUse(scope.ref).catch(() => null);
+        const byRequests = rpm !== null && (seen === null ? tpm === null || tokens <= tpm : seen.requests + 1 > rpm);
         const retryAfterSeconds = Math.max(1, Math.ceil((window.endsAt - now) / 1000));
-        const what = byRequests ? `requests per minute: limit ${rpm}, used ${seen.requests}` : `tokens per minute: limit ${tpm}, used ${seen.tokens}, this request may use up to ${tokens}`;
+        const what = byRequests
+          ? `requests per minute: limit ${rpm}${seen === null ? "" : `, used ${seen.requests}`}`
+          : `tokens per minute: limit ${tpm}${seen === null ? "" : `, used ${seen.tokens}`}, this request may use up to ${tokens}`;
         throw new TooManyRequestsError(
           `Rate limit reached ${scope.label} on ${what}. Retry after ${retryAfterSeconds} s, when this minute's window ends (${new Date(window.endsAt).toISOString()}).`,
           {
             code: "rate_limit_exceeded",
             type: byRequests ? "requests" : "tokens",
             retryAfterSeconds,
-            headers: rateHeaders([...reserved, { scope, use: seen }], now, window.endsAt),
+            headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt, seen === null ? undefined : { scope, use: seen }),
           },
         );
       }
       reserved.push({ scope, use });
     }
     const headers = rateHeaders(reserved, now, window.endsAt);
-    let budget: { keyId: string; period: string; reservedNano: number } | null = null;
+    let budget: Held["budget"] = null;
     if (limits.budgetUsd !== null && costNano > 0) {
       const period = budgetPeriodAt(limits.budgetPeriod, now);
       const limitNano = Math.round(limits.budgetUsd * 1e9);
@@ -141,64 +193,161 @@ export class LimitsService implements RequestLimits {
       const use = costNano > limitNano ? null : await this.limitStore.reserveBudget({ keyId, period: period.id, amountNano: costNano, limitNano, now });
       if (use === null) {
         await undoWindows();
-        const seen = await this.limitStore.budgetUse(keyId, period.id);
-        throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: rateHeaders(reserved.map(({ scope, use: u }) => ({ scope, use: { requests: u.requests - 1, tokens: u.tokens - tokens } })), now, window.endsAt) });
+        const seen = await this.limitStore.budgetUse(keyId, period.id).catch(() => null);
+        throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt) });
       }
       budget = { keyId, period: period.id, reservedNano: costNano };
     }
-    return this.permit({ request, headers, reservedTokens: tokens, windows: reserved.map(({ scope }) => scope.ref), budget });
+    return this.permit({ request, reservedTokens: tokens, windows: reserved.map(({ scope }) => scope.ref), budget }, headers, this.outputCap(request, limits, scopes, bound));
   }
 
-  private permit(held: {
-    request: PolicyRequest;
-    headers: Record<string, string>;
-    reservedTokens: number;
-    windows: WindowRef[];
-    budget: { keyId: string; period: string; reservedNano: number } | null;
-  }): LimitsPermit {
+  /** The output the upstream may generate: capped where the reservation is what holds the line (a budget or a tpm). */
+  private outputCap(request: PolicyRequest, limits: KeyLimits, scopes: readonly Scope[], bound: TokenBound): number | null {
+    const capsOutput = request.endpoint !== "/v1/embeddings" && (limits.budgetUsd !== null || scopes.some(({ limits: l }) => l.tpm !== null));
+    return capsOutput ? bound.output : null;
+  }
+
+  /**
+   * The x-ratelimit-* headers of a refusal: every scope of the request, as the windows are
+   * once this request was undone (a window it had counted in shows its count less this
+   * request). A scope whose count cannot be read is left out rather than failing the refusal.
+   */
+  private async refusalHeaders(
+    scopes: readonly Scope[],
+    reserved: ReadonlyArray<{ scope: Scope; use: WindowUse }>,
+    tokens: number,
+    now: number,
+    endsAt: number,
+    refused?: { scope: Scope; use: WindowUse },
+  ): Promise<Record<string, string>> {
+    const counted: Array<{ scope: Scope; use: WindowUse }> = [];
+    for (const scope of scopes) {
+      const mine = reserved.find((r) => r.scope === scope);
+      if (mine !== undefined) counted.push({ scope, use: { requests: mine.use.requests - 1, tokens: mine.use.tokens - tokens } });
+      else if (refused?.scope === scope) counted.push(refused);
+      else {
+        const use = await this.limitStore.windowUse(scope.ref).catch(() => null);
+        if (use !== null) counted.push({ scope, use });
+      }
+    }
+    return rateHeaders(counted, now, endsAt);
+  }
+
+  private permit(held: Held, headers: Record<string, string>, maxOutputTokens: number | null): LimitsPermit {
     let settled = false;
     return {
-      headers: held.headers,
+      headers,
+      maxOutputTokens,
       settle: ({ usage, answered }) => {
         if (settled) return;
         settled = true;
-        const work = this.settle(held, usage, answered).catch((error: unknown) => {
-          this.options.logger.warn({ err: error, key: held.request.principal.name }, "a budget or rate-limit settlement failed; the reservation stays counted");
-        });
-        this.settling.add(work);
-        void work.finally(() => this.settling.delete(work));
+        try {
+          this.settle(held, usage, answered);
+        } catch (error) {
+          this.options.logger.warn({ err: error, key: held.request.principal.name }, "a budget or rate-limit settlement could not be queued; the reservation stays counted");
+        }
       },
     };
   }
 
-  private async settle(
-    held: { request: PolicyRequest; reservedTokens: number; windows: WindowRef[]; budget: { keyId: string; period: string; reservedNano: number } | null },
-    usage: TokenUsage | null,
-    answered: boolean,
-  ): Promise<void> {
+  /** Queues what a request used in place of what it reserved (written by flushSettlements). */
+  private settle(held: Held, usage: TokenUsage | null, answered: boolean): void {
     // No usage and no answer: nothing ran, nothing is owed. Answered without counts: the
     // reservation is the best bound there is, so it stands.
     const tokens = usage !== null ? usage.prompt_tokens + usage.completion_tokens : answered ? held.reservedTokens : 0;
-    const now = this.clock();
-    await Promise.all(held.windows.map((ref) => this.limitStore.adjustWindow({ ...ref, requests: 0, tokens: tokens - held.reservedTokens })));
+    for (const ref of held.windows) this.queueWindow(ref, tokens - held.reservedTokens);
     if (held.budget === null) return;
-    let chargedNano = usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
+    const chargedNano = usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
     if (chargedNano > held.budget.reservedNano) {
-      // The bound is an upper bound for text, so this means a replica counted more than it
-      // can have (or media the context length did not cap). The budget must still hold:
-      // the charge stops at the reservation, and the log says so.
+      // The bound is an upper bound for text and the upstream's max_tokens is capped, so
+      // this means a replica counted more than it can have (or media the context length did
+      // not cap). The key pays what it used, even past its budget; the log says so.
       this.options.logger.warn(
         { key: held.request.principal.name, model: held.request.model.name, usage, reserved_usd: nanoToUsd(held.budget.reservedNano) },
-        "a request cost more than its reservation; the budget is charged the reservation",
+        "a request cost more than its reservation; the budget is charged what it used",
       );
-      chargedNano = held.budget.reservedNano;
     }
-    await this.limitStore.settleBudget({ ...held.budget, chargedNano, now });
+    this.queueBudget(held.budget, chargedNano);
   }
 
-  /** Waits for settlements still being written (before the store closes). */
+  private queueWindow(ref: WindowRef, tokens: number): void {
+    if (tokens === 0) return;
+    const id = `w\n${ref.keyId}\n${ref.model}\n${ref.windowStart}`;
+    const change = this.pending.get(id);
+    if (change?.kind === "window") change.tokens += tokens;
+    else this.pending.set(id, { kind: "window", ...ref, tokens });
+    this.scheduleFlush();
+  }
+
+  private queueBudget(budget: NonNullable<Held["budget"]>, chargedNano: number): void {
+    const id = `b\n${budget.keyId}\n${budget.period}`;
+    const change = this.pending.get(id);
+    if (change?.kind === "budget") {
+      change.spentNano += chargedNano;
+      change.releasedNano += budget.reservedNano;
+    } else this.pending.set(id, { kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano });
+    this.scheduleFlush();
+  }
+
+  private scheduleFlush(): void {
+    if (this.timer !== undefined) return;
+    this.timer = setTimeout(() => void this.flushSettlements(), this.retryDelayMs > 0 ? this.retryDelayMs : SETTLE_DELAY_MS);
+    this.timer.unref();
+  }
+
+  /** Writes the queued settlements; what fails goes back in the queue, tried again with backoff. */
+  flushSettlements(): Promise<void> {
+    if (this.timer !== undefined) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    this.writing = this.writing.then(async () => {
+      if (this.pending.size === 0) return;
+      const batch = this.pending;
+      this.pending = new Map();
+      const { failed, error } = await this.limitStore.settleAll([...batch.values()], this.clock());
+      if (failed.length === 0) {
+        this.retryDelayMs = 0;
+        return;
+      }
+      // Put the failures back, merged with what was queued meanwhile (the sums add up).
+      for (const change of failed) {
+        if (change.kind === "window") this.queueWindowChange(change);
+        else this.queueBudgetChange(change);
+      }
+      this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs === 0 ? RETRY_FIRST_MS : this.retryDelayMs * 2);
+      this.options.logger.warn(
+        { err: error, settlements: failed.length, retry_in_ms: this.retryDelayMs },
+        "writing budget or rate-limit settlements failed; the reservations stay counted until a retry succeeds",
+      );
+      if (this.timer !== undefined) clearTimeout(this.timer);
+      this.timer = undefined;
+      this.scheduleFlush();
+    });
+    return this.writing;
+  }
+
+  private queueWindowChange(change: Extract<SettlementChange, { kind: "window" }>): void {
+    this.queueWindow({ keyId: change.keyId, model: change.model, windowStart: change.windowStart }, change.tokens);
+  }
+
+  private queueBudgetChange(change: Extract<SettlementChange, { kind: "budget" }>): void {
+    this.queueBudget({ keyId: change.keyId, period: change.period, reservedNano: change.releasedNano }, change.spentNano);
+  }
+
+  /** Writes the settlements still queued (before the store closes); one more try for any that failed, then they are logged as lost. */
   async close(): Promise<void> {
-    while (this.settling.size > 0) await Promise.all([...this.settling]);
+    await this.flushSettlements();
+    if (this.pending.size > 0) {
+      this.retryDelayMs = 0;
+      await this.flushSettlements();
+    }
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.pending.size > 0) {
+      this.options.logger.error({ settlements: this.pending.size }, "budget or rate-limit settlements could not be written before shutdown; those reservations stay counted");
+      this.pending.clear();
+    }
   }
 
   /** A key's budget and rate use now, for `ctl key show`. */
@@ -229,18 +378,53 @@ export class LimitsService implements RequestLimits {
     return { budget, rate, models };
   }
 
-  /** Spend in the current budget period of every key with a budget (metrics, at scrape time). */
-  async spentByKey(): Promise<Array<{ key: string; spent_usd: number; reserved_usd: number; limit_usd: number; period: BudgetPeriod }>> {
-    const keys = await this.options.store.db.selectFrom("api_keys").select(["id", "name", "budget_usd", "budget_period"]).where("budget_usd", "is not", null).orderBy("name").execute();
-    const rows = await this.limitStore.budgetRows(keys.map((key) => key.id));
+  /**
+   * Spend in the current budget period of every live key with a budget (metrics, at scrape
+   * time): revoked and expired keys are left out, and only current periods are read. Names
+   * are not unique (a rotated key keeps its name), so each entry carries the key's prefix too.
+   */
+  async spentByKey(): Promise<Array<{ key: string; prefix: string; spent_usd: number; reserved_usd: number; limit_usd: number; period: BudgetPeriod }>> {
     const now = this.clock();
+    const nowIso = new Date(now).toISOString();
+    const keys = await this.options.store.db
+      .selectFrom("api_keys")
+      .select(["id", "name", "prefix", "budget_usd", "budget_period"])
+      .where("budget_usd", "is not", null)
+      .where("revoked_at", "is", null)
+      .where((eb) => eb.or([eb("expires_at", "is", null), eb("expires_at", ">", nowIso)]))
+      .orderBy("name")
+      .orderBy("prefix")
+      .execute();
+    const periodOf = new Map(keys.map((key) => [key.id, budgetPeriodAt((key.budget_period ?? "total") as BudgetPeriod, now).id]));
+    const rows = await this.limitStore.budgetRows([...periodOf.keys()], [...new Set(periodOf.values())]);
+    const current = new Map<string, BudgetUse>();
+    for (const row of rows) if (periodOf.get(row.keyId) === row.period) current.set(row.keyId, row);
     return keys.map((key) => {
-      const period = (key.budget_period ?? "total") as BudgetPeriod;
-      const id = budgetPeriodAt(period, now).id;
-      const row = rows.find((r) => r.keyId === key.id && r.period === id);
-      return { key: key.name, spent_usd: nanoToUsd(row?.spentNano ?? 0), reserved_usd: nanoToUsd(row?.reservedNano ?? 0), limit_usd: Number(key.budget_usd), period };
+      const row = current.get(key.id);
+      return {
+        key: key.name,
+        prefix: key.prefix,
+        spent_usd: nanoToUsd(row?.spentNano ?? 0),
+        reserved_usd: nanoToUsd(row?.reservedNano ?? 0),
+        limit_usd: Number(key.budget_usd),
+        period: (key.budget_period ?? "total") as BudgetPeriod,
+      };
     });
   }
+}
+
+/**
+ * The usage a request's bound could cost the most: prompt and output each at most their
+ * bound, both together at most the total (the context length). The dearer kind fills first.
+ */
+export function worstCaseUsage(bound: TokenBound, prices: Prices | undefined): TokenUsage {
+  const outputFirst = prices === undefined || prices.output_per_million >= prices.input_per_million;
+  if (outputFirst) {
+    const completion = Math.min(bound.output, bound.total);
+    return { prompt_tokens: Math.min(bound.prompt, bound.total - completion), completion_tokens: completion };
+  }
+  const prompt = Math.min(bound.prompt, bound.total);
+  return { prompt_tokens: prompt, completion_tokens: Math.min(bound.output, bound.total - prompt) };
 }
 
 function rateScopes(request: PolicyRequest, limits: KeyLimits, windowStart: string): Scope[] {
@@ -293,7 +477,8 @@ function budgetRefusal(options: {
   keyName: string;
   limits: KeyLimits;
   period: ReturnType<typeof budgetPeriodAt>;
-  seen: BudgetUse;
+  /** null: the use could not be read (the refusal still goes out). */
+  seen: BudgetUse | null;
   costNano: number;
   now: number;
   headers: Record<string, string>;
@@ -301,8 +486,10 @@ function budgetRefusal(options: {
   const { keyName, limits, period, seen, costNano, now } = options;
   const periodText = limits.budgetPeriod === "total" ? "in total" : limits.budgetPeriod === "day" ? `for ${period.id} (UTC)` : `for ${period.id} (UTC month)`;
   const where =
-    `The key '${keyName}' has spent ${usd(nanoToUsd(seen.spentNano))} of its ${usd(limits.budgetUsd ?? 0)} budget ${periodText}` +
-    (seen.reservedNano > 0 ? `, and requests in flight hold ${usd(nanoToUsd(seen.reservedNano))}` : "") +
+    (seen === null
+      ? `The key '${keyName}' has no room left in its ${usd(limits.budgetUsd ?? 0)} budget ${periodText}`
+      : `The key '${keyName}' has spent ${usd(nanoToUsd(seen.spentNano))} of its ${usd(limits.budgetUsd ?? 0)} budget ${periodText}`) +
+    (seen !== null && seen.reservedNano > 0 ? `, and requests in flight hold ${usd(nanoToUsd(seen.reservedNano))}` : "") +
     `; this request may cost up to ${usd(nanoToUsd(costNano))}` +
     (costNano > Math.round((limits.budgetUsd ?? 0) * 1e9) ? `, more than the whole budget: lower max_tokens or shorten the prompt.` : ".");
   const next =
@@ -313,7 +500,8 @@ function budgetRefusal(options: {
     code: "insufficient_quota",
     type: "insufficient_quota",
     retryable: false,
-    headers: options.headers,
+    // The SDKs retry 429s on their own; waiting a few seconds does not refill a budget.
+    headers: { ...options.headers, "x-should-retry": "false" },
     ...(period.resetsAt === null ? {} : { retryAfterSeconds: Math.max(1, Math.ceil((period.resetsAt - now) / 1000)) }),
   });
 }

@@ -22,6 +22,12 @@ export interface LimitsPermit {
   /** Headers every answer to this request carries (x-ratelimit-*); empty for an unlimited key. */
   readonly headers: Readonly<Record<string, string>>;
   /**
+   * The output tokens the reservation covers, when the key has a budget or a tokens-per-minute
+   * limit (null or absent otherwise): the gateway caps the upstream's max_tokens at it, so an
+   * answer cannot outgrow what was reserved.
+   */
+  readonly maxOutputTokens?: number | null;
+  /**
    * Replaces the reservation by what the request used. Called exactly once, whatever the
    * outcome. `usage` null with `answered` false: no replica produced an answer (refused,
    * failed before its first byte, or sent its own error answer), which costs nothing; null

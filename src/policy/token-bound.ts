@@ -1,84 +1,82 @@
 // The most tokens a request can use, known before it runs, so admission can reserve its
 // worst case against a budget or a tokens-per-minute limit. No tokenizer is needed: every
 // text token of every tokenizer llmgw serves (BPE and SentencePiece with byte fallback)
-// covers at least one UTF-8 byte, so the bytes of the text bound its tokens. The chat
-// template adds tokens of its own (role markers, a default system prompt with a date), which
-// the allowances below cover. Token ids (completions and embeddings) count as they are.
+// covers at least one UTF-8 byte, so bytes bound tokens. The prompt is bounded by the bytes
+// of the whole request body as JSON, not by the fields we know to be prompt: an engine may
+// render pass-through fields into the prompt (vLLM's documents, chat_template_kwargs, a
+// completions suffix), and JSON escaping only ever adds bytes. Token ids (completions and
+// embeddings) take at least two bytes each in JSON ("1,"), so they are covered too. The
+// template adds tokens of its own (role markers, BOS/CLS/SEP, a default system prompt),
+// which the allowances below cover. Media parts (an image's tokens follow its pixels, not
+// its bytes) count an allowance; only a model's context_length truly caps them.
 import type { CatalogModel } from "../catalog/catalog.ts";
 
 /** Template tokens around one message: role markers and separators (a few in every template we know; 16 leaves room). */
 export const PER_MESSAGE_ALLOWANCE = 16;
 /** Tokens a template adds once: BOS, a default system prompt with today's date, the generation prompt. */
 export const PER_REQUEST_ALLOWANCE = 256;
+/** Special tokens around one embeddings input (BOS/CLS, SEP/EOS). */
+export const PER_INPUT_ALLOWANCE = 4;
 /** An image or audio part, when the model's context length is unknown (its tokens do not follow its bytes). */
 export const MEDIA_PART_ALLOWANCE = 16_384;
 /** Output of a request without max_tokens, for a model that states neither max_output nor context_length. */
 export const DEFAULT_MAX_OUTPUT = 4096;
 
 export interface TokenBound {
+  /** The most prompt tokens. */
   prompt: number;
+  /** The most output tokens: what the gateway lets the upstream generate (max_tokens). */
   output: number;
+  /** The most tokens in all: prompt + output, capped at the context length (one context holds both). */
+  total: number;
 }
 
 /** The upper bound of a request's prompt and output tokens, from its body and the model's limits. */
 export function tokenBound(endpoint: string, body: Record<string, unknown>, model: CatalogModel): TokenBound {
   const contextLength = model.definition.context_length ?? null;
   const capped = (tokens: number) => (contextLength === null ? tokens : Math.min(tokens, contextLength));
-  if (endpoint === "/v1/embeddings") return { prompt: capped(inputTokens(body.input)), output: 0 };
-  const prompt = endpoint === "/v1/completions" ? inputTokens(body.prompt) + PER_REQUEST_ALLOWANCE : chatPromptTokens(body);
-  return { prompt: capped(prompt), output: capped(maxOutput(body, model)) };
+  const bodyBytes = bytes(JSON.stringify(body));
+  if (endpoint === "/v1/embeddings") {
+    const prompt = capped(bodyBytes + PER_INPUT_ALLOWANCE * inputCount(body.input));
+    return { prompt, output: 0, total: prompt };
+  }
+  const prompt = capped(endpoint === "/v1/completions" ? bodyBytes + PER_REQUEST_ALLOWANCE : chatPromptTokens(body, bodyBytes));
+  const output = capped(maxOutput(body, model));
+  return { prompt, output, total: capped(prompt + output) };
 }
 
+/**
+ * The output a request may generate: the larger of max_tokens and max_completion_tokens
+ * when it sends either (engines differ in which one wins, so the bound takes the larger),
+ * else the model's max_output, context length, or a default.
+ */
 function maxOutput(body: Record<string, unknown>, model: CatalogModel): number {
-  const asked = positive(body.max_tokens) ?? positive(body.max_completion_tokens);
-  return asked ?? model.definition.max_output ?? model.definition.context_length ?? DEFAULT_MAX_OUTPUT;
+  const maxTokens = positive(body.max_tokens);
+  const maxCompletionTokens = positive(body.max_completion_tokens);
+  if (maxTokens !== undefined || maxCompletionTokens !== undefined) return Math.max(maxTokens ?? 0, maxCompletionTokens ?? 0);
+  return model.definition.max_output ?? model.definition.context_length ?? DEFAULT_MAX_OUTPUT;
 }
 
-/** A prompt or input: a string, strings, token ids, or lists of token ids. */
-function inputTokens(input: unknown): number {
-  if (typeof input === "string") return bytes(input);
-  if (!Array.isArray(input)) return 0;
-  let total = 0;
-  for (const item of input) {
-    if (typeof item === "number") total += 1;
-    else if (typeof item === "string") total += bytes(item) + 1;
-    else if (Array.isArray(item)) total += item.length + 1;
-  }
-  return total;
+function inputCount(input: unknown): number {
+  return Array.isArray(input) && input.length > 0 && typeof input[0] !== "number" ? input.length : 1;
 }
 
-function chatPromptTokens(body: Record<string, unknown>): number {
-  let total = PER_REQUEST_ALLOWANCE;
+/** The body's bytes, with each media part's bytes replaced by its allowance (or kept, when more), plus the template's allowances. */
+function chatPromptTokens(body: Record<string, unknown>, bodyBytes: number): number {
+  let total = PER_REQUEST_ALLOWANCE + bodyBytes;
   const messages = Array.isArray(body.messages) ? body.messages : [];
-  for (const message of messages) total += PER_MESSAGE_ALLOWANCE + messageTokens(message);
-  // Tool and function definitions, and a response format's schema, are rendered into the prompt.
-  for (const field of ["tools", "functions", "tool_choice", "response_format"]) {
-    if (body[field] !== undefined && body[field] !== null) total += bytes(JSON.stringify(body[field]));
-  }
-  return total;
-}
-
-function messageTokens(message: unknown): number {
-  if (typeof message !== "object" || message === null) return 0;
-  let total = 0;
-  for (const [field, value] of Object.entries(message)) {
-    if (field === "content") total += contentTokens(value);
-    // role, name, tool_call_id, tool_calls: whatever the template prints of them is text from here.
-    else total += bytes(typeof value === "string" ? value : JSON.stringify(value) ?? "");
-  }
-  return total;
-}
-
-function contentTokens(content: unknown): number {
-  if (typeof content === "string") return bytes(content);
-  if (!Array.isArray(content)) return content === null || content === undefined ? 0 : bytes(JSON.stringify(content));
-  let total = 0;
-  for (const part of content) {
-    if (typeof part !== "object" || part === null) continue;
-    const { type, text } = part as { type?: unknown; text?: unknown };
-    if (type === "text" && typeof text === "string") total += bytes(text) + 1;
-    // An image's tokens follow its pixels, not its bytes; the context length caps the sum.
-    else total += MEDIA_PART_ALLOWANCE;
+  for (const message of messages) {
+    total += PER_MESSAGE_ALLOWANCE;
+    const content = (message as { content?: unknown } | null)?.content;
+    if (!Array.isArray(content)) continue;
+    for (const part of content) {
+      if (typeof part !== "object" || part === null || (part as { type?: unknown }).type === "text") continue;
+      const partBytes = bytes(JSON.stringify(part));
+      // An image's bytes (often a long data: URL) say nothing of its tokens: the allowance
+      // replaces them. A file or audio part keeps its bytes when they are more.
+      const isImage = (part as { type?: unknown }).type === "image_url";
+      total += (isImage ? MEDIA_PART_ALLOWANCE : Math.max(partBytes, MEDIA_PART_ALLOWANCE)) - partBytes;
+    }
   }
   return total;
 }
