@@ -124,7 +124,9 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
         env: { ...env, OPENAI_BASE_URL: `http://127.0.0.1:${port}/v1`, OPENAI_API_KEY: adminKey },
       });
       assert.equal(run.status, 0, `hello.mjs failed: ${run.stderr}`);
-      assert.equal(run.stdout.split("\n").length, 2, `it prints the answer on one line: ${JSON.stringify(run.stdout)}`);
+      // The demo model's weights are random, so its text may hold any token, a newline too:
+      // what the example must show is a text answer, not undefined or null.
+      assert.ok(run.stdout.endsWith("\n") && run.stdout.trim() !== "" && !/^(undefined|null)\n$/.test(run.stdout), `it prints the answer: ${JSON.stringify(run.stdout)}`);
     } finally {
       rmSync(folder, { recursive: true, force: true });
     }

@@ -58,6 +58,8 @@ interface Options {
   compare: { name: string; entry: string }[];
   /** Whether the client key has a budget and rate limits (and the model prices), so policy is in the path. */
   keyLimits: boolean;
+  /** The --compare builds get an unlimited key and an unpriced model (builds from before key limits). */
+  comparePlain: boolean;
 }
 
 function parseOptions(argv: string[]): Options {
@@ -102,6 +104,7 @@ function parseOptions(argv: string[]): Options {
         return { name, entry: path.resolve(entry) };
       }),
     keyLimits: keyLimits === "on",
+    comparePlain: argv.includes("--compare-plain") || process.env.BENCH_COMPARE_PLAIN === "1",
   };
 }
 
@@ -273,14 +276,15 @@ async function main(): Promise<void> {
       const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
       // With key limits on, every request reserves and settles a budget (priced model) and a
       // rate window in SQLite, and answers carry x-ratelimit-* headers: the limits never bind.
-      const prices = options.keyLimits ? { prices: { input_per_million: 0.5, output_per_million: 1.5 } } : {};
-      const limits = options.keyLimits ? { rpm: 100_000_000, tpm: 100_000_000, budget_usd: 1_000_000, budget_period: "month" } : {};
+      const limited = options.keyLimits && (name === "llmgw" || !options.comparePlain);
+      const prices = limited ? { prices: { input_per_million: 0.5, output_per_million: 1.5 } } : {};
+      const limits = limited ? { rpm: 100_000_000, tpm: 100_000_000, budget_usd: 1_000_000, budget_period: "month" } : {};
       await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [{ name: "stub", engine: "external", url: stub.url }], ...prices });
       const { key } = (await api(`${server.url}/api/v1/keys`, adminKey, "POST", { name: "bench", ...limits })) as { key: string };
       urls[name] = server.url;
       keys[name] = key;
       pids[name] = server.child.pid;
-      log(`${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…${options.keyLimits ? " with a budget and rate limits" : ""})`);
+      log(`${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…${limited ? " with a budget and rate limits" : ""})`);
     }
     log(`stub ${stub.url}  floor ${floor.url}`);
 
@@ -298,7 +302,7 @@ async function main(): Promise<void> {
       const refused = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: "Bearer llmgw-not-a-real-key", "content-type": "application/json" }, body: requestBody("non-stream") });
       await refused.body.dump();
       if (refused.statusCode !== 401) throw new Error(`${target} answered ${refused.statusCode} to a wrong key; the benchmark needs the key check on (expected 401).`);
-      if (options.keyLimits) {
+      if (options.keyLimits && (target === "llmgw" || !options.comparePlain)) {
         const limited = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${keys[target]}`, "content-type": "application/json" }, body: requestBody("non-stream") });
         await limited.body.dump();
         if (limited.headers["x-ratelimit-limit-requests"] === undefined) throw new Error(`${target} answered a limited key without x-ratelimit-limit-requests; the limits are not in the path.`);
@@ -307,7 +311,7 @@ async function main(): Promise<void> {
 
     const windows: WindowRecord[] = [];
     // Every answer each target gave, warm-ups and probes included (to put a CPU profile per request).
-    const served: Record<Target, number> = Object.fromEntries(targets.map((target, index) => [target, index === 0 ? options.modes.length * targets.length : index === 1 ? options.modes.length : options.modes.length + 1 + (options.keyLimits ? 1 : 0)]));
+    const served: Record<Target, number> = Object.fromEntries(targets.map((target, index) => [target, index === 0 ? options.modes.length * targets.length : index === 1 ? options.modes.length : options.modes.length + 1 + (options.keyLimits && (target === "llmgw" || !options.comparePlain) ? 1 : 0)]));
     const cells: CellResult[] = [];
     const windowCount = Math.max(1, Math.round(options.durationS / options.windowS));
     const windowMs = (options.durationS * 1000) / windowCount;

@@ -134,7 +134,7 @@ describe("policy on /v1/messages with the Anthropic SDK", () => {
     assert.equal((await spent()).spent_usd, 0);
 
     const answer = await message(client, "plain", "Hi");
-    assert.deepEqual(answer.usage, { input_tokens: 7, output_tokens: 5 });
+    assert.deepEqual(answer.usage, { input_tokens: 7, output_tokens: 5, cache_creation_input_tokens: null, cache_read_input_tokens: null });
     await eventually("the first message to settle", async () => {
       const budget = await spent();
       return budget.reserved_usd === 0 && Math.abs(budget.spent_usd - COST) < 1e-12;
