@@ -263,34 +263,23 @@ const migrations: Record<string, MigrationFactory> = {
     async up(db: Kysely<unknown>) {
       await db.schema.alterTable("usage").addColumn("cost_usd", "double precision").execute();
       await db.schema.alterTable("usage").addColumn("guard_ms", "integer").execute();
-      await db.schema
-        .createTable("usage_minutes")
-        .addColumn("minute", "text", (c) => c.notNull())
-        .addColumn("key_id", "text", (c) => c.notNull())
-        .addColumn("model", "text", (c) => c.notNull())
-        .addColumn("requests", "bigint", (c) => c.notNull())
-        .addColumn("errors", "bigint", (c) => c.notNull())
-        .addColumn("prompt_tokens", "bigint", (c) => c.notNull())
-        .addColumn("completion_tokens", "bigint", (c) => c.notNull())
-        .addColumn("cost_usd", "double precision", (c) => c.notNull())
-        .addColumn("duration_hist", "text", (c) => c.notNull())
-        .addColumn("ttft_hist", "text", (c) => c.notNull())
-        .addPrimaryKeyConstraint("usage_minutes_pk", ["minute", "key_id", "model"])
-        .execute();
-      await db.schema
-        .createTable("usage_hours")
-        .addColumn("hour", "text", (c) => c.notNull())
-        .addColumn("key_id", "text", (c) => c.notNull())
-        .addColumn("model", "text", (c) => c.notNull())
-        .addColumn("requests", "bigint", (c) => c.notNull())
-        .addColumn("errors", "bigint", (c) => c.notNull())
-        .addColumn("prompt_tokens", "bigint", (c) => c.notNull())
-        .addColumn("completion_tokens", "bigint", (c) => c.notNull())
-        .addColumn("cost_usd", "double precision", (c) => c.notNull())
-        .addColumn("duration_hist", "text", (c) => c.notNull())
-        .addColumn("ttft_hist", "text", (c) => c.notNull())
-        .addPrimaryKeyConstraint("usage_hours_pk", ["hour", "key_id", "model"])
-        .execute();
+      // The same columns at two resolutions: minutes for recent reports, hours for long ones.
+      for (const [table, start] of [["usage_minutes", "minute"], ["usage_hours", "hour"]] as const) {
+        await db.schema
+          .createTable(table)
+          .addColumn(start, "text", (c) => c.notNull())
+          .addColumn("key_id", "text", (c) => c.notNull())
+          .addColumn("model", "text", (c) => c.notNull())
+          .addColumn("requests", "bigint", (c) => c.notNull())
+          .addColumn("errors", "bigint", (c) => c.notNull())
+          .addColumn("prompt_tokens", "bigint", (c) => c.notNull())
+          .addColumn("completion_tokens", "bigint", (c) => c.notNull())
+          .addColumn("cost_usd", "double precision", (c) => c.notNull())
+          .addColumn("duration_hist", "text", (c) => c.notNull())
+          .addColumn("ttft_hist", "text", (c) => c.notNull())
+          .addPrimaryKeyConstraint(`${table}_pk`, [start, "key_id", "model"])
+          .execute();
+      }
       await backfillUsageAggregates(db, dialect);
     },
   }),
