@@ -87,6 +87,8 @@ export interface RelayOptions {
    * (undici's body timeout does not run while the upstream is paused for it).
    */
   stalledReaderMs: number;
+  /** Headers of llmgw's own that every answer carries (a limited key's x-ratelimit-*). */
+  headers?: Readonly<Record<string, string>> | undefined;
   /** Looks at a whole successful JSON answer before any of it is sent (event streams are never held). */
   outputCheck?: OutputCheck | null;
   /** The most bytes held for the output check (default MAX_HELD_BYTES). */
@@ -146,6 +148,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     if (headersOut) return;
     headersOut = true;
     const headers = forwardedHeaders(upstream.headers, rewriter !== null);
+    if (options.headers !== undefined) Object.assign(headers, options.headers);
     const head = rewriter?.head?.();
     if (head !== undefined) headers["content-type"] = head.contentType;
     const status = head?.status ?? upstream.statusCode;

@@ -108,6 +108,27 @@ describe("budgets and rate limits on one server", () => {
     assert.equal(settled.resets_at, "2027-03-11T00:00:00.000Z");
   });
 
+  test("the rate headers are on every kind of answer to a limited key: a stream, and an error after admission", async () => {
+    const failing = await upstreams.start({ reply: REPLY, failWithStatus: 400 });
+    await harness.addModel({ name: "priced-failing", prices: PRICES, profiles: [{ name: "p", engine: "external", url: failing.url }] });
+    const client = clientFor(harness, await harness.clientKey({ name: "headers-everywhere", rpm: 100 }));
+    const { data: stream, response } = await client.chat.completions.create({ model: "priced", ...HI, stream: true }).withResponse();
+    for await (const _chunk of stream) {
+      // read to the end
+    }
+    assert.equal(response.headers.get("x-ratelimit-limit-requests"), "100");
+    assert.equal(response.headers.get("x-ratelimit-remaining-requests"), "99");
+    const refused = await client.chat.completions.create({ model: "priced-failing", ...HI }).catch((error: unknown) => error);
+    assert.ok(refused instanceof OpenAI.BadRequestError, String(refused));
+    assert.equal(refused.headers.get("x-ratelimit-limit-requests"), "100", "an upstream's own error relayed to a limited key");
+    assert.equal(refused.headers.get("x-ratelimit-remaining-requests"), "98");
+    // Nothing listens at port 1: the gateway's own 502, written by its error path.
+    await harness.addModel({ name: "priced-unreachable", prices: PRICES, profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:1/v1" }] });
+    const unreachable = await client.chat.completions.create({ model: "priced-unreachable", ...HI }).catch((error: unknown) => error);
+    assert.ok(unreachable instanceof OpenAI.APIError && unreachable.status !== undefined && unreachable.status >= 500, String(unreachable));
+    assert.equal(unreachable.headers?.get("x-ratelimit-limit-requests"), "100", "an error llmgw writes itself after admission");
+  });
+
   test("rpm 5 with the openai client: every answer carries the rate headers, the 6th request in the minute raises RateLimitError, and the next minute admits again", async () => {
     const client = clientFor(harness, await harness.clientKey({ name: "rpm-5", rpm: 5, tpm: 100_000 }));
     const { tokens } = reservation(model);
