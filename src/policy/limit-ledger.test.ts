@@ -1,13 +1,15 @@
 // SQLite's in-memory budget and rate counters across a restart: what was spent and counted
-// survives closing and reopening the store, and no reservation of the old process is left.
+// survives closing and reopening the store, and no reservation of the old process is left;
+// and no second server can open the same SQLite file.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { createLogger } from "../core/log.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
+import { acquireServerLocks } from "../server/data-dir-lock.ts";
 import { openStore } from "../store/store.ts";
 import { costUsd } from "./cost.ts";
 import { LimitsService } from "./limits.ts";
@@ -53,5 +55,27 @@ test("SQLite: a restart keeps spent and window counts, and leaves no reservation
     await store.close();
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("two servers with their own data dirs cannot share one SQLite file (its counters live in one server's memory)", () => {
+  const root = mkdtempSync(path.join(tmpdir(), "llmgw-ledger-lock-"));
+  try {
+    const database = path.join(root, "shared", "llmgw.db");
+    mkdirSync(path.dirname(database));
+    for (const dir of ["a", "b"]) mkdirSync(path.join(root, dir));
+    const first = acquireServerLocks({ dataDir: path.join(root, "a"), address: "127.0.0.1:0", database });
+    assert.throws(
+      () => acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database }),
+      (error: { code?: string; message: string }) => error.code === "data_dir_in_use" && error.message.includes("SQLite database") && error.message.includes("PostgreSQL"),
+    );
+    // The refused start left its own data dir free: it can start on its own database.
+    acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database: path.join(root, "b", "llmgw.db") }).release();
+    // A server whose database is the first one's default file is refused too.
+    assert.throws(() => acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database: path.join(root, "a", "llmgw.db") }), (error: { code?: string }) => error.code === "data_dir_in_use");
+    first.release();
+    acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database }).release();
+  } finally {
+    rmSync(root, { recursive: true, force: true });
   }
 });
