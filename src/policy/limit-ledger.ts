@@ -33,7 +33,8 @@ interface BudgetRow {
   period: string;
   spentNano: number;
   reservedNano: number;
-  updatedAt: string;
+  /** ms; formatted only when written (a Date per settlement costs more than the rest of it). */
+  updatedAt: number;
 }
 
 interface WindowRow extends WindowRef, WindowUse {}
@@ -83,7 +84,7 @@ export class LimitLedger {
       readBudget: sqlite.prepare("SELECT spent_nano FROM key_budgets WHERE key_id = ? AND period = ?"),
       readWindow: sqlite.prepare("SELECT requests, tokens FROM key_rate_windows WHERE key_id = ? AND model = ? AND window_start = ?"),
       writeAll: sqlite.transaction((budgets: readonly BudgetRow[], windows: readonly WindowRow[]) => {
-        for (const row of budgets) writeBudget.run({ keyId: row.keyId, period: row.period, spentNano: row.spentNano, updatedAt: row.updatedAt });
+        for (const row of budgets) writeBudget.run({ keyId: row.keyId, period: row.period, spentNano: row.spentNano, updatedAt: new Date(row.updatedAt).toISOString() });
         for (const row of windows) writeWindow.run({ keyId: row.keyId, model: row.model, windowStart: row.windowStart, requests: row.requests, tokens: row.tokens });
       }),
     };
@@ -129,7 +130,7 @@ export class LimitLedger {
     row.spentNano += change.spentNano;
     // Never below zero: a reservation of this process is only released once.
     row.reservedNano = Math.max(0, row.reservedNano - change.releasedNano);
-    row.updatedAt = new Date(now).toISOString();
+    row.updatedAt = now;
     this.markDirty(this.dirtyBudgets, budgetId(row.keyId, row.period));
   }
 
@@ -189,7 +190,7 @@ export class LimitLedger {
     const id = budgetId(keyId, period);
     let row = this.budgets.get(id);
     if (row === undefined) {
-      row = { keyId, period, spentNano: this.storedSpent(keyId, period), reservedNano: 0, updatedAt: new Date().toISOString() };
+      row = { keyId, period, spentNano: this.storedSpent(keyId, period), reservedNano: 0, updatedAt: Date.now() };
       this.budgets.set(id, row);
     }
     return row;

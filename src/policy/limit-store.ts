@@ -65,8 +65,12 @@ export function budgetPeriodAt(period: BudgetPeriod, now: number): BudgetPeriodA
 /** The fixed one-minute window `now` falls in. */
 export function windowAt(now: number): { start: string; endsAt: number } {
   const startMs = Math.floor(now / WINDOW_MS) * WINDOW_MS;
-  return { start: new Date(startMs).toISOString(), endsAt: startMs + WINDOW_MS };
+  // Every request of a minute asks for the same window: format it once.
+  if (startMs !== lastWindow.startMs) lastWindow = { startMs, start: new Date(startMs).toISOString() };
+  return { start: lastWindow.start, endsAt: startMs + WINDOW_MS };
 }
+
+let lastWindow = { startMs: Number.NaN, start: "" };
 
 export interface BudgetUse {
   spentNano: number;
@@ -104,6 +108,8 @@ export interface Reserved {
 
 export class LimitStore {
   private lastPruneAt = 0;
+  /** The window the last prune check saw: the check runs once per minute, not per request. */
+  private lastPruneWindow = "";
   /** SQLite: the in-memory counters, shared by every LimitStore on the connection. */
   private readonly ledger: LimitLedger | undefined;
 
@@ -303,6 +309,8 @@ export class LimitStore {
 
   /** Deletes windows older than the retention, at most once per retention period per server, off the request path. */
   private pruneNow(windowStart: string): void {
+    if (windowStart === this.lastPruneWindow) return;
+    this.lastPruneWindow = windowStart;
     const now = Date.parse(windowStart);
     if (now - this.lastPruneAt < WINDOW_RETENTION_MS) return;
     this.lastPruneAt = now;
