@@ -50,6 +50,17 @@ export interface BudgetPeriodAt {
 }
 
 export function budgetPeriodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
+  // Every request of a day asks for the same period: work it out once (the result is shared, read-only).
+  const cached = lastPeriods.get(period);
+  if (cached !== undefined && (cached.startsAt === null || (now >= cached.startsAt && now < cached.resetsAt!))) return cached;
+  const found = Object.freeze(periodAt(period, now));
+  lastPeriods.set(period, found);
+  return found;
+}
+
+const lastPeriods = new Map<BudgetPeriod, BudgetPeriodAt>();
+
+function periodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
   const date = new Date(now);
   const year = date.getUTCFullYear();
   const month = date.getUTCMonth();
