@@ -79,9 +79,9 @@ export class LimitsService implements RequestLimits {
   private readonly limitStore: LimitStore;
   private readonly clock: () => number;
   /**
-   * Settlements not yet written, summed per row (budget period or rate window). They are
-   * written together a few ms after the first one is queued: one statement per row, all in
-   * one transaction on SQLite. A settlement only gives back part of a reservation (or adds
+   * PostgreSQL: settlements not yet written, summed per row (budget period or rate window).
+   * They are written together a few ms after the first one is queued, one statement per row.
+   * (SQLite applies them to its in-memory counters at once: LimitStore.applyNow.) A settlement only gives back part of a reservation (or adds
    * what a request used beyond it), so writing it a few ms late holds a reservation a few
    * ms longer than needed: conservative, never lets a request past a limit. A write that
    * fails stays queued and is tried again with backoff, so a store hiccup does not leak
