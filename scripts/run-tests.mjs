@@ -72,6 +72,7 @@ const unit = [
   "src/policy/token-bound.test.ts",
   "src/policy/limits.test.ts",
   "src/policy/limits-settle.test.ts",
+  "src/policy/limit-ledger.test.ts",
   "src/cli/ctl-key.test.ts",
   "src/policy/guards-formats.test.ts",
   "src/policy/guards.test.ts",

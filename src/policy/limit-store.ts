@@ -12,17 +12,15 @@
 // may spend one window's allowance at its end and the next one's at the start of the
 // next; a sliding window would need a row per request or a read of two windows.
 //
-// Speed: on SQLite the hot statements (both reservations, the settlements) run as cached
-// prepared statements on the better-sqlite3 connection, as the usage recorder's insert
-// does: compiling a Kysely query and waiting on its connection mutex cost more than the
-// statement itself (the gateway benchmark measured ~100 µs a statement). better-sqlite3 is
-// synchronous, so each is still one atomic statement. While a Kysely transaction holds the
-// connection (an admin change in flight) they go through Kysely, which waits for it, so
-// they never join someone else's transaction. PostgreSQL always goes through Kysely.
+// That is how PostgreSQL works. On SQLite, which one server owns, the counters live in
+// memory and are written behind instead (limit-ledger.ts): the event loop is the lock, and
+// a reservation costs no statement. Every method here takes that path on SQLite, so the
+// limits service does not tell the two apart.
 import { sql } from "kysely";
-import type { Database as SqliteDatabase, Statement } from "better-sqlite3";
+import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
 import type { BudgetPeriod } from "./key-limits.ts";
+import { ledgerOf, type LimitLedger } from "./limit-ledger.ts";
 
 /** Money in the store is integer nano-USD: sums and comparisons stay exact. */
 export const NANO_PER_USD = 1_000_000_000;
@@ -52,6 +50,17 @@ export interface BudgetPeriodAt {
 }
 
 export function budgetPeriodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
+  // Every request of a day asks for the same period: work it out once (the result is shared, read-only).
+  const cached = lastPeriods.get(period);
+  if (cached !== undefined && (cached.startsAt === null || (now >= cached.startsAt && now < cached.resetsAt!))) return cached;
+  const found = Object.freeze(periodAt(period, now));
+  lastPeriods.set(period, found);
+  return found;
+}
+
+const lastPeriods = new Map<BudgetPeriod, BudgetPeriodAt>();
+
+function periodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
   const date = new Date(now);
   const year = date.getUTCFullYear();
   const month = date.getUTCMonth();
@@ -67,8 +76,12 @@ export function budgetPeriodAt(period: BudgetPeriod, now: number): BudgetPeriodA
 /** The fixed one-minute window `now` falls in. */
 export function windowAt(now: number): { start: string; endsAt: number } {
   const startMs = Math.floor(now / WINDOW_MS) * WINDOW_MS;
-  return { start: new Date(startMs).toISOString(), endsAt: startMs + WINDOW_MS };
+  // Every request of a minute asks for the same window: format it once.
+  if (startMs !== lastWindow.startMs) lastWindow = { startMs, start: new Date(startMs).toISOString() };
+  return { start: lastWindow.start, endsAt: startMs + WINDOW_MS };
 }
+
+let lastWindow = { startMs: Number.NaN, start: "" };
 
 export interface BudgetUse {
   spentNano: number;
@@ -92,17 +105,6 @@ export type SettlementChange =
   | { kind: "budget"; keyId: string; period: string; spentNano: number; releasedNano: number }
   | { kind: "window"; keyId: string; model: string; windowStart: string; tokens: number };
 
-interface SqliteStatements {
-  reserveBudget: Statement;
-  settleBudget: Statement;
-  reserveWindow: Statement;
-  adjustWindow: Statement;
-  settleAll: (changes: readonly SettlementChange[], updatedAt: string) => void;
-  reserveTogether: (request: ReserveTogether) => { windows: WindowUse[]; budget: BudgetUse | null } | null;
-  /** Many requests' reservations in one transaction, each in its own savepoint (null: that one did not fit and was rolled back). */
-  reserveMany: (requests: readonly ReserveTogether[]) => Array<{ windows: WindowUse[]; budget: BudgetUse | null } | null>;
-}
-
 /** Every reservation of one request: its rate windows and its budget (null: none). */
 export interface ReserveTogether {
   windows: ReadonlyArray<WindowRef & { tokens: number; rpm: number | null; tpm: number | null }>;
@@ -115,89 +117,39 @@ export interface Reserved {
   budget: BudgetUse | null;
 }
 
-/** Thrown inside the SQLite transaction of reserveTogether to roll it back when one reservation does not fit. */
-class DoesNotFit extends Error {}
-
-function prepareSqlite(sqlite: SqliteDatabase): SqliteStatements {
-  const settleBudget = sqlite.prepare(
-    "UPDATE key_budgets SET spent_nano = spent_nano + @charged, reserved_nano = reserved_nano - @released, updated_at = @updatedAt WHERE key_id = @keyId AND period = @period",
-  );
-  const adjustWindow = sqlite.prepare(
-    "UPDATE key_rate_windows SET requests = requests + @requests, tokens = tokens + @tokens WHERE key_id = @keyId AND model = @model AND window_start = @windowStart",
-  );
-  const statements: Omit<SqliteStatements, "reserveTogether" | "reserveMany"> = {
-    reserveBudget: sqlite.prepare(
-      "INSERT INTO key_budgets (key_id, period, spent_nano, reserved_nano, updated_at) VALUES (@keyId, @period, 0, @amount, @updatedAt) " +
-        "ON CONFLICT (key_id, period) DO UPDATE SET reserved_nano = key_budgets.reserved_nano + @amount, updated_at = @updatedAt " +
-        "WHERE key_budgets.spent_nano + key_budgets.reserved_nano + @amount <= @limit RETURNING spent_nano, reserved_nano",
-    ),
-    settleBudget,
-    reserveWindow: sqlite.prepare(
-      "INSERT INTO key_rate_windows (key_id, model, window_start, requests, tokens) VALUES (@keyId, @model, @windowStart, 1, @tokens) " +
-        "ON CONFLICT (key_id, model, window_start) DO UPDATE SET requests = key_rate_windows.requests + 1, tokens = key_rate_windows.tokens + @tokens " +
-        "WHERE (@rpm IS NULL OR key_rate_windows.requests + 1 <= @rpm) AND (@tpm IS NULL OR key_rate_windows.tokens + @tokens <= @tpm) RETURNING requests, tokens",
-    ),
-    adjustWindow,
-    settleAll: sqlite.transaction((changes: readonly SettlementChange[], updatedAt: string) => {
-      for (const change of changes) {
-        if (change.kind === "budget") settleBudget.run({ keyId: change.keyId, period: change.period, charged: change.spentNano, released: change.releasedNano, updatedAt });
-        else adjustWindow.run({ keyId: change.keyId, model: change.model, windowStart: change.windowStart, requests: 0, tokens: change.tokens });
-      }
-    }),
-  };
-  const together = sqlite.transaction((request: ReserveTogether) => {
-    const windows: WindowUse[] = [];
-    for (const { keyId, model, windowStart, tokens, rpm, tpm } of request.windows) {
-      const row = statements.reserveWindow.get({ keyId, model, windowStart, tokens, rpm, tpm }) as WindowUse | undefined;
-      if (row === undefined) throw new DoesNotFit();
-      windows.push({ requests: Number(row.requests), tokens: Number(row.tokens) });
-    }
-    let budget: BudgetUse | null = null;
-    if (request.budget !== null) {
-      const { keyId, period, amountNano, limitNano, now } = request.budget;
-      const row = statements.reserveBudget.get({ keyId, period, amount: amountNano, limit: limitNano, updatedAt: new Date(now).toISOString() }) as
-        | { spent_nano: number; reserved_nano: number }
-        | undefined;
-      if (row === undefined) throw new DoesNotFit();
-      budget = { spentNano: Number(row.spent_nano), reservedNano: Number(row.reserved_nano) };
-    }
-    return { windows, budget };
-  });
-  const reserveTogether = (request: ReserveTogether) => {
-    try {
-      // Inside reserveMany's transaction this is a savepoint: a request that does not fit
-      // rolls back its own statements only.
-      return together(request);
-    } catch (error) {
-      if (error instanceof DoesNotFit) return null;
-      throw error;
-    }
-  };
-  return { ...statements, reserveTogether, reserveMany: sqlite.transaction((requests: readonly ReserveTogether[]) => requests.map(reserveTogether)) };
-}
-
 export class LimitStore {
   private lastPruneAt = 0;
-  private readonly statements: SqliteStatements | undefined;
-  /** Admissions waiting for this tick's transaction (reserveTogether). */
-  private admissions: Array<{ request: ReserveTogether; done: (outcome: Reserved | "refused" | undefined) => void; failed: (error: unknown) => void }> = [];
+  /** The window the last prune check saw: the check runs once per minute, not per request. */
+  private lastPruneWindow = "";
+  /** SQLite: the in-memory counters, shared by every LimitStore on the connection. */
+  private readonly ledger: LimitLedger | undefined;
 
-  constructor(private readonly store: Store) {
-    this.statements = store.sqlite === undefined ? undefined : prepareSqlite(store.sqlite);
+  constructor(
+    private readonly store: Store,
+    logger?: Logger,
+  ) {
+    this.ledger = store.sqlite === undefined ? undefined : ledgerOf(store.sqlite, logger);
   }
 
-  /** The prepared statements, when they may run now: SQLite, and no Kysely transaction holds the connection. */
-  private direct(): SqliteStatements | undefined {
-    return this.statements !== undefined && this.store.sqlite?.inTransaction === false ? this.statements : undefined;
-  }
-
-  /** Runs a prepared statement; a storage fault comes back named, as Kysely's do. */
-  private run<T>(work: () => T): T {
+  /** Runs a ledger step (a first use reads SQLite); a storage fault comes back named, as Kysely's do. */
+  private run<T>(work: (ledger: LimitLedger) => T): T {
     try {
-      return work();
+      return work(this.ledger!);
     } catch (error) {
       throw this.store.nameFault(error);
     }
+  }
+
+  /** SQLite: applies a settlement to the counters now (written behind) and returns true; PostgreSQL: false, the caller batches it. */
+  applyNow(change: SettlementChange, now: number): boolean {
+    if (this.ledger === undefined) return false;
+    this.run((ledger) => ledger.apply(change, now));
+    return true;
+  }
+
+  /** SQLite: writes the changed counters now (before the store closes). */
+  close(): void {
+    this.ledger?.flushNow();
   }
 
   /**
@@ -208,11 +160,7 @@ export class LimitStore {
   async reserveBudget(options: { keyId: string; period: string; amountNano: number; limitNano: number; now: number }): Promise<BudgetUse | null> {
     const { keyId, period, amountNano, limitNano } = options;
     const updatedAt = new Date(options.now).toISOString();
-    const direct = this.direct();
-    if (direct !== undefined) {
-      const found = this.run(() => direct.reserveBudget.get({ keyId, period, amount: amountNano, limit: limitNano, updatedAt })) as { spent_nano: number; reserved_nano: number } | undefined;
-      return found === undefined ? null : { spentNano: Number(found.spent_nano), reservedNano: Number(found.reserved_nano) };
-    }
+    if (this.ledger !== undefined) return this.run((ledger) => ledger.reserveBudget(options));
     const row = await this.store.db
       .insertInto("key_budgets")
       .values({ key_id: keyId, period, spent_nano: 0, reserved_nano: amountNano, updated_at: updatedAt })
@@ -228,45 +176,17 @@ export class LimitStore {
   }
 
   /**
-   * SQLite only: every reservation of a request in one transaction, so one commit instead
-   * of one per statement. Each statement stays the same conditional upsert; when one does
-   * not fit, the whole transaction rolls back and this returns "refused" (the caller then
-   * reserves step by step to say which limit refused). Returns undefined where it cannot
-   * run (PostgreSQL, or a Kysely transaction holds the connection).
+   * SQLite only: every reservation of a request at once, all or none, in memory (no await
+   * between the checks and the updates). Returns "refused" when one does not fit (the
+   * caller then reserves step by step to say which limit refused), undefined on PostgreSQL.
    */
   async reserveTogether(request: ReserveTogether): Promise<Reserved | "refused" | undefined> {
-    if (this.direct() === undefined) return undefined;
-    // The admissions of one event-loop turn share one transaction (one commit), each in its
-    // own savepoint, written at the end of the turn (setImmediate): under load a commit
-    // costs more than the statements, and the wait is not measurable.
-    return new Promise((done, failed) => {
-      this.admissions.push({ request, done, failed });
-      if (this.admissions.length === 1) setImmediate(() => this.reserveQueued());
-    });
-  }
-
-  private reserveQueued(): void {
-    const queued = this.admissions;
-    this.admissions = [];
-    const direct = this.direct();
-    if (direct === undefined) {
-      // A Kysely transaction began meanwhile: the caller reserves through Kysely instead.
-      for (const admission of queued) admission.done(undefined);
-      return;
-    }
-    let outcomes: Array<{ windows: WindowUse[]; budget: BudgetUse | null } | null>;
-    try {
-      // One admission alone (the usual case at low load) needs no savepoint: its own transaction.
-      outcomes = this.run(() => (queued.length === 1 ? [direct.reserveTogether(queued[0]!.request)] : direct.reserveMany(queued.map((admission) => admission.request))));
-    } catch (error) {
-      for (const admission of queued) admission.failed(error);
-      return;
-    }
-    const windowStart = queued.find((admission) => admission.request.windows.length > 0)?.request.windows[0]!.windowStart;
+    if (this.ledger === undefined) return undefined;
+    const reserved = this.run((ledger) => ledger.reserveTogether(request));
+    const windowStart = request.windows[0]?.windowStart;
     if (windowStart !== undefined) this.pruneNow(windowStart);
-    queued.forEach((admission, index) => admission.done(outcomes[index] ?? "refused"));
+    return reserved ?? "refused";
   }
-
 
   /** Replaces a reservation by what was charged (0 to undo it). */
   async settleBudget(options: { keyId: string; period: string; reservedNano: number; chargedNano: number; now: number }): Promise<void> {
@@ -280,10 +200,9 @@ export class LimitStore {
    */
   async settleAll(changes: readonly SettlementChange[], now: number): Promise<{ failed: SettlementChange[]; error?: unknown }> {
     const updatedAt = new Date(now).toISOString();
-    const direct = this.direct();
-    if (direct !== undefined) {
+    if (this.ledger !== undefined) {
       try {
-        this.run(() => direct.settleAll(changes, updatedAt));
+        for (const change of changes) this.applyNow(change, now);
         return { failed: [] };
       } catch (error) {
         return { failed: [...changes], error };
@@ -314,6 +233,7 @@ export class LimitStore {
 
   /** What a key spent and has reserved in a period (zeros when nothing was). For messages and `ctl key show`, never for a decision. */
   async budgetUse(keyId: string, period: string): Promise<BudgetUse> {
+    if (this.ledger !== undefined) return this.run((ledger) => ledger.budgetUse(keyId, period));
     const row = await this.store.db.selectFrom("key_budgets").select(["spent_nano", "reserved_nano"]).where("key_id", "=", keyId).where("period", "=", period).executeTakeFirst();
     return { spentNano: Number(row?.spent_nano ?? 0), reservedNano: Number(row?.reserved_nano ?? 0) };
   }
@@ -324,6 +244,10 @@ export class LimitStore {
    */
   async budgetRows(keyIds: readonly string[], periods: readonly string[]): Promise<Array<{ keyId: string; period: string } & BudgetUse>> {
     if (keyIds.length === 0 || periods.length === 0) return [];
+    if (this.ledger !== undefined) {
+      // The in-memory truth for each key (the caller keeps the row of the key's own period).
+      return this.run((ledger) => keyIds.flatMap((keyId) => periods.map((period) => ({ keyId, period, ...ledger.budgetUse(keyId, period) }))));
+    }
     const rows = await this.store.db
       .selectFrom("key_budgets")
       .select(["key_id", "period", "spent_nano", "reserved_nano"])
@@ -340,11 +264,10 @@ export class LimitStore {
    */
   async reserveWindow(options: WindowRef & { tokens: number; rpm: number | null; tpm: number | null }): Promise<WindowUse | null> {
     const { keyId, model, windowStart, tokens, rpm, tpm } = options;
-    const direct = this.direct();
-    if (direct !== undefined) {
-      const found = this.run(() => direct.reserveWindow.get({ keyId, model, windowStart, tokens, rpm, tpm })) as { requests: number; tokens: number } | undefined;
+    if (this.ledger !== undefined) {
+      const found = this.run((ledger) => ledger.reserveWindow(options));
       this.pruneNow(windowStart);
-      return found === undefined ? null : { requests: Number(found.requests), tokens: Number(found.tokens) };
+      return found;
     }
     const fits = [
       ...(rpm === null ? [] : [sql`key_rate_windows.requests + 1 <= ${rpm}`]),
@@ -369,10 +292,8 @@ export class LimitStore {
   /** Corrects a window by a difference: the settled tokens, or an undone request. */
   async adjustWindow(options: WindowRef & { requests: number; tokens: number }): Promise<void> {
     if (options.requests === 0 && options.tokens === 0) return;
-    const direct = this.direct();
-    if (direct !== undefined) {
-      const { keyId, model, windowStart, requests, tokens } = options;
-      this.run(() => direct.adjustWindow.run({ keyId, model, windowStart, requests, tokens }));
+    if (this.ledger !== undefined) {
+      this.run((ledger) => ledger.adjustWindow(options, options.requests, options.tokens));
       return;
     }
     await this.store.db
@@ -386,6 +307,7 @@ export class LimitStore {
 
   /** A window's counts (zeros when empty). For messages, headers of refusals and `ctl key show`. */
   async windowUse(ref: WindowRef): Promise<WindowUse> {
+    if (this.ledger !== undefined) return this.run((ledger) => ledger.windowUse(ref));
     const row = await this.store.db
       .selectFrom("key_rate_windows")
       .select(["requests", "tokens"])
@@ -398,6 +320,8 @@ export class LimitStore {
 
   /** Deletes windows older than the retention, at most once per retention period per server, off the request path. */
   private pruneNow(windowStart: string): void {
+    if (windowStart === this.lastPruneWindow) return;
+    this.lastPruneWindow = windowStart;
     const now = Date.parse(windowStart);
     if (now - this.lastPruneAt < WINDOW_RETENTION_MS) return;
     this.lastPruneAt = now;

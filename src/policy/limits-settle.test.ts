@@ -35,11 +35,16 @@ function warnings(): { logger: ReturnType<typeof createLogger>; lines: string[] 
   return { logger: createLogger({ level: "warn", destination, format: "json" }), lines };
 }
 
-/** Makes every UPDATE of key_budgets fail (a store refusing the settlement), until undone. */
+/** Makes every write of key_budgets fail (a store refusing the settlement), until undone. */
 async function refuseBudgetUpdates(store: Store): Promise<() => Promise<void>> {
   if (store.dialect === "sqlite") {
+    // SQLite writes a budget row behind, as an upsert: a row not yet stored is an INSERT.
     await sql`CREATE TRIGGER refuse_settle BEFORE UPDATE ON key_budgets BEGIN SELECT RAISE(ABORT, 'settlement refused by the test'); END`.execute(store.db);
-    return async () => void (await sql`DROP TRIGGER refuse_settle`.execute(store.db));
+    await sql`CREATE TRIGGER refuse_settle_insert BEFORE INSERT ON key_budgets BEGIN SELECT RAISE(ABORT, 'settlement refused by the test'); END`.execute(store.db);
+    return async () => {
+      await sql`DROP TRIGGER refuse_settle`.execute(store.db);
+      await sql`DROP TRIGGER refuse_settle_insert`.execute(store.db);
+    };
   }
   await sql`CREATE FUNCTION refuse_settle() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'settlement refused by the test'; END $$ LANGUAGE plpgsql`.execute(store.db);
   await sql`CREATE TRIGGER refuse_settle BEFORE UPDATE ON key_budgets FOR EACH ROW EXECUTE FUNCTION refuse_settle()`.execute(store.db);
@@ -47,6 +52,12 @@ async function refuseBudgetUpdates(store: Store): Promise<() => Promise<void>> {
     await sql`DROP TRIGGER refuse_settle ON key_budgets`.execute(store.db);
     await sql`DROP FUNCTION refuse_settle()`.execute(store.db);
   };
+}
+
+/** The spent amount the store itself holds (null: no row), bypassing SQLite's in-memory counters. */
+async function storedSpent(store: Store, keyId: string, period: string): Promise<number | null> {
+  const row = await store.db.selectFrom("key_budgets").select("spent_nano").where("key_id", "=", keyId).where("period", "=", period).executeTakeFirst();
+  return row === undefined ? null : Number(row.spent_nano);
 }
 
 testBothStores("a settlement the store refuses is retried until it is written, so the reservation does not leak", async (store) => {
@@ -61,13 +72,22 @@ testBothStores("a settlement the store refuses is retried until it is written, s
   const usage = { prompt_tokens: 7, completion_tokens: 5, total_tokens: 12 };
   permit.settle({ usage, answered: true });
   await eventually("a failed settlement to be logged", () => lines.some((line) => line.includes("settlements failed")));
-  assert.deepEqual(await readBack.budgetUse("k-retry", period), { spentNano: 0, reservedNano }, "the refused settlement changed nothing yet");
+  const spentNano = usdToNano(costUsd(PRICES, usage));
+  if (store.dialect === "sqlite") {
+    // SQLite: the counters in memory are the truth at once; the store has nothing of it yet.
+    assert.deepEqual(await readBack.budgetUse("k-retry", period), { spentNano, reservedNano: 0 });
+    assert.equal(await storedSpent(store, "k-retry", period), null, "the refused write changed nothing in the store");
+  } else {
+    assert.deepEqual(await readBack.budgetUse("k-retry", period), { spentNano: 0, reservedNano }, "the refused settlement changed nothing yet");
+  }
   await allow();
   const settled = await eventually("the retry to write the settlement", async () => {
     const use = await readBack.budgetUse("k-retry", period);
-    return use.reservedNano === 0 ? use : null;
+    const stored = await storedSpent(store, "k-retry", period);
+    return use.reservedNano === 0 && stored !== null ? { ...use, stored } : null;
   });
-  assert.equal(settled.spentNano, usdToNano(costUsd(PRICES, usage)), "spent is what the upstream reported, not less");
+  assert.equal(settled.spentNano, spentNano, "spent is what the upstream reported, not less");
+  assert.equal(settled.stored, spentNano, "the store has it");
   await limits.close();
 });
 

@@ -4,8 +4,9 @@
 // the model for this key when it has its own limits, then the budget of the current
 // period. A refusal undoes what was already reserved and answers 429, with the
 // x-ratelimit-* headers OpenAI sends. The permit settles once, when the request ends:
-// the reservation becomes the actual cost and tokens, written a few ms later in a batch
-// (see `pending`), and retried until the store takes it.
+// the reservation becomes the actual cost and tokens. On PostgreSQL it is written a few ms
+// later in a batch (see `pending`), retried until the store takes it; on SQLite the
+// counters live in memory (limit-ledger.ts), so it applies at once and is written behind.
 //
 // A key without limits costs nothing here: its Principal carries no limits, and admission
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
@@ -78,9 +79,9 @@ export class LimitsService implements RequestLimits {
   private readonly limitStore: LimitStore;
   private readonly clock: () => number;
   /**
-   * Settlements not yet written, summed per row (budget period or rate window). They are
-   * written together a few ms after the first one is queued: one statement per row, all in
-   * one transaction on SQLite. A settlement only gives back part of a reservation (or adds
+   * PostgreSQL: settlements not yet written, summed per row (budget period or rate window).
+   * They are written together a few ms after the first one is queued, one statement per row.
+   * (SQLite applies them to its in-memory counters at once: LimitStore.applyNow.) A settlement only gives back part of a reservation (or adds
    * what a request used beyond it), so writing it a few ms late holds a reservation a few
    * ms longer than needed: conservative, never lets a request past a limit. A write that
    * fails stays queued and is tried again with backoff, so a store hiccup does not leak
@@ -92,7 +93,7 @@ export class LimitsService implements RequestLimits {
   private retryDelayMs = 0;
 
   constructor(private readonly options: LimitsServiceOptions) {
-    this.limitStore = new LimitStore(options.store);
+    this.limitStore = new LimitStore(options.store, options.logger);
     this.clock = options.clock ?? Date.now;
   }
 
@@ -272,6 +273,7 @@ export class LimitsService implements RequestLimits {
 
   private queueWindow(ref: WindowRef, tokens: number): void {
     if (tokens === 0) return;
+    if (this.limitStore.applyNow({ kind: "window", ...ref, tokens }, this.clock())) return;
     const id = `w\n${ref.keyId}\n${ref.model}\n${ref.windowStart}`;
     const change = this.pending.get(id);
     if (change?.kind === "window") change.tokens += tokens;
@@ -280,6 +282,7 @@ export class LimitsService implements RequestLimits {
   }
 
   private queueBudget(budget: NonNullable<Held["budget"]>, chargedNano: number): void {
+    if (this.limitStore.applyNow({ kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano }, this.clock())) return;
     const id = `b\n${budget.keyId}\n${budget.period}`;
     const change = this.pending.get(id);
     if (change?.kind === "budget") {
@@ -348,6 +351,7 @@ export class LimitsService implements RequestLimits {
       this.options.logger.error({ settlements: this.pending.size }, "budget or rate-limit settlements could not be written before shutdown; those reservations stay counted");
       this.pending.clear();
     }
+    this.limitStore.close();
   }
 
   /** A key's budget and rate use now, for `ctl key show`. */

@@ -2,7 +2,10 @@
 // JSON file naming its PID, the process's start time, the boot, the host and the address,
 // so a second `llmgw up` or `llmgw server` on the same data dir refuses to start and says
 // which process holds it. (With PostgreSQL several servers may share a database; each
-// still has its own data dir, and the lock is about that dir only.)
+// still has its own data dir, and the lock is about that dir only.) A SQLite database
+// belongs to one server (its budget and rate counters live in that server's memory), so
+// when --database puts the file outside the data dir, the server also locks the directory
+// holding the file (acquireServerLocks): two servers cannot share one SQLite file.
 //
 // Creating the lock is atomic: the content is written to a private file first and then
 // hard-linked into place, which fails when the lock exists, so nobody ever reads a half
@@ -58,6 +61,39 @@ export interface AcquireOptions {
    * where a racing server could take it over first.
    */
   beforeTakeover?: () => void;
+}
+
+/**
+ * The data dir's lock and, for a SQLite file outside the data dir, the lock of the file's
+ * directory too (see the module comment): a second server on that file refuses to start.
+ */
+export function acquireServerLocks(options: AcquireOptions & { database: string }): DataDirLock {
+  const own = acquireDataDirLock(options);
+  const isSqliteFile = !/^postgres(ql)?:\/\//i.test(options.database) && options.database !== ":memory:";
+  const databaseDir = path.dirname(path.resolve(options.database));
+  if (!isSqliteFile || databaseDir === path.resolve(options.dataDir)) return own;
+  let ofDatabase: DataDirLock;
+  try {
+    ofDatabase = acquireDataDirLock({ ...options, dataDir: databaseDir });
+  } catch (error) {
+    own.release();
+    if (!(error instanceof ConflictError)) throw error;
+    throw new ConflictError(
+      `The SQLite database ${options.database} may be in use by another llmgw: its directory is locked. ${error.message} A SQLite database belongs to one server; use PostgreSQL to share one database between servers.`,
+      { code: "data_dir_in_use" },
+    );
+  }
+  return {
+    holder: own.holder,
+    setAddress: (url) => {
+      own.setAddress(url);
+      ofDatabase.setAddress(url);
+    },
+    release: () => {
+      ofDatabase.release();
+      own.release();
+    },
+  };
 }
 
 export function acquireDataDirLock(options: AcquireOptions): DataDirLock {

@@ -28,7 +28,7 @@ import { UsageRetention } from "../usage/usage-retention.ts";
 import { LimitsService } from "../policy/limits.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi, type Readiness } from "./admin-api.ts";
-import { acquireDataDirLock } from "./data-dir-lock.ts";
+import { acquireServerLocks } from "./data-dir-lock.ts";
 import { auditTrail } from "../store/audit.ts";
 import { DEFAULT_REGISTRY_ENDPOINT, HubClient } from "../registry/hub-client.ts";
 import { planRepository } from "../plan/plan-repository.ts";
@@ -134,8 +134,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   // Before anything is opened: a metrics key too short to keep a secret stops the start here.
   const metricsKey = config.metricsKey === undefined ? null : new MetricsKey(config.metricsKey);
   mkdirSync(config.dataDir, { recursive: true, mode: 0o700 });
-  // Before the store or any engine: a second server on this data dir stops here.
-  const lock = acquireDataDirLock({ dataDir: config.dataDir, address: `${config.host}:${config.port}` });
+  // Before the store or any engine: a second server on this data dir (or this SQLite file) stops here.
+  const lock = acquireServerLocks({ dataDir: config.dataDir, address: `${config.host}:${config.port}`, database: config.database });
   let store: Store;
   try {
     store = await openStore({ database: config.database, ...(config.databaseSchema === undefined ? {} : { schema: config.databaseSchema }) });
