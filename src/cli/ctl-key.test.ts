@@ -42,7 +42,9 @@ describe("ctl key against a server", () => {
   const ctl = (...args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "key", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
 
   before(async () => {
-    harness = await startHarness();
+    // A clock that stands still in the middle of a minute: this minute's use, shown by
+    // `key show`, must not roll over into the next window while the test runs.
+    harness = await startHarness({ limitsClock: () => Date.parse("2027-03-10T10:00:30.000Z") });
     upstream = await startFakeUpstream();
     await harness.addModel({ name: "priced", prices: { input_per_million: 1000, output_per_million: 1000 }, profiles: [{ name: "p", engine: "external", url: upstream.url }] });
     await harness.addModel({ name: "jg", role: "guard", guard_format: "json", profiles: [{ name: "g", engine: "external", url: upstream.url }] });
