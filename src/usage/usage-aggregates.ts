@@ -9,7 +9,7 @@
 // ranges: a month is 60 times fewer rows to read (usage-query.ts has the figures).
 import { sql, type Kysely, type RawBuilder } from "kysely";
 import type { Dialect } from "../store/store.ts";
-import type { UsageTable } from "../store/schema.ts";
+import type { UsageMinutesTable, UsageTable } from "../store/schema.ts";
 import { observe, type Histogram } from "./latency-histogram.ts";
 
 type RawUsageRow = Omit<UsageTable, "id">;
@@ -17,19 +17,8 @@ type RawUsageRow = Omit<UsageTable, "id">;
 export type Granularity = "minute" | "hour";
 export const AGGREGATE_TABLES = { minute: "usage_minutes", hour: "usage_hours" } as const;
 
-/** One aggregate row; `start` is the `minute` or `hour` column of its table. */
-export interface Aggregate {
-  start: string;
-  key_id: string;
-  model: string;
-  requests: number;
-  errors: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  cost_usd: number;
-  duration_hist: string;
-  ttft_hist: string;
-}
+/** One aggregate row: a usage_minutes or usage_hours row whose `minute` or `hour` column is read as `start`. */
+export type Aggregate = Omit<UsageMinutesTable, "minute"> & { start: string };
 
 /** A status this high or higher is an error in the aggregates (499: the client went away). */
 const FIRST_ERROR_STATUS = 400;
