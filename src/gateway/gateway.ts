@@ -245,7 +245,7 @@ export class Gateway {
     };
     res.on("close", onClose);
     try {
-      const outputCheck = await this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path }, res, call, abort.signal);
+      const outputCheck = await this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) }, res, call, abort.signal);
       const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, abort, outputCheck });
       this.record(call, status);
     } finally {

@@ -101,7 +101,7 @@ export class LimitsService implements RequestLimits {
     const limits = request.principal.limits;
     if (limits === undefined) return UNLIMITED;
     const now = this.clock();
-    const bound = tokenBound(request.endpoint, request.body, request.model);
+    const bound = tokenBound(request.endpoint, request.body, request.model, request.rawBytes);
     const costNano = usdToNano(costUsd(request.model.definition.prices, worstCaseUsage(bound, request.model.definition.prices)));
     const window = windowAt(now);
     const scopes = rateScopes(request, limits, window.start);

@@ -13,6 +13,12 @@ export interface PolicyRequest {
   model: CatalogModel;
   /** The parsed chat-completions (or completions, embeddings) body. */
   body: { model: string; [key: string]: unknown };
+  /**
+   * The request body's length in bytes as it arrived, when that body is `body` itself (not
+   * a translation): an upper bound of `JSON.stringify(body)`'s, since parsing only drops
+   * whitespace and escapes. Lets the limits skip serialising the body again.
+   */
+  rawBytes?: number;
   /** The OpenAI path the request runs as (an Anthropic request runs as /v1/chat/completions). */
   endpoint: string;
 }

@@ -22,6 +22,15 @@ test("a chat prompt counts the UTF-8 bytes of the whole body, plus the template'
   assert.equal(bound.total, bound.prompt + bound.output);
 });
 
+test("the body's length as it arrived stands for its serialised bytes (never fewer: parsing only drops whitespace and escapes)", () => {
+  const raw = '{ "model": "m", "messages": [ { "role": "user", "content": "caf\\u00e9" } ] }';
+  const body = JSON.parse(raw) as Record<string, unknown>;
+  assert.ok(Buffer.byteLength(raw) > bodyBytes(body));
+  const bound = tokenBound("/v1/chat/completions", body, model(), Buffer.byteLength(raw));
+  assert.equal(bound.prompt, PER_REQUEST_ALLOWANCE + PER_MESSAGE_ALLOWANCE + Buffer.byteLength(raw));
+  assert.ok(bound.prompt >= tokenBound("/v1/chat/completions", body, model()).prompt);
+});
+
 test("fields an engine may render into the prompt count too (vLLM documents, chat_template_kwargs, a completions suffix)", () => {
   const messages = [{ role: "user", content: "hi" }];
   const plain = tokenBound("/v1/chat/completions", { model: "m", messages }, model()).prompt;

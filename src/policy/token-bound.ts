@@ -32,10 +32,10 @@ export interface TokenBound {
 }
 
 /** The upper bound of a request's prompt and output tokens, from its body and the model's limits. */
-export function tokenBound(endpoint: string, body: Record<string, unknown>, model: CatalogModel): TokenBound {
+export function tokenBound(endpoint: string, body: Record<string, unknown>, model: CatalogModel, rawBytes?: number): TokenBound {
   const contextLength = model.definition.context_length ?? null;
   const capped = (tokens: number) => (contextLength === null ? tokens : Math.min(tokens, contextLength));
-  const bodyBytes = bytes(JSON.stringify(body));
+  const bodyBytes = rawBytes ?? bytes(JSON.stringify(body));
   if (endpoint === "/v1/embeddings") {
     const prompt = capped(bodyBytes + PER_INPUT_ALLOWANCE * inputCount(body.input));
     return { prompt, output: 0, total: prompt };
