@@ -99,7 +99,10 @@ describe("weights supply chain", () => {
       { timeoutMs: 90_000 },
     );
     if ("error" in outcome) throw outcome.error;
-    assert.equal(outcome.answer.usage?.completion_tokens, 4);
+    // The model's weights are random: it may sample its end-of-text token before the limit.
+    const completion = outcome.answer.usage?.completion_tokens ?? 0;
+    if (outcome.answer.choices[0]?.finish_reason === "length") assert.equal(completion, 4);
+    else assert.ok(completion >= 1 && completion <= 4, `completion tokens ${completion}`);
   });
 
   test("mirror fetch without --quant takes what model plan recommends; verify reports a changed file and exits non-zero; rm of a used version needs --force; all audited", { timeout: 120_000 }, async () => {

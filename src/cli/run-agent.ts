@@ -117,8 +117,7 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     },
   });
   agent.start();
-  process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);
-
+  // Before the line that says it runs: a signal after it must get the orderly stop.
   stopOnSignals({
     logger,
     stop: async () => {
@@ -126,6 +125,7 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
       await Promise.all([cache.close(), assignments.close()]);
     },
   });
+  process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);
 }
 
 async function detected(engines: NodeEngines, logger: Logger) {

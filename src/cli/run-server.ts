@@ -66,6 +66,10 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     withAgent,
   );
 
+  // Before anything says the server is up: whoever reads "listening" and then signals it
+  // (a supervisor, a test) must get the orderly stop, not the default death by signal.
+  stopOnSignals({ logger, stop: () => server.close() });
+
   const out = process.stdout;
   out.write(`llmgw ${mode} listening on ${server.url}  (OpenAI-compatible API: ${server.url}/v1)\n`);
   out.write(`data dir: ${dataDir}\n`);
@@ -80,8 +84,6 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     );
   }
   announceReadyModels(server, out);
-
-  stopOnSignals({ logger, stop: () => server.close() });
 }
 
 /** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */
