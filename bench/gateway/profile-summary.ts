@@ -107,7 +107,7 @@ export function summarizeProfile(profile: CpuProfile, options: { top?: number; s
   const walk = (id: number, onStack: Set<string>) => {
     const node = byId.get(id)!;
     const key = label(node.callFrame);
-    const mine = ownerOf(node.callFrame).startsWith("src/") && !onStack.has(key);
+    const mine = /^(\.\.\/[^/]+\/)?(src|dist)\//.test(ownerOf(node.callFrame)) && !onStack.has(key);
     if (mine) {
       ownInclusive.set(key, (ownInclusive.get(key) ?? 0) + inclusive.get(id)!);
       onStack.add(key);
@@ -128,7 +128,7 @@ export function summarizeProfile(profile: CpuProfile, options: { top?: number; s
     "self time by function:",
     ...sorted(functions).map(([name, us]) => `  ${pct(us)} ${ms(us)}  ${name}`),
     "",
-    "inclusive time of llmgw's own functions (src/):",
+    "inclusive time of llmgw's own functions (src/ or dist/):",
     ...sorted(ownInclusive).map(([name, us]) => `  ${pct(us)} ${ms(us)}  ${name}`),
   ];
   return lines.join("\n");

@@ -103,6 +103,12 @@ export class GuardModels implements RequestGuards {
     return { guardMs, output };
   }
 
+  applies(request: PolicyRequest): boolean {
+    const own = request.model.definition.guards;
+    const key = this.options.keyGuards?.(request);
+    return (own?.input?.length ?? 0) + (own?.output?.length ?? 0) + (key?.input?.length ?? 0) + (key?.output?.length ?? 0) > 0;
+  }
+
   private namesFor(request: PolicyRequest): GuardNames {
     const own = request.model.definition.guards;
     const key = this.options.keyGuards?.(request) ?? null;

@@ -50,7 +50,7 @@ test("SQLite: a restart keeps spent and window counts, and leaves no reservation
     assert.deepEqual({ spent: Number(stored.spent_nano), reserved: Number(stored.reserved_nano) }, { spent: before.spentNano, reserved: 0 });
     // rpm 4: one more fits this minute, the fifth is refused.
     await admit(limits);
-    await assert.rejects(admit(limits), (error: { code?: string }) => error.code === "rate_limit_exceeded");
+    await assert.rejects(async () => admit(limits), (error: { code?: string }) => error.code === "rate_limit_exceeded");
     await limits.close();
     await store.close();
   } finally {

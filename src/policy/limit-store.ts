@@ -179,8 +179,9 @@ export class LimitStore {
    * SQLite only: every reservation of a request at once, all or none, in memory (no await
    * between the checks and the updates). Returns "refused" when one does not fit (the
    * caller then reserves step by step to say which limit refused), undefined on PostgreSQL.
+   * Synchronous, so the gateway admits a request on SQLite without a single await.
    */
-  async reserveTogether(request: ReserveTogether): Promise<Reserved | "refused" | undefined> {
+  reserveTogether(request: ReserveTogether): Reserved | "refused" | undefined {
     if (this.ledger === undefined) return undefined;
     const reserved = this.run((ledger) => ledger.reserveTogether(request));
     const windowStart = request.windows[0]?.windowStart;

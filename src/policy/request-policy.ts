@@ -48,15 +48,19 @@ export interface RequestLimits {
   /**
    * Reserves the request's worst case against the key's budget and rate limits, atomically
    * in the store. Refused: throws a 429 LlmgwError (insufficient_quota or rate_limit_exceeded)
-   * whose headers include Retry-After and the x-ratelimit-* headers.
+   * whose headers include Retry-After and the x-ratelimit-* headers; that is always a
+   * rejected promise, never a synchronous throw. A permit may come back without a promise
+   * (nothing to wait for), so callers await only what is a promise.
    */
-  admit(request: PolicyRequest): Promise<LimitsPermit>;
+  admit(request: PolicyRequest): LimitsPermit | Promise<LimitsPermit>;
 }
 
 /** Checks an answer that is not streamed before the client sees it; throws to refuse it. */
 export type OutputCheck = (answer: Buffer) => Promise<void>;
 
 export interface RequestGuards {
+  /** Whether any guard is named for this request's model or key; when none is, checkInput is not called. */
+  applies(request: PolicyRequest): boolean;
   /**
    * Asks the guard models named for this model or key about the input; throws a 400
    * content_policy_violation (unsafe) or 503 (guard failed, fail closed). Resolves with
