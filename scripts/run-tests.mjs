@@ -28,6 +28,7 @@ const unit = [
   "src/engines/llamacpp/llama-runner.test.ts",
   "src/engines/llamacpp/engine-server.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",
+  "src/engines/llamacpp/embeddings.test.ts",
   "src/registry/hub-client.test.ts",
   "src/registry/file-sets.test.ts",
   "src/registry/local-source.test.ts",
