@@ -41,6 +41,7 @@ const unit = [
   "src/gateway/usage-recorder.test.ts",
   "src/usage/usage-aggregates.test.ts",
   "src/gateway/gateway.test.ts",
+  "src/gateway/embeddings-usage.test.ts",
   "src/gateway/output-cap.test.ts",
   "src/gateway/gateway-faults.test.ts",
   "src/gateway/request-outcome.test.ts",
