@@ -11,7 +11,10 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { startEngine, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
+import { silentLogger } from "../../core/log.ts";
 import { checkDimensions, encodeBase64, l2Normalize, toEmbeddingJob } from "./embeddings-wire.ts";
+import { LlamaEmbedder } from "./llama-embedder.ts";
+import { openModel } from "./llama-load.ts";
 
 const KEY = "engine-key-for-tests";
 const MODEL_NAME = "tiny-embed";
@@ -194,5 +197,35 @@ describe("embeddings on the bundled engine", () => {
     // Its one input may use the whole --ctx-size (no parallel sequences share it).
     const long = await post(embeddingOnly.url, { input: "hello ".repeat(CTX_SIZE) });
     assert.match(long.body.error.message, new RegExp(`at most ${CTX_SIZE - 1} tokens per input`));
+  });
+});
+
+describe("pooling of a model without pooling metadata", () => {
+  test("the vector is the mean of the token vectors (not the last token's), normalised", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "llmgw-pooling-"));
+    const info = await writeTinyLlamaGguf({ path: join(dir, "tiny.gguf"), seed: 5 });
+    const opened = await openModel({ modelPath: info.path, threads: 1, logger: silentLogger() });
+    try {
+      const tokens = [297, 302, 265, 486, 480, 392];
+      const embedder = new LlamaEmbedder({ model: opened.model, contextSize: 256, threads: 1, logger: silentLogger() });
+      const [pooled] = (await embedder.embed([tokens], new AbortController().signal)).vectors;
+      // Without the override llama.cpp pools nothing and gives the last token's vector, so
+      // the vector of each prefix (BOS included) is that token's own; their mean is the
+      // mean pooling of the whole input (causal attention: a token sees only its prefix).
+      const plain = await opened.llama.loadModel({ modelPath: info.path });
+      const unpooled = await plain.createEmbeddingContext({ contextSize: 256, threads: 1 });
+      const withBos = [info.tokens.bos, ...tokens];
+      const perToken: number[][] = [];
+      for (let i = 1; i <= withBos.length; i++) perToken.push([...(await unpooled.getEmbeddingFor(withBos.slice(0, i) as never)).vector]);
+      const mean = l2Normalize(perToken[0]!.map((_, j) => perToken.reduce((sum, vector) => sum + vector[j]!, 0) / perToken.length));
+      const last = l2Normalize(perToken.at(-1)!);
+      assert.ok(pooled);
+      const cosine = (a: Float32Array, b: Float32Array) => a.reduce((sum, value, i) => sum + value * b[i]!, 0);
+      assert.ok(cosine(pooled, mean) > 0.99999, `cosine with the mean ${cosine(pooled, mean)}`);
+      assert.ok(cosine(pooled, last) < 0.999, `not the last token's vector (cosine ${cosine(pooled, last)})`);
+    } finally {
+      await opened.llama.dispose();
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });
