@@ -100,6 +100,8 @@ export const profileSchema = z
     /** llama.cpp: requests one replica serves at once. */
     parallel: positiveInt.optional(),
     threads: z.number().int().min(0).optional(),
+    /** llama.cpp: a dedicated embedding model; the replica serves /v1/embeddings only, with no generation context. */
+    embeddings: z.boolean().optional(),
     hardware: z.strictObject({ cpu: cpuHardware.optional(), gpu: gpuHardware.optional() }).default({}),
     /** external: base URL of an existing OpenAI-compatible server (up to, not including, /v1). */
     url: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
@@ -129,6 +131,13 @@ export const profileSchema = z
     }
     if (profile.engine !== "external" && profile.max_inflight !== undefined) {
       ctx.addIssue({ code: "custom", path: ["max_inflight"], message: `belongs to external profiles; a ${profile.engine} replica serves 'parallel' requests at once` });
+    }
+    if (profile.embeddings === true && profile.engine !== "llamacpp") {
+      // vLLM selects its pooling runner with a flag that changed between versions (--task
+      // embed, later --runner pooling); the operator's engine_args say which their vLLM takes.
+      // An external server is what it is.
+      const hint = profile.engine === "vllm" ? "; for vLLM pass its pooling runner in engine_args (--runner pooling, or --task embed on older vLLM)" : "";
+      ctx.addIssue({ code: "custom", path: ["embeddings"], message: `belongs to llamacpp profiles${hint}` });
     }
     if (profile.hardware.cpu !== undefined && profile.hardware.gpu !== undefined) {
       ctx.addIssue({ code: "custom", path: ["hardware"], message: "give either cpu or gpu hardware, not both" });

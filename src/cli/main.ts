@@ -69,7 +69,8 @@ program
   .option("--parallel <n>", "requests served at once (parallel sequences)", "2")
   .option("--threads <n>", "CPU threads (0 = one per available core)", "0")
   .option("--model-name <name>", "model id reported by /v1/models")
-  .action(async (options: Record<string, string | undefined>) => {
+  .option("--embeddings", "serve only /v1/embeddings (a dedicated embedding model; no generation context)")
+  .action(async (options: Record<string, string | boolean | undefined>) => {
     const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");
     await runEngineCommand(options);
   });

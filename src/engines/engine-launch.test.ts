@@ -55,3 +55,18 @@ test("a vllm profile runs vllm serve with GPUs per node and nodes from its hardw
   assert.throws(() => engineLaunch(options({ profile: vllm })), (error: unknown) => error instanceof LlmgwError && error.code === "engine_unavailable" && /no vllm/.test(error.message));
   assert.throws(() => engineLaunch(options({ profile: external, engines: { llamaServer: "x", vllm: "y" } })), /is external: it routes to an existing server/);
 });
+
+test("a profile with embeddings: true runs the bundled engine with --embeddings and llama-server with --embedding; other engines refuse it by name", () => {
+  const embed = profileSchema.parse({ name: "embed", engine: "llamacpp", embeddings: true });
+  const bundled = engineLaunch(options({ profile: embed }));
+  assert.ok(bundled.args.includes("--embeddings"));
+  assert.ok(!engineLaunch(options({})).args.includes("--embeddings"), "a plain profile generates");
+  const server = engineLaunch(options({ profile: embed, engines: { llamaServer: "/opt/llama/llama-server" } }));
+  assert.ok(server.args.includes("--embedding"));
+
+  const vllmEmbed = profileSchema.safeParse({ name: "v", engine: "vllm", embeddings: true, hardware: { gpu: { class: "H200" } } });
+  assert.equal(vllmEmbed.success, false);
+  assert.deepEqual(vllmEmbed.error?.issues[0]?.path, ["embeddings"]);
+  assert.match(vllmEmbed.error?.issues[0]?.message ?? "", /--runner pooling/);
+  assert.equal(profileSchema.safeParse({ name: "e", engine: "external", url: "http://10.0.0.9:8000", embeddings: true }).success, false);
+});

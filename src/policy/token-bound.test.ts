@@ -85,4 +85,8 @@ test("completions and embeddings: token ids and strings by their bytes in the bo
   assert.equal(tokenBound("/v1/embeddings", ids, model()).prompt, bodyBytes(ids) + 2 * PER_INPUT_ALLOWANCE);
   const manyIds = { model: "m", input: Array.from({ length: 1000 }, (_, i) => i % 10) };
   assert.ok(tokenBound("/v1/embeddings", manyIds, model()).prompt >= 1000 + 2, "each id takes at least two bytes of JSON");
+  // The context length caps each input, not the request: three inputs near the limit use three contexts.
+  const long = { model: "m", input: ["x ".repeat(600), "y ".repeat(600), "z ".repeat(600)] };
+  assert.equal(tokenBound("/v1/embeddings", long, model({ context_length: 512 })).prompt, 3 * 512);
+  assert.equal(tokenBound("/v1/embeddings", { model: "m", input: "short" }, model({ context_length: 512 })).prompt, bodyBytes({ model: "m", input: "short" }) + PER_INPUT_ALLOWANCE);
 });

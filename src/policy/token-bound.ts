@@ -37,7 +37,11 @@ export function tokenBound(endpoint: string, body: Record<string, unknown>, mode
   const capped = (tokens: number) => (contextLength === null ? tokens : Math.min(tokens, contextLength));
   const bodyBytes = rawBytes ?? bytes(JSON.stringify(body));
   if (endpoint === "/v1/embeddings") {
-    const prompt = capped(bodyBytes + PER_INPUT_ALLOWANCE * inputCount(body.input));
+    // Each input is embedded in a context of its own, so the context length caps each
+    // input, not their sum: n inputs may use up to n contexts' worth of tokens.
+    const inputs = inputCount(body.input);
+    const bytesBound = bodyBytes + PER_INPUT_ALLOWANCE * inputs;
+    const prompt = contextLength === null ? bytesBound : Math.min(bytesBound, contextLength * inputs);
     return { prompt, output: 0, total: prompt };
   }
   const prompt = capped(endpoint === "/v1/completions" ? bodyBytes + PER_REQUEST_ALLOWANCE : chatPromptTokens(body, bodyBytes));

@@ -84,6 +84,8 @@ export function llamaServerLaunch(options: LlamaServerLaunchOptions): EngineLaun
     gpuLayers,
   ];
   if (options.projectorPath !== undefined) args.push("--mmproj", options.projectorPath);
+  // llama-server's embedding-only mode, like the bundled engine's --embeddings.
+  if (profile.embeddings === true) args.push("--embedding");
   if (flashAttention !== null) args.push("-fa", flashAttention ? "on" : "off");
   // Last, so an operator's own flags win over ours (llama.cpp keeps the last value of a flag).
   args.push(...profile.engine_args);

@@ -18,7 +18,7 @@ import { basename, resolve } from "node:path";
 import { createLogger, type Logger } from "../../core/log.ts";
 import { describeError } from "../../core/errors.ts";
 import { createEngineServer } from "./engine-server.ts";
-import type { LlamaRunner } from "./llama-runner.ts";
+import type { TextGenerator } from "./llama-runner.ts";
 
 /** The options commander hands over (`--ctx-size` arrives as `ctxSize`, and so on). */
 export interface EngineCommandOptions {
@@ -30,6 +30,8 @@ export interface EngineCommandOptions {
   parallel?: string;
   threads?: string;
   modelName?: string;
+  /** Serve only /v1/embeddings, with no generation context (a dedicated embedding model). */
+  embeddings?: boolean;
 }
 
 export interface EngineSettings {
@@ -41,6 +43,7 @@ export interface EngineSettings {
   contextSize: number;
   parallel: number;
   threads: number;
+  embeddingsOnly: boolean;
 }
 
 /** How often the engine checks that the agent that started it is still its parent. */
@@ -83,6 +86,7 @@ export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.Pr
     contextSize: integer(options.ctxSize, "--ctx-size", 0, 16_777_216, 4096),
     parallel: integer(options.parallel, "--parallel", 1, 256, 2),
     threads: integer(options.threads, "--threads", 0, 1024, 0),
+    embeddingsOnly: options.embeddings === true,
   };
 }
 
@@ -142,7 +146,7 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
     fail(`cannot listen on ${settings.host}:${settings.port}: ${describeError(error)}`, ENGINE_EXIT.listenError);
   }
 
-  let runner: LlamaRunner | null = null;
+  let runner: TextGenerator | null = null;
   let stopping = false;
   let parentWatch: NodeJS.Timeout | undefined;
   const stop = (reason: string) => {
@@ -178,14 +182,14 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
   try {
     // Loaded only now: node-llama-cpp takes a while to import, and the failures above
     // should be reported without waiting for it.
-    const { LlamaRunner } = await import("./llama-runner.ts");
-    runner = await LlamaRunner.load({
-      modelPath: settings.modelPath,
-      contextSize: settings.contextSize,
-      parallel: settings.parallel,
-      threads: settings.threads,
-      logger,
-    });
+    const load = { modelPath: settings.modelPath, contextSize: settings.contextSize, threads: settings.threads, logger };
+    if (settings.embeddingsOnly) {
+      const { LlamaEmbeddingEngine } = await import("./embedding-engine.ts");
+      runner = await LlamaEmbeddingEngine.load({ ...load, modelName: settings.modelName });
+    } else {
+      const { LlamaRunner } = await import("./llama-runner.ts");
+      runner = await LlamaRunner.load({ ...load, parallel: settings.parallel });
+    }
   } catch (error) {
     if (stopping) return;
     fail(`cannot serve model file '${settings.modelPath}': ${describeError(error)}`, ENGINE_EXIT.modelError);

@@ -55,6 +55,7 @@ export function llamaCppLaunch(options: LlamaCppLaunchOptions): EngineLaunch {
       String(threads),
       "--model-name",
       options.modelName,
+      ...(profile.embeddings === true ? ["--embeddings"] : []),
       ...profile.engine_args,
     ],
     // The key travels in the environment so it does not show in `ps`.

@@ -282,7 +282,7 @@ test("bad requests are 400s naming the field; unknown routes 404; over-long prom
   assert.equal(malformedBody.error.code, "invalid_json");
   assert.equal(malformedBody.error.type, "invalid_request_error");
 
-  const unknown = await fetch(`${engine.url}/v1/embeddings`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: "{}" });
+  const unknown = await fetch(`${engine.url}/v1/rerank`, { method: "POST", headers: { authorization: `Bearer ${KEY}` }, body: "{}" });
   assert.equal(unknown.status, 404);
   assert.equal(((await unknown.json()) as { error: { type: string } }).error.type, "not_found_error");
 

@@ -12,6 +12,7 @@ import { AuthenticationError, LlmgwError, NotFoundError, UnavailableError, parse
 import { DEFAULT_BODY_TIMEOUT_MS, SSE_DONE, methodNotAllowed, readLimitedBody, sendError, sendJson, sseData, startEventStream } from "../../core/http.ts";
 import { parseJsonBody } from "../../core/json-body.ts";
 import type { Logger } from "../../core/log.ts";
+import { checkDimensions, embeddingList, embeddingRequestSchema, toEmbeddingJob } from "./embeddings-wire.ts";
 import type { GenerationResult, TextGenerator } from "./llama-runner.ts";
 import {
   chatChunk,
@@ -137,6 +138,15 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     stream.done();
   }
 
+  async function handleEmbeddings(req: IncomingMessage, res: ServerResponse, signal: AbortSignal): Promise<void> {
+    const job = toEmbeddingJob(parseWith(embeddingRequestSchema, await readJson(req, maxBodyBytes, bodyTimeoutMs)));
+    const embedder = requireGenerator().embedder;
+    if (!embedder) throw new NotFoundError("This engine does not serve /v1/embeddings.");
+    checkDimensions(job, embedder.embeddingSize);
+    const batch = await embedder.embed(job.inputs, signal);
+    sendJson(res, 200, embeddingList({ model: modelName, vectors: batch.vectors, encoding: job.encoding, promptTokens: batch.promptTokens }));
+  }
+
   /**
    * After an aborted generation: a client that left gets nothing more; one that is still
    * there (the engine is shutting down) gets the abort reason as its error.
@@ -171,9 +181,10 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       },
       "/v1/chat/completions": { method: "POST", handle: () => handleChat(req, res, signal) },
       "/v1/completions": { method: "POST", handle: () => handleCompletion(req, res, signal) },
+      "/v1/embeddings": { method: "POST", handle: () => handleEmbeddings(req, res, signal) },
     };
     const target = routes[path];
-    if (!target) throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions and /v1/completions.`);
+    if (!target) throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings.`);
     if (method !== target.method) throw methodNotAllowed(method, path, target.method);
     await target.handle();
   }

@@ -26,10 +26,8 @@
 //   sets both the library's maximum and the context's threads.
 import { availableParallelism } from "node:os";
 import {
-  getLlama,
   LlamaChat,
   LlamaCompletion,
-  LlamaLogLevel,
   resolveChatWrapper,
   type ChatHistoryItem,
   type ChatWrapper,
@@ -44,9 +42,13 @@ import { BadRequestError, InternalError, UnavailableError } from "../../core/err
 import type { Logger } from "../../core/log.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
 import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
+import { LlamaEmbedder, type TextEmbedder } from "./llama-embedder.ts";
+import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
 import { SequencePool } from "./sequence-pool.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
+
+export { ModelLoadError };
 
 export interface GenerationResult {
   text: string;
@@ -74,6 +76,8 @@ export interface TextGenerator {
   complete(prompt: string | number[], options: GenerateOptions): Promise<GenerationResult>;
   /** Tokens one request may use (prompt + output). */
   readonly contextPerRequest: number;
+  /** /v1/embeddings; an engine without one answers that it does not embed. */
+  readonly embedder?: TextEmbedder;
   dispose(): Promise<void>;
 }
 
@@ -88,14 +92,6 @@ export interface LlamaRunnerOptions {
   logger: Logger;
 }
 
-/** Why loading failed, with llama.cpp's own last error line when it printed one. */
-export class ModelLoadError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "ModelLoadError";
-  }
-}
-
 // node-llama-cpp's stop reasons; the `stop` parameter is handled here (StopSequences), not
 // by node-llama-cpp's custom stop triggers.
 const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
@@ -105,17 +101,6 @@ const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
   abort: "stop",
   maxTokens: "length",
 };
-
-/**
- * The most specific reason for a failed load: llama.cpp logs "error loading model: <why>"
- * followed by generic lines ("failed to load model"), and node-llama-cpp's own error
- * says no more than the generic line.
- */
-function loadFailureReason(llamaErrors: string[], error: unknown): string {
-  const specific = llamaErrors.find((line) => line.includes("error loading model:"));
-  if (specific) return specific.slice(specific.indexOf("error loading model:") + "error loading model:".length).trim();
-  return llamaErrors[0] ?? (error instanceof Error ? error.message : String(error));
-}
 
 function toHistory(messages: ChatMessage[]): ChatHistoryItem[] {
   const history: ChatHistoryItem[] = messages.map((message): ChatHistoryItem => {
@@ -143,6 +128,7 @@ export class LlamaRunner implements TextGenerator {
   private readonly pool: SequencePool;
   private readonly lockstep = new DecodeLockstep();
   private disposed = false;
+  readonly embedder: TextEmbedder;
 
   private constructor(
     private readonly llama: Llama,
@@ -155,6 +141,9 @@ export class LlamaRunner implements TextGenerator {
   ) {
     for (const sequence of sequences) this.lockstep.attach(sequence);
     this.pool = new SequencePool(sequences);
+    // Its context is created on the first embeddings request, so an engine that only
+    // generates never holds the memory; one input fits what one request may use here.
+    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: context.idealThreads, logger });
   }
 
   get contextPerRequest(): number {
@@ -179,35 +168,7 @@ export class LlamaRunner implements TextGenerator {
   static async load(options: LlamaRunnerOptions): Promise<LlamaRunner> {
     const { logger } = options;
     const threads = options.threads > 0 ? options.threads : availableParallelism();
-    // llama.cpp explains a failed load only in its log; keep its error lines for the message.
-    const llamaErrors: string[] = [];
-    const llama = await getLlama({
-      gpu: false,
-      // Never build or download anything at run time: only the prebuilt binary in node_modules.
-      build: "never",
-      skipDownload: true,
-      usePrebuiltBinaries: true,
-      progressLogs: false,
-      maxThreads: threads,
-      logLevel: LlamaLogLevel.warn,
-      logger: (level, message) => {
-        const text = message.trim();
-        if (text === "") return;
-        if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) {
-          // Bounded: the log callback stays installed for the life of the process.
-          if (llamaErrors.length < 20) llamaErrors.push(text);
-          logger.error({ llama: text }, "llama.cpp error");
-        } else if (level === LlamaLogLevel.warn) logger.warn({ llama: text }, "llama.cpp warning");
-        else logger.debug({ llama: text }, "llama.cpp");
-      },
-    });
-    let model: LlamaModel;
-    try {
-      model = await llama.loadModel({ modelPath: options.modelPath });
-    } catch (error) {
-      await llama.dispose().catch(() => undefined);
-      throw new ModelLoadError(`llama.cpp could not load it: ${loadFailureReason(llamaErrors, error)}`, { cause: error });
-    }
+    const { llama, model, llamaErrors } = await openModel({ modelPath: options.modelPath, threads, logger });
     try {
       const total = options.contextSize > 0 ? options.contextSize : model.trainContextSize;
       const perSequence = Math.max(64, Math.floor(total / options.parallel));
