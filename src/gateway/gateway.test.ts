@@ -58,6 +58,56 @@ describe("gateway", () => {
     assert.equal(seen.body.model, "upstream-name", "the alias is rewritten to the upstream's model name");
   });
 
+  test("engine fields (tools, response_format, logprobs, sampling) reach the upstream unchanged, also when the gateway rewrites the body", async () => {
+    // The alias makes the gateway re-serialise the body (another model name upstream), and
+    // the key's tpm makes it cap the output (max_tokens): neither may drop or change a field
+    // the gateway does not know, since vLLM and external servers honour them.
+    const limited = await harness.clientKey({ tpm: 1_000_000 });
+    const chat = {
+      model: "ext-alias",
+      messages: [
+        { role: "user", content: "weather in Oslo?" },
+        { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "weather", arguments: '{"city":"Oslo"}' } }] },
+        { role: "tool", tool_call_id: "call_1", content: "{\"celsius\":3}" },
+      ],
+      tools: [{ type: "function", function: { name: "weather", description: "Weather now", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] }, strict: true } }],
+      tool_choice: { type: "function", function: { name: "weather" } },
+      parallel_tool_calls: false,
+      response_format: { type: "json_schema", json_schema: { name: "w", schema: { type: "object", properties: { c: { type: "number" } } }, strict: true } },
+      logprobs: true,
+      top_logprobs: 3,
+      logit_bias: { "42": -100 },
+      top_k: 5,
+      min_p: 0.05,
+      repeat_penalty: 1.1,
+      presence_penalty: 0.5,
+      frequency_penalty: 0.25,
+    };
+    for (const sendKey of [key, limited]) {
+      const response = await fetch(`${harness.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${sendKey}`, "content-type": "application/json" },
+        body: JSON.stringify(chat),
+      });
+      assert.equal(response.status, 200, await response.text());
+      const { model, max_tokens, ...rest } = upstream.requests.at(-1)!.body;
+      assert.equal(model, "upstream-name");
+      const { model: _alias, ...sentFields } = chat;
+      assert.deepEqual(rest, sentFields);
+      if (sendKey === limited) assert.equal(typeof max_tokens, "number", "the limited key's reservation caps the output upstream");
+      else assert.equal(max_tokens, undefined);
+    }
+    const completion = { model: "ext-alias", prompt: "Once", logprobs: 2, echo: false, best_of: 1, suffix: null, max_tokens: 4 };
+    const answered = await fetch(`${harness.url}/v1/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(completion) });
+    await answered.arrayBuffer();
+    assert.deepEqual(upstream.requests.at(-1)!.body, { ...completion, model: "upstream-name" });
+    const embedding = { model: "ext-alias", input: [[1, 2, 3], [4, 5]], encoding_format: "base64", dimensions: 3 };
+    const embedded = await fetch(`${harness.url}/v1/embeddings`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(embedding) });
+    assert.equal(embedded.status, 200);
+    await embedded.arrayBuffer();
+    assert.deepEqual(upstream.requests.at(-1)!.body, { ...embedding, model: "upstream-name" });
+  });
+
   test("streams chunk by chunk without buffering", { timeout: 60_000 }, async () => {
     // The upstream sends its first chunk and then holds the rest until the test has seen
     // that chunk arrive through the gateway: a gateway that buffered would never deliver it.
