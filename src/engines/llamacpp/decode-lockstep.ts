@@ -51,8 +51,8 @@ export interface GenerationTurn {
   /** True once the turn sampled its `maxTokens` and refused to sample more. */
   readonly reachedLimit: boolean;
   /**
-   * With `probabilities`: for each of `tokens`, the distribution it was sampled from
-   * (token → probability), as node-llama-cpp reports it; otherwise empty.
+   * With `keepDistribution`: for each of `tokens`, what it kept of the distribution the
+   * token was sampled from (token → probability); otherwise empty.
    */
   readonly distributions: ReadonlyArray<TokenDistribution | undefined>;
   /** Leaves the lockstep; the others stop waiting for this generation. */
@@ -66,8 +66,12 @@ type TokenIterator = AsyncGenerator<Token, void, Token | Token[] | undefined>;
 export type TokenDistribution = ReadonlyMap<Token, number>;
 
 export interface TurnOptions {
-  /** Keep the distribution of every sampled token (costly: one map per token). */
-  probabilities?: boolean;
+  /**
+   * Sample with probabilities, and keep what this returns of each step's distribution.
+   * A full distribution is as long as the vocabulary (150k entries for some models), so
+   * the caller keeps only what it will report.
+   */
+  keepDistribution?: (token: Token, distribution: TokenDistribution) => TokenDistribution;
 }
 
 class Turn implements GenerationTurn {
@@ -79,7 +83,7 @@ class Turn implements GenerationTurn {
 
   constructor(
     readonly maxTokens: number,
-    readonly probabilities: boolean,
+    readonly keepDistribution: TurnOptions["keepDistribution"],
     private readonly onEnd: (turn: Turn) => void,
   ) {}
 
@@ -110,7 +114,7 @@ export class DecodeLockstep {
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
       if (!turn) return original(tokens, options);
-      const inner = turn.probabilities ? withDistributions(turn, sequence.evaluateWithMetadata(tokens, { probabilities: true }, options)) : original(tokens, options);
+      const inner = turn.keepDistribution ? withDistributions(turn, sequence.evaluateWithMetadata(tokens, { probabilities: true }, options)) : original(tokens, options);
       return this.evaluateInStep(turn, inner);
     };
     Object.defineProperty(sequence, "evaluate", { value: wrapped, configurable: true, writable: true });
@@ -123,7 +127,7 @@ export class DecodeLockstep {
    * one token more than asked; LlamaChat checks first and never reaches the limit here.)
    */
   begin(sequence: LlamaContextSequence, maxTokens: number, options: TurnOptions = {}): GenerationTurn {
-    const turn = new Turn(maxTokens, options.probabilities === true, (ended) => {
+    const turn = new Turn(maxTokens, options.keepDistribution, (ended) => {
       if (this.turns.get(sequence) !== ended) return;
       this.turns.delete(sequence);
       this.releaseIfAllReady();
@@ -221,7 +225,7 @@ async function* withDistributions(
     for (;;) {
       const next = await inner.next(input);
       if (next.done) return;
-      turn.distributions.push(next.value.probabilities);
+      turn.distributions.push(turn.keepDistribution?.(next.value.token, next.value.probabilities));
       input = yield next.value.token;
     }
   } finally {

@@ -49,7 +49,7 @@ import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.
 import { StopSequences } from "./stop-sequences.ts";
 import { tokenBiasFor } from "./token-bias.ts";
 import { pieceBytes, type TokenPieces } from "./token-bytes.ts";
-import { LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
+import { keepForLogprobs, LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
 
 export interface GenerationResult {
   text: string;
@@ -396,7 +396,7 @@ export class LlamaRunner implements TextGenerator {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
     const wantsLogprobs = options.params.logprobs;
-    const turn = this.lockstep.begin(sequence, maxTokens, { probabilities: wantsLogprobs !== undefined });
+    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top) });
     const tracker = wantsLogprobs === undefined ? null : new LogprobTracker(turn, this.tokenVocabulary(), wantsLogprobs.top);
     const logprobs: TokenLogprob[] = [];
     try {

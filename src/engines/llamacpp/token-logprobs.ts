@@ -66,6 +66,16 @@ export function mostLikely(distribution: TokenDistribution, count: number): Arra
   return best;
 }
 
+/** What a step needs kept for its logprobs: the sampled token and the `count` likeliest. */
+export function keepForLogprobs(count: number): (token: Token, distribution: TokenDistribution) => TokenDistribution {
+  return (token, distribution) => {
+    const kept = new Map(mostLikely(distribution, count));
+    const probability = distribution.get(token);
+    if (probability !== undefined) kept.set(token, probability);
+    return kept;
+  };
+}
+
 interface Span {
   entries: TokenLogprob[];
   /** Where the span's text ends in the reply. */
