@@ -27,6 +27,7 @@ const unit = [
   "src/engines/llamacpp/decode-lockstep.test.ts",
   "src/engines/llamacpp/llama-runner.test.ts",
   "src/engines/llamacpp/engine-server.test.ts",
+  "src/engines/llamacpp/sampling.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",
   "src/engines/llamacpp/embeddings.test.ts",
   "src/registry/hub-client.test.ts",

@@ -24,7 +24,10 @@
 // LlamaCompletion get every generated token, so it also sees each sampled token: that is
 // the count a generation reports (llama-server's tokens_predicted, including the end of
 // generation token and the tokens of a stop sequence), whatever the text callbacks
-// released or held back.
+// released or held back. A generation that asked for logprobs has its tokens evaluated
+// through `evaluateWithMetadata` with probabilities instead (the same iterator that
+// `evaluate` itself unwraps), and the turn keeps each step's distribution next to its
+// token; the others take the plain path and pay nothing for it.
 import type { LlamaContextSequence, Token } from "node-llama-cpp";
 
 type Phase =
@@ -47,20 +50,40 @@ export interface GenerationTurn {
   readonly tokens: readonly Token[];
   /** True once the turn sampled its `maxTokens` and refused to sample more. */
   readonly reachedLimit: boolean;
+  /**
+   * With `keepDistribution`: for each of `tokens`, what it kept of the distribution the
+   * token was sampled from (token → probability); otherwise empty.
+   */
+  readonly distributions: ReadonlyArray<TokenDistribution | undefined>;
   /** Leaves the lockstep; the others stop waiting for this generation. */
   end(): void;
 }
 
 type Evaluate = LlamaContextSequence["evaluate"];
+type TokenIterator = AsyncGenerator<Token, void, Token | Token[] | undefined>;
+
+/** Token → probability of one sampling step, in node-llama-cpp's order (most likely first). */
+export type TokenDistribution = ReadonlyMap<Token, number>;
+
+export interface TurnOptions {
+  /**
+   * Sample with probabilities, and keep what this returns of each step's distribution.
+   * A full distribution is as long as the vocabulary (150k entries for some models), so
+   * the caller keeps only what it will report.
+   */
+  keepDistribution?: (token: Token, distribution: TokenDistribution) => TokenDistribution;
+}
 
 class Turn implements GenerationTurn {
   phase: Phase = "outside";
   readonly tokens: Token[] = [];
+  readonly distributions: Array<TokenDistribution | undefined> = [];
   reachedLimit = false;
   release: (() => void) | null = null;
 
   constructor(
     readonly maxTokens: number,
+    readonly keepDistribution: TurnOptions["keepDistribution"],
     private readonly onEnd: (turn: Turn) => void,
   ) {}
 
@@ -90,7 +113,9 @@ export class DecodeLockstep {
     const original: Evaluate = sequence.evaluate.bind(sequence);
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
-      return turn ? this.evaluateInStep(turn, original(tokens, options)) : original(tokens, options);
+      if (!turn) return original(tokens, options);
+      const inner = turn.keepDistribution ? withDistributions(turn, sequence.evaluateWithMetadata(tokens, { probabilities: true }, options)) : original(tokens, options);
+      return this.evaluateInStep(turn, inner);
     };
     Object.defineProperty(sequence, "evaluate", { value: wrapped, configurable: true, writable: true });
   }
@@ -101,8 +126,8 @@ export class DecodeLockstep {
    * that is not yet a whole character without checking its maxTokens, and would sample
    * one token more than asked; LlamaChat checks first and never reaches the limit here.)
    */
-  begin(sequence: LlamaContextSequence, maxTokens: number): GenerationTurn {
-    const turn = new Turn(maxTokens, (ended) => {
+  begin(sequence: LlamaContextSequence, maxTokens: number, options: TurnOptions = {}): GenerationTurn {
+    const turn = new Turn(maxTokens, options.keepDistribution, (ended) => {
       if (this.turns.get(sequence) !== ended) return;
       this.turns.delete(sequence);
       this.releaseIfAllReady();
@@ -122,7 +147,7 @@ export class DecodeLockstep {
    * first step of an iterator evaluates its input tokens (the prompt, or what is left of
    * it after the cached prefix) and is a prefill.
    */
-  private async *evaluateInStep(turn: Turn, inner: AsyncGenerator<Token, void, Token | Token[] | undefined>): AsyncGenerator<Token, void, Token | Token[] | undefined> {
+  private async *evaluateInStep(turn: Turn, inner: TokenIterator): TokenIterator {
     let input: Token | Token[] | undefined;
     let first = true;
     try {
@@ -183,5 +208,27 @@ export class DecodeLockstep {
     // is the sequence ids': llama.cpp decodes a batch whose sequences come in descending
     // order about 1.5 times slower (4 sequences: 45 against 30 ms a step here).
     for (const sequence of this.attached) this.turns.get(sequence)?.release?.();
+  }
+}
+
+/**
+ * The tokens of a metadata iterator, keeping each one's distribution on the turn. The
+ * distribution is pushed here and the token by `evaluateInStep` right after, in the same
+ * step, so the two arrays stay aligned.
+ */
+async function* withDistributions(
+  turn: Turn,
+  inner: AsyncGenerator<{ token: Token; probabilities: Map<Token, number> }, void, void | Token | Token[]>,
+): TokenIterator {
+  let input: Token | Token[] | undefined;
+  try {
+    for (;;) {
+      const next = await inner.next(input);
+      if (next.done) return;
+      turn.distributions.push(turn.keepDistribution?.(next.value.token, next.value.probabilities));
+      input = yield next.value.token;
+    }
+  } finally {
+    await inner.return();
   }
 }

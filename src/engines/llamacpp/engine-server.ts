@@ -26,6 +26,7 @@ import {
   toChatJob,
   toCompletionJob,
   usage,
+  type ChoiceResult,
 } from "./openai-wire.ts";
 
 export interface EngineServerOptions {
@@ -91,7 +92,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     if (!job.stream) {
       const result = await engine.chat(job.messages, { params: job.params, signal });
       if (finishAborted(result, res, signal)) return;
-      sendJson(res, 200, chatCompletion(identity, { text: result.text, finishReason: result.finishReason, stopSequence: result.stopSequence, usage: usage(result.promptTokens, result.completionTokens) }));
+      sendJson(res, 200, chatCompletion(identity, choiceResult(result)));
       return;
     }
     const stream = sseWriter(res);
@@ -102,8 +103,8 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       // validation failures (such as a prompt longer than the context) are still plain
       // HTTP errors with their status.
       onStart: () => stream.start(chatChunk(identity, { delta: { role: "assistant", content: "" }, finishReason: null }, job.includeUsage)),
-      onText: (text) => {
-        if (text !== "") stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null }, job.includeUsage));
+      onText: (text, logprobs) => {
+        if (text !== "") stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null, ...(logprobs ? { logprobs } : {}) }, job.includeUsage));
       },
     });
     if (finishAborted(result, res, signal)) return;
@@ -120,7 +121,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     if (!job.stream) {
       const result = await engine.complete(job.prompt, { params: job.params, signal });
       if (finishAborted(result, res, signal)) return;
-      sendJson(res, 200, textCompletion(identity, { text: result.text, finishReason: result.finishReason, stopSequence: result.stopSequence, usage: usage(result.promptTokens, result.completionTokens) }));
+      sendJson(res, 200, textCompletion(identity, choiceResult(result)));
       return;
     }
     const stream = sseWriter(res);
@@ -128,8 +129,8 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       params: job.params,
       signal,
       onStart: () => stream.start(null),
-      onText: (text) => {
-        if (text !== "") stream.event(textCompletionChunk(identity, { text, finishReason: null }, job.includeUsage));
+      onText: (text, logprobs) => {
+        if (text !== "") stream.event(textCompletionChunk(identity, { text, finishReason: null, ...(logprobs ? { logprobs } : {}) }, job.includeUsage));
       },
     });
     if (finishAborted(result, res, signal)) return;
@@ -253,6 +254,16 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       clearTimeout(timer);
       server.closeAllConnections();
     },
+  };
+}
+
+function choiceResult(result: GenerationResult): ChoiceResult {
+  return {
+    text: result.text,
+    finishReason: result.finishReason,
+    stopSequence: result.stopSequence,
+    usage: usage(result.promptTokens, result.completionTokens),
+    ...(result.logprobs ? { logprobs: result.logprobs } : {}),
   };
 }
 

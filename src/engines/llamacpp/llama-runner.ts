@@ -47,6 +47,9 @@ import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
 import { SequencePool } from "./sequence-pool.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
+import { tokenBiasFor } from "./token-bias.ts";
+import { pieceBytes, type TokenPieces } from "./token-bytes.ts";
+import { keepForLogprobs, LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
 
 export { ModelLoadError };
 
@@ -59,6 +62,8 @@ export interface GenerationResult {
   completionTokens: number;
   /** True when the signal stopped the generation; text holds what was made until then. */
   aborted: boolean;
+  /** With params.logprobs: one entry per token of `text` (see token-logprobs.ts). */
+  logprobs?: TokenLogprob[];
 }
 
 export interface GenerateOptions {
@@ -66,8 +71,11 @@ export interface GenerateOptions {
   signal: AbortSignal;
   /** Called once the request holds a sequence and generation starts (after validation). */
   onStart?: () => void;
-  /** Streamed text as it is generated: whole characters, never a stop sequence. */
-  onText?: (text: string) => void;
+  /**
+   * Streamed text as it is generated: whole characters, never a stop sequence. With
+   * params.logprobs, the entries of the tokens whose text is now wholly sent.
+   */
+  onText?: (text: string, logprobs?: TokenLogprob[]) => void;
 }
 
 /** What the HTTP layer needs from an engine. */
@@ -116,9 +124,13 @@ function toHistory(messages: ChatMessage[]): ChatHistoryItem[] {
 
 function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatPenalty {
   // OpenAI applies no penalty unless asked; node-llama-cpp applies one by default.
-  if (params.frequencyPenalty === undefined && params.presencePenalty === undefined) return false;
+  if (params.frequencyPenalty === undefined && params.presencePenalty === undefined && params.repeatPenalty === undefined) return false;
   return {
-    penalty: 1,
+    penalty: params.repeatPenalty ?? 1,
+    // Over the last 64 tokens of the reply (llama.cpp's repeat_last_n), newlines included
+    // like any token: node-llama-cpp exempts them unless told, OpenAI and llama.cpp do not.
+    lastTokens: 64,
+    penalizeNewLine: true,
     ...(params.frequencyPenalty === undefined ? {} : { frequencyPenalty: params.frequencyPenalty }),
     ...(params.presencePenalty === undefined ? {} : { presencePenalty: params.presencePenalty }),
   };
@@ -199,10 +211,12 @@ export class LlamaRunner implements TextGenerator {
     // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history.
     const promptTokens = this.chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
+    // Before a sequence is taken, so that a bad logit_bias is a plain 400.
+    const sampling = this.sampling(options.params);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper: this.chatWrapper, autoDisposeSequence: false });
       try {
-        const result = await chat.generateResponse(history, { ...this.sampling(options.params), maxTokens, ...hooks });
+        const result = await chat.generateResponse(history, { ...sampling, maxTokens, ...hooks });
         return { stopReason: result.metadata.stopReason };
       } finally {
         chat.dispose({ disposeSequence: false });
@@ -227,6 +241,7 @@ export class LlamaRunner implements TextGenerator {
     const promptTokens = tokens.length + (bos != null ? 1 : 0);
     if (promptTokens === 0) throw new BadRequestError("Invalid request body: field 'prompt': the prompt is empty.", { code: "invalid_field", param: "prompt" });
     const maxTokens = this.outputBudget(promptTokens, options.params, "prompt");
+    const sampling = this.sampling(options.params);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks, turn) => {
       const completion = new LlamaCompletion({ contextSequence: sequence, autoDisposeSequence: false });
       let released = 0;
@@ -234,12 +249,13 @@ export class LlamaRunner implements TextGenerator {
         let stopReason: string;
         try {
           const result = await completion.generateCompletionWithMeta(tokens, {
-            ...this.sampling(options.params),
+            ...sampling,
             maxTokens,
             disableContextShift: true,
             ...hooks,
             onToken: (chunk) => {
               released += chunk.length;
+              hooks.onToken?.(chunk);
             },
           });
           stopReason = result.metadata.stopReason;
@@ -251,7 +267,8 @@ export class LlamaRunner implements TextGenerator {
         }
         // LlamaCompletion releases a character's last byte token only with the token after
         // it, so a reply that ends there would lose a whole character.
-        return { stopReason, heldText: this.wholeText(turn.tokens.slice(released), turn.tokens.slice(Math.max(0, released - 8), released)) };
+        const heldTokens = turn.tokens.slice(released);
+        return { stopReason, heldTokens, heldText: this.wholeText(heldTokens, turn.tokens.slice(Math.max(0, released - 8), released)) };
       } finally {
         completion.dispose({ disposeSequence: false });
       }
@@ -286,6 +303,17 @@ export class LlamaRunner implements TextGenerator {
     return text.replace(/\uFFFD+$/, "");
   }
 
+  /** The model's side of logprobs: token texts, and raw bytes for partial characters. */
+  private tokenVocabulary(): TokenVocabulary {
+    const ggml = this.model.fileInfo.metadata.tokenizer?.ggml;
+    const pieces: TokenPieces = { pieces: Array.isArray(ggml?.tokens) ? (ggml.tokens as string[]) : [], kind: String(ggml?.model ?? "") };
+    return {
+      // A control token (an alternative such as the end of turn) is shown by its spelling.
+      text: (token, before) => this.model.detokenize([token], this.model.isSpecialToken(token), before),
+      rawBytes: (token) => pieceBytes(pieces, token),
+    };
+  }
+
   /**
    * How many tokens the reply may have: what was asked, capped by the room left in one
    * sequence (the engine never shifts the context, like llama-server's default).
@@ -305,6 +333,9 @@ export class LlamaRunner implements TextGenerator {
     return {
       temperature: params.temperature,
       ...(params.topP === undefined ? {} : { topP: params.topP }),
+      ...(params.topK === undefined ? {} : { topK: params.topK }),
+      ...(params.minP === undefined ? {} : { minP: params.minP }),
+      ...(params.logitBias === undefined ? {} : { tokenBias: tokenBiasFor(this.model, params.logitBias, this.vocabularySize) }),
       ...(params.seed === undefined ? {} : { seed: params.seed }),
       repeatPenalty: repeatPenalty(params),
     };
@@ -325,7 +356,10 @@ export class LlamaRunner implements TextGenerator {
   ): Promise<GenerationResult> {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
-    const turn = this.lockstep.begin(sequence, maxTokens);
+    const wantsLogprobs = options.params.logprobs;
+    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top) });
+    const tracker = wantsLogprobs === undefined ? null : new LogprobTracker(turn, this.tokenVocabulary(), wantsLogprobs.top);
+    const logprobs: TokenLogprob[] = [];
     try {
       options.onStart?.();
       const stops = new StopSequences(options.params.stop);
@@ -337,18 +371,25 @@ export class LlamaRunner implements TextGenerator {
       const send = (chunk: string): void => {
         if (chunk === "") return;
         text += chunk;
-        options.onText?.(chunk);
+        const entries = tracker?.release(text.length);
+        if (entries) logprobs.push(...entries);
+        options.onText?.(chunk, entries);
       };
       const onTextChunk = (chunk: string): void => {
+        tracker?.text(chunk);
         const scan = stops.push(chunk);
         send(scan.text);
         if (scan.stopped && !stopFound.signal.aborted) stopFound.abort(new Error("stop sequence found"));
       };
       let stopReason: string;
       try {
-        const outcome = await drive(sequence, { signal, stopOnAbortSignal: true, onTextChunk }, turn);
+        const hooks: GenerationHooks = { signal, stopOnAbortSignal: true, onTextChunk, ...(tracker ? { onToken: (tokens: Token[]) => tracker.tokens(tokens) } : {}) };
+        const outcome = await drive(sequence, hooks, turn);
         stopReason = outcome.stopReason;
-        if (outcome.heldText && !signal.aborted) onTextChunk(outcome.heldText);
+        if (outcome.heldText && !signal.aborted) {
+          tracker?.tokens(outcome.heldTokens ?? []);
+          onTextChunk(outcome.heldText);
+        }
       } catch (error) {
         if (turn.reachedLimit) {
           // The token iterator ended at maxTokens, which node-llama-cpp reports as a
@@ -372,6 +413,7 @@ export class LlamaRunner implements TextGenerator {
         promptTokens,
         completionTokens: turn.sampledTokens,
         aborted,
+        ...(tracker ? { logprobs } : {}),
       };
     } finally {
       turn.end();
@@ -385,6 +427,7 @@ export class LlamaRunner implements TextGenerator {
 interface DriveOutcome {
   stopReason: string;
   heldText?: string;
+  heldTokens?: Token[];
 }
 
 /** What `generate` hands LlamaChat and LlamaCompletion. */
@@ -392,4 +435,6 @@ interface GenerationHooks {
   signal: AbortSignal;
   stopOnAbortSignal: true;
   onTextChunk: (text: string) => void;
+  /** Only when logprobs are wanted: the tokens whose text the next onTextChunk releases. */
+  onToken?: (tokens: Token[]) => void;
 }

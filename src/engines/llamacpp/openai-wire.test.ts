@@ -85,3 +85,33 @@ test("stream chunks: usage null only with include_usage", () => {
   assert.deepEqual(last.choices, []);
   assert.deepEqual((last as { usage: unknown }).usage, { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
 });
+
+test("sampling fields and logprobs normalise into generation parameters", () => {
+  const job = chat({
+    messages: [{ role: "user", content: "x" }],
+    top_k: 5,
+    min_p: 0.1,
+    repeat_penalty: 1.3,
+    logit_bias: { "12": -100, "7": 2.5 },
+    logprobs: true,
+    top_logprobs: 4,
+  });
+  assert.deepEqual(job.params, {
+    temperature: 1,
+    stop: [],
+    topK: 5,
+    minP: 0.1,
+    repeatPenalty: 1.3,
+    logitBias: [
+      [7, 2.5],
+      [12, -100],
+    ],
+    logprobs: { top: 4 },
+  });
+  // logprobs alone: the sampled token, no alternatives; completions count alternatives.
+  assert.deepEqual(chat({ messages: [{ role: "user", content: "x" }], logprobs: true }).params.logprobs, { top: 0 });
+  assert.equal(chat({ messages: [{ role: "user", content: "x" }], logprobs: false }).params.logprobs, undefined);
+  assert.deepEqual(toCompletionJob(parseWith(completionRequestSchema, { prompt: "p", logprobs: 3 })).params.logprobs, { top: 3 });
+  assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { a: 1 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.a");
+  assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { "1": 101 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.1");
+});

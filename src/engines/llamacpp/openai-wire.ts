@@ -6,6 +6,17 @@
 import { randomBytes } from "node:crypto";
 import { z } from "zod";
 import { BadRequestError } from "../../core/errors.ts";
+import { chatLogprobsBody, completionLogprobsBody } from "./logprobs-wire.ts";
+import {
+  chatLogprobs,
+  chatSamplingFields,
+  completionLogprobs,
+  completionSamplingFields,
+  samplingExtras,
+  sharedSamplingFields,
+  type SamplingExtras,
+} from "./sampling-fields.ts";
+import type { TokenLogprob } from "./token-logprobs.ts";
 
 // ---------------------------------------------------------------------------------------
 // Requests
@@ -26,8 +37,8 @@ const samplingFields = {
   frequency_penalty: z.number().min(-2).max(2).nullish(),
   presence_penalty: z.number().min(-2).max(2).nullish(),
   n: z.literal(1, { error: "the bundled engine generates one choice per request (n = 1)" }).nullish(),
-  logprobs: z.literal(false, { error: "logprobs are not supported by the bundled engine" }).nullish(),
   user: z.string().nullish(),
+  ...sharedSamplingFields,
 };
 
 const textPartSchema = z.object({
@@ -47,6 +58,7 @@ const messageSchema = z.object({
 
 export const chatCompletionRequestSchema = z.object({
   ...samplingFields,
+  ...chatSamplingFields,
   messages: z.array(messageSchema).min(1, "messages must hold at least one message"),
   max_completion_tokens: z.number().int().min(1).nullish(),
   tools: z.array(z.unknown()).max(0, "tools are not supported by the bundled engine").nullish(),
@@ -57,6 +69,7 @@ export const chatCompletionRequestSchema = z.object({
 
 export const completionRequestSchema = z.object({
   ...samplingFields,
+  ...completionSamplingFields,
   prompt: z.union(
     [
       z.string(),
@@ -78,7 +91,7 @@ export interface ChatMessage {
 }
 
 /** What a generation needs, independent of the wire format and the engine. */
-export interface GenerationParams {
+export interface GenerationParams extends SamplingExtras {
   /** Undefined: until the end of generation or of the context. */
   maxTokens?: number;
   temperature: number;
@@ -103,6 +116,7 @@ function normaliseParams(body: ChatCompletionRequest | CompletionRequest, maxTok
     stop,
     ...(body.frequency_penalty == null ? {} : { frequencyPenalty: body.frequency_penalty }),
     ...(body.presence_penalty == null ? {} : { presencePenalty: body.presence_penalty }),
+    ...samplingExtras(body),
   };
 }
 
@@ -128,7 +142,7 @@ export function toChatJob(body: ChatCompletionRequest): ChatJob {
   return {
     messages,
     // max_completion_tokens replaces the deprecated max_tokens; honour either.
-    params: normaliseParams(body, body.max_completion_tokens ?? body.max_tokens),
+    params: { ...normaliseParams(body, body.max_completion_tokens ?? body.max_tokens), ...chatLogprobs(body) },
     stream: body.stream === true,
     includeUsage: body.stream === true && body.stream_options?.include_usage === true,
   };
@@ -146,7 +160,7 @@ export function toCompletionJob(body: CompletionRequest): CompletionJob {
   return {
     prompt,
     // The legacy completions API defaults to 16 tokens.
-    params: normaliseParams(body, body.max_tokens ?? 16),
+    params: { ...normaliseParams(body, body.max_tokens ?? 16), ...completionLogprobs(body) },
     stream: body.stream === true,
     includeUsage: body.stream === true && body.stream_options?.include_usage === true,
   };
@@ -188,7 +202,16 @@ export function newIdentity(kind: "chat" | "completion", model: string, now: () 
   return { id: prefix + randomBytes(12).toString("hex"), created: Math.floor(now() / 1000), model };
 }
 
-export function chatCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; stopSequence?: string | null; usage: Usage }) {
+/** A generation's outcome as the response shapes need it; logprobs only when asked for. */
+export interface ChoiceResult {
+  text: string;
+  finishReason: FinishReason;
+  stopSequence?: string | null;
+  usage: Usage;
+  logprobs?: TokenLogprob[];
+}
+
+export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult) {
   return {
     id: identity.id,
     object: "chat.completion" as const,
@@ -198,7 +221,7 @@ export function chatCompletion(identity: ResponseIdentity, result: { text: strin
       {
         index: 0,
         message: { role: "assistant" as const, content: result.text, refusal: null },
-        logprobs: null,
+        logprobs: chatLogprobsBody(result.logprobs),
         finish_reason: result.finishReason,
         ...stopReasonField(result.stopSequence),
       },
@@ -218,25 +241,25 @@ export interface ChatDelta {
  */
 export function chatChunk(
   identity: ResponseIdentity,
-  part: { delta: ChatDelta; finishReason: FinishReason | null; stopSequence?: string | null } | { usage: Usage },
+  part: { delta: ChatDelta; finishReason: FinishReason | null; stopSequence?: string | null; logprobs?: TokenLogprob[] } | { usage: Usage },
   includeUsage: boolean,
 ) {
   const base = { id: identity.id, object: "chat.completion.chunk" as const, created: identity.created, model: identity.model };
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, delta: part.delta, logprobs: null, finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
+    choices: [{ index: 0, delta: part.delta, logprobs: chatLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
 
-export function textCompletion(identity: ResponseIdentity, result: { text: string; finishReason: FinishReason; stopSequence?: string | null; usage: Usage }) {
+export function textCompletion(identity: ResponseIdentity, result: ChoiceResult) {
   return {
     id: identity.id,
     object: "text_completion" as const,
     created: identity.created,
     model: identity.model,
-    choices: [{ index: 0, text: result.text, logprobs: null, finish_reason: result.finishReason, ...stopReasonField(result.stopSequence) }],
+    choices: [{ index: 0, text: result.text, logprobs: completionLogprobsBody(result.logprobs), finish_reason: result.finishReason, ...stopReasonField(result.stopSequence) }],
     usage: result.usage,
   };
 }
@@ -244,14 +267,14 @@ export function textCompletion(identity: ResponseIdentity, result: { text: strin
 /** One legacy-completions stream chunk (OpenAI streams them with object "text_completion"). */
 export function textCompletionChunk(
   identity: ResponseIdentity,
-  part: { text: string; finishReason: FinishReason | null; stopSequence?: string | null } | { usage: Usage },
+  part: { text: string; finishReason: FinishReason | null; stopSequence?: string | null; logprobs?: TokenLogprob[] } | { usage: Usage },
   includeUsage: boolean,
 ) {
   const base = { id: identity.id, object: "text_completion" as const, created: identity.created, model: identity.model };
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, text: part.text, logprobs: null, finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
+    choices: [{ index: 0, text: part.text, logprobs: completionLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
