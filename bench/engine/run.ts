@@ -30,24 +30,21 @@
 //                                  processes kept more than X cores busy (default 0.2)
 //   --compare L    BENCH_COMPARE   NAME=FILE,...: also measure these llmgw command scripts
 //                                  (another commit's bin/llmgw.js) as engines, in the same rounds
-import { fork, spawn, type ChildProcess } from "node:child_process";
+import { fork, type ChildProcess } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
 import type { DirectResult, DirectRound } from "./direct.ts";
 import { measureOtherLoad } from "./other-load.ts";
+import { BENCH_MODEL_SHAPE, startEngineProcess, type EngineProcess } from "./engine-process.ts";
 import { flagReader } from "../flags.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
-const KEY = "bench-engine-key";
 const CONTEXT_PER_SEQUENCE = 1024;
 const GOAL = { level: 2, ratio: 1.5 };
-/** The benchmark model: 6 layers of 1024 wide, F32, ~330 MB. */
-const MODEL_SHAPE = { embeddingLength: 1024, layers: 6, heads: 8, feedForwardLength: 3072, contextLength: 4096 };
 
 interface Options {
   levels: number[];
@@ -110,64 +107,38 @@ function median(values: number[]): number {
   return sorted.length % 2 === 1 ? (sorted[middle] as number) : ((sorted[middle - 1] as number) + (sorted[middle] as number)) / 2;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
-
 const prompts = (level: number) => Array.from({ length: level }, (_, index) => `hello world ${index}`);
 
 /** A `llmgw engine` child process with --parallel `level`. */
 class EngineTarget {
   readonly pid: number;
-  private stderr = "";
   private constructor(
     readonly name: string,
     readonly level: number,
-    private readonly child: ChildProcess,
-    private readonly url: string,
+    private readonly engine: EngineProcess,
   ) {
-    this.pid = child.pid ?? 0;
-    child.stderr?.setEncoding("utf8").on("data", (text: string) => {
-      this.stderr += text;
-    });
+    this.pid = engine.child.pid ?? 0;
   }
 
   static async start(name: string, entry: string, modelPath: string, level: number, threads: number): Promise<EngineTarget> {
-    const port = await freePort();
-    const child = spawn(
-      process.execPath,
-      [entry, "engine", "--model", modelPath, "--port", String(port), "--key", KEY, "--threads", String(threads), "--parallel", String(level), "--ctx-size", String(level * CONTEXT_PER_SEQUENCE), "--model-name", "bench"],
-      { env: { ...process.env, LLMGW_LOG_LEVEL: "info" }, stdio: ["ignore", "ignore", "pipe"] },
-    );
-    const target = new EngineTarget(name, level, child, `http://127.0.0.1:${port}`);
-    const deadline = Date.now() + 120_000;
-    for (;;) {
-      if (child.exitCode !== null) throw new Error(`the ${name} engine (parallel ${level}) exited: ${target.stderr}`);
-      const status = await fetch(`${target.url}/health`).then((r) => r.status, () => 0);
-      if (status === 200) return target;
-      if (Date.now() > deadline) throw new Error(`the ${name} engine (parallel ${level}) was not ready within 120 s: ${target.stderr}`);
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
+    const engine = await startEngineProcess({
+      label: `${name} (parallel ${level})`,
+      entry,
+      modelPath,
+      args: ["--threads", String(threads), "--parallel", String(level), "--ctx-size", String(level * CONTEXT_PER_SEQUENCE), "--model-name", "bench"],
+    });
+    return new EngineTarget(name, level, engine);
   }
 
   async round(maxTokens: number): Promise<{ tokens: number; seconds: number }> {
     const started = performance.now();
     const answers = await Promise.all(
       prompts(this.level).map(async (prompt) => {
-        const response = await fetch(`${this.url}/v1/completions`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
-          body: JSON.stringify({ model: "bench", prompt, max_tokens: maxTokens, temperature: 0 }),
-        });
-        const body = (await response.json()) as { usage?: { completion_tokens: number }; choices?: Array<{ finish_reason: string }> };
-        if (response.status !== 200 || body.usage?.completion_tokens !== maxTokens) throw new Error(`the engine answered ${response.status}: ${JSON.stringify(body)}`);
+        const { status, body } = (await this.engine.post("/v1/completions", { model: "bench", prompt, max_tokens: maxTokens, temperature: 0 })) as {
+          status: number;
+          body: { usage?: { completion_tokens: number } };
+        };
+        if (status !== 200 || body.usage?.completion_tokens !== maxTokens) throw new Error(`the engine answered ${status}: ${JSON.stringify(body)}`);
         return body.usage.completion_tokens;
       }),
     );
@@ -176,10 +147,8 @@ class EngineTarget {
 
   /** Stops the engine and returns what it logged about its decode batches. */
   async stop(): Promise<{ batches: number; sequencesPerBatch: number } | null> {
-    const exited = new Promise((resolve) => this.child.once("exit", resolve));
-    this.child.kill("SIGTERM");
-    await exited;
-    for (const line of this.stderr.split("\n")) {
+    await this.engine.stop();
+    for (const line of this.engine.stderr().split("\n")) {
       if (!line.startsWith("{")) continue;
       try {
         const entry = JSON.parse(line) as { msg?: string; decodeBatches?: number; sequencesPerBatch?: number };
@@ -252,7 +221,7 @@ async function main(): Promise<void> {
   };
   process.once("SIGINT", () => void cleanUp().finally(() => process.exit(130)));
   try {
-    const model = await writeTinyLlamaGguf({ path: path.join(dir, "bench-f32.gguf"), seed: 11, endless: true, ...MODEL_SHAPE });
+    const model = await writeTinyLlamaGguf({ path: path.join(dir, "bench-f32.gguf"), seed: 11, endless: true, ...BENCH_MODEL_SHAPE });
     process.stdout.write(`model: ${(model.bytes / 1e6).toFixed(0)} MB F32, ${(model.parameterCount / 1e6).toFixed(0)} M parameters; ${options.threads} threads; ${options.tokens} tokens per generation\n`);
     const engineEntries = [{ name: "engine", entry: path.join(ROOT, "bin/llmgw.js") }, ...options.compare];
     for (const level of options.levels) {
@@ -362,7 +331,7 @@ async function main(): Promise<void> {
     writeFileSync(
       file,
       JSON.stringify(
-        { bench: "engine", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd, options, model: { bytes: model.bytes, parameters: model.parameterCount, ...MODEL_SHAPE }, rows, goal: { ...GOAL, met }, samplesLeftOut: leftOut, samples },
+        { bench: "engine", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd, options, model: { bytes: model.bytes, parameters: model.parameterCount, ...BENCH_MODEL_SHAPE }, rows, goal: { ...GOAL, met }, samplesLeftOut: leftOut, samples },
         null,
         2,
       ) + "\n",
