@@ -85,6 +85,7 @@ const unit = [
 
 const endToEnd = [
   "test/up-demo.e2e.test.ts",
+  "test/engine-features.e2e.test.ts",
   "test/server-process.e2e.test.ts",
   "test/plan-cli.e2e.test.ts",
   "test/supply-chain.e2e.test.ts",

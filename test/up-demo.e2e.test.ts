@@ -2,16 +2,16 @@
 // a fresh data dir, driven by the official openai client and by the SDK example of
 // README.md, then stopped with SIGTERM (and a second run with SIGINT); afterwards no
 // engine process may be left.
-import { after, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import OpenAI from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
-import { eventually } from "./support/eventually.ts";
+import { readyLine, startUp } from "./support/up-demo.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
@@ -30,37 +30,6 @@ function processesMentioning(needle: string): number[] {
     }
   }
   return pids;
-}
-
-/** Every `up` this file started, so a failing test leaves none running. */
-const started: ChildProcess[] = [];
-after(() => {
-  for (const child of started) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-});
-
-async function startUp(dataDir: string, port: number): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
-  const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, LLMGW_LOG_LEVEL: "warn" },
-  });
-  started.push(child);
-  let out = "";
-  let err = "";
-  child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
-  child.stderr!.on("data", (chunk: Buffer) => (err += chunk.toString()));
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  // The demo hint is the last line of what `up` prints once it listens.
-  await eventually("llmgw up to listen", () => {
-    if (child.exitCode !== null) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
-    return out.includes("is starting. Try:");
-  });
-  return { child, stdout: () => out, exited };
-}
-
-/** Waits for the line `up` prints when the demo model can answer, and checks its address. */
-async function readyLine(stdout: () => string, port: number): Promise<void> {
-  const line = await eventually("the ready line of the demo model", () => /^ready: .*$/m.exec(stdout())?.[0], { timeoutMs: 120_000 });
-  assert.equal(line, `ready: model 'demo' answers at http://127.0.0.1:${port}/v1`);
 }
 
 /** The SDK example of README.md, and the shell lines that say how to run it. */

@@ -1,0 +1,165 @@
+// End to end, as an application uses the bundled engine: `llmgw up --demo` as a child
+// process, the official openai client through the gateway to the demo model (random
+// weights, so only a grammar or a forced token makes an answer predictable): embeddings,
+// logprobs, the fields the engine refuses, and at the end the usage the gateway recorded,
+// which must add up to what every answer said it used.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import OpenAI from "openai";
+import { findFreePort } from "../src/agent/free-port.ts";
+import { eventually } from "./support/eventually.ts";
+import { readyLine, startUp } from "./support/up-demo.ts";
+
+describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeout: 300_000 }, () => {
+  let dataDir: string;
+  let port: number;
+  let adminKey: string;
+  let client: OpenAI;
+  let stop: () => Promise<void>;
+  /** What the answers said they used, to compare with the usage the gateway recorded. */
+  const used = { prompt_tokens: 0, completion_tokens: 0, requests: 0 };
+  const count = (usage: { prompt_tokens: number; completion_tokens?: number } | null | undefined) => {
+    assert.ok(usage, "every answer here reports its usage");
+    used.prompt_tokens += usage.prompt_tokens;
+    used.completion_tokens += usage.completion_tokens ?? 0;
+    used.requests += 1;
+  };
+
+  before(async () => {
+    dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-features-"));
+    port = await findFreePort("127.0.0.1");
+    const up = await startUp(dataDir, port);
+    adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
+    client = new OpenAI({ apiKey: adminKey, baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0 });
+    await readyLine(up.stdout, port);
+    stop = async () => {
+      up.child.kill("SIGTERM");
+      await up.exited;
+    };
+  });
+
+  after(async () => {
+    await stop?.();
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  test("embeddings: one unit vector per input, the same for the same input, base64 equal to floats, token arrays accepted", async () => {
+    const texts = ["the weather is fine", "a cat on a mat", "the weather is fine"];
+    const floats = await client.embeddings.create({ model: "demo", input: texts, encoding_format: "float" });
+    count(floats.usage);
+    assert.equal(floats.object, "list");
+    assert.equal(floats.data.length, 3);
+    const dimensions = floats.data[0]!.embedding.length;
+    assert.ok(dimensions > 0);
+    for (const [index, item] of floats.data.entries()) {
+      assert.equal(item.index, index);
+      assert.equal(item.embedding.length, dimensions);
+      const norm = Math.hypot(...item.embedding);
+      assert.ok(Math.abs(norm - 1) < 1e-4, `input ${index} is L2-normalised (norm ${norm})`);
+    }
+    assert.deepEqual(floats.data[2]!.embedding, floats.data[0]!.embedding, "the same input gives the same vector");
+    assert.notDeepEqual(floats.data[1]!.embedding, floats.data[0]!.embedding);
+    assert.ok(floats.usage.prompt_tokens >= texts.length, "usage counts the inputs' tokens");
+
+    // The SDK asks for base64 by default and decodes it: the same vectors arrive.
+    const decoded = await client.embeddings.create({ model: "demo", input: texts[0]! });
+    count(decoded.usage);
+    const first = decoded.data[0]!.embedding;
+    assert.equal(first.length, dimensions);
+    first.forEach((value, index) => assert.ok(Math.abs(value - floats.data[0]!.embedding[index]!) < 1e-6));
+
+    const tokens = await client.embeddings.create({ model: "demo", input: [[1, 2, 3]], encoding_format: "float" });
+    count(tokens.usage);
+    assert.equal(tokens.data[0]!.embedding.length, dimensions);
+
+    await assert.rejects(client.embeddings.create({ model: "demo", input: "x".repeat(1), dimensions: dimensions + 1 }), (error: unknown) => {
+      assert.ok(error instanceof OpenAI.BadRequestError);
+      assert.match(error.message, /dimensions/);
+      return true;
+    });
+  });
+
+  test("logprobs: one entry per token, each ≤ 0, top_logprobs sorted and as many as asked, in answers and streams", async () => {
+    const answer = await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3 });
+    count(answer.usage);
+    const content = answer.choices[0]!.logprobs?.content;
+    assert.ok(content && content.length > 0, "logprobs.content is there");
+    assert.ok(content.length <= answer.usage!.completion_tokens);
+    // The random weights may pick a byte token that is part of a character: its text is then
+    // named "bytes:\\x..", as OpenAI names them, and only the bytes add up to the answer.
+    assert.equal(Buffer.from(content.flatMap((entry) => entry.bytes ?? [])).toString("utf8"), answer.choices[0]!.message.content, "the tokens' bytes spell the answer");
+    for (const entry of content) {
+      assert.ok(entry.logprob <= 0);
+      assert.equal(entry.top_logprobs.length, 3);
+      const figures = entry.top_logprobs.map((alternative) => alternative.logprob);
+      assert.deepEqual(figures, [...figures].sort((a, b) => b - a), "alternatives are sorted, most likely first");
+      assert.ok(figures.every((figure) => figure <= 0));
+      if (!entry.token.startsWith("bytes:")) assert.deepEqual(entry.bytes, [...Buffer.from(entry.token, "utf8")]);
+    }
+
+    const stream = await client.chat.completions.create({
+      model: "demo",
+      messages: [{ role: "user", content: "Hello" }],
+      max_tokens: 6,
+      temperature: 0,
+      logprobs: true,
+      top_logprobs: 2,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    const streamed: OpenAI.ChatCompletionTokenLogprob[] = [];
+    for await (const chunk of stream) {
+      streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+      if (chunk.usage) count(chunk.usage);
+    }
+    // Greedy decoding gives the same tokens; the figures agree to float noise (llama.cpp's
+    // sums may run in another order from one decode to the next).
+    assert.deepEqual(streamed.map((entry) => entry.token), content.map((entry) => entry.token), "a stream carries the same tokens as the answer");
+    streamed.forEach((entry, index) => assert.ok(Math.abs(entry.logprob - content[index]!.logprob) < 1e-3, `token ${index}: ${entry.logprob} ≈ ${content[index]!.logprob}`));
+
+    const completion = await client.completions.create({ model: "demo", prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
+    count(completion.usage);
+    const logprobs = completion.choices[0]!.logprobs!;
+    assert.ok(logprobs.tokens!.length > 0);
+    assert.equal(logprobs.tokens!.length, completion.usage!.completion_tokens - (completion.choices[0]!.finish_reason === "stop" ? 1 : 0));
+    assert.ok(logprobs.token_logprobs!.every((figure) => figure <= 0));
+  });
+
+  test("fields the engine cannot honour are refused with a 400 that names them, through the gateway", async () => {
+    const refused: Array<[string, Record<string, unknown>]> = [
+      ["n", { n: 2 }],
+      ["top_logprobs", { top_logprobs: 2 }],
+      ["audio", { audio: { voice: "alloy", format: "wav" } }],
+      ["prediction", { prediction: { type: "content", content: "x" } }],
+      ["reasoning_effort", { reasoning_effort: "high" }],
+    ];
+    for (const [field, extra] of refused) {
+      await assert.rejects(
+        client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 2, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming),
+        (error: unknown) => {
+          assert.ok(error instanceof OpenAI.BadRequestError, `${field}: a 400, got ${String(error)}`);
+          assert.ok(error.message.includes(field), `${field}: the message names it: ${error.message}`);
+          return true;
+        },
+      );
+    }
+  });
+
+  test("the usage the gateway recorded adds up to what the answers reported", async () => {
+    const usage = async () => {
+      const response = await fetch(`http://127.0.0.1:${port}/api/v1/usage?group_by=model&model=demo`, { headers: { authorization: `Bearer ${adminKey}` } });
+      assert.equal(response.status, 200);
+      return ((await response.json()) as { data: Array<{ requests: number; errors: number; prompt_tokens: number; completion_tokens: number }> }).data[0];
+    };
+    await eventually("the usage rows to be written", async () => {
+      const row = await usage();
+      return row !== undefined && row.requests - row.errors >= used.requests;
+    });
+    const row = (await usage())!;
+    assert.equal(row.prompt_tokens, used.prompt_tokens);
+    assert.equal(row.completion_tokens, used.completion_tokens);
+  });
+});

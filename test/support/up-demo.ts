@@ -1,0 +1,42 @@
+// `llmgw up --demo` as a child process, the way a user starts it: a fresh data dir, a port,
+// its output kept. Every `up` started here is killed when the test file ends, so a failing
+// test leaves none running.
+import { after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { eventually } from "./eventually.ts";
+
+const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
+
+/** Every `up` this file started, so a failing test leaves none running. */
+const started: ChildProcess[] = [];
+after(() => {
+  for (const child of started) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+});
+
+export async function startUp(dataDir: string, port: number): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
+  const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, LLMGW_LOG_LEVEL: "warn" },
+  });
+  started.push(child);
+  let out = "";
+  let err = "";
+  child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  child.stderr!.on("data", (chunk: Buffer) => (err += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  // The demo hint is the last line of what `up` prints once it listens.
+  await eventually("llmgw up to listen", () => {
+    if (child.exitCode !== null) throw new Error(`llmgw up exited early (${child.exitCode}): ${err}`);
+    return out.includes("is starting. Try:");
+  });
+  return { child, stdout: () => out, exited };
+}
+
+/** Waits for the line `up` prints when the demo model can answer, and checks its address. */
+export async function readyLine(stdout: () => string, port: number): Promise<void> {
+  const line = await eventually("the ready line of the demo model", () => /^ready: .*$/m.exec(stdout())?.[0], { timeoutMs: 120_000 });
+  assert.equal(line, `ready: model 'demo' answers at http://127.0.0.1:${port}/v1`);
+}
+
