@@ -33,6 +33,7 @@ import {
   resolveChatWrapper,
   type ChatHistoryItem,
   type ChatWrapper,
+  type GbnfJsonSchema,
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
@@ -42,11 +43,15 @@ import {
 } from "node-llama-cpp";
 import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
+import { boundGrammarNumbers } from "./bounded-numbers.ts";
+import { forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
 import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
 import { SequencePool } from "./sequence-pool.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
+import { JSON_OBJECT_GRAMMAR } from "./json-schema-grammar.ts";
+import type { ChatStructure, ToolCall, ToolCallDelta } from "./structured-wire.ts";
 
 export interface GenerationResult {
   text: string;
@@ -55,6 +60,8 @@ export interface GenerationResult {
   stopSequence: string | null;
   promptTokens: number;
   completionTokens: number;
+  /** The tool calls the reply made (finish reason "tool_calls" when there are any). */
+  toolCalls: ToolCall[];
   /** True when the signal stopped the generation; text holds what was made until then. */
   aborted: boolean;
 }
@@ -66,6 +73,10 @@ export interface GenerateOptions {
   onStart?: () => void;
   /** Streamed text as it is generated: whole characters, never a stop sequence. */
   onText?: (text: string) => void;
+  /** Chat only: a JSON format or tools the reply must follow. */
+  structure?: ChatStructure;
+  /** Chat only: streamed tool calls, as OpenAI's deltas. */
+  onToolCall?: (delta: ToolCallDelta) => void;
 }
 
 /** What the HTTP layer needs from an engine. */
@@ -101,7 +112,7 @@ export class ModelLoadError extends Error {
 const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
   eogToken: "stop",
   stopGenerationTrigger: "stop",
-  functionCalls: "stop",
+  functionCalls: "tool_calls",
   abort: "stop",
   maxTokens: "length",
 };
@@ -115,18 +126,6 @@ function loadFailureReason(llamaErrors: string[], error: unknown): string {
   const specific = llamaErrors.find((line) => line.includes("error loading model:"));
   if (specific) return specific.slice(specific.indexOf("error loading model:") + "error loading model:".length).trim();
   return llamaErrors[0] ?? (error instanceof Error ? error.message : String(error));
-}
-
-function toHistory(messages: ChatMessage[]): ChatHistoryItem[] {
-  const history: ChatHistoryItem[] = messages.map((message): ChatHistoryItem => {
-    if (message.role === "system") return { type: "system", text: message.content };
-    if (message.role === "user") return { type: "user", text: message.content };
-    return { type: "model", response: [message.content] };
-  });
-  // LlamaChat generates into the last model item; a trailing assistant message is
-  // continued (prefill), otherwise an empty one starts the reply.
-  if (history.at(-1)?.type !== "model") history.push({ type: "model", response: [] });
-  return history;
 }
 
 function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatPenalty {
@@ -201,6 +200,7 @@ export class LlamaRunner implements TextGenerator {
         else logger.debug({ llama: text }, "llama.cpp");
       },
     });
+    boundGrammarNumbers(llama);
     let model: LlamaModel;
     try {
       model = await llama.loadModel({ modelPath: options.modelPath });
@@ -234,15 +234,44 @@ export class LlamaRunner implements TextGenerator {
   }
 
   async chat(messages: ChatMessage[], options: GenerateOptions): Promise<GenerationResult> {
-    const history = toHistory(messages);
-    // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history.
-    const promptTokens = this.chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
+    const history = toChatHistory(messages);
+    const tools = options.structure?.tools;
+    const functions = tools ? toChatFunctions(tools.functions) : undefined;
+    const chatWrapper = tools?.forced ? forcingFunctionCalls(this.chatWrapper) : this.chatWrapper;
+    // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history,
+    // with the functions it documents.
+    const promptTokens = chatWrapper
+      .generateContextState({ chatHistory: history, ...(functions ? { availableFunctions: functions, documentFunctionParams: true } : {}) })
+      .contextText.tokenize(this.model.tokenizer).length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
+    const json = options.structure?.json;
+    const grammar =
+      json === undefined
+        ? undefined
+        : json === null
+          ? await this.llama.createGrammar({ grammar: JSON_OBJECT_GRAMMAR, stopGenerationTriggers: ["\n\n\n\n"], trimWhitespaceSuffix: true })
+          : await this.llama.createGrammarForJsonSchema<GbnfJsonSchema>(json);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
-      const chat = new LlamaChat({ contextSequence: sequence, chatWrapper: this.chatWrapper, autoDisposeSequence: false });
+      const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
+      const collector = new ToolCallCollector(options.onToolCall);
       try {
-        const result = await chat.generateResponse(history, { ...this.sampling(options.params), maxTokens, ...hooks });
-        return { stopReason: result.metadata.stopReason };
+        const result = await chat.generateResponse(history, {
+          ...this.sampling(options.params),
+          maxTokens,
+          ...hooks,
+          ...(functions
+            ? {
+                functions,
+                documentFunctionParams: true,
+                ...(tools?.parallel === false ? { maxParallelFunctionCalls: 1 } : {}),
+                onFunctionCallParamsChunk: (chunk) => collector.paramsChunk(chunk),
+                onFunctionCall: (call) => collector.functionCall(call),
+              }
+            : grammar
+              ? { grammar }
+              : {}),
+        });
+        return { stopReason: result.metadata.stopReason, toolCalls: collector.completed() };
       } finally {
         chat.dispose({ disposeSequence: false });
       }
@@ -384,9 +413,11 @@ export class LlamaRunner implements TextGenerator {
         if (scan.stopped && !stopFound.signal.aborted) stopFound.abort(new Error("stop sequence found"));
       };
       let stopReason: string;
+      let toolCalls: ToolCall[] = [];
       try {
         const outcome = await drive(sequence, { signal, stopOnAbortSignal: true, onTextChunk }, turn);
         stopReason = outcome.stopReason;
+        toolCalls = outcome.toolCalls ?? [];
         if (outcome.heldText && !signal.aborted) onTextChunk(outcome.heldText);
       } catch (error) {
         if (turn.reachedLimit) {
@@ -406,10 +437,11 @@ export class LlamaRunner implements TextGenerator {
       if (!stopped && !aborted) send(stops.flush());
       return {
         text,
-        finishReason: stopped ? "stop" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
+        finishReason: stopped ? "stop" : toolCalls.length > 0 ? "tool_calls" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
         stopSequence: stopped ? stops.matched : null,
         promptTokens,
         completionTokens: turn.sampledTokens,
+        toolCalls,
         aborted,
       };
     } finally {
@@ -424,6 +456,7 @@ export class LlamaRunner implements TextGenerator {
 interface DriveOutcome {
   stopReason: string;
   heldText?: string;
+  toolCalls?: ToolCall[];
 }
 
 /** What `generate` hands LlamaChat and LlamaCompletion. */

@@ -55,12 +55,13 @@ test("unsupported or malformed chat fields are 400s naming the field", () => {
     assert.fail("expected a BadRequestError");
   };
   assert.equal(param({}), "messages");
-  assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.role");
+  assert.equal(param({ messages: [{ role: "function", content: "x" }] }), "messages.0.role");
+  assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.tool_call_id");
   assert.equal(param({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), "messages.0.content");
   assert.equal(param({ messages: [{ role: "user", content: null }] }), "messages.0.content");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], stop: ["a", "b", "c", "d", "e"] }), "stop");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], max_tokens: 0 }), "max_tokens");
-  assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools");
+  assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools.0.function");
 });
 
 test("completion prompts: a string, one string in an array, or token ids; 16 tokens by default", () => {
