@@ -15,9 +15,10 @@
 //   no others satisfies any `required` list that names only declared properties.
 // - `$ref` resolves only "#/$defs/<name>"; draft-7's "#/definitions/<name>" is rewritten.
 // - A schema with no type generates `null`, so "any value" is spelled out here.
-// - Numbers: see bounded-numbers.ts (exponents are removed from the grammar).
+// - Numbers and string characters: see grammar-rewrites.ts.
 import type { GbnfJsonSchema } from "node-llama-cpp";
 import { BadRequestError } from "../../core/errors.ts";
+import { JSON_STRING_CHAR } from "./grammar-rewrites.ts";
 
 type JsonObject = Record<string, unknown>;
 
@@ -27,7 +28,7 @@ const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$co
 const SCALAR_TYPES = new Set(["string", "number", "integer", "boolean", "null"]);
 const FORMATS = new Set(["date-time", "date", "time"]);
 // zod's toJSONSchema bounds every .int() by the safe-integer range; the grammar's integers
-// have at most 15 digits (bounded-numbers.ts), which lie inside it, so these bounds hold.
+// have at most 15 digits (grammar-rewrites.ts), which lie inside it, so these bounds hold.
 const SAFE_BOUND = Number.MAX_SAFE_INTEGER;
 
 /** A refusal naming the keyword and where it sits in the request. */
@@ -273,12 +274,13 @@ export function toGrammarSchema(schema: unknown, path: string): GbnfJsonSchema {
  * when the weights never choose to close a string (a random model's almost never do):
  * keys of at most 64 characters, string values of at most 256, at most 16 members, and
  * values nested at most three levels deep. `\n\n\n\n` ends the grammar, as in
- * node-llama-cpp's own JSON grammars, which stop on it.
+ * node-llama-cpp's own JSON grammars, which stop on it; so whitespace inside holds at
+ * most one line break.
  */
 export const JSON_OBJECT_GRAMMAR = [
   'root ::= object1 "\\n\\n\\n\\n" [\\n]*',
-  'ws ::= [ \\t\\n]{0,8}',
-  'char ::= [^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\/bfnrt] | "\\\\u" [0-9a-fA-F]{4}',
+  'ws ::= [ \\t]{0,8} | [\\n] [ \\t]{0,8}',
+  `char ::= ${JSON_STRING_CHAR}`,
   'key ::= "\\"" char{0,64} "\\""',
   'string ::= "\\"" char{0,256} "\\""',
   'number ::= "-"? ("0" | [1-9] [0-9]{0,14}) ("." [0-9]{1,16})?',

@@ -43,9 +43,9 @@ import {
 } from "node-llama-cpp";
 import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
-import { boundGrammarNumbers } from "./bounded-numbers.ts";
 import { forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
+import { rewriteCompiledGrammars } from "./grammar-rewrites.ts";
 import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
 import { SequencePool } from "./sequence-pool.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
@@ -200,7 +200,7 @@ export class LlamaRunner implements TextGenerator {
         else logger.debug({ llama: text }, "llama.cpp");
       },
     });
-    boundGrammarNumbers(llama);
+    rewriteCompiledGrammars(llama);
     let model: LlamaModel;
     try {
       model = await llama.loadModel({ modelPath: options.modelPath });
