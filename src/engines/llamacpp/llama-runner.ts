@@ -118,6 +118,15 @@ const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
 };
 
 /**
+ * A reply that made tool calls finishes with "tool_calls", unless max_tokens cut it off
+ * (OpenAI's "length"; the calls completed before the limit are still returned).
+ */
+function finishReason(stopReason: string, toolCalls: number): FinishReason {
+  const finish = STOP_REASON_TO_FINISH[stopReason] ?? "stop";
+  return toolCalls > 0 && finish === "stop" ? "tool_calls" : finish;
+}
+
+/**
  * The most specific reason for a failed load: llama.cpp logs "error loading model: <why>"
  * followed by generic lines ("failed to load model"), and node-llama-cpp's own error
  * says no more than the generic line.
@@ -437,7 +446,7 @@ export class LlamaRunner implements TextGenerator {
       if (!stopped && !aborted) send(stops.flush());
       return {
         text,
-        finishReason: stopped ? "stop" : toolCalls.length > 0 ? "tool_calls" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
+        finishReason: stopped ? "stop" : finishReason(stopReason, toolCalls.length),
         stopSequence: stopped ? stops.matched : null,
         promptTokens,
         completionTokens: turn.sampledTokens,

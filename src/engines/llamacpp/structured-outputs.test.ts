@@ -13,7 +13,7 @@ import OpenAI from "openai";
 import { zodFunction, zodResponseFormat } from "openai/helpers/zod";
 import { z } from "zod";
 import { silentLogger } from "../../core/log.ts";
-import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
+import { GGUFValueType, writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { createEngineServer, type EngineServer } from "./engine-server.ts";
 import { LlamaRunner } from "./llama-runner.ts";
 
@@ -216,5 +216,55 @@ test("bad tool definitions are 400s naming the field", async () => {
       assert.equal(error.param, param);
       return true;
     });
+  }
+});
+
+// A Hermes-style template (the shape Qwen 2.5 and Hermes models ship) that defines tool
+// use: tools in the system turn, calls as <tool_call> JSON, results as <tool_response>.
+const TOOL_TEMPLATE =
+  "{%- if tools %}<|im_start|>system\n# Tools\n\nFunction signatures are within <tools></tools>:\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n" +
+  'For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n{% endif %}' +
+  "{%- for message in messages %}" +
+  "{%- if message.role == 'user' or message.role == 'system' or (message.role == 'assistant' and not message.tool_calls) %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}" +
+  "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}" +
+  "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}" +
+  "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}" +
+  "{%- elif message.role == 'tool' %}{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}" +
+  "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}" +
+  "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+test("a model whose own template defines tool use gets its calls in that template's syntax, and their results back", async () => {
+  const model = await writeTinyLlamaGguf({
+    path: join(dir, "tools.gguf"),
+    seed: 5,
+    extraMetadata: { "tokenizer.chat_template": { value: TOOL_TEMPLATE, type: GGUFValueType.STRING } },
+  });
+  const own = await LlamaRunner.load({ modelPath: model.path, contextSize: 4096, parallel: 1, threads: 1, logger: silentLogger() });
+  const ownServer = createEngineServer({ key: "k", modelName: MODEL, logger: silentLogger() });
+  ownServer.setGenerator(own);
+  try {
+    // node-llama-cpp renders this template itself (not its ChatML wrapper) and reads the
+    // call syntax out of it.
+    assert.equal(own.chatWrapperName, "JinjaTemplate");
+    const address: AddressInfo = await ownServer.listen("127.0.0.1", 0);
+    const ownClient = new OpenAI({ baseURL: `http://127.0.0.1:${address.port}/v1`, apiKey: "k", maxRetries: 0, timeout: 60_000 });
+    const first = await ownClient.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 0 });
+    const calls = first.choices[0]?.message.tool_calls ?? [];
+    assert.equal(calls.length, 1, "parallel_tool_calls false: one call");
+    const call = calls[0];
+    assert.ok(call?.type === "function");
+    WeatherArgs.parse(JSON.parse(call.function.arguments));
+    assert.equal(first.choices[0]?.finish_reason, "tool_calls");
+    const fed = await ownClient.chat.completions.create({
+      model: MODEL,
+      messages: [...ask, { role: "assistant", content: null, tool_calls: calls }, { role: "tool", tool_call_id: call.id, content: "sunny" }],
+      tools: [weatherTool],
+      max_tokens: 3,
+      temperature: 0,
+    });
+    assert.ok((fed.usage?.prompt_tokens ?? 0) > (first.usage?.prompt_tokens ?? 0), `${fed.usage?.prompt_tokens} > ${first.usage?.prompt_tokens}`);
+  } finally {
+    await ownServer.shutdown(1000);
+    await own.dispose();
   }
 });
