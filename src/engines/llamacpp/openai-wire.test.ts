@@ -3,11 +3,13 @@ import assert from "node:assert/strict";
 import { BadRequestError, parseWith } from "../../core/errors.ts";
 import {
   chatChunk,
+  chatCompletion,
   chatCompletionRequestSchema,
   completionRequestSchema,
   newIdentity,
   toChatJob,
   toCompletionJob,
+  toolCallDelta,
   usage,
 } from "./openai-wire.ts";
 
@@ -85,4 +87,28 @@ test("stream chunks: usage null only with include_usage", () => {
   const last = chatChunk(identity, { usage: usage(3, 4) }, true);
   assert.deepEqual(last.choices, []);
   assert.deepEqual((last as { usage: unknown }).usage, { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
+});
+
+test("tool calls and tool results in the history; answers with tool calls have content null", () => {
+  const job = chat({
+    messages: [
+      { role: "user", content: "weather?" },
+      { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "w", arguments: '{"c":"x"}' } }] },
+      { role: "tool", tool_call_id: "call_1", content: "sunny" },
+    ],
+    tools: [{ type: "function", function: { name: "w", parameters: { type: "object", properties: { c: { type: "string" } } } } }],
+  });
+  assert.deepEqual(job.messages.slice(1), [
+    { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "w", arguments: '{"c":"x"}' }] },
+    { role: "tool", content: "sunny", toolCallId: "call_1" },
+  ]);
+  assert.deepEqual(job.structure.tools?.functions.map((f) => f.name), ["w"]);
+
+  const identity = newIdentity("chat", "m", () => 0);
+  const answer = chatCompletion(identity, { text: "", toolCalls: [{ id: "call_2", name: "w", arguments: "{}" }], finishReason: "tool_calls", usage: usage(1, 2) });
+  assert.deepEqual(answer.choices[0]?.message, { role: "assistant", content: null, refusal: null, tool_calls: [{ id: "call_2", type: "function", function: { name: "w", arguments: "{}" } }] });
+  assert.equal(answer.choices[0]?.finish_reason, "tool_calls");
+  assert.deepEqual(chatChunk(identity, { delta: toolCallDelta({ index: 0, id: "call_2", name: "w" }), finishReason: null }, false).choices[0]?.delta, {
+    tool_calls: [{ index: 0, id: "call_2", type: "function", function: { name: "w", arguments: "" } }],
+  });
 });
