@@ -79,6 +79,19 @@ export function toChatFunctions(specs: readonly ToolSpec[]): ChatModelFunctions 
   return Object.fromEntries(specs.map((spec) => [spec.name, { ...(spec.description ? { description: spec.description } : {}), ...(spec.parameters ? { params: spec.parameters } : {}) }]));
 }
 
+/**
+ * The wrapper, documenting `functions` in every prompt it renders. LlamaChat documents
+ * the functions it may call; OpenAI's models also see the tools they may not call
+ * (tool_choice "none", or one named function), so the documented set is fixed here and
+ * LlamaChat is given only the callable ones.
+ */
+export function documentingFunctions(wrapper: ChatWrapper, functions: ChatModelFunctions): ChatWrapper {
+  const documenting = Object.create(wrapper) as ChatWrapper;
+  documenting.generateContextState = (options: ChatWrapperGenerateContextStateOptions): ChatWrapperGeneratedContextState =>
+    wrapper.generateContextState({ ...options, availableFunctions: functions, documentFunctionParams: true });
+  return documenting;
+}
+
 /** The wrapper, except that every reply starts with a function call. */
 export function forcingFunctionCalls(wrapper: ChatWrapper): ChatWrapper {
   const forced = Object.create(wrapper) as ChatWrapper;

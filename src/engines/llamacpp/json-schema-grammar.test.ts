@@ -92,8 +92,11 @@ test("tool definitions: duplicates, non-object parameters, unknown named tool_ch
   assert.equal(param({ tools: [tool("a")], response_format: { type: "json_object" } }), "response_format");
 
   const named = toChatStructure({ tools: [tool("a"), tool("b", { type: "object", properties: { x: { type: "boolean" } } })], tool_choice: { type: "function", function: { name: "b" } }, parallel_tool_calls: false });
-  assert.deepEqual(named.tools, { functions: [{ name: "b", parameters: { type: "object", properties: { x: { type: "boolean" } } } }], forced: true, parallel: false });
-  assert.equal(toChatStructure({ tools: [tool("a")], tool_choice: "none" }).tools, undefined, "tool_choice none: no tools");
+  assert.deepEqual(named.tools?.callable, [{ name: "b", parameters: { type: "object", properties: { x: { type: "boolean" } } } }]);
+  assert.deepEqual(named.tools?.documented.map((spec) => spec.name), ["a", "b"], "the prompt still documents every tool");
+  assert.equal(named.tools?.forced, true);
+  assert.equal(named.tools?.parallel, false);
+  assert.deepEqual(toChatStructure({ tools: [tool("a")], tool_choice: "none" }).tools?.callable, [], "tool_choice none: nothing to call");
   assert.equal(toChatStructure({ tools: [tool("a")] }).tools?.forced, false, "auto by default");
 });
 

@@ -43,7 +43,7 @@ import {
 } from "node-llama-cpp";
 import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
-import { forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
+import { documentingFunctions, forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
 import { rewriteCompiledGrammars } from "./grammar-rewrites.ts";
 import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
@@ -245,13 +245,12 @@ export class LlamaRunner implements TextGenerator {
   async chat(messages: ChatMessage[], options: GenerateOptions): Promise<GenerationResult> {
     const history = toChatHistory(messages);
     const tools = options.structure?.tools;
-    const functions = tools ? toChatFunctions(tools.functions) : undefined;
-    const chatWrapper = tools?.forced ? forcingFunctionCalls(this.chatWrapper) : this.chatWrapper;
+    const functions = tools && tools.callable.length > 0 ? toChatFunctions(tools.callable) : undefined;
+    let chatWrapper = tools ? documentingFunctions(this.chatWrapper, toChatFunctions(tools.documented)) : this.chatWrapper;
+    if (tools?.forced) chatWrapper = forcingFunctionCalls(chatWrapper);
     // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history,
     // with the functions it documents.
-    const promptTokens = chatWrapper
-      .generateContextState({ chatHistory: history, ...(functions ? { availableFunctions: functions, documentFunctionParams: true } : {}) })
-      .contextText.tokenize(this.model.tokenizer).length;
+    const promptTokens = chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
     const json = options.structure?.json;
     const grammar =

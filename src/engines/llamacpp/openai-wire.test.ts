@@ -102,7 +102,7 @@ test("tool calls and tool results in the history; answers with tool calls have c
     { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "w", arguments: '{"c":"x"}' }] },
     { role: "tool", content: "sunny", toolCallId: "call_1" },
   ]);
-  assert.deepEqual(job.structure.tools?.functions.map((f) => f.name), ["w"]);
+  assert.deepEqual(job.structure.tools?.callable.map((f) => f.name), ["w"]);
 
   const identity = newIdentity("chat", "m", () => 0);
   const answer = chatCompletion(identity, { text: "", toolCalls: [{ id: "call_2", name: "w", arguments: "{}" }], finishReason: "tool_calls", usage: usage(1, 2) });

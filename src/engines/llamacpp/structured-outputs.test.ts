@@ -195,11 +195,15 @@ test("tool results go back into the conversation: the prompt holds them", async 
   await assert.rejects(unanswered, (error: unknown) => error instanceof OpenAI.BadRequestError && /has no tool message/.test(error.message));
 });
 
-test("tool_choice none answers in text with no tool calls", async () => {
+test("tool_choice none answers in text with no tool calls, with the tools still in the prompt", async () => {
   const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "none", max_tokens: 20, temperature: 0 });
   assert.equal(answer.choices[0]?.message.tool_calls, undefined);
   assert.notEqual(answer.choices[0]?.finish_reason, "tool_calls");
   assert.equal(typeof answer.choices[0]?.message.content, "string");
+  const auto = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], max_tokens: 1, temperature: 0 });
+  const bare = await client.chat.completions.create({ model: MODEL, messages: ask, max_tokens: 1, temperature: 0 });
+  assert.equal(answer.usage?.prompt_tokens, auto.usage?.prompt_tokens);
+  assert.ok((answer.usage?.prompt_tokens ?? 0) > (bare.usage?.prompt_tokens ?? 0));
 });
 
 test("bad tool definitions are 400s naming the field", async () => {

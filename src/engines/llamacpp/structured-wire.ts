@@ -76,8 +76,10 @@ export interface ChatStructure {
   /** Undefined: free text. null: any JSON object. Otherwise the schema the answer satisfies. */
   json?: GbnfJsonSchema | null;
   tools?: {
-    /** The functions the model may call (for a named tool_choice: that one only). */
-    functions: ToolSpec[];
+    /** The functions the prompt documents: all the tools, whatever tool_choice says. */
+    documented: ToolSpec[];
+    /** The functions the model may call: none for tool_choice "none", one when it names one. */
+    callable: ToolSpec[];
     /** Whether the reply must be a call (tool_choice "required" or a named function). */
     forced: boolean;
     /** parallel_tool_calls: false allows one call per reply. */
@@ -132,17 +134,20 @@ export function toChatStructure(body: StructureFields): ChatStructure {
     return structure;
   }
   const specs = toolSpecs(tools);
-  // tool_choice none: the model answers in text, as if it had no tools.
-  if (choice === "none") return structure;
+  // tool_choice none: the model sees the tools (as with OpenAI) but answers in text.
+  if (choice === "none") {
+    structure.tools = { documented: specs, callable: [], forced: false, parallel: false };
+    return structure;
+  }
   if (structure.json !== undefined) {
     throw fieldError("response_format", "the bundled engine cannot combine a JSON response_format with tool calls; send tool_choice 'none' or drop one of them.");
   }
-  let functions = specs;
+  let callable = specs;
   if (typeof choice === "object") {
-    functions = specs.filter((spec) => spec.name === choice.function.name);
-    if (functions.length === 0) throw fieldError("tool_choice.function.name", `names '${choice.function.name}', which is not one of the tools; name one of: ${specs.map((s) => s.name).join(", ")}.`);
+    callable = specs.filter((spec) => spec.name === choice.function.name);
+    if (callable.length === 0) throw fieldError("tool_choice.function.name", `names '${choice.function.name}', which is not one of the tools; name one of: ${specs.map((s) => s.name).join(", ")}.`);
   }
-  structure.tools = { functions, forced: choice !== "auto", parallel: body.parallel_tool_calls !== false };
+  structure.tools = { documented: specs, callable, forced: choice !== "auto", parallel: body.parallel_tool_calls !== false };
   return structure;
 }
 
