@@ -109,12 +109,11 @@ function toolSpecs(tools: Array<z.output<typeof toolSchema>>): ToolSpec[] {
     if (parameters != null && parameters.type !== undefined && parameters.type !== "object") {
       throw fieldError(`${path}.type`, `a function's parameters must be a schema of type 'object', not ${JSON.stringify(parameters.type)}.`);
     }
-    const hasParameters = parameters != null && Object.keys(parameters.properties ?? {}).length + (parameters.additionalProperties ? 1 : 0) > 0;
-    return {
-      name,
-      ...(description ? { description } : {}),
-      ...(hasParameters ? { parameters: toGrammarSchema({ ...parameters, type: "object" }, path) } : {}),
-    };
+    const schema = parameters == null ? undefined : toGrammarSchema({ ...parameters, type: "object" }, path);
+    // An object that can hold nothing: the function takes no arguments, which LlamaChat
+    // generates no grammar for (the call's arguments are then "{}").
+    const empty = schema !== undefined && "properties" in schema && Object.keys(schema.properties ?? {}).length === 0 && !("additionalProperties" in schema);
+    return { name, ...(description ? { description } : {}), ...(schema && !empty ? { parameters: schema } : {}) };
   });
 }
 
