@@ -31,7 +31,6 @@ import {
   LlamaCompletion,
   LlamaLogLevel,
   resolveChatWrapper,
-  type ChatHistoryItem,
   type ChatWrapper,
   type GbnfJsonSchema,
   type Llama,
