@@ -23,6 +23,8 @@ const unit = [
   "src/plan/plan.test.ts",
   "src/gguf/tiny-model.test.ts",
   "src/engines/llamacpp/openai-wire.test.ts",
+  "src/engines/llamacpp/json-schema-grammar.test.ts",
+  "src/engines/llamacpp/structured-outputs.test.ts",
   "src/engines/llamacpp/stop-sequences.test.ts",
   "src/engines/llamacpp/decode-lockstep.test.ts",
   "src/engines/llamacpp/llama-runner.test.ts",

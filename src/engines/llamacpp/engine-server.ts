@@ -25,6 +25,7 @@ import {
   textCompletionChunk,
   toChatJob,
   toCompletionJob,
+  toolCallDelta,
   usage,
   type ChoiceResult,
 } from "./openai-wire.ts";
@@ -90,7 +91,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     const engine = requireGenerator();
     const identity = newIdentity("chat", modelName, now);
     if (!job.stream) {
-      const result = await engine.chat(job.messages, { params: job.params, signal });
+      const result = await engine.chat(job.messages, { params: job.params, structure: job.structure, signal });
       if (finishAborted(result, res, signal)) return;
       sendJson(res, 200, chatCompletion(identity, choiceResult(result)));
       return;
@@ -98,6 +99,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
     const stream = sseWriter(res);
     const result = await engine.chat(job.messages, {
       params: job.params,
+      structure: job.structure,
       signal,
       // Headers and the role chunk go out only once the request holds a sequence, so
       // validation failures (such as a prompt longer than the context) are still plain
@@ -106,6 +108,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       onText: (text, logprobs) => {
         if (text !== "") stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null, ...(logprobs ? { logprobs } : {}) }, job.includeUsage));
       },
+      onToolCall: (delta) => stream.event(chatChunk(identity, { delta: toolCallDelta(delta), finishReason: null }, job.includeUsage)),
     });
     if (finishAborted(result, res, signal)) return;
     stream.event(chatChunk(identity, { delta: {}, finishReason: result.finishReason, stopSequence: result.stopSequence }, job.includeUsage));
@@ -260,6 +263,7 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
 function choiceResult(result: GenerationResult): ChoiceResult {
   return {
     text: result.text,
+    toolCalls: result.toolCalls,
     finishReason: result.finishReason,
     stopSequence: result.stopSequence,
     usage: usage(result.promptTokens, result.completionTokens),

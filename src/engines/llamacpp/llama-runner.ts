@@ -29,8 +29,8 @@ import {
   LlamaChat,
   LlamaCompletion,
   resolveChatWrapper,
-  type ChatHistoryItem,
   type ChatWrapper,
+  type GbnfJsonSchema,
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
@@ -40,7 +40,9 @@ import {
 } from "node-llama-cpp";
 import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
+import { documentingFunctions, forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
+import { rewriteCompiledGrammars } from "./grammar-rewrites.ts";
 import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
 import { LlamaEmbedder, type TextEmbedder } from "./llama-embedder.ts";
 import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
@@ -50,6 +52,8 @@ import { StopSequences } from "./stop-sequences.ts";
 import { tokenBiasFor } from "./token-bias.ts";
 import { pieceBytes, type TokenPieces } from "./token-bytes.ts";
 import { keepForLogprobs, LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
+import { JSON_OBJECT_GRAMMAR } from "./json-schema-grammar.ts";
+import type { ChatStructure, ToolCall, ToolCallDelta } from "./structured-wire.ts";
 
 export { ModelLoadError };
 
@@ -60,6 +64,8 @@ export interface GenerationResult {
   stopSequence: string | null;
   promptTokens: number;
   completionTokens: number;
+  /** The tool calls the reply made (finish reason "tool_calls" when there are any). */
+  toolCalls: ToolCall[];
   /** True when the signal stopped the generation; text holds what was made until then. */
   aborted: boolean;
   /** With params.logprobs: one entry per token of `text` (see token-logprobs.ts). */
@@ -76,6 +82,10 @@ export interface GenerateOptions {
    * params.logprobs, the entries of the tokens whose text is now wholly sent.
    */
   onText?: (text: string, logprobs?: TokenLogprob[]) => void;
+  /** Chat only: a JSON format or tools the reply must follow. */
+  structure?: ChatStructure;
+  /** Chat only: streamed tool calls, as OpenAI's deltas. */
+  onToolCall?: (delta: ToolCallDelta) => void;
 }
 
 /** What the HTTP layer needs from an engine. */
@@ -105,21 +115,18 @@ export interface LlamaRunnerOptions {
 const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
   eogToken: "stop",
   stopGenerationTrigger: "stop",
-  functionCalls: "stop",
+  functionCalls: "tool_calls",
   abort: "stop",
   maxTokens: "length",
 };
 
-function toHistory(messages: ChatMessage[]): ChatHistoryItem[] {
-  const history: ChatHistoryItem[] = messages.map((message): ChatHistoryItem => {
-    if (message.role === "system") return { type: "system", text: message.content };
-    if (message.role === "user") return { type: "user", text: message.content };
-    return { type: "model", response: [message.content] };
-  });
-  // LlamaChat generates into the last model item; a trailing assistant message is
-  // continued (prefill), otherwise an empty one starts the reply.
-  if (history.at(-1)?.type !== "model") history.push({ type: "model", response: [] });
-  return history;
+/**
+ * A reply that made tool calls finishes with "tool_calls", unless max_tokens cut it off
+ * (OpenAI's "length"; the calls completed before the limit are still returned).
+ */
+function finishReason(stopReason: string, toolCalls: number): FinishReason {
+  const finish = STOP_REASON_TO_FINISH[stopReason] ?? "stop";
+  return toolCalls > 0 && finish === "stop" ? "tool_calls" : finish;
 }
 
 function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatPenalty {
@@ -181,6 +188,8 @@ export class LlamaRunner implements TextGenerator {
     const { logger } = options;
     const threads = options.threads > 0 ? options.threads : availableParallelism();
     const { llama, model, llamaErrors } = await openModel({ modelPath: options.modelPath, threads, logger });
+    // Before any grammar is compiled (grammar-rewrites.ts says why).
+    rewriteCompiledGrammars(llama);
     try {
       const total = options.contextSize > 0 ? options.contextSize : model.trainContextSize;
       const perSequence = Math.max(64, Math.floor(total / options.parallel));
@@ -207,17 +216,45 @@ export class LlamaRunner implements TextGenerator {
   }
 
   async chat(messages: ChatMessage[], options: GenerateOptions): Promise<GenerationResult> {
-    const history = toHistory(messages);
-    // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history.
-    const promptTokens = this.chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
+    const history = toChatHistory(messages);
+    const tools = options.structure?.tools;
+    const functions = tools && tools.callable.length > 0 ? toChatFunctions(tools.callable) : undefined;
+    let chatWrapper = tools ? documentingFunctions(this.chatWrapper, toChatFunctions(tools.documented)) : this.chatWrapper;
+    if (tools?.forced) chatWrapper = forcingFunctionCalls(chatWrapper);
+    // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history,
+    // with the functions it documents.
+    const promptTokens = chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
     // Before a sequence is taken, so that a bad logit_bias is a plain 400.
     const sampling = this.sampling(options.params);
+    const json = options.structure?.json;
+    const grammar =
+      json === undefined
+        ? undefined
+        : json === null
+          ? await this.llama.createGrammar({ grammar: JSON_OBJECT_GRAMMAR, stopGenerationTriggers: ["\n\n\n\n"], trimWhitespaceSuffix: true })
+          : await this.llama.createGrammarForJsonSchema<GbnfJsonSchema>(json);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
-      const chat = new LlamaChat({ contextSequence: sequence, chatWrapper: this.chatWrapper, autoDisposeSequence: false });
+      const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
+      const collector = new ToolCallCollector(options.onToolCall);
       try {
-        const result = await chat.generateResponse(history, { ...sampling, maxTokens, ...hooks });
-        return { stopReason: result.metadata.stopReason };
+        const result = await chat.generateResponse(history, {
+          ...sampling,
+          maxTokens,
+          ...hooks,
+          ...(functions
+            ? {
+                functions,
+                documentFunctionParams: true,
+                ...(tools?.parallel === false ? { maxParallelFunctionCalls: 1 } : {}),
+                onFunctionCallParamsChunk: (chunk) => collector.paramsChunk(chunk),
+                onFunctionCall: (call) => collector.functionCall(call),
+              }
+            : grammar
+              ? { grammar }
+              : {}),
+        });
+        return { stopReason: result.metadata.stopReason, toolCalls: collector.completed() };
       } finally {
         chat.dispose({ disposeSequence: false });
       }
@@ -382,10 +419,12 @@ export class LlamaRunner implements TextGenerator {
         if (scan.stopped && !stopFound.signal.aborted) stopFound.abort(new Error("stop sequence found"));
       };
       let stopReason: string;
+      let toolCalls: ToolCall[] = [];
       try {
         const hooks: GenerationHooks = { signal, stopOnAbortSignal: true, onTextChunk, ...(tracker ? { onToken: (tokens: Token[]) => tracker.tokens(tokens) } : {}) };
         const outcome = await drive(sequence, hooks, turn);
         stopReason = outcome.stopReason;
+        toolCalls = outcome.toolCalls ?? [];
         if (outcome.heldText && !signal.aborted) {
           tracker?.tokens(outcome.heldTokens ?? []);
           onTextChunk(outcome.heldText);
@@ -408,10 +447,11 @@ export class LlamaRunner implements TextGenerator {
       if (!stopped && !aborted) send(stops.flush());
       return {
         text,
-        finishReason: stopped ? "stop" : (STOP_REASON_TO_FINISH[stopReason] ?? "stop"),
+        finishReason: stopped ? "stop" : finishReason(stopReason, toolCalls.length),
         stopSequence: stopped ? stops.matched : null,
         promptTokens,
         completionTokens: turn.sampledTokens,
+        toolCalls,
         aborted,
         ...(tracker ? { logprobs } : {}),
       };
@@ -428,6 +468,7 @@ interface DriveOutcome {
   stopReason: string;
   heldText?: string;
   heldTokens?: Token[];
+  toolCalls?: ToolCall[];
 }
 
 /** What `generate` hands LlamaChat and LlamaCompletion. */

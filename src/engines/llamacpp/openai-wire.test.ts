@@ -3,11 +3,13 @@ import assert from "node:assert/strict";
 import { BadRequestError, parseWith } from "../../core/errors.ts";
 import {
   chatChunk,
+  chatCompletion,
   chatCompletionRequestSchema,
   completionRequestSchema,
   newIdentity,
   toChatJob,
   toCompletionJob,
+  toolCallDelta,
   usage,
 } from "./openai-wire.ts";
 
@@ -55,12 +57,13 @@ test("unsupported or malformed chat fields are 400s naming the field", () => {
     assert.fail("expected a BadRequestError");
   };
   assert.equal(param({}), "messages");
-  assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.role");
+  assert.equal(param({ messages: [{ role: "function", content: "x" }] }), "messages.0.role");
+  assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.tool_call_id");
   assert.equal(param({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), "messages.0.content");
   assert.equal(param({ messages: [{ role: "user", content: null }] }), "messages.0.content");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], stop: ["a", "b", "c", "d", "e"] }), "stop");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], max_tokens: 0 }), "max_tokens");
-  assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools");
+  assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools.0.function");
 });
 
 test("completion prompts: a string, one string in an array, or token ids; 16 tokens by default", () => {
@@ -114,4 +117,28 @@ test("sampling fields and logprobs normalise into generation parameters", () => 
   assert.deepEqual(toCompletionJob(parseWith(completionRequestSchema, { prompt: "p", logprobs: 3 })).params.logprobs, { top: 3 });
   assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { a: 1 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.a");
   assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { "1": 101 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.1");
+});
+
+test("tool calls and tool results in the history; answers with tool calls have content null", () => {
+  const job = chat({
+    messages: [
+      { role: "user", content: "weather?" },
+      { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "w", arguments: '{"c":"x"}' } }] },
+      { role: "tool", tool_call_id: "call_1", content: "sunny" },
+    ],
+    tools: [{ type: "function", function: { name: "w", parameters: { type: "object", properties: { c: { type: "string" } } } } }],
+  });
+  assert.deepEqual(job.messages.slice(1), [
+    { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "w", arguments: '{"c":"x"}' }] },
+    { role: "tool", content: "sunny", toolCallId: "call_1" },
+  ]);
+  assert.deepEqual(job.structure.tools?.callable.map((f) => f.name), ["w"]);
+
+  const identity = newIdentity("chat", "m", () => 0);
+  const answer = chatCompletion(identity, { text: "", toolCalls: [{ id: "call_2", name: "w", arguments: "{}" }], finishReason: "tool_calls", usage: usage(1, 2) });
+  assert.deepEqual(answer.choices[0]?.message, { role: "assistant", content: null, refusal: null, tool_calls: [{ id: "call_2", type: "function", function: { name: "w", arguments: "{}" } }] });
+  assert.equal(answer.choices[0]?.finish_reason, "tool_calls");
+  assert.deepEqual(chatChunk(identity, { delta: toolCallDelta({ index: 0, id: "call_2", name: "w" }), finishReason: null }, false).choices[0]?.delta, {
+    tool_calls: [{ index: 0, id: "call_2", type: "function", function: { name: "w", arguments: "" } }],
+  });
 });

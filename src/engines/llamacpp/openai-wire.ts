@@ -17,6 +17,18 @@ import {
   type SamplingExtras,
 } from "./sampling-fields.ts";
 import type { TokenLogprob } from "./token-logprobs.ts";
+import {
+  responseFormatSchema,
+  toChatStructure,
+  toolCallDeltaField,
+  toolCallSchema,
+  toolCallsField,
+  toolChoiceSchema,
+  toolSchema,
+  type ChatStructure,
+  type ToolCall,
+  type ToolCallDelta,
+} from "./structured-wire.ts";
 
 // ---------------------------------------------------------------------------------------
 // Requests
@@ -49,11 +61,14 @@ const textPartSchema = z.object({
 const contentSchema = z.union([z.string(), z.array(textPartSchema)]);
 
 const messageSchema = z.object({
-  role: z.enum(["system", "developer", "user", "assistant"], {
-    error: "role must be one of system, developer, user, assistant (tool messages are not supported by the bundled engine)",
+  role: z.enum(["system", "developer", "user", "assistant", "tool"], {
+    error: "role must be one of system, developer, user, assistant, tool (the legacy 'function' role is not supported by the bundled engine)",
   }),
   content: contentSchema.nullish(),
   name: z.string().optional(),
+  // Assistant messages: the calls the model made. Tool messages: which call they answer.
+  tool_calls: z.array(toolCallSchema).nullish(),
+  tool_call_id: z.string().nullish(),
 });
 
 export const chatCompletionRequestSchema = z.object({
@@ -61,10 +76,10 @@ export const chatCompletionRequestSchema = z.object({
   ...chatSamplingFields,
   messages: z.array(messageSchema).min(1, "messages must hold at least one message"),
   max_completion_tokens: z.number().int().min(1).nullish(),
-  tools: z.array(z.unknown()).max(0, "tools are not supported by the bundled engine").nullish(),
-  response_format: z
-    .object({ type: z.literal("text", { error: "only response_format type 'text' is supported by the bundled engine" }) })
-    .nullish(),
+  tools: z.array(toolSchema).nullish(),
+  tool_choice: toolChoiceSchema.nullish(),
+  parallel_tool_calls: z.boolean().nullish(),
+  response_format: responseFormatSchema.nullish(),
 });
 
 export const completionRequestSchema = z.object({
@@ -84,10 +99,14 @@ export const completionRequestSchema = z.object({
 export type ChatCompletionRequest = z.output<typeof chatCompletionRequestSchema>;
 export type CompletionRequest = z.output<typeof completionRequestSchema>;
 
-export type ChatRole = "system" | "user" | "assistant";
+export type ChatRole = "system" | "user" | "assistant" | "tool";
 export interface ChatMessage {
   role: ChatRole;
   content: string;
+  /** Assistant messages: the calls the model made. */
+  toolCalls?: ToolCall[];
+  /** Tool messages: the id of the call this message answers. */
+  toolCallId?: string;
 }
 
 /** What a generation needs, independent of the wire format and the engine. */
@@ -122,6 +141,8 @@ function normaliseParams(body: ChatCompletionRequest | CompletionRequest, maxTok
 
 export interface ChatJob {
   messages: ChatMessage[];
+  /** response_format and tools: what the answer must look like. */
+  structure: ChatStructure;
   params: GenerationParams;
   stream: boolean;
   includeUsage: boolean;
@@ -130,6 +151,17 @@ export interface ChatJob {
 export function toChatJob(body: ChatCompletionRequest): ChatJob {
   const messages = body.messages.map((message, index): ChatMessage => {
     const content = message.content == null ? "" : typeof message.content === "string" ? message.content : message.content.map((p) => p.text).join("");
+    const param = `messages.${index}`;
+    if (message.role === "tool") {
+      if (!message.tool_call_id) throw new BadRequestError(`Invalid request body: field '${param}.tool_call_id': a tool message needs the id of the call it answers.`, { code: "invalid_field", param: `${param}.tool_call_id` });
+      return { role: "tool", content, toolCallId: message.tool_call_id };
+    }
+    if (message.tool_calls?.length && message.role !== "assistant") {
+      throw new BadRequestError(`Invalid request body: field '${param}.tool_calls': only assistant messages carry tool calls.`, { code: "invalid_field", param: `${param}.tool_calls` });
+    }
+    if (message.role === "assistant" && message.tool_calls?.length) {
+      return { role: "assistant", content, toolCalls: message.tool_calls.map((call) => ({ id: call.id, name: call.function.name, arguments: call.function.arguments })) };
+    }
     if (message.content == null && message.role !== "assistant") {
       throw new BadRequestError(`Invalid request body: field 'messages.${index}.content': a ${message.role} message needs content.`, {
         code: "invalid_field",
@@ -141,6 +173,7 @@ export function toChatJob(body: ChatCompletionRequest): ChatJob {
   });
   return {
     messages,
+    structure: toChatStructure(body),
     // max_completion_tokens replaces the deprecated max_tokens; honour either.
     params: { ...normaliseParams(body, body.max_completion_tokens ?? body.max_tokens), ...chatLogprobs(body) },
     stream: body.stream === true,
@@ -169,7 +202,7 @@ export function toCompletionJob(body: CompletionRequest): CompletionJob {
 // ---------------------------------------------------------------------------------------
 // Responses
 
-export type FinishReason = "stop" | "length";
+export type FinishReason = "stop" | "length" | "tool_calls";
 
 /**
  * vLLM's `stop_reason` on a choice: the stop sequence that ended it. Chat completions
@@ -205,6 +238,7 @@ export function newIdentity(kind: "chat" | "completion", model: string, now: () 
 /** A generation's outcome as the response shapes need it; logprobs only when asked for. */
 export interface ChoiceResult {
   text: string;
+  toolCalls?: readonly ToolCall[];
   finishReason: FinishReason;
   stopSequence?: string | null;
   usage: Usage;
@@ -212,6 +246,9 @@ export interface ChoiceResult {
 }
 
 export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult) {
+  const calls = result.toolCalls ?? [];
+  // OpenAI sends content null when a reply is only tool calls.
+  const message = calls.length > 0 ? { role: "assistant" as const, content: result.text === "" ? null : result.text, refusal: null, tool_calls: toolCallsField(calls) } : { role: "assistant" as const, content: result.text, refusal: null };
   return {
     id: identity.id,
     object: "chat.completion" as const,
@@ -220,7 +257,7 @@ export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult)
     choices: [
       {
         index: 0,
-        message: { role: "assistant" as const, content: result.text, refusal: null },
+        message,
         logprobs: chatLogprobsBody(result.logprobs),
         finish_reason: result.finishReason,
         ...stopReasonField(result.stopSequence),
@@ -233,6 +270,11 @@ export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult)
 export interface ChatDelta {
   role?: "assistant";
   content?: string;
+  tool_calls?: Array<ReturnType<typeof toolCallDeltaField>>;
+}
+
+export function toolCallDelta(delta: ToolCallDelta): ChatDelta {
+  return { tool_calls: [toolCallDeltaField(delta)] };
 }
 
 /**
