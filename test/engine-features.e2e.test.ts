@@ -1,14 +1,17 @@
 // End to end, as an application uses the bundled engine: `llmgw up --demo` as a child
 // process, the official openai client through the gateway to the demo model (random
-// weights, so only a grammar or a forced token makes an answer predictable): embeddings,
-// logprobs, the fields the engine refuses, and at the end the usage the gateway recorded,
-// which must add up to what every answer said it used.
+// weights, so only a grammar makes an answer predictable): structured outputs, tool calls
+// (the SDK's stream helper assembling one), embeddings, logprobs, the fields the engine
+// refuses, and at the end the usage the gateway recorded, which must add up to what every
+// answer said it used.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
+import { zodFunction, zodResponseFormat } from "openai/helpers/zod";
+import { z } from "zod";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { eventually } from "./support/eventually.ts";
 import { readyLine, startUp } from "./support/up-demo.ts";
@@ -44,6 +47,96 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
   after(async () => {
     await stop?.();
     rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  // A random model closes a string only by chance: every string is bounded, so the answer
+  // ends within max_tokens (the grammar then has to close it).
+  const Pet = z.object({ name: z.string().max(8), age: z.number().int(), kind: z.enum(["cat", "dog", "llama"]), vaccinated: z.boolean() });
+  const Forecast = z.object({ city: z.string().max(10), days: z.number().int() });
+  const forecastTool = zodFunction({ name: "get_forecast", parameters: Forecast, description: "The weather forecast for a city." });
+  const ask = [{ role: "user" as const, content: "Describe a pet." }];
+
+  test("structured outputs: chat.completions.parse with a zod schema, json_object, and a schema keyword the grammar cannot enforce", async () => {
+    for (const temperature of [0, 1]) {
+      const parsed = await client.chat.completions.parse({ model: "demo", messages: ask, response_format: zodResponseFormat(Pet, "pet"), max_tokens: 400, temperature, seed: 3 });
+      count(parsed.usage);
+      const choice = parsed.choices[0]!;
+      assert.equal(choice.finish_reason, "stop", choice.message.content ?? "");
+      assert.ok(choice.message.parsed, `parsed: ${choice.message.content}`);
+      Pet.parse(choice.message.parsed);
+    }
+    const stream = await client.chat.completions.create({
+      model: "demo",
+      messages: ask,
+      response_format: zodResponseFormat(Pet, "pet"),
+      max_tokens: 400,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = "";
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? "";
+      if (chunk.usage) count(chunk.usage);
+    }
+    Pet.parse(JSON.parse(text));
+
+    const object = await client.chat.completions.create({ model: "demo", messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 5 });
+    count(object.usage);
+    const value: unknown = JSON.parse(object.choices[0]!.message.content ?? "");
+    assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), object.choices[0]!.message.content ?? "");
+
+    await assert.rejects(
+      client.chat.completions.create({ model: "demo", messages: ask, response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "object", properties: { code: { type: "string", pattern: "^[A-Z]+$" } } } } } }),
+      (error: unknown) => {
+        assert.ok(error instanceof OpenAI.BadRequestError);
+        assert.match(error.message, /pattern/);
+        return true;
+      },
+    );
+  });
+
+  test("tool calls: a required call with arguments valid for its schema, assembled by the SDK's stream helper, and its result fed back", async () => {
+    const answer = await client.chat.completions.create({ model: "demo", messages: ask, tools: [forecastTool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 0 });
+    count(answer.usage);
+    const choice = answer.choices[0]!;
+    assert.equal(choice.finish_reason, "tool_calls");
+    const call = choice.message.tool_calls?.[0];
+    assert.ok(call?.type === "function", JSON.stringify(choice.message));
+    assert.equal(call.function.name, "get_forecast");
+    Forecast.parse(JSON.parse(call.function.arguments));
+
+    // The SDK's stream helper assembles the call from OpenAI's deltas.
+    const runner = client.chat.completions.stream({
+      model: "demo",
+      messages: ask,
+      tools: [forecastTool],
+      tool_choice: { type: "function", function: { name: "get_forecast" } },
+      parallel_tool_calls: false,
+      max_tokens: 300,
+      temperature: 0,
+      stream_options: { include_usage: true },
+    });
+    const final = await runner.finalChatCompletion();
+    count(final.usage);
+    const streamed = final.choices[0]!.message.tool_calls?.[0];
+    assert.ok(streamed?.type === "function", JSON.stringify(final.choices[0]));
+    assert.equal(streamed.function.name, "get_forecast");
+    assert.deepEqual(streamed.function.parsed_arguments, Forecast.parse(JSON.parse(streamed.function.arguments)));
+    assert.equal(final.choices[0]!.finish_reason, "tool_calls");
+
+    // The result goes back into the conversation: the prompt grows by it.
+    const followUp = await client.chat.completions.create({
+      model: "demo",
+      messages: [...ask, { role: "assistant", content: null, tool_calls: [call] }, { role: "tool", tool_call_id: call.id, content: JSON.stringify({ celsius: 3, sky: "overcast" }) }],
+      tools: [forecastTool],
+      tool_choice: "none",
+      max_tokens: 4,
+      temperature: 0,
+    });
+    count(followUp.usage);
+    assert.equal(followUp.choices[0]!.message.tool_calls, undefined);
+    assert.ok(followUp.usage!.prompt_tokens > answer.usage!.prompt_tokens, "the call and its result are in the prompt");
   });
 
   test("embeddings: one unit vector per input, the same for the same input, base64 equal to floats, token arrays accepted", async () => {
