@@ -89,11 +89,11 @@ function shortTexts(count: number): string[] {
   return Array.from({ length: count }, (_, index) => Array.from({ length: 1 + (index % 6) }, (_, word) => WORDS[(index + word * 3) % WORDS.length]).join(" "));
 }
 
-/** A schema whose only string must be longer than any answer of --tokens tokens, so the answer never closes before max_tokens. */
+/** A schema whose only string must be longer than any answer of --tokens tokens, so the answer never closes before max_tokens (at most 1000: llama.cpp refuses a string rule repeated much more often). */
 function noteSchema(tokens: number) {
   return {
     type: "json_schema",
-    json_schema: { name: "note", strict: true, schema: { type: "object", properties: { text: { type: "string", minLength: tokens * 32 } }, required: ["text"], additionalProperties: false } },
+    json_schema: { name: "note", strict: true, schema: { type: "object", properties: { text: { type: "string", minLength: Math.min(1000, tokens * 16) } }, required: ["text"], additionalProperties: false } },
   };
 }
 

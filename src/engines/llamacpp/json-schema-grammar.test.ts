@@ -64,6 +64,9 @@ test("keywords the grammar cannot enforce are refused with 400 naming the keywor
     [{ type: "object", properties: { a: { type: "string" } }, required: ["b"] }, `${PATH}.required`, "'required'"],
     [{ $ref: "#/properties/a" }, `${PATH}.$ref`, "'$ref'"],
     [{ anyOf: [{ type: "string" }], type: "string" }, `${PATH}.type`, "'type'"],
+    // llama.cpp's grammars repeat a rule at most 2000 times: a longer bound would fail when the grammar is built.
+    [{ type: "object", properties: { text: { type: "string", minLength: 2048 } } }, `${PATH}.properties.text.minLength`, "'minLength'"],
+    [{ type: "array", items: { type: "integer" }, maxItems: 5000 }, `${PATH}.maxItems`, "'maxItems'"],
   ];
   for (const [schema, param, keyword] of cases) {
     const error = refusal(schema);
@@ -71,6 +74,8 @@ test("keywords the grammar cannot enforce are refused with 400 naming the keywor
     assert.equal(error.param, param, JSON.stringify(schema));
     assert.ok(error.message.includes(param) && error.message.includes(keyword), error.message);
   }
+  // At the limit it still translates.
+  assert.deepEqual(toGrammarSchema({ type: "string", minLength: 2000, maxLength: 2000 }, PATH), { type: "string", minLength: 2000, maxLength: 2000 });
 });
 
 test("tool definitions: duplicates, non-object parameters, unknown named tool_choice and unsupported keywords are 400s naming the field", () => {

@@ -39,6 +39,22 @@ function unsupported(path: string, keyword: string, why = "is not supported by t
   });
 }
 
+/**
+ * llama.cpp refuses a grammar that repeats one rule more than 2000 times
+ * (MAX_REPETITION_THRESHOLD in llama-grammar.cpp: "number of repetitions exceeds sane
+ * defaults"), and the lengths and item counts of a schema become such repetitions, so a
+ * larger bound is refused here, naming it. Below it, llama.cpp also multiplies the count by
+ * the size of the repeated rule (a string character is several symbols); a grammar it
+ * refuses for that is turned into a 400 when it is built (LlamaRunner.grammarFor).
+ */
+const MAX_REPETITIONS = 2000;
+
+function checkRepetitionBound(value: unknown, path: string, keyword: string): void {
+  if (value === undefined) return;
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 0) throw invalid(path, "must be a non-negative integer");
+  if (value > MAX_REPETITIONS) throw unsupported(path, keyword, `above ${MAX_REPETITIONS} is more than llama.cpp's grammars can repeat (got ${value})`);
+}
+
 function invalid(path: string, what: string): BadRequestError {
   return new BadRequestError(`Invalid request body: ${path}: ${what}.`, { code: "invalid_schema", param: path });
 }
@@ -166,10 +182,7 @@ class SchemaTranslator {
       if (!Array.isArray(schema.prefixItems)) throw invalid(`${path}.prefixItems`, "must be an array of schemas");
       prefixItems = schema.prefixItems.map((item, i) => this.translate(item, `${path}.prefixItems[${i}]`));
     }
-    for (const bound of ["minItems", "maxItems"] as const) {
-      const value = schema[bound];
-      if (value !== undefined && (typeof value !== "number" || !Number.isInteger(value) || value < 0)) throw invalid(`${path}.${bound}`, "must be a non-negative integer");
-    }
+    for (const bound of ["minItems", "maxItems"] as const) checkRepetitionBound(schema[bound], `${path}.${bound}`, bound);
     if (prefixItems && typeof schema.maxItems === "number" && schema.maxItems < prefixItems.length) {
       throw unsupported(`${path}.maxItems`, "maxItems", "below the number of prefixItems is not supported by the bundled engine's grammar");
     }
@@ -183,10 +196,7 @@ class SchemaTranslator {
   }
 
   private string(schema: JsonObject, path: string): GbnfJsonSchema {
-    for (const bound of ["minLength", "maxLength"] as const) {
-      const value = schema[bound];
-      if (value !== undefined && (typeof value !== "number" || !Number.isInteger(value) || value < 0)) throw invalid(`${path}.${bound}`, "must be a non-negative integer");
-    }
+    for (const bound of ["minLength", "maxLength"] as const) checkRepetitionBound(schema[bound], `${path}.${bound}`, bound);
     if (schema.format !== undefined) {
       if (typeof schema.format !== "string" || !FORMATS.has(schema.format)) {
         throw unsupported(`${path}.format`, "format", `'${String(schema.format)}' is not supported by the bundled engine's grammar (it knows date-time, date and time)`);

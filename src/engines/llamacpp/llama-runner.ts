@@ -34,6 +34,7 @@ import {
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
+  type LlamaGrammar,
   type LlamaModel,
   type LLamaContextualRepeatPenalty,
   type Token,
@@ -228,12 +229,7 @@ export class LlamaRunner implements TextGenerator {
     // Before a sequence is taken, so that a bad logit_bias is a plain 400.
     const sampling = this.sampling(options.params);
     const json = options.structure?.json;
-    const grammar =
-      json === undefined
-        ? undefined
-        : json === null
-          ? await this.llama.createGrammar({ grammar: JSON_OBJECT_GRAMMAR, stopGenerationTriggers: ["\n\n\n\n"], trimWhitespaceSuffix: true })
-          : await this.llama.createGrammarForJsonSchema<GbnfJsonSchema>(json);
+    const grammar = json === undefined ? undefined : await this.grammarFor(json);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
       const collector = new ToolCallCollector(options.onToolCall);
@@ -338,6 +334,23 @@ export class LlamaRunner implements TextGenerator {
       before.filter((token) => !this.model.isSpecialToken(token)),
     );
     return text.replace(/\uFFFD+$/, "");
+  }
+
+  /**
+   * The grammar of a response_format: any JSON object (null) or a translated schema. The
+   * schema was checked when the request arrived (json-schema-grammar.ts); should llama.cpp
+   * still refuse the grammar, that is the request's schema, so a 400, not an engine fault.
+   */
+  private async grammarFor(json: GbnfJsonSchema | null): Promise<LlamaGrammar> {
+    if (json === null) return this.llama.createGrammar({ grammar: JSON_OBJECT_GRAMMAR, stopGenerationTriggers: ["\n\n\n\n"], trimWhitespaceSuffix: true });
+    try {
+      return await this.llama.createGrammarForJsonSchema<GbnfJsonSchema>(json);
+    } catch (error) {
+      throw new BadRequestError(
+        `Invalid request body: field 'response_format.json_schema.schema': llama.cpp could not build a grammar from it (${error instanceof Error ? error.message : String(error)}); simplify the schema, or serve the model with llama-server or vLLM.`,
+        { code: "invalid_schema", param: "response_format.json_schema.schema", cause: error },
+      );
+    }
   }
 
   /** The model's side of logprobs: token texts, and raw bytes for partial characters. */

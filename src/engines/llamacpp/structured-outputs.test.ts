@@ -104,6 +104,21 @@ test("a schema keyword the grammar cannot enforce is a 400 naming it and its pat
     assert.match(error.message, /response_format\.json_schema\.schema\.properties\.age.*keyword 'pattern' is not supported/);
     return true;
   });
+  // Within the bounds the translation checks, but more than llama.cpp repeats a string
+  // character rule: its refusal is the schema's fault, a 400, and the engine goes on.
+  const tooLong = client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "object", properties: { text: { type: "string", minLength: 2000 } } } } },
+  });
+  await assert.rejects(tooLong, (error: unknown) => {
+    assert.ok(error instanceof OpenAI.BadRequestError, String(error));
+    assert.equal(error.param, "response_format.json_schema.schema");
+    assert.match(error.message, /could not build a grammar/);
+    return true;
+  });
+  const after = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 1 });
+  assert.equal(after.choices[0]?.finish_reason, "stop");
 });
 
 test("tool_choice required: a valid call with finish_reason tool_calls, stream deltas assemble into the same call shape", async () => {
