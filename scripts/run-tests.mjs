@@ -49,6 +49,7 @@ const unit = [
   "src/gateway/gateway-faults.test.ts",
   "src/gateway/request-outcome.test.ts",
   "src/gateway/admission.test.ts",
+  "src/gateway/request-cancel.test.ts",
   "src/gateway/anthropic/messages-request.test.ts",
   "src/gateway/anthropic/messages-answer.test.ts",
   "src/gateway/anthropic/messages-stream.test.ts",

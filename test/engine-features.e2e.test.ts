@@ -13,6 +13,8 @@ import OpenAI from "openai";
 import { zodFunction, zodResponseFormat } from "openai/helpers/zod";
 import { z } from "zod";
 import { findFreePort } from "../src/agent/free-port.ts";
+import type { CatalogModel } from "../src/catalog/catalog.ts";
+import { tokenBound } from "../src/policy/token-bound.ts";
 import { eventually } from "./support/eventually.ts";
 import { readyLine, startUp } from "./support/up-demo.ts";
 
@@ -96,9 +98,22 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     );
   });
 
+  /** The prompt bound budgets and rate limits reserve (policy/token-bound.ts) must cover what the engine counted. */
+  const assertBoundCovers = (body: Record<string, unknown>, promptTokens: number) => {
+    const bound = tokenBound("/v1/chat/completions", body, { id: "demo", name: "demo", definition: {} } as unknown as CatalogModel);
+    assert.ok(bound.prompt >= promptTokens, `the reserved prompt bound ${bound.prompt} covers the ${promptTokens} prompt tokens the engine counted`);
+  };
+
   test("tool calls: a required call with arguments valid for its schema, assembled by the SDK's stream helper, and its result fed back", async () => {
-    const answer = await client.chat.completions.create({ model: "demo", messages: ask, tools: [forecastTool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 0 });
+    const request = { model: "demo", messages: ask, tools: [forecastTool], tool_choice: "required" as const, parallel_tool_calls: false, max_tokens: 300, temperature: 0 };
+    const answer = await client.chat.completions.create(request);
     count(answer.usage);
+    assertBoundCovers(JSON.parse(JSON.stringify(request)), answer.usage!.prompt_tokens);
+    // A bare tool: few bytes in the body, and still the whole function-calling preamble in the prompt.
+    const bare = { model: "demo", messages: [{ role: "user" as const, content: "x" }], tools: [{ type: "function" as const, function: { name: "f" } }], tool_choice: "none" as const, max_tokens: 1 };
+    const bareAnswer = await client.chat.completions.create(bare);
+    count(bareAnswer.usage);
+    assertBoundCovers(bare, bareAnswer.usage!.prompt_tokens);
     const choice = answer.choices[0]!;
     assert.equal(choice.finish_reason, "tool_calls");
     const call = choice.message.tool_calls?.[0];
@@ -126,15 +141,17 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     assert.equal(final.choices[0]!.finish_reason, "tool_calls");
 
     // The result goes back into the conversation: the prompt grows by it.
-    const followUp = await client.chat.completions.create({
+    const followUpRequest = {
       model: "demo",
-      messages: [...ask, { role: "assistant", content: null, tool_calls: [call] }, { role: "tool", tool_call_id: call.id, content: JSON.stringify({ celsius: 3, sky: "overcast" }) }],
+      messages: [...ask, { role: "assistant" as const, content: null, tool_calls: [call] }, { role: "tool" as const, tool_call_id: call.id, content: JSON.stringify({ celsius: 3, sky: "overcast" }) }],
       tools: [forecastTool],
-      tool_choice: "none",
+      tool_choice: "none" as const,
       max_tokens: 4,
       temperature: 0,
-    });
+    };
+    const followUp = await client.chat.completions.create(followUpRequest);
     count(followUp.usage);
+    assertBoundCovers(JSON.parse(JSON.stringify(followUpRequest)), followUp.usage!.prompt_tokens);
     assert.equal(followUp.choices[0]!.message.tool_calls, undefined);
     assert.ok(followUp.usage!.prompt_tokens > answer.usage!.prompt_tokens, "the call and its result are in the prompt");
   });

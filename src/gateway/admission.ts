@@ -105,6 +105,8 @@ export class Admission {
         ),
       );
     }
+    // A client already gone would never hear the signal's abort event: it does not queue.
+    if (options.signal.aborted) return Promise.reject(new ClientClosedError("The client left before its request could wait for a free replica."));
     return new Promise<Lease | null>((resolve, reject) => {
       let settled = false;
       const onAbort = () => waiter.settle(null, new ClientClosedError("The client left while its request waited for a free replica."));

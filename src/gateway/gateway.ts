@@ -38,6 +38,7 @@ import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { StreamUsageFilter } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
+import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
 import { unavailableError } from "./unavailable.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
@@ -239,15 +240,15 @@ export class Gateway {
     call.model = model.name;
     call.catalogModel = model;
     assertAllowed(call.principal, model, body.model);
-    const abort = new AbortController();
+    const cancel = new RequestCancel();
     const onClose = () => {
-      if (!res.writableFinished) abort.abort();
+      if (!res.writableFinished) cancel.abort();
     };
     res.on("close", onClose);
     try {
-      const policy = this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) }, call, abort.signal);
+      const policy = this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) }, call, cancel);
       const outputCheck = policy instanceof Promise ? await policy : policy;
-      const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, abort, outputCheck });
+      const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, cancel, outputCheck });
       this.record(call, status);
     } finally {
       res.off("close", onClose);
@@ -258,7 +259,7 @@ export class Gateway {
    * Limits first (cheap, and a key over its limits must not cost a guard model's time),
    * then the guards on the input. Returns the check for the output, if one applies.
    */
-  private applyPolicy(request: PolicyRequest, call: Call, signal: AbortSignal): OutputCheck | null | Promise<OutputCheck | null> {
+  private applyPolicy(request: PolicyRequest, call: Call, cancel: RequestCancel): OutputCheck | null | Promise<OutputCheck | null> {
     // Synchronous unless a limit or a guard has something to wait for: an await per request
     // is a measurable share of the gateway's cost at high request rates.
     if (this.options.limits !== undefined) {
@@ -270,18 +271,18 @@ export class Gateway {
       if (admitted instanceof Promise) {
         return admitted.then((permit) => {
           call.permit = permit;
-          return this.applyGuards(request, call, signal);
+          return this.applyGuards(request, call, cancel);
         });
       }
       call.permit = admitted;
     }
-    return this.applyGuards(request, call, signal);
+    return this.applyGuards(request, call, cancel);
   }
 
-  private applyGuards(request: PolicyRequest, call: Call, signal: AbortSignal): OutputCheck | null | Promise<OutputCheck | null> {
+  private applyGuards(request: PolicyRequest, call: Call, cancel: RequestCancel): OutputCheck | null | Promise<OutputCheck | null> {
     const guards = this.options.guards;
     if (guards === undefined || !guards.applies(request)) return null;
-    return this.checkGuards(guards, request, call, signal);
+    return this.checkGuards(guards, request, call, cancel.signal);
   }
 
   private async checkGuards(guards: RequestGuards, request: PolicyRequest, call: Call, signal: AbortSignal): Promise<OutputCheck | null> {
@@ -327,11 +328,11 @@ export class Gateway {
     body: GatewayRequestBody;
     model: CatalogModel;
     principal: Principal;
-    abort: AbortController;
+    cancel: RequestCancel;
     /** Looks at a whole non-stream answer before the client gets it (an output guard). */
     outputCheck: OutputCheck | null;
   }): Promise<number> {
-    const { req, res, call, route, body, model, principal, abort } = request;
+    const { req, res, call, route, body, model, principal, cancel } = request;
     const stream = body.stream === true;
     // Token counts for every stream: when the client did not ask for them, ask the upstream
     // and take them back out of what the client receives (stream-usage.ts).
@@ -355,7 +356,8 @@ export class Gateway {
     this.options.onDemand?.requested(model);
     try {
       for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
-        const lease = await this.admission.acquire(model, { exclude: tried, signal: abort.signal }).catch((error: unknown) => {
+        // The signal only when the request has to wait (a getter): most never do.
+        const lease = await this.admission.acquire(model, { exclude: tried, get signal() { return cancel.signal; } }).catch((error: unknown) => {
           // A full queue or a wait that timed out while no replica was ready at all is no
           // overload: the model is starting (or failing to), and its health says so.
           const queueLimit = error instanceof LlmgwError && (error.code === "model_overloaded" || error.code === "queue_timeout");
@@ -376,11 +378,11 @@ export class Gateway {
             method: "POST",
             headers: upstreamHeaders(req, replica, payload.length),
             body: payload,
-            signal: abort.signal,
+            signal: cancel,
           });
         } catch (error) {
           lease.release();
-          if (abort.signal.aborted) throw new ClientClosedError();
+          if (cancel.aborted) throw new ClientClosedError();
           lastFailure = classifyUpstreamFailure(error, label);
           if (lastFailure.retryable) this.admission.coolDown(replica.id);
           this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(error) }, "replica failed before answering");

@@ -15,6 +15,15 @@ import type { CatalogModel } from "../catalog/catalog.ts";
 export const PER_MESSAGE_ALLOWANCE = 16;
 /** Tokens a template adds once: BOS, a default system prompt with today's date, the generation prompt. */
 export const PER_REQUEST_ALLOWANCE = 256;
+/**
+ * Tokens a template adds when a request sends tools: the preamble that tells the model how
+ * to call functions, which is not in the body (node-llama-cpp's function-calling text, or a
+ * model's own tool template). The bundled engine's was measured at ~430 tokens for one tool
+ * on a ChatML model; Llama 3.1's and Hermes' templates are of the same order.
+ */
+export const TOOLS_ALLOWANCE = 1024;
+/** Per tool defined and per tool call in the history: its name and the markers around it. */
+export const PER_TOOL_ALLOWANCE = 64;
 /** Special tokens around one embeddings input (BOS/CLS, SEP/EOS). */
 export const PER_INPUT_ALLOWANCE = 4;
 /** An image or audio part, when the model's context length is unknown (its tokens do not follow its bytes). */
@@ -68,9 +77,13 @@ function inputCount(input: unknown): number {
 /** The body's bytes, with each media part's bytes replaced by its allowance (or kept, when more), plus the template's allowances. */
 function chatPromptTokens(body: Record<string, unknown>, bodyBytes: number): number {
   let total = PER_REQUEST_ALLOWANCE + bodyBytes;
+  // Tools are documented in the prompt whatever tool_choice says ("none" included).
+  if (Array.isArray(body.tools) && body.tools.length > 0) total += TOOLS_ALLOWANCE + PER_TOOL_ALLOWANCE * body.tools.length;
   const messages = Array.isArray(body.messages) ? body.messages : [];
   for (const message of messages) {
     total += PER_MESSAGE_ALLOWANCE;
+    const calls = (message as { tool_calls?: unknown } | null)?.tool_calls;
+    if (Array.isArray(calls)) total += PER_TOOL_ALLOWANCE * calls.length;
     const content = (message as { content?: unknown } | null)?.content;
     if (!Array.isArray(content)) continue;
     for (const part of content) {
