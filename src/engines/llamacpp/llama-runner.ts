@@ -54,6 +54,7 @@ import { tokenBiasFor } from "./token-bias.ts";
 import { pieceBytes, type TokenPieces } from "./token-bytes.ts";
 import { keepForLogprobs, LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
 import { JSON_OBJECT_GRAMMAR } from "./json-schema-grammar.ts";
+import { ToolGrammarCheck } from "./tool-grammars.ts";
 import type { ChatStructure, ToolCall, ToolCallDelta } from "./structured-wire.ts";
 
 export { ModelLoadError };
@@ -147,6 +148,7 @@ function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatP
 export class LlamaRunner implements TextGenerator {
   private readonly pool: SequencePool;
   private readonly lockstep = new DecodeLockstep();
+  private readonly toolGrammars: ToolGrammarCheck;
   private disposed = false;
   readonly embedder: TextEmbedder;
 
@@ -161,6 +163,7 @@ export class LlamaRunner implements TextGenerator {
   ) {
     for (const sequence of sequences) this.lockstep.attach(sequence);
     this.pool = new SequencePool(sequences);
+    this.toolGrammars = new ToolGrammarCheck(llama);
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
     this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: context.idealThreads, logger });
@@ -230,6 +233,8 @@ export class LlamaRunner implements TextGenerator {
     const sampling = this.sampling(options.params);
     const json = options.structure?.json;
     const grammar = json === undefined ? undefined : await this.grammarFor(json);
+    // LlamaChat compiles a function's grammar only once the model calls it (tool-grammars.ts).
+    if (tools) await this.toolGrammars.check(tools.callable, tools.documented);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
       const collector = new ToolCallCollector(options.onToolCall);

@@ -238,6 +238,46 @@ test("bad tool definitions are 400s naming the field", async () => {
   }
 });
 
+test("a tool whose parameter grammar llama.cpp refuses is a 400 naming the tool, before any stream starts, whatever tool_choice says", async () => {
+  // Within the bounds the translation checks, but more than llama.cpp repeats a string
+  // character rule; LlamaChat would compile it only once the model calls the tool.
+  const long = { type: "function" as const, function: { name: "essay", parameters: { type: "object", properties: { text: { type: "string", minLength: 2000 } } } } };
+  for (const [choice, stream] of [["auto", false], ["required", false], ["required", true], [{ type: "function", function: { name: "essay" } }, true]] as const) {
+    const refused = client.chat.completions.create({ model: MODEL, messages: ask, tools: [pingTool, long], tool_choice: choice, max_tokens: 5, stream } as never);
+    await assert.rejects(refused, (error: unknown) => {
+      assert.ok(error instanceof OpenAI.BadRequestError, `${JSON.stringify(choice)} stream ${stream}: ${String(error)}`);
+      assert.equal(error.param, "tools.1.function.parameters");
+      assert.match(error.message, /could not build a grammar for the parameters of 'essay'/);
+      return true;
+    });
+  }
+  // tool_choice none: the tool cannot be called, so its grammar is never built.
+  const none = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [long], tool_choice: "none", max_tokens: 2, temperature: 0 });
+  assert.equal(none.choices[0]?.message.tool_calls, undefined);
+
+  // A U+0000 cuts llama.cpp's grammar text short: refused by the translation, naming the keyword.
+  const nul: Array<[Record<string, unknown>, string, string]> = [
+    [{ e: { enum: ["a\u0000b"] } }, "tools.0.function.parameters.properties.e.enum", "'enum'"],
+    [{ c: { const: "\u0000" } }, "tools.0.function.parameters.properties.c.const", "'const'"],
+    [{ "a\u0000": { type: "string" } }, "tools.0.function.parameters.properties", "'properties'"],
+  ];
+  for (const [properties, param, keyword] of nul) {
+    for (const stream of [false, true]) {
+      const tool = { type: "function" as const, function: { name: "f", parameters: { type: "object", properties } } };
+      const refused = client.chat.completions.create({ model: MODEL, messages: ask, tools: [tool], tool_choice: "required", max_tokens: 5, stream } as never);
+      await assert.rejects(refused, (error: unknown) => {
+        assert.ok(error instanceof OpenAI.BadRequestError, String(error));
+        assert.equal(error.param, param);
+        assert.ok(error.message.includes(keyword) && error.message.includes("U+0000"), error.message);
+        return true;
+      });
+    }
+  }
+  // The engine goes on: a valid forced call still comes back.
+  const after = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", max_tokens: 300, temperature: 0 });
+  assert.equal(after.choices[0]?.finish_reason, "tool_calls");
+});
+
 // A Hermes-style template (the shape Qwen 2.5 and Hermes models ship) that defines tool
 // use: tools in the system turn, calls as <tool_call> JSON, results as <tool_response>.
 const TOOL_TEMPLATE =
