@@ -53,6 +53,13 @@ export function toChatHistory(messages: ChatMessage[]): ChatHistoryItem[] {
             param: `messages.${index}.tool_call_id`,
           });
         }
+        // A second result for one call would silently replace the first in the prompt.
+        if (results.has(id)) {
+          throw new BadRequestError(`Invalid request body: field 'messages.${index}.tool_call_id': the tool call '${id}' already has its result in an earlier tool message; send one tool message per call.`, {
+            code: "invalid_field",
+            param: `messages.${index}.tool_call_id`,
+          });
+        }
         results.set(id, result.content);
       }
       for (const [position, call] of calls.entries()) {

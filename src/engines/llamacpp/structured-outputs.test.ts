@@ -210,6 +210,20 @@ test("tool results go back into the conversation: the prompt holds them", async 
   await assert.rejects(unanswered, (error: unknown) => error instanceof OpenAI.BadRequestError && /has no tool message/.test(error.message));
 });
 
+test("a second tool message for the same tool_call_id is a 400 naming it", async () => {
+  const call = { id: "call_1", type: "function" as const, function: { name: "get_weather", arguments: '{"city":"Oslo","days":1,"unit":"c"}' } };
+  const messages = [...ask, { role: "assistant" as const, content: null, tool_calls: [call] }, { role: "tool" as const, tool_call_id: "call_1", content: "sunny" }];
+  const once = await client.chat.completions.create({ model: MODEL, messages, tools: [weatherTool], max_tokens: 1, temperature: 0 });
+  assert.ok((once.usage?.prompt_tokens ?? 0) > 0);
+  const twice = client.chat.completions.create({ model: MODEL, messages: [...messages, { role: "tool", tool_call_id: "call_1", content: "again" }], tools: [weatherTool], max_tokens: 1 });
+  await assert.rejects(twice, (error: unknown) => {
+    assert.ok(error instanceof OpenAI.BadRequestError, String(error));
+    assert.equal(error.param, "messages.3.tool_call_id");
+    assert.match(error.message, /'call_1' already has its result/);
+    return true;
+  });
+});
+
 test("tool_choice none answers in text with no tool calls, with the tools still in the prompt", async () => {
   const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "none", max_tokens: 20, temperature: 0 });
   assert.equal(answer.choices[0]?.message.tool_calls, undefined);
