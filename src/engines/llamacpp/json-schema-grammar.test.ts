@@ -172,7 +172,7 @@ test("streamed tool-call arguments: id and name first, then the JSON value's pie
   for (const piece of [" {", '"a": "}', '"', "}", "\n\n\n\n"]) collector.paramsChunk({ callIndex: 0, functionName: "f", paramsChunk: piece });
   collector.functionCall({ functionName: "f", params: { a: "}" } });
   collector.functionCall({ functionName: "g", params: undefined });
-  const [first, second] = collector.completed();
+  const [first, second] = collector.made();
   assert.equal(first?.arguments, '{"a": "}"}');
   assert.equal(second?.arguments, "{}");
   assert.match(first?.id ?? "", /^call_[0-9a-f]{24}$/);

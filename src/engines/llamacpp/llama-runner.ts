@@ -124,7 +124,8 @@ const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
 
 /**
  * A reply that made tool calls finishes with "tool_calls", unless max_tokens cut it off
- * (OpenAI's "length"; the calls completed before the limit are still returned).
+ * (OpenAI's "length"; the calls made until the limit are still returned, the last one
+ * possibly with incomplete arguments: ToolCallCollector.made).
  */
 function finishReason(stopReason: string, toolCalls: number): FinishReason {
   const finish = STOP_REASON_TO_FINISH[stopReason] ?? "stop";
@@ -255,7 +256,7 @@ export class LlamaRunner implements TextGenerator {
               ? { grammar }
               : {}),
         });
-        return { stopReason: result.metadata.stopReason, toolCalls: collector.completed() };
+        return { stopReason: result.metadata.stopReason, toolCalls: collector.made() };
       } finally {
         chat.dispose({ disposeSequence: false });
       }

@@ -175,6 +175,31 @@ test("tool_choice required: a valid call with finish_reason tool_calls, stream d
   assert.equal(whole.usage?.completion_tokens, completionTokens, "the stream's usage counts the same tokens");
 });
 
+test("a tool call cut off by max_tokens: stream and non-stream both carry it, with the arguments made so far and finish_reason length", async () => {
+  const request = { model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required" as const, max_tokens: 20, temperature: 0 };
+  const whole = await client.chat.completions.create(request);
+  const choice = whole.choices[0];
+  assert.equal(choice?.finish_reason, "length");
+  const call = choice?.message.tool_calls?.[0];
+  assert.ok(call?.type === "function", JSON.stringify(choice?.message));
+  assert.equal(call.function.name, "get_weather");
+  assert.ok(call.function.arguments.startsWith("{"), call.function.arguments);
+  assert.throws(() => JSON.parse(call.function.arguments), "the arguments are cut off");
+
+  const stream = await client.chat.completions.create({ ...request, stream: true });
+  const calls: Array<{ name: string; arguments: string }> = [];
+  let finish: string | null | undefined;
+  for await (const chunk of stream) {
+    for (const delta of chunk.choices[0]?.delta.tool_calls ?? []) {
+      if (delta.id !== undefined) calls.push({ name: delta.function?.name ?? "", arguments: "" });
+      else (calls[delta.index] as { arguments: string }).arguments += delta.function?.arguments ?? "";
+    }
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, "length");
+  assert.deepEqual(calls, [{ name: call.function.name, arguments: call.function.arguments }]);
+});
+
 test("a named tool_choice calls that function", async () => {
   for (const name of ["ping", "get_weather"]) {
     const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool, pingTool], tool_choice: { type: "function", function: { name } }, max_tokens: 300, temperature: 0 });
