@@ -167,7 +167,10 @@ export class LlamaRunner implements TextGenerator {
     this.toolGrammars = new ToolGrammarCheck(llama);
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
-    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: context.idealThreads, logger });
+    // Half the threads: an embeddings request runs alongside the generations, and two
+    // contexts with a thread per core each would oversubscribe the cores, which makes
+    // llama.cpp's thread synchronisation many times slower (see the top of this file).
+    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: Math.max(1, Math.floor(context.idealThreads / 2)), logger });
   }
 
   get contextPerRequest(): number {
