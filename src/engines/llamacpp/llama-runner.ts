@@ -48,6 +48,7 @@ import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
 import { LlamaEmbedder, type TextEmbedder } from "./llama-embedder.ts";
 import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
 import { SequencePool } from "./sequence-pool.ts";
+import { trimSampledDistributions } from "./sampled-distributions.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
 import { tokenBiasFor } from "./token-bias.ts";
@@ -208,6 +209,7 @@ export class LlamaRunner implements TextGenerator {
         threads,
         batching: { itemPrioritizationStrategy: batchMeter.shareBatch },
       });
+      trimSampledDistributions(context);
       const sequences = Array.from({ length: options.parallel }, () => context.getSequence());
       const chatWrapper = resolveChatWrapper(model);
       logger.info(

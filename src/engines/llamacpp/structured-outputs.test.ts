@@ -90,6 +90,81 @@ test("json_object: the answer is a JSON object, stream and not", async () => {
   for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
   const value: unknown = JSON.parse(text);
   assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), text);
+  const nonStream = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 3 });
+  assert.equal(text, nonStream.choices[0]?.message.content, "the stream carries the same answer, to the last character");
+});
+
+/** The text the logprob entries spell, from their bytes. */
+function spelled(entries: ReadonlyArray<{ bytes: number[] | null }>): string {
+  return Buffer.from(entries.flatMap((entry) => entry.bytes ?? [])).toString("utf8");
+}
+
+test("logprobs under a json_schema grammar: entries spell the answer, stream chunks their delta, and top_logprobs hold only tokens the grammar allows", async () => {
+  const schema = { type: "object", properties: { name: { type: "string", maxLength: 8 }, n: { type: "integer" }, ok: { type: "boolean" } }, required: ["name", "n", "ok"], additionalProperties: false };
+  const request = { model: MODEL, messages: ask, max_tokens: 100, temperature: 0, logprobs: true, top_logprobs: 3, response_format: { type: "json_schema" as const, json_schema: { name: "x", schema } } };
+  const answer = await client.chat.completions.create(request);
+  const choice = answer.choices[0];
+  assert.equal(choice?.finish_reason, "stop");
+  const content = choice?.logprobs?.content ?? [];
+  assert.ok(content.length > 0);
+  assert.equal(spelled(content), choice?.message.content);
+  JSON.parse(choice?.message.content ?? "");
+  let cut = 0;
+  for (const entry of content) {
+    // Tokens the grammar forbids have no probability: they are no alternatives (no -9999 filler).
+    for (const alternative of entry.top_logprobs) assert.ok(alternative.logprob > -9999 && alternative.logprob <= 0, `${JSON.stringify(entry.token)}: ${JSON.stringify(entry.top_logprobs)}`);
+    // Greedy: the answer's token is the likeliest allowed one, first among its alternatives.
+    assert.equal(entry.top_logprobs[0]?.token, entry.token);
+    assert.equal(entry.top_logprobs[0]?.logprob, entry.logprob);
+    if (entry.top_logprobs.length < 3) cut += 1;
+  }
+  assert.ok(cut > 0, "where the grammar leaves fewer than 3 tokens, the list is shorter");
+  assert.ok(content.some((entry) => entry.logprob === 0), "a token the grammar forces has logprob 0");
+
+  const stream = await client.chat.completions.create({ ...request, stream: true });
+  const streamed: typeof content = [];
+  let text = "";
+  for await (const chunk of stream) {
+    const delta = chunk.choices[0]?.delta.content ?? "";
+    const entries = chunk.choices[0]?.logprobs?.content ?? [];
+    assert.equal(spelled(entries), delta, `chunk ${JSON.stringify(delta)}`);
+    text += delta;
+    streamed.push(...entries);
+  }
+  assert.equal(text, choice?.message.content);
+  assert.deepEqual(streamed.map((entry) => entry.token), content.map((entry) => entry.token));
+});
+
+test("logprobs with a forced tool call: the answer's logprobs content is empty, and the stream's tool-call chunks carry logprobs null", async () => {
+  const request = { model: MODEL, messages: ask, max_tokens: 300, temperature: 0, logprobs: true, tools: [weatherTool], tool_choice: "required" as const };
+  const answer = await client.chat.completions.create(request);
+  const choice = answer.choices[0];
+  assert.equal(choice?.finish_reason, "tool_calls");
+  assert.deepEqual(choice?.logprobs, { content: [], refusal: null });
+  const call = choice?.message.tool_calls?.[0];
+  assert.ok(call?.type === "function");
+  WeatherArgs.parse(JSON.parse(call.function.arguments));
+
+  const stream = await client.chat.completions.create({ ...request, stream: true, stream_options: { include_usage: true } });
+  const order: string[] = [];
+  let args = "";
+  for await (const chunk of stream) {
+    const only = chunk.choices[0];
+    if (!only) {
+      order.push("usage");
+      continue;
+    }
+    for (const delta of only.delta.tool_calls ?? []) {
+      assert.equal(only.logprobs ?? null, null, "a tool-call chunk has no logprobs");
+      order.push(delta.id !== undefined ? "call" : "arguments");
+      args += delta.function?.arguments ?? "";
+    }
+    if (only.finish_reason) order.push(only.finish_reason);
+  }
+  assert.equal(order[0], "call");
+  assert.deepEqual(order.slice(-2), ["tool_calls", "usage"]);
+  assert.ok(order.slice(1, -2).every((step) => step === "arguments") && order.length > 4, order.join(" "));
+  assert.equal(args, call.function.arguments);
 });
 
 test("a schema keyword the grammar cannot enforce is a 400 naming it and its path", async () => {
