@@ -418,7 +418,7 @@ export class LlamaRunner implements TextGenerator {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
     const wantsLogprobs = options.params.logprobs;
-    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top) });
+    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top), sampledOnly: wantsLogprobs.top === 0 });
     const tracker = wantsLogprobs === undefined ? null : new LogprobTracker(turn, this.tokenVocabulary(), wantsLogprobs.top);
     const logprobs: TokenLogprob[] = [];
     try {

@@ -153,6 +153,20 @@ test("chat logprobs while sampling: finite logprobs of the distribution sampled 
   }
 });
 
+test("without top_logprobs, each token's logprob is the same figure as with alternatives (llama.cpp's confidence, not the whole distribution)", async () => {
+  for (const temperature of [0, 0.8]) {
+    const request = { model: "endless", messages: hi, max_tokens: 8, temperature, seed: 3, logprobs: true } as const;
+    const alone = (await endless.client.chat.completions.create(request)).choices[0]?.logprobs?.content as Entry[];
+    const withTop = (await endless.client.chat.completions.create({ ...request, top_logprobs: 2 })).choices[0]?.logprobs?.content as Entry[];
+    assert.equal(alone.length, 8);
+    assert.deepEqual(alone.map((entry) => entry.token), withTop.map((entry) => entry.token));
+    for (const [i, entry] of alone.entries()) {
+      assert.deepEqual(entry.top_logprobs, []);
+      assert.ok(entry.logprob > -9999 && Math.abs(entry.logprob - (withTop[i] as Entry).logprob) < 1e-5, `temperature ${temperature}, token ${i}: ${entry.logprob} vs ${(withTop[i] as Entry).logprob}`);
+    }
+  }
+});
+
 test("completions logprobs: tokens, token_logprobs, top_logprobs maps with the sampled token, text_offset; streamed too", async () => {
   const request = { model: "scripted", prompt: "hi", max_tokens: 8, temperature: 0, logprobs: 2 } as const;
   const reply = await scripted.client.completions.create(request);
