@@ -18,9 +18,10 @@
 // have probability 0 there and are left out), and a token the grammar forces reports a
 // logprob of 0. A banned token (logit_bias -100) is left out the same way.
 //
-// Cost: node-llama-cpp hands over each distribution sorted, most likely first (the native
-// side returns llama.cpp's candidates in that order, under greedy decoding, sampling and
-// grammars alike; the tests pin it: at temperature 0 the sampled token heads its
+// Cost: node-llama-cpp hands over each distribution sorted, most likely first: its native
+// SampleToken (llama/addon/AddonContext.cpp) sorts llama.cpp's candidates by logit
+// whenever probabilities or the confidence are asked for, under greedy decoding, sampling
+// and grammars alike (the tests pin it: at temperature 0 the sampled token heads its
 // top_logprobs). So the likeliest tokens are the first ones, and nothing here walks the
 // rest of a vocabulary that can hold 150k tokens (sampled-distributions.ts trims it
 // before node-llama-cpp makes it a Map).
