@@ -53,6 +53,13 @@ export function toChatHistory(messages: ChatMessage[]): ChatHistoryItem[] {
             param: `messages.${index}.tool_call_id`,
           });
         }
+        // A second result for one call would silently replace the first in the prompt.
+        if (results.has(id)) {
+          throw new BadRequestError(`Invalid request body: field 'messages.${index}.tool_call_id': the tool call '${id}' already has its result in an earlier tool message; send one tool message per call.`, {
+            code: "invalid_field",
+            param: `messages.${index}.tool_call_id`,
+          });
+        }
         results.set(id, result.content);
       }
       for (const [position, call] of calls.entries()) {
@@ -181,9 +188,16 @@ export class ToolCallCollector {
     }
   }
 
-  /** The calls LlamaChat completed (one cut off by max_tokens is left out). */
-  completed(): ToolCall[] {
-    return this.calls.slice(0, this.finished);
+  /**
+   * The calls of the reply, a call that max_tokens cut off included, with the arguments
+   * generated until then. OpenAI does the same: an answer that ends with finish_reason
+   * "length" in the middle of a call carries that call with its truncated arguments, in a
+   * stream (as deltas, which cannot be taken back) and without one alike; so the two
+   * forms of one request give the same calls, and the finish reason tells the client
+   * that the last call's arguments are incomplete.
+   */
+  made(): ToolCall[] {
+    return [...this.calls];
   }
 
   private open(index: number, name: string): ToolCall {

@@ -25,9 +25,17 @@
 // the count a generation reports (llama-server's tokens_predicted, including the end of
 // generation token and the tokens of a stop sequence), whatever the text callbacks
 // released or held back. A generation that asked for logprobs has its tokens evaluated
-// through `evaluateWithMetadata` with probabilities instead (the same iterator that
-// `evaluate` itself unwraps), and the turn keeps each step's distribution next to its
-// token; the others take the plain path and pay nothing for it.
+// through `evaluateWithMetadata` with probabilities (or only the sampled token's, when no
+// alternatives are wanted) instead (the same iterator that `evaluate` itself unwraps),
+// and the turn keeps each step's distribution next to its token; the others take the
+// plain path and pay nothing for it.
+//
+// A logprobs turn still holds the others at the barrier for as long as its step takes,
+// and copying a whole distribution out of llama.cpp makes that step longer. Releasing the
+// others without it would not help them: that copy runs on the JavaScript thread, which
+// they need too to queue their next decode, and the logprobs turn would then decode in a
+// batch of its own, losing the shared batches this module exists for. So the cost is cut
+// at its source instead (sampledOnly below, sampled-distributions.ts).
 import type { LlamaContextSequence, Token } from "node-llama-cpp";
 
 type Phase =
@@ -72,6 +80,14 @@ export interface TurnOptions {
    * the caller keeps only what it will report.
    */
   keepDistribution?: (token: Token, distribution: TokenDistribution) => TokenDistribution;
+  /**
+   * With keepDistribution: only the sampled token's probability is wanted (top_logprobs
+   * 0), so llama.cpp is asked for that alone (its "confidence", the same figure), and the
+   * distribution is that one token. The whole distribution is as long as the vocabulary
+   * under greedy decoding, and copying it out of the native side costs tens of
+   * milliseconds per token for a 150k vocabulary (sampled-distributions.ts).
+   */
+  sampledOnly?: boolean;
 }
 
 class Turn implements GenerationTurn {
@@ -84,6 +100,7 @@ class Turn implements GenerationTurn {
   constructor(
     readonly maxTokens: number,
     readonly keepDistribution: TurnOptions["keepDistribution"],
+    readonly sampledOnly: boolean,
     private readonly onEnd: (turn: Turn) => void,
   ) {}
 
@@ -114,7 +131,11 @@ export class DecodeLockstep {
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
       if (!turn) return original(tokens, options);
-      const inner = turn.keepDistribution ? withDistributions(turn, sequence.evaluateWithMetadata(tokens, { probabilities: true }, options)) : original(tokens, options);
+      const inner = !turn.keepDistribution
+        ? original(tokens, options)
+        : turn.sampledOnly
+          ? withDistributions(turn, sequence.evaluateWithMetadata(tokens, { confidence: true }, options))
+          : withDistributions(turn, sequence.evaluateWithMetadata(tokens, { probabilities: true }, options));
       return this.evaluateInStep(turn, inner);
     };
     Object.defineProperty(sequence, "evaluate", { value: wrapped, configurable: true, writable: true });
@@ -127,7 +148,7 @@ export class DecodeLockstep {
    * one token more than asked; LlamaChat checks first and never reaches the limit here.)
    */
   begin(sequence: LlamaContextSequence, maxTokens: number, options: TurnOptions = {}): GenerationTurn {
-    const turn = new Turn(maxTokens, options.keepDistribution, (ended) => {
+    const turn = new Turn(maxTokens, options.keepDistribution, options.sampledOnly === true, (ended) => {
       if (this.turns.get(sequence) !== ended) return;
       this.turns.delete(sequence);
       this.releaseIfAllReady();
@@ -218,14 +239,15 @@ export class DecodeLockstep {
  */
 async function* withDistributions(
   turn: Turn,
-  inner: AsyncGenerator<{ token: Token; probabilities: Map<Token, number> }, void, void | Token | Token[]>,
+  inner: AsyncGenerator<{ token: Token; probabilities?: Map<Token, number>; confidence?: number }, void, void | Token | Token[]>,
 ): TokenIterator {
   let input: Token | Token[] | undefined;
   try {
     for (;;) {
       const next = await inner.next(input);
       if (next.done) return;
-      turn.distributions.push(turn.keepDistribution?.(next.value.token, next.value.probabilities));
+      const { token, probabilities, confidence } = next.value;
+      turn.distributions.push(turn.keepDistribution?.(token, probabilities ?? new Map([[token, confidence ?? 0]])));
       input = yield next.value.token;
     }
   } finally {

@@ -9,7 +9,9 @@ import { BadRequestError } from "../../core/errors.ts";
 import { rewriteGrammarRules } from "./grammar-rewrites.ts";
 import { ToolCallCollector } from "./chat-tools.ts";
 import { toGrammarSchema } from "./json-schema-grammar.ts";
-import { toChatStructure, type ToolCallDelta } from "./structured-wire.ts";
+import { toChatStructure, type ToolCallDelta, type ToolSpec } from "./structured-wire.ts";
+import { ToolGrammarCheck } from "./tool-grammars.ts";
+import type { Llama } from "node-llama-cpp";
 
 const PATH = "response_format.json_schema.schema";
 
@@ -78,6 +80,33 @@ test("keywords the grammar cannot enforce are refused with 400 naming the keywor
   assert.deepEqual(toGrammarSchema({ type: "string", minLength: 2000, maxLength: 2000 }, PATH), { type: "string", minLength: 2000, maxLength: 2000 });
 });
 
+test("a U+0000 in an enum or const value or a property name is refused naming the keyword (it cuts llama.cpp's grammar text short)", () => {
+  const cases: Array<[unknown, string, string]> = [
+    [{ type: "object", properties: { e: { enum: ["ok", "a\u0000b"] } } }, `${PATH}.properties.e.enum`, "'enum'"],
+    [{ type: "object", properties: { c: { const: "\u0000" } } }, `${PATH}.properties.c.const`, "'const'"],
+    [{ type: "object", properties: { "a\u0000": { type: "string" } } }, `${PATH}.properties`, "'properties'"],
+  ];
+  for (const [schema, param, keyword] of cases) {
+    const error = refusal(schema);
+    assert.equal(error.param, param);
+    assert.ok(error.message.includes(keyword) && error.message.includes("U+0000"), error.message);
+  }
+  // Other control characters are escaped in the grammar and stay allowed.
+  assert.deepEqual(toGrammarSchema({ enum: ["a\u0001b"] }, PATH), { enum: ["a\u0001b"] });
+});
+
+test("a $ref must point to a definition in its own schema or one around it", () => {
+  const missing = refusal({ type: "object", properties: { a: { $ref: "#/$defs/nope" } } });
+  assert.equal(missing.param, `${PATH}.properties.a.$ref`);
+  assert.match(missing.message, /'#\/\$defs\/nope' points to no definition/);
+  // A definition declared inside a sibling is out of scope, as it is for node-llama-cpp.
+  const sibling = refusal({ type: "object", properties: { a: { type: "object", $defs: { x: { type: "string" } }, properties: {} }, b: { $ref: "#/$defs/x" } } });
+  assert.equal(sibling.param, `${PATH}.properties.b.$ref`);
+  // Declared around it, in draft-7 spelling, or referring to itself (recursion): fine.
+  assert.ok(toGrammarSchema({ definitions: { x: { type: "string" } }, type: "object", properties: { a: { type: "object", properties: { b: { $ref: "#/definitions/x" } } } } }, PATH));
+  assert.ok(toGrammarSchema({ $defs: { node: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/node" }, { type: "null" }] } } } }, $ref: "#/$defs/node" }, PATH));
+});
+
 test("tool definitions: duplicates, non-object parameters, unknown named tool_choice and unsupported keywords are 400s naming the field", () => {
   const tool = (name: string, parameters?: Record<string, unknown>) => ({ type: "function" as const, function: { name, ...(parameters ? { parameters } : {}) } });
   const param = (body: Parameters<typeof toChatStructure>[0]) => {
@@ -105,6 +134,28 @@ test("tool definitions: duplicates, non-object parameters, unknown named tool_ch
   assert.equal(toChatStructure({ tools: [tool("a")] }).tools?.forced, false, "auto by default");
 });
 
+test("tool grammar checks: a refusal names the tool's index in 'tools'; compiled schemas are remembered, at most 128 of them", async () => {
+  // Stands in for node-llama-cpp's Llama: createGrammarForJsonSchema throws for what llama.cpp refuses.
+  const compiled: unknown[] = [];
+  const llama = {
+    createGrammarForJsonSchema: async (schema: { refuse?: boolean }) => {
+      compiled.push(schema);
+      if ("refuse" in schema) throw new Error("parse: error parsing grammar");
+      return {};
+    },
+  } as unknown as Llama;
+  const check = new ToolGrammarCheck(llama);
+  const spec = (name: string, parameters?: unknown): ToolSpec => ({ name, ...(parameters ? { parameters: parameters as never } : {}) });
+  const bad = spec("b", { refuse: true });
+  const documented = [spec("a", { type: "object", properties: {} }), spec("none"), bad];
+  await assert.rejects(check.check([bad], documented), (error: unknown) => error instanceof BadRequestError && error.param === "tools.2.function.parameters" && /'b'/.test(error.message));
+  await check.check(documented.slice(0, 2), documented);
+  await check.check(documented.slice(0, 2), documented);
+  assert.equal(compiled.length, 2, "one refused compile, one compile for 'a' (remembered), none for a tool without parameters");
+  for (let i = 0; i < 300; i++) await check.check([spec("t", { type: "object", properties: { [`p${i}`]: { type: "string" } } })], documented);
+  assert.equal(check.size, 128);
+});
+
 test("grammar numbers lose the exponent and keep at most 15 integer digits; string characters are valid code points", () => {
   const grammar = 'root ::= integer-number-rule\nstring-char-rule ::= [^"\\\\\\x7F\\x00-\\x1F]\ninteger-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?\nfractional-number-rule ::= x';
   const bounded = rewriteGrammarRules(grammar);
@@ -121,7 +172,7 @@ test("streamed tool-call arguments: id and name first, then the JSON value's pie
   for (const piece of [" {", '"a": "}', '"', "}", "\n\n\n\n"]) collector.paramsChunk({ callIndex: 0, functionName: "f", paramsChunk: piece });
   collector.functionCall({ functionName: "f", params: { a: "}" } });
   collector.functionCall({ functionName: "g", params: undefined });
-  const [first, second] = collector.completed();
+  const [first, second] = collector.made();
   assert.equal(first?.arguments, '{"a": "}"}');
   assert.equal(second?.arguments, "{}");
   assert.match(first?.id ?? "", /^call_[0-9a-f]{24}$/);

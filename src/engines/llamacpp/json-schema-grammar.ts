@@ -55,6 +55,17 @@ function checkRepetitionBound(value: unknown, path: string, keyword: string): vo
   if (value > MAX_REPETITIONS) throw unsupported(path, keyword, `above ${MAX_REPETITIONS} is more than llama.cpp's grammars can repeat (got ${value})`);
 }
 
+/**
+ * A U+0000 in a string the grammar spells out (an enum or const value, a property name)
+ * cuts llama.cpp's GBNF text short at that point, so it would refuse the whole grammar
+ * ("unexpected end of input") without saying why; refused here, naming the keyword.
+ */
+function checkNoNul(value: unknown, path: string, keyword: string): void {
+  if (typeof value === "string" && value.includes("\u0000")) {
+    throw unsupported(path, keyword, "with a U+0000 character in a string is not supported by the bundled engine's grammar (llama.cpp's grammars cannot hold it)");
+  }
+}
+
 function invalid(path: string, what: string): BadRequestError {
   return new BadRequestError(`Invalid request body: ${path}: ${what}.`, { code: "invalid_schema", param: path });
 }
@@ -79,10 +90,27 @@ const ANY_VALUE: GbnfJsonSchema = {
 };
 
 class SchemaTranslator {
+  /**
+   * The definition names each schema being translated declares, outermost first: a $ref
+   * resolves against its own schema's definitions and those of the schemas around it
+   * (node-llama-cpp joins them the same way), and one that points nowhere would silently
+   * become "any value" there, so it is refused.
+   */
+  private readonly scopes: Array<Set<string>> = [];
+
   translate(schema: unknown, path: string): GbnfJsonSchema {
     if (schema === true) return ANY_VALUE;
     if (schema === false) throw invalid(path, "the schema 'false' admits no value");
     if (!isObject(schema)) throw invalid(path, "a schema must be a JSON object");
+    this.scopes.push(new Set([schema.$defs, schema.definitions].flatMap((defs) => (isObject(defs) ? Object.keys(defs) : []))));
+    try {
+      return this.translateObject(schema, path);
+    } finally {
+      this.scopes.pop();
+    }
+  }
+
+  private translateObject(schema: JsonObject, path: string): GbnfJsonSchema {
     for (const key of Object.keys(schema)) this.checkKeyword(schema, key, path);
     const description = typeof schema.description === "string" ? { description: schema.description } : {};
     const defs = this.defs(schema, path);
@@ -102,11 +130,13 @@ class SchemaTranslator {
     if (schema.const !== undefined) {
       if (!isPrimitive(schema.const)) throw unsupported(`${path}.const`, "const", "with an object or array value is not supported by the bundled engine's grammar");
       if (types && !types.some((t) => matchesType(schema.const as never, t))) throw invalid(`${path}.const`, "the value does not have the schema's type");
+      checkNoNul(schema.const, `${path}.const`, "const");
       return { const: schema.const, ...description };
     }
     if (schema.enum !== undefined) {
       if (!Array.isArray(schema.enum) || schema.enum.length === 0) throw invalid(`${path}.enum`, "must be a non-empty array");
       if (!schema.enum.every(isPrimitive)) throw unsupported(`${path}.enum`, "enum", "with object or array values is not supported by the bundled engine's grammar");
+      for (const value of schema.enum) checkNoNul(value, `${path}.enum`, "enum");
       const values = types ? schema.enum.filter((v) => types.some((t) => matchesType(v, t))) : schema.enum;
       if (values.length === 0) throw invalid(`${path}.enum`, "no value has the schema's type");
       return { enum: values, ...description };
@@ -143,7 +173,10 @@ class SchemaTranslator {
     const properties: Record<string, GbnfJsonSchema> = {};
     if (schema.properties !== undefined) {
       if (!isObject(schema.properties)) throw invalid(`${path}.properties`, "must be an object of schemas");
-      for (const [name, sub] of Object.entries(schema.properties)) properties[name] = this.translate(sub, `${path}.properties.${name}`);
+      for (const [name, sub] of Object.entries(schema.properties)) {
+        checkNoNul(name, `${path}.properties`, "properties");
+        properties[name] = this.translate(sub, `${path}.properties.${name}`);
+      }
     }
     if (schema.required !== undefined) {
       if (!Array.isArray(schema.required)) throw invalid(`${path}.required`, "must be an array of property names");
@@ -244,7 +277,9 @@ class SchemaTranslator {
   private ref(ref: string, path: string): string {
     const match = /^#\/(?:\$defs|definitions)\/([^/]+)$/.exec(ref);
     if (!match) throw unsupported(`${path}.$ref`, "$ref", `'${ref}' is not supported by the bundled engine's grammar (only '#/$defs/<name>' and '#/definitions/<name>')`);
-    return `#/$defs/${match[1]}`;
+    const name = match[1] as string;
+    if (!this.scopes.some((scope) => scope.has(name))) throw invalid(`${path}.$ref`, `'${ref}' points to no definition; add '${name}' to $defs or fix the reference`);
+    return `#/$defs/${name}`;
   }
 
   /** Refuses validation keywords next to a keyword that the grammar applies alone. */

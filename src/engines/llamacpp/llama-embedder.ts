@@ -60,6 +60,11 @@ export class LlamaEmbedder implements TextEmbedder {
     return this.options.model.embeddingVectorSize;
   }
 
+  /** CPU threads of the embedding context. */
+  get threads(): number {
+    return this.options.threads;
+  }
+
   get maxInputTokens(): number {
     return this.options.contextSize - 1;
   }
@@ -115,7 +120,7 @@ export class LlamaEmbedder implements TextEmbedder {
     const { model, contextSize, threads, logger } = this.options;
     const creating = model.createEmbeddingContext({ contextSize, batchSize: contextSize, threads }).then(
       (context) => {
-        logger.info({ contextSize, embeddingSize: model.embeddingVectorSize }, "embedding context created");
+        logger.info({ contextSize, embeddingSize: model.embeddingVectorSize, threads }, "embedding context created");
         return context;
       },
       (error: unknown) => {

@@ -14,6 +14,7 @@ import OpenAI from "openai";
 import { silentLogger } from "../../core/log.ts";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { createEngineServer } from "./engine-server.ts";
+import { LlamaEmbedder } from "./llama-embedder.ts";
 import { LlamaRunner, type GenerateOptions, type GenerationResult } from "./llama-runner.ts";
 import type { GenerationParams } from "./openai-wire.ts";
 
@@ -213,5 +214,21 @@ test("over HTTP with the openai client: usage counts stop-sequence tokens and no
     assert.equal(completionTokens, 5);
   } finally {
     await server.shutdown(1000);
+  }
+});
+
+test("the embedding context gets half the generation threads (at least one), so both together do not oversubscribe the cores", async () => {
+  const model = join(dir, "threads.gguf");
+  await writeTinyLlamaGguf({ path: model, embeddingLength: 32, layers: 1 });
+  for (const [threads, expected] of [[4, 2], [3, 1], [1, 1]] as const) {
+    const runner = await LlamaRunner.load({ modelPath: model, contextSize: 256, parallel: 1, threads, logger: silentLogger() });
+    try {
+      assert.ok(runner.embedder instanceof LlamaEmbedder);
+      assert.equal(runner.embedder.threads, expected, `generation threads ${threads}`);
+      const [vector] = (await runner.embedder.embed(["hello"], new AbortController().signal)).vectors;
+      assert.equal(vector?.length, 32, "the embedding context works with them");
+    } finally {
+      await runner.dispose();
+    }
   }
 });

@@ -48,12 +48,14 @@ import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
 import { LlamaEmbedder, type TextEmbedder } from "./llama-embedder.ts";
 import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
 import { SequencePool } from "./sequence-pool.ts";
+import { trimSampledDistributions } from "./sampled-distributions.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
 import { tokenBiasFor } from "./token-bias.ts";
 import { pieceBytes, type TokenPieces } from "./token-bytes.ts";
 import { keepForLogprobs, LogprobTracker, type TokenLogprob, type TokenVocabulary } from "./token-logprobs.ts";
 import { JSON_OBJECT_GRAMMAR } from "./json-schema-grammar.ts";
+import { ToolGrammarCheck } from "./tool-grammars.ts";
 import type { ChatStructure, ToolCall, ToolCallDelta } from "./structured-wire.ts";
 
 export { ModelLoadError };
@@ -123,7 +125,8 @@ const STOP_REASON_TO_FINISH: Record<string, FinishReason> = {
 
 /**
  * A reply that made tool calls finishes with "tool_calls", unless max_tokens cut it off
- * (OpenAI's "length"; the calls completed before the limit are still returned).
+ * (OpenAI's "length"; the calls made until the limit are still returned, the last one
+ * possibly with incomplete arguments: ToolCallCollector.made).
  */
 function finishReason(stopReason: string, toolCalls: number): FinishReason {
   const finish = STOP_REASON_TO_FINISH[stopReason] ?? "stop";
@@ -147,6 +150,7 @@ function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatP
 export class LlamaRunner implements TextGenerator {
   private readonly pool: SequencePool;
   private readonly lockstep = new DecodeLockstep();
+  private readonly toolGrammars: ToolGrammarCheck;
   private disposed = false;
   readonly embedder: TextEmbedder;
 
@@ -161,9 +165,13 @@ export class LlamaRunner implements TextGenerator {
   ) {
     for (const sequence of sequences) this.lockstep.attach(sequence);
     this.pool = new SequencePool(sequences);
+    this.toolGrammars = new ToolGrammarCheck(llama);
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
-    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: context.idealThreads, logger });
+    // Half the threads: an embeddings request runs alongside the generations, and two
+    // contexts with a thread per core each would oversubscribe the cores, which makes
+    // llama.cpp's thread synchronisation many times slower (see the top of this file).
+    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: Math.max(1, Math.floor(context.idealThreads / 2)), logger });
   }
 
   get contextPerRequest(): number {
@@ -201,6 +209,7 @@ export class LlamaRunner implements TextGenerator {
         threads,
         batching: { itemPrioritizationStrategy: batchMeter.shareBatch },
       });
+      trimSampledDistributions(context);
       const sequences = Array.from({ length: options.parallel }, () => context.getSequence());
       const chatWrapper = resolveChatWrapper(model);
       logger.info(
@@ -230,6 +239,8 @@ export class LlamaRunner implements TextGenerator {
     const sampling = this.sampling(options.params);
     const json = options.structure?.json;
     const grammar = json === undefined ? undefined : await this.grammarFor(json);
+    // LlamaChat compiles a function's grammar only once the model calls it (tool-grammars.ts).
+    if (tools) await this.toolGrammars.check(tools.callable, tools.documented);
     return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
       const collector = new ToolCallCollector(options.onToolCall);
@@ -250,7 +261,7 @@ export class LlamaRunner implements TextGenerator {
               ? { grammar }
               : {}),
         });
-        return { stopReason: result.metadata.stopReason, toolCalls: collector.completed() };
+        return { stopReason: result.metadata.stopReason, toolCalls: collector.made() };
       } finally {
         chat.dispose({ disposeSequence: false });
       }
@@ -407,7 +418,7 @@ export class LlamaRunner implements TextGenerator {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
     const wantsLogprobs = options.params.logprobs;
-    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top) });
+    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top), sampledOnly: wantsLogprobs.top === 0 });
     const tracker = wantsLogprobs === undefined ? null : new LogprobTracker(turn, this.tokenVocabulary(), wantsLogprobs.top);
     const logprobs: TokenLogprob[] = [];
     try {

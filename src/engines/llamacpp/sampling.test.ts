@@ -10,11 +10,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { AddressInfo } from "node:net";
 import OpenAI from "openai";
-import { readGgufFileInfo } from "node-llama-cpp";
+import { readGgufFileInfo, type Token } from "node-llama-cpp";
 import { silentLogger } from "../../core/log.ts";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { createEngineServer, type EngineServer } from "./engine-server.ts";
 import { LlamaRunner } from "./llama-runner.ts";
+import { trimDistribution } from "./sampled-distributions.ts";
+import { keepForLogprobs, mostLikely } from "./token-logprobs.ts";
+import type { TokenDistribution } from "./decode-lockstep.ts";
 
 // " say", "—" (3 bytes), " hi", "é" (2 bytes), "!", "😁" (4 bytes): one token each.
 const SCRIPT = ["▁say", "<0xE2>", "<0x80>", "<0x94>", "▁hi", "<0xC3>", "<0xA9>", "!", "<0xF0>", "<0x9F>", "<0x98>", "<0x81>"];
@@ -142,10 +145,25 @@ test("chat logprobs with a stop sequence: entries for the tokens wholly inside t
 test("chat logprobs while sampling: finite logprobs of the distribution sampled from, at most top_logprobs alternatives", async () => {
   const reply = await endless.client.chat.completions.create({ model: "endless", messages: hi, max_tokens: 6, temperature: 0.8, seed: 3, logprobs: true, top_logprobs: 3 });
   const content = reply.choices[0]?.logprobs?.content as Entry[];
+  assert.equal(content.length, 6, "one entry per token of the endless reply");
   assert.equal(textOf(content), reply.choices[0]?.message.content);
   for (const entry of content) {
     assert.ok(entry.logprob <= 0 && entry.logprob > -9999, `the sampled token had a probability: ${entry.logprob}`);
     assert.ok(entry.top_logprobs.length >= 1 && entry.top_logprobs.length <= 3);
+  }
+});
+
+test("without top_logprobs, each token's logprob is the same figure as with alternatives (llama.cpp's confidence, not the whole distribution)", async () => {
+  for (const temperature of [0, 0.8]) {
+    const request = { model: "endless", messages: hi, max_tokens: 8, temperature, seed: 3, logprobs: true } as const;
+    const alone = (await endless.client.chat.completions.create(request)).choices[0]?.logprobs?.content as Entry[];
+    const withTop = (await endless.client.chat.completions.create({ ...request, top_logprobs: 2 })).choices[0]?.logprobs?.content as Entry[];
+    assert.equal(alone.length, 8);
+    assert.deepEqual(alone.map((entry) => entry.token), withTop.map((entry) => entry.token));
+    for (const [i, entry] of alone.entries()) {
+      assert.deepEqual(entry.top_logprobs, []);
+      assert.ok(entry.logprob > -9999 && Math.abs(entry.logprob - (withTop[i] as Entry).logprob) < 1e-5, `temperature ${temperature}, token ${i}: ${entry.logprob} vs ${(withTop[i] as Entry).logprob}`);
+    }
   }
 });
 
@@ -270,4 +288,35 @@ test("OpenAI fields the engine cannot honour are 400s naming the field; harmless
   }
   const harmless = { user: "u", metadata: { team: "a" }, safety_identifier: "s", prompt_cache_key: "p", service_tier: "auto", store: false, modalities: ["text"] };
   assert.equal((await post("/chat/completions", { messages: hi, ...harmless })).status, 200);
+});
+
+test("a distribution is read only as far as logprobs need: node-llama-cpp's order is most likely first", () => {
+  // A 150k-token distribution, most likely first, as node-llama-cpp hands it over.
+  const size = 150_000;
+  const entries = Array.from({ length: size }, (_, i): [number, number] => [i, (size - i) / (size * size)]);
+  let read = 0;
+  const counted = {
+    *[Symbol.iterator]() {
+      for (const entry of entries) {
+        read += 1;
+        yield entry;
+      }
+    },
+    get: (token: number) => entries[token]?.[1],
+  } as unknown as TokenDistribution;
+  assert.deepEqual(mostLikely(counted, 3).map(([token]) => token), [0, 1, 2]);
+  assert.equal(read, 3, "no entry past the third is read");
+  read = 0;
+  const kept = keepForLogprobs(2)(70_000 as Token, counted);
+  assert.deepEqual([...kept.keys()], [0, 1, 70_000], "the two likeliest and the sampled token");
+  assert.ok(read <= 3, `read ${read} entries`);
+  // No token without probability is an alternative.
+  assert.deepEqual(mostLikely(new Map([[5, 1], [1, 0], [2, 0]]) as unknown as TokenDistribution, 3), [[5, 1]]);
+
+  // The flat [token, probability, ...] array is cut to the first pairs and the sampled token's.
+  const flat = entries.flat();
+  assert.deepEqual(trimDistribution(flat, 70_000, 2), [0, entries[0]?.[1], 1, entries[1]?.[1], 70_000, entries[70_000]?.[1]]);
+  assert.deepEqual(trimDistribution(flat, 1, 2), [0, entries[0]?.[1], 1, entries[1]?.[1]]);
+  const short = [3, 0.5, 4, 0.5];
+  assert.equal(trimDistribution(short, 4, 2), short);
 });

@@ -90,6 +90,81 @@ test("json_object: the answer is a JSON object, stream and not", async () => {
   for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
   const value: unknown = JSON.parse(text);
   assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), text);
+  const nonStream = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 3 });
+  assert.equal(text, nonStream.choices[0]?.message.content, "the stream carries the same answer, to the last character");
+});
+
+/** The text the logprob entries spell, from their bytes. */
+function spelled(entries: ReadonlyArray<{ bytes: number[] | null }>): string {
+  return Buffer.from(entries.flatMap((entry) => entry.bytes ?? [])).toString("utf8");
+}
+
+test("logprobs under a json_schema grammar: entries spell the answer, stream chunks their delta, and top_logprobs hold only tokens the grammar allows", async () => {
+  const schema = { type: "object", properties: { name: { type: "string", maxLength: 8 }, n: { type: "integer" }, ok: { type: "boolean" } }, required: ["name", "n", "ok"], additionalProperties: false };
+  const request = { model: MODEL, messages: ask, max_tokens: 100, temperature: 0, logprobs: true, top_logprobs: 3, response_format: { type: "json_schema" as const, json_schema: { name: "x", schema } } };
+  const answer = await client.chat.completions.create(request);
+  const choice = answer.choices[0];
+  assert.equal(choice?.finish_reason, "stop");
+  const content = choice?.logprobs?.content ?? [];
+  assert.ok(content.length > 0);
+  assert.equal(spelled(content), choice?.message.content);
+  JSON.parse(choice?.message.content ?? "");
+  let cut = 0;
+  for (const entry of content) {
+    // Tokens the grammar forbids have no probability: they are no alternatives (no -9999 filler).
+    for (const alternative of entry.top_logprobs) assert.ok(alternative.logprob > -9999 && alternative.logprob <= 0, `${JSON.stringify(entry.token)}: ${JSON.stringify(entry.top_logprobs)}`);
+    // Greedy: the answer's token is the likeliest allowed one, first among its alternatives.
+    assert.equal(entry.top_logprobs[0]?.token, entry.token);
+    assert.equal(entry.top_logprobs[0]?.logprob, entry.logprob);
+    if (entry.top_logprobs.length < 3) cut += 1;
+  }
+  assert.ok(cut > 0, "where the grammar leaves fewer than 3 tokens, the list is shorter");
+  assert.ok(content.some((entry) => entry.logprob === 0), "a token the grammar forces has logprob 0");
+
+  const stream = await client.chat.completions.create({ ...request, stream: true });
+  const streamed: typeof content = [];
+  let text = "";
+  for await (const chunk of stream) {
+    const delta = chunk.choices[0]?.delta.content ?? "";
+    const entries = chunk.choices[0]?.logprobs?.content ?? [];
+    assert.equal(spelled(entries), delta, `chunk ${JSON.stringify(delta)}`);
+    text += delta;
+    streamed.push(...entries);
+  }
+  assert.equal(text, choice?.message.content);
+  assert.deepEqual(streamed.map((entry) => entry.token), content.map((entry) => entry.token));
+});
+
+test("logprobs with a forced tool call: the answer's logprobs content is empty, and the stream's tool-call chunks carry logprobs null", async () => {
+  const request = { model: MODEL, messages: ask, max_tokens: 300, temperature: 0, logprobs: true, tools: [weatherTool], tool_choice: "required" as const };
+  const answer = await client.chat.completions.create(request);
+  const choice = answer.choices[0];
+  assert.equal(choice?.finish_reason, "tool_calls");
+  assert.deepEqual(choice?.logprobs, { content: [], refusal: null });
+  const call = choice?.message.tool_calls?.[0];
+  assert.ok(call?.type === "function");
+  WeatherArgs.parse(JSON.parse(call.function.arguments));
+
+  const stream = await client.chat.completions.create({ ...request, stream: true, stream_options: { include_usage: true } });
+  const order: string[] = [];
+  let args = "";
+  for await (const chunk of stream) {
+    const only = chunk.choices[0];
+    if (!only) {
+      order.push("usage");
+      continue;
+    }
+    for (const delta of only.delta.tool_calls ?? []) {
+      assert.equal(only.logprobs ?? null, null, "a tool-call chunk has no logprobs");
+      order.push(delta.id !== undefined ? "call" : "arguments");
+      args += delta.function?.arguments ?? "";
+    }
+    if (only.finish_reason) order.push(only.finish_reason);
+  }
+  assert.equal(order[0], "call");
+  assert.deepEqual(order.slice(-2), ["tool_calls", "usage"]);
+  assert.ok(order.slice(1, -2).every((step) => step === "arguments") && order.length > 4, order.join(" "));
+  assert.equal(args, call.function.arguments);
 });
 
 test("a schema keyword the grammar cannot enforce is a 400 naming it and its path", async () => {
@@ -175,6 +250,31 @@ test("tool_choice required: a valid call with finish_reason tool_calls, stream d
   assert.equal(whole.usage?.completion_tokens, completionTokens, "the stream's usage counts the same tokens");
 });
 
+test("a tool call cut off by max_tokens: stream and non-stream both carry it, with the arguments made so far and finish_reason length", async () => {
+  const request = { model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required" as const, max_tokens: 20, temperature: 0 };
+  const whole = await client.chat.completions.create(request);
+  const choice = whole.choices[0];
+  assert.equal(choice?.finish_reason, "length");
+  const call = choice?.message.tool_calls?.[0];
+  assert.ok(call?.type === "function", JSON.stringify(choice?.message));
+  assert.equal(call.function.name, "get_weather");
+  assert.ok(call.function.arguments.startsWith("{"), call.function.arguments);
+  assert.throws(() => JSON.parse(call.function.arguments), "the arguments are cut off");
+
+  const stream = await client.chat.completions.create({ ...request, stream: true });
+  const calls: Array<{ name: string; arguments: string }> = [];
+  let finish: string | null | undefined;
+  for await (const chunk of stream) {
+    for (const delta of chunk.choices[0]?.delta.tool_calls ?? []) {
+      if (delta.id !== undefined) calls.push({ name: delta.function?.name ?? "", arguments: "" });
+      else (calls[delta.index] as { arguments: string }).arguments += delta.function?.arguments ?? "";
+    }
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, "length");
+  assert.deepEqual(calls, [{ name: call.function.name, arguments: call.function.arguments }]);
+});
+
 test("a named tool_choice calls that function", async () => {
   for (const name of ["ping", "get_weather"]) {
     const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool, pingTool], tool_choice: { type: "function", function: { name } }, max_tokens: 300, temperature: 0 });
@@ -210,6 +310,20 @@ test("tool results go back into the conversation: the prompt holds them", async 
   await assert.rejects(unanswered, (error: unknown) => error instanceof OpenAI.BadRequestError && /has no tool message/.test(error.message));
 });
 
+test("a second tool message for the same tool_call_id is a 400 naming it", async () => {
+  const call = { id: "call_1", type: "function" as const, function: { name: "get_weather", arguments: '{"city":"Oslo","days":1,"unit":"c"}' } };
+  const messages = [...ask, { role: "assistant" as const, content: null, tool_calls: [call] }, { role: "tool" as const, tool_call_id: "call_1", content: "sunny" }];
+  const once = await client.chat.completions.create({ model: MODEL, messages, tools: [weatherTool], max_tokens: 1, temperature: 0 });
+  assert.ok((once.usage?.prompt_tokens ?? 0) > 0);
+  const twice = client.chat.completions.create({ model: MODEL, messages: [...messages, { role: "tool", tool_call_id: "call_1", content: "again" }], tools: [weatherTool], max_tokens: 1 });
+  await assert.rejects(twice, (error: unknown) => {
+    assert.ok(error instanceof OpenAI.BadRequestError, String(error));
+    assert.equal(error.param, "messages.3.tool_call_id");
+    assert.match(error.message, /'call_1' already has its result/);
+    return true;
+  });
+});
+
 test("tool_choice none answers in text with no tool calls, with the tools still in the prompt", async () => {
   const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "none", max_tokens: 20, temperature: 0 });
   assert.equal(answer.choices[0]?.message.tool_calls, undefined);
@@ -236,6 +350,46 @@ test("bad tool definitions are 400s naming the field", async () => {
       return true;
     });
   }
+});
+
+test("a tool whose parameter grammar llama.cpp refuses is a 400 naming the tool, before any stream starts, whatever tool_choice says", async () => {
+  // Within the bounds the translation checks, but more than llama.cpp repeats a string
+  // character rule; LlamaChat would compile it only once the model calls the tool.
+  const long = { type: "function" as const, function: { name: "essay", parameters: { type: "object", properties: { text: { type: "string", minLength: 2000 } } } } };
+  for (const [choice, stream] of [["auto", false], ["required", false], ["required", true], [{ type: "function", function: { name: "essay" } }, true]] as const) {
+    const refused = client.chat.completions.create({ model: MODEL, messages: ask, tools: [pingTool, long], tool_choice: choice, max_tokens: 5, stream } as never);
+    await assert.rejects(refused, (error: unknown) => {
+      assert.ok(error instanceof OpenAI.BadRequestError, `${JSON.stringify(choice)} stream ${stream}: ${String(error)}`);
+      assert.equal(error.param, "tools.1.function.parameters");
+      assert.match(error.message, /could not build a grammar for the parameters of 'essay'/);
+      return true;
+    });
+  }
+  // tool_choice none: the tool cannot be called, so its grammar is never built.
+  const none = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [long], tool_choice: "none", max_tokens: 2, temperature: 0 });
+  assert.equal(none.choices[0]?.message.tool_calls, undefined);
+
+  // A U+0000 cuts llama.cpp's grammar text short: refused by the translation, naming the keyword.
+  const nul: Array<[Record<string, unknown>, string, string]> = [
+    [{ e: { enum: ["a\u0000b"] } }, "tools.0.function.parameters.properties.e.enum", "'enum'"],
+    [{ c: { const: "\u0000" } }, "tools.0.function.parameters.properties.c.const", "'const'"],
+    [{ "a\u0000": { type: "string" } }, "tools.0.function.parameters.properties", "'properties'"],
+  ];
+  for (const [properties, param, keyword] of nul) {
+    for (const stream of [false, true]) {
+      const tool = { type: "function" as const, function: { name: "f", parameters: { type: "object", properties } } };
+      const refused = client.chat.completions.create({ model: MODEL, messages: ask, tools: [tool], tool_choice: "required", max_tokens: 5, stream } as never);
+      await assert.rejects(refused, (error: unknown) => {
+        assert.ok(error instanceof OpenAI.BadRequestError, String(error));
+        assert.equal(error.param, param);
+        assert.ok(error.message.includes(keyword) && error.message.includes("U+0000"), error.message);
+        return true;
+      });
+    }
+  }
+  // The engine goes on: a valid forced call still comes back.
+  const after = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", max_tokens: 300, temperature: 0 });
+  assert.equal(after.choices[0]?.finish_reason, "tool_calls");
 });
 
 // A Hermes-style template (the shape Qwen 2.5 and Hermes models ship) that defines tool

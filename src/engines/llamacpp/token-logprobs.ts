@@ -12,7 +12,19 @@
 // the figures are the model's softmax (after logit_bias and penalties). With sampling, the
 // sampled token's logprob is always finite, but fewer than `top_logprobs` alternatives
 // exist when top-k/top-p/min-p cut the candidates (the default top-k is 40), and the list
-// is then shorter rather than padded with made-up figures.
+// is then shorter rather than padded with made-up figures. Under a grammar
+// (response_format, tool-call arguments) the figures are likewise those of the
+// constrained distribution: the tokens the grammar forbids are not alternatives (they
+// have probability 0 there and are left out), and a token the grammar forces reports a
+// logprob of 0. A banned token (logit_bias -100) is left out the same way.
+//
+// Cost: node-llama-cpp hands over each distribution sorted, most likely first: its native
+// SampleToken (llama/addon/AddonContext.cpp) sorts llama.cpp's candidates by logit
+// whenever probabilities or the confidence are asked for, under greedy decoding, sampling
+// and grammars alike (the tests pin it: at temperature 0 the sampled token heads its
+// top_logprobs). So the likeliest tokens are the first ones, and nothing here walks the
+// rest of a vocabulary that can hold 150k tokens (sampled-distributions.ts trims it
+// before node-llama-cpp makes it a Map).
 import type { Token } from "node-llama-cpp";
 import type { GenerationTurn, TokenDistribution } from "./decode-lockstep.ts";
 import { bytesName } from "./token-bytes.ts";
@@ -52,26 +64,33 @@ export function logprobOf(probability: number | undefined): number {
   return Math.min(0, Math.log(probability));
 }
 
-/** The `count` most likely tokens of a distribution, most likely first (ties: vocabulary order). */
+/**
+ * The `count` most likely tokens of a distribution, most likely first: its first entries,
+ * since node-llama-cpp's come in that order, and only those with a probability (see the
+ * top of this file).
+ */
 export function mostLikely(distribution: TokenDistribution, count: number): Array<[Token, number]> {
   const best: Array<[Token, number]> = [];
   if (count <= 0) return best;
   for (const entry of distribution) {
-    if (best.length === count && entry[1] <= (best[count - 1] as [Token, number])[1]) continue;
-    let at = best.length;
-    while (at > 0 && (best[at - 1] as [Token, number])[1] < entry[1]) at -= 1;
-    best.splice(at, 0, entry);
-    if (best.length > count) best.pop();
+    // Sorted: once one has no probability (or NaN), none after it has.
+    if (!(entry[1] > 0)) break;
+    best.push(entry);
+    if (best.length === count) break;
   }
   return best;
 }
 
-/** What a step needs kept for its logprobs: the sampled token and the `count` likeliest. */
+/**
+ * What a step needs kept for its logprobs: the `count` likeliest tokens, and the sampled
+ * token always (its own logprob is reported even when it is not among them).
+ */
 export function keepForLogprobs(count: number): (token: Token, distribution: TokenDistribution) => TokenDistribution {
   return (token, distribution) => {
     const kept = new Map(mostLikely(distribution, count));
     const probability = distribution.get(token);
-    if (probability !== undefined) kept.set(token, probability);
+    // Appended last: it is not among the likeliest, so no likelier than any of them.
+    if (!kept.has(token)) kept.set(token, probability ?? 0);
     return kept;
   };
 }
@@ -134,7 +153,7 @@ export class LogprobTracker {
         token: own.token,
         bytes: own.bytes,
         logprob: logprobOf(distribution.get(token)),
-        top_logprobs: mostLikely(distribution, this.top).map(([alternative, probability]) => {
+        top_logprobs: this.alternatives(token, distribution).map(([alternative, probability]) => {
           const { token: name, bytes } = this.describe(alternative, before);
           return { token: name, logprob: logprobOf(probability), bytes };
         }),
@@ -143,6 +162,16 @@ export class LogprobTracker {
       bytesBefore += own.bytes.length;
     }
     return entries;
+  }
+
+  /**
+   * The likeliest tokens, with the sampled one last when the list has room and it is not
+   * there (a token without probability, which only NaN figures from llama.cpp give).
+   */
+  private alternatives(token: Token, distribution: TokenDistribution): Array<[Token, number]> {
+    const best = mostLikely(distribution, this.top);
+    if (best.length < this.top && !best.some(([alternative]) => alternative === token)) best.push([token, distribution.get(token) ?? 0]);
+    return best;
   }
 
   /** The token's name and bytes; part of a multi-byte character is named by its bytes. */
