@@ -74,14 +74,14 @@ function periodAt(period: BudgetPeriod, now: number): BudgetPeriodAt {
 }
 
 /** The fixed one-minute window `now` falls in. */
-export function windowAt(now: number): { start: string; endsAt: number } {
+export function windowAt(now: number): { readonly start: string; readonly endsAt: number } {
   const startMs = Math.floor(now / WINDOW_MS) * WINDOW_MS;
-  // Every request of a minute asks for the same window: format it once.
-  if (startMs !== lastWindow.startMs) lastWindow = { startMs, start: new Date(startMs).toISOString() };
-  return { start: lastWindow.start, endsAt: startMs + WINDOW_MS };
+  // Every request of a minute asks for the same window: made and formatted once.
+  if (startMs !== lastWindow.startMs) lastWindow = { startMs, window: Object.freeze({ start: new Date(startMs).toISOString(), endsAt: startMs + WINDOW_MS }) };
+  return lastWindow.window;
 }
 
-let lastWindow = { startMs: Number.NaN, start: "" };
+let lastWindow: { startMs: number; window: { readonly start: string; readonly endsAt: number } } = { startMs: Number.NaN, window: { start: "", endsAt: 0 } };
 
 export interface BudgetUse {
   spentNano: number;

@@ -56,8 +56,9 @@ interface RateUse {
 interface Scope {
   ref: WindowRef;
   limits: RateLimits;
-  /** How the scope is named in messages. */
-  label: string;
+  /** The key's name, and the model's when the scope is one model's (messages only, built when needed). */
+  keyName: string;
+  model: string | null;
 }
 
 const UNLIMITED: LimitsPermit = { headers: {}, maxOutputTokens: null, settle: () => undefined };
@@ -66,7 +67,8 @@ const UNLIMITED: LimitsPermit = { headers: {}, maxOutputTokens: null, settle: ()
 interface Held {
   request: PolicyRequest;
   reservedTokens: number;
-  windows: WindowRef[];
+  /** The rate scopes it counted in (their windows settle). */
+  scopes: readonly Scope[];
   budget: { keyId: string; period: string; reservedNano: number } | null;
 }
 
@@ -155,10 +157,9 @@ export class LimitsService implements RequestLimits {
       budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
     });
     if (together === undefined || together === "refused") return undefined;
-    const counted = scopes.map((scope, index) => ({ scope, use: together.windows[index]! }));
     return this.permit(
-      { request, reservedTokens: tokens, windows: scopes.map(({ ref }) => ref), budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano } },
-      rateHeaders(counted, now, window.endsAt),
+      { request, reservedTokens: tokens, scopes, budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano } },
+      rateHeaders(scopes, together.windows, now, window.endsAt),
       this.outputCap(request, admission.limits, scopes, bound),
     );
   }
@@ -191,7 +192,7 @@ export class LimitsService implements RequestLimits {
       if (tpm !== null && tokens > tpm) {
         await undoWindows();
         throw new TooManyRequestsError(
-          `This request may use up to ${tokens} tokens (a prompt of up to ${bound.prompt} and up to ${bound.output} of output), more than the ${tpm} tokens per minute ${scope.label} allows, so it can never be admitted. Lower max_tokens or shorten the prompt, or ask an administrator to raise the tpm limit ('llmgw ctl key update ${keyName} --tpm N').`,
+          `This request may use up to ${tokens} tokens (a prompt of up to ${bound.prompt} and up to ${bound.output} of output), more than the ${tpm} tokens per minute ${labelOf(scope)} allows, so it can never be admitted. Lower max_tokens or shorten the prompt, or ask an administrator to raise the tpm limit ('llmgw ctl key update ${keyName} --tpm N').`,
           { code: "rate_limit_exceeded", type: "tokens", headers: { ...(await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt)), "x-should-retry": "false" } },
         );
       }
@@ -205,7 +206,7 @@ export class LimitsService implements RequestLimits {
           ? `requests per minute: limit ${rpm}${seen === null ? "" : `, used ${seen.requests}`}`
           : `tokens per minute: limit ${tpm}${seen === null ? "" : `, used ${seen.tokens}`}, this request may use up to ${tokens}`;
         throw new TooManyRequestsError(
-          `Rate limit reached ${scope.label} on ${what}. Retry after ${retryAfterSeconds} s, when this minute's window ends (${new Date(window.endsAt).toISOString()}).`,
+          `Rate limit reached ${labelOf(scope)} on ${what}. Retry after ${retryAfterSeconds} s, when this minute's window ends (${new Date(window.endsAt).toISOString()}).`,
           {
             code: "rate_limit_exceeded",
             type: byRequests ? "requests" : "tokens",
@@ -216,7 +217,12 @@ export class LimitsService implements RequestLimits {
       }
       reserved.push({ scope, use });
     }
-    const headers = rateHeaders(reserved, now, window.endsAt);
+    const headers = rateHeaders(
+      reserved.map(({ scope }) => scope),
+      reserved.map(({ use }) => use),
+      now,
+      window.endsAt,
+    );
     let budget: Held["budget"] = null;
     if (limits.budgetUsd !== null && costNano > 0) {
       const period = budgetPeriodAt(limits.budgetPeriod, now);
@@ -230,7 +236,7 @@ export class LimitsService implements RequestLimits {
       }
       budget = { keyId, period: period.id, reservedNano: costNano };
     }
-    return this.permit({ request, reservedTokens: tokens, windows: reserved.map(({ scope }) => scope.ref), budget }, headers, this.outputCap(request, limits, scopes, bound));
+    return this.permit({ request, reservedTokens: tokens, scopes: reserved.map(({ scope }) => scope), budget }, headers, this.outputCap(request, limits, scopes, bound));
   }
 
   /** The output the upstream may generate: capped where the reservation is what holds the line (a budget or a tpm). */
@@ -262,7 +268,12 @@ export class LimitsService implements RequestLimits {
         if (use !== null) counted.push({ scope, use });
       }
     }
-    return rateHeaders(counted, now, endsAt);
+    return rateHeaders(
+      counted.map(({ scope }) => scope),
+      counted.map(({ use }) => use),
+      now,
+      endsAt,
+    );
   }
 
   private permit(held: Held, headers: Record<string, string>, maxOutputTokens: number | null): LimitsPermit {
@@ -287,7 +298,7 @@ export class LimitsService implements RequestLimits {
     // No usage and no answer: nothing ran, nothing is owed. Answered without counts: the
     // reservation is the best bound there is, so it stands.
     const tokens = usage !== null ? usage.prompt_tokens + usage.completion_tokens : answered ? held.reservedTokens : 0;
-    for (const ref of held.windows) this.queueWindow(ref, tokens - held.reservedTokens);
+    for (const scope of held.scopes) this.queueWindow(scope.ref, tokens - held.reservedTokens);
     if (held.budget === null) return;
     const chargedNano = usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
     if (chargedNano > held.budget.reservedNano) {
@@ -462,15 +473,20 @@ export function worstCaseUsage(bound: TokenBound, prices: Prices | undefined): T
   return { prompt_tokens: prompt, completion_tokens: Math.min(bound.output, bound.total - prompt) };
 }
 
+/** How a scope is named in messages. */
+function labelOf(scope: Scope): string {
+  return scope.model === null ? `for key '${scope.keyName}'` : `for key '${scope.keyName}' on model '${scope.model}'`;
+}
+
 function rateScopes(request: PolicyRequest, limits: KeyLimits, windowStart: string): Scope[] {
   const keyId = request.principal.keyId;
   const scopes: Scope[] = [];
   if (limits.rpm !== null || limits.tpm !== null) {
-    scopes.push({ ref: { keyId, model: WHOLE_KEY, windowStart }, limits, label: `for key '${request.principal.name}'` });
+    scopes.push({ ref: { keyId, model: WHOLE_KEY, windowStart }, limits, keyName: request.principal.name, model: null });
   }
   const ofModel = limits.models.get(request.model.name);
   if (ofModel !== undefined) {
-    scopes.push({ ref: { keyId, model: request.model.name, windowStart }, limits: ofModel, label: `for key '${request.principal.name}' on model '${request.model.name}'` });
+    scopes.push({ ref: { keyId, model: request.model.name, windowStart }, limits: ofModel, keyName: request.principal.name, model: request.model.name });
   }
   return scopes;
 }
@@ -479,15 +495,16 @@ function rateScopes(request: PolicyRequest, limits: KeyLimits, windowStart: stri
  * OpenAI's rate-limit headers, for the scope with the least left of each kind (the key's
  * own, or the model's for this key). Only for keys with rpm or tpm.
  */
-function rateHeaders(counted: ReadonlyArray<{ scope: Scope; use: WindowUse }>, now: number, endsAt: number): Record<string, string> {
+function rateHeaders(scopes: readonly Scope[], uses: readonly WindowUse[], now: number, endsAt: number): Record<string, string> {
   // Written out rather than looped over the two kinds: it runs for every request of a
   // limited key, and the gateway benchmark counts every µs of it.
   let requestsLimit = -1;
   let requestsLeft = 0;
   let tokensLimit = -1;
   let tokensLeft = 0;
-  for (const { scope, use } of counted) {
-    const { rpm, tpm } = scope.limits;
+  for (let index = 0; index < scopes.length; index += 1) {
+    const { rpm, tpm } = scopes[index]!.limits;
+    const use = uses[index]!;
     if (rpm !== null) {
       const left = Math.max(0, rpm - use.requests);
       if (requestsLimit === -1 || left < requestsLeft) [requestsLimit, requestsLeft] = [rpm, left];
