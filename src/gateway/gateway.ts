@@ -36,7 +36,7 @@ import { relay, type AnswerHead, type BodyRewriter, type RelayResult } from "./r
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
-import { StreamUsageFilter } from "./stream-usage.ts";
+import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
@@ -342,6 +342,11 @@ export class Gateway {
     const payloadFor = (upstreamModel: string): Buffer => {
       if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
       let payload = payloads.get(upstreamModel);
+      if (payload === undefined && upstreamModel === body.model && route.wire === undefined && outputCap === null) {
+        // Only the usage to ask for: the body as it arrived, with the field spliced in.
+        payload = withUsageRequested(request.raw, body) ?? undefined;
+        if (payload !== undefined) payloads.set(upstreamModel, payload);
+      }
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
         const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...outputCap };

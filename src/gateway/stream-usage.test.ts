@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { StreamUsageFilter } from "./stream-usage.ts";
+import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 
 const chunk = (fields: Record<string, unknown>) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", ...fields })}\n\n`;
 
@@ -39,4 +39,15 @@ test("events without usage pass byte for byte, CRLF framing included", () => {
 test("an event cut by the upstream's end is passed on as it is", () => {
   const { out } = filterInPieces('data: {"choices":[]', 4);
   assert.equal(out, 'data: {"choices":[]');
+});
+
+test("asking for usage splices the field into the body as it arrived, and leaves a body with stream_options to be serialised", () => {
+  const body = { model: "m", stream: true, messages: [{ role: "user", content: "héllo \\u00e9 {}" }] };
+  for (const text of [JSON.stringify(body), ` \n\t${JSON.stringify(body, null, 2)}`]) {
+    const spliced = withUsageRequested(Buffer.from(text), body);
+    assert.ok(spliced !== null);
+    assert.deepEqual(JSON.parse(spliced.toString("utf8")), { stream_options: { include_usage: true }, ...body });
+  }
+  assert.equal(withUsageRequested(Buffer.from('{"model":"m","stream_options":null}'), { model: "m", stream_options: null }), null);
+  assert.equal(withUsageRequested(Buffer.from('{"model":"m","stream_options":{}}'), { model: "m", stream_options: {} }), null);
 });

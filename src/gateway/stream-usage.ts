@@ -79,3 +79,22 @@ function completeEventsEnd(data: Buffer): number {
   const crlf = data.lastIndexOf("\r\n\r\n");
   return Math.max(lf === -1 ? 0 : lf + 2, crlf === -1 ? 0 : crlf + 4);
 }
+
+const INCLUDE_USAGE = Buffer.from('{"stream_options":{"include_usage":true},');
+
+/**
+ * The request body as it arrived, with `stream_options.include_usage` asked for: spliced in
+ * after the opening brace instead of serialising the parsed body again, which cost ~8 µs a
+ * stream request at the gateway benchmark's size. Only for a body that has no
+ * stream_options (so no field appears twice) and whose first non-blank byte opens the
+ * object; null otherwise, and the caller serialises the parsed body.
+ */
+export function withUsageRequested(raw: Buffer, body: Record<string, unknown>): Buffer | null {
+  if (body.stream_options !== undefined) return null;
+  let start = 0;
+  // JSON's blanks: space, tab, line feed, carriage return.
+  while (start < raw.length && (raw[start] === 0x20 || raw[start] === 0x09 || raw[start] === 0x0a || raw[start] === 0x0d)) start += 1;
+  if (raw[start] !== 0x7b) return null;
+  // A request body always has fields (model at least), so a comma after the new one is right.
+  return Buffer.concat([INCLUDE_USAGE, raw.subarray(start + 1)]);
+}

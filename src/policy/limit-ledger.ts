@@ -74,6 +74,9 @@ export class LimitLedger {
   /** The latest minute and time a reservation was made in: what is older may be dropped once written. */
   private latestWindowStart = "";
   private latestNow = 0;
+  /** The rows the last lookups found (budget and window), forgotten whenever rows are dropped. */
+  private lastBudget: BudgetRow | undefined;
+  private lastWindow: WindowRow | undefined;
 
   constructor(private readonly sqlite: SqliteDatabase) {
     const writeBudget = sqlite.prepare(
@@ -188,22 +191,30 @@ export class LimitLedger {
   }
 
   private budget(keyId: string, period: string): BudgetRow {
+    // The row the last request used, most often this one's (the same key again): found by
+    // comparing two strings, without building and hashing the map's id.
+    const last = this.lastBudget;
+    if (last !== undefined && last.keyId === keyId && last.period === period) return last;
     const id = budgetId(keyId, period);
     let row = this.budgets.get(id);
     if (row === undefined) {
       row = { keyId, period, spentNano: this.storedSpent(keyId, period), reservedNano: 0, updatedAt: Date.now() };
       this.budgets.set(id, row);
     }
+    this.lastBudget = row;
     return row;
   }
 
   private window(ref: WindowRef): WindowRow {
+    const last = this.lastWindow;
+    if (last !== undefined && last.keyId === ref.keyId && last.model === ref.model && last.windowStart === ref.windowStart) return last;
     const id = windowId(ref);
     let row = this.windows.get(id);
     if (row === undefined) {
       row = { keyId: ref.keyId, model: ref.model, windowStart: ref.windowStart, ...this.storedWindow(ref) };
       this.windows.set(id, row);
     }
+    this.lastWindow = row;
     return row;
   }
 
@@ -244,6 +255,8 @@ export class LimitLedger {
 
   /** Drops written rows nothing will reserve in again: windows of past minutes, budgets of ended days and months with nothing reserved. */
   private dropOld(): void {
+    this.lastBudget = undefined;
+    this.lastWindow = undefined;
     for (const [id, row] of this.windows) if (row.windowStart < this.latestWindowStart) this.windows.delete(id);
     if (this.latestNow === 0) return;
     const now = new Date(this.latestNow).toISOString();
