@@ -95,6 +95,9 @@ export class Admission {
     const now = this.pick(model, options.exclude);
     if (now !== undefined) return Promise.resolve(this.lease(now));
     if (!this.worthWaiting(model, options.exclude)) return Promise.resolve(null);
+    // A client already gone would never hear the signal's abort event: it does not queue
+    // (and is no overload either).
+    if (options.signal.aborted) return Promise.reject(new ClientClosedError("The client left before its request could wait for a free replica."));
     const queue = this.queues.get(model.id) ?? [];
     const { queue_size: size, queue_timeout: timeoutSeconds } = model.definition;
     if (queue.length >= size) {
@@ -105,8 +108,6 @@ export class Admission {
         ),
       );
     }
-    // A client already gone would never hear the signal's abort event: it does not queue.
-    if (options.signal.aborted) return Promise.reject(new ClientClosedError("The client left before its request could wait for a free replica."));
     return new Promise<Lease | null>((resolve, reject) => {
       let settled = false;
       const onAbort = () => waiter.settle(null, new ClientClosedError("The client left while its request waited for a free replica."));

@@ -50,4 +50,7 @@ test("asking for usage splices the field into the body as it arrived, and leaves
   }
   assert.equal(withUsageRequested(Buffer.from('{"model":"m","stream_options":null}'), { model: "m", stream_options: null }), null);
   assert.equal(withUsageRequested(Buffer.from('{"model":"m","stream_options":{}}'), { model: "m", stream_options: {} }), null);
+  // Invalid UTF-8 is left to the parsed body's serialisation, which carries the repaired text.
+  const invalid = Buffer.concat([Buffer.from('{"model":"m","prompt":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]);
+  assert.equal(withUsageRequested(invalid, JSON.parse(invalid.toString("utf8"))), null);
 });

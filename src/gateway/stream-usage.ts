@@ -8,6 +8,7 @@
 // Events are forwarded as soon as they are complete; only an event cut by a chunk
 // boundary waits for its rest. Events without the text `"usage"` pass untouched and
 // unparsed, so the cost on a long stream is a substring search per chunk.
+import { isUtf8 } from "node:buffer";
 import type { BodyRewriter } from "./relay.ts";
 import { readTokenUsage, type TokenUsage } from "./usage-tap.ts";
 
@@ -90,7 +91,9 @@ const INCLUDE_USAGE = Buffer.from('{"stream_options":{"include_usage":true},');
  * object; null otherwise, and the caller serialises the parsed body.
  */
 export function withUsageRequested(raw: Buffer, body: Record<string, unknown>): Buffer | null {
-  if (body.stream_options !== undefined) return null;
+  // Invalid UTF-8 was replaced when the body was parsed; serialising the parsed body sends
+  // the upstream the repaired text, as before (llama-server and vLLM refuse invalid bytes).
+  if (body.stream_options !== undefined || !isUtf8(raw)) return null;
   let start = 0;
   // JSON's blanks: space, tab, line feed, carriage return.
   while (start < raw.length && (raw[start] === 0x20 || raw[start] === 0x09 || raw[start] === 0x0a || raw[start] === 0x0d)) start += 1;

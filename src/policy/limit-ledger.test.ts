@@ -48,9 +48,13 @@ test("SQLite: a restart keeps spent and window counts, and leaves no reservation
     assert.equal((await new LimitStore(store).windowUse(windowRef)).requests, 3, "the minute's requests survive");
     const stored = await store.db.selectFrom("key_budgets").select(["spent_nano", "reserved_nano"]).where("key_id", "=", WHO.keyId).executeTakeFirstOrThrow();
     assert.deepEqual({ spent: Number(stored.spent_nano), reserved: Number(stored.reserved_nano) }, { spent: before.spentNano, reserved: 0 });
-    // rpm 4: one more fits this minute, the fifth is refused.
-    await admit(limits);
-    await assert.rejects(async () => admit(limits), (error: { code?: string }) => error.code === "rate_limit_exceeded");
+    // rpm 4: one more fits this minute, and on SQLite it is admitted without a promise (no
+    // await on the gateway's path); the fifth is refused, as a rejected promise, never a throw.
+    const fourth = admit(limits);
+    assert.ok(!(fourth instanceof Promise), "a request that fits is admitted synchronously on SQLite");
+    const fifth = admit(limits);
+    assert.ok(fifth instanceof Promise, "a refusal comes back as a promise");
+    await assert.rejects(fifth, (error: { code?: string }) => error.code === "rate_limit_exceeded");
     await limits.close();
     await store.close();
   } finally {
