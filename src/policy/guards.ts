@@ -130,9 +130,9 @@ export class GuardModels implements RequestGuards {
     if (tooLong !== undefined) {
       const what = question.check === "input" ? "request" : "answer";
       const limit = tooLong.contextTokens === null ? "" : ` (its context is ${tooLong.contextTokens} tokens)`;
-      const whatToDo = question.check === "input" ? "Send a shorter request (fewer or shorter messages)" : "Ask for a shorter answer (a lower max_tokens)";
+      const nextStep = question.check === "input" ? "Send a shorter request (fewer or shorter messages)" : "Ask for a shorter answer (a lower max_tokens)";
       throw new BadRequestError(
-        `Guard model '${tooLong.guard}' cannot read the whole ${what}: it is longer than the guard can judge${limit}; ${tooLong.detail}. ${whatToDo}, or ask an administrator for a guard with a longer context.`,
+        `Guard model '${tooLong.guard}' cannot read the whole ${what}: it is longer than the guard can judge${limit}; ${tooLong.detail}. ${nextStep}, or ask an administrator for a guard with a longer context.`,
         { code: "guard_input_too_long" },
       );
     }

@@ -224,9 +224,8 @@ export class LimitsService implements RequestLimits {
       window.endsAt,
     );
     let budget: Held["budget"] = null;
-    if (limits.budgetUsd !== null && costNano > 0) {
-      const period = budgetPeriodAt(limits.budgetPeriod, now);
-      const limitNano = Math.round(limits.budgetUsd * 1e9);
+    const { budgetPeriod: period, budgetLimitNano: limitNano } = admission;
+    if (period !== null) {
       const keyId = request.principal.keyId;
       const use = costNano > limitNano ? null : await this.limitStore.reserveBudget({ keyId, period: period.id, amountNano: costNano, limitNano, now });
       if (use === null) {
