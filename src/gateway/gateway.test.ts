@@ -300,9 +300,14 @@ describe("gateway", () => {
   });
 
   test("usage is recorded per request with tokens and the key", async () => {
-    const countRows = async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("endpoint", "=", "/v1/completions").execute());
+    // A key of its own: earlier tests of this file send completions too, and their rows may
+    // be written at any moment.
+    const created = await harness.admin("POST", "/api/v1/keys", { name: "usage-counted" });
+    const counted = new OpenAI({ apiKey: created.body.key, baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    const countRows = async () =>
+      await harness.server.store.db.selectFrom("usage").selectAll().where("endpoint", "=", "/v1/completions").where("key_id", "=", created.body.id).execute();
     assert.equal((await countRows()).length, 0);
-    await client.completions.create({ model: "ext", prompt: "count me" });
+    await counted.completions.create({ model: "ext", prompt: "count me" });
     // The recorder writes in batches about once a second; wait for this one.
     const rows = await eventually("a usage row for /v1/completions", async () => {
       const found = await countRows();
@@ -313,6 +318,6 @@ describe("gateway", () => {
     assert.equal(last.prompt_tokens, 7);
     assert.equal(last.completion_tokens, 5);
     assert.equal(last.status, 200);
-    assert.ok(last.key_id);
+    assert.equal(last.key_id, created.body.id);
   });
 });
