@@ -84,6 +84,7 @@ const unit = [
   "src/policy/guards.test.ts",
   "src/policy/guards-attacks.test.ts",
   "src/policy/key-guards.test.ts",
+  "src/notify/notify.test.ts",
 ];
 
 const endToEnd = [

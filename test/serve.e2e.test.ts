@@ -15,7 +15,6 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
 import { UpstreamError } from "../src/core/errors.ts";
-import { readEvents } from "../src/fleet/events.ts";
 import { smokeTestReplica, type SmokeTest } from "../src/serve/smoke-test.ts";
 import { Gate } from "./support/gate.ts";
 import { eventually } from "./support/eventually.ts";
@@ -196,9 +195,10 @@ describe("serve and update jobs", () => {
     assert.equal(found.update_available, true);
     assert.equal(found.latest_revision, sha);
     await harness.admin("POST", "/api/v1/updates/check", {});
-    const events = (await readEvents(harness.server.store.db, { kind: "new_weights" })).filter((e) => e.subject === "model:tiny");
+    const events = ((await harness.admin("GET", "/api/v1/events?kind=new_weights")).body.data as Array<{ subject: string; message: string; data: Record<string, unknown> }>).filter((e) => e.subject === "model:tiny");
     assert.equal(events.length, 1, "one event per newly published revision");
     assert.match(events[0]!.message, /llmgw ctl model update tiny/);
+    assert.equal(events[0]!.data.new_revision, sha, "the event's data names the new revision");
     assert.equal((await harness.admin("GET", "/api/v1/updates")).body.data[0].update_available, true);
   });
 

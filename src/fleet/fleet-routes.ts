@@ -1,13 +1,10 @@
 // The fleet's part of the admin API: nodes (list, show, drain, remove, the join token),
-// a model's health (replicas by state and node, parking, placement explanation), unpark
-// and events. Thin handlers over Fleet; every change is audited.
+// a model's health (replicas by state and node, parking, placement explanation) and
+// unpark. Thin handlers over Fleet; every change is audited.
 import type { Context, Hono } from "hono";
-import { z } from "zod";
-import { parseWith } from "../core/errors.ts";
 import type { Catalog } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { AuditTrail } from "../store/audit.ts";
-import { readEvents } from "./events.ts";
 import type { Fleet } from "./fleet.ts";
 import { modelHealthView, nodeView } from "./fleet-views.ts";
 import type { ReplicaTable } from "./replica-table.ts";
@@ -22,11 +19,6 @@ export interface FleetRoutesOptions {
   joinToken: () => string;
   actor: (c: Context<Env>) => string;
 }
-
-const eventsQuerySchema = z.strictObject({
-  kind: z.string().min(1).max(100).optional(),
-  limit: z.coerce.number().int().min(1).max(1000).default(100),
-});
 
 export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): void {
   const { fleet, catalog, replicas, audit, actor } = options;
@@ -56,6 +48,4 @@ export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): v
     await audit.record({ actor: actor(c), action: "model.unpark", target: model.name, detail: { replicas: count } });
     return c.json({ model: model.name, unparked: count });
   });
-
-  app.get("/api/v1/events", async (c) => c.json({ data: await readEvents(fleet.db, parseWith(eventsQuerySchema, c.req.query(), "events query")) }));
 }

@@ -17,9 +17,9 @@ import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { MirrorReader } from "./model-weights.ts";
-import { nowIso, type Store } from "../store/store.ts";
+import { type Store } from "../store/store.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
-import { recordEvent } from "./events.ts";
+import { EventLog } from "../events/event-log.ts";
 import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-types.ts";
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
@@ -64,6 +64,8 @@ export interface FleetOptions {
   /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
   drainTimeoutMs?: number;
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
+  /** Where node_lost, model_parked and the other fleet events are recorded (default: the store's events table). */
+  events?: EventLog;
 }
 
 
@@ -97,9 +99,11 @@ export class Fleet implements Assignments {
   private lastFlush = 0;
   private unsubscribeCatalog: (() => void) | undefined;
   private stopped = false;
+  private readonly events: EventLog;
 
   constructor(private readonly options: FleetOptions) {
     this.clock = options.clock ?? Date.now;
+    this.events = options.events ?? new EventLog({ store: options.store, logger: options.logger, clock: this.clock });
     this.settings = {
       nodeTimeoutMs: options.nodeTimeoutMs ?? FLEET_DEFAULTS.nodeTimeoutMs,
       heartbeatIntervalMs: options.heartbeatIntervalMs ?? FLEET_DEFAULTS.heartbeatIntervalMs,
@@ -174,7 +178,7 @@ export class Fleet implements Assignments {
     const inventory = checkInventory(report.inventory, "inventory");
     if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: checkLabels(report.labels, "labels") })) {
       this.options.logger.info({ node: node.name }, "node is back");
-      void this.event("node_back", "info", `node:${node.name}`, `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`);
+      void this.events.record({ kind: "node_back", subject: `node:${node.name}`, data: { node: node.name }, message: `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.` });
       this.versions.bump(node.id);
       this.schedule();
     }
@@ -313,11 +317,6 @@ export class Fleet implements Assignments {
     return node;
   }
 
-  /** The store's database (events are read from it). */
-  get db(): Store["db"] {
-    return this.options.store.db;
-  }
-
   /** Whether the node verified the replica's weights (size and sha256) before its current start. */
   weightsVerified(replicaId: string): boolean {
     return this.records.get(replicaId)?.weightsVerified ?? false;
@@ -354,12 +353,12 @@ export class Fleet implements Assignments {
     for (const node of this.nodes.expire(this.settings.nodeTimeoutMs)) {
       this.options.logger.warn({ node: node.name, lastHeartbeat: new Date(node.lastHeartbeat).toISOString() }, "node lost");
       const replicas = this.recordsOn(node.id);
-      void this.event(
-        "node_lost",
-        "warning",
-        `node:${node.name}`,
-        `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere where there is room.`,
-      );
+      void this.events.record({
+        kind: "node_lost",
+        subject: `node:${node.name}`,
+        data: { node: node.name, replicas: replicas.length, last_heartbeat: new Date(node.lastHeartbeat).toISOString() },
+        message: `Node '${node.name}' sent no heartbeat for ${Math.round(this.settings.nodeTimeoutMs / 1000)} s; ${countOf(replicas.length, "replica")} there ${replicas.length === 1 ? "is" : "are"} placed elsewhere where there is room.`,
+      });
       this.versions.bump(node.id);
     }
     this.stopIdle();
@@ -445,7 +444,13 @@ export class Fleet implements Assignments {
     }
     for (const [modelId, lines] of decision.unplaceable) {
       if (this.unplaceable.get(modelId)?.join("\n") !== lines.join("\n")) {
-        this.options.logger.warn({ model: this.modelById(modelId)?.name, explanation: lines }, "replica unplaceable");
+        const name = this.modelById(modelId)?.name ?? modelId;
+        this.options.logger.warn({ model: name, explanation: lines }, "replica unplaceable");
+        // Once when it starts (a changed explanation is logged, not announced again).
+        if (!this.unplaceable.has(modelId)) {
+          const message = `A replica of '${name}' fits on no node: ${lines.join("; ")}. Add a node or memory, or lower its context or replicas.`;
+          void this.events.record({ kind: "replica_unplaceable", subject: `model:${name}`, data: { model: name, explanation: lines }, message });
+        }
       }
     }
     const changed = [...new Set([...this.unplaceable.keys(), ...decision.unplaceable.keys()])].filter((id) => this.unplaceable.has(id) !== decision.unplaceable.has(id));
@@ -501,7 +506,8 @@ export class Fleet implements Assignments {
     await this.parked.park(model, reason);
     this.options.logger.error({ model: model.name, reason }, "model parked");
     this.statusListener?.(model.id);
-    void this.event("model_parked", "critical", `model:${model.name}`, `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`);
+    const data = { model: model.name, replica: record.id, node: node.name, reason };
+    void this.events.record({ kind: "model_parked", subject: `model:${model.name}`, data, message: `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.` });
   }
 
   /**
@@ -518,7 +524,7 @@ export class Fleet implements Assignments {
     }
     if (!(await this.parked.clear(modelId))) return count;
     const model = this.modelById(modelId);
-    if (model !== undefined) void this.event("model_unparked", "info", `model:${model.name}`, `Model '${model.name}' is no longer parked; its replicas are started again.`);
+    if (model !== undefined) void this.events.record({ kind: "model_unparked", subject: `model:${model.name}`, data: { model: model.name }, message: `Model '${model.name}' is no longer parked; its replicas are started again.` });
     return count;
   }
 
@@ -579,14 +585,6 @@ export class Fleet implements Assignments {
 
   private modelById(modelId: string): CatalogModel | undefined {
     return this.options.catalog.list().find((model) => model.id === modelId);
-  }
-
-  private async event(kind: string, severity: "info" | "warning" | "critical", subject: string, message: string): Promise<void> {
-    try {
-      await recordEvent(this.options.store.db, { at: nowIso(this.clock), kind, severity, subject, message });
-    } catch (error) {
-      this.options.logger.warn({ kind, err: describeError(error) }, "could not record an event");
-    }
   }
 }
 

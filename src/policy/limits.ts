@@ -26,6 +26,18 @@ export interface LimitsServiceOptions {
   store: Store;
   logger: Logger;
   clock?: () => number;
+  /** Told when a key's budget has no room for a request that would fit a fresh budget: it is spent (budget_exhausted). */
+  onBudgetRefused?: (refusal: BudgetRefused) => void;
+}
+
+export interface BudgetRefused {
+  keyId: string;
+  keyName: string;
+  period: string;
+  limitUsd: number;
+  /** null: the spend could not be read. */
+  spentUsd: number | null;
+  resetsAt: number | null;
 }
 
 /** What `ctl key show` and GET /api/v1/keys/:ref show of a key's limits now. */
@@ -231,6 +243,11 @@ export class LimitsService implements RequestLimits {
       if (use === null) {
         await undoWindows();
         const seen = await this.limitStore.budgetUse(keyId, period.id).catch(() => null);
+        // A request dearer than the whole budget says nothing about what is left of it.
+        if (costNano <= limitNano) {
+          const spentUsd = seen === null ? null : nanoToUsd(seen.spentNano);
+          this.options.onBudgetRefused?.({ keyId, keyName, period: period.id, limitUsd: limits.budgetUsd ?? 0, spentUsd, resetsAt: period.resetsAt });
+        }
         throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt) });
       }
       budget = { keyId, period: period.id, reservedNano: costNano };
@@ -428,7 +445,7 @@ export class LimitsService implements RequestLimits {
    * time): revoked and expired keys are left out, and only current periods are read. Names
    * are not unique (a rotated key keeps its name), so each entry carries the key's prefix too.
    */
-  async spentByKey(): Promise<Array<{ key: string; prefix: string; spent_usd: number; reserved_usd: number; limit_usd: number; period: BudgetPeriod }>> {
+  async spentByKey(): Promise<Array<{ id: string; key: string; prefix: string; spent_usd: number; reserved_usd: number; limit_usd: number; period: BudgetPeriod; period_id: string; resets_at: number | null }>> {
     const now = this.clock();
     const nowIso = new Date(now).toISOString();
     const keys = await this.options.store.db
@@ -440,19 +457,23 @@ export class LimitsService implements RequestLimits {
       .orderBy("name")
       .orderBy("prefix")
       .execute();
-    const periodOf = new Map(keys.map((key) => [key.id, budgetPeriodAt((key.budget_period ?? "total") as BudgetPeriod, now).id]));
+    const periodAtOf = new Map(keys.map((key) => [key.id, budgetPeriodAt((key.budget_period ?? "total") as BudgetPeriod, now)]));
+    const periodOf = new Map([...periodAtOf].map(([id, period]) => [id, period.id]));
     const rows = await this.limitStore.budgetRows([...periodOf.keys()], [...new Set(periodOf.values())]);
     const current = new Map<string, BudgetUse>();
     for (const row of rows) if (periodOf.get(row.keyId) === row.period) current.set(row.keyId, row);
     return keys.map((key) => {
       const row = current.get(key.id);
       return {
+        id: key.id,
         key: key.name,
         prefix: key.prefix,
         spent_usd: nanoToUsd(row?.spentNano ?? 0),
         reserved_usd: nanoToUsd(row?.reservedNano ?? 0),
         limit_usd: Number(key.budget_usd),
         period: (key.budget_period ?? "total") as BudgetPeriod,
+        period_id: periodAtOf.get(key.id)!.id,
+        resets_at: periodAtOf.get(key.id)!.resetsAt,
       };
     });
   }

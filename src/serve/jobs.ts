@@ -46,6 +46,8 @@ export interface JobRunnerOptions {
   logger: Logger;
   handlers: Record<JobKind, JobHandler>;
   clock?: () => number;
+  /** Told of every job that ends (done, waiting, failed, cancelled), after its row is saved: job events. */
+  onFinished?: (job: JobRecord) => void;
 }
 
 /** Why a running job's signal was aborted. */
@@ -407,6 +409,7 @@ export class JobRunner {
     const now = nowIso(this.clock);
     Object.assign(record, { state, error, updated_at: now, finished_at: now });
     await this.rows.save(record);
+    this.options.onFinished?.(record);
     await this.rows.prune().catch((pruneError: unknown) => this.options.logger.warn({ err: describeError(pruneError) }, "could not delete old jobs"));
   }
 }

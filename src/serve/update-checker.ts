@@ -6,7 +6,7 @@
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { recordEvent } from "../fleet/events.ts";
+import type { EventLog } from "../events/event-log.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -32,6 +32,8 @@ export interface UpdateCheckerOptions {
   catalog: Catalog;
   registry: Registry;
   logger: Logger;
+  /** Where new_weights is recorded. */
+  events: EventLog;
   intervalMs?: number;
   clock?: () => number;
 }
@@ -128,11 +130,10 @@ export class UpdateChecker {
     const news = latest !== null && latest !== origin.revision && latest !== previous?.latest_revision;
     if (news) {
       this.options.logger.info({ model: model.name, repo: origin.repo, revision: origin.revision, latest }, "new weights published");
-      await recordEvent(db, {
-        at: nowIso(this.clock),
+      await this.options.events.record({
         kind: "new_weights",
-        severity: "info",
         subject: `model:${model.name}`,
+        data: { model: model.name, repo: origin.repo, ref, old_revision: origin.revision, new_revision: latest },
         message: `${origin.repo} published ${latest!.slice(0, 12)} on '${ref}'; '${model.name}' serves ${origin.revision.slice(0, 12)}. Move to it with 'llmgw ctl model update ${model.name}'.`,
       });
     }

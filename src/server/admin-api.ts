@@ -20,6 +20,8 @@ import { mountServeRoutes, type ServeRoutesOptions } from "../serve/serve-routes
 import type { AuditTrail } from "../store/audit.ts";
 import { mountUsageRoutes, type UsageRoutesOptions } from "../usage/usage-routes.ts";
 import type { StorageFaultState } from "../store/storage-fault.ts";
+import { mountEventsRoutes, type EventsRoutesOptions } from "../events/events-routes.ts";
+import { mountNotifyRoutes, type NotifyRoutesOptions } from "../notify/notify-routes.ts";
 
 /** What /readyz answers: 200 when ready, else 503 with the reason. */
 export interface Readiness {
@@ -50,6 +52,10 @@ export interface AdminApiOptions {
   planner?: (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<unknown>;
   /** Usage reports (GET /api/v1/usage), read from the store's aggregates. */
   usage?: Omit<UsageRoutesOptions, "keys" | "catalog">;
+  /** The event log and its live stream (GET /api/v1/events, /api/v1/events/stream). */
+  events?: EventsRoutesOptions;
+  /** Notification channels, tests and delivery logs (/api/v1/notify). */
+  notify?: Omit<NotifyRoutesOptions, "jsonBody" | "actor">;
   /** Whether the server is ready to take traffic (started, and its store takes writes). */
   readiness?: () => Promise<Readiness>;
   /** Every action of every domain, for GET /api/v1/audit; records unparks. */
@@ -142,6 +148,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   if (options.serve !== undefined) mountServeRoutes(app, { ...options.serve, catalog, audit: options.audit, bodyLimits });
 
   if (options.usage !== undefined) mountUsageRoutes(app, { ...options.usage, keys, catalog });
+  if (options.events !== undefined) mountEventsRoutes(app, options.events);
+  if (options.notify !== undefined) mountNotifyRoutes(app, { ...options.notify, jsonBody, actor });
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

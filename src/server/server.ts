@@ -50,6 +50,12 @@ import { smokeTestReplica, type SmokeTest } from "../serve/smoke-test.ts";
 import { Metrics, type BudgetSpent } from "../metrics/metrics.ts";
 import { MetricsKey } from "../metrics/metrics-access.ts";
 import { createMetricsHandler, isMetricsRequest } from "../metrics/metrics-route.ts";
+import { EventLog } from "../events/event-log.ts";
+import { EventFollower } from "../events/event-follower.ts";
+import { jobEvent } from "../serve/job-events.ts";
+import { BudgetAlerts } from "../policy/budget-alerts.ts";
+import { ChannelStore } from "../notify/channels.ts";
+import { Notifier, type NOTIFY_DEFAULTS } from "../notify/notifier.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -92,6 +98,14 @@ export interface ServerConfig {
   metricsKey?: string;
   /** Spending per key in its current budget period, read at each scrape for llmgw_budget_spent_usd. */
   budgetSpent?: () => Promise<readonly BudgetSpent[]>;
+  /** The address people reach this server at (behind a proxy); notifications link to its console. Default: the listening URL. */
+  publicUrl?: string;
+  /** The share of a key's budget announced as budget_threshold (default 0.8). */
+  budgetAlertShare?: number;
+  /** How often budgets' spend is read for budget events (default 5 s). */
+  budgetCheckIntervalMs?: number;
+  /** Notification timings (tests shorten the backoff). */
+  notify?: Partial<typeof NOTIFY_DEFAULTS>;
   logger: Logger;
 }
 
@@ -121,6 +135,10 @@ export interface RunningServer extends ServerParts {
   limits: LimitsService;
   /** What GET /metrics renders. */
   metrics: Metrics;
+  /** Events operators hear about, and the notifier that sends them on. */
+  events: EventLog;
+  notifier: Notifier;
+  budgetAlerts: BudgetAlerts;
   /** The admin key created by this start (first start only); shown once, never again. */
   createdAdminKey: string | null;
   close(): Promise<void>;
@@ -148,6 +166,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const catalog: Catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
   const keys: KeyService = new KeyService({ store, guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key") });
   const replicas = new ReplicaTable();
+  const events = new EventLog({ store, logger });
+  const box = SecretBox.forDataDir(config.dataDir);
   let joinToken = "";
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
   let inFlightOf = (_replicaId: string): number => 0;
@@ -156,9 +176,10 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     catalog,
     replicas,
     mirror,
-    box: SecretBox.forDataDir(config.dataDir),
+    box,
     joinToken: () => joinToken,
     logger,
+    events,
     // A replica the gateway has requests at is drained before its engine is stopped.
     inFlight: (replicaId) => inFlightOf(replicaId),
     ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
@@ -179,8 +200,16 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     ...(config.replicaTimeoutMs === undefined ? {} : { replicaTimeoutMs: config.replicaTimeoutMs }),
   };
-  const jobs = new JobRunner({ store, logger, handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) } });
-  const updates = new UpdateChecker({ store, catalog, registry, logger, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
+  const jobs = new JobRunner({
+    store,
+    logger,
+    handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) },
+    onFinished: (job) => {
+      const event = jobEvent(job);
+      if (event !== null) void events.record(event);
+    },
+  });
+  const updates = new UpdateChecker({ store, catalog, registry, logger, events, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
   let stopExternalSync = () => {};
   try {
     joinToken = ensureJoinToken(config.dataDir);
@@ -208,7 +237,27 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
   const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
-  const limits = new LimitsService({ store, logger, ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }) });
+  const limits: LimitsService = new LimitsService({
+    store,
+    logger,
+    onBudgetRefused: (refusal) => budgetAlerts.refused(refusal),
+    ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }),
+  });
+  const budgetAlerts: BudgetAlerts = new BudgetAlerts({
+    store,
+    events,
+    logger,
+    spent: () => limits.spentByKey(),
+    ...(config.budgetAlertShare === undefined ? {} : { share: config.budgetAlertShare }),
+    ...(config.budgetCheckIntervalMs === undefined ? {} : { intervalMs: config.budgetCheckIntervalMs }),
+    ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }),
+  });
+  const channels = new ChannelStore({ store, box });
+  let consoleUrl = config.publicUrl ?? "";
+  const notifier = new Notifier({ store, events, channels, logger, consoleUrl: () => consoleUrl, ...(config.notify === undefined ? {} : { settings: config.notify }) });
+  const follower = new EventFollower({ events, logger });
+  // Open event streams end when the server closes, so closing does not wait on them.
+  const closingStreams = new AbortController();
   const metrics: Metrics = new Metrics({
     logger,
     sources: {
@@ -278,6 +327,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     serve: { jobs, updates },
     usage: { store },
+    events: { events, follower, closing: closingStreams.signal },
+    notify: { channels, notifier },
     planner,
     bodyLimits,
     fleet,
@@ -330,6 +381,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     if (refreshTimer !== undefined) clearInterval(refreshTimer);
     updates.stop();
     await jobs.close();
+    await budgetAlerts.stop();
+    await notifier.stop();
     stopExternalSync();
     await fleet.stop();
     server.close();
@@ -352,12 +405,14 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     // Jobs cut by the last stop continue once this server's own node (if any) is back.
     await jobs.start();
     updates.start();
+    consoleUrl ||= server.address() === null ? "" : listeningUrl(server.address() as AddressInfo);
+    await budgetAlerts.start();
+    await notifier.start();
   } catch (error) {
     await abandonStart();
     throw error;
   }
-  const address = server.address() as AddressInfo;
-  const url = `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
+  const url = listeningUrl(server.address() as AddressInfo);
   lock.setAddress(url);
   const instance = lock.holder.instance;
   writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid, instance }) + "\n");
@@ -372,6 +427,10 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       if (refreshTimer !== undefined) clearInterval(refreshTimer);
       stopExternalSync();
       updates.stop();
+      closingStreams.abort();
+      follower.close();
+      await budgetAlerts.stop();
+      await notifier.stop();
       // Before the mirror and the fleet: a running job stops where it is and resumes on the next start.
       await jobs.close();
       await attachment?.stop();
@@ -394,7 +453,11 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  return { ...parts, url, gateway, limits, metrics, createdAdminKey, close };
+  return { ...parts, url, gateway, limits, metrics, events, notifier, budgetAlerts, createdAdminKey, close };
+}
+
+function listeningUrl(address: AddressInfo): string {
+  return `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
 }
 
 /**

@@ -290,6 +290,55 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.alterTable("api_keys").addColumn("guards", "text").execute();
     },
   }),
+  // Notifications (issue 10): events gain structured data; channels say where events go
+  // (URLs and secrets sealed); deliveries are the queue and its log, each one event to one
+  // channel with its attempts. The cursor starts at the newest event, so a first channel
+  // is not sent the whole history.
+  "0010_notify": (dialect) => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable("events").addColumn("data", "text").execute();
+      await db.schema.createIndex("events_kind").on("events").columns(["kind", "id"]).execute();
+      await db.schema
+        .createTable("notify_channels")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("name", "text", (c) => c.notNull().unique())
+        .addColumn("kind", "text", (c) => c.notNull())
+        .addColumn("url_sealed", "text", (c) => c.notNull())
+        .addColumn("url_shown", "text", (c) => c.notNull())
+        .addColumn("secret_sealed", "text")
+        .addColumn("events", "text")
+        .addColumn("min_severity", "text", (c) => c.notNull())
+        .addColumn("disabled_at", "text")
+        .addColumn("disabled_reason", "text")
+        .addColumn("created_by", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createTable("notify_deliveries")
+        .addColumn("id", serialType(dialect), (c) => (dialect === "sqlite" ? c.primaryKey().autoIncrement() : c.primaryKey()))
+        .addColumn("channel_id", "text", (c) => c.notNull())
+        .addColumn("event_id", "integer")
+        .addColumn("kind", "text", (c) => c.notNull())
+        .addColumn("subject", "text", (c) => c.notNull())
+        .addColumn("event", "text", (c) => c.notNull())
+        .addColumn("state", "text", (c) => c.notNull())
+        .addColumn("attempts", "integer", (c) => c.notNull())
+        .addColumn("next_attempt_at", "text")
+        .addColumn("last_status", "integer")
+        .addColumn("last_error", "text")
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("notify_deliveries_due").on("notify_deliveries").columns(["state", "next_attempt_at"]).execute();
+      await db.schema.createIndex("notify_deliveries_dedupe").on("notify_deliveries").columns(["channel_id", "kind", "subject", "created_at"]).execute();
+      await db.schema
+        .createTable("notify_cursor")
+        .addColumn("id", "integer", (c) => c.primaryKey())
+        .addColumn("last_event_id", "integer", (c) => c.notNull())
+        .execute();
+      await sql`insert into notify_cursor (id, last_event_id) select 1, coalesce(max(id), 0) from events`.execute(db);
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

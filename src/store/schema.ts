@@ -141,6 +141,56 @@ export interface EventsTable {
   /** What it is about: "node:NAME", "model:NAME". */
   subject: string;
   message: string;
+  /** JSON object of structured fields (model, node, key, job, revisions); null on rows before 0010. */
+  data: string | null;
+}
+
+/** A notification channel (issue 10): where events are sent, and which. */
+export interface NotifyChannelsTable {
+  id: string;
+  name: string;
+  /** webhook | slack */
+  kind: string;
+  /** The URL, sealed with the server's secret box: Slack's URLs are credentials, and webhook URLs often carry tokens. */
+  url_sealed: string;
+  /** What the API shows of the URL: scheme, host and path only. */
+  url_shown: string;
+  /** webhook: the whsec_ signing secret, sealed; slack: null. */
+  secret_sealed: string | null;
+  /** JSON array of event kinds; null: every kind. */
+  events: string | null;
+  min_severity: string;
+  /** Set when the receiver answered 410 Gone; nothing is sent until it is enabled again. */
+  disabled_at: string | null;
+  disabled_reason: string | null;
+  created_by: string;
+  created_at: string;
+}
+
+/** One event to send to one channel, with its retries (the channel's delivery log). */
+export interface NotifyDeliveriesTable {
+  id: Generated<number>;
+  channel_id: string;
+  /** The events row it came from; null for `ctl notify test`. */
+  event_id: number | null;
+  kind: string;
+  subject: string;
+  /** The event as it is sent (JSON), so a delivery does not depend on the events row. */
+  event: string;
+  /** pending | delivered | failed | cancelled */
+  state: string;
+  attempts: number;
+  next_attempt_at: string | null;
+  last_status: number | null;
+  last_error: string | null;
+  created_at: string;
+  updated_at: string;
+}
+
+/** The notifier's place in the events table: events above it have been fanned out to channels. */
+export interface NotifyCursorTable {
+  id: number;
+  last_event_id: number;
 }
 
 export interface UsageTable {
@@ -268,6 +318,9 @@ export interface Database {
   store_probe: StoreProbeTable;
   model_states: ModelStatesTable;
   events: EventsTable;
+  notify_channels: NotifyChannelsTable;
+  notify_deliveries: NotifyDeliveriesTable;
+  notify_cursor: NotifyCursorTable;
   jobs: JobsTable;
   model_updates: ModelUpdatesTable;
   key_budgets: KeyBudgetsTable;

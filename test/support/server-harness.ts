@@ -57,6 +57,8 @@ export interface HarnessOptions {
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
   /** The server's metrics key and budget source (GET /metrics). */
   metrics?: Pick<ServerConfig, "metricsKey" | "budgetSpent">;
+  /** Events and notifications: backoff, budget alert share and check interval, the console's address. */
+  notify?: Pick<ServerConfig, "notify" | "budgetAlertShare" | "budgetCheckIntervalMs" | "publicUrl">;
 }
 
 export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
@@ -86,6 +88,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       updateCheckIntervalMs: options.updateCheckIntervalMs ?? 0,
       ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
       ...options.metrics,
+      ...options.notify,
     },
     options.withAgent,
   );

@@ -1,0 +1,106 @@
+// The events part of the admin API: GET /api/v1/events (newest first, by kind and time)
+// and GET /api/v1/events/stream, server-sent events a console follows. The stream sends
+// each event as `id: N` with its JSON as data; a reconnecting client's Last-Event-ID (or
+// ?after=N) replays what it missed; a comment every 15 s keeps proxies from closing it.
+import type { Context, Hono } from "hono";
+import { streamSSE } from "hono/streaming";
+import { z } from "zod";
+import { BadRequestError, parseWith } from "../core/errors.ts";
+import { parseEventKinds } from "./event-kinds.ts";
+import type { EventFollower } from "./event-follower.ts";
+import type { EventLog, StoredEvent } from "./event-log.ts";
+
+export interface EventsRoutesOptions {
+  events: EventLog;
+  follower: EventFollower;
+  /** Streams end when this aborts (the server is closing). */
+  closing: AbortSignal;
+  keepAliveMs?: number;
+}
+
+const RELATIVE = /^(\d{1,6})(m|h|d)$/;
+const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+
+/** An ISO time, or a span back from now: 30m, 6h, 7d. */
+function parseSince(value: string, now: number): string {
+  const relative = RELATIVE.exec(value);
+  if (relative !== null) return new Date(now - Number(relative[1]) * UNIT_MS[relative[2] as keyof typeof UNIT_MS]).toISOString();
+  const time = Date.parse(value);
+  if (!/^\d{4}-\d{2}-\d{2}/.test(value) || Number.isNaN(time)) {
+    throw new BadRequestError(`since: '${value}' is neither an ISO time (2026-12-01T08:00:00Z) nor a span back from now (30m, 6h, 7d).`, { code: "invalid_since", param: "since" });
+  }
+  return new Date(time).toISOString();
+}
+
+const listSchema = z.strictObject({
+  kind: z.string().min(1).max(1000).optional(),
+  since: z.string().min(1).max(40).optional(),
+  limit: z.coerce.number().int().min(1).max(1000).default(100),
+});
+
+const streamSchema = z.strictObject({
+  kind: z.string().min(1).max(1000).optional(),
+  after: z.coerce.number().int().min(0).optional(),
+});
+
+function wire(event: StoredEvent): string {
+  return JSON.stringify(event);
+}
+
+export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions): void {
+  const { events, follower } = options;
+
+  app.get("/api/v1/events", async (c) => {
+    const query = parseWith(listSchema, c.req.query(), "events query");
+    const kinds = query.kind === undefined ? undefined : parseEventKinds(query.kind, "kind");
+    const since = query.since === undefined ? undefined : parseSince(query.since, Date.now());
+    return c.json({ data: await events.list({ ...(kinds === undefined ? {} : { kinds }), ...(since === undefined ? {} : { since }), limit: query.limit }) });
+  });
+
+  app.get("/api/v1/events/stream", async (c: Context) => {
+    const query = parseWith(streamSchema, c.req.query(), "events stream query");
+    const kinds = query.kind === undefined ? null : new Set<string>(parseEventKinds(query.kind, "kind"));
+    const lastEventId = c.req.header("last-event-id");
+    let after = query.after ?? (lastEventId !== undefined && /^\d{1,15}$/.test(lastEventId) ? Number(lastEventId) : null);
+    // A new reader starts from now; a resuming one from where it was.
+    after ??= await events.latestId();
+    const start = after;
+    return streamSSE(c, async (stream) => {
+      const queue: StoredEvent[] = [];
+      let wake: (() => void) | null = null;
+      const nudge = () => {
+        wake?.();
+        wake = null;
+      };
+      const unsubscribe = follower.subscribe(start, (event) => {
+        if (kinds !== null && !kinds.has(event.kind)) return;
+        queue.push(event);
+        nudge();
+      });
+      const closed = () => stream.closed || c.req.raw.signal.aborted || options.closing.aborted;
+      stream.onAbort(nudge);
+      c.req.raw.signal.addEventListener("abort", nudge, { once: true });
+      options.closing.addEventListener("abort", nudge, { once: true });
+      const keepAlive = setInterval(nudge, options.keepAliveMs ?? 15_000);
+      try {
+        // The first line tells the client the stream is open (and how soon to reconnect).
+        await stream.write(`retry: 2000\n: llmgw events from id ${start}\n\n`);
+        while (!closed()) {
+          if (queue.length === 0) {
+            await new Promise<void>((resolve) => {
+              wake = resolve;
+            });
+            if (queue.length === 0 && !closed()) await stream.write(": keep-alive\n\n");
+            continue;
+          }
+          const event = queue.shift()!;
+          await stream.writeSSE({ id: String(event.id), data: wire(event) });
+        }
+      } finally {
+        clearInterval(keepAlive);
+        unsubscribe();
+        options.closing.removeEventListener("abort", nudge);
+      }
+    });
+  });
+}

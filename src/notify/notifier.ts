@@ -1,0 +1,235 @@
+// The notifier: sends events on to the channels that want them, at least once. It follows
+// the events table with a cursor kept in the store (so an event recorded just before a
+// crash is still fanned out after it), turns each event into one delivery per matching
+// channel (skipping a kind about a subject the channel was sent within the hour: a
+// flapping node notifies once), and sends due deliveries, retrying with exponential
+// backoff for up to a day. A 410 disables the channel. A pass runs when an event is
+// recorded in this process and every `pollMs` otherwise; one pass at a time.
+import type { Logger } from "../core/log.ts";
+import { describeError } from "../core/errors.ts";
+import { severityRank } from "../events/event-kinds.ts";
+import type { EventLog } from "../events/event-log.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import { recordAudit } from "../store/audit.ts";
+import type { Channel, ChannelStore } from "./channels.ts";
+import { DeliveryRows, type Delivery, type DeliveryView } from "./delivery-rows.ts";
+import type { NotifyEvent } from "./messages.ts";
+import { sendNotification, type SendOutcome } from "./sender.ts";
+
+export const NOTIFY_DEFAULTS = {
+  /** The receiver must answer within this. */
+  timeoutMs: 10_000,
+  /** The first retry waits this; each next one twice as long as the last, up to maxBackoffMs. */
+  backoffMs: 5_000,
+  maxBackoffMs: 60 * 60_000,
+  /** A delivery not through after this is given up. */
+  giveUpMs: 24 * 60 * 60_000,
+  /** One kind about one subject goes to a channel once within this. */
+  dedupeMs: 60 * 60_000,
+  pollMs: 1_000,
+  /** Deliveries sent at once in a pass. */
+  batch: 16,
+  /** Finished deliveries are kept this long in the log. */
+  keepMs: 30 * 24 * 60 * 60_000,
+};
+
+export interface NotifierOptions {
+  store: Store;
+  events: EventLog;
+  channels: ChannelStore;
+  logger: Logger;
+  /** Where Slack messages link to (the console). */
+  consoleUrl: () => string;
+  clock?: () => number;
+  settings?: Partial<typeof NOTIFY_DEFAULTS>;
+}
+
+export class Notifier {
+  readonly deliveries: DeliveryRows;
+  private readonly settings: typeof NOTIFY_DEFAULTS;
+  private readonly clock: () => number;
+  private timer: NodeJS.Timeout | undefined;
+  private unsubscribe: (() => void) | undefined;
+  private running: Promise<void> | null = null;
+  private again = false;
+  private stopped = false;
+  private lastPrune = 0;
+
+  constructor(private readonly options: NotifierOptions) {
+    this.deliveries = new DeliveryRows(options.store);
+    this.settings = { ...NOTIFY_DEFAULTS, ...options.settings };
+    this.clock = options.clock ?? Date.now;
+  }
+
+  async start(): Promise<void> {
+    await this.deliveries.resumeSending();
+    this.unsubscribe = this.options.events.onRecorded(() => this.wake());
+    this.timer = setInterval(() => this.wake(), this.settings.pollMs);
+    this.timer.unref();
+    this.wake();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.unsubscribe?.();
+    await this.running;
+  }
+
+  /** Runs a pass now, or right after the one running. */
+  wake(): void {
+    if (this.stopped) return;
+    if (this.running !== null) {
+      this.again = true;
+      return;
+    }
+    this.running = (async () => {
+      do {
+        this.again = false;
+        try {
+          await this.pass();
+        } catch (error) {
+          this.options.logger.warn({ err: describeError(error) }, "a notification pass failed; it runs again at the next poll");
+        }
+      } while (this.again && !this.stopped);
+    })().finally(() => {
+      this.running = null;
+    });
+  }
+
+  /** Resolves once no pass is running (tests). */
+  async idle(): Promise<void> {
+    while (this.running !== null) await this.running;
+  }
+
+  /** Sends a test message to one channel now, logged like any delivery; returns how it went. */
+  async test(name: string, actor: string): Promise<DeliveryView> {
+    const channel = await this.options.channels.get(name);
+    const at = nowIso(this.clock);
+    const event: NotifyEvent = {
+      id: null,
+      at,
+      kind: "notify_test",
+      severity: "info",
+      subject: `channel:${channel.name}`,
+      message: `A test from llmgw: channel '${channel.name}' receives notifications.`,
+      data: { channel: channel.name },
+    };
+    const id = await this.options.store.db.transaction().execute(async (trx) => {
+      await recordAudit(trx, { at, actor, action: "notify.test", target: channel.name, detail: {} });
+      return this.deliveries.insert(trx, channel.id, event, "sending", at);
+    });
+    await this.attempt({ id, channelId: channel.id, event, attempts: 0, createdAt: at }, channel);
+    return (await this.deliveries.get(id))!;
+  }
+
+  private async pass(): Promise<void> {
+    await this.fanOut();
+    await this.sendDue();
+    if (this.clock() - this.lastPrune > 60 * 60_000) {
+      this.lastPrune = this.clock();
+      await this.deliveries.prune(new Date(this.clock() - this.settings.keepMs).toISOString());
+    }
+  }
+
+  /** Events above the cursor become deliveries, in one transaction with the cursor's move. */
+  private async fanOut(): Promise<void> {
+    const { store, events } = this.options;
+    for (;;) {
+      const cursor = await store.db.selectFrom("notify_cursor").select("last_event_id").where("id", "=", 1).executeTakeFirst();
+      if (cursor === undefined) {
+        // Only a store whose cursor row was deleted by hand: start from now, not from the whole history.
+        await store.db.insertInto("notify_cursor").values({ id: 1, last_event_id: await events.latestId() }).execute();
+        continue;
+      }
+      const from = Number(cursor.last_event_id);
+      const batch = await events.after(from, 100);
+      if (batch.length === 0) return;
+      const channels = (await this.options.channels.list()).filter((channel) => channel.disabledAt === null);
+      const now = nowIso(this.clock);
+      const since = new Date(this.clock() - this.settings.dedupeMs).toISOString();
+      let queued = 0;
+      await store.db.transaction().execute(async (trx) => {
+        for (const event of batch) {
+          for (const channel of channels.filter((candidate) => wants(candidate, event))) {
+            if (await this.deliveries.sentSince(trx, channel.id, event, since)) continue;
+            await this.deliveries.insert(trx, channel.id, event, "pending", now);
+            queued += 1;
+          }
+        }
+        await trx.updateTable("notify_cursor").set({ last_event_id: batch.at(-1)!.id }).where("id", "=", 1).where("last_event_id", "=", from).execute();
+      });
+      if (queued > 0) this.options.logger.debug({ events: batch.length, deliveries: queued }, "events queued for notification");
+    }
+  }
+
+  private async sendDue(): Promise<void> {
+    while (!this.stopped) {
+      const due = await this.deliveries.due(nowIso(this.clock), this.settings.batch);
+      if (due.length === 0) return;
+      const channels = new Map((await this.options.channels.list()).map((channel) => [channel.id, channel]));
+      await Promise.all(due.map((delivery) => this.attempt(delivery, channels.get(delivery.channelId))));
+      if (due.length < this.settings.batch) return;
+    }
+  }
+
+  /** One try of one delivery, and the row's state after it. */
+  private async attempt(delivery: Delivery, channel: Channel | undefined): Promise<void> {
+    const attempts = delivery.attempts + 1;
+    const settle = (state: "delivered" | "pending" | "failed" | "cancelled", outcome: Pick<SendOutcome, "status" | "error">, nextAttemptAt: string | null) =>
+      this.deliveries.settle(delivery.id, { state, attempts, status: outcome.status, error: outcome.error, nextAttemptAt, now: nowIso(this.clock) });
+    if (channel === undefined || channel.disabledAt !== null) {
+      await settle("cancelled", { status: null, error: channel === undefined ? "the channel was removed" : `the channel is disabled: ${channel.disabledReason ?? "by an operator"}` }, null);
+      return;
+    }
+    const target = this.options.channels.openTarget(channel);
+    if (target === null) {
+      // Sealed with another server secret: nothing to send with, and retrying will not change that.
+      await settle("failed", { status: null, error: "the channel's URL or secret cannot be opened with this server's secret; add the channel again" }, null);
+      return;
+    }
+    const outcome = await sendNotification({ kind: channel.kind, ...target }, delivery.event, {
+      messageId: `msg_${channel.id.slice(0, 8)}_${delivery.id}`,
+      timeoutMs: this.settings.timeoutMs,
+      consoleUrl: this.options.consoleUrl(),
+      now: this.clock,
+    });
+    const log = { channel: channel.name, kind: delivery.event.kind, subject: delivery.event.subject, attempts, status: outcome.status };
+    if (outcome.result === "delivered") {
+      await settle("delivered", outcome, null);
+      return;
+    }
+    if (outcome.result === "gone") {
+      const reason = `the receiver answered 410 Gone on ${nowIso(this.clock)}`;
+      await this.options.channels.disable(channel.id, reason);
+      await settle("failed", outcome, null);
+      await this.deliveries.cancelPending(channel.id, `the channel was disabled: ${reason}`, nowIso(this.clock));
+      this.options.logger.warn({ ...log }, `notification channel disabled: the receiver answered 410 Gone; enable it with 'llmgw ctl notify enable ${channel.name}'`);
+      return;
+    }
+    if (delivery.event.kind === "notify_test") {
+      // A test says how the receiver answers now; it is not kept trying for a day.
+      await settle("failed", outcome, null);
+      return;
+    }
+    const delay = this.backoff(attempts);
+    if (this.clock() + delay - Date.parse(delivery.createdAt) > this.settings.giveUpMs) {
+      await settle("failed", { status: outcome.status, error: `given up after ${attempts} attempts: ${outcome.error}` }, null);
+      this.options.logger.warn({ ...log, err: outcome.error }, "a notification was given up");
+      return;
+    }
+    await settle("pending", outcome, new Date(this.clock() + delay).toISOString());
+    this.options.logger.info({ ...log, err: outcome.error, retry_in_ms: delay }, "a notification was not delivered; it is tried again");
+  }
+
+  /** The wait after the n-th failed attempt: doubling from backoffMs, capped, with ±20% jitter so retries to one receiver spread. */
+  private backoff(attempts: number): number {
+    const plain = Math.min(this.settings.maxBackoffMs, this.settings.backoffMs * 2 ** Math.min(attempts - 1, 30));
+    return Math.round(plain * (0.8 + Math.random() * 0.4));
+  }
+}
+
+function wants(channel: Channel, event: NotifyEvent): boolean {
+  if (channel.events !== null && !channel.events.includes(event.kind as never)) return false;
+  return severityRank(event.severity) >= severityRank(channel.minSeverity);
+}

@@ -1,0 +1,59 @@
+// One attempt to hand one notification to a receiver, and what its answer means. The
+// notifier decides what happens next from the outcome alone:
+// - any 2xx: delivered.
+// - 410 Gone: the receiver says this address is retired (Standard Webhooks, Slack for a
+//   removed hook): the channel is disabled rather than retried for a day.
+// - anything else (another status, a redirect, a refused or reset connection, no answer
+//   within the timeout): tried again later. Redirects are not followed: a signed message
+//   goes to the address the operator gave and nowhere else.
+import { request } from "undici";
+import { describeError } from "../core/errors.ts";
+import { slackBody, webhookBody, type NotifyEvent } from "./messages.ts";
+import { signWebhook } from "./webhook-signing.ts";
+
+export interface SendTarget {
+  kind: "webhook" | "slack";
+  url: string;
+  /** webhook: the secret's key bytes. */
+  key: Buffer | null;
+}
+
+export interface SendOutcome {
+  result: "delivered" | "retry" | "gone";
+  status: number | null;
+  /** Why it was not delivered, in a line; null when it was. */
+  error: string | null;
+}
+
+export interface SendOptions {
+  /** The webhook-id: the same for every attempt of one delivery. */
+  messageId: string;
+  timeoutMs: number;
+  consoleUrl: string;
+  now: () => number;
+}
+
+export async function sendNotification(target: SendTarget, event: NotifyEvent, options: SendOptions): Promise<SendOutcome> {
+  const body = target.kind === "slack" ? slackBody(event, options.consoleUrl) : webhookBody(event);
+  const headers: Record<string, string> = { "content-type": "application/json", "user-agent": "llmgw-notify" };
+  if (target.kind === "webhook" && target.key !== null) Object.assign(headers, signWebhook(target.key, options.messageId, options.now() / 1000, body));
+  try {
+    const answer = await request(target.url, {
+      method: "POST",
+      headers,
+      body,
+      headersTimeout: options.timeoutMs,
+      bodyTimeout: options.timeoutMs,
+      signal: AbortSignal.timeout(options.timeoutMs),
+    });
+    // The body is not needed, only read (a little) so the connection can be reused.
+    const text = await answer.body.text().catch(() => "");
+    if (answer.statusCode >= 200 && answer.statusCode < 300) return { result: "delivered", status: answer.statusCode, error: null };
+    const said = text.trim().slice(0, 200);
+    const error = `the receiver answered ${answer.statusCode}${said === "" ? "" : `: ${said}`}`;
+    return { result: answer.statusCode === 410 ? "gone" : "retry", status: answer.statusCode, error };
+  } catch (failure) {
+    const timedOut = failure instanceof Error && (failure.name === "TimeoutError" || failure.name === "HeadersTimeoutError" || failure.name === "BodyTimeoutError");
+    return { result: "retry", status: null, error: timedOut ? `no answer within ${options.timeoutMs / 1000} s` : `could not reach the receiver: ${describeError(failure)}` };
+  }
+}

@@ -1,0 +1,129 @@
+// Budget events: `budget_threshold` when a key's spend in its current period reaches a
+// share of its budget (80% by default), `budget_exhausted` when it reaches the budget or
+// the budget refuses a request that a fresh budget would take. Each is recorded once per
+// key and period: what was announced is remembered, and read back from the events table
+// at start, so a restart does not announce again. Spend is read every `intervalMs` (one
+// query over keys with a budget), off the request path; refusals arrive at once.
+import type { Logger } from "../core/log.ts";
+import { describeError } from "../core/errors.ts";
+import type { EventLog, NewEvent } from "../events/event-log.ts";
+import type { Store } from "../store/store.ts";
+import type { BudgetRefused } from "./limits.ts";
+
+export const DEFAULT_BUDGET_ALERT_SHARE = 0.8;
+const DEFAULT_INTERVAL_MS = 5_000;
+
+export interface KeySpend {
+  id: string;
+  key: string;
+  prefix: string;
+  spent_usd: number;
+  limit_usd: number;
+  period: string;
+  period_id: string;
+  resets_at: number | null;
+}
+
+export interface BudgetAlertsOptions {
+  store: Store;
+  events: EventLog;
+  logger: Logger;
+  /** Spend of every live key with a budget, in its current period (LimitsService.spentByKey). */
+  spent: () => Promise<readonly KeySpend[]>;
+  /** The share of a budget that is announced as nearly spent (0 < share < 1). */
+  share?: number;
+  intervalMs?: number;
+  clock?: () => number;
+}
+
+type Alert = "budget_threshold" | "budget_exhausted";
+
+export class BudgetAlerts {
+  private readonly announced = new Set<string>();
+  private timer: NodeJS.Timeout | undefined;
+  private checking: Promise<void> | null = null;
+  private readonly share: number;
+
+  constructor(private readonly options: BudgetAlertsOptions) {
+    this.share = options.share ?? DEFAULT_BUDGET_ALERT_SHARE;
+  }
+
+  async start(): Promise<void> {
+    // What earlier runs announced in periods that may still be current (a month at most, or a total budget's one).
+    const since = new Date((this.options.clock ?? Date.now)() - 32 * 86_400_000).toISOString();
+    for (const event of await this.options.events.list({ kinds: ["budget_threshold", "budget_exhausted"], since, limit: 1000 })) {
+      const { key_id: keyId, period } = event.data;
+      if (typeof keyId === "string" && typeof period === "string") this.announced.add(`${event.kind}\n${keyId}\n${period}`);
+    }
+    const interval = this.options.intervalMs ?? DEFAULT_INTERVAL_MS;
+    this.timer = setInterval(() => void this.checkNow(), interval);
+    this.timer.unref();
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer !== undefined) clearInterval(this.timer);
+    await this.checking;
+  }
+
+  /** Reads every budget's spend and announces what crossed a line. */
+  checkNow(): Promise<void> {
+    this.checking ??= (async () => {
+      try {
+        for (const spend of await this.options.spent()) {
+          if (spend.limit_usd <= 0) continue;
+          const used = spend.spent_usd / spend.limit_usd;
+          if (used >= 1) await this.announce("budget_exhausted", spend);
+          else if (used >= this.share) await this.announce("budget_threshold", spend);
+        }
+      } catch (error) {
+        this.options.logger.warn({ err: describeError(error) }, "could not read budgets' spending for budget events");
+      } finally {
+        this.checking = null;
+      }
+    })();
+    return this.checking;
+  }
+
+  /** LimitsService's hook: the budget had no room for a request. */
+  refused(refusal: BudgetRefused): void {
+    void (async () => {
+      const row = await this.options.store.db.selectFrom("api_keys").select(["prefix", "budget_period"]).where("id", "=", refusal.keyId).executeTakeFirst();
+      await this.announce("budget_exhausted", {
+        id: refusal.keyId,
+        key: refusal.keyName,
+        prefix: row?.prefix ?? "",
+        spent_usd: refusal.spentUsd ?? refusal.limitUsd,
+        limit_usd: refusal.limitUsd,
+        period: row?.budget_period ?? "total",
+        period_id: refusal.period,
+        resets_at: refusal.resetsAt,
+      });
+    })().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record a budget event"));
+  }
+
+  private async announce(kind: Alert, spend: KeySpend): Promise<void> {
+    const id = `${kind}\n${spend.id}\n${spend.period_id}`;
+    if (this.announced.has(id)) return;
+    // Once the budget is spent, "nearly spent" is old news.
+    if (kind === "budget_threshold" && this.announced.has(`budget_exhausted\n${spend.id}\n${spend.period_id}`)) return;
+    this.announced.add(id);
+    if ((await this.options.events.record(budgetEvent(kind, spend, this.share))) === null) this.announced.delete(id);
+  }
+}
+
+function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
+  const percent = Math.floor((spend.spent_usd / spend.limit_usd) * 100);
+  const periodText = spend.period === "total" ? "total budget" : spend.period === "day" ? `budget for ${spend.period_id} (UTC)` : `budget for ${spend.period_id} (UTC month)`;
+  const resets = spend.resets_at === null ? "It does not reset" : `It resets at ${new Date(spend.resets_at).toISOString()}`;
+  const money = (usd: number) => `$${Number(usd.toFixed(usd >= 1 ? 2 : 6))}`;
+  const message =
+    kind === "budget_exhausted"
+      ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
+      : `Key '${spend.key}' (${spend.prefix}) has spent ${percent}% of its ${periodText} (${money(spend.spent_usd)} of ${money(spend.limit_usd)}; alert at ${Math.round(share * 100)}%). ${resets}.`;
+  return {
+    kind,
+    subject: `key:${spend.key}`,
+    data: { key: spend.key, key_prefix: spend.prefix, key_id: spend.id, period: spend.period_id, budget_period: spend.period, spent_usd: spend.spent_usd, limit_usd: spend.limit_usd, resets_at: spend.resets_at === null ? null : new Date(spend.resets_at).toISOString() },
+    message,
+  };
+}
