@@ -85,6 +85,7 @@ const unit = [
   "src/policy/guards-attacks.test.ts",
   "src/policy/key-guards.test.ts",
   "src/notify/notify.test.ts",
+  "src/cli/ctl-notify.test.ts",
 ];
 
 const endToEnd = [

@@ -54,6 +54,21 @@ export class AdminClient {
     }
     return parsed as T;
   }
+
+  /** A long-lived GET (server-sent events): its body as it arrives; errors as `call` gives them. */
+  async stream(pathname: string, signal?: AbortSignal): Promise<AsyncIterable<Buffer>> {
+    let response;
+    try {
+      response = await request(this.baseUrl + pathname, { method: "GET", headers: { authorization: `Bearer ${this.key}`, accept: "text/event-stream" }, headersTimeout: 60_000, bodyTimeout: 0, ...(signal === undefined ? {} : { signal }) });
+    } catch (error) {
+      throw new UpstreamError(`Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`, { cause: error });
+    }
+    if (response.statusCode >= 400) {
+      const detail = (safeJson(await response.body.text()) as { error?: { message?: string; code?: string } } | null)?.error;
+      throw new LlmgwError({ message: detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`, code: detail?.code ?? "http_error", status: response.statusCode });
+    }
+    return response.body;
+  }
 }
 
 function readServerUrl(dataDir: string): string | undefined {

@@ -11,13 +11,14 @@ import { registerKeyCommands } from "./ctl-key.ts";
 import { registerMirrorCommands } from "./ctl-mirror.ts";
 import { registerModelCommands } from "./ctl-model.ts";
 import { registerNodeCommands } from "./ctl-node.ts";
+import { registerNotifyCommands } from "./ctl-notify.ts";
 import { registerUsageCommand } from "./ctl-usage.ts";
 import { renderTable } from "./output.ts";
 
 export function registerCtl(program: Command): void {
   const ctl = program
     .command("ctl")
-    .description("Administer a running llmgw (models, jobs, keys, replicas, mirror, nodes) over its admin API")
+    .description("Administer a running llmgw (models, jobs, keys, replicas, mirror, nodes, notifications) over its admin API")
     .option("--server <url>", "server URL (or LLMGW_SERVER; default: the local `llmgw up`)")
     .option("--key <key>", "admin key (or LLMGW_KEY; default: DATA_DIR/admin.key)")
     .option("--data-dir <dir>", "data dir of the local server (or LLMGW_DATA_DIR)");
@@ -36,6 +37,7 @@ export function registerCtl(program: Command): void {
   registerNodeCommands(ctl, helpers);
   registerUsageCommand(ctl, helpers);
   registerKeyCommands(ctl, helpers);
+  registerNotifyCommands(ctl, helpers);
 
   withExamples(ctl.command("replicas"), "llmgw ctl replicas --json")
     .description("Replicas and their states")

@@ -5,6 +5,7 @@
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import { createLogger, parseLogFormat } from "../core/log.ts";
+import { BadRequestError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE } from "../core/data-dir.ts";
 import { startLocalNode } from "../agent/local-node.ts";
 import { stopOnSignals } from "./shutdown.ts";
@@ -28,6 +29,8 @@ export interface ServerCommandOptions {
   updateCheck?: string;
   usageRetention?: string;
   metricsKey?: string;
+  publicUrl?: string;
+  budgetAlert?: string;
   demo?: boolean;
 }
 
@@ -61,6 +64,8 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...metricsKeyOption(options.metricsKey ?? process.env.LLMGW_METRICS_KEY),
       ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
       ...(options.usageRetention === undefined ? {} : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
+      ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
+      ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       logger,
     },
     withAgent,
@@ -84,6 +89,30 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     );
   }
   announceReadyModels(server, out);
+}
+
+/** Notifications link to the console at this address; it must be a whole http(s) URL. */
+function publicUrlOption(value: string | undefined): { publicUrl?: string } {
+  if (value === undefined || value === "") return {};
+  let url: URL | null = null;
+  try {
+    url = new URL(value);
+  } catch {
+    // Refused below with what to give instead.
+  }
+  if (url === null || (url.protocol !== "http:" && url.protocol !== "https:")) {
+    throw new BadRequestError(`Invalid --public-url '${value}': give the address people open the console at, such as https://llmgw.example.com.`);
+  }
+  return { publicUrl: value.replace(/\/+$/, "") };
+}
+
+/** --budget-alert 80 (or 80%): the share of a budget announced as nearly spent. */
+function parseBudgetAlert(value: string): number {
+  const percent = Number(value.trim().replace(/%$/, ""));
+  if (!Number.isFinite(percent) || percent <= 0 || percent >= 100) {
+    throw new BadRequestError(`Invalid --budget-alert '${value}': give a percentage between 1 and 99, such as 80.`);
+  }
+  return percent / 100;
 }
 
 /** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */

@@ -70,7 +70,7 @@ export async function startReceiver(path = "/hooks/llmgw"): Promise<Receiver> {
     const chunks: Buffer[] = [];
     req.on("data", (chunk: Buffer) => chunks.push(chunk));
     req.on("end", () => {
-      const status = req.url === path && req.method === "POST" ? (receiver.answers.shift() ?? 200) : 404;
+      const status = new URL(req.url ?? "/", "http://receiver").pathname === path && req.method === "POST" ? (receiver.answers.shift() ?? 200) : 404;
       receiver.requests.push({ headers: req.headers, text: Buffer.concat(chunks).toString("utf8"), status });
       res.writeHead(status, { "content-type": "text/plain" });
       res.end(status === 200 ? "ok" : `status ${status}`);
