@@ -61,6 +61,7 @@ const unit = [
   "src/metrics/metrics.test.ts",
   "src/metrics/metrics-access.test.ts",
   "src/metrics/metrics-route.test.ts",
+  "test/monitoring-files.test.ts",
   "src/agent/local-node.test.ts",
   "src/fleet/on-demand.test.ts",
   "src/fleet/reconciler.test.ts",

@@ -5,22 +5,29 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { silentLogger } from "../core/log.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
+import type { NodeState } from "../fleet/fleet-types.ts";
 import { parsePrometheusText, type Exposition } from "../../test/support/prometheus-text.ts";
-import { Metrics, type BudgetSpent, type MetricsSources } from "./metrics.ts";
+import { Metrics, type BudgetSpent, type MetricsModel, type MetricsSources } from "./metrics.ts";
 
 /** A fleet in plain maps, changed by the tests between scrapes. */
 function fakeFleet() {
   const models = new Map<string, string>([["m-chat", "chat"]]);
+  /** Definitions by model id; a model without one has the catalog's defaults (min 1, queue_size 100). */
+  const definitions = new Map<string, MetricsModel["definition"]>();
   const replicas = new Map<string, Array<{ id: string; state: ReplicaState }>>();
   const inFlight = new Map<string, number>();
   const waiting = new Map<string, number>();
+  const parked = new Set<string>();
+  const nodes: Array<{ name: string; state: NodeState }> = [];
   const sources: MetricsSources = {
-    models: () => [...models].map(([id, name]) => ({ id, name })),
+    models: () => [...models].map(([id, name]) => ({ id, name, definition: definitions.get(id) ?? { scaling: { min: 1 }, queue_size: 100 } })),
     replicasOf: (modelId) => replicas.get(modelId) ?? [],
     inFlightAt: (replicaId) => inFlight.get(replicaId) ?? 0,
     waitingFor: (modelId) => waiting.get(modelId) ?? 0,
+    isParked: (modelId) => parked.has(modelId),
+    nodes: () => nodes,
   };
-  return { models, replicas, inFlight, waiting, sources };
+  return { models, definitions, replicas, inFlight, waiting, parked, nodes, sources };
 }
 
 async function scrape(metrics: Metrics): Promise<Exposition> {
@@ -106,6 +113,62 @@ test("in flight, queue depth and replicas by state are read from the fleet at ea
   assert.equal(exposition.value("llmgw_replicas", { model: "chat", state: "failed" }), 1);
 });
 
+test("parking, scaling.min and queue_size are read per model at each scrape, so alerts can compare replicas and queues with them", async () => {
+  const fleet = fakeFleet();
+  fleet.models.set("m-embed", "embed");
+  fleet.definitions.set("m-chat", { scaling: { min: 2 }, queue_size: 50 });
+  fleet.definitions.set("m-embed", { scaling: { min: 0 }, queue_size: 0 });
+  fleet.parked.add("m-chat");
+  const metrics = new Metrics({ sources: fleet.sources, logger: silentLogger() });
+
+  let exposition = await scrape(metrics);
+  for (const name of ["llmgw_model_parked", "llmgw_model_min_replicas", "llmgw_queue_capacity"]) {
+    assert.equal(exposition.families.get(name)?.type, "gauge", name);
+    assert.ok((exposition.families.get(name)?.help ?? "").length > 20, `${name} has a help text`);
+  }
+  assert.equal(exposition.value("llmgw_model_parked", { model: "chat" }), 1);
+  assert.equal(exposition.value("llmgw_model_parked", { model: "embed" }), 0, "an unparked model has a 0 series, not none");
+  assert.equal(exposition.value("llmgw_model_min_replicas", { model: "chat" }), 2);
+  assert.equal(exposition.value("llmgw_model_min_replicas", { model: "embed" }), 0);
+  assert.equal(exposition.value("llmgw_queue_capacity", { model: "chat" }), 50);
+  assert.equal(exposition.value("llmgw_queue_capacity", { model: "embed" }), 0);
+
+  // Unparked and edited: the next scrape says so; a removed model's series go.
+  fleet.parked.delete("m-chat");
+  fleet.definitions.set("m-chat", { scaling: { min: 1 }, queue_size: 200 });
+  fleet.models.delete("m-embed");
+  exposition = await scrape(metrics);
+  assert.equal(exposition.value("llmgw_model_parked", { model: "chat" }), 0);
+  assert.equal(exposition.value("llmgw_model_min_replicas", { model: "chat" }), 1);
+  assert.equal(exposition.value("llmgw_queue_capacity", { model: "chat" }), 200);
+  for (const name of ["llmgw_model_parked", "llmgw_model_min_replicas", "llmgw_queue_capacity"]) {
+    assert.deepEqual(exposition.samples(name, { model: "embed" }), [], name);
+  }
+});
+
+test("nodes have a series per state, 1 for the current one; a removed node's series go, so a lost-node alert ends", async () => {
+  const fleet = fakeFleet();
+  fleet.nodes.push({ name: "gpu-a", state: "ready" }, { name: "gpu-b", state: "lost" }, { name: "gpu-c", state: "draining" });
+  const metrics = new Metrics({ sources: fleet.sources, logger: silentLogger() });
+
+  let exposition = await scrape(metrics);
+  assert.equal(exposition.families.get("llmgw_nodes")?.type, "gauge");
+  assert.equal(exposition.samples("llmgw_nodes").length, 9, "three states for each of three nodes");
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-a", state: "ready" }), 1);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-a", state: "lost" }), 0);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-b", state: "lost" }), 1);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-b", state: "ready" }), 0);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-c", state: "draining" }), 1);
+
+  // gpu-b sends a heartbeat again; gpu-c is removed by an operator.
+  fleet.nodes.splice(0, 3, { name: "gpu-a", state: "ready" }, { name: "gpu-b", state: "ready" });
+  exposition = await scrape(metrics);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-b", state: "lost" }), 0);
+  assert.equal(exposition.value("llmgw_nodes", { node: "gpu-b", state: "ready" }), 1);
+  assert.deepEqual(exposition.samples("llmgw_nodes", { node: "gpu-c" }), []);
+  assert.equal(exposition.samples("llmgw_nodes").length, 6);
+});
+
 test("a model removed from the catalog leaves the metrics at the next scrape", async () => {
   const fleet = fakeFleet();
   fleet.models.set("m-old", "old");
@@ -127,14 +190,16 @@ test("a model removed from the catalog leaves the metrics at the next scrape", a
   assert.equal((await scrape(metrics)).value("llmgw_requests_total", { model: "old", status: "200" }), 1);
 });
 
-test("budget spent per key comes from the callback at each scrape; a failing one leaves only that metric out", async () => {
+test("budget spent and limit per key come from one callback read per scrape; a failing one leaves only those metrics out", async () => {
   const fleet = fakeFleet();
-  let spent: BudgetSpent[] = [{ key: "team-a", spent_usd: 1.25 }, { key: "team-b", spent_usd: 0 }];
+  let spent: BudgetSpent[] = [{ key: "team-a", spent_usd: 1.25, limit_usd: 10 }, { key: "team-b", spent_usd: 0 }];
   let failing = false;
+  let reads = 0;
   const metrics = new Metrics({
     sources: {
       ...fleet.sources,
       budgetSpent: async () => {
+        reads += 1;
         if (failing) throw new Error("database is locked");
         return spent;
       },
@@ -145,6 +210,10 @@ test("budget spent per key comes from the callback at each scrape; a failing one
   assert.equal(exposition.families.get("llmgw_budget_spent_usd")?.type, "gauge");
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-a" }), 1.25);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-b" }), 0);
+  assert.equal(exposition.families.get("llmgw_budget_limit_usd")?.type, "gauge");
+  assert.equal(exposition.value("llmgw_budget_limit_usd", { key: "team-a" }), 10);
+  assert.equal(exposition.value("llmgw_budget_limit_usd", { key: "team-b" }), undefined, "a row without a limit has no limit series");
+  assert.equal(reads, 1, "spending and limits come from one read of the store per scrape");
 
   spent = [{ key: "team-a", spent_usd: 2.5 }];
   exposition = await scrape(metrics);
@@ -152,19 +221,25 @@ test("budget spent per key comes from the callback at each scrape; a failing one
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-b" }), undefined, "a key no longer listed is gone");
 
   // Key names are not unique: the shown prefix, when the source gives it, tells two keys of one name apart.
-  spent = [{ key: "ci", prefix: "llmgw_AAAA", spent_usd: 1 }, { key: "ci", prefix: "llmgw_BBBB", spent_usd: 3 }];
+  spent = [{ key: "ci", prefix: "llmgw_AAAA", spent_usd: 1, limit_usd: 5 }, { key: "ci", prefix: "llmgw_BBBB", spent_usd: 3, limit_usd: 4 }];
   exposition = await scrape(metrics);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_AAAA" }), 1);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_BBBB" }), 3);
   assert.equal(exposition.samples("llmgw_budget_spent_usd").length, 2);
+  assert.equal(exposition.value("llmgw_budget_limit_usd", { key: "ci", prefix: "llmgw_AAAA" }), 5);
+  assert.equal(exposition.value("llmgw_budget_limit_usd", { key: "ci", prefix: "llmgw_BBBB" }), 4);
+  assert.equal(exposition.samples("llmgw_budget_limit_usd").length, 2, "the key no longer listed has no limit series either");
+  assert.equal(reads, 3);
 
   failing = true;
   exposition = await scrape(metrics);
   assert.deepEqual(exposition.samples("llmgw_budget_spent_usd"), []);
+  assert.deepEqual(exposition.samples("llmgw_budget_limit_usd"), []);
   assert.equal(exposition.value("llmgw_queue_depth", { model: "chat" }), 0, "the rest of the scrape is there");
 
   const withoutBudgets = await scrape(new Metrics({ sources: fleet.sources, logger: silentLogger() }));
   assert.equal(withoutBudgets.families.has("llmgw_budget_spent_usd"), false);
+  assert.equal(withoutBudgets.families.has("llmgw_budget_limit_usd"), false);
 });
 
 test("two servers' metrics in one process keep apart, and both carry the process metrics", async () => {

@@ -1,7 +1,10 @@
 // Prometheus metrics of one llmgw server: what the gateway counts as requests end
 // (requests, latencies, tokens), what is read from the fleet and the gateway when
-// Prometheus scrapes (in flight, queued, replicas by state, budget spent), and the
-// process's own metrics. GET /metrics renders them (metrics-route.ts).
+// Prometheus scrapes (in flight, queued, replicas by state, parking, nodes, budgets), and
+// the process's own metrics. GET /metrics renders them (metrics-route.ts). The alert
+// rules in deploy/prometheus/alerts.yml compare these series with each other: a replica
+// count with the model's scaling.min, a queue depth with its queue_size, spending with
+// the budget, so each setting an alert needs is exported next to what it limits.
 //
 // Each server has its own prom-client Registry, never the library's global one, so two
 // servers in one process (tests, `up` with its agent) keep apart. Process metrics are the
@@ -11,13 +14,16 @@
 //
 // Label values are bounded: `model` is a catalog name or "-" (a request refused before
 // its model was resolved, a model name the catalog does not know), `status` an HTTP
-// status, `state` a replica state, `key` a key name with `prefix` the key's shown prefix
+// status, `state` a replica or node state, `node` a joined node's name (unique: a join
+// under a taken name is refused), `key` a key name with `prefix` the key's shown prefix
 // (names are not unique, so the prefix tells keys of one name apart). Series of models
-// removed from the catalog are dropped at the next scrape.
+// removed from the catalog, and of nodes removed from the fleet, are dropped at the next
+// scrape, so an alert on them ends instead of firing on forever.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
+import type { NodeState } from "../fleet/fleet-types.ts";
 import { isTokenUsage, type TokenUsage } from "../gateway/usage-tap.ts";
 
 /** The label of requests whose model is not (yet) a catalog model. */
@@ -51,6 +57,9 @@ const REPLICA_STATES = Object.keys({
   parked: true,
 } satisfies Record<ReplicaState, true>) as ReplicaState[];
 
+/** Every node state, so each node has a series for each (0 included) and "lost == 1" needs no absent(). */
+const NODE_STATES = Object.keys({ ready: true, lost: true, draining: true } satisfies Record<NodeState, true>) as NodeState[];
+
 /** What the gateway reports when a /v1 request ends, whatever its outcome. */
 export interface EndedRequest {
   /** The catalog name of the model, or null when the request never resolved one. */
@@ -77,17 +86,35 @@ export interface BudgetSpent {
   /** The key's shown prefix, which tells apart keys of one name; without it the series has only `key`. */
   prefix?: string;
   spent_usd: number;
+  /** The key's budget for the period; absent: no limit series for this key. */
+  limit_usd?: number;
+}
+
+/** A catalog model as the metrics read it: its name and the settings alerts compare against. */
+export interface MetricsModel {
+  id: string;
+  name: string;
+  definition: {
+    /** scaling.min: replicas kept running without traffic (0: on demand). */
+    scaling: { min: number };
+    /** Requests that may wait for a free replica. */
+    queue_size: number;
+  };
 }
 
 /** What is read at scrape time. */
 export interface MetricsSources {
   /** The catalog's models: the only names that become `model` label values. */
-  models(): readonly { id: string; name: string }[];
+  models(): readonly MetricsModel[];
   replicasOf(modelId: string): readonly { id: string; state: ReplicaState }[];
   /** Requests in flight at a replica (the gateway's admission). */
   inFlightAt(replicaId: string): number;
   /** Requests waiting in a model's queue. */
   waitingFor(modelId: string): number;
+  /** Whether the fleet parked the model (its supervisor gave up; `llmgw ctl model unpark` ends it). */
+  isParked(modelId: string): boolean;
+  /** The joined nodes; a removed node is not among them. */
+  nodes(): readonly { name: string; state: NodeState }[];
   /** Spending per key in its current period (the limits' store); absent: no budget series. */
   budgetSpent?: () => Promise<readonly BudgetSpent[]>;
 }
@@ -117,6 +144,8 @@ export class Metrics implements RequestMetrics {
   private readonly duration: Histogram<"model">;
   private readonly ttft: Histogram<"model">;
   private readonly series = new Map<string, ModelSeries>();
+  /** The budgets read for the scrape being rendered; cleared when a render starts. */
+  private budgetRead: Promise<readonly BudgetSpent[] | null> | undefined;
 
   constructor(private readonly options: MetricsOptions) {
     const registers = [this.registry];
@@ -201,28 +230,88 @@ export class Metrics implements RequestMetrics {
         }
       },
     });
-    const budgetSpent = sources.budgetSpent;
-    if (budgetSpent !== undefined) {
-      const logger = options.logger;
-      new Gauge({
-        name: "llmgw_budget_spent_usd",
-        help: "USD spent by each key with a budget in its current budget period, by key name and shown prefix.",
-        labelNames: ["key", "prefix"],
-        registers,
-        async collect() {
-          this.reset();
-          // A store that cannot answer leaves this metric empty; the rest of the scrape still works.
-          let spent: readonly BudgetSpent[];
-          try {
-            spent = await budgetSpent();
-          } catch (error) {
-            logger.warn({ err: describeError(error) }, "metrics: reading the budgets' spending failed; llmgw_budget_spent_usd is left out of this scrape");
-            return;
-          }
-          for (const row of spent) this.set(row.prefix === undefined ? { key: row.key } : { key: row.key, prefix: row.prefix }, row.spent_usd);
-        },
+    new Gauge({
+      name: "llmgw_model_parked",
+      help: "1 while the fleet has parked the model (its replica's supervisor gave up; 'llmgw ctl model unpark NAME' ends it), else 0, by catalog model.",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const model of sources.models()) this.set({ model: model.name }, sources.isParked(model.id) ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: "llmgw_model_min_replicas",
+      help: "The model's scaling.min: replicas kept running without traffic (0: started on demand), by catalog model.",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const model of sources.models()) this.set({ model: model.name }, model.definition.scaling.min);
+      },
+    });
+    new Gauge({
+      name: "llmgw_queue_capacity",
+      help: "The model's queue_size: requests that may wait for a free replica before more get 429, by catalog model.",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const model of sources.models()) this.set({ model: model.name }, model.definition.queue_size);
+      },
+    });
+    new Gauge({
+      name: "llmgw_nodes",
+      help: "1 for each joined node's current state and 0 for its other states (ready, lost, draining), by node name; a removed node has no series.",
+      labelNames: ["node", "state"],
+      registers,
+      collect() {
+        this.reset();
+        for (const node of sources.nodes()) {
+          for (const state of NODE_STATES) this.set({ node: node.name, state }, node.state === state ? 1 : 0);
+        }
+      },
+    });
+    if (sources.budgetSpent !== undefined) this.registerBudgets(sources.budgetSpent);
+  }
+
+  /**
+   * Spending and limits come from one read of the store per scrape: both gauges' collectors
+   * await the same promise, made by the first of them to run in this render.
+   */
+  private registerBudgets(budgetSpent: () => Promise<readonly BudgetSpent[]>): void {
+    const registers = [this.registry];
+    const logger = this.options.logger;
+    const read = (): Promise<readonly BudgetSpent[] | null> => {
+      // Through then(): a source that throws before its promise exists is caught too.
+      this.budgetRead ??= Promise.resolve().then(budgetSpent).catch((error: unknown) => {
+        // A store that cannot answer leaves the budget metrics empty; the rest of the scrape still works.
+        logger.warn({ err: describeError(error) }, "metrics: reading the budgets' spending failed; llmgw_budget_spent_usd and llmgw_budget_limit_usd are left out of this scrape");
+        return null;
       });
-    }
+      return this.budgetRead;
+    };
+    const labelsOf = (row: BudgetSpent) => (row.prefix === undefined ? { key: row.key } : { key: row.key, prefix: row.prefix });
+    new Gauge({
+      name: "llmgw_budget_spent_usd",
+      help: "USD spent by each key with a budget in its current budget period, by key name and shown prefix.",
+      labelNames: ["key", "prefix"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const row of (await read()) ?? []) this.set(labelsOf(row), row.spent_usd);
+      },
+    });
+    new Gauge({
+      name: "llmgw_budget_limit_usd",
+      help: "The budget in USD of each key with one, for its current budget period, by key name and shown prefix (spent / limit is how near the key is to being refused).",
+      labelNames: ["key", "prefix"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const row of (await read()) ?? []) if (row.limit_usd !== undefined) this.set(labelsOf(row), row.limit_usd);
+      },
+    });
   }
 
   /** The hot path: a map lookup, a few additions and one or two histogram observations. */
@@ -243,6 +332,7 @@ export class Metrics implements RequestMetrics {
   /** The text exposition format: this server's metrics, then the process's. */
   async render(): Promise<string> {
     this.dropRemovedModels();
+    this.budgetRead = undefined;
     const [own, process] = await Promise.all([this.registry.metrics(), processRegistry().metrics()]);
     return own + process;
   }

@@ -266,6 +266,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       // Read at scrape time only, after the gateway below exists.
       inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
       waitingFor: (modelId): number => gateway.waitingFor(modelId),
+      isParked: (modelId) => fleet.status(modelId).parked !== null,
+      nodes: () => fleet.nodes.list(),
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
     },
   });
