@@ -143,7 +143,8 @@ export class Notifier {
         continue;
       }
       const from = Number(cursor.last_event_id);
-      const batch = await events.after(from, 100);
+      const read = await events.after(from, 100);
+      const batch = settled(read, from, this.clock());
       if (batch.length === 0) return;
       const channels = (await this.options.channels.list()).filter((channel) => channel.disabledAt === null);
       const now = nowIso(this.clock);
@@ -160,6 +161,8 @@ export class Notifier {
         await trx.updateTable("notify_cursor").set({ last_event_id: batch.at(-1)!.id }).where("id", "=", 1).where("last_event_id", "=", from).execute();
       });
       if (queued > 0) this.options.logger.debug({ events: batch.length, deliveries: queued }, "events queued for notification");
+      // Stopped at a gap that may still fill: the next pass looks again.
+      if (batch.length < read.length) return;
     }
   }
 
@@ -227,6 +230,26 @@ export class Notifier {
     const plain = Math.min(this.settings.maxBackoffMs, this.settings.backoffMs * 2 ** Math.min(attempts - 1, 30));
     return Math.round(plain * (0.8 + Math.random() * 0.4));
   }
+}
+
+/** How long a gap in event ids may be an insert not yet committed, rather than one rolled back. */
+const GAP_WAIT_MS = 5_000;
+
+/**
+ * The events the cursor may pass now. On PostgreSQL, ids come from a sequence when an insert
+ * starts, so a later id can commit first; passing it would skip the earlier one for good. The
+ * batch stops before a gap until the event after it is GAP_WAIT_MS old (a gap that old is an
+ * insert that failed). SQLite writes one at a time and has no such gaps.
+ */
+export function settled<E extends { id: number; at: string }>(events: readonly E[], from: number, now: number): E[] {
+  let expected = from + 1;
+  const ready: E[] = [];
+  for (const event of events) {
+    if (event.id !== expected && now - Date.parse(event.at) < GAP_WAIT_MS) break;
+    ready.push(event);
+    expected = event.id + 1;
+  }
+  return ready;
 }
 
 function wants(channel: Channel, event: NotifyEvent): boolean {

@@ -8,6 +8,9 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { readFileSync } from "node:fs";
 import path from "node:path";
+import { randomBytes } from "node:crypto";
+import { settled } from "./notifier.ts";
+import { dropSchema, postgresProblem, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startReceiver, type Receiver } from "../../test/support/webhook-receiver.ts";
@@ -255,4 +258,47 @@ test("the events API filters by kind and time; the stream sends new events and r
   assert.match(replayed, /job_failed[\s\S]*node_back[\s\S]*model_parked/);
   await replayReader.cancel();
   assert.equal((await fetch(`${harness.url}/api/v1/events/stream`)).status, 401, "the stream needs an admin key");
+});
+
+test("the cursor waits at a fresh gap in event ids (an insert not yet committed) and passes an old one", () => {
+  const now = Date.parse("2026-12-01T10:00:10.000Z");
+  const at = (seconds: number) => new Date(now - seconds * 1000).toISOString();
+  // 11 is missing and 12 is a second old: 11 may still commit, so the batch stops before 12.
+  assert.deepEqual(settled([{ id: 10, at: at(1) }, { id: 12, at: at(1) }, { id: 13, at: at(1) }], 9, now).map((e) => e.id), [10]);
+  // The same gap with 12 written a minute ago: 11 failed; nothing waits for it.
+  assert.deepEqual(settled([{ id: 10, at: at(60) }, { id: 12, at: at(60) }, { id: 13, at: at(1) }], 9, now).map((e) => e.id), [10, 12, 13]);
+  // A gap right after the cursor.
+  assert.deepEqual(settled([{ id: 12, at: at(1) }], 10, now), []);
+});
+
+test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a stop is sent after the restart", async (t) => {
+  const problem = await postgresProblem();
+  if (problem !== null) {
+    if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
+    t.skip(`PostgreSQL not reachable (${problem})`);
+    return;
+  }
+  const database = { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
+  const receiver = await startReceiver();
+  open.push(receiver);
+  try {
+    const first = await startHarness({ database, notify: { notify: { backoffMs: 300, maxBackoffMs: 300, pollMs: 50 } } });
+    await addWebhook(first, receiver);
+    await first.server.events.record({ kind: "node_lost", subject: "node:pg-1", data: { node: "pg-1" }, message: "lost" });
+    await eventually("delivered", () => receiver.webhooks().length === 1);
+    receiver.answers = [500];
+    await first.server.events.record({ kind: "model_parked", subject: "model:pg", data: { model: "pg" }, message: "parked" });
+    await eventually("the failure is recorded", async () => (await first.admin("GET", "/api/v1/notify/ops/log")).body.data.find((d: { kind: string }) => d.kind === "model_parked")?.state === "pending");
+    // The same data dir: its server.secret opens the channel's sealed URL and secret.
+    await first.server.close();
+    const second = await startHarness({ database, dataDir: first.dataDir, adminKey: first.adminKey, notify: FAST });
+    open.push(second);
+    const hooks = await eventually("the parked model is delivered after the restart", () => receiver.webhooks().length === 2 && receiver.webhooks());
+    assert.deepEqual(hooks.map((hook) => [hook.body.type, hook.verified]), [["node_lost", true], ["model_parked", true]]);
+    const log = (await second.admin("GET", "/api/v1/notify/ops/log")).body.data;
+    assert.deepEqual(log.map((d: { kind: string; state: string; attempts: number }) => [d.kind, d.state, d.attempts]), [["model_parked", "delivered", 2], ["node_lost", "delivered", 1]]);
+    await second.close();
+  } finally {
+    await dropSchema(database.schema);
+  }
 });
