@@ -102,6 +102,7 @@ const endToEnd = [
   "test/serve-restart.e2e.test.ts",
   "test/anthropic.e2e.test.ts",
   "test/guards-engine.e2e.test.ts",
+  "test/notify.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

@@ -13,7 +13,9 @@ interface UpdateContextSeen {
 
 export function jobEvent(job: JobRecord): NewEvent | null {
   const subject = `job:${job.id}`;
-  const model = job.model ?? (typeof job.request.model === "string" ? job.request.model : null);
+  // A serve job learns its model's name at its catalog step; one that fails before it still names the model it was asked to serve.
+  const requested = [job.request.name, job.request.model].find((value): value is string => typeof value === "string");
+  const model = job.model ?? requested ?? null;
   if (job.state === "failed") {
     const failedStep = job.steps.find((step) => step.state === "failed")?.name ?? null;
     return {
