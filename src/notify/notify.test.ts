@@ -108,6 +108,20 @@ test("an event reaches a webhook signed as Standard Webhooks; 500s are retried w
   assert.equal(receiver.webhooks()[0]!.verified, false);
 });
 
+test("a receiver that does not answer in time is cut off and tried again", async () => {
+  const { harness, receiver } = await setup({ notify: { notify: { ...FAST.notify, timeoutMs: 300 } } });
+  await addWebhook(harness, receiver);
+  receiver.answers = [0];
+  await harness.server.events.record({ kind: "job_failed", subject: "job:j1", data: { job: "j1" }, message: "failed" });
+  await eventually("the second attempt is taken", () => receiver.webhooks().length === 1);
+  assert.equal(receiver.requests.length, 2);
+  const log = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0];
+  assert.equal(log.state, "delivered");
+  assert.equal(log.attempts, 2);
+  const first = await harness.server.store.db.selectFrom("notify_deliveries").select("last_error").executeTakeFirstOrThrow();
+  assert.equal(first.last_error, null, "a delivered row keeps no error");
+});
+
 test("one kind about one subject is sent once an hour; other subjects and kinds still go", async () => {
   const { harness, receiver } = await setup();
   await addWebhook(harness, receiver);

@@ -22,7 +22,7 @@ export interface Receiver {
   requests: Array<{ headers: http.IncomingHttpHeaders; text: string; status: number }>;
   /** The secret to verify with (set once the channel is created). */
   secret: string | null;
-  /** The statuses to answer, one per request; 200 when empty. */
+  /** The statuses to answer, one per request; 200 when empty; 0: never answer (a hung receiver). */
   answers: number[];
   webhooks(): ReceivedWebhook[];
   /** Slack: the parsed message bodies. */
@@ -72,6 +72,7 @@ export async function startReceiver(path = "/hooks/llmgw"): Promise<Receiver> {
     req.on("end", () => {
       const status = new URL(req.url ?? "/", "http://receiver").pathname === path && req.method === "POST" ? (receiver.answers.shift() ?? 200) : 404;
       receiver.requests.push({ headers: req.headers, text: Buffer.concat(chunks).toString("utf8"), status });
+      if (status === 0) return;
       res.writeHead(status, { "content-type": "text/plain" });
       res.end(status === 200 ? "ok" : `status ${status}`);
     });
