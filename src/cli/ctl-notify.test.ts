@@ -36,7 +36,7 @@ describe("ctl notify against a server", () => {
     receiver.secret = secret!;
 
     const listed = await ctl("notify", "list");
-    assert.match(listed.stdout, /ops\s+webhook\s+http:\/\/127\.0\.0\.1:\d+\/hooks\/llmgw\?…\s+model_parked,node_lost,job_failed\s+warning\s+enabled/);
+    assert.match(listed.stdout, /ops\s+webhook\s+http:\/\/127\.0\.0\.1:\d+\/hooks\/…\?…\s+model_parked,node_lost,job_failed\s+warning\s+enabled/);
     assert.ok(!listed.stdout.includes(secret!) && !listed.stdout.includes("abc123"));
 
     const tested = await ctl("notify", "test", "ops");

@@ -42,9 +42,11 @@ interface EventView {
 
 const path = (name: string, rest = "") => `/api/v1/notify/${encodeURIComponent(name)}${rest}`;
 
-function filterFields(options: Options): Record<string, unknown> {
+/** The filter flags as API fields; 'all' clears the kinds on update and is the default on add. */
+function filterFields(options: Options, adding = false): Record<string, unknown> {
+  const all = options.events === "all";
   return {
-    ...(typeof options.events === "string" ? { events: options.events === "all" ? null : options.events } : {}),
+    ...(typeof options.events === "string" && !(all && adding) ? { events: all ? null : options.events } : {}),
     ...(typeof options.minSeverity === "string" ? { min_severity: options.minSeverity } : {}),
   };
 }
@@ -74,7 +76,7 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
         name,
         ...(typeof options.webhook === "string" ? { webhook: options.webhook } : { slack: options.slack }),
         ...(typeof options.secret === "string" ? { secret: options.secret } : {}),
-        ...filterFields(options),
+        ...filterFields(options, true),
       });
       print(command, created, () => {
         const line = `Added channel '${created.name}': ${describeChannel(created)}.`;
@@ -158,10 +160,13 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       const query = new URLSearchParams();
       if (typeof options.kind === "string") query.set("kind", options.kind);
       if (options.follow === true) {
+        if (options.since !== undefined || options.limit !== undefined) throw new BadRequestError("--follow prints events from now on; --since and --limit are for listing past events. Run one, then the other.");
         const stream = await client.stream(`/api/v1/events/stream${query.size > 0 ? `?${query}` : ""}`);
+        // Streamed decoding: a character split across two chunks stays whole.
+        const decoder = new TextDecoder();
         let buffered = "";
         for await (const chunk of stream) {
-          buffered += chunk.toString("utf8");
+          buffered += decoder.decode(chunk, { stream: true });
           let end: number;
           while ((end = buffered.indexOf("\n\n")) >= 0) {
             const data = buffered.slice(0, end).split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");

@@ -109,8 +109,9 @@ function publicUrlOption(value: string | undefined): { publicUrl?: string } {
 /** --budget-alert 80 (or 80%): the share of a budget announced as nearly spent. */
 function parseBudgetAlert(value: string): number {
   const percent = Number(value.trim().replace(/%$/, ""));
-  if (!Number.isFinite(percent) || percent <= 0 || percent >= 100) {
-    throw new BadRequestError(`Invalid --budget-alert '${value}': give a percentage between 1 and 99, such as 80.`);
+  // Below 1 is most likely a fraction meant as a share (0.8 for 80%): refused rather than read as 0.8%.
+  if (!Number.isFinite(percent) || percent < 1 || percent >= 100) {
+    throw new BadRequestError(`Invalid --budget-alert '${value}': give a percentage between 1 and 99, such as 80 (not a fraction like 0.8).`);
   }
   return percent / 100;
 }

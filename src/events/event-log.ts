@@ -7,6 +7,7 @@
 // Readers follow the table by id (`after`), not by this process's memory, so a reader on
 // another server sees the same events; `onRecorded` only wakes readers in this process at
 // once instead of at their next poll.
+import { sql } from "kysely";
 import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -42,6 +43,9 @@ export interface EventQuery {
 
 type EventRow = { id: number; at: string; kind: string; severity: string; subject: string; message: string; data: string | null };
 
+/** Any number, the same in every llmgw: the advisory lock event inserts take on PostgreSQL. */
+const EVENTS_INSERT_LOCK = 0x6c6d6765;
+
 const COLUMNS = ["id", "at", "kind", "severity", "subject", "message", "data"] as const;
 
 export class EventLog {
@@ -64,7 +68,18 @@ export class EventLog {
     };
     let id: number;
     try {
-      id = Number((await this.options.store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+      const { store } = this.options;
+      // PostgreSQL takes an id from the sequence when an insert starts, so two inserts could
+      // commit out of id order, and a reader following ids would skip the one committed last.
+      // One lock for every event insert (held to commit) keeps ids and commits in one order,
+      // across servers too. SQLite writes one at a time already.
+      id =
+        store.dialect === "postgres"
+          ? await store.db.transaction().execute(async (trx) => {
+              await sql`select pg_advisory_xact_lock(${EVENTS_INSERT_LOCK})`.execute(trx);
+              return Number((await trx.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+            })
+          : Number((await store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
     } catch (error) {
       this.options.logger.warn({ kind: event.kind, subject: event.subject, err: describeError(error) }, "could not record an event");
       return null;

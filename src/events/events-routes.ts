@@ -1,7 +1,10 @@
 // The events part of the admin API: GET /api/v1/events (newest first, by kind and time)
 // and GET /api/v1/events/stream, server-sent events a console follows. The stream sends
 // each event as `id: N` with its JSON as data; a reconnecting client's Last-Event-ID (or
-// ?after=N) replays what it missed; a comment every 15 s keeps proxies from closing it.
+// ?after=N) replays what it missed, at most the last REPLAY_LIMIT events; a comment every
+// 15 s keeps proxies from closing it. A reader that falls MAX_QUEUED events behind is
+// disconnected (it reconnects with Last-Event-ID and reads on from the table) rather than
+// buffered in the server's memory.
 import type { Context, Hono } from "hono";
 import { streamSSE } from "hono/streaming";
 import { z } from "zod";
@@ -17,6 +20,9 @@ export interface EventsRoutesOptions {
   closing: AbortSignal;
   keepAliveMs?: number;
 }
+
+const REPLAY_LIMIT = 1000;
+const MAX_QUEUED = 2000;
 
 const RELATIVE = /^(\d{1,6})(m|h|d)$/;
 const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
@@ -61,12 +67,14 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
     const query = parseWith(streamSchema, c.req.query(), "events stream query");
     const kinds = query.kind === undefined ? null : new Set<string>(parseEventKinds(query.kind, "kind"));
     const lastEventId = c.req.header("last-event-id");
-    let after = query.after ?? (lastEventId !== undefined && /^\d{1,15}$/.test(lastEventId) ? Number(lastEventId) : null);
-    // A new reader starts from now; a resuming one from where it was.
-    after ??= await events.latestId();
-    const start = after;
+    // The header first: an EventSource opened with ?after=N sends the same URL on every reconnect.
+    const resumeFrom = lastEventId !== undefined && /^\d{1,15}$/.test(lastEventId) ? Number(lastEventId) : (query.after ?? null);
+    const latest = await events.latestId();
+    // A new reader starts from now; a resuming one from where it was, within the replay limit.
+    const start = resumeFrom === null ? latest : Math.max(resumeFrom, latest - REPLAY_LIMIT);
     return streamSSE(c, async (stream) => {
       const queue: StoredEvent[] = [];
+      let tooSlow = false;
       let wake: (() => void) | null = null;
       const nudge = () => {
         wake?.();
@@ -74,10 +82,14 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
       };
       const unsubscribe = follower.subscribe(start, (event) => {
         if (kinds !== null && !kinds.has(event.kind)) return;
+        if (queue.length >= MAX_QUEUED) {
+          tooSlow = true;
+          return;
+        }
         queue.push(event);
         nudge();
       });
-      const closed = () => stream.closed || c.req.raw.signal.aborted || options.closing.aborted;
+      const closed = () => stream.closed || c.req.raw.signal.aborted || options.closing.aborted || (tooSlow && queue.length === 0);
       stream.onAbort(nudge);
       c.req.raw.signal.addEventListener("abort", nudge, { once: true });
       options.closing.addEventListener("abort", nudge, { once: true });

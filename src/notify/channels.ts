@@ -1,7 +1,7 @@
 // Notification channels: where events go (a signed webhook or a Slack incoming webhook),
 // which kinds and from which severity. URLs and signing secrets are sealed with the
 // server's secret box: they are credentials, so the API shows a URL's scheme, host and
-// path only (a Slack URL's host only) and a generated secret once, at creation. Every
+// first path segment only (a Slack URL's host only) and a generated secret once, at creation. Every
 // change is audited in the same transaction.
 import { randomUUID } from "node:crypto";
 import { z } from "zod";
@@ -89,9 +89,13 @@ function checkUrl(value: string, param: "webhook" | "slack"): string {
   if (url.protocol !== "https:" && url.protocol !== "http:") {
     throw new BadRequestError(`${param}: the URL must be http or https, not ${url.protocol.replace(":", "")}.`, { code: "invalid_url", param });
   }
-  // A Slack incoming-webhook URL is a credential in its path; a webhook's query and user part may hold tokens.
+  // A Slack incoming-webhook URL is a credential in its path. Webhook receivers often are
+  // too (tokens in later path segments: /api/webhooks/ID/TOKEN, /hooks/KEY; in the query;
+  // in the user part): only the host and the first path segment are shown.
   if (param === "slack") return `${url.protocol}//${url.host}/…`;
-  return `${url.protocol}//${url.host}${url.pathname}${url.search === "" ? "" : "?…"}`;
+  const segments = url.pathname.split("/").filter((segment) => segment !== "");
+  const shownPath = segments.length === 0 ? "/" : `/${segments[0]}${segments.length > 1 ? "/…" : ""}`;
+  return `${url.protocol}//${url.host}${shownPath}${url.search === "" ? "" : "?…"}`;
 }
 
 export class ChannelStore {

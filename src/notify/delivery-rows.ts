@@ -1,8 +1,11 @@
 // The delivery queue in the store: one row per event per channel, with its attempts, last
 // answer and next try. Rows are the queue (a restarted server carries on with them) and the
 // channel's delivery log at once (`ctl notify log`). States: pending (waiting for its next
-// try), sending (a test being sent now), delivered, failed (given up, or the channel said
-// 410), cancelled (its channel was disabled before it went out).
+// try), sending (claimed by a sender until its lease, in next_attempt_at, runs out),
+// delivered, failed (given up, or the channel said 410), cancelled (its channel was
+// disabled before it went out). A sender claims rows in one statement, so two senders
+// (two servers on one PostgreSQL) never send one row at once; a row whose sender died is
+// claimed again when its lease ends.
 import { sql } from "kysely";
 import type { Db, Store, Tx } from "../store/store.ts";
 import type { NotifyEvent } from "./messages.ts";
@@ -35,7 +38,11 @@ export interface DeliveryView {
 export class DeliveryRows {
   constructor(private readonly store: Store) {}
 
-  /** Whether the channel was sent (or is sending) this kind about this subject since `since`: the hourly de-duplication. */
+  /**
+   * Whether the channel got (or is getting) this kind about this subject since `since`: the
+   * hourly de-duplication. Deliveries that never arrived (failed, cancelled) do not count, so
+   * a channel enabled again after a 410 hears about what happens next.
+   */
   async sentSince(trx: Tx | Db, channelId: string, event: NotifyEvent, since: string): Promise<boolean> {
     const row = await trx
       .selectFrom("notify_deliveries")
@@ -45,32 +52,38 @@ export class DeliveryRows {
       .where("subject", "=", event.subject)
       .where("created_at", ">=", since)
       .where("event_id", "is not", null)
+      .where("state", "in", ["pending", "sending", "delivered"])
       .limit(1)
       .executeTakeFirst();
     return row !== undefined;
   }
 
-  async insert(trx: Tx | Db, channelId: string, event: NotifyEvent, state: "pending" | "sending", now: string): Promise<number> {
+  /** A new row: pending (due at once), or sending (claimed by the caller until `dueAt`). */
+  async insert(trx: Tx | Db, channelId: string, event: NotifyEvent, state: "pending" | "sending", now: string, dueAt = now): Promise<number> {
     const row = await trx
       .insertInto("notify_deliveries")
-      .values({ channel_id: channelId, event_id: event.id, kind: event.kind, subject: event.subject, event: JSON.stringify(event), state, attempts: 0, next_attempt_at: now, last_status: null, last_error: null, created_at: now, updated_at: now })
+      .values({ channel_id: channelId, event_id: event.id, kind: event.kind, subject: event.subject, event: JSON.stringify(event), state, attempts: 0, next_attempt_at: dueAt, last_status: null, last_error: null, created_at: now, updated_at: now })
       .returning("id")
       .executeTakeFirstOrThrow();
     return Number(row.id);
   }
 
-  /** Pending rows whose next try has come, the oldest try first. */
-  async due(now: string, limit: number): Promise<Delivery[]> {
-    const rows = await this.store.db
-      .selectFrom("notify_deliveries")
-      .select(["id", "channel_id", "event", "attempts", "created_at"])
-      .where("state", "=", "pending")
-      .where("next_attempt_at", "<=", now)
-      .orderBy("next_attempt_at")
-      .orderBy("id")
-      .limit(limit)
-      .execute();
-    return rows.map((row) => ({ id: Number(row.id), channelId: row.channel_id, event: JSON.parse(row.event) as NotifyEvent, attempts: Number(row.attempts), createdAt: row.created_at }));
+  /**
+   * Claims up to `limit` rows whose next try has come (and rows whose sender's lease ran out):
+   * they become `sending` until `leaseUntil`. One statement: on PostgreSQL, rows another
+   * server is claiming are skipped, not waited for.
+   */
+  async claimDue(now: string, leaseUntil: string, limit: number): Promise<Delivery[]> {
+    const lock = this.store.dialect === "postgres" ? sql`for update skip locked` : sql``;
+    const result = await sql<{ id: number; channel_id: string; event: string; attempts: number; created_at: string }>`
+      update notify_deliveries set state = 'sending', next_attempt_at = ${leaseUntil}, updated_at = ${now}
+      where id in (
+        select id from notify_deliveries
+        where state in ('pending', 'sending') and next_attempt_at <= ${now}
+        order by next_attempt_at, id limit ${limit} ${lock}
+      )
+      returning id, channel_id, event, attempts, created_at`.execute(this.store.db);
+    return result.rows.map((row) => ({ id: Number(row.id), channelId: row.channel_id, event: JSON.parse(row.event) as NotifyEvent, attempts: Number(row.attempts), createdAt: row.created_at }));
   }
 
   async get(id: number): Promise<DeliveryView | null> {
@@ -78,12 +91,14 @@ export class DeliveryRows {
     return row === undefined ? null : toView(row);
   }
 
-  /** Records an attempt's answer: the state it leaves the row in and when it is tried next. */
+  /** Records an attempt's answer on a row this sender claimed: the state it leaves and when it is tried next. */
   async settle(id: number, change: { state: DeliveryState; attempts: number; status: number | null; error: string | null; nextAttemptAt: string | null; now: string }): Promise<void> {
     await this.store.db
       .updateTable("notify_deliveries")
       .set({ state: change.state, attempts: change.attempts, last_status: change.status, last_error: change.error, next_attempt_at: change.nextAttemptAt, updated_at: change.now })
       .where("id", "=", id)
+      // A row cancelled meanwhile (its channel disabled) stays cancelled.
+      .where("state", "=", "sending")
       .execute();
   }
 
@@ -95,11 +110,6 @@ export class DeliveryRows {
       .where("channel_id", "=", channelId)
       .where("state", "in", ["pending", "sending"])
       .execute();
-  }
-
-  /** A test cut by a stop is sent again like any pending delivery. */
-  async resumeSending(): Promise<void> {
-    await this.store.db.updateTable("notify_deliveries").set({ state: "pending" }).where("state", "=", "sending").execute();
   }
 
   /** Newest first. */

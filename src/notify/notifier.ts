@@ -6,7 +6,7 @@
 // backoff for up to a day. A 410 disables the channel. A pass runs when an event is
 // recorded in this process and every `pollMs` otherwise; one pass at a time.
 import type { Logger } from "../core/log.ts";
-import { describeError } from "../core/errors.ts";
+import { describeError, NotFoundError } from "../core/errors.ts";
 import { severityRank } from "../events/event-kinds.ts";
 import type { EventLog } from "../events/event-log.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -54,6 +54,8 @@ export class Notifier {
   private again = false;
   private stopped = false;
   private lastPrune = 0;
+  /** Tests being sent now: stop() waits for them, so none writes after the store closes. */
+  private readonly tests = new Set<Promise<unknown>>();
 
   constructor(private readonly options: NotifierOptions) {
     this.deliveries = new DeliveryRows(options.store);
@@ -62,7 +64,6 @@ export class Notifier {
   }
 
   async start(): Promise<void> {
-    await this.deliveries.resumeSending();
     this.unsubscribe = this.options.events.onRecorded(() => this.wake());
     this.timer = setInterval(() => this.wake(), this.settings.pollMs);
     this.timer.unref();
@@ -74,6 +75,7 @@ export class Notifier {
     if (this.timer !== undefined) clearInterval(this.timer);
     this.unsubscribe?.();
     await this.running;
+    await Promise.allSettled([...this.tests]);
   }
 
   /** Runs a pass now, or right after the one running. */
@@ -104,6 +106,16 @@ export class Notifier {
 
   /** Sends a test message to one channel now, logged like any delivery; returns how it went. */
   async test(name: string, actor: string): Promise<DeliveryView> {
+    const sending = this.sendTest(name, actor);
+    this.tests.add(sending);
+    try {
+      return await sending;
+    } finally {
+      this.tests.delete(sending);
+    }
+  }
+
+  private async sendTest(name: string, actor: string): Promise<DeliveryView> {
     const channel = await this.options.channels.get(name);
     const at = nowIso(this.clock);
     const event: NotifyEvent = {
@@ -117,10 +129,18 @@ export class Notifier {
     };
     const id = await this.options.store.db.transaction().execute(async (trx) => {
       await recordAudit(trx, { at, actor, action: "notify.test", target: channel.name, detail: {} });
-      return this.deliveries.insert(trx, channel.id, event, "sending", at);
+      // Claimed by this call: a pass does not send it too.
+      return this.deliveries.insert(trx, channel.id, event, "sending", at, this.leaseUntil());
     });
     await this.attempt({ id, channelId: channel.id, event, attempts: 0, createdAt: at }, channel);
-    return (await this.deliveries.get(id))!;
+    const delivery = await this.deliveries.get(id);
+    if (delivery === null) throw new NotFoundError(`The channel '${name}' was removed while its test was being sent.`, { code: "channel_not_found" });
+    return delivery;
+  }
+
+  /** Until when a sender holds the rows it claimed: past the receiver's timeout, with room to record the answer. */
+  private leaseUntil(): string {
+    return new Date(this.clock() + Math.max(60_000, this.settings.timeoutMs * 3)).toISOString();
   }
 
   private async pass(): Promise<void> {
@@ -132,7 +152,11 @@ export class Notifier {
     }
   }
 
-  /** Events above the cursor become deliveries, in one transaction with the cursor's move. */
+  /**
+   * Events above the cursor become deliveries, in one transaction with the cursor's move. The
+   * cursor row is locked and checked again inside it: a second server fanning out the same
+   * events finds the cursor moved and inserts nothing.
+   */
   private async fanOut(): Promise<void> {
     const { store, events } = this.options;
     for (;;) {
@@ -149,17 +173,22 @@ export class Notifier {
       const channels = (await this.options.channels.list()).filter((channel) => channel.disabledAt === null);
       const now = nowIso(this.clock);
       const since = new Date(this.clock() - this.settings.dedupeMs).toISOString();
-      let queued = 0;
-      await store.db.transaction().execute(async (trx) => {
+      const queued = await store.db.transaction().execute(async (trx) => {
+        let locked = trx.selectFrom("notify_cursor").select("last_event_id").where("id", "=", 1);
+        if (store.dialect === "postgres") locked = locked.forUpdate();
+        if (Number((await locked.executeTakeFirst())?.last_event_id) !== from) return null;
+        let count = 0;
         for (const event of batch) {
           for (const channel of channels.filter((candidate) => wants(candidate, event))) {
             if (await this.deliveries.sentSince(trx, channel.id, event, since)) continue;
             await this.deliveries.insert(trx, channel.id, event, "pending", now);
-            queued += 1;
+            count += 1;
           }
         }
-        await trx.updateTable("notify_cursor").set({ last_event_id: batch.at(-1)!.id }).where("id", "=", 1).where("last_event_id", "=", from).execute();
+        await trx.updateTable("notify_cursor").set({ last_event_id: batch.at(-1)!.id }).where("id", "=", 1).execute();
+        return count;
       });
+      if (queued === null) continue;
       if (queued > 0) this.options.logger.debug({ events: batch.length, deliveries: queued }, "events queued for notification");
       // Stopped at a gap that may still fill: the next pass looks again.
       if (batch.length < read.length) return;
@@ -168,10 +197,14 @@ export class Notifier {
 
   private async sendDue(): Promise<void> {
     while (!this.stopped) {
-      const due = await this.deliveries.due(nowIso(this.clock), this.settings.batch);
+      const due = await this.deliveries.claimDue(nowIso(this.clock), this.leaseUntil(), this.settings.batch);
       if (due.length === 0) return;
       const channels = new Map((await this.options.channels.list()).map((channel) => [channel.id, channel]));
-      await Promise.all(due.map((delivery) => this.attempt(delivery, channels.get(delivery.channelId))));
+      // Settled, not all: one attempt whose answer could not be recorded must not leave the others unawaited.
+      const outcomes = await Promise.allSettled(due.map((delivery) => this.attempt(delivery, channels.get(delivery.channelId))));
+      for (const outcome of outcomes) {
+        if (outcome.status === "rejected") this.options.logger.warn({ err: describeError(outcome.reason) }, "could not record a notification attempt; it is sent again when its claim runs out");
+      }
       if (due.length < this.settings.batch) return;
     }
   }
@@ -187,8 +220,11 @@ export class Notifier {
     }
     const target = this.options.channels.openTarget(channel);
     if (target === null) {
-      // Sealed with another server secret: nothing to send with, and retrying will not change that.
-      await settle("failed", { status: null, error: "the channel's URL or secret cannot be opened with this server's secret; add the channel again" }, null);
+      // Sealed with another server's secret (several servers on one PostgreSQL, each with its
+      // own data dir): left for the server that sealed it, retried like a failed send.
+      const error = "the channel's URL or secret was sealed by another server; this server's secret cannot open it";
+      const retry = delivery.event.kind !== "notify_test" && this.clock() - Date.parse(delivery.createdAt) <= this.settings.giveUpMs;
+      await settle(retry ? "pending" : "failed", { status: null, error }, retry ? new Date(this.clock() + this.backoff(attempts)).toISOString() : null);
       return;
     }
     const outcome = await sendNotification({ kind: channel.kind, ...target }, delivery.event, {

@@ -41,7 +41,7 @@ test("a webhook channel's secret is shown once, its URL without its query, and n
   assert.equal(created.status, 201);
   assert.match(created.body.secret, /^whsec_[A-Za-z0-9+/]+=*$/);
   assert.equal(Buffer.from(created.body.secret.slice(6), "base64").length, 32);
-  assert.equal(created.body.url, `${receiver.url.replace(/\/hooks\/llmgw$/, "")}/hooks/llmgw?…`);
+  assert.equal(created.body.url, `${receiver.url.replace(/\/hooks\/llmgw$/, "")}/hooks/…?…`, "host and first path segment only: later segments often hold tokens");
   assert.deepEqual(created.body.events, ["model_parked", "node_lost"]);
   for (const read of [await harness.admin("GET", "/api/v1/notify/ops"), await harness.admin("GET", "/api/v1/notify")]) {
     const text = JSON.stringify(read.body);
@@ -122,6 +122,23 @@ test("a receiver that does not answer in time is cut off and tried again", async
   assert.equal(first.last_error, null, "a delivered row keeps no error");
 });
 
+test("a delivery that keeps failing is given up when its time is over, saying how often it was tried", async () => {
+  const { harness, receiver } = await setup({ notify: { notify: { backoffMs: 20, maxBackoffMs: 40, pollMs: 20, giveUpMs: 400 } } });
+  await addWebhook(harness, receiver);
+  receiver.answers = Array.from({ length: 1000 }, () => 500);
+  await harness.server.events.record({ kind: "node_lost", subject: "node:x", message: "lost" });
+  const given = await eventually("given up", async () => {
+    const row = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0];
+    return row?.state === "failed" && row;
+  });
+  assert.match(given.last_error, /^given up after \d+ attempts: the receiver answered 500/);
+  assert.ok(given.attempts >= 2, `retried before giving up: ${given.attempts}`);
+  assert.equal(given.next_attempt_at, null);
+  const sent = receiver.requests.length;
+  await harness.server.notifier.idle();
+  assert.equal(receiver.requests.length, sent, "nothing more is sent");
+});
+
 test("one kind about one subject is sent once an hour; other subjects and kinds still go", async () => {
   const { harness, receiver } = await setup();
   await addWebhook(harness, receiver);
@@ -175,9 +192,11 @@ test("a 410 disables the channel and cancels what waits; enabling it sends again
   assert.equal(log[0].last_status, 410);
   const enabled = await harness.admin("PATCH", "/api/v1/notify/ops", { enabled: true });
   assert.equal(enabled.body.enabled, true);
-  await harness.server.events.record({ kind: "node_lost", subject: "node:c", message: "lost again" });
+  // The same kind about the same subject within the hour: the 410'd delivery never arrived, so this one is not a repeat.
+  await harness.server.events.record({ kind: "node_lost", subject: "node:a", message: "lost again" });
   await eventually("sent once enabled", () => receiver.webhooks().length === 1);
-  assert.equal(receiver.webhooks()[0]!.body.data.subject, "node:c");
+  assert.equal(receiver.webhooks()[0]!.body.data.subject, "node:a");
+  assert.equal(receiver.webhooks()[0]!.body.data.message, "lost again");
 });
 
 test("deliveries pending at a stop are sent after the restart", async () => {
@@ -312,6 +331,40 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
     const log = (await second.admin("GET", "/api/v1/notify/ops/log")).body.data;
     assert.deepEqual(log.map((d: { kind: string; state: string; attempts: number }) => [d.kind, d.state, d.attempts]), [["model_parked", "delivered", 2], ["node_lost", "delivered", 1]]);
     await second.close();
+  } finally {
+    await dropSchema(database.schema);
+  }
+});
+
+test("two servers on one PostgreSQL send each event once; rows the other server cannot open are left to the one that sealed them", async (t) => {
+  const problem = await postgresProblem();
+  if (problem !== null) {
+    if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
+    t.skip(`PostgreSQL not reachable (${problem})`);
+    return;
+  }
+  const database = { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
+  const receiver = await startReceiver();
+  open.push(receiver);
+  try {
+    const a = await startHarness({ database, notify: FAST });
+    open.push(a);
+    const b = await startHarness({ database, adminKey: a.adminKey, notify: FAST });
+    open.push(b);
+    await addWebhook(a, receiver);
+    for (let i = 0; i < 6; i++) {
+      await (i % 2 === 0 ? a : b).server.events.record({ kind: "node_lost", subject: `node:n${i}`, data: { node: `n${i}` }, message: `lost ${i}` });
+    }
+    await eventually("all six delivered", () => receiver.webhooks().length >= 6);
+    await eventually("nothing pending", async () => (await a.admin("GET", "/api/v1/notify/ops")).body.deliveries.pending === 0);
+    await Promise.all([a.server.notifier.idle(), b.server.notifier.idle()]);
+    const hooks = receiver.webhooks();
+    assert.deepEqual(hooks.map((hook) => hook.body.data.node).sort(), ["n0", "n1", "n2", "n3", "n4", "n5"], "each event once");
+    assert.ok(hooks.every((hook) => hook.verified));
+    const rows = await a.server.store.db.selectFrom("notify_deliveries").select(["state"]).execute();
+    assert.deepEqual(rows.map((row) => row.state), Array.from({ length: 6 }, () => "delivered"), "one delivery row per event");
+    await b.close();
+    await a.close();
   } finally {
     await dropSchema(database.schema);
   }

@@ -46,8 +46,7 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
       bodyTimeout: options.timeoutMs,
       signal: AbortSignal.timeout(options.timeoutMs),
     });
-    // The body is not needed, only read (a little) so the connection can be reused.
-    const text = await answer.body.text().catch(() => "");
+    const text = await firstBytes(answer.body, 4096);
     if (answer.statusCode >= 200 && answer.statusCode < 300) return { result: "delivered", status: answer.statusCode, error: null };
     const said = text.trim().slice(0, 200);
     const error = `the receiver answered ${answer.statusCode}${said === "" ? "" : `: ${said}`}`;
@@ -56,4 +55,22 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
     const timedOut = failure instanceof Error && (failure.name === "TimeoutError" || failure.name === "HeadersTimeoutError" || failure.name === "BodyTimeoutError");
     return { result: "retry", status: null, error: timedOut ? `no answer within ${options.timeoutMs / 1000} s` : `could not reach the receiver: ${describeError(failure)}` };
   }
+}
+
+/** The start of an answer's body, for the log line; the rest is not read (a receiver may send anything). */
+async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): unknown }, limit: number): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of body) {
+      chunks.push(chunk);
+      size += chunk.length;
+      if (size >= limit) break;
+    }
+  } catch {
+    // An answer cut short still has its status; the body is only for the log.
+  } finally {
+    body.destroy();
+  }
+  return Buffer.concat(chunks).subarray(0, limit).toString("utf8");
 }

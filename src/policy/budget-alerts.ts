@@ -1,6 +1,7 @@
 // Budget events: `budget_threshold` when a key's spend in its current period reaches a
 // share of its budget (80% by default), `budget_exhausted` when it reaches the budget or
-// the budget refuses a request that a fresh budget would take. Each is recorded once per
+// what was spent leaves no room for a request that a fresh budget would take (a refusal
+// caused only by other requests in flight is not one: see LimitsService). Each is recorded once per
 // key and period: what was announced is remembered, and read back from the events table
 // at start, so a restart does not announce again. Spend is read every `intervalMs` (one
 // query over keys with a budget), off the request path; refusals arrive at once.
@@ -22,6 +23,8 @@ export interface KeySpend {
   period: string;
   period_id: string;
   resets_at: number | null;
+  /** Set when a refused request is what showed the budget spent: what it could have cost. */
+  refused_usd?: number;
 }
 
 export interface BudgetAlertsOptions {
@@ -86,17 +89,20 @@ export class BudgetAlerts {
 
   /** LimitsService's hook: the budget had no room for a request. */
   refused(refusal: BudgetRefused): void {
+    // A client that keeps sending on a spent key costs no query per refusal.
+    if (this.announced.has(`budget_exhausted\n${refusal.keyId}\n${refusal.period}`)) return;
     void (async () => {
       const row = await this.options.store.db.selectFrom("api_keys").select(["prefix", "budget_period"]).where("id", "=", refusal.keyId).executeTakeFirst();
       await this.announce("budget_exhausted", {
         id: refusal.keyId,
         key: refusal.keyName,
         prefix: row?.prefix ?? "",
-        spent_usd: refusal.spentUsd ?? refusal.limitUsd,
+        spent_usd: refusal.spentUsd,
         limit_usd: refusal.limitUsd,
         period: row?.budget_period ?? "total",
         period_id: refusal.period,
         resets_at: refusal.resetsAt,
+        refused_usd: refusal.requestUsd,
       });
     })().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record a budget event"));
   }
@@ -118,7 +124,7 @@ function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
   const money = (usd: number) => `$${Number(usd.toFixed(usd >= 1 ? 2 : 6))}`;
   const message =
     kind === "budget_exhausted"
-      ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
+      ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}${spend.refused_usd === undefined ? "" : `, no room for a request of up to ${money(spend.refused_usd)}`}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
       : `Key '${spend.key}' (${spend.prefix}) has spent ${percent}% of its ${periodText} (${money(spend.spent_usd)} of ${money(spend.limit_usd)}; alert at ${Math.round(share * 100)}%). ${resets}.`;
   return {
     kind,

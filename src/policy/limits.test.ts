@@ -106,6 +106,10 @@ describe("budgets and rate limits on one server", () => {
     assert.ok(Math.abs(settled.spent_usd - 10 * ACTUAL_COST) < 1e-6, JSON.stringify(settled));
     assert.ok(settled.spent_usd <= budget);
     assert.equal(settled.resets_at, "2027-03-11T00:00:00.000Z");
+    // Refused only because of the reservations in flight: the budget is not spent, and no event says it is.
+    await harness.server.budgetAlerts.checkNow();
+    const budgetEvents = (await harness.admin("GET", "/api/v1/events?kind=budget_exhausted,budget_threshold")).body.data.filter((event: { data: { key?: string } }) => event.data.key === "budget-100");
+    assert.deepEqual(budgetEvents, []);
   });
 
   test("the rate headers are on every kind of answer to a limited key: a stream, and an error after admission", async () => {

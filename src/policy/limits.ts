@@ -26,7 +26,7 @@ export interface LimitsServiceOptions {
   store: Store;
   logger: Logger;
   clock?: () => number;
-  /** Told when a key's budget has no room for a request that would fit a fresh budget: it is spent (budget_exhausted). */
+  /** Told when what a key spent leaves no room for a request that would fit a fresh budget: it is spent (budget_exhausted). */
   onBudgetRefused?: (refusal: BudgetRefused) => void;
 }
 
@@ -35,8 +35,9 @@ export interface BudgetRefused {
   keyName: string;
   period: string;
   limitUsd: number;
-  /** null: the spend could not be read. */
-  spentUsd: number | null;
+  spentUsd: number;
+  /** What the refused request could have cost. */
+  requestUsd: number;
   resetsAt: number | null;
 }
 
@@ -243,10 +244,12 @@ export class LimitsService implements RequestLimits {
       if (use === null) {
         await undoWindows();
         const seen = await this.limitStore.budgetUse(keyId, period.id).catch(() => null);
-        // A request dearer than the whole budget says nothing about what is left of it.
-        if (costNano <= limitNano) {
-          const spentUsd = seen === null ? null : nanoToUsd(seen.spentNano);
-          this.options.onBudgetRefused?.({ keyId, keyName, period: period.id, limitUsd: limits.budgetUsd ?? 0, spentUsd, resetsAt: period.resetsAt });
+        // Spent, not merely busy: what was spent leaves no room for this request even with
+        // nothing else in flight (a refusal caused by other requests' reservations passes),
+        // and the request would fit a fresh budget (one dearer than the whole budget says
+        // nothing about what is left).
+        if (seen !== null && seen.spentNano + costNano > limitNano && costNano <= limitNano) {
+          this.options.onBudgetRefused?.({ keyId, keyName, period: period.id, limitUsd: limits.budgetUsd ?? 0, spentUsd: nanoToUsd(seen.spentNano), requestUsd: nanoToUsd(costNano), resetsAt: period.resetsAt });
         }
         throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt) });
       }

@@ -153,7 +153,7 @@ export interface NotifyChannelsTable {
   kind: string;
   /** The URL, sealed with the server's secret box: Slack's URLs are credentials, and webhook URLs often carry tokens. */
   url_sealed: string;
-  /** What the API shows of the URL: scheme, host and path only. */
+  /** What the API shows of the URL: scheme, host and first path segment only. */
   url_shown: string;
   /** webhook: the whsec_ signing secret, sealed; slack: null. */
   secret_sealed: string | null;
