@@ -51,6 +51,12 @@ describe("ctl notify against a server", () => {
     assert.equal(failed.code, 1);
     assert.match(failed.stdout, /Not delivered to 'ops': the receiver answered 500/);
 
+    // Without a name: every channel, each with its own line.
+    assert.equal((await harness.admin("POST", "/api/v1/notify", { name: "second", webhook: receiver.url, secret: receiver.secret })).status, 201);
+    const all = await ctl("notify", "test");
+    assert.match(all.stdout, /^Delivered: the receiver of 'ops' answered 200\.\nDelivered: the receiver of 'second' answered 200\.$/m);
+    await ctl("notify", "rm", "second");
+
     const log = await ctl("notify", "log", "ops");
     assert.match(log.stdout, /notify_test\s+channel:ops\s+failed\s+1\s+500/);
     assert.match(log.stdout, /notify_test\s+channel:ops\s+delivered\s+1\s+200/);

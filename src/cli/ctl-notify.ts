@@ -121,17 +121,25 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       const removed = await connect(command).call("DELETE", path(name));
       print(command, removed, () => `Removed channel '${name}'.`);
     });
-  withExamples(notify.command("test <name>"), "llmgw ctl notify test ops")
-    .description("Send a test message now and say how the receiver answered")
+  withExamples(notify.command("test [name]"), "llmgw ctl notify test ops", "llmgw ctl notify test")
+    .description("Send a test message now (to one channel, or to each) and say how each receiver answered; exits 1 when one was not delivered")
     .option("--json", "print JSON")
-    .action(async (name: string, _options: Options, command: Command) => {
-      const { delivery } = await connect(command).call<{ delivery: DeliveryView }>("POST", path(name, "/test"));
-      print(command, delivery, () =>
-        delivery.state === "delivered"
-          ? `Delivered: the receiver of '${name}' answered ${delivery.last_status}.`
-          : `Not delivered to '${name}': ${delivery.last_error ?? delivery.state}. Check the URL and that the receiver is up, then test again.`,
+    .action(async (name: string | undefined, _options: Options, command: Command) => {
+      const client = connect(command);
+      const names = name !== undefined ? [name] : (await client.call<{ data: ChannelView[] }>("GET", "/api/v1/notify")).data.map((channel) => channel.name);
+      if (names.length === 0) throw new BadRequestError("There are no notification channels to test; add one with 'llmgw ctl notify add NAME --webhook URL'.");
+      const results: Array<DeliveryView & { channel: string }> = [];
+      for (const channel of names) results.push({ channel, ...(await client.call<{ delivery: DeliveryView }>("POST", path(channel, "/test"))).delivery });
+      print(command, name === undefined ? results : results[0], () =>
+        results
+          .map((delivery) =>
+            delivery.state === "delivered"
+              ? `Delivered: the receiver of '${delivery.channel}' answered ${delivery.last_status}.`
+              : `Not delivered to '${delivery.channel}': ${delivery.last_error ?? delivery.state}. Check the URL and that the receiver is up, then test again.`,
+          )
+          .join("\n"),
       );
-      if (delivery.state !== "delivered") process.exitCode = 1;
+      if (results.some((delivery) => delivery.state !== "delivered")) process.exitCode = 1;
     });
   withExamples(notify.command("log <name>"), "llmgw ctl notify log ops --limit 20")
     .description("A channel's deliveries, newest first: event, state, attempts, last answer, next try")

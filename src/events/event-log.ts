@@ -109,6 +109,11 @@ export class EventLog {
     return rows.map(toEvent);
   }
 
+  /** Deletes events older than `before` (ISO time). */
+  async prune(before: string): Promise<void> {
+    await this.options.store.db.deleteFrom("events").where("at", "<", before).execute();
+  }
+
   /** The id of the newest event, 0 when there is none. */
   async latestId(): Promise<number> {
     const row = await this.options.store.db.selectFrom("events").select((eb) => eb.fn.max("id").as("id")).executeTakeFirst();

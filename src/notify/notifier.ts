@@ -31,6 +31,8 @@ export const NOTIFY_DEFAULTS = {
   batch: 16,
   /** Finished deliveries are kept this long in the log. */
   keepMs: 30 * 24 * 60 * 60_000,
+  /** Events are kept this long (the events API, the console's history). */
+  keepEventsMs: 90 * 24 * 60 * 60_000,
 };
 
 export interface NotifierOptions {
@@ -149,6 +151,7 @@ export class Notifier {
     if (this.clock() - this.lastPrune > 60 * 60_000) {
       this.lastPrune = this.clock();
       await this.deliveries.prune(new Date(this.clock() - this.settings.keepMs).toISOString());
+      await this.options.events.prune(new Date(this.clock() - this.settings.keepEventsMs).toISOString());
     }
   }
 

@@ -5,6 +5,7 @@
 // hook. One server per data dir: the data dir lock is taken before anything else is opened.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import os from "node:os";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { getRequestListener } from "@hono/node-server";
@@ -407,7 +408,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     // Jobs cut by the last stop continue once this server's own node (if any) is back.
     await jobs.start();
     updates.start();
-    consoleUrl ||= server.address() === null ? "" : listeningUrl(server.address() as AddressInfo);
+    consoleUrl ||= server.address() === null ? "" : reachableUrl(server.address() as AddressInfo);
     await budgetAlerts.start();
     await notifier.start();
   } catch (error) {
@@ -456,6 +457,12 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     return closing;
   };
   return { ...parts, url, gateway, limits, metrics, events, notifier, budgetAlerts, createdAdminKey, close };
+}
+
+/** Where people can open the console when no --public-url says: an address bound to every interface is not one to click. */
+function reachableUrl(address: AddressInfo): string {
+  const unspecified = address.address === "0.0.0.0" || address.address === "::";
+  return unspecified ? `http://${os.hostname()}:${address.port}` : listeningUrl(address);
 }
 
 function listeningUrl(address: AddressInfo): string {
