@@ -8,9 +8,8 @@ import assert from "node:assert/strict";
 import { after, test } from "node:test";
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import { randomBytes } from "node:crypto";
 import { settled } from "./notifier.ts";
-import { dropSchema, postgresProblem, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
+import { dropSchema, postgresSchemaOrSkip } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startReceiver, type Receiver } from "../../test/support/webhook-receiver.ts";
@@ -305,13 +304,8 @@ test("the cursor waits at a fresh gap in event ids (an insert not yet committed)
 });
 
 test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a stop is sent after the restart", async (t) => {
-  const problem = await postgresProblem();
-  if (problem !== null) {
-    if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
-    t.skip(`PostgreSQL not reachable (${problem})`);
-    return;
-  }
-  const database = { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
+  const database = await postgresSchemaOrSkip(t);
+  if (database === null) return;
   const receiver = await startReceiver();
   open.push(receiver);
   try {
@@ -337,13 +331,8 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
 });
 
 test("two servers on one PostgreSQL send each event once; rows the other server cannot open are left to the one that sealed them", async (t) => {
-  const problem = await postgresProblem();
-  if (problem !== null) {
-    if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
-    t.skip(`PostgreSQL not reachable (${problem})`);
-    return;
-  }
-  const database = { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
+  const database = await postgresSchemaOrSkip(t);
+  if (database === null) return;
   const receiver = await startReceiver();
   open.push(receiver);
   try {

@@ -61,6 +61,19 @@ export async function openPostgresTestStore(): Promise<{ store: Store; cleanup: 
   };
 }
 
+/**
+ * For a test that needs PostgreSQL itself (two servers on one database): a fresh schema to
+ * use, or null after skipping the test (or throws, with LLMGW_REQUIRE_POSTGRES=1) when it is
+ * not reachable. The caller drops the schema (dropSchema).
+ */
+export async function postgresSchemaOrSkip(t: TestContext): Promise<{ database: string; schema: string } | null> {
+  const problem = await postgresProblem();
+  if (problem === null) return { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
+  if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
+  t.skip(`PostgreSQL not reachable at ${TEST_POSTGRES_URL} (${problem})`);
+  return null;
+}
+
 /** Declares `name` twice, once per database, each with a fresh empty store. */
 export function testBothStores(name: string, body: (store: Store, t: TestContext) => Promise<void>): void {
   testBothDatabases(name, async (database, t) => {
