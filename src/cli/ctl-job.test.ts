@@ -284,7 +284,8 @@ test("every leaf ctl command shows an example under --help", () => {
       "mirror fetch", "mirror list", "mirror verify", "mirror rm",
       "node list", "node show", "node drain", "node remove", "node join-token",
       "key create", "key list", "key show", "key update", "key revoke",
-      "replicas", "usage",
+      "notify add", "notify list", "notify update", "notify enable", "notify rm", "notify test", "notify log",
+      "replicas", "usage", "events",
     ].sort(),
   );
   for (const { name, command } of leaves) {
