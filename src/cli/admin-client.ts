@@ -56,10 +56,10 @@ export class AdminClient {
   }
 
   /** A long-lived GET (server-sent events): its body as it arrives; errors as `call` gives them. */
-  async stream(pathname: string, signal?: AbortSignal): Promise<AsyncIterable<Buffer>> {
+  async stream(pathname: string, headers: Record<string, string> = {}): Promise<AsyncIterable<Buffer>> {
     let response;
     try {
-      response = await request(this.baseUrl + pathname, { method: "GET", headers: { authorization: `Bearer ${this.key}`, accept: "text/event-stream" }, headersTimeout: 60_000, bodyTimeout: 0, ...(signal === undefined ? {} : { signal }) });
+      response = await request(this.baseUrl + pathname, { method: "GET", headers: { ...headers, authorization: `Bearer ${this.key}`, accept: "text/event-stream" }, headersTimeout: 60_000, bodyTimeout: 0 });
     } catch (error) {
       throw new UpstreamError(`Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`, { cause: error });
     }

@@ -4,7 +4,7 @@
 // events lists what happened.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
@@ -79,6 +79,28 @@ describe("ctl notify against a server", () => {
     assert.match((await ctl("notify", "list")).stdout, /^NAME/);
   });
 
+  test("events --follow prints new events of the kinds asked for as they happen", async () => {
+    const child = spawn(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "events", "--follow", "--json", "--kind", "model_parked"], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+    let out = "";
+    child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
+    try {
+      // Recorded until the follower prints one: the first may come before the stream is open.
+      await eventually("a followed event is printed", async () => {
+        if (!out.includes('"subject":"model:first"')) await harness.server.events.record({ kind: "model_parked", subject: "model:first", message: "parked ünïcode" });
+        return out.includes('"subject":"model:first"');
+      });
+      const line = JSON.parse(out.trim().split("\n")[0]!);
+      assert.equal(line.kind, "model_parked");
+      assert.equal(line.message, "parked ünïcode");
+      await harness.server.events.record({ kind: "node_lost", subject: "node:ignored", message: "not a kind followed" });
+      await harness.server.events.record({ kind: "model_parked", subject: "model:second", message: "parked" });
+      await eventually("the second is printed", () => out.includes('"subject":"model:second"'));
+      assert.ok(!out.includes("node:ignored"));
+    } finally {
+      child.kill();
+    }
+  });
+
   test("bad flags are refused naming what is wrong", async () => {
     const refused = async (args: string[], message: RegExp) => {
       const error = await ctl(...args).then(
@@ -92,5 +114,7 @@ describe("ctl notify against a server", () => {
     await refused(["notify", "update", "x"], /Nothing to update/);
     await refused(["notify", "test", "nobody"], /no notification channel named 'nobody'/);
     await refused(["events", "--since", "last tuesday"], /span back from now/);
+    await refused(["events", "--follow", "--since", "1h"], /--follow prints events from now on/);
+    await refused(["events", "--follow", "--kind", "nonsense"], /'nonsense' is not an event kind/);
   });
 });

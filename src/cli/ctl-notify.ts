@@ -3,7 +3,8 @@
 // remove, send a test, read a channel's delivery log), and the event log they are fed
 // from (list, or follow live). A webhook's generated secret is printed once, at `add`.
 import type { Command } from "commander";
-import { BadRequestError } from "../core/errors.ts";
+import { BadRequestError, describeError, LlmgwError } from "../core/errors.ts";
+import type { AdminClient } from "./admin-client.ts";
 import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
 
@@ -169,21 +170,7 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       if (typeof options.kind === "string") query.set("kind", options.kind);
       if (options.follow === true) {
         if (options.since !== undefined || options.limit !== undefined) throw new BadRequestError("--follow prints events from now on; --since and --limit are for listing past events. Run one, then the other.");
-        const stream = await client.stream(`/api/v1/events/stream${query.size > 0 ? `?${query}` : ""}`);
-        // Streamed decoding: a character split across two chunks stays whole.
-        const decoder = new TextDecoder();
-        let buffered = "";
-        for await (const chunk of stream) {
-          buffered += decoder.decode(chunk, { stream: true });
-          let end: number;
-          while ((end = buffered.indexOf("\n\n")) >= 0) {
-            const data = buffered.slice(0, end).split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
-            buffered = buffered.slice(end + 2);
-            if (data === "") continue;
-            const event = JSON.parse(data) as EventView;
-            process.stdout.write((wantsJson(command) ? JSON.stringify(event) : eventLine(event)) + "\n");
-          }
-        }
+        await followEvents(client, query, (event) => process.stdout.write((wantsJson(command) ? JSON.stringify(event) : eventLine(event)) + "\n"));
         return;
       }
       if (typeof options.since === "string") query.set("since", options.since);
@@ -191,6 +178,41 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       const { data } = await client.call<{ data: EventView[] }>("GET", `/api/v1/events${query.size > 0 ? `?${query}` : ""}`);
       print(command, data, () => (data.length === 0 ? "No events." : data.map(eventLine).join("\n")));
     });
+}
+
+/**
+ * Prints events as the server streams them, until interrupted. A stream that ends (the server
+ * restarted, or dropped this reader for falling behind) is opened again with the id of the
+ * last event printed, so nothing is missed or printed twice.
+ */
+async function followEvents(client: AdminClient, query: URLSearchParams, print: (event: EventView) => void): Promise<never> {
+  let lastId: string | null = null;
+  for (;;) {
+    try {
+      const stream = await client.stream(`/api/v1/events/stream${query.size > 0 ? `?${query}` : ""}`, lastId === null ? {} : { "last-event-id": lastId });
+      // Streamed decoding: a character split across two chunks stays whole.
+      const decoder = new TextDecoder();
+      let buffered = "";
+      for await (const chunk of stream) {
+        buffered += decoder.decode(chunk, { stream: true });
+        let end: number;
+        while ((end = buffered.indexOf("\n\n")) >= 0) {
+          const lines = buffered.slice(0, end).split("\n");
+          buffered = buffered.slice(end + 2);
+          const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+          if (data === "") continue;
+          lastId = lines.find((line) => line.startsWith("id: "))?.slice(4) ?? lastId;
+          print(JSON.parse(data) as EventView);
+        }
+      }
+      process.stderr.write("The event stream ended (the server stopped or dropped this reader); reconnecting...\n");
+    } catch (error) {
+      // A refusal (a wrong key, a bad --kind) will not change by trying again.
+      if (error instanceof LlmgwError && error.status < 500) throw error;
+      process.stderr.write(`Lost the event stream (${describeError(error)}); reconnecting...\n`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
 }
 
 function eventLine(event: EventView): string {

@@ -64,6 +64,11 @@ export class EventFollower {
         }
         for (const event of batch) {
           for (const subscriber of this.subscribers) {
+            // Subscribed during this read, further back than it reached: the next read starts from its place.
+            if (subscriber.after < from) {
+              this.again = true;
+              continue;
+            }
             if (event.id <= subscriber.after) continue;
             subscriber.after = event.id;
             subscriber.deliver(event);

@@ -50,6 +50,8 @@ const COLUMNS = ["id", "at", "kind", "severity", "subject", "message", "data"] a
 
 export class EventLog {
   private readonly listeners = new Set<(event: StoredEvent) => void>();
+  /** PostgreSQL: this process's event writes, one after another, so a burst waits here rather than on the lock with a pool connection each. */
+  private writes: Promise<unknown> = Promise.resolve();
   private readonly clock: () => number;
 
   constructor(private readonly options: { store: Store; logger: Logger; clock?: () => number }) {
@@ -73,13 +75,20 @@ export class EventLog {
       // commit out of id order, and a reader following ids would skip the one committed last.
       // One lock for every event insert (held to commit) keeps ids and commits in one order,
       // across servers too. SQLite writes one at a time already.
-      id =
-        store.dialect === "postgres"
-          ? await store.db.transaction().execute(async (trx) => {
-              await sql`select pg_advisory_xact_lock(${EVENTS_INSERT_LOCK})`.execute(trx);
-              return Number((await trx.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
-            })
-          : Number((await store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+      if (store.dialect === "postgres") {
+        const write = this.writes.then(() =>
+          store.db.transaction().execute(async (trx) => {
+            // A holder that hangs (a lost connection) must not stop every server's events for long.
+            await sql`set local lock_timeout = '5s'`.execute(trx);
+            await sql`select pg_advisory_xact_lock(${EVENTS_INSERT_LOCK})`.execute(trx);
+            return Number((await trx.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+          }),
+        );
+        this.writes = write.catch(() => undefined);
+        id = await write;
+      } else {
+        id = Number((await store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+      }
     } catch (error) {
       this.options.logger.warn({ kind: event.kind, subject: event.subject, err: describeError(error) }, "could not record an event");
       return null;

@@ -82,7 +82,8 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
       };
       const unsubscribe = follower.subscribe(start, (event) => {
         if (kinds !== null && !kinds.has(event.kind)) return;
-        if (queue.length >= MAX_QUEUED) {
+        // Once one event is dropped, every later one is too: the client resumes from the last it got.
+        if (tooSlow || queue.length >= MAX_QUEUED) {
           tooSlow = true;
           return;
         }

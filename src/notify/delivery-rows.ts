@@ -18,6 +18,8 @@ export interface Delivery {
   event: NotifyEvent;
   attempts: number;
   createdAt: string;
+  /** The claim's lease: only the sender holding this claim may record the answer. */
+  lease: string;
 }
 
 /** A line of a channel's delivery log, as the API shows it. */
@@ -83,7 +85,7 @@ export class DeliveryRows {
         order by next_attempt_at, id limit ${limit} ${lock}
       )
       returning id, channel_id, event, attempts, created_at`.execute(this.store.db);
-    return result.rows.map((row) => ({ id: Number(row.id), channelId: row.channel_id, event: JSON.parse(row.event) as NotifyEvent, attempts: Number(row.attempts), createdAt: row.created_at }));
+    return result.rows.map((row) => ({ id: Number(row.id), channelId: row.channel_id, event: JSON.parse(row.event) as NotifyEvent, attempts: Number(row.attempts), createdAt: row.created_at, lease: leaseUntil }));
   }
 
   async get(id: number): Promise<DeliveryView | null> {
@@ -92,13 +94,15 @@ export class DeliveryRows {
   }
 
   /** Records an attempt's answer on a row this sender claimed: the state it leaves and when it is tried next. */
-  async settle(id: number, change: { state: DeliveryState; attempts: number; status: number | null; error: string | null; nextAttemptAt: string | null; now: string }): Promise<void> {
+  async settle(claim: Pick<Delivery, "id" | "lease">, change: { state: DeliveryState; attempts: number; status: number | null; error: string | null; nextAttemptAt: string | null; now: string }): Promise<void> {
     await this.store.db
       .updateTable("notify_deliveries")
       .set({ state: change.state, attempts: change.attempts, last_status: change.status, last_error: change.error, next_attempt_at: change.nextAttemptAt, updated_at: change.now })
-      .where("id", "=", id)
-      // A row cancelled meanwhile (its channel disabled) stays cancelled.
+      .where("id", "=", claim.id)
+      // A row cancelled meanwhile (its channel disabled) stays cancelled, and a sender whose
+      // claim ran out (a stall past its lease) does not overwrite the one that claimed it next.
       .where("state", "=", "sending")
+      .where("next_attempt_at", "=", claim.lease)
       .execute();
   }
 

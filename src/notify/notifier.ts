@@ -6,7 +6,7 @@
 // backoff for up to a day. A 410 disables the channel. A pass runs when an event is
 // recorded in this process and every `pollMs` otherwise; one pass at a time.
 import type { Logger } from "../core/log.ts";
-import { describeError, NotFoundError } from "../core/errors.ts";
+import { describeError, NotFoundError, UnavailableError } from "../core/errors.ts";
 import { severityRank } from "../events/event-kinds.ts";
 import type { EventLog } from "../events/event-log.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -58,6 +58,8 @@ export class Notifier {
   private lastPrune = 0;
   /** Tests being sent now: stop() waits for them, so none writes after the store closes. */
   private readonly tests = new Set<Promise<unknown>>();
+  /** Aborts the attempts in flight at stop: each is recorded as failed and retried after the restart. */
+  private readonly stopping = new AbortController();
 
   constructor(private readonly options: NotifierOptions) {
     this.deliveries = new DeliveryRows(options.store);
@@ -74,6 +76,7 @@ export class Notifier {
 
   async stop(): Promise<void> {
     this.stopped = true;
+    this.stopping.abort();
     if (this.timer !== undefined) clearInterval(this.timer);
     this.unsubscribe?.();
     await this.running;
@@ -108,6 +111,7 @@ export class Notifier {
 
   /** Sends a test message to one channel now, logged like any delivery; returns how it went. */
   async test(name: string, actor: string): Promise<DeliveryView> {
+    if (this.stopped) throw new UnavailableError("The server is stopping; send the test again once it is back.", { code: "server_stopping", retryAfterSeconds: 5 });
     const sending = this.sendTest(name, actor);
     this.tests.add(sending);
     try {
@@ -129,12 +133,13 @@ export class Notifier {
       message: `A test from llmgw: channel '${channel.name}' receives notifications.`,
       data: { channel: channel.name },
     };
+    const lease = this.leaseUntil();
     const id = await this.options.store.db.transaction().execute(async (trx) => {
       await recordAudit(trx, { at, actor, action: "notify.test", target: channel.name, detail: {} });
       // Claimed by this call: a pass does not send it too.
-      return this.deliveries.insert(trx, channel.id, event, "sending", at, this.leaseUntil());
+      return this.deliveries.insert(trx, channel.id, event, "sending", at, lease);
     });
-    await this.attempt({ id, channelId: channel.id, event, attempts: 0, createdAt: at }, channel);
+    await this.attempt({ id, channelId: channel.id, event, attempts: 0, createdAt: at, lease }, channel);
     const delivery = await this.deliveries.get(id);
     if (delivery === null) throw new NotFoundError(`The channel '${name}' was removed while its test was being sent.`, { code: "channel_not_found" });
     return delivery;
@@ -216,7 +221,7 @@ export class Notifier {
   private async attempt(delivery: Delivery, channel: Channel | undefined): Promise<void> {
     const attempts = delivery.attempts + 1;
     const settle = (state: "delivered" | "pending" | "failed" | "cancelled", outcome: Pick<SendOutcome, "status" | "error">, nextAttemptAt: string | null) =>
-      this.deliveries.settle(delivery.id, { state, attempts, status: outcome.status, error: outcome.error, nextAttemptAt, now: nowIso(this.clock) });
+      this.deliveries.settle(delivery, { state, attempts, status: outcome.status, error: outcome.error, nextAttemptAt, now: nowIso(this.clock) });
     if (channel === undefined || channel.disabledAt !== null) {
       await settle("cancelled", { status: null, error: channel === undefined ? "the channel was removed" : `the channel is disabled: ${channel.disabledReason ?? "by an operator"}` }, null);
       return;
@@ -224,10 +229,12 @@ export class Notifier {
     const target = this.options.channels.openTarget(channel);
     if (target === null) {
       // Sealed with another server's secret (several servers on one PostgreSQL, each with its
-      // own data dir): left for the server that sealed it, retried like a failed send.
+      // own data dir): left for the server that sealed it. Nothing was sent, so it is not an
+      // attempt, and the wait is short and fixed rather than the backoff of a failing receiver.
       const error = "the channel's URL or secret was sealed by another server; this server's secret cannot open it";
       const retry = delivery.event.kind !== "notify_test" && this.clock() - Date.parse(delivery.createdAt) <= this.settings.giveUpMs;
-      await settle(retry ? "pending" : "failed", { status: null, error }, retry ? new Date(this.clock() + this.backoff(attempts)).toISOString() : null);
+      const next = retry ? new Date(this.clock() + Math.max(this.settings.pollMs, 1000) * 2).toISOString() : null;
+      await this.deliveries.settle(delivery, { state: retry ? "pending" : "failed", attempts: delivery.attempts, status: null, error, nextAttemptAt: next, now: nowIso(this.clock) });
       return;
     }
     const outcome = await sendNotification({ kind: channel.kind, ...target }, delivery.event, {
@@ -235,6 +242,7 @@ export class Notifier {
       timeoutMs: this.settings.timeoutMs,
       consoleUrl: this.options.consoleUrl(),
       now: this.clock,
+      stopping: this.stopping.signal,
     });
     const log = { channel: channel.name, kind: delivery.event.kind, subject: delivery.event.subject, attempts, status: outcome.status };
     if (outcome.result === "delivered") {

@@ -91,6 +91,8 @@ test("an event reaches a webhook signed as Standard Webhooks; 500s are retried w
   await harness.server.events.record({ kind: "node_lost", subject: "node:gpu-1", data: { node: "gpu-1" }, message: "Node 'gpu-1' sent no heartbeat." });
   const [delivered] = await eventually("the third attempt is taken", () => receiver.webhooks().length === 1 && receiver.webhooks());
   assert.equal(delivered!.verified, true, delivered!.verifyError ?? "");
+  // The receiver logs a request before its answer reaches the notifier: the row says delivered a moment later.
+  await eventually("the delivery is recorded", async () => (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0]?.state === "delivered");
   assert.deepEqual(receiver.requests.map((request) => request.status), [500, 503, 200]);
   assert.equal(new Set(receiver.requests.map((request) => request.headers["webhook-id"])).size, 1, "one message id across retries");
   assert.equal(delivered!.body.type, "node_lost");
@@ -108,21 +110,23 @@ test("an event reaches a webhook signed as Standard Webhooks; 500s are retried w
 });
 
 test("a receiver that does not answer in time is cut off and tried again", async () => {
-  const { harness, receiver } = await setup({ notify: { notify: { ...FAST.notify, timeoutMs: 300 } } });
+  const { harness, receiver } = await setup({ notify: { notify: { ...FAST.notify, timeoutMs: 1000 } } });
   await addWebhook(harness, receiver);
   receiver.answers = [0];
   await harness.server.events.record({ kind: "job_failed", subject: "job:j1", data: { job: "j1" }, message: "failed" });
   await eventually("the second attempt is taken", () => receiver.webhooks().length === 1);
   assert.equal(receiver.requests.length, 2);
-  const log = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0];
-  assert.equal(log.state, "delivered");
+  const log = await eventually("the delivery is recorded", async () => {
+    const row = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0];
+    return row?.state === "delivered" && row;
+  });
   assert.equal(log.attempts, 2);
   const first = await harness.server.store.db.selectFrom("notify_deliveries").select("last_error").executeTakeFirstOrThrow();
   assert.equal(first.last_error, null, "a delivered row keeps no error");
 });
 
 test("a delivery that keeps failing is given up when its time is over, saying how often it was tried", async () => {
-  const { harness, receiver } = await setup({ notify: { notify: { backoffMs: 20, maxBackoffMs: 40, pollMs: 20, giveUpMs: 400 } } });
+  const { harness, receiver } = await setup({ notify: { notify: { backoffMs: 20, maxBackoffMs: 40, pollMs: 20, giveUpMs: 2000 } } });
   await addWebhook(harness, receiver);
   receiver.answers = Array.from({ length: 1000 }, () => 500);
   await harness.server.events.record({ kind: "node_lost", subject: "node:x", message: "lost" });
@@ -322,7 +326,10 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
     open.push(second);
     const hooks = await eventually("the parked model is delivered after the restart", () => receiver.webhooks().length === 2 && receiver.webhooks());
     assert.deepEqual(hooks.map((hook) => [hook.body.type, hook.verified]), [["node_lost", true], ["model_parked", true]]);
-    const log = (await second.admin("GET", "/api/v1/notify/ops/log")).body.data;
+    const log = await eventually("both deliveries are recorded", async () => {
+      const rows = (await second.admin("GET", "/api/v1/notify/ops/log")).body.data;
+      return rows.every((row: { state: string }) => row.state === "delivered") && rows;
+    });
     assert.deepEqual(log.map((d: { kind: string; state: string; attempts: number }) => [d.kind, d.state, d.attempts]), [["model_parked", "delivered", 2], ["node_lost", "delivered", 1]]);
     await second.close();
   } finally {

@@ -31,6 +31,8 @@ export interface SendOptions {
   timeoutMs: number;
   consoleUrl: string;
   now: () => number;
+  /** Aborted when the server stops: the attempt ends at once and is tried again later. */
+  stopping?: AbortSignal;
 }
 
 export async function sendNotification(target: SendTarget, event: NotifyEvent, options: SendOptions): Promise<SendOutcome> {
@@ -44,7 +46,7 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
       body,
       headersTimeout: options.timeoutMs,
       bodyTimeout: options.timeoutMs,
-      signal: AbortSignal.timeout(options.timeoutMs),
+      signal: options.stopping === undefined ? AbortSignal.timeout(options.timeoutMs) : AbortSignal.any([AbortSignal.timeout(options.timeoutMs), options.stopping]),
     });
     const text = await firstBytes(answer.body, 4096);
     if (answer.statusCode >= 200 && answer.statusCode < 300) return { result: "delivered", status: answer.statusCode, error: null };
@@ -52,6 +54,7 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
     const error = `the receiver answered ${answer.statusCode}${said === "" ? "" : `: ${said}`}`;
     return { result: answer.statusCode === 410 ? "gone" : "retry", status: answer.statusCode, error };
   } catch (failure) {
+    if (options.stopping?.aborted === true) return { result: "retry", status: null, error: "the server stopped during the attempt" };
     const timedOut = failure instanceof Error && (failure.name === "TimeoutError" || failure.name === "HeadersTimeoutError" || failure.name === "BodyTimeoutError");
     return { result: "retry", status: null, error: timedOut ? `no answer within ${options.timeoutMs / 1000} s` : `could not reach the receiver: ${describeError(failure)}` };
   }

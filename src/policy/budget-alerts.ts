@@ -45,6 +45,9 @@ export class BudgetAlerts {
   private readonly announced = new Set<string>();
   private timer: NodeJS.Timeout | undefined;
   private checking: Promise<void> | null = null;
+  /** Refusals being announced: stop() waits for them, so none writes after the store closes. */
+  private readonly pending = new Set<Promise<unknown>>();
+  private stopped = false;
   private readonly share: number;
 
   constructor(private readonly options: BudgetAlertsOptions) {
@@ -64,12 +67,15 @@ export class BudgetAlerts {
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
     if (this.timer !== undefined) clearInterval(this.timer);
     await this.checking;
+    await Promise.allSettled([...this.pending]);
   }
 
   /** Reads every budget's spend and announces what crossed a line. */
   checkNow(): Promise<void> {
+    if (this.stopped) return Promise.resolve();
     this.checking ??= (async () => {
       try {
         for (const spend of await this.options.spent()) {
@@ -91,7 +97,14 @@ export class BudgetAlerts {
   refused(refusal: BudgetRefused): void {
     // A client that keeps sending on a spent key costs no query per refusal.
     if (this.announced.has(`budget_exhausted\n${refusal.keyId}\n${refusal.period}`)) return;
-    void (async () => {
+    // A refusal counts as spent only once the spend is past the alert share: a request whose
+    // worst case does not fit a half-used budget says that request is large, not that the
+    // budget is gone (and announcing it would hide the real exhaustion later in the period).
+    if (refusal.limitUsd <= 0 || refusal.spentUsd / refusal.limitUsd < this.share) {
+      void this.checkNow();
+      return;
+    }
+    const work = (async () => {
       const row = await this.options.store.db.selectFrom("api_keys").select(["prefix", "budget_period"]).where("id", "=", refusal.keyId).executeTakeFirst();
       await this.announce("budget_exhausted", {
         id: refusal.keyId,
@@ -105,6 +118,8 @@ export class BudgetAlerts {
         refused_usd: refusal.requestUsd,
       });
     })().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record a budget event"));
+    this.pending.add(work);
+    void work.finally(() => this.pending.delete(work));
   }
 
   private async announce(kind: Alert, spend: KeySpend): Promise<void> {

@@ -383,12 +383,16 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const abandonStart = async () => {
     if (refreshTimer !== undefined) clearInterval(refreshTimer);
     updates.stop();
+    closingStreams.abort();
+    follower.close();
     await jobs.close();
     await budgetAlerts.stop();
     await notifier.stop();
+    await attachment?.stop().catch(() => undefined);
     stopExternalSync();
     await fleet.stop();
     server.close();
+    server.closeAllConnections();
     await mirror.close();
     await registry.close();
     await store.close();
