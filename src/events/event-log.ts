@@ -75,19 +75,24 @@ export class EventLog {
       // commit out of id order, and a reader following ids would skip the one committed last.
       // One lock for every event insert (held to commit) keeps ids and commits in one order,
       // across servers too. SQLite writes one at a time already.
+      const plainInsert = async () => Number((await store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
       if (store.dialect === "postgres") {
         const write = this.writes.then(() =>
-          store.db.transaction().execute(async (trx) => {
-            // A holder that hangs (a lost connection) must not stop every server's events for long.
-            await sql`set local lock_timeout = '5s'`.execute(trx);
-            await sql`select pg_advisory_xact_lock(${EVENTS_INSERT_LOCK})`.execute(trx);
-            return Number((await trx.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
-          }),
+          store.db
+            .transaction()
+            .execute(async (trx) => {
+              // A holder that hangs (a lost connection) must not stop every server's events for long.
+              await sql`set local lock_timeout = '5s'`.execute(trx);
+              await sql`select pg_advisory_xact_lock(${EVENTS_INSERT_LOCK})`.execute(trx);
+              return Number((await trx.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+            })
+            // Without the lock rather than not at all: readers wait at a gap a few seconds anyway (notifier.ts `settled`).
+            .catch(plainInsert),
         );
         this.writes = write.catch(() => undefined);
         id = await write;
       } else {
-        id = Number((await store.db.insertInto("events").values(row).returning("id").executeTakeFirstOrThrow()).id);
+        id = await plainInsert();
       }
     } catch (error) {
       this.options.logger.warn({ kind: event.kind, subject: event.subject, err: describeError(error) }, "could not record an event");

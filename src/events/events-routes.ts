@@ -95,6 +95,7 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
       c.req.raw.signal.addEventListener("abort", nudge, { once: true });
       options.closing.addEventListener("abort", nudge, { once: true });
       const keepAlive = setInterval(nudge, options.keepAliveMs ?? 15_000);
+      keepAlive.unref();
       try {
         // The first line tells the client the stream is open (and how soon to reconnect).
         await stream.write(`retry: 2000\n: llmgw events from id ${start}\n\n`);

@@ -284,9 +284,10 @@ const GAP_WAIT_MS = 5_000;
 
 /**
  * The events the cursor may pass now. On PostgreSQL, ids come from a sequence when an insert
- * starts, so a later id can commit first; passing it would skip the earlier one for good. The
- * batch stops before a gap until the event after it is GAP_WAIT_MS old (a gap that old is an
- * insert that failed). SQLite writes one at a time and has no such gaps.
+ * starts, so a later id could commit first, and passing it would skip the earlier one for
+ * good. EventLog takes a lock around each insert so this does not happen; should an insert
+ * slip past it (the lock timed out), the batch still stops before a gap until the event after
+ * it is GAP_WAIT_MS old (a gap that old is an insert that failed). SQLite writes one at a time.
  */
 export function settled<E extends { id: number; at: string }>(events: readonly E[], from: number, now: number): E[] {
   let expected = from + 1;
