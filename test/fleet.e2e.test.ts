@@ -65,6 +65,12 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   const health = async (model: string) => (await admin("GET", `/api/v1/models/${model}/health`)).body;
   const nodes = async () => (await admin("GET", "/api/v1/nodes")).body.data as any[];
+  /** The events of one kind about one subject, once there is one (they are recorded without being awaited). */
+  const eventsAbout = (kind: string, subject: string) =>
+    eventually(`a ${kind} event about ${subject}`, async () => {
+      const found = ((await admin("GET", `/api/v1/events?kind=${kind}`)).body.data as any[]).filter((e) => e.subject === subject);
+      return found.length > 0 ? found : undefined;
+    });
 
   const startAgent = (name: string, inventory: object, extra: string[] = []) => {
     const dir = path.join(root, `agent-${name}`);
@@ -235,7 +241,7 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const again = startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
     await eventually("cpu-a back", async () => (await nodes()).find((n) => n.name === "cpu-a" && n.state === "ready"));
     assert.doesNotMatch(again.output(), /joined the fleet/, "it used its node credential, not the join token");
-    assert.equal((await admin("GET", "/api/v1/events?kind=node_back")).body.data.length, 1);
+    assert.deepEqual((await eventsAbout("node_back", "node:cpu-a")).map((e) => e.data), [{ node: "cpu-a" }]);
   });
 
   test("a mirrored model runs on a node that fetches its weights from the server's mirror with its node credential", async () => {
@@ -338,6 +344,9 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.equal(((await afterRemove.json()) as any).error.code, "node_removed");
     // The removed node's engine stops: it is no longer among any node's assignments, and gpu-small is unplaceable.
     await eventually("gpu-small unplaceable without gpu-24", async () => (await health("gpu-small")).state === "unplaceable");
+    const [unplaceable] = await eventsAbout("replica_unplaceable", "model:gpu-small");
+    assert.equal(unplaceable.data.model, "gpu-small");
+    assert.ok(Array.isArray(unplaceable.data.explanation) && unplaceable.data.explanation.length > 0, JSON.stringify(unplaceable.data));
   });
   test("drain: replicas move to another node and stop there only once their successors are ready; one with nowhere to go keeps serving", async () => {
     const before = await health("tiny");
@@ -354,5 +363,8 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.equal(big.ready, 1);
     assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
     assert.equal((await nodes()).find((n) => n.name === "gpu-80").state, "draining");
+    // gpu-small stayed unplaceable through every pass of the drain: it was announced once, when it started.
+    assert.equal((await health("gpu-small")).state, "unplaceable");
+    assert.equal((await eventsAbout("replica_unplaceable", "model:gpu-small")).length, 1);
   });
 });

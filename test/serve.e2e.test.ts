@@ -76,6 +76,12 @@ describe("serve and update jobs", () => {
     );
   const job = async (id: string) => (await harness.admin("GET", `/api/v1/jobs/${id}`)).body;
   const lastJob = async (model: string) => (await harness.admin("GET", `/api/v1/jobs?model=${encodeURIComponent(model)}&limit=1`)).body.data[0];
+  /** The one event a finished job recorded (events are written after the job ends, without being awaited). */
+  const jobEventOf = (id: string) =>
+    eventually(`the event of job ${id}`, async () => {
+      const recorded = (await harness.server.events.list({ kinds: ["update_done", "job_failed"] })).filter((e) => e.data.job === id);
+      return recorded.length > 0 ? recorded : undefined;
+    });
   const ask = async () => (await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 })).choices[0]?.message.content;
 
   /** Two clients streaming chat requests to `tiny` until stopped; every request that failed or was cut is listed. */
@@ -218,6 +224,8 @@ describe("serve and update jobs", () => {
     const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     assert.equal(after.revision, target);
     assert.equal(after.previous.revision, before.revision);
+    const moved = (await jobEventOf(done.id)).map((e) => [e.kind, e.data]);
+    assert.deepEqual(moved, [["update_done", { job: done.id, model: "tiny", repo: GGUF_REPO, old_revision: before.revision, new_revision: target, rollback: false }]]);
     const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
     assert.equal(health.replicas.filter((r: { state: string }) => r.state === "ready").length, 1, "the old replica stopped");
     assert.equal((await harness.admin("GET", "/api/v1/updates")).body.data[0].update_available, false);
@@ -237,6 +245,7 @@ describe("serve and update jobs", () => {
     const job = await lastJob("tiny");
     assert.equal(job.state, "failed");
     assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").state, "failed");
+    assert.deepEqual((await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]), [["job_failed", "mirror"]], "a failed update is no update_done");
     assert.equal((await harness.admin("GET", "/api/v1/models/tiny")).body.origin.revision, before.revision);
     assert.ok((await ask())!.length > 0, "the old revision still answers");
   });
@@ -250,6 +259,8 @@ describe("serve and update jobs", () => {
     assert.equal(after.previous.revision, current.revision);
     const job = await lastJob("tiny");
     assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").detail, "1 file of the previous revision still in the mirror");
+    const rolledBack = (await jobEventOf(job.id)).map((e) => [e.kind, e.data]);
+    assert.deepEqual(rolledBack, [["update_done", { job: job.id, model: "tiny", repo: GGUF_REPO, old_revision: current.revision, new_revision: current.previous.revision, rollback: true }]]);
     assert.ok((await ask())!.length > 0);
   });
 
@@ -272,6 +283,7 @@ describe("serve and update jobs", () => {
     const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     assert.equal(after.revision, before.revision, "back on the old revision");
     assert.equal(after.previous?.revision, before.previous?.revision);
+    assert.deepEqual((await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]), [["job_failed", "smoke_test"]], "an update given up is no update_done");
     await eventually("the failed revision's replica gone", async () => {
       const replicas = (await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string }>;
       return replicas.length === 1 && replicas[0]!.id === old.id;

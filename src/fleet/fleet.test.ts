@@ -112,6 +112,11 @@ describe("fleet protocol", () => {
       return set.assignments.find((a) => a.replicaId !== assignment!.replicaId);
     });
     assert.equal(fresh.modelName, "m");
+    const unparked = await eventually("a model_unparked event", async () => {
+      const events = await harness.server.events.list({ kinds: ["model_unparked"] });
+      return events.length > 0 ? events : undefined;
+    });
+    assert.deepEqual(unparked.map((e) => [e.subject, e.data]), [["model:m", { model: "m" }]], "one event, for m");
     // The parked one is gone once the node no longer reports it.
     await beat([], "run-2");
     assert.equal(table(assignment!.replicaId), undefined);
