@@ -223,8 +223,9 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     }, { timeoutMs: 20_000 });
     assert.ok(lost);
     assert.ok(answered >= 1, "the model answered while its other node was being lost");
-    const events = (await admin("GET", "/api/v1/events?kind=node_lost")).body.data;
+    const events = await eventsAbout("node_lost", "node:cpu-a");
     assert.match(events[0].message, /Node 'cpu-a' sent no heartbeat/);
+    assert.equal(events[0].data.node, "cpu-a");
 
     const replaced = await eventually(
       "tiny back to two ready replicas without cpu-a",

@@ -359,7 +359,8 @@ testBothStores("an update released as rejected: the model points back, its new r
     await rig.fleet.settled();
     unsubscribe();
     assert.ok(seen.length > 0 && !seen.includes("ready with endpoint"), `the rejected replica was never routable: ${seen.join(", ")}`);
-    assert.equal(await rig.desiredInStore(successor), "stop");
+    // Row writes follow the reconciliation on their own chain: waited for, not assumed done.
+    await eventually("the rejected replica's row desired stop", async () => (await rig.desiredInStore(successor)) === "stop");
     assert.deepEqual(await rig.assigned(), [old]);
     assert.equal(rig.table.get(old)?.state, "ready");
     assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id), [old], "the old one is current again");
