@@ -100,10 +100,8 @@ export class BudgetAlerts {
     // A refusal counts as spent only once the spend is past the alert share: a request whose
     // worst case does not fit a half-used budget says that request is large, not that the
     // budget is gone (and announcing it would hide the real exhaustion later in the period).
-    if (refusal.limitUsd <= 0 || refusal.spentUsd / refusal.limitUsd < this.share) {
-      void this.checkNow();
-      return;
-    }
+    // The periodic check still sees the spend; a flood of refusals adds no reads here.
+    if (refusal.limitUsd <= 0 || refusal.spentUsd / refusal.limitUsd < this.share) return;
     const work = (async () => {
       const row = await this.options.store.db.selectFrom("api_keys").select(["prefix", "budget_period"]).where("id", "=", refusal.keyId).executeTakeFirst();
       await this.announce("budget_exhausted", {
