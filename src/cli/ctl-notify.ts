@@ -62,7 +62,7 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
   withExamples(
     notify.command("add <name>"),
     "llmgw ctl notify add ops --webhook https://ops.example.com/hooks/llmgw",
-    "llmgw ctl notify add team --slack https://hooks.slack.com/services/T000/B000/XXXX --events model_parked,node_lost --min-severity warning",
+    "llmgw ctl notify add team --slack https://hooks.slack.com/services/T000/B000/abc123 --events model_parked,node_lost --min-severity warning",
   )
     .description("Add a channel; a webhook's signing secret (whsec_...) is made unless given, and shown once")
     .option("--webhook <url>", "a URL that takes Standard Webhooks POSTs (signed JSON)")

@@ -5,6 +5,7 @@
 // server wrote reach this server's streams too.
 import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
+import { CoalescedRun } from "../core/coalesced-run.ts";
 import type { EventLog, StoredEvent } from "./event-log.ts";
 
 interface Subscriber {
@@ -16,10 +17,14 @@ export class EventFollower {
   private readonly subscribers = new Set<Subscriber>();
   private timer: NodeJS.Timeout | undefined;
   private unsubscribe: (() => void) | undefined;
-  private reading: Promise<void> | null = null;
-  private again = false;
+  private readonly reader: CoalescedRun;
 
-  constructor(private readonly options: { events: EventLog; logger: Logger; pollMs?: number }) {}
+  constructor(private readonly options: { events: EventLog; logger: Logger; pollMs?: number }) {
+    this.reader = new CoalescedRun(
+      () => this.readOnce(),
+      (error) => options.logger.warn({ err: describeError(error) }, "could not read new events for the event stream; trying again"),
+    );
+  }
 
   /** Calls `deliver` with every event above `after`, in order, until the returned function is called. */
   subscribe(after: number, deliver: (event: StoredEvent) => void): () => void {
@@ -46,39 +51,26 @@ export class EventFollower {
   }
 
   private read(): void {
-    if (this.reading !== null) {
-      this.again = true;
-      return;
+    this.reader.request();
+  }
+
+  private async readOnce(): Promise<void> {
+    if (this.subscribers.size === 0) return;
+    const from = Math.min(...[...this.subscribers].map((subscriber) => subscriber.after));
+    const batch = await this.options.events.after(from, 200);
+    for (const event of batch) {
+      for (const subscriber of this.subscribers) {
+        // Subscribed during this read, further back than it reached: the next read starts from its place.
+        if (subscriber.after < from) {
+          this.read();
+          continue;
+        }
+        if (event.id <= subscriber.after) continue;
+        subscriber.after = event.id;
+        subscriber.deliver(event);
+      }
     }
-    this.reading = (async () => {
-      do {
-        this.again = false;
-        if (this.subscribers.size === 0) return;
-        const from = Math.min(...[...this.subscribers].map((subscriber) => subscriber.after));
-        let batch: StoredEvent[];
-        try {
-          batch = await this.options.events.after(from, 200);
-        } catch (error) {
-          this.options.logger.warn({ err: describeError(error) }, "could not read new events for the event stream; trying again");
-          return;
-        }
-        for (const event of batch) {
-          for (const subscriber of this.subscribers) {
-            // Subscribed during this read, further back than it reached: the next read starts from its place.
-            if (subscriber.after < from) {
-              this.again = true;
-              continue;
-            }
-            if (event.id <= subscriber.after) continue;
-            subscriber.after = event.id;
-            subscriber.deliver(event);
-          }
-        }
-        // A full batch means more are waiting.
-        if (batch.length === 200) this.again = true;
-      } while (this.again);
-    })().finally(() => {
-      this.reading = null;
-    });
+    // A full batch means more are waiting.
+    if (batch.length === 200) this.read();
   }
 }

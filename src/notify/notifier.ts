@@ -7,6 +7,7 @@
 // recorded in this process and every `pollMs` otherwise; one pass at a time.
 import type { Logger } from "../core/log.ts";
 import { describeError, NotFoundError, UnavailableError } from "../core/errors.ts";
+import { CoalescedRun } from "../core/coalesced-run.ts";
 import { severityRank } from "../events/event-kinds.ts";
 import type { EventLog } from "../events/event-log.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -52,8 +53,7 @@ export class Notifier {
   private readonly clock: () => number;
   private timer: NodeJS.Timeout | undefined;
   private unsubscribe: (() => void) | undefined;
-  private running: Promise<void> | null = null;
-  private again = false;
+  private readonly passes: CoalescedRun;
   private stopped = false;
   private lastPrune = 0;
   /** Tests being sent now: stop() waits for them, so none writes after the store closes. */
@@ -65,6 +65,12 @@ export class Notifier {
     this.deliveries = new DeliveryRows(options.store);
     this.settings = { ...NOTIFY_DEFAULTS, ...options.settings };
     this.clock = options.clock ?? Date.now;
+    this.passes = new CoalescedRun(
+      async () => {
+        if (!this.stopped) await this.pass();
+      },
+      (error) => this.options.logger.warn({ err: describeError(error) }, "a notification pass failed; it runs again at the next poll"),
+    );
   }
 
   async start(): Promise<void> {
@@ -79,34 +85,18 @@ export class Notifier {
     this.stopping.abort();
     if (this.timer !== undefined) clearInterval(this.timer);
     this.unsubscribe?.();
-    await this.running;
+    await this.passes.idle();
     await Promise.allSettled([...this.tests]);
   }
 
   /** Runs a pass now, or right after the one running. */
   wake(): void {
-    if (this.stopped) return;
-    if (this.running !== null) {
-      this.again = true;
-      return;
-    }
-    this.running = (async () => {
-      do {
-        this.again = false;
-        try {
-          await this.pass();
-        } catch (error) {
-          this.options.logger.warn({ err: describeError(error) }, "a notification pass failed; it runs again at the next poll");
-        }
-      } while (this.again && !this.stopped);
-    })().finally(() => {
-      this.running = null;
-    });
+    if (!this.stopped) this.passes.request();
   }
 
   /** Resolves once no pass is running (tests). */
   async idle(): Promise<void> {
-    while (this.running !== null) await this.running;
+    await this.passes.idle();
   }
 
   /** Sends a test message to one channel now, logged like any delivery; returns how it went. */
