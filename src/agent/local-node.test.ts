@@ -24,7 +24,9 @@ describe("local node", () => {
   before(async () => {
     modelDir = mkdtempSync(path.join(tmpdir(), "llmgw-agent-models-"));
     modelFile = path.join(modelDir, "tiny.gguf");
-    await writeTinyLlamaGguf({ path: modelFile, seed: 7 });
+    // Endless: the random model may otherwise end a reply early on `<|im_end|>`, and the
+    // answer below must run to max_tokens.
+    await writeTinyLlamaGguf({ path: modelFile, seed: 7, endless: true });
     ({ harness, agent } = await startHarnessWithAgent({
       supervisor: { backoff: { initialMs: 50, maxMs: 200 }, parkAfter: { failures: 3, windowMs: 60_000 }, stopGraceMs: 3000 },
     }));
