@@ -15,6 +15,22 @@ import { startHarness, type Harness } from "../../test/support/server-harness.ts
 import { startReceiver, type Receiver } from "../../test/support/webhook-receiver.ts";
 
 const FAST = { notify: { backoffMs: 50, maxBackoffMs: 200, pollMs: 50 } };
+// For the restart tests: the first server must not retry before it stops, or that attempt
+// (aborted by the stop, or answered and then sent again) would be what the test sees.
+const RETRY_IN_A_MINUTE = { notify: { backoffMs: 60_000, maxBackoffMs: 60_000, pollMs: 50 } };
+/**
+ * Whether the delivery of `kind` failed once and waits for its retry. A row is pending from
+ * its creation, before any attempt, so the state alone does not say the attempt is over.
+ */
+async function failedOnce(harness: Harness, kind: string): Promise<boolean> {
+  const rows: Array<{ kind: string; state: string; attempts: number; last_status: number | null }> = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data;
+  const row = rows.find((d) => d.kind === kind);
+  return row?.state === "pending" && row.attempts === 1 && row.last_status === 500;
+}
+/** The minute passes for the restarted server: pending retries come due now. */
+async function theMinutePasses(harness: Harness): Promise<void> {
+  await harness.server.store.db.updateTable("notify_deliveries").set({ next_attempt_at: new Date().toISOString() }).where("state", "=", "pending").execute();
+}
 const open: Array<{ close(): Promise<void> }> = [];
 after(async () => {
   for (const item of open.reverse()) await item.close().catch(() => undefined);
@@ -205,16 +221,16 @@ test("a 410 disables the channel and cancels what waits; enabling it sends again
 test("deliveries pending at a stop are sent after the restart", async () => {
   const receiver = await startReceiver();
   open.push(receiver);
-  // A long backoff: the retry is due only after the restart.
-  const first = await startHarness({ notify: { notify: { backoffMs: 300, maxBackoffMs: 300, pollMs: 50 } } });
+  const first = await startHarness({ notify: RETRY_IN_A_MINUTE });
   const secret = await addWebhook(first, receiver);
   receiver.answers = [500];
   await first.server.events.record({ kind: "model_parked", subject: "model:m", data: { model: "m" }, message: "parked" });
   await eventually("the first attempt failed", () => receiver.requests.length === 1);
-  await eventually("the failure is recorded", async () => (await first.admin("GET", "/api/v1/notify/ops/log")).body.data[0]?.state === "pending");
+  await eventually("the failure is recorded", async () => failedOnce(first, "model_parked"));
   await first.server.close();
   const second = await startHarness({ dataDir: first.dataDir, adminKey: first.adminKey, notify: FAST });
   open.push(second);
+  await theMinutePasses(second);
   const [hook] = await eventually("delivered after the restart", () => receiver.webhooks().length === 1 && receiver.webhooks());
   receiver.secret = secret;
   assert.equal(hook!.verified, true);
@@ -313,17 +329,18 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
   const receiver = await startReceiver();
   open.push(receiver);
   try {
-    const first = await startHarness({ database, notify: { notify: { backoffMs: 300, maxBackoffMs: 300, pollMs: 50 } } });
+    const first = await startHarness({ database, notify: RETRY_IN_A_MINUTE });
     await addWebhook(first, receiver);
     await first.server.events.record({ kind: "node_lost", subject: "node:pg-1", data: { node: "pg-1" }, message: "lost" });
     await eventually("delivered", () => receiver.webhooks().length === 1);
     receiver.answers = [500];
     await first.server.events.record({ kind: "model_parked", subject: "model:pg", data: { model: "pg" }, message: "parked" });
-    await eventually("the failure is recorded", async () => (await first.admin("GET", "/api/v1/notify/ops/log")).body.data.find((d: { kind: string }) => d.kind === "model_parked")?.state === "pending");
+    await eventually("the failure is recorded", async () => failedOnce(first, "model_parked"));
     // The same data dir: its server.secret opens the channel's sealed URL and secret.
     await first.server.close();
     const second = await startHarness({ database, dataDir: first.dataDir, adminKey: first.adminKey, notify: FAST });
     open.push(second);
+    await theMinutePasses(second);
     const hooks = await eventually("the parked model is delivered after the restart", () => receiver.webhooks().length === 2 && receiver.webhooks());
     assert.deepEqual(hooks.map((hook) => [hook.body.type, hook.verified]), [["node_lost", true], ["model_parked", true]]);
     const log = await eventually("both deliveries are recorded", async () => {
