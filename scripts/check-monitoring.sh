@@ -6,6 +6,8 @@
 # `prometheus-alertmanager` packages first, which carry them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt-install.sh
+. scripts/apt-install.sh
 
 fail() {
   printf '\ncheck-monitoring: FAILED: %s\n' "$1" >&2
@@ -14,16 +16,8 @@ fail() {
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then
   echo "check-monitoring: promtool or amtool is missing; installing Debian's prometheus and prometheus-alertmanager"
-  command -v apt-get >/dev/null 2>&1 || fail "promtool and amtool are needed, and there is no apt-get to install them: install Prometheus and Alertmanager (their promtool and amtool) and run this again"
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || fail "installing promtool and amtool needs root: run this as root, install sudo, or install the prometheus and prometheus-alertmanager packages first"
-    sudo=(sudo)
-  fi
-  ${sudo[@]+"${sudo[@]}"} apt-get update || fail "apt-get update failed (see above)"
   # The packages' services are not wanted, only their tools; a CI container has no init to start them anyway.
-  ${sudo[@]+"${sudo[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus prometheus-alertmanager \
-    || fail "apt-get could not install prometheus and prometheus-alertmanager (see above)"
+  apt_install check-monitoring prometheus prometheus-alertmanager
   command -v promtool >/dev/null 2>&1 || fail "the prometheus package is installed but promtool is not on PATH"
   command -v amtool >/dev/null 2>&1 || fail "the prometheus-alertmanager package is installed but amtool is not on PATH"
 fi

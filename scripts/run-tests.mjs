@@ -87,6 +87,7 @@ const unit = [
   "src/policy/key-guards.test.ts",
   "src/notify/notify.test.ts",
   "src/cli/ctl-notify.test.ts",
+  "src/console/console-sessions.test.ts",
 ];
 
 const endToEnd = [
@@ -103,6 +104,10 @@ const endToEnd = [
   "test/anthropic.e2e.test.ts",
   "test/guards-engine.e2e.test.ts",
   "test/notify.e2e.test.ts",
+  "test/console.e2e.test.ts",
+  "test/console-fleet.e2e.test.ts",
+  "test/console-jobs.e2e.test.ts",
+  "test/console-keys.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

@@ -95,6 +95,9 @@ describe("usage reports", () => {
     assert.equal(byAlias.body.data[0].period, `${raw.at.slice(0, 10)}T00:00:00.000Z`);
     assert.equal(byAlias.body.data[0].model, null, "not grouped by model, so null");
     assert.equal(byAlias.body.data[0].requests, 1);
+    const byMinute = await harness.admin("GET", "/api/v1/usage?model=metered&group_by=minute");
+    assert.equal(byMinute.status, 200, JSON.stringify(byMinute.body));
+    assert.deepEqual(byMinute.body.data.map((row: { period: string; requests: number }) => [row.period, row.requests]), [[`${raw.at.slice(0, 16)}:00.000Z`, 1]], "the request's own minute");
     const earlier = await harness.admin("GET", "/api/v1/usage?from=2020-01-01&to=2020-01-02");
     assert.deepEqual(earlier.body.data, [], "nothing outside the window");
     assert.equal(earlier.body.total.requests, 0);
@@ -104,8 +107,9 @@ describe("usage reports", () => {
 
   test("a bad usage query is a 400 that names the field; a client key may not read usage", async () => {
     const cases: Array<[string, string, RegExp]> = [
-      ["group_by=week", "group_by", /'week' is not one of key, model, hour, day/],
-      ["group_by=hour,day", "group_by", /hour or day, not both/],
+      ["group_by=week", "group_by", /'week' is not one of key, model, minute, hour, day/],
+      ["group_by=hour,day", "group_by", /one of minute, hour or day, not several/],
+      ["group_by=minute&from=2026-11-01", "group_by", /per minute, the span from 'from' to 'to' may be at most 48 hours/],
       ["from=yesterday", "from", /ISO date/],
       ["from=2026-11-30T10:00:00", "from", /with a zone/],
       ["from=2026-11-30&to=2026-11-29", "to", /must be after from/],

@@ -1,6 +1,6 @@
 // `llmgw ctl usage`: what keys and models used, from GET /api/v1/usage (the server's
 // usage aggregates, so it reaches back past the raw rows' retention): requests,
-// errors, tokens, cost and latency per key, model, hour or day, as an aligned table with
+// errors, tokens, cost and latency per key, model, minute, hour or day, as an aligned table with
 // a total line (the API's `total`, whose percentiles are those of all requests), or the
 // API's rows with --json. The key filter is --key-name because
 // --key is ctl's own flag for the admin key (commander gives a parent's flag precedence,
@@ -39,7 +39,7 @@ export function usagePath(options: { by: string; since: string; keyName?: string
  * total, whose percentiles are those of all requests) is the last line.
  */
 export function renderUsage(rows: readonly UsageRowView[], groupBy: readonly string[], total?: UsageRowView): string {
-  const period = groupBy.includes("hour") ? "hour" : groupBy.includes("day") ? "day" : null;
+  const period = groupBy.includes("minute") ? "minute" : groupBy.includes("hour") ? "hour" : groupBy.includes("day") ? "day" : null;
   const dimensions: Array<[string, (row: UsageRowView) => string | null]> = [];
   if (period !== null) dimensions.push([period.toUpperCase(), (row) => (row.period === null ? null : period === "day" ? row.period.slice(0, 10) : `${row.period.slice(0, 10)} ${row.period.slice(11, 16)}`)]);
   if (groupBy.includes("key")) dimensions.push(["KEY", (row) => row.key]);
@@ -69,7 +69,7 @@ export function registerUsageCommand(ctl: Command, { connect, print }: CtlHelper
     "llmgw ctl usage --by hour --key-name ci --json",
   )
     .description("Requests, errors, tokens, cost and latency (p50, p95, time to first token) per key, model, hour or day")
-    .option("--by <groups>", "key, model, hour or day; several comma-separated, e.g. day,model", "model")
+    .option("--by <groups>", "key, model, minute, hour or day; several comma-separated, e.g. day,model (minute: spans up to 48h)", "model")
     .option("--since <when>", "how far back: 7d, 12h, 30m, or an ISO date", "24h")
     .option("--key-name <key>", "only this API key: its name, id or prefix (--key is the admin key)")
     .option("--model <name>", "only this model or alias")

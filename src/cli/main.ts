@@ -27,7 +27,8 @@ const serverOptions = (command: Command) =>
     .option("--update-check <duration>", "how often to check served repositories for newer revisions (default 6h; off: only 'ctl model check-updates')")
     .option("--usage-retention <days>", "days raw usage rows are kept (default 30; 0: forever); per-minute aggregates stay 400 days")
     .option("--public-url <url>", "the address people reach this server at, behind a proxy (or LLMGW_PUBLIC_URL); notifications link to its console")
-    .option("--budget-alert <percent>", "share of a key's budget announced as budget_threshold (default 80)");
+    .option("--budget-alert <percent>", "share of a key's budget announced as budget_threshold (default 80)")
+    .option("--console-session <duration>", "how long a console login lasts before the admin key is asked for again (default 12h)");
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")

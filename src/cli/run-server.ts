@@ -31,6 +31,7 @@ export interface ServerCommandOptions {
   metricsKey?: string;
   publicUrl?: string;
   budgetAlert?: string;
+  consoleSession?: string;
   demo?: boolean;
 }
 
@@ -66,6 +67,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.usageRetention === undefined ? {} : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
+      ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
       logger,
     },
     withAgent,
@@ -77,6 +79,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
 
   const out = process.stdout;
   out.write(`llmgw ${mode} listening on ${server.url}  (OpenAI-compatible API: ${server.url}/v1)\n`);
+  out.write(`console: ${server.url}/  (log in with the admin key)\n`);
   out.write(`data dir: ${dataDir}\n`);
   if (server.createdAdminKey !== null) {
     out.write(`\nAdmin key (shown once; also saved to ${path.join(dataDir, ADMIN_KEY_FILE)}, mode 0600):\n  ${server.createdAdminKey}\n\n`);

@@ -197,8 +197,12 @@ export class Gateway {
     }
   }
 
-  /** Node request listener for every path under /v1. */
-  handle = (req: IncomingMessage, res: ServerResponse): void => {
+  /**
+   * Node request listener for every path under /v1. `principal` is given when the caller
+   * has already authenticated the request another way (the console's playground, by its
+   * session); otherwise the key in the request is checked here.
+   */
+  handle = (req: IncomingMessage, res: ServerResponse, principal?: Principal): void => {
     const call: Call = {
       started: performance.now(),
       endpoint: pathOf(req.url),
@@ -213,10 +217,10 @@ export class Gateway {
       permit: null,
       guardMs: null,
     };
-    this.serve(req, res, call).catch((error: unknown) => this.fail(req, res, error, call));
+    this.serve(req, res, call, principal).catch((error: unknown) => this.fail(req, res, error, call));
   };
 
-  private async serve(req: IncomingMessage, res: ServerResponse, call: Call): Promise<void> {
+  private async serve(req: IncomingMessage, res: ServerResponse, call: Call, authenticated: Principal | undefined): Promise<void> {
     const pathname = call.endpoint;
     const route = PROXY_ROUTES.get(pathname);
     if (pathname === "/v1/models" && req.method === "GET") {
@@ -229,7 +233,7 @@ export class Gateway {
       throw new NotFoundError(`Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages.`, { code: "unknown_endpoint" });
     }
     if (req.method !== "POST") throw methodNotAllowed(req.method ?? "GET", pathname, "POST");
-    call.principal = await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization));
+    call.principal = authenticated ?? (await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization)));
     const raw = await readLimitedBody(req, { maxBytes: this.maxBodyBytes, timeoutMs: this.bodyTimeoutMs, tooLargeHint: "Send a smaller request, or ask the operator to raise --max-body." });
     const json = parseJsonBody(raw.toString("utf8"));
     const body = parseWith(route.schema, route.wire === undefined ? json : route.wire.toUpstream(json), "request");

@@ -226,7 +226,14 @@ export class KeyService {
     if (presented === undefined || presented === "") {
       throw new AuthenticationError("No API key given. Send it as 'Authorization: Bearer <key>'.", { code: "missing_api_key" });
     }
-    const hash = hashKey(presented);
+    return this.verifyHash(hashKey(presented));
+  }
+
+  /**
+   * verify() for a key known by its hash: a console session keeps the hash of the key that
+   * logged in (never the key), so the session ends when that key is revoked or expires.
+   */
+  async verifyHash(hash: string): Promise<Principal> {
     const now = this.clock();
     const cached = this.cache.get(hash);
     let principal: Principal;
@@ -268,11 +275,12 @@ export class KeyService {
 
   /** verify(), then require the admin role. */
   async verifyAdmin(presented: string | undefined): Promise<Principal> {
-    const principal = await this.verify(presented);
-    if (principal.role !== "admin") {
-      throw new PermissionDeniedError(`The key '${principal.name}' is a client key; the admin API needs an admin key.`, { code: "admin_required" });
-    }
-    return principal;
+    return requireAdmin(await this.verify(presented));
+  }
+
+  /** verifyHash(), then require the admin role. */
+  async verifyAdminHash(hash: string): Promise<Principal> {
+    return requireAdmin(await this.verifyHash(hash));
   }
 
   /** Active (not revoked, not expired) keys that name guards: what the catalog keeps guards for. */
@@ -322,6 +330,13 @@ async function countActiveAdminKeys(trx: Tx, now: string): Promise<number> {
     .where((eb) => eb.or([eb("expires_at", "is", null), eb("expires_at", ">", now)]))
     .executeTakeFirstOrThrow();
   return Number(count);
+}
+
+function requireAdmin(principal: Principal): Principal {
+  if (principal.role !== "admin") {
+    throw new PermissionDeniedError(`The key '${principal.name}' is a client key; the admin API needs an admin key.`, { code: "admin_required" });
+  }
+  return principal;
 }
 
 export function hashKey(key: string): string {

@@ -21,6 +21,8 @@ import type { AuditTrail } from "../store/audit.ts";
 import { mountUsageRoutes, type UsageRoutesOptions } from "../usage/usage-routes.ts";
 import type { StorageFaultState } from "../store/storage-fault.ts";
 import { mountEventsRoutes, type EventsRoutesOptions } from "../events/events-routes.ts";
+import { mountConsoleRoutes, sessionPrincipal } from "../console/console-routes.ts";
+import type { ConsoleSessions } from "../console/console-sessions.ts";
 import { mountNotifyRoutes, type NotifyRoutesOptions } from "../notify/notify-routes.ts";
 
 /** What /readyz answers: 200 when ready, else 503 with the reason. */
@@ -56,6 +58,8 @@ export interface AdminApiOptions {
   events?: EventsRoutesOptions;
   /** Notification channels, tests and delivery logs (/api/v1/notify). */
   notify?: Omit<NotifyRoutesOptions, "jsonBody" | "actor">;
+  /** Console logins (the page at / and the session cookie the admin API also takes). */
+  sessions?: ConsoleSessions;
   /** Whether the server is ready to take traffic (started, and its store takes writes). */
   readiness?: () => Promise<Readiness>;
   /** Every action of every domain, for GET /api/v1/audit; records unparks. */
@@ -103,8 +107,17 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     return c.json(readiness, readiness.status === "ready" ? 200 : 503);
   });
 
+  // Before the auth step below: the page and logging in need no key or session.
+  if (options.sessions !== undefined) mountConsoleRoutes(app, { sessions: options.sessions, jsonBody });
+
   app.use("/api/v1/*", async (c, next) => {
-    c.set("principal", await keys.verifyAdmin(bearerToken(c.req.header("authorization"))));
+    const bearer = bearerToken(c.req.header("authorization"));
+    // A key in the header wins (ctl); without one, the console's session cookie.
+    const fromSession =
+      bearer === undefined && options.sessions !== undefined
+        ? await sessionPrincipal(options.sessions, c.req.header("cookie"), c.req.method, c.req.header("sec-fetch-site"))
+        : null;
+    c.set("principal", fromSession ?? (await keys.verifyAdmin(bearer)));
     await next();
   });
 

@@ -57,6 +57,8 @@ import { jobEvent } from "../serve/job-events.ts";
 import { BudgetAlerts } from "../policy/budget-alerts.ts";
 import { ChannelStore } from "../notify/channels.ts";
 import { Notifier, type NOTIFY_DEFAULTS } from "../notify/notifier.ts";
+import { ConsoleSessions } from "../console/console-sessions.ts";
+import { createPlaygroundHandler, PLAYGROUND_CHAT_PATH } from "../console/playground-route.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -105,6 +107,8 @@ export interface ServerConfig {
   budgetAlertShare?: number;
   /** How often budgets' spend is read for budget events (default 5 s). */
   budgetCheckIntervalMs?: number;
+  /** How long a console login lasts (default 12 h). */
+  consoleSessionTtlMs?: number;
   /** Notification timings (tests shorten the backoff). */
   notify?: Partial<typeof NOTIFY_DEFAULTS>;
   logger: Logger;
@@ -318,7 +322,10 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     return { status: "ready", usage_rows_dropped: usageRowsDropped };
   };
   const bodyLimits: BodyLimits = { ...JSON_API_BODY_LIMITS, timeoutMs: config.bodyTimeoutMs ?? JSON_API_BODY_LIMITS.timeoutMs };
+  const audit = auditTrail(store);
+  const sessions = new ConsoleSessions({ store, keys, audit, ...(config.consoleSessionTtlMs === undefined ? {} : { ttlMs: config.consoleSessionTtlMs }) });
   const adminApi = createAdminApi({
+    sessions,
     catalog,
     keys,
     limits,
@@ -326,7 +333,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     version: LLMGW_VERSION,
     readiness,
-    audit: auditTrail(store),
+    audit,
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     serve: { jobs, updates },
     usage: { store },
@@ -346,6 +353,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     },
     logger,
   });
+  const playground = createPlaygroundHandler({ sessions, keys, gateway });
   const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
   const agentListener = getRequestListener(createAgentApi({ fleet, logger, bodyLimits }).fetch);
 
@@ -363,6 +371,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
+    else if (url === PLAYGROUND_CHAT_PATH) void playground(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
     else if (isMetricsRequest(url)) metricsListener(req, res);
     else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);

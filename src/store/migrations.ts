@@ -339,6 +339,21 @@ const migrations: Record<string, MigrationFactory> = {
       await sql`insert into notify_cursor (id, last_event_id) select 1, coalesce(max(id), 0) from events`.execute(db);
     },
   }),
+  "0011_console_sessions": () => ({
+    async up(db: Kysely<unknown>) {
+      // id is the sha256 of the session token in the browser's cookie, key_hash that of the
+      // admin key that logged in: neither secret is stored.
+      await db.schema
+        .createTable("console_sessions")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("key_hash", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("expires_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("console_sessions_expiry").on("console_sessions").column("expires_at").execute();
+    },
+  }),
 };
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */

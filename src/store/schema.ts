@@ -304,6 +304,15 @@ export interface ModelUpdatesTable {
   error: string | null;
 }
 
+/** A console login: the browser holds the token, the store its sha256 (id) and the key's hash. */
+export interface ConsoleSessionsTable {
+  id: string;
+  key_id: string;
+  key_hash: string;
+  created_at: string;
+  expires_at: string;
+}
+
 export interface Database {
   models: ModelsTable;
   model_aliases: ModelAliasesTable;
@@ -321,6 +330,7 @@ export interface Database {
   notify_channels: NotifyChannelsTable;
   notify_deliveries: NotifyDeliveriesTable;
   notify_cursor: NotifyCursorTable;
+  console_sessions: ConsoleSessionsTable;
   jobs: JobsTable;
   model_updates: ModelUpdatesTable;
   key_budgets: KeyBudgetsTable;

@@ -87,6 +87,24 @@ testBothStores("a flush adds raw rows and per-minute aggregates; a second flush 
   assert.deepEqual({ key: tiny.key, model: tiny.model, period: tiny.period }, { key: null, model: null, period: null }, "fields not grouped by are null");
 });
 
+testBothStores("per minute, whole hours are read from the minutes too", async (store) => {
+  const usage = new UsageRecorder({ store });
+  usage.record(row({ at: "2026-11-30T09:59:30.000Z" }));
+  usage.record(row({ at: "2026-11-30T10:05:10.000Z" }));
+  usage.record(row({ at: "2026-11-30T10:05:50.000Z", key_id: "key-b" }));
+  usage.record(row({ at: "2026-11-30T11:30:00.000Z", status: 500 }));
+  await usage.close();
+  const byMinute = (await queryUsage(store, everything(["minute"], { from: "2026-11-30T09:00:00Z", to: "2026-11-30T12:00:00Z" }), keyName)).rows;
+  assert.deepEqual(
+    byMinute.map((r) => [r.period, r.requests, r.errors]),
+    [
+      ["2026-11-30T09:59:00.000Z", 1, 0],
+      ["2026-11-30T10:05:00.000Z", 2, 0],
+      ["2026-11-30T11:30:00.000Z", 1, 1],
+    ],
+  );
+});
+
 testBothStores("the report groups by key, model, hour and day, sorted by period then key and model", async (store) => {
   const usage = new UsageRecorder({ store });
   usage.record(row({ at: "2026-11-29T23:30:00.000Z", key_id: "key-b", model: "tiny" }));

@@ -19,7 +19,7 @@ import type { Store } from "../store/store.ts";
 import { AGGREGATE_TABLES, type Aggregate, type Granularity } from "./usage-aggregates.ts";
 import { mergeInto, parseHistogram, percentile, type Histogram } from "./latency-histogram.ts";
 
-export const USAGE_GROUPS = ["key", "model", "hour", "day"] as const;
+export const USAGE_GROUPS = ["key", "model", "minute", "hour", "day"] as const;
 export type UsageGroup = (typeof USAGE_GROUPS)[number];
 
 export interface UsageQuery {
@@ -89,7 +89,13 @@ export async function queryUsage(store: Store, query: UsageQuery, keyName: (keyI
   const add = (aggregate: Aggregate) => {
     const key = by.has("key") ? (aggregate.key_id === "" ? null : keyName(aggregate.key_id)) : null;
     const model = by.has("model") ? aggregate.model : null;
-    const period = by.has("hour") ? `${aggregate.start.slice(0, 13)}:00:00.000Z` : by.has("day") ? `${aggregate.start.slice(0, 10)}T00:00:00.000Z` : null;
+    const period = by.has("minute")
+      ? `${aggregate.start.slice(0, 16)}:00.000Z`
+      : by.has("hour")
+        ? `${aggregate.start.slice(0, 13)}:00:00.000Z`
+        : by.has("day")
+          ? `${aggregate.start.slice(0, 10)}T00:00:00.000Z`
+          : null;
     const id = JSON.stringify([period, key, model]);
     let group = groups.get(id);
     if (group === undefined) {
@@ -99,7 +105,9 @@ export async function queryUsage(store: Store, query: UsageQuery, keyName: (keyI
     addInto(group, aggregate);
   };
   if (query.keyIds === null || query.keyIds.length > 0) {
-    for (const part of readPlan(Date.parse(query.from), Date.parse(query.to))) {
+    // Minutes can only come from the per-minute table (the route bounds such a span to two days).
+    const plan = by.has("minute") ? [{ granularity: "minute" as const, from: Date.parse(query.from), to: Date.parse(query.to) }] : readPlan(Date.parse(query.from), Date.parse(query.to));
+    for (const part of plan) {
       await readPaged(store, query, part, add);
     }
   }

@@ -1,5 +1,5 @@
 // GET /api/v1/usage, mounted by the admin API behind its admin-key middleware:
-// `?from=&to=&key=&model=&group_by=key,model,hour|day` → {"data": [UsageReportRow],
+// `?from=&to=&key=&model=&group_by=key,model,minute|hour|day` → {"data": [UsageReportRow],
 // "total": UsageReportRow} (the total of all rows, with the percentiles of all requests).
 // The handler checks the query (a 400 names the field), resolves the key to its ids (by
 // id, shown prefix or name: every key of that name) and an alias to its model, and hands
@@ -22,6 +22,7 @@ export interface UsageRoutesOptions {
 }
 
 const DEFAULT_SPAN_MS = 24 * 3_600_000;
+const MAX_MINUTE_SPAN_MS = 48 * 3_600_000;
 
 /** A date (UTC midnight) or a date-time with Z or an offset: a time without a zone would depend on the server's. */
 const ISO_TIME = /^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2}))?$/;
@@ -50,8 +51,8 @@ const usageQuerySchema = z.strictObject({
         ctx.addIssue({ code: "custom", message: "names a group twice" });
         return z.NEVER;
       }
-      if (groups.includes("hour") && groups.includes("day")) {
-        ctx.addIssue({ code: "custom", message: "takes hour or day, not both" });
+      if (groups.filter((group) => group === "minute" || group === "hour" || group === "day").length > 1) {
+        ctx.addIssue({ code: "custom", message: "takes one of minute, hour or day, not several" });
         return z.NEVER;
       }
       return groups as UsageGroup[];
@@ -66,6 +67,10 @@ export function mountUsageRoutes(app: Hono<Env>, options: UsageRoutesOptions): v
     const from = parsed.from === undefined ? to - DEFAULT_SPAN_MS : Date.parse(parsed.from);
     if (from >= to) {
       throw new BadRequestError(`Invalid usage query: field 'to': must be after from (${new Date(from).toISOString()}); got ${new Date(to).toISOString()}.`, { code: "invalid_field", param: "to" });
+    }
+    // Per minute, a report has a row for each minute and group: two days is 2,880 minutes already.
+    if (parsed.group_by.includes("minute") && to - from > MAX_MINUTE_SPAN_MS) {
+      throw new BadRequestError("Invalid usage query: field 'group_by': per minute, the span from 'from' to 'to' may be at most 48 hours; group by hour or day for longer spans.", { code: "invalid_field", param: "group_by" });
     }
     const keys = await options.keys.list();
     let keyIds: string[] | null = null;

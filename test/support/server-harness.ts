@@ -59,6 +59,8 @@ export interface HarnessOptions {
   metrics?: Pick<ServerConfig, "metricsKey" | "budgetSpent">;
   /** Events and notifications: backoff, budget alert share and check interval, the console's address. */
   notify?: Pick<ServerConfig, "notify" | "budgetAlertShare" | "budgetCheckIntervalMs" | "publicUrl">;
+  /** How long a console login lasts. */
+  consoleSessionTtlMs?: number;
 }
 
 export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
@@ -89,6 +91,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
       ...options.metrics,
       ...options.notify,
+      ...(options.consoleSessionTtlMs === undefined ? {} : { consoleSessionTtlMs: options.consoleSessionTtlMs }),
     },
     options.withAgent,
   );

@@ -15,8 +15,8 @@ after(() => {
   for (const child of started) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
 });
 
-export async function startUp(dataDir: string, port: number): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
-  const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`], {
+export async function startUp(dataDir: string, port: number, extraArgs: string[] = []): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
+  const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`, ...extraArgs], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, LLMGW_LOG_LEVEL: "warn" },
   });
