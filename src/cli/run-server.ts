@@ -88,7 +88,8 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     out.write(
       `Demo model '${DEMO_MODEL_NAME}' is starting. Try:\n` +
         `  curl ${server.url}/v1/chat/completions -H "Authorization: Bearer $(cat ${path.join(dataDir, ADMIN_KEY_FILE)})" \\\n` +
-        `    -H 'content-type: application/json' -d '{"model":"${DEMO_MODEL_NAME}","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'\n`,
+        `    -H 'content-type: application/json' -d '{"model":"${DEMO_MODEL_NAME}","messages":[{"role":"user","content":"Hello"}],"max_tokens":16}'\n` +
+        `Or open ${server.url}/ in a browser, log in with the admin key and chat in the Playground.\n`,
     );
   }
   announceReadyModels(server, out);

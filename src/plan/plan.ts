@@ -104,7 +104,12 @@ export interface PlanOption {
   hostsNow: number;
   fits: boolean;
   why?: string;
+  /** The placement in words ("CPU", "2× H100 (TP 2)"), as `llmgw ctl plan` prints it; for the console's table. */
+  where: string;
 }
+
+/** An option as the builders below make it; planModel adds the words for its placement. */
+type OptionShape = Omit<PlanOption, "where">;
 
 export interface ModelPlan {
   contextSize: number;
@@ -168,12 +173,12 @@ function cpuOffersText(node: PoolNode): string {
   return `${formatBytes(cpuOffer(node))} (${formatBytes(node.memoryBytes)} less a ${formatBytes(cpuReserveBytes(node.memoryBytes))} reserve)`;
 }
 
-function cpuOption(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: PoolNode[]): PlanOption {
+function cpuOption(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: PoolNode[]): OptionShape {
   const needed = memory.totalBytes;
   const best = [...nodes].sort((a, b) => cpuOffer(b) - cpuOffer(a))[0];
   const available = best ? cpuOffer(best) : 0;
   const fits = best !== undefined && needed <= available && artifact.unsupportedReason === undefined;
-  const option: PlanOption = {
+  const option: OptionShape = {
     artifact: refOf(artifact),
     placement: { kind: "cpu" },
     engine: "llamacpp",
@@ -189,7 +194,7 @@ function cpuOption(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: Po
   return option;
 }
 
-function llamaGpuOptions(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: PoolNode[]): PlanOption[] {
+function llamaGpuOptions(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: PoolNode[]): OptionShape[] {
   const eligible = nodes.filter((node) => node.gpus.length > 0 && (node.engines === undefined || node.engines.llamacpp?.gpu === true));
   return gpuClasses(eligible).map((gpuClass) => {
     const withClass = eligible.filter((node) => gpusOfClass(node, gpuClass) > 0);
@@ -204,7 +209,7 @@ function llamaGpuOptions(artifact: PlanArtifact, memory: GgufMemoryEstimate, nod
     const needed = llamaCppPerGpuBytes(memory, gpus);
     const available = Math.max(...withClass.map((node) => nodeGpuOffer(node, gpuClass, gpus, llamaGpuOffer, false)));
     const fits = fitsSomewhere && artifact.unsupportedReason === undefined;
-    const option: PlanOption = {
+    const option: OptionShape = {
       artifact: refOf(artifact),
       placement: { kind: "gpu", gpuClass, gpusPerNode: gpus, nodes: 1 },
       engine: "llamacpp",
@@ -222,7 +227,7 @@ function llamaGpuOptions(artifact: PlanArtifact, memory: GgufMemoryEstimate, nod
   });
 }
 
-function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, nodes: PoolNode[]): PlanOption[] {
+function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, nodes: PoolNode[]): OptionShape[] {
   const eligible = nodes.filter((node) => node.gpus.length > 0 && (node.engines === undefined || node.engines.vllm !== undefined));
   const classes = gpuClasses(eligible);
   if (classes.length === 0) {
@@ -271,11 +276,11 @@ function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, 
         hostsNow: 0,
         fits: false,
         why: `no tensor-parallel size up to ${maxCount} divides the model's ${memory.shape.attentionHeads} attention heads`,
-      } satisfies PlanOption;
+      } satisfies OptionShape;
     }
     const fits = fitting !== undefined && artifact.unsupportedReason === undefined;
     const readyNodes = withClass.filter((node) => nodeGpuOffer(node, gpuClass, shown.tp, vllmGpuOffer, true) >= shown.needed).length;
-    const option: PlanOption = {
+    const option: OptionShape = {
       artifact: refOf(artifact),
       placement: { kind: "gpu", gpuClass, gpusPerNode: shown.tp, nodes: shown.pp },
       engine: "vllm",
@@ -348,15 +353,16 @@ function offerText(node: PoolNode): string {
 export function planModel(input: { artifacts: PlanArtifact[]; contextSize: number; pool: Pool }): ModelPlan {
   const { contextSize, pool } = input;
   const artifacts = [...input.artifacts].sort((a, b) => b.qualityRank - a.qualityRank);
-  const options: PlanOption[] = [];
+  const shapes: OptionShape[] = [];
   for (const artifact of artifacts) {
     const memory = artifact.memory;
     if (memory.engine === "llamacpp") {
-      options.push(cpuOption(artifact, memory, pool.nodes), ...llamaGpuOptions(artifact, memory, pool.nodes));
+      shapes.push(cpuOption(artifact, memory, pool.nodes), ...llamaGpuOptions(artifact, memory, pool.nodes));
     } else {
-      options.push(...vllmOptions(artifact, memory, pool.nodes));
+      shapes.push(...vllmOptions(artifact, memory, pool.nodes));
     }
   }
+  const options: PlanOption[] = shapes.map((option) => ({ ...option, where: describePlacement(option) }));
 
   const recommendation = options.filter((option) => option.fits).sort(compareOptions)[0] ?? null;
   let explanation: string;

@@ -133,17 +133,6 @@ export function ServeForm({ onStarted }) {
   </section>`;
 }
 
-/** "CPU", "1× H200", "2 nodes × 4× H100 (TP 4, PP 2)": the placement as plan/render.ts words it. */
-function describePlacement(option) {
-  const placement = option.placement;
-  if (placement.kind === "cpu") return "CPU";
-  if (placement.gpuClass === "none") return "GPU (none)";
-  const gpus = `${placement.gpusPerNode}× ${placement.gpuClass}`;
-  if (placement.nodes > 1) return `${placement.nodes} nodes × ${gpus} (TP ${placement.gpusPerNode}, PP ${placement.nodes})`;
-  if (placement.gpusPerNode === 1) return gpus;
-  return option.engine === "vllm" ? `${gpus} (TP ${placement.gpusPerNode})` : `${gpus} (layer split)`;
-}
-
 const sameArtifact = (a, b) => a.id === b.id && a.format === b.format && a.bytes === b.bytes;
 
 /**
@@ -191,13 +180,13 @@ function PlanView({ repository, nodes, quant }) {
         </thead>
         <tbody>
           ${plan.options.map((option) => {
-            const recommended = plan.recommendation !== null && sameArtifact(option.artifact, plan.recommendation.artifact) && describePlacement(option) === describePlacement(plan.recommendation) && option.engine === plan.recommendation.engine;
+            const recommended = plan.recommendation !== null && sameArtifact(option.artifact, plan.recommendation.artifact) && option.where === plan.recommendation.where && option.engine === plan.recommendation.engine;
             const unit = option.per === "gpu" ? "/GPU" : "/node";
             return html`<tr class=${recommended ? "plan-recommended" : ""}>
               <td>${option.artifact.label} <span class="muted">(${option.artifact.format}, ${formatBytes(option.artifact.bytes)})</span>${recommended ? html` <span class="badge badge-good">Recommended</span>` : null}</td>
               <td class="mono plan-files">${filesOf(option.artifact).join(", ")}</td>
               <td>${option.engine === "vllm" ? "vLLM" : "llama.cpp"}</td>
-              <td>${describePlacement(option)}</td>
+              <td>${option.where}</td>
               <td class="num">${formatBytes(option.neededBytes)}${unit}</td>
               <td class="num">${option.placement.kind === "gpu" && option.placement.gpuClass === "none" ? "none" : `${formatBytes(option.availableBytes)}${unit}`}</td>
               <td class="num">${option.hostsNow}</td>
