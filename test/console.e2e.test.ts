@@ -70,6 +70,8 @@ describe("the console, as a newcomer uses it", () => {
     await demoReady();
     await goTo(page, "Playground");
     await page.getByLabel("Model").selectOption("demo");
+    // Greedy decoding: a sampled answer of the random demo model may end at its first token.
+    await page.getByLabel("Temperature").fill("0");
     // What a user types is shown as text, never run or parsed as markup.
     const typed = `<img src=x onerror="globalThis.injected=1">Hello`;
     await page.getByLabel("Message").fill(typed);
@@ -108,6 +110,19 @@ describe("the console, as a newcomer uses it", () => {
     await page.getByRole("status").filter({ hasText: "finished: stopped" }).waitFor();
     await log.getByText("(stopped)").waitFor();
     assert.equal(await page.getByRole("button", { name: "Send" }).isDisabled(), true, "Send waits for a new message");
+
+    // Clear while an answer streams: nothing of it stays behind, and the next message goes through.
+    await page.getByLabel("Message").fill("Hello");
+    await page.getByRole("button", { name: "Send" }).click();
+    await eventually("the first tokens of the answer to clear", async () => (await log.locator(".msg-assistant .text").last().innerText()).length > 0);
+    await page.getByRole("button", { name: "Clear" }).click();
+    await eventually("the conversation to be empty", async () => (await log.locator(".msg").count()) === 0);
+    await page.getByLabel("Max tokens").fill("8");
+    await page.getByLabel("Message").fill("Hi");
+    await page.getByRole("button", { name: "Send" }).click();
+    await page.getByRole("status").filter({ hasText: "finished: length" }).waitFor({ timeout: 60_000 });
+    assert.deepEqual(await log.locator(".msg .who").allInnerTexts(), ["You:", "demo:"], "one question, one answer");
+    assert.equal(await page.getByRole("alert").count(), 0, "no error");
     await screenshot(page, "playground");
     await assertAccessible(page, "the Playground after a chat");
     assertNoPageErrors(consolePage);
@@ -121,8 +136,8 @@ describe("the console, as a newcomer uses it", () => {
       await logIn(page, up.adminKey);
       for (const name of PAGES) {
         await goTo(page, name);
-        // Let the page's first load land before it is judged.
-        await page.waitForLoadState("networkidle").catch(() => undefined);
+        // The page is judged once its first load has landed, not while it says "Loading…".
+        await eventually(`${name} to load`, async () => (await page.getByRole("status").filter({ hasText: /^Loading/ }).count()) === 0);
         await assertAccessible(page, `${name} at ${viewport.name} width`);
         const overflow = await page.evaluate(() => {
           const w = globalThis as unknown as { document: { documentElement: { scrollWidth: number } }; innerWidth: number };
@@ -150,7 +165,7 @@ describe("the console, as a newcomer uses it", () => {
     });
   }
 
-  test("a lost connection is shown and recovers by itself; logging out ends the session", { timeout: 120_000 }, async () => {
+  test("a lost connection is shown and recovers by itself; a session ended elsewhere returns to the login form; logging out ends the session", { timeout: 120_000 }, async () => {
     const consolePage = await openConsole(browser, up.url);
     const { page, context } = consolePage;
     await logIn(page, up.adminKey);
@@ -163,6 +178,24 @@ describe("the console, as a newcomer uses it", () => {
     await banner.waitFor({ state: "detached", timeout: 20_000 });
     // What Chromium logged while this test held it offline is the test's doing, not the page's.
     consolePage.errors.splice(0, consolePage.errors.length, ...consolePage.errors.filter((error) => !error.includes("ERR_INTERNET_DISCONNECTED")));
+
+    // A session ended elsewhere (another tab logged out, the key revoked) sends the page back to the login form.
+    const endOutside = async () => {
+      const current = (await context.cookies()).find((candidate) => candidate.name === "llmgw_session")!;
+      const ended = await fetch(`${up.url}/api/v1/session`, { method: "DELETE", headers: { cookie: `llmgw_session=${current.value}` } });
+      assert.equal(ended.status, 200);
+    };
+    await endOutside();
+    await page.getByRole("status").filter({ hasText: "Your console session has ended" }).waitFor({ timeout: 20_000 });
+    await logIn(page, up.adminKey);
+    // The Playground reads nothing by itself: its next Send finds the session over.
+    await goTo(page, "Playground");
+    await page.getByLabel("Model").selectOption("demo");
+    await endOutside();
+    await page.getByLabel("Message").fill("Hello");
+    await page.getByRole("button", { name: "Send" }).click();
+    await page.getByRole("status").filter({ hasText: "Your console session has ended" }).waitFor({ timeout: 20_000 });
+    await logIn(page, up.adminKey);
 
     const cookie = (await context.cookies()).find((candidate) => candidate.name === "llmgw_session")!;
     await page.getByRole("button", { name: "Log out" }).click();

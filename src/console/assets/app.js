@@ -27,7 +27,18 @@ const PAGES = [
 
 /** #/jobs/abc → { page: "jobs", rest: ["abc"] }; anything unknown is the Models page. */
 function readRoute() {
-  const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+  const parts = location.hash
+    .replace(/^#\/?/, "")
+    .split("/")
+    .filter(Boolean)
+    .map((part) => {
+      // A mistyped address (a broken %-escape) is taken as written rather than blanking the console.
+      try {
+        return decodeURIComponent(part);
+      } catch {
+        return part;
+      }
+    });
   const page = PAGES.find((candidate) => candidate.path === parts[0]) ?? PAGES[0];
   return { page, rest: parts.slice(1) };
 }
@@ -84,8 +95,12 @@ function Shell({ session, onLogout }) {
   const route = useRoute();
   const main = useRef(null);
   const { page } = route;
+  const firstPage = useRef(true);
   useEffect(() => {
     document.title = `${page.title} · llmgw console`;
+    // After a move to another page, focus goes to its content, so a screen reader announces it.
+    if (firstPage.current) firstPage.current = false;
+    else main.current?.focus();
   }, [page]);
   const logout = async () => {
     try {

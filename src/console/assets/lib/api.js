@@ -37,6 +37,11 @@ export function whenSessionEnds(callback) {
   sessionEnded = callback;
 }
 
+/** For a request made without api() (the Playground's stream) that found the session over. */
+export function endSession(message) {
+  sessionEnded(message);
+}
+
 /**
  * GET (no body) or another method with a JSON body. Resolves to the parsed answer; throws
  * ApiError (status 0 when the server could not be reached) or the AbortError of `signal`.

@@ -73,7 +73,8 @@ export function StateBadge({ state }) {
 
 /** An error from the API (or anything thrown), in words, announced to screen readers. */
 export function ErrorNote({ error, prefix }) {
-  if (!error) return null;
+  // An unreachable server is announced once, by the connection banner, not by every part of the page.
+  if (!error || error.code === "unreachable") return null;
   const message = error.message ?? String(error);
   return html`<p class="error" role="alert">${prefix ? `${prefix}: ` : ""}${message}</p>`;
 }
@@ -115,7 +116,7 @@ export function ConfirmDialog({ open, title, message, confirmLabel, onConfirm, o
     <p>${message}</p>
     <div class="actions">
       <button type="button" class=${danger ? "danger" : ""} onClick=${onConfirm}>${confirmLabel}</button>
-      <button type="button" class="secondary" onClick=${onCancel}>Cancel</button>
+      <button type="button" class="secondary" onClick=${onCancel} autofocus=${danger}>Cancel</button>
     </div>
   </dialog>`;
 }
@@ -123,12 +124,4 @@ export function ConfirmDialog({ open, title, message, confirmLabel, onConfirm, o
 /** Shown while a page's first load is on its way. */
 export function Loading({ what }) {
   return html`<p class="muted" role="status">Loading ${what}…</p>`;
-}
-
-/**
- * A table (or anything wide) that scrolls sideways on a narrow screen. It can take focus,
- * so keyboard users can scroll it too, and is named for screen readers.
- */
-export function Scroller({ label, children }) {
-  return html`<div class="table-wrap" role="region" aria-label=${label} tabindex="0">${children}</div>`;
 }

@@ -78,7 +78,7 @@ function JobList({ selected }) {
       ? jobs.error ? null : html`<${Loading} what="jobs" />`
       : list.length === 0
         ? html`<p class="panel">No jobs yet. Serve a model with the form above, or run <code>llmgw ctl model serve OWNER/NAME</code>.</p>`
-        : html`<div class="table-wrap">
+        : html`<div class="table-wrap" tabindex="0" role="region" aria-label="Jobs">
             <table class="jobs-table">
               <caption class="visually-hidden">Serve and update jobs, newest first</caption>
               <thead>

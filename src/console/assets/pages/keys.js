@@ -94,7 +94,7 @@ function RateCell({ keyInfo, usage }) {
 
 function KeyTable({ keys, usage, onRevoke }) {
   if (keys.length === 0) return html`<p class="muted">No keys yet.</p>`;
-  return html`<div class="table-wrap">
+  return html`<div class="table-wrap" tabindex="0" role="region" aria-label="API keys">
     <table class="keys-table">
       <caption class="visually-hidden">API keys, oldest first</caption>
       <thead>

@@ -4,10 +4,13 @@
 // in (its usage, limits and guards apply). Shows time to first token and tokens per second,
 // and a Stop button cuts the answer off.
 import { html, useEffect, useRef, useState } from "../vendor/preact-htm.js";
-import { api } from "../lib/api.js";
+import { api, endSession } from "../lib/api.js";
 import { ErrorNote, formatNumber } from "../lib/ui.js";
 
 const CHAT_PATH = "/api/v1/playground/chat/completions";
+/** The reason a Clear aborts an answer with: nothing of it is shown afterwards. */
+const CLEARED = "cleared";
+let nextAnswerId = 0;
 
 /** Reads a server-sent-events body and calls `onData` with each event's JSON ("[DONE]" ends it). */
 async function readEventStream(body, onData) {
@@ -105,7 +108,8 @@ export function PlaygroundPage() {
     const content = text.trim();
     if (content === "" || model === "" || streaming) return;
     const history = [...conversation.map(({ role, content: said }) => ({ role, content: said })), { role: "user", content }];
-    const answer = { role: "assistant", content: "", model };
+    // Updates go to this answer by its id: a Clear while it streams leaves nothing to update.
+    const answer = { id: (nextAnswerId += 1), role: "assistant", content: "", model };
     setConversation([...history, answer]);
     setText("");
     setError(null);
@@ -118,8 +122,9 @@ export function PlaygroundPage() {
     let tokens = 0;
     let reportedTokens = null;
     let finishReason = null;
-    const update = (changes) => setConversation((current) => [...current.slice(0, -1), { ...current[current.length - 1], ...changes }]);
+    const update = (changes) => setConversation((current) => current.map((message) => (message.id === answer.id ? { ...message, ...changes } : message)));
     const finish = (stopped) => {
+      if (aborter.signal.reason === CLEARED) return;
       const endedAt = performance.now();
       const counted = reportedTokens ?? tokens;
       const summary = describeStats({ ttftMs: firstTokenAt === null ? null : firstTokenAt - sentAt, tokens: counted, generationMs: firstTokenAt === null ? 0 : endedAt - firstTokenAt, finishReason: stopped ? "stopped" : finishReason });
@@ -141,6 +146,11 @@ export function PlaygroundPage() {
         }),
         signal: aborter.signal,
       });
+      if (response.status === 401) {
+        // The session ended elsewhere (logout in another tab, the key revoked): back to the login form.
+        endSession((await refusal(response)).message);
+        return;
+      }
       if (!response.ok || response.body === null) throw await refusal(response);
       let said = "";
       await readEventStream(response.body, (chunk) => {
@@ -158,12 +168,13 @@ export function PlaygroundPage() {
       });
       finish(false);
     } catch (failure) {
-      if (failure?.name === "AbortError") {
+      // Stop and Clear abort the request: the fetch or the read rejects with the abort's reason.
+      if (aborter.signal.aborted) {
         finish(true);
       } else {
         setError(failure);
         // A request that never got an answer leaves no empty bubble behind.
-        setConversation((current) => (current[current.length - 1]?.content === "" ? current.slice(0, -1) : current));
+        setConversation((current) => current.filter((message) => message.id !== answer.id || message.content !== ""));
       }
     } finally {
       controller.current = null;
@@ -173,7 +184,7 @@ export function PlaygroundPage() {
 
   const stop = () => controller.current?.abort();
   const clear = () => {
-    controller.current?.abort();
+    controller.current?.abort(CLEARED);
     setConversation([]);
     setStats(null);
     setError(null);
@@ -187,7 +198,7 @@ export function PlaygroundPage() {
     <p class="muted">Chat with a served model through the gateway, as your key. Requests count toward its usage and limits.</p>
     <${ErrorNote} error=${modelsError} prefix="Models could not be listed" />
     ${models !== null && models.length === 0 ? html`<p class="notice">No model is served yet. Serve one from the Jobs page.</p>` : null}
-    <div class="log" role="log" aria-label="Conversation" aria-live="polite" ref=${log}>
+    <div class="log" role="log" aria-label="Conversation" aria-live="polite" aria-busy=${streaming ? "true" : "false"} ref=${log}>
       ${conversation.length === 0 ? html`<p class="muted">The conversation appears here.</p>` : conversation.map((message, index) => html`<${Message} key=${index} message=${message} />`)}
     </div>
     <p class="stats" role="status">${streaming ? "Answering…" : stats === null ? "" : `Last answer: ${stats}`}</p>
