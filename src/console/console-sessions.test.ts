@@ -3,6 +3,7 @@
 // API taking the cookie, cross-site refusal, the page's security headers and assets).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import http from "node:http";
 import { AuthenticationError, PermissionDeniedError } from "../core/errors.ts";
 import { KeyService } from "../keys/key-service.ts";
 import { auditTrail, readAudit } from "../store/audit.ts";
@@ -10,6 +11,18 @@ import { testBothStores } from "../../test/support/stores.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { ConsoleSessions } from "./console-sessions.ts";
+import { readAsset } from "./console-routes.ts";
+
+/** GET with the path exactly as given, as a hostile client would send it. */
+function rawStatus(base: string, rawPath: string): Promise<number> {
+  const { hostname, port } = new URL(base);
+  return new Promise((resolve, reject) => {
+    http.get({ host: hostname, port, path: rawPath }, (response) => {
+      response.resume();
+      resolve(response.statusCode ?? 0);
+    }).on("error", reject);
+  });
+}
 
 const isCode = (code: string) => (error: unknown) => error instanceof AuthenticationError && error.code === code;
 
@@ -58,7 +71,7 @@ testBothStores("a session acts as its admin key until it expires, is logged out,
 describe("the console over HTTP", () => {
   let harness: Harness;
   before(async () => {
-    harness = await startHarness({ consoleSessionTtlMs: 2000 });
+    harness = await startHarness();
   });
   after(() => harness.close());
 
@@ -83,7 +96,8 @@ describe("the console over HTTP", () => {
     assert.match(setCookie, /; HttpOnly/);
     assert.match(setCookie, /; SameSite=Strict/);
     assert.match(setCookie, /; Path=\//);
-    assert.match(setCookie, /; Max-Age=2(;|$)/);
+    assert.match(setCookie, /; Max-Age=43200(;|$)/, "12 hours by default");
+    assert.doesNotMatch(setCookie, /; Secure/, "plain http: a Secure cookie would never come back");
     assert.doesNotMatch(setCookie, new RegExp(harness.adminKey));
     const cookie = setCookie.split(";")[0]!;
 
@@ -110,10 +124,69 @@ describe("the console over HTTP", () => {
     assert.equal(((await after.json()) as { error: { code: string } }).error.code, "session_expired");
   });
 
-  test("a session expires on its own", async () => {
+  test("a change with the cookie must come from the console: Origin where Sec-Fetch-Site is not sent, and a JSON body", async () => {
     const cookie = (await login(harness.adminKey)).cookie!.split(";")[0]!;
-    assert.equal((await withCookie(cookie, "/api/v1/models")).status, 200);
-    await eventually("the 2 s session to expire", async () => (await withCookie(cookie, "/api/v1/models")).status === 401, { timeoutMs: 15_000 });
+    const host = new URL(harness.url).host;
+    // Plain http on a LAN address: browsers send Origin but no Sec-Fetch-Site.
+    const post = (pathname: string, headers: Record<string, string>, body: string) => fetch(`${harness.url}${pathname}`, { method: "POST", headers: { cookie, ...headers }, body });
+    const codeOf = async (response: Response) => ((await response.json()) as { error: { code: string } }).error.code;
+    const foreign = await post("/api/v1/keys", { origin: `http://${new URL(harness.url).hostname}:9999`, "content-type": "application/json" }, JSON.stringify({ name: "from-another-port" }));
+    assert.equal(foreign.status, 403, "another port of the same host is another origin");
+    assert.equal(await codeOf(foreign), "cross_site_request");
+    const ours = await post("/api/v1/keys", { origin: `http://${host}`, "content-type": "application/json" }, JSON.stringify({ name: "from-this-origin" }));
+    assert.equal(ours.status, 201);
+    // What an HTML form on another site can send without asking first: refused even when the headers say nothing.
+    const form = await post("/api/v1/keys", { "content-type": "text/plain" }, JSON.stringify({ name: "form-post" }));
+    assert.equal(form.status, 400);
+    assert.equal(await codeOf(form), "unsupported_media_type");
+    const loginForm = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "text/plain" }, body: JSON.stringify({ key: harness.adminKey }) });
+    assert.equal(loginForm.status, 400);
+    const names = ((await harness.admin("GET", "/api/v1/keys")).body.data as { name: string }[]).map((key) => key.name);
+    assert.ok(names.includes("from-this-origin") && !names.includes("from-another-port") && !names.includes("form-post"), names.join(", "));
+
+    // The playground is a change too (it spends the key's budget).
+    const chat = JSON.stringify({ model: "none", messages: [{ role: "user", content: "hi" }] });
+    const playgroundForeign = await post("/api/v1/playground/chat/completions", { origin: "https://elsewhere.example", "content-type": "application/json" }, chat);
+    assert.equal(playgroundForeign.status, 403);
+    assert.equal(await codeOf(playgroundForeign), "cross_site_request");
+    const playgroundSiteHeader = await post("/api/v1/playground/chat/completions", { "sec-fetch-site": "same-site", "content-type": "application/json" }, chat);
+    assert.equal(playgroundSiteHeader.status, 403);
+    const playgroundOurs = await post("/api/v1/playground/chat/completions?x=1", { origin: `http://${host}`, "content-type": "application/json" }, chat);
+    assert.equal(playgroundOurs.status, 404, "past the session check, the gateway answers: no such model");
+    assert.equal(await codeOf(playgroundOurs), "model_not_found");
+  });
+
+  test("bad cookies and bad login bodies get clear answers, never a 500", async () => {
+    const broken = await fetch(`${harness.url}/api/v1/models`, { headers: { cookie: "llmgw_session=%E0%A4%A" } });
+    assert.equal(broken.status, 401);
+    const brokenPlayground = await fetch(`${harness.url}/api/v1/playground/chat/completions`, { method: "POST", headers: { cookie: "llmgw_session=%E0%A4%A", "content-type": "application/json" }, body: "{}" });
+    assert.equal(brokenPlayground.status, 401);
+    const numeric = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ key: 5 }) });
+    assert.equal(numeric.status, 400);
+    assert.equal(((await numeric.json()) as { error: { param: string } }).error.param, "key");
+  });
+
+  test("the event stream of a session ends once the session does", { timeout: 60_000 }, async () => {
+    const cookie = (await login(harness.adminKey)).cookie!.split(";")[0]!;
+    const stream = await withCookie(cookie, "/api/v1/events/stream");
+    assert.equal(stream.status, 200);
+    const reader = stream.body!.getReader();
+    let ended = false;
+    const drained = (async () => {
+      for (;;) if ((await reader.read()).done) break;
+      ended = true;
+    })();
+    assert.equal((await withCookie(cookie, "/api/v1/session", { method: "DELETE" })).status, 200);
+    // Events keep coming; the stream checks the session again before sending one (at most 5 s after its last check).
+    await eventually(
+      "the stream to close after logout",
+      async () => {
+        await harness.server.events.record({ kind: "node_back", subject: "node:test", message: "a test event" });
+        return ended;
+      },
+      { timeoutMs: 30_000, intervalMs: 500 },
+    );
+    await drained;
   });
 
   test("the playground needs a session or an admin key", async () => {
@@ -142,8 +215,50 @@ describe("the console over HTTP", () => {
       assert.match(response.headers.get("content-type") ?? "", type, asset);
       assert.equal(response.headers.get("x-content-type-options"), "nosniff");
     }
-    for (const outside of ["/console/../../package.json", "/console/%2e%2e/%2e%2e/package.json", "/console/vendor/../../../package.json", "/console/console-routes.ts", "/console/vendor/other.js"]) {
-      assert.equal((await fetch(`${harness.url}${outside}`)).status, 404, outside);
+    // Sent as written (fetch would tidy the dots away before they reach the server).
+    for (const outside of [
+      "/console/../../package.json",
+      "/console/%2e%2e/%2e%2e/package.json",
+      "/console/pages/..%2f..%2fconsole-routes.ts",
+      "/console/pages/..%5c..%5cconsole-routes.ts",
+      "/console/%252e%252e/%252e%252e/package.json",
+      "/console/vendor/../../../package.json",
+      "/console/console-routes.ts",
+      "/console/vendor/other.js",
+      "/console/vendor/toString",
+      "/console/vendor/__proto__",
+    ]) {
+      assert.equal(await rawStatus(harness.url, outside), 404, outside);
     }
+    assert.equal(await rawStatus(harness.url, "/console/pages/models.js"), 200, "the raw requests reach real assets");
+    // Below HTTP (which already tidies paths), the asset lookup itself takes only plain names.
+    for (const name of ["../console-routes.ts", "pages/../../console-routes.ts", "/etc/passwd", "lib/../app.js", "vendor/toString", "vendor/../app.js"]) {
+      assert.equal(await readAsset(name), null, name);
+    }
+    assert.notEqual(await readAsset("vendor/preact-htm.js"), null);
   });
+});
+
+test("a session expires on its own", async () => {
+  const harness = await startHarness({ consoleSessionTtlMs: 1500 });
+  try {
+    const response = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ key: harness.adminKey }) });
+    assert.match(response.headers.get("set-cookie") ?? "", /; Max-Age=1(;|$)/);
+    const cookie = response.headers.get("set-cookie")!.split(";")[0]!;
+    await eventually("the 1.5 s session to expire", async () => (await fetch(`${harness.url}/api/v1/models`, { headers: { cookie } })).status === 401, { timeoutMs: 15_000 });
+  } finally {
+    await harness.close();
+  }
+});
+
+test("behind an https proxy the cookie is Secure", async () => {
+  const harness = await startHarness();
+  try {
+    for (const header of [{ "x-forwarded-proto": "https" }, { forwarded: "for=10.0.0.1;proto=https" }] as Record<string, string>[]) {
+      const response = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json", ...header }, body: JSON.stringify({ key: harness.adminKey }) });
+      assert.match(response.headers.get("set-cookie") ?? "", /; Secure/, JSON.stringify(header));
+    }
+  } finally {
+    await harness.close();
+  }
 });

@@ -25,6 +25,8 @@ export interface ConsoleSessionsOptions {
   audit: AuditTrail;
   ttlMs?: number;
   clock?: () => number;
+  /** The address people open the console at behind a proxy (--public-url): requests from it are the console's own. */
+  publicUrl?: string;
 }
 
 export interface ConsoleSession {
@@ -49,11 +51,18 @@ export class ConsoleSessions {
   readonly ttlMs: number;
   private readonly clock: () => number;
   private readonly cache = new Map<string, { row: SessionRow; checkedAt: number }>();
+  /** Sessions logged out here lately: a read that began before the logout must not cache them again. */
+  private readonly ended = new Map<string, number>();
   private lastPrune = 0;
 
   constructor(private readonly options: ConsoleSessionsOptions) {
     this.ttlMs = options.ttlMs ?? DEFAULT_SESSION_TTL_MS;
     this.clock = options.clock ?? Date.now;
+  }
+
+  /** The origin of --public-url, or null. */
+  publicOrigin(): string | null {
+    return this.options.publicUrl === undefined ? null : new URL(this.options.publicUrl).origin;
   }
 
   /** Checks the admin key and opens a session for it; the token goes to the browser only. */
@@ -85,10 +94,11 @@ export class ConsoleSessions {
     if (token === undefined || token === "") throw sessionExpired();
     const id = sessionId(token);
     const now = this.clock();
+    if (this.ended.has(id)) throw sessionExpired();
     let row = this.cache.get(id);
     if (row === undefined || now - row.checkedAt >= CACHE_TTL_MS) {
       const stored = await this.options.store.db.selectFrom("console_sessions").select(["key_hash", "expires_at"]).where("id", "=", id).executeTakeFirst();
-      if (stored === undefined) {
+      if (stored === undefined || this.ended.has(id)) {
         this.cache.delete(id);
         throw sessionExpired();
       }
@@ -114,6 +124,9 @@ export class ConsoleSessions {
       // Ended already, or its key is gone: there is nothing to audit, only a row to remove.
     }
     this.cache.delete(id);
+    const now = this.clock();
+    for (const [endedId, at] of this.ended) if (now - at >= CACHE_TTL_MS) this.ended.delete(endedId);
+    this.ended.set(id, now);
     await this.options.store.db.deleteFrom("console_sessions").where("id", "=", id).execute();
     if (principal !== null) await this.options.audit.record({ actor: `admin:${principal.name}`, action: "console.logout", target: principal.name, detail: {} });
   }

@@ -22,6 +22,22 @@ export interface EventsRoutesOptions {
 }
 
 const REPLAY_LIMIT = 1000;
+/** How stale the caller's authentication may be when an event goes out (see STILL_AUTHORIZED). */
+const RECHECK_MS = 5000;
+
+/**
+ * The context variable the admin API's auth step sets: checks again that the caller may
+ * still read (its key not revoked, its console session not ended); throws when not. A
+ * stream runs it before an event once its last check is RECHECK_MS old, and at each
+ * keep-alive, so a logout or a revocation closes it within seconds.
+ */
+export const STILL_AUTHORIZED = "stillAuthorized";
+
+declare module "hono" {
+  interface ContextVariableMap {
+    [STILL_AUTHORIZED]: () => Promise<unknown>;
+  }
+}
 const MAX_QUEUED = 2000;
 
 const RELATIVE = /^(\d{1,6})(m|h|d)$/;
@@ -96,6 +112,18 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
       options.closing.addEventListener("abort", nudge, { once: true });
       const keepAlive = setInterval(nudge, options.keepAliveMs ?? 15_000);
       keepAlive.unref();
+      const stillAuthorized: (() => Promise<unknown>) | undefined = c.get(STILL_AUTHORIZED);
+      let checkedAt = Date.now();
+      const authorized = async (force: boolean): Promise<boolean> => {
+        if (stillAuthorized === undefined || (!force && Date.now() - checkedAt < RECHECK_MS)) return true;
+        try {
+          await stillAuthorized();
+          checkedAt = Date.now();
+          return true;
+        } catch {
+          return false;
+        }
+      };
       try {
         // The first line tells the client the stream is open (and how soon to reconnect).
         await stream.write(`retry: 2000\n: llmgw events from id ${start}\n\n`);
@@ -104,9 +132,14 @@ export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions):
             await new Promise<void>((resolve) => {
               wake = resolve;
             });
-            if (queue.length === 0 && !closed()) await stream.write(": keep-alive\n\n");
+            if (queue.length === 0 && !closed()) {
+              // The client reconnects and is asked for its key or session again.
+              if (!(await authorized(true))) break;
+              await stream.write(": keep-alive\n\n");
+            }
             continue;
           }
+          if (!(await authorized(false))) break;
           const event = queue.shift()!;
           await stream.writeSSE({ id: String(event.id), data: wire(event) });
         }

@@ -197,12 +197,21 @@ export class Gateway {
     }
   }
 
+  /** Node request listener for every path under /v1; the key in the request is checked here. */
+  handle = (req: IncomingMessage, res: ServerResponse): void => {
+    this.start(req, res, undefined);
+  };
+
   /**
-   * Node request listener for every path under /v1. `principal` is given when the caller
-   * has already authenticated the request another way (the console's playground, by its
-   * session); otherwise the key in the request is checked here.
+   * A request its caller has already authenticated another way (the console's playground,
+   * by its session), served as `principal`. Its own method, so that nothing that calls a
+   * listener with a third argument can skip the key check.
    */
-  handle = (req: IncomingMessage, res: ServerResponse, principal?: Principal): void => {
+  handleAuthenticated(req: IncomingMessage, res: ServerResponse, principal: Principal): void {
+    this.start(req, res, principal);
+  }
+
+  private start(req: IncomingMessage, res: ServerResponse, principal: Principal | undefined): void {
     const call: Call = {
       started: performance.now(),
       endpoint: pathOf(req.url),
@@ -218,7 +227,7 @@ export class Gateway {
       guardMs: null,
     };
     this.serve(req, res, call, principal).catch((error: unknown) => this.fail(req, res, error, call));
-  };
+  }
 
   private async serve(req: IncomingMessage, res: ServerResponse, call: Call, authenticated: Principal | undefined): Promise<void> {
     const pathname = call.endpoint;

@@ -20,8 +20,8 @@ import { mountServeRoutes, type ServeRoutesOptions } from "../serve/serve-routes
 import type { AuditTrail } from "../store/audit.ts";
 import { mountUsageRoutes, type UsageRoutesOptions } from "../usage/usage-routes.ts";
 import type { StorageFaultState } from "../store/storage-fault.ts";
-import { mountEventsRoutes, type EventsRoutesOptions } from "../events/events-routes.ts";
-import { mountConsoleRoutes, sessionPrincipal } from "../console/console-routes.ts";
+import { mountEventsRoutes, STILL_AUTHORIZED, type EventsRoutesOptions } from "../events/events-routes.ts";
+import { mountConsoleRoutes, requestFacts, sessionOfRequest } from "../console/console-routes.ts";
 import type { ConsoleSessions } from "../console/console-sessions.ts";
 import { mountNotifyRoutes, type NotifyRoutesOptions } from "../notify/notify-routes.ts";
 
@@ -108,16 +108,16 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   });
 
   // Before the auth step below: the page and logging in need no key or session.
-  if (options.sessions !== undefined) mountConsoleRoutes(app, { sessions: options.sessions, jsonBody });
+  if (options.sessions !== undefined) mountConsoleRoutes(app, { sessions: options.sessions, jsonBody, logger: options.logger });
 
   app.use("/api/v1/*", async (c, next) => {
     const bearer = bearerToken(c.req.header("authorization"));
     // A key in the header wins (ctl); without one, the console's session cookie.
-    const fromSession =
-      bearer === undefined && options.sessions !== undefined
-        ? await sessionPrincipal(options.sessions, c.req.header("cookie"), c.req.method, c.req.header("sec-fetch-site"))
-        : null;
-    c.set("principal", fromSession ?? (await keys.verifyAdmin(bearer)));
+    const session = bearer === undefined && options.sessions !== undefined ? await sessionOfRequest(options.sessions, requestFacts(c.req.raw.headers, c.req.method)) : null;
+    c.set("principal", session?.principal ?? (await keys.verifyAdmin(bearer)));
+    // Long answers (the event stream) ask again while they run: a logout or a revoked key ends them.
+    const sessions = options.sessions;
+    c.set(STILL_AUTHORIZED, session !== null && sessions !== undefined ? () => sessions.verify(session.token) : () => keys.verifyAdmin(bearer));
     await next();
   });
 

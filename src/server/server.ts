@@ -58,7 +58,7 @@ import { BudgetAlerts } from "../policy/budget-alerts.ts";
 import { ChannelStore } from "../notify/channels.ts";
 import { Notifier, type NOTIFY_DEFAULTS } from "../notify/notifier.ts";
 import { ConsoleSessions } from "../console/console-sessions.ts";
-import { createPlaygroundHandler, PLAYGROUND_CHAT_PATH } from "../console/playground-route.ts";
+import { createPlaygroundHandler, isPlaygroundRequest } from "../console/playground-route.ts";
 
 export interface ServerConfig {
   dataDir: string;
@@ -323,7 +323,13 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   };
   const bodyLimits: BodyLimits = { ...JSON_API_BODY_LIMITS, timeoutMs: config.bodyTimeoutMs ?? JSON_API_BODY_LIMITS.timeoutMs };
   const audit = auditTrail(store);
-  const sessions = new ConsoleSessions({ store, keys, audit, ...(config.consoleSessionTtlMs === undefined ? {} : { ttlMs: config.consoleSessionTtlMs }) });
+  const sessions = new ConsoleSessions({
+    store,
+    keys,
+    audit,
+    ...(config.publicUrl === undefined ? {} : { publicUrl: config.publicUrl }),
+    ...(config.consoleSessionTtlMs === undefined ? {} : { ttlMs: config.consoleSessionTtlMs }),
+  });
   const adminApi = createAdminApi({
     sessions,
     catalog,
@@ -371,7 +377,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
-    else if (url === PLAYGROUND_CHAT_PATH) void playground(req, res);
+    else if (isPlaygroundRequest(url)) void playground(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
     else if (isMetricsRequest(url)) metricsListener(req, res);
     else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);
