@@ -79,7 +79,7 @@ function JobList({ selected }) {
       : list.length === 0
         ? html`<p class="panel">No jobs yet. Serve a model with the form above, or run <code>llmgw ctl model serve OWNER/NAME</code>.</p>`
         : html`<div class="table-wrap" tabindex="0" role="region" aria-label="Jobs">
-            <table class="jobs-table">
+            <table class="jobs-table stack">
               <caption class="visually-hidden">Serve and update jobs, newest first</caption>
               <thead>
                 <tr>
@@ -96,13 +96,13 @@ function JobList({ selected }) {
                 ${list.map((job) => {
                   const step = currentStep(job);
                   return html`<tr class=${job.id === selected ? "jobs-selected" : ""} data-job=${job.id}>
-                    <td><a class="mono" href=${`#/jobs/${encodeURIComponent(job.id)}`} aria-current=${job.id === selected ? "true" : undefined}>${job.id}</a></td>
-                    <td>${job.kind}</td>
-                    <td>${modelOf(job) ?? html`<span class="muted">–</span>`}</td>
-                    <td><${StateBadge} state=${job.state} /></td>
-                    <td>${step === undefined ? html`<span class="muted">–</span>` : step.name}</td>
-                    <td><${Time} iso=${job.created_at} /></td>
-                    <td>${job.finished_at === null ? html`<span class="muted">not yet</span>` : html`<${Time} iso=${job.finished_at} />`}</td>
+                    <td data-label="Job"><a class="mono" href=${`#/jobs/${encodeURIComponent(job.id)}`} aria-current=${job.id === selected ? "true" : undefined}>${job.id}</a></td>
+                    <td data-label="Kind">${job.kind}</td>
+                    <td data-label="Model">${modelOf(job) ?? html`<span class="muted">–</span>`}</td>
+                    <td data-label="State"><${StateBadge} state=${job.state} /></td>
+                    <td data-label="Step">${step === undefined ? html`<span class="muted">–</span>` : step.name}</td>
+                    <td data-label="Started"><${Time} iso=${job.created_at} /></td>
+                    <td data-label="Finished">${job.finished_at === null ? html`<span class="muted">not yet</span>` : html`<${Time} iso=${job.finished_at} />`}</td>
                   </tr>`;
                 })}
               </tbody>

@@ -95,7 +95,7 @@ function RateCell({ keyInfo, usage }) {
 function KeyTable({ keys, usage, onRevoke }) {
   if (keys.length === 0) return html`<p class="muted">No keys yet.</p>`;
   return html`<div class="table-wrap" tabindex="0" role="region" aria-label="API keys">
-    <table class="keys-table">
+    <table class="keys-table stack">
       <caption class="visually-hidden">API keys, oldest first</caption>
       <thead>
         <tr>
@@ -115,16 +115,16 @@ function KeyTable({ keys, usage, onRevoke }) {
         ${keys.map((key) => {
           const state = keyState(key);
           return html`<tr key=${key.id} data-key-id=${key.id}>
-            <td class="key-name">${key.name}</td>
-            <td><code>${key.prefix}…</code></td>
-            <td><${StateBadge} state=${state} />${key.revoked_at === null ? null : html` <${Time} iso=${key.revoked_at} />`}</td>
-            <td>${key.role}</td>
-            <td>${key.allowed_models === null ? html`<span class="muted">all</span>` : key.allowed_models.join(", ")}</td>
-            <td><${BudgetCell} keyInfo=${key} usage=${usage[key.id]} /></td>
-            <td><${RateCell} keyInfo=${key} usage=${usage[key.id]} /></td>
-            <td>${key.expires_at === null ? html`<span class="muted">never</span>` : html`<${Time} iso=${key.expires_at} />`}</td>
-            <td><${Time} iso=${key.last_used_at} /></td>
-            <td>${state === "revoked" ? null : html`<button type="button" class="danger" onClick=${() => onRevoke(key)}>Revoke<span class="visually-hidden"> key '${key.name}'</span></button>`}</td>
+            <td data-label="Name" class="key-name">${key.name}</td>
+            <td data-label="Prefix"><code>${key.prefix}…</code></td>
+            <td data-label="State"><${StateBadge} state=${state} />${key.revoked_at === null ? null : html` <${Time} iso=${key.revoked_at} />`}</td>
+            <td data-label="Role">${key.role}</td>
+            <td data-label="Models">${key.allowed_models === null ? html`<span class="muted">all</span>` : key.allowed_models.join(", ")}</td>
+            <td data-label="Budget spent"><${BudgetCell} keyInfo=${key} usage=${usage[key.id]} /></td>
+            <td data-label="Rate limits"><${RateCell} keyInfo=${key} usage=${usage[key.id]} /></td>
+            <td data-label="Expires">${key.expires_at === null ? html`<span class="muted">never</span>` : html`<${Time} iso=${key.expires_at} />`}</td>
+            <td data-label="Last used"><${Time} iso=${key.last_used_at} /></td>
+            <td data-label="Actions">${state === "revoked" ? null : html`<button type="button" class="danger" onClick=${() => onRevoke(key)}>Revoke<span class="visually-hidden"> key '${key.name}'</span></button>`}</td>
           </tr>`;
         })}
       </tbody>

@@ -56,7 +56,8 @@ function formatMs(value) {
 
 function bucketLabel(ms, bucket) {
   const at = new Date(ms);
-  return bucket === "day" ? at.toLocaleDateString() : at.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  // Days are UTC days (as the server adds them up), so their date is read in UTC too.
+  return bucket === "day" ? `${at.toLocaleDateString([], { timeZone: "UTC" })} (UTC)` : at.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
 }
 
 async function loadUsage({ range, by }, signal) {
