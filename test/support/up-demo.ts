@@ -11,8 +11,24 @@ const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
 
 /** Every `up` this file started, so a failing test leaves none running. */
 const started: ChildProcess[] = [];
-after(() => {
-  for (const child of started) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+/** How long an `up` gets to stop its engines after SIGTERM before it is killed outright. */
+const ORDERLY_STOP_MS = 20_000;
+after(async () => {
+  // SIGTERM first: `up` stops its engines on the way out, where SIGKILL would leave them running.
+  const running = started.filter((child) => child.exitCode === null && child.signalCode === null);
+  await Promise.all(
+    running.map(
+      (child) =>
+        new Promise<void>((resolve) => {
+          const force = setTimeout(() => child.kill("SIGKILL"), ORDERLY_STOP_MS);
+          child.once("exit", () => {
+            clearTimeout(force);
+            resolve();
+          });
+          child.kill("SIGTERM");
+        }),
+    ),
+  );
 });
 
 export async function startUp(dataDir: string, port: number, extraArgs: string[] = []): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
