@@ -5,7 +5,7 @@
 // its expiry, on logout, or as soon as its key is revoked or expires. Requests made with a
 // session act as the key that logged in: the audit trail and usage name that key.
 import { createHash, randomBytes } from "node:crypto";
-import { AuthenticationError, PermissionDeniedError } from "../core/errors.ts";
+import { AuthenticationError } from "../core/errors.ts";
 import { hashKey, type KeyService, type Principal } from "../keys/key-service.ts";
 import type { AuditTrail } from "../store/audit.ts";
 import type { Store } from "../store/store.ts";
@@ -70,10 +70,7 @@ export class ConsoleSessions {
     if (presentedKey === undefined || presentedKey.trim() === "") {
       throw new AuthenticationError("No admin key given. Paste the admin key that `llmgw up` or `llmgw server` printed at its first start (also in the data dir's admin.key).", { code: "missing_api_key" });
     }
-    const principal = await this.options.keys.verify(presentedKey.trim());
-    if (principal.role !== "admin") {
-      throw new PermissionDeniedError(`The key '${principal.name}' is a client key; the console needs an admin key.`, { code: "admin_required" });
-    }
+    const principal = await this.options.keys.verifyAdmin(presentedKey.trim());
     const now = this.clock();
     const token = randomBytes(32).toString("base64url");
     const expiresAt = now + this.ttlMs;

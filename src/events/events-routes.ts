@@ -22,6 +22,7 @@ export interface EventsRoutesOptions {
 }
 
 const REPLAY_LIMIT = 1000;
+const MAX_QUEUED = 2000;
 /** How stale the caller's authentication may be when an event goes out (see STILL_AUTHORIZED). */
 const RECHECK_MS = 5000;
 
@@ -38,7 +39,6 @@ declare module "hono" {
     [STILL_AUTHORIZED]: () => Promise<unknown>;
   }
 }
-const MAX_QUEUED = 2000;
 
 const RELATIVE = /^(\d{1,6})(m|h|d)$/;
 const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
