@@ -11,6 +11,7 @@ const unit = [
   "src/engines/engine-launch.test.ts",
   "src/agent/weights-identity.test.ts",
   "src/agent/weight-cache.test.ts",
+  "src/agent/http-assignments.test.ts",
   "src/store/store.test.ts",
   "src/catalog/catalog.test.ts",
   "src/catalog/weights-check.test.ts",
@@ -39,6 +40,7 @@ const unit = [
   "src/mirror/mirror.test.ts",
   "src/mirror/mirror-routes.test.ts",
   "src/mirror/verification.test.ts",
+  "src/mirror/mirror-cluster.test.ts",
   "src/gateway/usage-tap.test.ts",
   "src/gateway/stream-usage.test.ts",
   "src/gateway/usage-recorder.test.ts",
@@ -88,6 +90,7 @@ const unit = [
   "src/notify/notify.test.ts",
   "src/cli/ctl-notify.test.ts",
   "src/console/console-sessions.test.ts",
+  "src/cluster/cluster.test.ts",
 ];
 
 const endToEnd = [
@@ -108,6 +111,7 @@ const endToEnd = [
   "test/console-fleet.e2e.test.ts",
   "test/console-jobs.e2e.test.ts",
   "test/console-keys.e2e.test.ts",
+  "test/cluster.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];

@@ -1,7 +1,8 @@
 // The node's identity on disk: AGENT_DATA_DIR/node.json (mode 0600) holds the server it
-// joined, its node id, name and credential. Written once when the node joins; every later
-// start uses it instead of the join token. Deleting it (and `llmgw ctl node remove` on the
-// server) is how a machine leaves the fleet for good.
+// joined through, its node id, name and credential, and the servers it was last started
+// with. Written when the node joins; every later start uses it instead of the join token.
+// Deleting it (and `llmgw ctl node remove` on the server) is how a machine leaves the
+// fleet for good.
 import { chmodSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { BadRequestError, errorCode } from "../core/errors.ts";
@@ -9,7 +10,13 @@ import { BadRequestError, errorCode } from "../core/errors.ts";
 export const NODE_IDENTITY_FILE = "node.json";
 
 export interface NodeIdentity {
+  /** The server URL the node joined through (one URL, as node.json has always held it). */
   server: string;
+  /**
+   * The servers of the cluster the agent was last started with (`--server`); files written
+   * before agents took several servers lack it.
+   */
+  servers?: string[];
   nodeId: string;
   name: string;
   credential: string;
@@ -27,7 +34,8 @@ export function readNodeIdentity(dataDir: string): NodeIdentity | null {
   try {
     const parsed = JSON.parse(text) as Partial<NodeIdentity>;
     if (typeof parsed.nodeId === "string" && typeof parsed.credential === "string" && typeof parsed.name === "string" && typeof parsed.server === "string") {
-      return { server: parsed.server, nodeId: parsed.nodeId, name: parsed.name, credential: parsed.credential };
+      const servers = Array.isArray(parsed.servers) && parsed.servers.every((server) => typeof server === "string") ? { servers: parsed.servers } : {};
+      return { server: parsed.server, ...servers, nodeId: parsed.nodeId, name: parsed.name, credential: parsed.credential };
     }
   } catch {
     // Reported below with what to do.

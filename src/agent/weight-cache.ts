@@ -71,8 +71,12 @@ export interface CachedFile {
 export interface WeightCacheOptions extends Omit<TransferOptions, "persistIntervalMs" | "persistBytes"> {
   /** The cache folder, for example DATA_DIR/weights. */
   root: string;
-  /** The llmgw server's base URL, for example http://10.0.0.1:8080. */
-  serverUrl: string;
+  /**
+   * The llmgw server's base URL, for example http://10.0.0.1:8080, or a function read at
+   * each download: the server the agent talks to now, when it fails over between the
+   * servers of a cluster (each serves the mirror).
+   */
+  serverUrl: string | (() => string);
   /** This node's credential, read at each download (it may be replaced by a re-join). */
   credential: () => string;
   identity: WeightsIdentity;
@@ -101,7 +105,7 @@ const NODE_CODES = new Set(["node_credential_refused", "weights_not_on_server", 
 
 export class WeightCache {
   readonly root: string;
-  readonly #serverUrl: string;
+  readonly #serverUrl: () => string;
   readonly #credential: () => string;
   readonly #identity: WeightsIdentity;
   readonly #logger: Logger;
@@ -116,7 +120,9 @@ export class WeightCache {
 
   constructor(options: WeightCacheOptions) {
     this.root = path.resolve(options.root);
-    this.#serverUrl = options.serverUrl.replace(/\/+$/, "");
+    const { serverUrl } = options;
+    const read = typeof serverUrl === "string" ? () => serverUrl : serverUrl;
+    this.#serverUrl = () => read().replace(/\/+$/, "");
     this.#credential = options.credential;
     this.#identity = options.identity;
     this.#logger = options.logger ?? silentLogger();
@@ -302,7 +308,8 @@ export class WeightCache {
 
   async #download(file: CacheFileSpec, final: string, signal: AbortSignal, emit: (progress: CacheProgress) => void): Promise<void> {
     const named = `${file.model}/${file.version}/${file.file}`;
-    const url = `${this.#serverUrl}/mirror/${encodeURIComponent(file.model)}/${encodeURIComponent(file.version)}/${encodeRepoPath(file.file)}`;
+    const server = this.#serverUrl();
+    const url = `${server}/mirror/${encodeURIComponent(file.model)}/${encodeURIComponent(file.version)}/${encodeRepoPath(file.file)}`;
     const spec: MirrorFetchFile = {
       path: file.file,
       url,
@@ -314,7 +321,7 @@ export class WeightCache {
     const context: FetchContext = {
       model: file.model,
       version: file.version,
-      repo: this.#serverUrl,
+      repo: server,
       revision: file.version,
       signal,
       onProgress: (event) => emit({ model: file.model, version: file.version, file: file.file, done: event.bytesDone, total: event.bytesTotal ?? file.bytes }),

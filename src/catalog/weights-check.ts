@@ -2,7 +2,9 @@
 // must name a file that is there, is a regular file (not a link), is readable, and, for
 // llama.cpp, is a GGUF whose header and tensor layout llama.cpp accepts (src/gguf/header.ts),
 // of an architecture the bundled llama.cpp loads (src/gguf/llama-support.ts); a mirror
-// source must name a complete file of a mirrored version, inside the mirror's folder.
+// source must name a complete file of a mirrored version, inside the mirror's folder, held
+// by this server (in a cluster, one held only by other servers is refused with the command
+// that copies it here).
 //
 // The catalog runs it before it stores a model (POST and PATCH /api/v1/models, `ctl model
 // add`), so what cannot run is refused with a 400 naming the field and what to do. The
@@ -22,9 +24,14 @@ export interface MirrorLocator {
   readonly root: string;
   /**
    * The absolute path of a complete, verified mirrored file, or why the mirror refuses it
-   * (not fetched, failed, modified on disk since it was verified).
+   * (not fetched, failed, modified on disk since it was verified), or, in a cluster, the
+   * other servers that hold it when this one does not (`server` is this one's name).
    */
-  check(model: string, version: string, file: string): Promise<{ kind: "ok"; path: string } | { kind: "refused"; error: Error }>;
+  check(
+    model: string,
+    version: string,
+    file: string,
+  ): Promise<{ kind: "ok"; path: string } | { kind: "refused"; error: Error } | { kind: "elsewhere"; server: string; holders: Array<{ name: string; live: boolean }> }>;
 }
 
 /** Checks the weights a model definition names; throws a 400 naming the field when they cannot run. */
@@ -59,6 +66,13 @@ export class DiskWeightsChecker implements WeightsChecker {
     const { source, profiles } = model.definition;
     // External profiles load nothing here; the schema already requires a source otherwise.
     if (source === undefined || profiles.every((p) => p.engine === "external")) return;
+    if (source.kind === "mirror" && this.options.mirror !== undefined) {
+      // Several servers: bytes another running server holds were verified against their
+      // sha256 there. This server cannot read them; the leader reads their header (copying
+      // them first) before it places a replica, and says so in the model's health.
+      const checked = await this.options.mirror.check(source.model, source.version, source.file);
+      if (checked.kind === "elsewhere" && checked.holders.some((holder) => holder.live)) return;
+    }
     const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
     await checkWeightsFile({ ...located, modelName: model.name, llamaCpp: profiles.some((p) => p.engine === "llamacpp"), ...(signal ? { signal } : {}) });
   }
@@ -86,6 +100,7 @@ export async function locateWeights(options: { source: WeightsSource; modelName:
   }
   const checked = await mirror.check(source.model, source.version, source.file);
   if (checked.kind === "refused") throw notMirrored(modelName, named, source.model, checked.error);
+  if (checked.kind === "elsewhere") throw onOtherServer(modelName, named, source, checked);
   const found = checked.path;
   // A link or a bind inside the mirror's folder must not lead a model to a file outside it.
   const [real, root] = await Promise.all([realpath(found).catch(() => found), realpath(mirror.root).catch(() => path.resolve(mirror.root))]);
@@ -100,7 +115,9 @@ export async function locateWeights(options: { source: WeightsSource; modelName:
   const vouch = async (part: string) => {
     const partFile = path.relative(versionDir, part).split(path.sep).join("/");
     const partChecked = await mirror.check(source.model, source.version, partFile);
-    if (partChecked.kind === "refused") throw notMirrored(modelName, `${source.model}/${source.version}/${partFile}`, source.model, partChecked.error);
+    const partNamed = `${source.model}/${source.version}/${partFile}`;
+    if (partChecked.kind === "refused") throw notMirrored(modelName, partNamed, source.model, partChecked.error);
+    if (partChecked.kind === "elsewhere") throw onOtherServer(modelName, partNamed, source, partChecked);
   };
   return { file: found, param: "source.file", vouch };
 }
@@ -111,6 +128,21 @@ function notMirrored(modelName: string, named: string, mirrorModel: string, why:
     `The weights of model '${modelName}' cannot be used from the mirror (${named}): ${describeError(why)}. ` +
       `Fetch them with 'llmgw ctl mirror fetch' (or, for a file modified on disk, check it with 'llmgw ctl mirror verify'), wait until 'llmgw ctl mirror list --model ${mirrorModel}' shows it complete, then try again.`,
     { code: "weights_not_mirrored", param: "source" },
+  );
+}
+
+/** The file is mirrored, but its bytes are on other servers of the cluster, not this one: which, and how to copy them here. */
+function onOtherServer(
+  modelName: string,
+  named: string,
+  source: { model: string; version: string },
+  elsewhere: { server: string; holders: Array<{ name: string; live: boolean }> },
+): BadRequestError {
+  const holders = elsewhere.holders.map((holder) => `'${holder.name}'${holder.live ? "" : " (not running)"}`).join(", ");
+  return new BadRequestError(
+    `The weights of model '${modelName}' (${named}) are held in the mirror of server${elsewhere.holders.length === 1 ? "" : "s"} ${holders}, not of this server ('${elsewhere.server}'). ` +
+      `Copy them here with 'llmgw ctl mirror replicate ${source.model} ${source.version} --to ${elsewhere.server}' (or --to all), then try again.`,
+    { code: "weights_on_other_server", param: "source" },
   );
 }
 

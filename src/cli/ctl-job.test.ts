@@ -281,11 +281,12 @@ test("every leaf ctl command shows an example under --help", () => {
     [
       "model list", "model show", "model add", "model edit", "model serve", "model update", "model rollback", "model check-updates", "model scale", "model remove", "model unpark", "model plan",
       "job list", "job show", "job watch", "job cancel",
-      "mirror fetch", "mirror list", "mirror verify", "mirror rm",
+      "mirror fetch", "mirror list", "mirror verify", "mirror rm", "mirror replicate",
       "node list", "node show", "node drain", "node remove", "node join-token",
       "key create", "key list", "key show", "key update", "key revoke",
       "notify add", "notify list", "notify update", "notify enable", "notify rm", "notify test", "notify log",
       "replicas", "usage", "events",
+      "cluster status",
     ].sort(),
   );
   for (const { name, command } of leaves) {

@@ -2,7 +2,8 @@
 // (what the plan recommends for the fleet's hardware unless told a quantisation or file)
 // and follows it with a progress bar; `verify` hashes mirrored files again and reports each
 // one; `list` and `rm` show and delete versions (a version a catalog model uses only with
-// --force). Each command exits non-zero when what it did failed. The progress bar is shared
+// --force); `replicate` copies a version onto other servers of a cluster and follows the
+// copies. Each command exits non-zero when what it did failed. The progress bar is shared
 // with the serve jobs' mirror step (ctl-job.ts).
 import { countOf } from "../core/format.ts";
 import type { Command } from "commander";
@@ -53,9 +54,20 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       const result = await connect(command).call("GET", `/api/v1/mirror${query}`);
       print(command, result, () => {
         if (result.data.length === 0) return "The mirror is empty. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
+        // Where the bytes are only matters with several servers: the column shows when a server keeps holder rows.
+        const clustered = result.data.some((f: any) => Array.isArray(f.holders) && f.holders.length > 0);
         const table = renderTable(
-          ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", "ERROR"],
-          result.data.map((f: any) => [f.model, f.version, f.file, f.state, f.percent === null ? null : `${f.percent}%`, f.bytesTotal === null ? null : formatBytes(f.bytesTotal), f.error]),
+          ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", ...(clustered ? ["HOLDERS"] : []), "ERROR"],
+          result.data.map((f: any) => [
+            f.model,
+            f.version,
+            f.file,
+            f.state,
+            f.percent === null ? null : `${f.percent}%`,
+            f.bytesTotal === null ? null : formatBytes(f.bytesTotal),
+            ...(clustered ? [(f.holders ?? []).join(",") || null] : []),
+            f.error,
+          ]),
         );
         const disk = result.disk;
         return `${table}\n\nMirror ${disk.root}: ${formatBytes(disk.bytes)} used (${formatBytes(disk.partialBytes)} partial)${disk.freeBytes === null ? "" : `, ${formatBytes(disk.freeBytes)} free`}.`;
@@ -74,6 +86,21 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       });
       print(command, run, () => describeVerification(run));
       if (run.state !== "done" || run.failed > 0) process.exitCode = 1;
+    });
+  withExamples(mirror.command("replicate <model> <version>"), "llmgw ctl mirror replicate tiny 1a2b3c4d5e6f --to all")
+    .description(
+      "Copy a mirrored version onto another server of the cluster (or, with --to all, onto every running server that lacks a file of it), verified against its sha256, so that server serves it from its own disk; shows progress",
+    )
+    .requiredOption("--to <server>", "the server to copy to (a name from 'llmgw ctl cluster status'), or all")
+    .option("--no-wait", "start the copies and return")
+    .option("--json", "print JSON")
+    .action(async (modelName: string, version: string, options: Options, command: Command) => {
+      const client = connect(command);
+      const json = command.optsWithGlobals().json === true;
+      const started = await client.call<{ runs: ReplicationRun[] }>("POST", "/api/v1/mirror/replicate", { model: modelName, version, to: options.to });
+      const runs = options.wait === false ? started.runs : await followReplication(client, started.runs, { draw: !json });
+      print(command, { ...started, runs }, () => describeReplication(modelName, version, runs, options.wait === false));
+      if (runs.some((run) => run.state === "failed" || (options.wait !== false && run.state !== "done"))) process.exitCode = 1;
     });
   withExamples(mirror.command("rm <model> <version>"), "llmgw ctl mirror rm tiny 1a2b3c4d5e6f")
     .description("Delete a mirrored version and its files (refused while a catalog model uses it, unless --force)")
@@ -272,4 +299,63 @@ function describeVerification(run: VerificationRun): string {
   if (run.state === "stopped") return `${run.error ?? "The verification stopped."} So far ${counts}.`;
   const failed = run.failed === 0 ? "" : " Failed files are no longer served; fetch their versions again to replace them.";
   return `Verified ${counts}.${failed}`;
+}
+
+export interface ReplicationRun {
+  server: string;
+  model: string;
+  version: string;
+  state: "running" | "done" | "failed";
+  totalBytes: number;
+  bytesDone: number;
+  copied: number;
+  alreadyHeld: number;
+  failed: number;
+  files: { file: string; from: string | null; state: string; error: string | null }[];
+  error: string | null;
+}
+
+/** Polls each server's run until none is running, drawing one bar for the bytes of all of them. */
+export async function followReplication(client: Pick<AdminClient, "call">, started: ReplicationRun[], options: { draw: boolean; pollMs?: number }): Promise<ReplicationRun[]> {
+  const tty = options.draw && process.stderr.isTTY === true;
+  let runs = started;
+  for (;;) {
+    if (tty) {
+      const done = runs.reduce((sum, run) => sum + run.bytesDone, 0);
+      const total = runs.reduce((sum, run) => sum + run.totalBytes, 0);
+      const copying = runs.filter((run) => run.state === "running").length;
+      process.stderr.write(`\r${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${copying} of ${countOf(runs.length, "server")} copying\u001b[K`);
+    }
+    if (runs.every((run) => run.state !== "running")) {
+      if (tty) process.stderr.write("\n");
+      return runs;
+    }
+    await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 500));
+    runs = await Promise.all(
+      runs.map(async (run) => {
+        if (run.state !== "running") return run;
+        const path = `/api/v1/mirror/replicate/${encodeURIComponent(run.model)}/${encodeURIComponent(run.version)}?server=${encodeURIComponent(run.server)}`;
+        try {
+          return await client.call<ReplicationRun>("GET", path);
+        } catch (error) {
+          // The copying server stopped (or cannot be reached): its copy resumes when replicate runs again.
+          return { ...run, state: "failed" as const, error: `Lost track of the copy on '${run.server}': ${error instanceof Error ? error.message : String(error)}` };
+        }
+      }),
+    );
+  }
+}
+
+function describeReplication(model: string, version: string, runs: ReplicationRun[], started: boolean): string {
+  if (runs.length === 0) return `Every running server holds every file of ${model}/${version} already; nothing to copy.`;
+  const lines = runs.map((run) => {
+    if (run.state === "failed" && run.files.length === 0) return `${run.server}: not started: ${run.error ?? "no reason given"}`;
+    const counts = `${run.copied} copied, ${run.alreadyHeld} already held${run.failed > 0 ? `, ${run.failed} failed` : ""}, ${formatBytes(run.bytesDone)} of ${formatBytes(run.totalBytes)}`;
+    const failures = run.files.filter((f) => f.state === "failed").map((f) => `\n  ${f.file}: ${f.error ?? "failed"}`).join("");
+    const stopped = run.error === null ? "" : `\n  ${run.error}`;
+    return `${run.server}: ${run.state} (${counts})${failures}${stopped}`;
+  });
+  const follow = started ? `\nFollow with 'llmgw ctl mirror list --model ${model}' (the HOLDERS column).` : "";
+  const failed = runs.some((run) => run.state === "failed") ? `\nRun the same replicate again to retry; copies resume from the bytes already on disk.` : "";
+  return `Replicating ${model}/${version}:\n${lines.join("\n")}${follow}${failed}`;
 }

@@ -102,7 +102,7 @@ function gpuSummary(node: NodeView): string {
   return `${used}/${node.gpus.length} ${classes}`;
 }
 
-function ago(iso: string): string {
+export function ago(iso: string): string {
   const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
   return seconds < 120 ? `${seconds}s ago` : seconds < 7200 ? `${Math.round(seconds / 60)}m ago` : iso;
 }

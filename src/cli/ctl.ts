@@ -13,6 +13,7 @@ import { registerModelCommands } from "./ctl-model.ts";
 import { registerNodeCommands } from "./ctl-node.ts";
 import { registerNotifyCommands } from "./ctl-notify.ts";
 import { registerUsageCommand } from "./ctl-usage.ts";
+import { registerClusterCommands } from "./ctl-cluster.ts";
 import { renderTable } from "./output.ts";
 
 export function registerCtl(program: Command): void {
@@ -38,6 +39,7 @@ export function registerCtl(program: Command): void {
   registerUsageCommand(ctl, helpers);
   registerKeyCommands(ctl, helpers);
   registerNotifyCommands(ctl, helpers);
+  registerClusterCommands(ctl, helpers);
 
   withExamples(ctl.command("replicas"), "llmgw ctl replicas --json")
     .description("Replicas and their states")

@@ -28,7 +28,11 @@ const serverOptions = (command: Command) =>
     .option("--usage-retention <days>", "days raw usage rows are kept (default 30; 0: forever); per-minute aggregates stay 400 days")
     .option("--public-url <url>", "the address people reach this server at, behind a proxy (or LLMGW_PUBLIC_URL); notifications link to its console")
     .option("--budget-alert <percent>", "share of a key's budget announced as budget_threshold (default 80)")
-    .option("--console-session <duration>", "how long a console login lasts before the admin key is asked for again (default 12h)");
+    .option("--console-session <duration>", "how long a console login lasts before the admin key is asked for again (default 12h)")
+    .option("--server-name <name>", "this server's name among servers sharing one PostgreSQL (or LLMGW_SERVER_NAME; default: the host name)")
+    .option("--advertise-url <url>", "where the other servers reach this one (or LLMGW_ADVERTISE_URL; default: the listening address)")
+    .option("--mirror-on <name>", "with several servers: mirror fetches run on this server (give every server the same; default: the leader)")
+    .option("--cluster-secret-file <file>", "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it");
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")
@@ -45,7 +49,7 @@ serverOptions(program.command("server").description("Run the control plane and g
 program
   .command("agent")
   .description("Run a node of the fleet: join a server, run the engines it assigns, report their states")
-  .option("--server <url>", "the llmgw server (or LLMGW_SERVER), e.g. http://10.0.0.5:8700")
+  .option("--server <urls>", "the llmgw server (or LLMGW_SERVER), e.g. http://10.0.0.5:8700; for a cluster, its servers separated by commas (http://a:8700,http://b:8700): the agent fails over between them")
   .option("--join-token <token>", "the server's join token, needed on the first start only (or LLMGW_JOIN_TOKEN)")
   .option("--name <name>", "this node's name (default: the host name)")
   .option("--data-dir <dir>", "where the node keeps its credential, weights cache and engine runs (or LLMGW_AGENT_DATA_DIR; default ~/.llmgw-agent)")

@@ -3,7 +3,8 @@
 // starts use that. It reports what the machine has (detected, or `--inventory FILE`), runs
 // the engines the server assigns it (bundled llama.cpp, the node's llama-server, vLLM),
 // fetches their weights from the server's mirror into its cache, and stops every engine
-// on SIGINT, SIGTERM or SIGHUP.
+// on SIGINT, SIGTERM or SIGHUP. `--server` may list the servers of one cluster: the agent
+// talks to one of them and fails over to the next when it cannot (http-assignments.ts).
 import os from "node:os";
 import path from "node:path";
 import { BadRequestError, describeError, LlmgwError } from "../core/errors.ts";
@@ -44,12 +45,14 @@ export const AGENT_TIMINGS_ENV = "LLMGW_AGENT_TIMINGS";
 
 export async function runAgentCommand(options: AgentCommandOptions): Promise<void> {
   const logger = createLogger(options.logFormat === undefined ? {} : { format: parseLogFormat(options.logFormat) });
-  const server = parseServerUrl(options.server ?? process.env.LLMGW_SERVER);
+  const servers = parseServerList(options.server ?? process.env.LLMGW_SERVER);
+  const serverList = servers.join(",");
   const dataDir = path.resolve(options.dataDir ?? process.env.LLMGW_AGENT_DATA_DIR ?? path.join(os.homedir(), ".llmgw-agent"));
   const name = parseWith(nodeNameSchema, options.name ?? defaultNodeName(), "--name");
-  if (options.advertise === undefined && !isLoopback(new URL(server).hostname)) {
+  const remote = servers.find((server) => !isLoopback(new URL(server).hostname));
+  if (options.advertise === undefined && remote !== undefined) {
     // The gateway would dial 127.0.0.1 on its own machine, reaching whatever listens there.
-    throw new BadRequestError(`The server ${server} is on another machine: pass --advertise with this node's address as that server reaches it (engines bind to it).`, {
+    throw new BadRequestError(`The server ${remote} is on another machine: pass --advertise with this node's address as that server reaches it (engines bind to it).`, {
       code: "advertise_missing",
     });
   }
@@ -60,11 +63,15 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   const engines: NodeEngines = { ...(options.llamaServer ? { llamaServer: options.llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
   const inventory = options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger);
 
-  const assignments = new HttpAssignments(server);
+  const assignments = new HttpAssignments(servers, {
+    onSwitch: (from, to, why) => logger.info({ from, to, why }, "switched to another llmgw server of the cluster"),
+  });
   let identity = readNodeIdentity(dataDir);
-  if (identity !== null && identity.server !== server) {
+  // The servers of one cluster share the node: any list that holds the one it joined through will do.
+  if (identity !== null && !servers.includes(identity.server)) {
     throw new BadRequestError(
-      `The agent data dir ${dataDir} belongs to a node of ${identity.server}, not ${server}. Run this agent with another --data-dir, or point it at ${identity.server}.`,
+      `The agent data dir ${dataDir} belongs to a node that joined through ${identity.server}, which is not in --server (${serverList}). ` +
+        `Include ${identity.server} in --server (for example --server ${[identity.server, ...servers].join(",")} when these servers form one cluster), or run this agent with another --data-dir.`,
       { code: "node_of_another_server" },
     );
   }
@@ -77,14 +84,18 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
       throw new BadRequestError(`This node has not joined yet: pass --join-token (from the server's data dir, join.token, or 'llmgw ctl node join-token').`, { code: "join_token_missing" });
     }
     const joined = await assignments.join({ joinToken, name, address, inventory, labels });
-    identity = { server, nodeId: joined.nodeId, name: joined.name, credential: joined.credential };
+    // The server that took the join, after any failover: the one later starts must list.
+    identity = { server: assignments.current, servers, nodeId: joined.nodeId, name: joined.name, credential: joined.credential };
     writeNodeIdentity(dataDir, identity);
-    logger.info({ node: joined.name, nodeId: joined.nodeId, server }, "joined the fleet");
+    logger.info({ node: joined.name, nodeId: joined.nodeId, server: identity.server }, "joined the fleet");
+  } else if (identity.servers?.join(",") !== serverList) {
+    identity = { ...identity, servers };
+    writeNodeIdentity(dataDir, identity);
   }
   const credential = identity.credential;
   const weightsRoot = path.join(dataDir, "weights");
   const weightsIdentity = new WeightsIdentity({ memoFile: path.join(dataDir, "weights-verified.json"), cacheRoot: weightsRoot, logger });
-  const cache = new WeightCache({ root: weightsRoot, serverUrl: server, credential: () => credential, identity: weightsIdentity, logger });
+  const cache = new WeightCache({ root: weightsRoot, serverUrl: () => assignments.current, credential: () => credential, identity: weightsIdentity, logger });
   const agent = new NodeAgent({
     assignments,
     credential,
@@ -125,7 +136,7 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
       await Promise.all([cache.close(), assignments.close()]);
     },
   });
-  process.stdout.write(`llmgw agent: node '${identity.name}' of ${server}, engines reachable at ${address}\n`);
+  process.stdout.write(`llmgw agent: node '${identity.name}' of ${serverList}, engines reachable at ${address}\n`);
 }
 
 async function detected(engines: NodeEngines, logger: Logger) {
@@ -137,8 +148,28 @@ async function detected(engines: NodeEngines, logger: Logger) {
   return inventory;
 }
 
-function parseServerUrl(value: string | undefined): string {
-  if (value === undefined || value === "") throw new BadRequestError("Pass --server URL (or LLMGW_SERVER): the llmgw server this node joins, for example http://10.0.0.5:8700.", { code: "server_missing" });
+/**
+ * `--server`: one server URL, or the servers of one cluster separated by commas, as their
+ * origins in the order given, duplicates dropped.
+ */
+export function parseServerList(value: string | undefined): string[] {
+  if (value === undefined || value.trim() === "") {
+    throw new BadRequestError("Pass --server URL (or LLMGW_SERVER): the llmgw server this node joins, for example http://10.0.0.5:8700, or several servers of one cluster: http://10.0.0.5:8700,http://10.0.0.6:8700.", {
+      code: "server_missing",
+    });
+  }
+  const entries = value.split(",").map((entry) => entry.trim());
+  const empty = entries.indexOf("");
+  if (empty !== -1) {
+    throw new BadRequestError(`Invalid --server '${value}': entry ${empty + 1} is empty. Separate the server URLs with single commas, for example http://10.0.0.5:8700,http://10.0.0.6:8700.`, {
+      code: "invalid_server",
+    });
+  }
+  return [...new Set(entries.map(parseServerUrl))];
+}
+
+/** One server URL, as its origin (the agent's paths are added to it). */
+export function parseServerUrl(value: string): string {
   let url: URL;
   try {
     url = new URL(value);

@@ -32,6 +32,10 @@ export interface ServerCommandOptions {
   publicUrl?: string;
   budgetAlert?: string;
   consoleSession?: string;
+  serverName?: string;
+  advertiseUrl?: string;
+  clusterSecretFile?: string;
+  mirrorOn?: string;
   demo?: boolean;
 }
 
@@ -68,6 +72,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
+      ...clusterOptions(options),
       logger,
     },
     withAgent,
@@ -93,6 +98,36 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     );
   }
   announceReadyModels(server, out);
+}
+
+/** Who this server is among those sharing one PostgreSQL, where they reach it, and the secret they share. */
+function clusterOptions(options: ServerCommandOptions): { serverName?: string; advertiseUrl?: string; clusterSecretFile?: string; clusterSecret?: string; mirrorOn?: string } {
+  const name = options.serverName ?? process.env.LLMGW_SERVER_NAME;
+  for (const [flag, value] of [["--server-name", name], ["--mirror-on", options.mirrorOn]] as const) {
+    if (value !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(value)) {
+      throw new BadRequestError(`Invalid ${flag} '${value}': a server name is up to 63 letters, digits, '.', '_' or '-', starting with a letter or digit.`, { code: "invalid_server_name" });
+    }
+  }
+  const advertise = options.advertiseUrl ?? process.env.LLMGW_ADVERTISE_URL;
+  if (advertise !== undefined) {
+    let url: URL | undefined;
+    try {
+      url = new URL(advertise);
+    } catch {
+      url = undefined;
+    }
+    if (url === undefined || (url.protocol !== "http:" && url.protocol !== "https:")) {
+      throw new BadRequestError(`Invalid --advertise-url '${advertise}': give the URL the other servers reach this one at, for example http://10.0.0.5:8700.`, { code: "invalid_advertise_url" });
+    }
+  }
+  const secret = process.env.LLMGW_CLUSTER_SECRET;
+  return {
+    ...(name === undefined ? {} : { serverName: name }),
+    ...(advertise === undefined ? {} : { advertiseUrl: advertise.replace(/\/+$/, "") }),
+    ...(options.clusterSecretFile === undefined ? {} : { clusterSecretFile: path.resolve(options.clusterSecretFile) }),
+    ...(secret === undefined || secret === "" ? {} : { clusterSecret: secret }),
+    ...(options.mirrorOn === undefined ? {} : { mirrorOn: options.mirrorOn }),
+  };
 }
 
 /** Notifications link to the console at this address; it must be a whole http(s) URL. */

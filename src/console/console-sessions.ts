@@ -109,6 +109,11 @@ export class ConsoleSessions {
     return { principal, expiresAt: row.row.expiresAt };
   }
 
+  /** Another server changed sessions (a logout there): each is read again at its next request. */
+  forgetCached(): void {
+    this.cache.clear();
+  }
+
   /** Ends a session; an unknown or ended one is simply gone already. */
   async logout(token: string | undefined): Promise<void> {
     if (token === undefined || token === "") return;

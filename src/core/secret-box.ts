@@ -2,9 +2,8 @@
 // (the gateway needs them after a restart to call engines its agents kept running). AES-
 // 256-GCM with a 32-byte key from DATA_DIR/server.secret (made on first use, mode 0600);
 // a sealed value is "v1:" + base64(iv ‖ tag ‖ ciphertext). Several servers sharing one
-// database will need one key between them (the many-servers issue gives it as a cluster
-// secret); one server needs only its own.
-import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
+// database share one key instead, derived from the cluster secret (src/cluster/cluster-secret.ts).
+import { createCipheriv, createDecipheriv, createHmac, randomBytes } from "node:crypto";
 import { chmodSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { errorCode, LlmgwError } from "./errors.ts";
@@ -47,6 +46,24 @@ export class SecretBox {
       rmSync(scratch, { force: true });
     }
     return new SecretBox(key);
+  }
+
+  /**
+   * A value that is equal for two boxes exactly when their keys are: an HMAC of a fixed
+   * text. Servers compare it to find out they were given different secrets; it tells
+   * nothing about the key.
+   */
+  checkValue(): string {
+    return createHmac("sha256", this.key).update("llmgw secret check v1").digest("hex");
+  }
+
+  /**
+   * An HMAC-SHA256 (hex) of `text` under a key derived from this box's, for what servers
+   * sharing the box sign for each other (the mirror's redirect grants); not a check value.
+   */
+  mac(text: string): string {
+    const macKey = createHmac("sha256", this.key).update("llmgw mac key v1").digest();
+    return createHmac("sha256", macKey).update(text).digest("hex");
   }
 
   seal(plain: string): string {

@@ -9,6 +9,11 @@ export function externalReplicaId(modelId: string, profile: string): string {
   return `ext-${modelId}-${profile}`;
 }
 
+/** Whether a replica id is an external profile's (fleet replicas are `r-…`). */
+export function isExternalReplicaId(id: string): boolean {
+  return id.startsWith("ext-");
+}
+
 export function externalReplicasOf(model: CatalogModel): Replica[] {
   return model.definition.profiles
     .filter((profile) => profile.engine === "external" && profile.url !== undefined)

@@ -12,7 +12,8 @@ import type { ReplicaTable } from "./replica-table.ts";
 type Env = { Variables: { principal: Principal } };
 
 export interface FleetRoutesOptions {
-  fleet: Fleet;
+  /** The leading server's Fleet (a standby forwards these routes to the leader: cluster/leader-forward.ts). */
+  fleet: () => Fleet;
   catalog: Catalog;
   replicas: ReplicaTable;
   audit: AuditTrail;
@@ -21,30 +22,31 @@ export interface FleetRoutesOptions {
 }
 
 export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): void {
-  const { fleet, catalog, replicas, audit, actor } = options;
+  const { catalog, replicas, audit, actor } = options;
+  const fleet = options.fleet;
 
-  app.get("/api/v1/nodes", (c) => c.json({ data: fleet.nodes.list().map((node) => nodeView(node, fleet, replicas)) }));
+  app.get("/api/v1/nodes", (c) => c.json({ data: fleet().nodes.list().map((node) => nodeView(node, fleet(), replicas)) }));
   // Before /:name, so "join-token" is not taken for a node's name.
   app.get("/api/v1/nodes/join-token", async (c) => {
     await audit.record({ actor: actor(c), action: "node.join_token", target: "join.token", detail: {} });
     return c.json({ token: options.joinToken() });
   });
-  app.get("/api/v1/nodes/:name", (c) => c.json(nodeView(fleet.nodes.byName(c.req.param("name")), fleet, replicas)));
+  app.get("/api/v1/nodes/:name", (c) => c.json(nodeView(fleet().nodes.byName(c.req.param("name")), fleet(), replicas)));
   app.post("/api/v1/nodes/:name/drain", async (c) => {
-    const node = await fleet.drain(c.req.param("name"));
+    const node = await fleet().drain(c.req.param("name"));
     await audit.record({ actor: actor(c), action: "node.drain", target: node.name, detail: {} });
-    return c.json(nodeView(node, fleet, replicas));
+    return c.json(nodeView(node, fleet(), replicas));
   });
   app.delete("/api/v1/nodes/:name", async (c) => {
-    const node = await fleet.remove(c.req.param("name"));
+    const node = await fleet().remove(c.req.param("name"));
     await audit.record({ actor: actor(c), action: "node.remove", target: node.name, detail: { id: node.id } });
     return c.json({ removed: node.name });
   });
 
-  app.get("/api/v1/models/:name/health", (c) => c.json(modelHealthView(catalog.get(c.req.param("name")), fleet, replicas)));
+  app.get("/api/v1/models/:name/health", (c) => c.json(modelHealthView(catalog.get(c.req.param("name")), fleet(), replicas)));
   app.post("/api/v1/models/:name/unpark", async (c) => {
     const model = catalog.get(c.req.param("name"));
-    const count = await fleet.unpark(model.name);
+    const count = await fleet().unpark(model.name);
     await audit.record({ actor: actor(c), action: "model.unpark", target: model.name, detail: { replicas: count } });
     return c.json({ model: model.name, unparked: count });
   });

@@ -15,6 +15,7 @@ import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
+import type { Fence } from "../cluster/leadership.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { MirrorReader } from "./model-weights.ts";
 import { type Store } from "../store/store.ts";
@@ -66,6 +67,14 @@ export interface FleetOptions {
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
   /** Where node_lost, model_parked and the other fleet events are recorded (default: the store's events table). */
   events?: EventLog;
+  /** Several servers on one store: the replica rows are written only while this server leads (cluster/leadership.ts). */
+  fence?: Fence;
+  /**
+   * This server takes over from another leader (cluster/): the rows are what that one knew
+   * until a moment ago and the nodes' engines kept running, so replicas keep their states
+   * and stay routable instead of waiting for each node's next report.
+   */
+  takeover?: boolean;
 }
 
 
@@ -125,8 +134,8 @@ export class Fleet implements Assignments {
       timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
       logger: options.logger,
     });
-    this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger });
-    this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
+    this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule() });
+    this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock, ...(options.fence === undefined ? {} : { fence: options.fence }) });
   }
 
   async start(): Promise<void> {
@@ -137,10 +146,12 @@ export class Fleet implements Assignments {
       record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
       // Until its node reports it, a replica of an earlier run is not routable: the engine
       // may have ended with the server (`up`) or may still run on its node (an agent that
-      // kept going); the node's next heartbeat says which.
-      if (record.state !== "parked" && record.state !== "stopping") {
+      // kept going); the node's next heartbeat says which. Taking over from another leader
+      // is different: that one knew the states until a moment ago.
+      if (this.options.takeover !== true && record.state !== "parked" && record.state !== "stopping") {
         record.state = "placed";
         record.endpoint = null;
+        record.weightsVerified = false;
       }
       this.records.set(record.id, record);
       this.publish(record);
@@ -580,6 +591,11 @@ export class Fleet implements Assignments {
     const model = this.modelById(record.modelId);
     // While an update checks a held model's new replicas, clients stay on the old ones.
     const unproven = model !== undefined && this.holds.unproven(model.id, record.id) && record.fingerprint === fingerprintOf(model, record.profile);
+    if ((record.unproven ?? false) !== unproven) {
+      // Other servers route from the rows: they must keep out of it too.
+      record.unproven = unproven;
+      this.rows.save(record);
+    }
     this.options.replicas.upsert(tableEntryOf(record, model, this.options.replicas.get(record.id), leaving, unproven));
   }
 

@@ -26,7 +26,7 @@ export function splitPartSuffix(no: number, count: number): string {
 
 /** The model's weights as this server sees them; throws with the reason when they are not servable now. */
 /** What the fleet reads of the mirror: a file's check, and (for vLLM folders) the files of a version. */
-export type MirrorReader = Pick<Mirror, "check"> & Partial<Pick<Mirror, "list">>;
+export type MirrorReader = Pick<Mirror, "check"> & Partial<Pick<Mirror, "list" | "replicate">>;
 
 export async function readModelWeights(model: CatalogModel, mirror: MirrorReader): Promise<ModelWeights> {
   const source = model.definition.source;
@@ -46,7 +46,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
     return { key: `file:${source.path}`, files, bytes: files.reduce((sum, f) => sum + (f.bytes ?? 0), 0), ...(header ? { header } : {}) };
   }
   const checked = await mirror.check(source.model, source.version, source.file);
-  if (checked.kind === "refused") throw checked.error;
+  if (checked.kind !== "ok") throw checked.error;
   const header = llamaCpp ? await readGgufHeader({ file: checked.path }) : undefined;
   const files: AssignedFile[] = [{ file: source.file, bytes: checked.size, sha256: checked.sha256 }];
   if (!llamaCpp && mirror.list !== undefined) {
@@ -54,7 +54,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
     const others = (await mirror.list({ model: source.model })).filter((f) => f.version === source.version && f.file !== source.file);
     for (const other of others.sort((a, b) => a.file.localeCompare(b.file))) {
       const otherChecked = await mirror.check(source.model, source.version, other.file);
-      if (otherChecked.kind === "refused") throw otherChecked.error;
+      if (otherChecked.kind !== "ok") throw otherChecked.error;
       files.push({ file: other.file, bytes: otherChecked.size, sha256: otherChecked.sha256 });
     }
   }
@@ -63,7 +63,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
     for (let no = 1; no < header.split.count; no += 1) {
       const part = prefix + splitPartSuffix(no, header.split.count);
       const partChecked = await mirror.check(source.model, source.version, part);
-      if (partChecked.kind === "refused") throw partChecked.error;
+      if (partChecked.kind !== "ok") throw partChecked.error;
       files.push({ file: part, bytes: partChecked.size, sha256: partChecked.sha256 });
     }
   }

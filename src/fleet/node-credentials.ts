@@ -49,7 +49,12 @@ export function ensureJoinToken(dataDir: string, options: { rotate?: boolean } =
       if (errorCode(error) !== "ENOENT") throw error;
     }
   }
-  const token = `ljt_${randomBytes(24).toString("base64url")}`;
+  return writeJoinToken(dataDir, `ljt_${randomBytes(24).toString("base64url")}`);
+}
+
+/** Writes the join token to DATA_DIR/join.token (0600, whole or not at all); returns it. */
+export function writeJoinToken(dataDir: string, token: string): string {
+  const file = path.join(dataDir, JOIN_TOKEN_FILE);
   const scratch = `${file}.${process.pid}.new`;
   try {
     writeFileSync(scratch, token + "\n", { mode: 0o600 });

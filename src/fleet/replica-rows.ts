@@ -6,7 +6,8 @@
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { SecretBox } from "../core/secret-box.ts";
-import { nowIso, type Store } from "../store/store.ts";
+import { nowIso, type Store, type Tx } from "../store/store.ts";
+import type { Fence } from "../cluster/leadership.ts";
 import type { ReplicaEndpoint, ReplicaState } from "./replica-table.ts";
 import type { AssignedFile } from "./agent-protocol.ts";
 import type { ReplicaNeeds } from "./fleet-types.ts";
@@ -44,6 +45,11 @@ export interface ReplicaRecord {
   startedAt: string | null;
   readyAt: string | null;
   weightsVerified: boolean;
+  /**
+   * Kept out of routing by an update that has not smoke-tested it yet (outdated-holds.ts).
+   * Stored so that other servers, which route from the rows, keep out of it too.
+   */
+  unproven?: boolean;
   /** A replica over several nodes (not stored: the nodes report them again): the Ray head's GCS address, and each worker's state. */
   rayAddress?: string | null;
   workerStates?: Record<string, string>;
@@ -52,7 +58,11 @@ export interface ReplicaRecord {
 export class ReplicaRows {
   private chain: Promise<void> = Promise.resolve();
 
-  constructor(private readonly options: { store: Store; box: SecretBox; logger: Logger; clock?: () => number }) {}
+  /**
+   * `fence`: where the fleet's writes go through when several servers share the store
+   * (cluster/leadership.ts): a server that no longer leads has them refused.
+   */
+  constructor(private readonly options: { store: Store; box: SecretBox; logger: Logger; clock?: () => number; fence?: Fence }) {}
 
   async load(): Promise<ReplicaRecord[]> {
     const rows = await this.options.store.db.selectFrom("replicas").selectAll().execute();
@@ -77,7 +87,6 @@ export class ReplicaRows {
         lastError: row.last_error,
         startedAt: row.started_at,
         readyAt: row.ready_at,
-        weightsVerified: false,
       };
     });
   }
@@ -99,7 +108,7 @@ export class ReplicaRows {
       updated_at: nowIso(this.options.clock),
       fingerprint: record.fingerprint,
       gpus: JSON.stringify(record.gpus),
-      spec: JSON.stringify({ needs: record.needs, files: record.files, source: record.source }),
+      spec: JSON.stringify({ needs: record.needs, files: record.files, source: record.source, unproven: record.unproven === true, weightsVerified: record.weightsVerified }),
       desired: record.desired,
     };
     this.enqueue(record.id, async (db) => {
@@ -122,10 +131,12 @@ export class ReplicaRows {
     return this.chain;
   }
 
-  private enqueue(id: string, write: (db: Store["db"]) => Promise<void>): void {
+  private enqueue(id: string, write: (db: Store["db"] | Tx) => Promise<void>): void {
+    const fence = this.options.fence;
     this.chain = this.chain.then(async () => {
       try {
-        await write(this.options.store.db);
+        if (fence === undefined) await write(this.options.store.db);
+        else await fence.write(write);
       } catch (error) {
         this.options.logger.warn({ replica: id, err: describeError(error) }, "could not record the replica in the store");
       }
@@ -133,10 +144,10 @@ export class ReplicaRows {
   }
 }
 
-function readSpec(text: string | null): { needs: ReplicaNeeds | null; files: AssignedFile[]; source: WeightsSource | null } {
-  if (text === null) return { needs: null, files: [], source: null };
-  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[]; source?: WeightsSource | null };
-  return { needs: parsed.needs ?? null, files: parsed.files ?? [], source: parsed.source ?? null };
+function readSpec(text: string | null): Pick<ReplicaRecord, "needs" | "files" | "source" | "unproven" | "weightsVerified"> {
+  if (text === null) return { needs: null, files: [], source: null, unproven: false, weightsVerified: false };
+  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[]; source?: WeightsSource | null; unproven?: boolean; weightsVerified?: boolean };
+  return { needs: parsed.needs ?? null, files: parsed.files ?? [], source: parsed.source ?? null, unproven: parsed.unproven === true, weightsVerified: parsed.weightsVerified === true };
 }
 
 function splitEndpoint(text: string): ReplicaEndpoint {

@@ -2,7 +2,12 @@
 // definition, and again on every pass while they are a problem (the mirror may finish the
 // file meanwhile). From it come the ways a replica can run (each profile with what it
 // needs, highest priority first) and the files a new replica is placed with.
-import { describeError } from "../core/errors.ts";
+//
+// With several servers, the leader reads the GGUF header from its own mirror: a mirrored
+// file whose bytes only another server holds (fetched there, or by the last leader) is
+// copied here from a running holder in the background (Mirror.replicate), and the model is
+// placed once the copy is verified. Nodes do not wait for that: they are sent to a holder.
+import { describeError, errorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { AssignedFile } from "./agent-protocol.ts";
@@ -15,8 +20,11 @@ type WeightsInfo = { definitionAt: string; weights: ModelWeights } | { definitio
 
 export class WeightsKnowledge {
   private readonly known = new Map<string, WeightsInfo>();
+  /** Mirror versions being copied here from another server, by `model/version`. */
+  private readonly copying = new Set<string>();
 
-  constructor(private readonly options: { mirror: MirrorReader; logger: Logger }) {}
+  /** `onCopied`: a version copied from another server is here now (the fleet reconciles again). */
+  constructor(private readonly options: { mirror: MirrorReader; logger: Logger; onCopied?: () => void }) {}
 
   /** Reads what is new or was a problem; calls `onNewProblem` with a model whose weights just became (another) problem. */
   async refresh(models: readonly CatalogModel[], onNewProblem: (modelId: string) => void): Promise<void> {
@@ -27,7 +35,8 @@ export class WeightsKnowledge {
       try {
         this.known.set(model.id, { definitionAt: model.updated_at, weights: await readModelWeights(model, this.options.mirror) });
       } catch (error) {
-        const problem = weightsProblem(model, error);
+        const copying = this.copyFromHolder(model, error);
+        const problem = weightsProblem(model, error) + (copying ? " This server is copying them from that server now; the model is placed once they are here and verified." : "");
         if (known === undefined || !("problem" in known) || known.problem !== problem) {
           this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
           onNewProblem(model.id);
@@ -37,6 +46,27 @@ export class WeightsKnowledge {
     }
     const ids = new Set(models.map((m) => m.id));
     for (const id of this.known.keys()) if (!ids.has(id)) this.known.delete(id);
+  }
+
+  /** Starts copying a mirrored version held only by another server; true while a copy runs. */
+  private copyFromHolder(model: CatalogModel, error: unknown): boolean {
+    const source = model.definition.source;
+    const replicate = this.options.mirror.replicate?.bind(this.options.mirror);
+    if (errorCode(error) !== "mirror_file_elsewhere" || source?.kind !== "mirror" || replicate === undefined) return false;
+    const key = `${source.model}/${source.version}`;
+    if (this.copying.has(key)) return true;
+    this.copying.add(key);
+    this.options.logger.info({ model: model.name, version: key }, "copying mirrored weights from the server that holds them");
+    void replicate(source.model, source.version, {})
+      .then(
+        (summary) => this.options.logger.info({ version: key, copied: summary.copied, failed: summary.failed }, "mirrored weights copied from another server"),
+        (copyError: unknown) => this.options.logger.warn({ version: key, err: describeError(copyError) }, "could not copy mirrored weights from another server; trying again at the next pass"),
+      )
+      .finally(() => {
+        this.copying.delete(key);
+        this.options.onCopied?.();
+      });
+    return true;
   }
 
   /** Why the model's weights cannot be served now, or null (also while not yet read). */

@@ -3,7 +3,8 @@
 // (policy/key-limits.ts) and guard models of their own (policy/key-guards.ts)). Only a sha256 of each key is stored;
 // the key itself is shown once, at creation. Verification sits on the request hot path,
 // so verified keys are cached for a few seconds; a revocation made through this service
-// clears the cache at once, and one made by another server takes effect within the TTL.
+// clears the cache at once, and one made by another server as soon as its change reaches
+// this one (forgetCached, within a second on PostgreSQL), at the latest within the TTL.
 import { hash, randomBytes, randomUUID } from "node:crypto";
 import { sql } from "kysely";
 import { z } from "zod";
@@ -171,6 +172,16 @@ export class KeyService {
     this.generation += 1;
     this.cache.clear();
     return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
+  }
+
+  /**
+   * Another server changed keys (src/cluster/change-feed.ts): what is cached here may be
+   * stale, a revoked key above all, so the next request of each key reads its row again.
+   */
+  forgetCached(): void {
+    this.generation += 1;
+    this.cache.clear();
+    this.unknown.clear();
   }
 
   /** One key by id, shown prefix or name (a name must be unambiguous). */

@@ -1,6 +1,7 @@
 // How a mirror file is shown to readers (GET /api/v1/mirror, `ctl mirror list`): its row,
 // overlaid with what this process knows (a fetch in flight or queued) and with what the
-// disk says (a complete file that is gone or changed is not shown complete).
+// disk says (a complete file that is gone or changed is not shown complete; in a cluster,
+// one that another server holds is complete, and `holders` says where).
 import type { LlmgwError } from "../core/errors.ts";
 import type { ActiveFile } from "./fetch-input.ts";
 import type { MirrorRow } from "./mirror-rows.ts";
@@ -13,8 +14,10 @@ export async function viewRow(
     active: ActiveFile | undefined;
     /** A running fetch call will work on the file. */
     claimed: boolean;
-    /** The stat check of a complete file (verification.ts `diskProblem`). */
+    /** The check of a complete file on this disk (copy-verdict.ts): why it cannot be served, or null. */
     onDisk: () => Promise<LlmgwError | null>;
+    /** The servers holding its verified bytes (none without the cluster option). */
+    holders: string[];
   },
 ): Promise<MirrorFileView> {
   const { active } = live;
@@ -50,5 +53,6 @@ export async function viewRow(
     verifiedAt: row.verified_at,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
+    holders: live.holders,
   };
 }

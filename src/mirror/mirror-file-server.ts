@@ -4,24 +4,35 @@
 // conditional requests, behind an injected `authorize`. It serves only files the mirror
 // vouches for now (`Mirror.check`): one that failed, is gone, or changed on disk since its
 // bytes were verified is refused with the reason. Errors leave through src/core/http.ts.
+//
+// In a cluster a file this server does not hold but another server does is answered with
+// a 307 to a running holder (the first by name, so every node's resumes and caches go to
+// the same one while it runs), carrying a grant (grants.ts) in place of the key that the
+// node's client drops on the cross-origin hop. A request with a valid grant for exactly
+// its path is served without `authorize`. When no holder runs the answer is a retryable
+// 503 that names them. A request URL holds a grant: only its path is ever logged.
 import { createReadStream } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { pipeline } from "node:stream/promises";
-import { BadRequestError, LlmgwError, NotFoundError, describeError } from "../core/errors.ts";
+import { BadRequestError, LlmgwError, NotFoundError, UnavailableError, describeError } from "../core/errors.ts";
 import { printable } from "../core/format.ts";
 import { methodNotAllowed, sendError } from "../core/http.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
+import { describeHolders } from "./copy-verdict.ts";
+import { GRANT_PARAM } from "./grants.ts";
 import { segmentProblem, validateMirrorFile } from "./mirror-paths.ts";
-import type { Mirror } from "./mirror.ts";
+import type { Mirror, MirrorFileCheck } from "./mirror.ts";
 
 /** Where node agents fetch mirrored files. */
 export const MIRROR_FILES_PREFIX = "/mirror/";
 
 export interface MirrorFileHandlerOptions {
-  mirror: Pick<Mirror, "check">;
+  /** The mirror; its `cluster` (when it has one) signs the redirects' grants and checks the grants of requests. */
+  mirror: Pick<Mirror, "check"> & Partial<Pick<Mirror, "cluster">>;
   /**
    * Checks the caller and throws an LlmgwError (401/403) to refuse. Until nodes have their
-   * own credentials the server passes an admin-key check here.
+   * own credentials the server passes an admin-key check here. Not called for a request
+   * that carries a grant (it is checked instead: a bad or expired one is a 403).
    */
   authorize: (req: IncomingMessage) => Promise<void>;
   logger?: Logger;
@@ -41,7 +52,9 @@ export function isMirrorFileRequest(url: string | undefined): boolean {
  * 400 (a bad path segment, named), 401/403 (from `authorize`), 404 (no such complete
  * file, or it failed or is missing on disk, with the reason), 405, 409 (modified on disk
  * since its bytes were verified: not served until they are hashed again), 416 (range
- * outside the file, with `Content-Range: bytes *\/size`).
+ * outside the file, with `Content-Range: bytes *\/size`). In a cluster also: 307 to a
+ * running holder of a file this server does not hold, 403 for a bad or expired grant, and
+ * 503 (Retry-After: 5) when no holder runs.
  */
 export function createMirrorFileHandler(options: MirrorFileHandlerOptions): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
   const logger = options.logger ?? silentLogger();
@@ -49,7 +62,8 @@ export function createMirrorFileHandler(options: MirrorFileHandlerOptions): (req
     try {
       await serveFile(req, res, options);
     } catch (error) {
-      if (!(error instanceof LlmgwError)) logger.error({ err: describeError(error), url: req.url }, "mirror file server failed");
+      // The path only: the query may hold a grant.
+      if (!(error instanceof LlmgwError)) logger.error({ err: describeError(error), path: (req.url ?? "").split("?")[0] }, "mirror file server failed");
       // RFC 9110: a 401 names the scheme the client should use.
       if (!res.headersSent && error instanceof LlmgwError && error.status === 401) res.setHeader("www-authenticate", "Bearer");
       sendError(req, res, error);
@@ -60,10 +74,19 @@ export function createMirrorFileHandler(options: MirrorFileHandlerOptions): (req
 async function serveFile(req: IncomingMessage, res: ServerResponse, options: MirrorFileHandlerOptions): Promise<void> {
   const method = req.method ?? "GET";
   if (method !== "GET" && method !== "HEAD") throw methodNotAllowed(method, "mirror files", "GET or HEAD");
-  await options.authorize(req);
+  const grants = options.mirror.cluster?.grants;
+  const grant = grantOf(req.url ?? "");
+  // A grant is checked for the exact path it names; without a cluster it means nothing and the key is asked for.
+  const granted = grant !== null && grants !== undefined;
+  if (!granted) await options.authorize(req);
   const { model, version, file } = parseMirrorPath(req.url ?? "");
+  if (granted) grants.check(grant, model, version, file);
   const found = await options.mirror.check(model, version, file);
   if (found.kind === "refused") throw found.error;
+  if (found.kind === "elsewhere") {
+    sendElsewhere(req, res, { found, model, version, file, granted, options });
+    return;
+  }
   const etag = `"${found.sha256}"`;
   const headers: Record<string, string> = {
     "accept-ranges": "bytes",
@@ -112,6 +135,54 @@ async function serveFile(req: IncomingMessage, res: ServerResponse, options: Mir
   } catch {
     // The client went away (or the file vanished mid-read); pipeline destroyed both sides.
   }
+}
+
+/** The grant in a request URL's query, or null. */
+function grantOf(url: string): string | null {
+  const query = url.indexOf("?");
+  if (query < 0) return null;
+  return new URLSearchParams(url.slice(query + 1)).get(GRANT_PARAM);
+}
+
+/**
+ * A file held by other servers: 304 when the client has it already (its ETag is the row's
+ * sha256, the same on every holder), else 307 to the first running holder by name with a
+ * fresh grant; 503 when none runs. A request that came with a grant is not sent on again:
+ * the server that signed it believed this one holds the file.
+ */
+function sendElsewhere(
+  req: IncomingMessage,
+  res: ServerResponse,
+  where: { found: Extract<MirrorFileCheck, { kind: "elsewhere" }>; model: string; version: string; file: string; granted: boolean; options: MirrorFileHandlerOptions },
+): void {
+  const { found, model, version, file } = where;
+  const etag = `"${found.sha256}"`;
+  if (matchesAny(req.headers["if-none-match"], etag)) {
+    res.writeHead(304, { etag, "accept-ranges": "bytes" });
+    res.end();
+    return;
+  }
+  const named = `'${file}' of ${model}/${version}`;
+  const grants = where.options.mirror.cluster?.grants;
+  if (where.granted || grants === undefined) {
+    throw new UnavailableError(
+      `This server ('${found.server}') was sent a grant for ${named} but does not hold it now (it is held by ${describeHolders(found.holders)}). Ask the server you first asked again.`,
+      { code: "mirror_holder_lost", retryAfterSeconds: 5 },
+    );
+  }
+  const holder = found.holders.find((candidate) => candidate.live && candidate.name !== found.server && candidate.url !== "");
+  if (holder === undefined) {
+    throw new UnavailableError(
+      `${named} is not on this server ('${found.server}'), and no server that holds it is running: ${describeHolders(found.holders)}. ` +
+        `Start one of them (this server then redirects to it), or, while one runs, copy the file here with 'llmgw ctl mirror replicate ${model} ${version} --to ${found.server}'.`,
+      { code: "mirror_holders_down", retryAfterSeconds: 5 },
+    );
+  }
+  const encoded = [model, version, ...file.split("/")].map(encodeURIComponent).join("/");
+  const location = `${holder.url.replace(/\/+$/, "")}${MIRROR_FILES_PREFIX}${encoded}?${GRANT_PARAM}=${grants.sign(model, version, file)}`;
+  // Not cached: the location holds a grant that expires.
+  res.writeHead(307, { location, etag, "cache-control": "no-store", "content-length": "0" });
+  res.end();
 }
 
 /**

@@ -3,7 +3,8 @@
 // a repository (answered 202; the fetch runs in the background and GET shows progress);
 // verify mirrored files again (202; GET .../verify/{id} shows progress and results); and
 // delete a version, refused while catalog models use it unless forced. Every action is
-// recorded in the audit trail with the admin key that asked for it.
+// recorded in the audit trail with the admin key that asked for it. In a cluster, copying
+// a version onto other servers is in replicate-routes.ts, mounted from here.
 //
 // The file server for nodes (GET /mirror/{model}/{version}/{file}) is in
 // mirror-file-server.ts; it is re-exported here for the server's wiring.
@@ -20,9 +21,13 @@ import { validateMirrorKey } from "./mirror-paths.ts";
 import type { ModelsUsing } from "./mirror-users.ts";
 import type { Mirror, MirrorFileView } from "./mirror.ts";
 import { VerifyRuns } from "./verify-runs.ts";
+import { mountReplicateRoutes } from "./replicate-routes.ts";
+import type { AskServer } from "./server-asker.ts";
 
 export { MIRROR_FILES_PREFIX, createMirrorFileHandler, isMirrorFileRequest, parseMirrorPath, parseRange, type MirrorFileHandlerOptions } from "./mirror-file-server.ts";
 export type { MirrorPlanner } from "../serve/artifact-choice.ts";
+export type { AskServer, ServerRequest } from "./server-asker.ts";
+export type { ReplicateRunView } from "./replicate-runs.ts";
 
 /** The admin API's context variables: its middleware sets the verified principal. */
 export type MirrorRoutesEnv = { Variables: { principal: Principal } };
@@ -43,6 +48,11 @@ export interface MirrorRoutesOptions {
   cwd?: string;
   /** Size and time limits of request bodies (default JSON_API_BODY_LIMITS). */
   bodyLimits?: BodyLimits;
+  /**
+   * In a cluster, how a replicate request for another server is passed to it with the
+   * caller's Authorization (server-asker.ts). Default: over HTTP to its URL in the live list.
+   */
+  askServer?: AskServer;
 }
 
 const startSchema = z
@@ -76,6 +86,7 @@ const forceSchema = z.enum(["true", "false", "1", "0"], { error: "must be true o
  * - `GET /api/v1/mirror/verify/:id` → the run
  * - `DELETE /api/v1/mirror/:model/:version[?force=true]` → `{deleted: {model, version, files, bytes}}`;
  *   409 `mirror_version_in_use` naming the catalog models that use it, unless forced
+ * - `POST /api/v1/mirror/replicate`, `GET /api/v1/mirror/replicate/:model/:version`: see replicate-routes.ts
  */
 export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRoutesOptions): void {
   const { mirror } = options;
@@ -134,6 +145,8 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   });
 
   app.get("/api/v1/mirror/verify/:id", (c) => c.json(verifications.get(c.req.param("id"))));
+
+  mountReplicateRoutes(app, { mirror, askServer: options.askServer, logger, bodyLimits });
 
   app.delete("/api/v1/mirror/:model/:version", async (c) => {
     const model = validateMirrorKey("model", c.req.param("model"));

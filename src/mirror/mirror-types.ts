@@ -114,6 +114,12 @@ export interface MirrorFileView {
   verifiedAt: string | null;
   createdAt: string;
   updatedAt: string;
+  /**
+   * The servers that hold verified bytes of this file (their `mirror_holders` rows for the
+   * sha256 it must have), by name. Empty on a server without the cluster option, which
+   * keeps no holder rows.
+   */
+  holders: string[];
 }
 
 export interface MirrorDiskUsage {
@@ -134,6 +140,12 @@ export interface RecoverSummary {
   missing: number;
   /** Final-named files without a `complete` row, moved back to `.partial` (verified before use). */
   unconfirmed: number;
+  /** With the cluster option only: complete files on this disk from before holder rows, now held by this server. */
+  claimed?: number;
+  /** With the cluster option only: this server's holder rows whose file is gone or resized, removed. */
+  dropped?: number;
+  /** With the cluster option only: version folders without rows (deleted by another server), removed. */
+  orphans?: number;
 }
 
 /** What a complete file is, for a reader: where it is, its size and the sha256 it was verified with. */
@@ -144,12 +156,30 @@ export interface MirrorFileFound {
   updatedAt: string;
 }
 
+/** A server that holds a file's verified bytes, as a reader of `check` sees it. */
+export interface MirrorHolder {
+  name: string;
+  /** Where the others reach it (its cluster row); "" when it has none. */
+  url: string;
+  /** It runs now (the cluster's word): redirects and copies go only to a live holder. */
+  live: boolean;
+  /** When it was last seen (its cluster row), for messages; null when unknown. */
+  lastSeen: string | null;
+}
+
 /**
- * Whether a file can be served now: `ok` with where it is, or `refused` with the error a
+ * Whether a file can be served now: `ok` with where it is; `refused` with the error a
  * reader answers (404 when it is not there or failed, 409 when it changed on disk since it
- * was verified), whose message says why and what to do.
+ * was verified), whose message says why and what to do; or, with the cluster option only,
+ * `elsewhere`: the file is complete and verified but this server does not hold its bytes
+ * and other servers do (`holders`, sorted by name). `error` is what a reader that cannot
+ * follow it there answers (409 `mirror_file_elsewhere`, naming the holders and the
+ * `ctl mirror replicate` that copies the file here).
  */
-export type MirrorFileCheck = ({ kind: "ok" } & MirrorFileFound) | { kind: "refused"; error: LlmgwError };
+export type MirrorFileCheck =
+  | ({ kind: "ok" } & MirrorFileFound)
+  | { kind: "refused"; error: LlmgwError }
+  | ({ kind: "elsewhere"; holders: MirrorHolder[]; server: string; error: LlmgwError } & Omit<MirrorFileFound, "path">);
 
 export interface VerifyOptions {
   /** Only this model (and, with `version`, only that version); every complete file when absent. */
@@ -195,6 +225,60 @@ export interface MirrorIo {
   freeBytes(dir: string): Promise<number | null>;
 }
 
+/**
+ * The servers sharing this database (a cluster on PostgreSQL), as the mirror needs them.
+ * Without it the mirror is the only one: it writes no `fetched_by` and no holder rows,
+ * and every row is its own (the single-server behaviour).
+ */
+export interface MirrorClusterOptions {
+  /** This server's name. */
+  self: string;
+  /** The servers running now (live), with the URL others reach each at (includes this one). */
+  liveServers(): Promise<Array<{ name: string; url: string }>>;
+  /** Signs and checks redirect grants: an HMAC (hex) of a text under the cluster secret. */
+  mac(text: string): string;
+}
+
+export interface ReplicateOptions {
+  signal?: AbortSignal;
+  /** Called as files are copied (state `fetching` with bytes, then `complete` or `failed`). */
+  onProgress?: (event: MirrorProgressEvent) => void;
+  /** Called once the files and where each comes from are known, before any is copied. */
+  onStart?: (files: ReplicateFilePlan[]) => void;
+}
+
+export interface ReplicateFilePlan {
+  file: string;
+  bytesTotal: number | null;
+  /** The live server it is copied from; null when this server holds it already. */
+  from: string | null;
+}
+
+export interface ReplicateFileOutcome {
+  file: string;
+  /** `held`: it was here already; `copied`: copied and verified now; `failed`: see `error`. */
+  state: "held" | "copied" | "failed";
+  from: string | null;
+  /** Bytes received by this call. */
+  bytesCopied: number;
+  bytesTotal: number | null;
+  error: { code: string; message: string; retryable: boolean } | null;
+}
+
+export interface ReplicateSummary {
+  model: string;
+  version: string;
+  /** The server that copied (this one). */
+  server: string;
+  /** True when this server now holds every complete file of the version. */
+  complete: boolean;
+  files: ReplicateFileOutcome[];
+  copied: number;
+  alreadyHeld: number;
+  failed: number;
+  bytesCopied: number;
+}
+
 export interface MirrorOptions extends TransferOptions {
   store: Store;
   /** The content store's folder, DATA_DIR/mirror. */
@@ -206,4 +290,6 @@ export interface MirrorOptions extends TransferOptions {
   /** Which headers survive a redirect; default the registry's rule (Authorization dropped across hosts). */
   headersForRedirect?: (headers: Record<string, string>, from: string, to: string) => Record<string, string>;
   io?: Partial<MirrorIo>;
+  /** The cluster this server is part of; absent on a single server (SQLite). */
+  cluster?: MirrorClusterOptions;
 }

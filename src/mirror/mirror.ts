@@ -22,17 +22,29 @@
 //   file-view.ts         how a row is shown in listings
 //   fetch-input.ts       the checks of a fetch's input, outcomes and summaries
 //   mirror-errors.ts     how fetch failures are named and classified
+//
+// Several servers may share one PostgreSQL (a cluster, given by the `cluster` option):
+// the rows are shared, each server has its own folder, and `mirror_holders` says which
+// server holds which file's verified bytes. Those parts:
+//   mirror-holders.ts    the holder rows, and the stat check of a copy against its holder row
+//   copy-verdict.ts      whether this server can serve a file, or which servers hold it instead
+//   mirror-cluster.ts    this server's name, the live servers, the grants it signs and checks
+//   grants.ts            the signed, expiring grants of the file server's redirects
+//   replicate.ts         copying files from a holder (ctl mirror replicate)
+// Without the option nothing of that is written and the mirror is the single server's.
 import path from "node:path";
 import { rm, rmdir } from "node:fs/promises";
 import type { Dispatcher } from "undici";
 import { BadRequestError, ConflictError, LlmgwError, NotFoundError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { headersForRedirect as registryHeadersForRedirect } from "../registry/redirects.ts";
+import { elsewhereError, judgeCopy } from "./copy-verdict.ts";
 import { defaultIo, diskStamp, fileSize } from "./disk-files.ts";
 import { folderUsage, measureDiskUsage } from "./disk-usage.ts";
 import { createDownloader, type FileDownloader } from "./file-download.ts";
 import { emitProgress, outcome, summarize, validateFetchFiles, type ActiveFile, type FetchContext } from "./fetch-input.ts";
 import { localFailure } from "./mirror-errors.ts";
+import { MirrorCluster } from "./mirror-cluster.ts";
 import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "./mirror-paths.ts";
 import { MirrorRows, fileKey, type MirrorAuditEntry, type MirrorRow } from "./mirror-rows.ts";
 import type {
@@ -47,17 +59,22 @@ import type {
   MirrorIo,
   MirrorOptions,
   RecoverSummary,
+  ReplicateOptions,
+  ReplicateSummary,
   VerifyOptions,
   VerifySummary,
 } from "./mirror-types.ts";
 import { recoverRows } from "./recovery.ts";
+import { copyFile, holderRows, holderStatusError, replicateVersion } from "./replicate.ts";
 import { Semaphore } from "./semaphore.ts";
-import { diskProblem, keepIfStillVerified, verifiedSha256, verifyRows } from "./verification.ts";
+import { keepIfStillVerified, verifiedSha256, verifyRows } from "./verification.ts";
+import { isOwnRow, type HolderRow } from "./mirror-holders.ts";
 import { viewRow } from "./file-view.ts";
 
 export type * from "./mirror-types.ts";
 export type { MirrorAuditEntry } from "./mirror-rows.ts";
 export { MirrorTransientError } from "./mirror-errors.ts";
+export type { MirrorCluster } from "./mirror-cluster.ts";
 
 /**
  * The mirror of one server. One instance per root: it keeps in memory which files are in
@@ -71,9 +88,14 @@ export class Mirror {
   readonly #ownsDispatcher: boolean;
   readonly #io: MirrorIo;
   readonly #downloader: FileDownloader;
+  /** Copies from other servers (replicate.ts): the same machinery, writing holder rows instead of the row's progress. */
+  readonly #copier: FileDownloader | null;
+  readonly #cluster: MirrorCluster | null;
   readonly #slots: Semaphore;
   /** Files in flight in this process (queued or downloading), by key. */
   readonly #active = new Map<string, ActiveFile>();
+  /** Files being copied from another server in this process, by key (a verification skips them). */
+  readonly #copying = new Set<string>();
   /**
    * Files a running fetchVersion call will work on, counted per call, from the moment the
    * call is made: its rows list as active at once, even before the file's turn comes, so
@@ -93,7 +115,8 @@ export class Mirror {
     this.root = path.resolve(options.root);
     const clock = options.clock ?? Date.now;
     this.#logger = options.logger ?? silentLogger();
-    this.#rows = new MirrorRows(options.store, clock);
+    this.#cluster = options.cluster === undefined ? null : new MirrorCluster(options.cluster, options.store, clock);
+    this.#rows = new MirrorRows(options.store, clock, this.#cluster?.self ?? null);
     this.#io = { ...defaultIo, ...(options.io ?? {}) };
     this.#slots = new Semaphore(Math.max(1, Math.floor(options.concurrency ?? 4)));
     const made = createDownloader(options, {
@@ -106,6 +129,19 @@ export class Mirror {
     this.#downloader = made.downloader;
     this.#dispatcher = made.dispatcher;
     this.#ownsDispatcher = made.ownsDispatcher;
+    this.#copier =
+      this.#cluster === null
+        ? null
+        : createDownloader(
+            { ...options, dispatcher: made.dispatcher },
+            // No Authorization goes to a holder: the grant in the URL is the credential.
+            { rows: holderRows(this.#rows), io: this.#io, logger: this.#logger, clock, http: { headersForRedirect: (headers) => headers, statusError: holderStatusError } },
+          ).downloader;
+  }
+
+  /** The cluster this server is part of (its name, the live servers, grants); null on a single server. */
+  get cluster(): MirrorCluster | null {
+    return this.#cluster;
   }
 
   /**
@@ -160,13 +196,15 @@ export class Mirror {
 
   /** Every mirrored file (optionally of one model) with its state and progress; a complete file is checked on disk (a stat). */
   async list(options: { model?: string } = {}): Promise<MirrorFileView[]> {
-    const rows = await this.#rows.list(options.model === undefined ? {} : { model: validateMirrorKey("model", options.model) });
-    return Promise.all(rows.map((row) => this.#view(row)));
+    const scope = options.model === undefined ? {} : { model: validateMirrorKey("model", options.model) };
+    const [rows, holders] = await Promise.all([this.#rows.list(scope), this.#rows.holdersByFile(scope)]);
+    return Promise.all(rows.map((row) => this.#view(row, holdersFor(row, holders.get(fileKey(row.model, row.version, row.file))))));
   }
 
   /**
    * Whether a file can be served now: where it is with its size and verified sha256, or
-   * the error to answer (not there, failed, missing or changed on disk since it was verified).
+   * the error to answer (not there, failed, missing or changed on disk since it was verified),
+   * or, in a cluster, `elsewhere`: complete and verified, but held by other servers, not this one.
    */
   async check(model: string, version: string, file: string): Promise<MirrorFileCheck> {
     validateMirrorKey("model", model);
@@ -183,9 +221,14 @@ export class Mirror {
     }
     const final = this.#finalPath(model, version, file);
     const stamp = await diskStamp(final);
-    const problem = diskProblem(row, final, stamp);
-    if (problem !== null || stamp === null) return { kind: "refused", error: problem ?? new NotFoundError(`'${file}' is missing.`) };
-    return { kind: "ok", path: final, size: stamp.size, sha256, updatedAt: row.updated_at };
+    const self = this.#cluster?.self ?? null;
+    const holders = self === null ? [] : holdersFor(row, await this.#rows.holders(row));
+    const verdict = judgeCopy({ row, final, stamp, self, holders });
+    if (verdict.kind === "ok") return { kind: "ok", path: final, size: verdict.size, sha256, updatedAt: row.updated_at };
+    if (verdict.kind === "refused" || this.#cluster === null) return { kind: "refused", error: verdict.kind === "refused" ? verdict.error : new NotFoundError(`'${file}' is missing.`) };
+    const described = await this.#cluster.describe(verdict.others.map((holder) => holder.server));
+    const size = row.bytes_total ?? Number(verdict.others[0]?.size ?? 0);
+    return { kind: "elsewhere", size, sha256, updatedAt: row.updated_at, holders: described, server: this.#cluster.self, error: elsewhereError(row, this.#cluster.self, described) };
   }
 
   /** Where a complete file is on disk with its size and sha256, or null when it cannot be served (see `check`). */
@@ -210,6 +253,10 @@ export class Mirror {
    * that version runs in this process. The rows go first, so nothing is presented while
    * files are removed; a version folder left without rows (an interrupted delete) can be
    * deleted again. With an `actor`, a `mirror.delete` audit entry is recorded with the rows.
+   *
+   * In a cluster every server's holder rows of the version go with the rows, but only this
+   * server's files are removed here: the other servers' folders of a version without rows
+   * are removed by their recover() at their next start.
    */
   async deleteVersion(
     model: string,
@@ -270,7 +317,7 @@ export class Mirror {
         rows: this.#rows,
         logger: this.#logger,
         finalPath: (m, v, f) => this.#finalPath(m, v, f),
-        isFetching: (key) => this.#active.has(key) || this.#claimed.has(key),
+        isFetching: (key) => this.#active.has(key) || this.#claimed.has(key) || this.#copying.has(key),
         exclusive: (key, task) => this.#exclusive(key, task),
       },
       rows,
@@ -294,7 +341,46 @@ export class Mirror {
 
   /** Startup repair, before anything fetches or serves; see recovery.ts. */
   recover(): Promise<RecoverSummary> {
-    return recoverRows({ rows: this.#rows, logger: this.#logger, finalPath: (m, v, f) => this.#finalPath(m, v, f), isActive: (key) => this.#active.has(key) });
+    return recoverRows({ rows: this.#rows, logger: this.#logger, finalPath: (m, v, f) => this.#finalPath(m, v, f), isActive: (key) => this.#active.has(key), root: this.root });
+  }
+
+  /**
+   * Copies every complete file of a version that this server does not hold from a live
+   * server that does (replicate.ts), verifying each against its sha256, and records this
+   * server as a holder. Needs the cluster option. Refused (before anything is copied) when
+   * the version is not complete or a file has no running holder; a file that fails to copy
+   * is reported in the summary. Counts as a fetch of the version (a delete waits for it).
+   */
+  replicate(model: string, version: string, options: ReplicateOptions = {}): Promise<ReplicateSummary> {
+    try {
+      validateMirrorKey("model", model);
+      validateMirrorKey("version", version);
+      if (this.#cluster === null || this.#copier === null) {
+        throw new ConflictError("This server is not part of a cluster: there is no other server to copy mirror files from.", { code: "mirror_not_clustered" });
+      }
+      if (this.#closing.signal.aborted) throw new ConflictError("The mirror is shutting down; replicate again after the server restarts.", { code: "mirror_closed" });
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const cluster = this.#cluster;
+    const copier = this.#copier;
+    const signal = options.signal === undefined ? this.#closing.signal : AbortSignal.any([options.signal, this.#closing.signal]);
+    return this.#track(this.#busyVersions.fetching, fileKey(model, version, ""), () =>
+      replicateVersion(
+        {
+          cluster,
+          downloader: copier,
+          rows: this.#rows,
+          logger: this.#logger,
+          finalPath: (m, v, f) => this.#finalPath(m, v, f),
+          check: (m, v, f) => this.check(m, v, f),
+          run: (key, task) => this.#exclusive(key, () => this.#copySlot(key, signal, task)),
+        },
+        model,
+        version,
+        { ...options, signal },
+      ),
+    );
   }
 
   /** Stops every fetch (their rows go back to `pending`, partials kept) and verification, and waits for them. */
@@ -345,8 +431,12 @@ export class Mirror {
     const { model, version } = context;
     const final = this.#finalPath(model, version, spec.path);
     const row = await this.#rows.get(model, version, spec.path);
-    const kept = row === undefined ? null : await keepIfStillVerified({ rows: this.#rows, logger: this.#logger }, row, { context, spec, final });
+    // A row that describes another server's disk says nothing about this one's copy: the cluster check below does.
+    const own = row !== undefined && isOwnRow(row, this.#rows.self);
+    const kept = own ? await keepIfStillVerified({ rows: this.#rows, logger: this.#logger }, row, { context, spec, final }) : null;
     if (kept !== null) return kept;
+    const fromCluster = row === undefined ? null : await this.#fromCluster(context, spec, row, key);
+    if (fromCluster !== null) return fromCluster;
     // A row from another revision (or another published hash) describes other bytes: its
     // partial cannot be resumed.
     const sameSource = row !== undefined && row.revision === context.revision && row.sha256 === spec.sha256;
@@ -383,6 +473,40 @@ export class Mirror {
     }
   }
 
+  /**
+   * In a cluster, a file of this fetch that is complete (same revision and sha256) is
+   * skipped when this server holds it, and copied from another running server that holds
+   * it rather than fetched again from the source: a fetch from the source would take the
+   * shared row back to `pending` while it runs, and the servers holding it would stop
+   * serving it. Null when neither applies (or the copy failed: the fetch from the source
+   * goes on).
+   */
+  async #fromCluster(context: FetchContext, spec: MirrorFetchFile, row: MirrorRow, key: string): Promise<MirrorFileOutcome | null> {
+    const sha256 = verifiedSha256(row);
+    if (this.#cluster === null || this.#copier === null || sha256 === null) return null;
+    if (row.state !== "complete" || row.revision !== context.revision || row.sha256 !== spec.sha256 || (spec.size !== null && row.bytes_total !== spec.size)) return null;
+    const checked = await this.check(row.model, row.version, row.file);
+    if (checked.kind === "ok") return outcome(spec, { state: "complete", skipped: true, bytesTotal: row.bytes_total, sha256 });
+    const from = checked.kind === "elsewhere" ? checked.holders.find((holder) => holder.live && holder.url !== "") : undefined;
+    if (from === undefined) return null;
+    const copy = await this.#copySlot(key, context.signal, () => copyFile({ cluster: this.#cluster!, downloader: this.#copier!, finalPath: (m, v, f) => this.#finalPath(m, v, f), logger: this.#logger }, { row, sha256, from, signal: context.signal, onProgress: context.onProgress }));
+    if (copy.state === "copied") return outcome(spec, { state: "complete", bytesFetched: copy.bytesCopied, bytesTotal: row.bytes_total, sha256 });
+    this.#logger.warn({ model: row.model, version: row.version, file: row.file, from: from.name, err: copy.error?.message }, "could not copy a mirror file from another server; fetching it from its source");
+    return null;
+  }
+
+  /** Runs a copy with a download slot, counted as copying (a verification skips the file meanwhile). */
+  async #copySlot<T>(key: string, signal: AbortSignal, task: () => Promise<T>): Promise<T> {
+    const release = await this.#slots.acquire(signal);
+    this.#copying.add(key);
+    try {
+      return await task();
+    } finally {
+      this.#copying.delete(key);
+      release();
+    }
+  }
+
   #finalPath(model: string, version: string, file: string): string {
     const absolute = path.join(this.root, model, version, ...file.split("/"));
     // The names were validated segment by segment; this is the second line of defence.
@@ -390,11 +514,23 @@ export class Mirror {
     return absolute;
   }
 
-  async #view(row: MirrorRow): Promise<MirrorFileView> {
+  async #view(row: MirrorRow, holders: HolderRow[]): Promise<MirrorFileView> {
     const key = fileKey(row.model, row.version, row.file);
     const final = this.#finalPath(row.model, row.version, row.file);
-    return viewRow(row, { active: this.#active.get(key), claimed: this.#claimed.has(key), onDisk: async () => diskProblem(row, final, await diskStamp(final)) });
+    const self = this.#cluster?.self ?? null;
+    // A file another server holds is complete for the cluster even when it is not on this disk.
+    const onDisk = async () => {
+      const verdict = judgeCopy({ row, final, stamp: await diskStamp(final), self, holders });
+      return verdict.kind === "refused" ? verdict.error : null;
+    };
+    return viewRow(row, { active: this.#active.get(key), claimed: this.#claimed.has(key), onDisk, holders: holders.map((holder) => holder.server) });
   }
+}
+
+/** The holder rows that count for a row: those of the sha256 it must have now. */
+function holdersFor(row: MirrorRow, holders: HolderRow[] | undefined): HolderRow[] {
+  const sha256 = verifiedSha256(row);
+  return (holders ?? []).filter((holder) => holder.sha256 === sha256);
 }
 
 function count(map: Map<string, number>, key: string, delta: number): void {

@@ -7,11 +7,18 @@
 // - The re-hash: `ctl mirror verify` (every file in scope), and a fetch of a version that
 //   is already complete (only files whose stat changed). A match records the new stat; a
 //   mismatch marks the row failed with both hashes in its error.
+//
+// In a cluster each server verifies only its own copy. A row that describes this server's
+// disk is handled as above, except that when other servers hold verified copies, a bad
+// copy here only drops this server's holder row (the row stays complete for them). A copy
+// of a row that describes another server's disk is checked against its holder row and
+// never changes the row (mirror-holders.ts).
 import { ConflictError, NotFoundError, describeError, type LlmgwError } from "../core/errors.ts";
 import { clause } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import { ContentHasher, hashFileInto } from "./content-hash.ts";
 import { diskStamp, type DiskStamp } from "./disk-files.ts";
+import { isOwnRow } from "./mirror-holders.ts";
 import type { MirrorRow, MirrorRows } from "./mirror-rows.ts";
 import { fileKey } from "./mirror-rows.ts";
 import type { MirrorFetchFile, MirrorFileOutcome, VerifyFileResult, VerifyOptions, VerifySummary } from "./mirror-types.ts";
@@ -147,6 +154,10 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
   if (row === undefined) return skipped(listed, "it was deleted meanwhile");
   const expected = verifiedSha256(row);
   const final = deps.finalPath(row.model, row.version, row.file);
+  const self = deps.rows.self;
+  // A row from before clusters whose file is not on this disk is some other server's.
+  const own = isOwnRow(row, self) && !(self !== null && row.fetched_by === null && (await diskStamp(final)) === null);
+  if (!own && self !== null) return verifyHeldCopy(deps, row, options, self);
   // A failed file that is on disk under its final name (it failed a verification, or its
   // refetch failed and left it there) is checked again against the sha256 it must have:
   // it may have been restored, and a match makes it complete again.
@@ -160,6 +171,10 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
     onBytes: (done) => options.onProgress?.({ model: row.model, version: row.version, file: row.file, bytesDone: done, bytesTotal }),
   });
   const base = { model: row.model, version: row.version, file: row.file, expectedSha256: expected };
+  if (outcome.kind !== "moving" && !(outcome.kind === "hashed" && outcome.sha256 === expected && outcome.stamp.size === row.bytes_total)) {
+    const kept = await keepForOthers(deps, row, expected, self, outcome.kind === "missing" ? `is missing on disk (${final})` : `has sha256 ${outcome.sha256}, not ${expected}`);
+    if (kept !== null) return { ...base, result: "failed", actualSha256: outcome.kind === "hashed" ? outcome.sha256 : null, bytes: outcome.kind === "hashed" ? outcome.stamp.size : null, message: kept };
+  }
   if (outcome.kind === "missing") {
     const message = `The mirrored file '${row.file}' of ${row.model}/${row.version} is missing on disk (${final}); fetch the version again.`;
     await deps.rows.update(row, { state: "failed", bytes_done: 0, error: message });
@@ -174,6 +189,55 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
   await deps.rows.update(row, { state: "failed", bytes_done: 0, error: message });
   deps.logger.warn({ model: row.model, version: row.version, file: row.file, expected, actual: outcome.sha256 }, "mirror file no longer matches its sha256");
   return { ...base, result: "failed", actualSha256: outcome.sha256, bytes: outcome.stamp.size, message };
+}
+
+/**
+ * In a cluster, a bad copy on this server of a file other servers hold verified: only this
+ * server's holder row goes (the row stays complete, and they go on serving it). Returns the
+ * result's message, or null when nobody else holds it (the row is failed as on one server).
+ */
+async function keepForOthers(deps: VerifierDeps, row: MirrorRow, expected: string, self: string | null, what: string): Promise<string | null> {
+  if (self === null) return null;
+  const others = (await deps.rows.holders(row)).filter((holder) => holder.server !== self && holder.sha256 === expected).map((holder) => `'${holder.server}'`);
+  if (others.length === 0) return null;
+  await deps.rows.dropHeld(row);
+  deps.logger.warn({ model: row.model, version: row.version, file: row.file, server: self }, "this server's mirror copy no longer matches; other servers hold it");
+  return (
+    `This server's ('${self}') copy of '${row.file}' of ${row.model}/${row.version} ${what}: it is not served from here any more. ` +
+    `${others.join(", ")} hold${others.length === 1 ? "s" : ""} verified copies; copy one here with 'llmgw ctl mirror replicate ${row.model} ${row.version} --to ${self}'.`
+  );
+}
+
+/** Verifies this server's copy of a file whose row describes another server's disk, against its holder row; the row is never changed. */
+async function verifyHeldCopy(deps: VerifierDeps, row: MirrorRow, options: VerifyOptions & { signal: AbortSignal }, self: string): Promise<VerifyFileResult> {
+  const expected = verifiedSha256(row);
+  const final = deps.finalPath(row.model, row.version, row.file);
+  const mine = (await deps.rows.holders(row)).find((holder) => holder.server === self);
+  const replicate = `'llmgw ctl mirror replicate ${row.model} ${row.version} --to ${self}' copies it here`;
+  if (mine === undefined && (await diskStamp(final)) === null) {
+    return skipped(row, `this server ('${self}') holds no copy of it${row.fetched_by === null ? "" : ` (server '${row.fetched_by}' fetched it)`}; ${replicate}`);
+  }
+  if (row.state !== "complete" || expected === null) return skipped(row, `it is not complete (${row.state})`);
+  const outcome = await rehash(final, {
+    signal: options.signal,
+    onBytes: (done) => options.onProgress?.({ model: row.model, version: row.version, file: row.file, bytesDone: done, bytesTotal: row.bytes_total ?? 0 }),
+  });
+  const base = { model: row.model, version: row.version, file: row.file, expectedSha256: expected };
+  if (outcome.kind === "moving") return skipped(row, "it changed while it was read; verify it again");
+  if (outcome.kind === "hashed" && outcome.sha256 === expected && outcome.stamp.size === row.bytes_total) {
+    await deps.rows.recordHeld(row, expected, outcome.stamp.size);
+    return { ...base, result: "ok", actualSha256: outcome.sha256, bytes: outcome.stamp.size, message: null };
+  }
+  await deps.rows.dropHeld(row);
+  const what = outcome.kind === "missing" ? `is missing on disk (${final})` : `has sha256 ${outcome.sha256}, not ${expected}`;
+  deps.logger.warn({ model: row.model, version: row.version, file: row.file, server: self }, "this server's copy of a mirror file is bad");
+  return {
+    ...base,
+    result: "failed",
+    actualSha256: outcome.kind === "hashed" ? outcome.sha256 : null,
+    bytes: outcome.kind === "hashed" ? outcome.stamp.size : null,
+    message: `This server's ('${self}') copy of '${row.file}' of ${row.model}/${row.version} ${what}: it is not served from here any more (other servers' copies are not affected); ${replicate}.`,
+  };
 }
 
 function skipped(row: MirrorRow, why: string): VerifyFileResult {

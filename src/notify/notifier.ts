@@ -59,7 +59,7 @@ export class Notifier {
   /** Tests being sent now: stop() waits for them, so none writes after the store closes. */
   private readonly tests = new Set<Promise<unknown>>();
   /** Aborts the attempts in flight at stop: each is recorded as failed and retried after the restart. */
-  private readonly stopping = new AbortController();
+  private stopping = new AbortController();
 
   constructor(private readonly options: NotifierOptions) {
     this.deliveries = new DeliveryRows(options.store);
@@ -73,7 +73,10 @@ export class Notifier {
     );
   }
 
+  /** Starts sending; a server that leads again after standing by starts it again. */
   async start(): Promise<void> {
+    this.stopped = false;
+    this.stopping = new AbortController();
     this.unsubscribe = this.options.events.onRecorded(() => this.wake());
     this.timer = setInterval(() => this.wake(), this.settings.pollMs);
     this.timer.unref();

@@ -55,6 +55,8 @@ export class BudgetAlerts {
   }
 
   async start(): Promise<void> {
+    // Started again when a server leads again after standing by.
+    this.stopped = false;
     // What earlier runs announced in periods that may still be current (a month at most, or a total budget's one).
     const since = new Date((this.options.clock ?? Date.now)() - 32 * 86_400_000).toISOString();
     for (const event of await this.options.events.list({ kinds: ["budget_threshold", "budget_exhausted"], since, limit: 1000 })) {

@@ -2,6 +2,7 @@
 // live state, the context a resumed run continues from, and the outcome. The runner
 // (jobs.ts) owns the records in memory while they run and writes them here; readers (the
 // API, `ctl job`) read the rows, so a job looks the same before and after a restart.
+import type { Fence } from "../cluster/leadership.ts";
 import type { JobsTable } from "../store/schema.ts";
 import type { Store } from "../store/store.ts";
 
@@ -66,7 +67,11 @@ export interface JobRecord extends JobView {
 export const KEPT_FINISHED_JOBS = 100;
 
 export class JobRows {
-  constructor(private readonly store: Store) {}
+  /** `fence`: with several servers, a job's progress is written only while this server leads (cluster/leadership.ts). */
+  constructor(
+    private readonly store: Store,
+    private readonly fence?: Fence,
+  ) {}
 
   async insert(job: JobRecord): Promise<void> {
     await this.store.db.insertInto("jobs").values(toRow(job)).execute();
@@ -74,7 +79,8 @@ export class JobRows {
 
   async save(job: JobRecord): Promise<void> {
     const { id, ...row } = toRow(job);
-    await this.store.db.updateTable("jobs").set(row).where("id", "=", id).execute();
+    if (this.fence === undefined) await this.store.db.updateTable("jobs").set(row).where("id", "=", id).execute();
+    else await this.fence.write((trx) => trx.updateTable("jobs").set(row).where("id", "=", id).execute());
   }
 
   async get(id: string): Promise<JobRecord | null> {

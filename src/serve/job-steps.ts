@@ -128,7 +128,7 @@ export async function checkMirrored(input: {
   let entryPath = "";
   for (const file of planned.files) {
     const checked = await mirror.check(planned.model, planned.version, file.path);
-    if (checked.kind === "refused") throw checked.error;
+    if (checked.kind !== "ok") throw checked.error;
     origin.push({ path: file.path, sha256: checked.sha256, bytes: checked.size });
     if (file.path === input.entry) entryPath = checked.path;
   }

@@ -15,6 +15,7 @@
 //   its handler to undo what it started; files already verified stay in the mirror.
 // - Only the newest KEPT_FINISHED_JOBS finished jobs are kept.
 import { randomBytes } from "node:crypto";
+import type { Fence } from "../cluster/leadership.ts";
 import { ConflictError, NotFoundError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { nowIso, type Store } from "../store/store.ts";
@@ -48,6 +49,8 @@ export interface JobRunnerOptions {
   clock?: () => number;
   /** Told of every job that ends (done, waiting, failed, cancelled), after its row is saved: job events. */
   onFinished?: (job: JobRecord) => void;
+  /** Several servers: jobs run on the leader, and a job's row is written only while it leads. */
+  fence?: Fence;
 }
 
 /** Why a running job's signal was aborted. */
@@ -200,7 +203,7 @@ export class JobRunner {
   private unfinished: JobRecord[] | undefined;
 
   constructor(private readonly options: JobRunnerOptions) {
-    this.rows = new JobRows(options.store);
+    this.rows = new JobRows(options.store, options.fence);
     this.clock = options.clock ?? Date.now;
   }
 
@@ -209,6 +212,8 @@ export class JobRunner {
    * fleet's first reconciliation, then `start` once the server takes traffic.
    */
   async recover(): Promise<void> {
+    // A server that leads again after standing by runs jobs again.
+    this.closed = false;
     this.unfinished = await this.rows.unfinished();
     for (const record of this.unfinished) {
       try {
@@ -307,7 +312,7 @@ export class JobRunner {
     return this.get(id);
   }
 
-  /** Stops running jobs without finishing them (they resume on the next start). */
+  /** Stops running jobs without finishing them (they resume on the next start, or on the next leader). */
   async close(): Promise<void> {
     this.closed = true;
     const runs = [...this.running.values()];

@@ -41,7 +41,7 @@ export interface UpdateCheckerOptions {
 export class UpdateChecker {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<UpdateView[]> | undefined;
-  private readonly stopping = new AbortController();
+  private stopping = new AbortController();
   private readonly clock: () => number;
 
   constructor(private readonly options: UpdateCheckerOptions) {
@@ -50,6 +50,8 @@ export class UpdateChecker {
 
   /** Starts the schedule (0 turns it off). */
   start(): void {
+    // Started again when a server leads again after standing by.
+    this.stopping = new AbortController();
     const interval = this.options.intervalMs ?? DEFAULT_UPDATE_CHECK_INTERVAL_MS;
     if (interval <= 0) return;
     const tick = () => {

@@ -129,7 +129,8 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         const source = context.newSource!;
         for (const file of context.newOrigin!) {
           const checked = await deps.mirror.check(source.model, source.version, file.path);
-          if (checked.kind === "refused") {
+          // Held by another running server is enough: nodes are sent there, and the leader copies them to read them.
+          if (checked.kind === "refused" || (checked.kind === "elsewhere" && !checked.holders.some((holder) => holder.live))) {
             throw new ConflictError(`The previous revision's file ${file.path} is no longer usable in the mirror (${describeError(checked.error)}). Fetch that revision again with 'llmgw ctl model update ${request.model} --revision REV'.`, { code: "previous_files_gone" });
           }
         }

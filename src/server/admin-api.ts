@@ -12,7 +12,7 @@ import { DEFAULT_CONTEXT_POOL, redactDefinition } from "../catalog/model-schema.
 import type { KeyService, Principal } from "../keys/key-service.ts";
 import type { LimitsService } from "../policy/limits.ts";
 import { modelHealth } from "../fleet/model-health.ts";
-import type { Fleet } from "../fleet/fleet.ts";
+import type { FleetAccess } from "../cluster/fleet-access.ts";
 import { mountFleetRoutes } from "../fleet/fleet-routes.ts";
 import { viewReplica, type ReplicaTable } from "../fleet/replica-table.ts";
 import { mountMirrorRoutes, type MirrorRoutesOptions } from "../mirror/mirror-routes.ts";
@@ -24,6 +24,7 @@ import { mountEventsRoutes, STILL_AUTHORIZED, type EventsRoutesOptions } from ".
 import { mountConsoleRoutes, requestFacts, sessionOfRequest } from "../console/console-routes.ts";
 import type { ConsoleSessions } from "../console/console-sessions.ts";
 import { mountNotifyRoutes, type NotifyRoutesOptions } from "../notify/notify-routes.ts";
+import { mountClusterRoutes, type ClusterRoutesOptions } from "../cluster/cluster-routes.ts";
 
 /** What /readyz answers: 200 when ready, else 503 with the reason. */
 export interface Readiness {
@@ -42,8 +43,10 @@ export interface AdminApiOptions {
   limits?: LimitsService;
   replicas: ReplicaTable;
   logger: Logger;
-  /** Nodes, placement, parking (the /api/v1/nodes routes, model health, unpark). */
-  fleet: Fleet;
+  /** Nodes, placement, parking (the /api/v1/nodes routes, model health, unpark), as this server sees them leading or standing by. */
+  fleet: FleetAccess;
+  /** The servers sharing the store (GET /api/v1/cluster). */
+  cluster?: ClusterRoutesOptions;
   /** The join token agents join with (`ctl node join-token`). */
   joinToken: () => string;
   /** The weights mirror and the registry it fetches from (the /api/v1/mirror routes). */
@@ -148,7 +151,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
     await catalog.delete(c.req.param("name"), actor(c));
     return c.json({ deleted: c.req.param("name") });
   });
-  mountFleetRoutes(app, { fleet: options.fleet, catalog, replicas, audit: options.audit, joinToken: options.joinToken, actor });
+  mountFleetRoutes(app, { fleet: () => options.fleet.leader(), catalog, replicas, audit: options.audit, joinToken: options.joinToken, actor });
   app.get("/api/v1/audit", async (c) => c.json({ data: await options.audit.read(parseWith(auditQuerySchema, c.req.query(), "audit query")) }));
 
   app.get("/api/v1/plan", async (c) => {
@@ -163,6 +166,7 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   if (options.usage !== undefined) mountUsageRoutes(app, { ...options.usage, keys, catalog });
   if (options.events !== undefined) mountEventsRoutes(app, options.events);
   if (options.notify !== undefined) mountNotifyRoutes(app, { ...options.notify, jsonBody, actor });
+  if (options.cluster !== undefined) mountClusterRoutes(app, options.cluster);
 
   app.get("/api/v1/replicas", (c) => c.json({ data: replicas.all().map(viewReplica) }));
 

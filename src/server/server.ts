@@ -3,6 +3,9 @@
 // GET /metrics (Prometheus) and everything else (admin API, health) on one listener.
 // `llmgw server` runs this alone; `llmgw up` adds a local agent through the `withAgent`
 // hook. One server per data dir: the data dir lock is taken before anything else is opened.
+// Several servers may share one PostgreSQL (src/cluster/): each serves the gateway and the
+// admin API; one leads and runs the fleet, jobs and notifications, the others follow it and
+// pass it what only it can answer.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import os from "node:os";
@@ -18,7 +21,6 @@ import { KeyService } from "../keys/key-service.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
 import { Fleet } from "../fleet/fleet.ts";
 import { AGENT_API_PREFIX, createAgentApi } from "../fleet/agent-routes.ts";
-import { ensureJoinToken } from "../fleet/node-credentials.ts";
 import { SecretBox } from "../core/secret-box.ts";
 import { syncExternalReplicas } from "../fleet/external-replicas.ts";
 import { Gateway } from "../gateway/gateway.ts";
@@ -58,6 +60,16 @@ import { BudgetAlerts } from "../policy/budget-alerts.ts";
 import { ChannelStore } from "../notify/channels.ts";
 import { Notifier, type NOTIFY_DEFAULTS } from "../notify/notifier.ts";
 import { ConsoleSessions } from "../console/console-sessions.ts";
+import { loadClusterSecret } from "../cluster/cluster-secret.ts";
+import { ClusterMembers } from "../cluster/cluster-members.ts";
+import { PostgresLeadership, SoleLeadership, NotLeaderError, type Leadership } from "../cluster/leadership.ts";
+import { ChangeFeed } from "../cluster/change-feed.ts";
+import { FleetFollower } from "../cluster/fleet-follower.ts";
+import { FleetAccess } from "../cluster/fleet-access.ts";
+import { ServerRole } from "../cluster/server-role.ts";
+import { LeaderForwarder, isLeaderRequest, isMirrorFetch } from "../cluster/leader-forward.ts";
+import { sharedJoinToken } from "../cluster/shared-join-token.ts";
+import { sendError } from "../core/http.ts";
 import { createPlaygroundHandler, isPlaygroundRequest } from "../console/playground-route.ts";
 
 export interface ServerConfig {
@@ -111,16 +123,31 @@ export interface ServerConfig {
   consoleSessionTtlMs?: number;
   /** Notification timings (tests shorten the backoff). */
   notify?: Partial<typeof NOTIFY_DEFAULTS>;
+  /** This server's name among those sharing the database (default: the host name). */
+  serverName?: string;
+  /** Where the other servers reach this one (default: where it listens). */
+  advertiseUrl?: string;
+  /** --cluster-secret-file, and LLMGW_CLUSTER_SECRET's value: what every server sharing the database is given. */
+  clusterSecretFile?: string;
+  clusterSecret?: string;
+  /** How often a standby tries for the lead (default 1 s). */
+  leaderPollMs?: number;
+  /** Several servers: mirror fetches run on this server (by name) instead of the leader. */
+  mirrorOn?: string;
   logger: Logger;
 }
 
 export interface ServerParts {
   store: Store;
+  /** This server among those sharing the store, and who leads. */
+  members: ClusterMembers;
+  leadership: Leadership;
   mirror: Mirror;
   catalog: Catalog;
   keys: KeyService;
   replicas: ReplicaTable;
-  fleet: Fleet;
+  /** This server's Fleet; only while it leads (always, on SQLite). */
+  readonly fleet: Fleet;
   /** The join token agents join with (DATA_DIR/join.token). */
   joinToken: () => string;
   logger: Logger;
@@ -166,40 +193,97 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     lock.release();
     throw error;
   }
-  const mirror = new Mirror({ store, root: path.join(config.dataDir, "mirror"), logger });
+  let secretBox: SecretBox;
+  let members: ClusterMembers;
+  try {
+    // Engine keys, channels and the join token are sealed with it: every server on the database needs the same one.
+    const secret = loadClusterSecret({
+      ...(config.clusterSecretFile === undefined ? {} : { file: config.clusterSecretFile }),
+      ...(config.clusterSecret === undefined ? {} : { env: config.clusterSecret }),
+      dataDirBox: () => SecretBox.forDataDir(config.dataDir),
+    });
+    secretBox = secret.box;
+    members = new ClusterMembers({
+      store,
+      dataDir: config.dataDir,
+      self: { name: config.serverName ?? os.hostname(), url: config.advertiseUrl ?? `http://${formatHostPort(config.host, config.port)}`, version: LLMGW_VERSION, secretCheck: secretBox.checkValue(), secretSource: secret.source },
+      logger,
+    });
+    // Refuses a server given another secret, or a second server of this name.
+    await members.join();
+  } catch (error) {
+    await store.close().catch(() => undefined);
+    lock.release();
+    throw error;
+  }
+  const box = secretBox;
+  const mirror = new Mirror({
+    store,
+    root: path.join(config.dataDir, "mirror"),
+    logger,
+    // Servers sharing the database: each mirror file has its holders, and a server without
+    // the bytes sends nodes to one that has them (307 with a grant signed by the cluster secret).
+    ...(store.dialect === "postgres"
+      ? {
+          cluster: {
+            self: members.name,
+            liveServers: async () => (await members.list()).filter((member) => member.live).map((member) => ({ name: member.name, url: member.url })),
+            mac: (text: string) => box.mac(text),
+          },
+        }
+      : {}),
+  });
   // Keys name guard models and the catalog keeps the guards keys name: each asks the other through a closure.
   const catalog: Catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
   const keys: KeyService = new KeyService({ store, guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key") });
   const replicas = new ReplicaTable();
   const events = new EventLog({ store, logger });
-  const box = SecretBox.forDataDir(config.dataDir);
+  const feed = new ChangeFeed({ store, logger });
+  const leadership: Leadership =
+    store.dialect === "postgres" ? new PostgresLeadership({ store, name: members.name, logger, ...(config.leaderPollMs === undefined ? {} : { pollMs: config.leaderPollMs }) }) : new SoleLeadership(store);
   let joinToken = "";
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
   let inFlightOf = (_replicaId: string): number => 0;
-  const fleet = new Fleet({
-    store,
-    catalog,
-    replicas,
-    mirror,
-    box,
-    joinToken: () => joinToken,
-    logger,
-    events,
-    // A replica the gateway has requests at is drained before its engine is stopped.
-    inFlight: (replicaId) => inFlightOf(replicaId),
-    ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
-    ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
-    ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
-  });
+  let recheck = (_modelId: string): void => {};
+  const follower = store.dialect === "postgres" ? new FleetFollower({ store, box, catalog, replicas, feed, joinToken: () => joinToken, logger }) : null;
+  // Made below, once the services it starts exist; the closures here run after that.
+  let role: ServerRole | undefined;
+  const fleetAccess = new FleetAccess({ leading: () => role?.fleet ?? null, follower: () => follower, tellDemand: (modelId) => feed.tell("demand", modelId) });
+  const makeFleet = (takeover: boolean): Fleet => {
+    const fleet = new Fleet({
+      store,
+      catalog,
+      replicas,
+      mirror,
+      box,
+      joinToken: () => joinToken,
+      logger,
+      events,
+      fence: leadership,
+      takeover,
+      // A replica the gateway has requests at is drained before its engine is stopped.
+      inFlight: (replicaId) => inFlightOf(replicaId),
+      ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
+      ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
+      ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
+    });
+    fleet.onStatusChange((modelId) => recheck(modelId));
+    return fleet;
+  };
   const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
   // One planner for GET /api/v1/plan, mirror fetches without a quant and serve jobs, so all pick the same artifact.
   // Against the fleet's nodes once any has joined; before that, this machine.
-  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleet.nodes.list()) ?? localPool(), signal });
+  const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleetAccess.nodes()) ?? localPool(), signal });
   const jobDependencies = {
     catalog,
     mirror,
     registry,
-    fleet,
+    // Jobs run on the leader only, with its Fleet of the term.
+    get fleet(): Fleet {
+      const fleet = role?.jobsFleet ?? null;
+      if (fleet === null) throw new NotLeaderError("This server does not lead the cluster; jobs run on the leader.");
+      return fleet;
+    },
     planner,
     smokeTest: config.smokeTest ?? smokeTestReplica,
     logger,
@@ -208,6 +292,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const jobs = new JobRunner({
     store,
     logger,
+    fence: leadership,
     handlers: { serve: serveJobHandler(jobDependencies), update: updateJobHandler(jobDependencies) },
     onFinished: (job) => {
       const event = jobEvent(job);
@@ -215,37 +300,14 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     },
   });
   const updates = new UpdateChecker({ store, catalog, registry, logger, events, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
-  let stopExternalSync = () => {};
-  try {
-    joinToken = ensureJoinToken(config.dataDir);
-    await catalog.refresh();
-    stopExternalSync = syncExternalReplicas(catalog, replicas);
-    // Before the fleet's first pass: an update cut by the last stop holds its old replicas again.
-    await jobs.recover();
-    await fleet.start();
-    // The first pass knows every model's weights before an agent asks for its assignments.
-    await fleet.settled();
-    // Fetches cut off by the last stop are listed as incomplete, never as present.
-    const recovered = await mirror.recover();
-    if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
-  } catch (error) {
-    // Nothing of this start may outlive it: a caller that retries must find the data dir free.
-    stopExternalSync();
-    await fleet.stop().catch(() => undefined);
-    await mirror.close().catch(() => undefined);
-    await registry.close().catch(() => undefined);
-    await store.close().catch(() => undefined);
-    lock.release();
-    throw error;
-  }
-
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
   const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
   const limits: LimitsService = new LimitsService({
     store,
     logger,
-    onBudgetRefused: (refusal) => budgetAlerts.refused(refusal),
+    // Announced by the leader; its periodic check finds a budget spent through another server too.
+    onBudgetRefused: (refusal) => (role?.fleet === null ? undefined : budgetAlerts.refused(refusal)),
     ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }),
   });
   const budgetAlerts: BudgetAlerts = new BudgetAlerts({
@@ -260,7 +322,65 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const channels = new ChannelStore({ store, box });
   let consoleUrl = config.publicUrl ?? "";
   const notifier = new Notifier({ store, events, channels, logger, consoleUrl: () => consoleUrl, ...(config.notify === undefined ? {} : { settings: config.notify }) });
-  const follower = new EventFollower({ events, logger });
+  role = new ServerRole({ makeFleet, services: { jobs, updates, budgetAlerts, notifier, usageRetention }, follower, name: members.name, logger });
+  const serverRole = role;
+  const audit = auditTrail(store);
+  const sessions = new ConsoleSessions({
+    store,
+    keys,
+    audit,
+    ...(config.publicUrl === undefined ? {} : { publicUrl: config.publicUrl }),
+    ...(config.consoleSessionTtlMs === undefined ? {} : { ttlMs: config.consoleSessionTtlMs }),
+  });
+  let stopExternalSync = () => {};
+  const unsubscribers: Array<() => void> = [];
+  const stopFollowing = async () => {
+    for (const unsubscribe of unsubscribers) unsubscribe();
+    serverRole.closingDown();
+    await feed.stop();
+  };
+  try {
+    joinToken = await sharedJoinToken(store, box, config.dataDir);
+    await catalog.refresh();
+    stopExternalSync = syncExternalReplicas(catalog, replicas);
+    // What other servers change reaches this one within a second (PostgreSQL; SQLite has no others).
+    unsubscribers.push(
+      feed.subscribe(["models", "model_aliases"], () => catalog.refresh()),
+      feed.subscribe(["api_keys"], () => keys.forgetCached()),
+      feed.subscribe(["console_sessions"], () => sessions.forgetCached()),
+      // A standby's clients used an on-demand model: the leader counts it as a request.
+      feed.onTold("demand", (modelId) => {
+        const fleet = serverRole.fleet;
+        const model = catalog.list().find((m) => m.id === modelId);
+        if (fleet === null || model === undefined) return;
+        fleet.requested(model);
+        fleet.finished(model);
+      }),
+    );
+    await feed.start();
+    // A standby routes from the leader's rows from the start; one that wins the lead stops following.
+    await follower?.start();
+    // SQLite: this server leads now. Before the fleet's first pass there, an update cut by
+    // the last stop holds its old replicas again, and the first pass knows every model's
+    // weights before an agent asks for its assignments.
+    await leadership.start(serverRole);
+    // Fetches cut off by the last stop are listed as incomplete, never as present.
+    const recovered = await mirror.recover();
+    if (recovered.interrupted + recovered.missing + recovered.unconfirmed > 0) logger.info(recovered, "mirror recovered files of an earlier run");
+  } catch (error) {
+    // Nothing of this start may outlive it: a caller that retries must find the data dir free.
+    stopExternalSync();
+    await stopFollowing().catch(() => undefined);
+    await leadership.stop().catch(() => undefined);
+    await members.leave();
+    await mirror.close().catch(() => undefined);
+    await registry.close().catch(() => undefined);
+    await store.close().catch(() => undefined);
+    lock.release();
+    throw error;
+  }
+
+  const eventFollower = new EventFollower({ events, logger });
   // Open event streams end when the server closes, so closing does not wait on them.
   const closingStreams = new AbortController();
   const metrics: Metrics = new Metrics({
@@ -271,8 +391,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       // Read at scrape time only, after the gateway below exists.
       inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
       waitingFor: (modelId): number => gateway.waitingFor(modelId),
-      isParked: (modelId) => fleet.status(modelId).parked !== null,
-      nodes: () => fleet.nodes.list(),
+      isParked: (modelId) => fleetAccess.status(modelId).parked !== null,
+      nodes: () => fleetAccess.nodes(),
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
     },
   });
@@ -295,15 +415,29 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     maxBodyBytes: config.maxBodyBytes,
     bodyTimeoutMs: config.bodyTimeoutMs,
     stalledReaderMs: config.stalledReaderMs,
-    fleetStatus: (modelId) => fleet.status(modelId),
-    onDemand: fleet,
+    fleetStatus: (modelId) => fleetAccess.status(modelId),
+    onDemand: fleetAccess,
     limits,
     metrics,
     guards,
   });
-  fleet.onStatusChange((modelId) => gateway.recheck(modelId));
+  recheck = (modelId) => gateway.recheck(modelId);
   inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
-  const parts: ServerParts = { store, mirror, catalog, keys, replicas, fleet, joinToken: () => joinToken, logger, config };
+  const parts: ServerParts = {
+    store,
+    members,
+    leadership,
+    mirror,
+    catalog,
+    keys,
+    replicas,
+    get fleet(): Fleet {
+      return fleetAccess.leader();
+    },
+    joinToken: () => joinToken,
+    logger,
+    config,
+  };
   let attachment: Attachment | undefined;
   let ready = false;
   const readiness = async (): Promise<Readiness> => {
@@ -322,14 +456,6 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     return { status: "ready", usage_rows_dropped: usageRowsDropped };
   };
   const bodyLimits: BodyLimits = { ...JSON_API_BODY_LIMITS, timeoutMs: config.bodyTimeoutMs ?? JSON_API_BODY_LIMITS.timeoutMs };
-  const audit = auditTrail(store);
-  const sessions = new ConsoleSessions({
-    store,
-    keys,
-    audit,
-    ...(config.publicUrl === undefined ? {} : { publicUrl: config.publicUrl }),
-    ...(config.consoleSessionTtlMs === undefined ? {} : { ttlMs: config.consoleSessionTtlMs }),
-  });
   const adminApi = createAdminApi({
     sessions,
     catalog,
@@ -343,11 +469,12 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     serve: { jobs, updates },
     usage: { store },
-    events: { events, follower, closing: closingStreams.signal },
+    events: { events, follower: eventFollower, closing: closingStreams.signal },
     notify: { channels, notifier },
+    cluster: { store, members },
     planner,
     bodyLimits,
-    fleet,
+    fleet: fleetAccess,
     joinToken: () => joinToken,
   });
   const adminListener = getRequestListener(adminApi.fetch);
@@ -355,13 +482,14 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     mirror,
     // Weights go to nodes, each with its own credential; admin and client keys are not node credentials.
     authorize: async (req) => {
-      fleet.nodes.authenticate(bearerToken(req.headers.authorization));
+      fleetAccess.authenticateNode(bearerToken(req.headers.authorization));
     },
     logger,
   });
   const playground = createPlaygroundHandler({ sessions, keys, gateway });
   const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
-  const agentListener = getRequestListener(createAgentApi({ fleet, logger, bodyLimits }).fetch);
+  const agentListener = getRequestListener(createAgentApi({ fleet: { join: (r) => fleetAccess.leader().join(r), heartbeat: (c, r) => fleetAccess.leader().heartbeat(c, r), assignments: (c, o) => fleetAccess.leader().assignments(c, o) }, logger, bodyLimits }).fetch);
+  const forwarder = store.dialect === "postgres" ? new LeaderForwarder({ store, members, logger }) : null;
 
   const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
   const listenerOptions: http.ServerOptions = {
@@ -376,8 +504,20 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   };
   const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
+    // HTTP/1.0 has no Host (load balancers' plain health checks send none); the routing needs one.
+    req.headers.host ??= `${config.host}:${config.port}`;
     if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
-    else if (isPlaygroundRequest(url)) void playground(req, res);
+    else if (forwarder !== null && config.mirrorOn !== undefined && isMirrorFetch(req.method ?? "GET", url)) {
+      // Fetches go to the mirror server the operator chose.
+      if (config.mirrorOn === members.name) void adminListener(req, res);
+      else void forwarder.forward(req, res, config.mirrorOn);
+    } else if (forwarder !== null && serverRole.fleet === null && isLeaderRequest(req.method ?? "GET", url)) {
+      // Only the leader can answer: a standby passes it on; one that is taking the lead asks for a retry.
+      if (serverRole.takingLead) {
+        req.resume();
+        sendError(req, res, new NotLeaderError("This server is taking the lead of the cluster; retry in a moment."));
+      } else void forwarder.forward(req, res);
+    } else if (isPlaygroundRequest(url)) void playground(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
     else if (isMetricsRequest(url)) metricsListener(req, res);
     else if (url.startsWith(`${AGENT_API_PREFIX}/`)) void agentListener(req, res);
@@ -393,95 +533,103 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     });
     server.listen(config.port, config.host, resolve);
   });
-  let refreshTimer: NodeJS.Timeout | undefined;
-  /** Undoes a start that failed halfway, so a caller that catches the error leaks nothing. */
-  const abandonStart = async () => {
-    if (refreshTimer !== undefined) clearInterval(refreshTimer);
-    updates.stop();
-    closingStreams.abort();
-    follower.close();
-    await jobs.close();
-    await budgetAlerts.stop();
-    await notifier.stop();
-    await attachment?.stop().catch(() => undefined);
+  /** Stops what runs in every role and closes the store; the leader's services are stopped by the leadership's stand-by. */
+  const shutDown = async (graceful: boolean) => {
+    ready = false;
     stopExternalSync();
-    await fleet.stop();
-    server.close();
-    server.closeAllConnections();
+    closingStreams.abort();
+    eventFollower.close();
+    fleetAccess.close();
+    await stopFollowing();
+    // Before the local agent, the mirror and the fleet: a running job stops where it is (resumed by the next leader or start).
+    await serverRole.stopServices();
+    if (graceful) await attachment?.stop();
+    else await attachment?.stop().catch(() => undefined);
+    // A leader gives up the lead here (its fleet stops; a standby takes over within its poll).
+    await leadership.stop();
+    await new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      server.closeIdleConnections();
+      if (!graceful) server.closeAllConnections();
+      setTimeout(() => server.closeAllConnections(), 2000).unref();
+    });
+    forwarder?.close();
+    gateway.close();
+    await pools.closeAll();
     await mirror.close();
     await registry.close();
+    await usageRetention.stop();
+    await usage.close();
+    await limits.close();
+    await members.leave();
     await store.close();
-    lock.release();
   };
   let createdAdminKey: string | null;
   try {
     await listening;
     // Only once the address is ours: a start that fails must not mint a key nobody saw.
     createdAdminKey = await ensureAdminKey(keys, config.dataDir);
-    // Other servers write the same PostgreSQL catalog; see their changes within seconds.
-    if (store.dialect === "postgres") {
-      refreshTimer = setInterval(() => catalog.refresh().catch((error: unknown) => logger.warn({ err: describeError(error) }, "catalog refresh failed")), 5000);
-      refreshTimer.unref();
-    }
+    if (config.advertiseUrl === undefined) await members.setUrl(reachableUrl(server.address() as AddressInfo));
     attachment = withAgent === undefined ? undefined : await withAgent(parts);
-    // Jobs cut by the last stop continue once this server's own node (if any) is back.
-    await jobs.start();
-    updates.start();
     consoleUrl ||= server.address() === null ? "" : reachableUrl(server.address() as AddressInfo);
-    await budgetAlerts.start();
-    await notifier.start();
+    // A leader's jobs cut by the last stop continue once this server's own node (if any) is back; its services start.
+    await serverRole.serve();
   } catch (error) {
-    await abandonStart();
+    await shutDown(false).catch(() => undefined);
+    lock.release();
     throw error;
   }
   const url = listeningUrl(server.address() as AddressInfo);
   lock.setAddress(url);
   const instance = lock.holder.instance;
   writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid, instance }) + "\n");
-  usageRetention.start();
   ready = true;
-  logger.info({ url, database: store.location }, "llmgw server listening");
+  logger.info({ url, database: store.location, server: members.name, leading: leadership.leading }, "llmgw server listening");
 
   let closing: Promise<void> | undefined;
   const close = () => {
     closing ??= (async () => {
-      ready = false;
-      if (refreshTimer !== undefined) clearInterval(refreshTimer);
-      stopExternalSync();
-      updates.stop();
-      closingStreams.abort();
-      follower.close();
-      await budgetAlerts.stop();
-      await notifier.stop();
-      // Before the mirror and the fleet: a running job stops where it is and resumes on the next start.
-      await jobs.close();
-      await attachment?.stop();
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeIdleConnections();
-        setTimeout(() => server.closeAllConnections(), 2000).unref();
-      });
-      gateway.close();
-      await pools.closeAll();
-      await mirror.close();
-      await registry.close();
-      await usageRetention.stop();
-      await usage.close();
-      await limits.close();
-      await fleet.stop();
-      await store.close();
+      await shutDown(true);
       removeServerInfoIfOurs(config.dataDir, instance);
       lock.release();
     })();
     return closing;
   };
-  return { ...parts, url, gateway, limits, metrics, events, notifier, budgetAlerts, createdAdminKey, close };
+  // Not a spread of `parts`: that would read its `fleet` getter once, now.
+  return {
+    store,
+    members,
+    leadership,
+    mirror,
+    catalog,
+    keys,
+    replicas,
+    get fleet(): Fleet {
+      return fleetAccess.leader();
+    },
+    joinToken: () => joinToken,
+    logger,
+    config,
+    url,
+    gateway,
+    limits,
+    metrics,
+    events,
+    notifier,
+    budgetAlerts,
+    createdAdminKey,
+    close,
+  };
 }
 
 /** Where people can open the console when no --public-url says: an address bound to every interface is not one to click. */
 function reachableUrl(address: AddressInfo): string {
   const unspecified = address.address === "0.0.0.0" || address.address === "::";
   return unspecified ? `http://${os.hostname()}:${address.port}` : listeningUrl(address);
+}
+
+function formatHostPort(host: string, port: number): string {
+  return `${host.includes(":") ? `[${host}]` : host}:${port}`;
 }
 
 function listeningUrl(address: AddressInfo): string {

@@ -354,7 +354,73 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.createIndex("console_sessions_expiry").on("console_sessions").column("expires_at").execute();
     },
   }),
+  // Many servers on one PostgreSQL (issue 11). `cluster_members`: each server's row, by its
+  // name (one per data dir), with where it listens, its version, when it was last seen, and
+  // a check value of its cluster secret (an HMAC, not the secret), so servers given
+  // different secrets find out at start. `cluster_leader`: the one row whose term is the
+  // fencing token (a new leader bumps it; writes of a stale one are refused). Settings the
+  // whole cluster shares (the join token, sealed). `mirror_holders`: which server holds the
+  // verified bytes of which mirror file, and `mirror_files.fetched_by` the server whose
+  // disk has a fetch's partial bytes. On PostgreSQL, writes to the tables other servers
+  // follow send a NOTIFY (schema.table) on commit, so they hear of it within a second.
+  "0012_cluster": (dialect) => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("cluster_members")
+        .addColumn("name", "text", (c) => c.primaryKey())
+        .addColumn("instance", "text", (c) => c.notNull())
+        .addColumn("data_dir_id", "text", (c) => c.notNull())
+        .addColumn("url", "text", (c) => c.notNull())
+        .addColumn("version", "text", (c) => c.notNull())
+        .addColumn("secret_check", "text", (c) => c.notNull())
+        .addColumn("started_at", "text", (c) => c.notNull())
+        .addColumn("last_seen", "text", (c) => c.notNull())
+        .addColumn("stopped_at", "text")
+        .execute();
+      await db.schema
+        .createTable("cluster_leader")
+        .addColumn("id", "integer", (c) => c.primaryKey())
+        .addColumn("term", "bigint", (c) => c.notNull())
+        .addColumn("leader", "text")
+        .addColumn("since", "text")
+        .execute();
+      await sql`insert into cluster_leader (id, term, leader, since) values (1, 0, null, null)`.execute(db);
+      await db.schema
+        .createTable("cluster_settings")
+        .addColumn("name", "text", (c) => c.primaryKey())
+        .addColumn("value", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createTable("mirror_holders")
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("version", "text", (c) => c.notNull())
+        .addColumn("file", "text", (c) => c.notNull())
+        .addColumn("server", "text", (c) => c.notNull())
+        .addColumn("sha256", "text", (c) => c.notNull())
+        .addColumn("size", "bigint", (c) => c.notNull())
+        .addColumn("verified_at", "text", (c) => c.notNull())
+        .addPrimaryKeyConstraint("mirror_holders_pk", ["model", "version", "file", "server"])
+        .execute();
+      await db.schema.alterTable("mirror_files").addColumn("fetched_by", "text").execute();
+      if (dialect !== "postgres") return;
+      await sql`create or replace function llmgw_notify_change() returns trigger language plpgsql as $$
+        begin
+          perform pg_notify('llmgw_changes', tg_table_schema || '.' || tg_table_name);
+          return null;
+        end $$`.execute(db);
+      for (const table of CHANGE_FEED_TABLES) {
+        await sql`create trigger llmgw_changes after insert or update or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(db);
+      }
+    },
+  }),
 };
+
+/**
+ * The tables whose writes other servers follow (src/cluster/change-feed.ts): the catalog,
+ * keys, replicas and parking, nodes, console sessions and mirror holders.
+ */
+export const CHANGE_FEED_TABLES = ["models", "model_aliases", "api_keys", "replicas", "model_states", "nodes", "console_sessions", "mirror_holders", "cluster_leader"] as const;
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */
 const MIGRATION_LOCK_KEY = 0x6c6d6777;

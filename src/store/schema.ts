@@ -266,6 +266,51 @@ export interface MirrorFilesTable {
   verified_at: string | null;
   created_at: string;
   updated_at: string;
+  /** The server whose disk holds this fetch's bytes (it ran or runs the fetch); null before 0012. */
+  fetched_by: string | null;
+}
+
+/** A server that holds the verified bytes of a mirror file (one row per server). */
+export interface MirrorHoldersTable {
+  model: string;
+  version: string;
+  file: string;
+  /** The holding server's name (cluster_members.name). */
+  server: string;
+  sha256: string;
+  size: number;
+  verified_at: string;
+}
+
+/** One llmgw server of those sharing this database (its name is its data dir's, across restarts). */
+export interface ClusterMembersTable {
+  name: string;
+  /** Random per start of the server. */
+  instance: string;
+  /** Random per data dir (DATA_DIR/server.id): a restart of the same server takes its name back at once. */
+  data_dir_id: string;
+  /** Where the other servers reach it (its --advertise-url, else where it listens). */
+  url: string;
+  version: string;
+  /** HMAC-SHA256 of a fixed text under the cluster secret: equal values mean equal secrets. */
+  secret_check: string;
+  started_at: string;
+  last_seen: string;
+  stopped_at: string | null;
+}
+
+/** The single row (id 1) of leadership: term is the fencing token. */
+export interface ClusterLeaderTable {
+  id: number;
+  term: number;
+  leader: string | null;
+  since: string | null;
+}
+
+export interface ClusterSettingsTable {
+  name: string;
+  value: string;
+  updated_at: string;
 }
 
 /** One row the store rewrites to learn whether writes work again after a storage fault. */
@@ -335,4 +380,8 @@ export interface Database {
   model_updates: ModelUpdatesTable;
   key_budgets: KeyBudgetsTable;
   key_rate_windows: KeyRateWindowsTable;
+  mirror_holders: MirrorHoldersTable;
+  cluster_members: ClusterMembersTable;
+  cluster_leader: ClusterLeaderTable;
+  cluster_settings: ClusterSettingsTable;
 }

@@ -43,6 +43,12 @@ export interface Store {
    * second) when there is one; null when writes work.
    */
   checkWrites(): Promise<StorageFaultState | null>;
+  /**
+   * PostgreSQL only: a connection of its own, outside the pool, with the store's schema as
+   * its search path: for what lives as long as a session (LISTEN, the leader's advisory
+   * lock). The caller ends it.
+   */
+  dedicatedClient?(): Promise<pg.Client>;
   close(): Promise<void>;
 }
 
@@ -153,7 +159,18 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
   const health = new StorageHealth();
   const where = `PostgreSQL at ${location}`;
   const db = new Kysely<Database>({ dialect: new FaultNamingDialect(new PostgresDialect({ pool }), { where, health }) });
-  return { db, dialect: "postgres", schema: schema ?? "public", location, health, ...faultHandling(db, where, health, () => true), close: () => db.destroy() };
+  const dedicatedClient = async (): Promise<pg.Client> => {
+    // Keepalives on both ends: a leader whose machine vanishes (no FIN, no RST) must lose
+    // its session, and with it the advisory lock, in seconds rather than the kernel's hours.
+    const client = new pg.Client({ connectionString: options.database, keepAlive: true, keepAliveInitialDelayMillis: 5000, ...(schema === undefined ? {} : { options: `-c search_path=${schema}` }) });
+    client.on("error", () => {
+      // Reported to the owner through its own "end" listener; an unhandled "error" would end the process.
+    });
+    await client.connect();
+    await client.query("set tcp_keepalives_idle = 5; set tcp_keepalives_interval = 2; set tcp_keepalives_count = 3");
+    return client;
+  };
+  return { db, dialect: "postgres", schema: schema ?? "public", location, health, ...faultHandling(db, where, health, () => true), dedicatedClient, close: () => db.destroy() };
 }
 
 /** Below this much free space a data dir that ran full does not count as writable again. */

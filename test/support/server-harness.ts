@@ -61,7 +61,15 @@ export interface HarnessOptions {
   notify?: Pick<ServerConfig, "notify" | "budgetAlertShare" | "budgetCheckIntervalMs" | "publicUrl">;
   /** How long a console login lasts. */
   consoleSessionTtlMs?: number;
+  /**
+   * Servers sharing a PostgreSQL database: this one's name and the cluster secret they share
+   * (defaults: a random name, and one secret for every harness of the test run).
+   */
+  cluster?: { name?: string; secret?: string; leaderPollMs?: number };
 }
+
+/** The cluster secret harnesses on one PostgreSQL share unless a test gives another. */
+export const TEST_CLUSTER_SECRET = "test-cluster-secret-of-llmgw-harnesses-0123456789";
 
 export async function startHarness(options: HarnessOptions = {}): Promise<Harness> {
   const dataDir = options.dataDir ?? mkdtempSync(path.join(tmpdir(), "llmgw-harness-"));
@@ -92,6 +100,13 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       ...options.metrics,
       ...options.notify,
       ...(options.consoleSessionTtlMs === undefined ? {} : { consoleSessionTtlMs: options.consoleSessionTtlMs }),
+      ...(options.database === undefined
+        ? {}
+        : {
+            serverName: options.cluster?.name ?? `harness-${Math.random().toString(36).slice(2, 8)}`,
+            clusterSecret: options.cluster?.secret ?? TEST_CLUSTER_SECRET,
+            ...(options.cluster?.leaderPollMs === undefined ? {} : { leaderPollMs: options.cluster.leaderPollMs }),
+          }),
     },
     options.withAgent,
   );

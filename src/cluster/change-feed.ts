@@ -1,0 +1,198 @@
+// How a server hears that another changed something it keeps in memory (the catalog, keys,
+// replica rows, parking, nodes, console sessions, mirror holders). Migration 0012 has
+// PostgreSQL send `NOTIFY llmgw_changes, 'schema.table'` when a write to one of those
+// tables commits; this module LISTENs on a connection of its own and tells each subscriber
+// of the tables it follows. Changes of one table within `coalesceMs` make one call.
+//
+// Notifications are not stored: one sent while the connection was down is lost. So after
+// every (re)connect, and every `resyncMs` as a safety net, every subscriber is called as if
+// all its tables had changed, and reloads.
+//
+// SQLite has one server, whose own writes already update its memory: the feed is silent.
+import type pg from "pg";
+import { sql } from "kysely";
+import { describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Store } from "../store/store.ts";
+import type { CHANGE_FEED_TABLES } from "../store/migrations.ts";
+
+export type FollowedTable = (typeof CHANGE_FEED_TABLES)[number];
+export type ChangeListener = (tables: ReadonlySet<FollowedTable>) => void | Promise<void>;
+
+export const CHANGE_FEED_DEFAULTS = {
+  coalesceMs: 20,
+  resyncMs: 30_000,
+  reconnectMs: 1_000,
+} as const;
+
+const CHANNEL = "llmgw_changes";
+
+interface Subscription {
+  tables: ReadonlySet<FollowedTable>;
+  listener: ChangeListener;
+  pending: Set<FollowedTable>;
+  timer: NodeJS.Timeout | undefined;
+  /** One call at a time per subscriber; changes meanwhile make one more call after it. */
+  running: Promise<void>;
+}
+
+/** A message one server sends the others (not a table write): `~topic:value` after the schema. */
+type TopicListener = (value: string) => void;
+
+export class ChangeFeed {
+  private readonly subscriptions = new Set<Subscription>();
+  private readonly topics = new Map<string, Set<TopicListener>>();
+  private client: pg.Client | null = null;
+  private resyncTimer: NodeJS.Timeout | undefined;
+  private reconnectTimer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  private readonly settings: { coalesceMs: number; resyncMs: number; reconnectMs: number };
+
+  constructor(
+    private readonly options: {
+      store: Store;
+      logger: Logger;
+      coalesceMs?: number;
+      resyncMs?: number;
+      reconnectMs?: number;
+    },
+  ) {
+    this.settings = {
+      coalesceMs: options.coalesceMs ?? CHANGE_FEED_DEFAULTS.coalesceMs,
+      resyncMs: options.resyncMs ?? CHANGE_FEED_DEFAULTS.resyncMs,
+      reconnectMs: options.reconnectMs ?? CHANGE_FEED_DEFAULTS.reconnectMs,
+    };
+  }
+
+  /** Whether other servers can write this database (PostgreSQL): only then is there anything to hear. */
+  get shared(): boolean {
+    return this.options.store.dialect === "postgres";
+  }
+
+  /** Calls `listener` after other servers' writes to any of `tables` (and at resyncs). */
+  subscribe(tables: readonly FollowedTable[], listener: ChangeListener): () => void {
+    const subscription: Subscription = { tables: new Set(tables), listener, pending: new Set(), timer: undefined, running: Promise.resolve() };
+    this.subscriptions.add(subscription);
+    return () => {
+      this.subscriptions.delete(subscription);
+      if (subscription.timer !== undefined) clearTimeout(subscription.timer);
+    };
+  }
+
+  /** Calls `listener` with each value other servers `tell` on the topic. */
+  onTold(topic: string, listener: TopicListener): () => void {
+    const listeners = this.topics.get(topic) ?? new Set<TopicListener>();
+    listeners.add(listener);
+    this.topics.set(topic, listeners);
+    return () => listeners.delete(listener);
+  }
+
+  /** Sends a value on a topic to every server listening (this one too); lost if none listens. */
+  tell(topic: string, value: string): void {
+    if (!this.shared) return;
+    void sql`select pg_notify(${CHANNEL}, ${`${this.options.store.schema}.~${topic}:${value}`})`
+      .execute(this.options.store.db)
+      .catch((error: unknown) => this.options.logger.warn({ topic, err: describeError(error) }, "could not tell the other servers"));
+  }
+
+  /** Starts listening (PostgreSQL); resolves once the first LISTEN is in place. */
+  async start(): Promise<void> {
+    if (!this.shared) return;
+    await this.connect();
+    this.resyncTimer = setInterval(() => this.resync(), this.settings.resyncMs);
+    this.resyncTimer.unref();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.resyncTimer !== undefined) clearInterval(this.resyncTimer);
+    if (this.reconnectTimer !== undefined) clearTimeout(this.reconnectTimer);
+    for (const subscription of this.subscriptions) if (subscription.timer !== undefined) clearTimeout(subscription.timer);
+    const client = this.client;
+    this.client = null;
+    await client?.end().catch(() => undefined);
+    await Promise.all([...this.subscriptions].map((subscription) => subscription.running));
+  }
+
+  /** Every subscriber reloads everything it follows. */
+  resync(): void {
+    for (const subscription of this.subscriptions) for (const table of subscription.tables) this.mark(subscription, table);
+  }
+
+  private async connect(): Promise<void> {
+    try {
+      const client = await this.options.store.dedicatedClient!();
+      if (this.stopped) {
+        await client.end();
+        return;
+      }
+      client.on("notification", (message) => {
+        if (message.channel !== CHANNEL || message.payload === undefined) return;
+        const dot = message.payload.indexOf(".");
+        // Other schemas of the same database (other llmgw installs, tests) notify on the same channel.
+        if (message.payload.slice(0, dot) !== this.options.store.schema) return;
+        const rest = message.payload.slice(dot + 1);
+        if (rest.startsWith("~")) this.told(rest.slice(1));
+        else this.changed(rest as FollowedTable);
+      });
+      client.on("end", () => {
+        if (this.client !== client) return;
+        this.client = null;
+        if (!this.stopped) {
+          this.options.logger.warn("lost the connection that hears other servers' changes; reconnecting");
+          this.scheduleReconnect();
+        }
+      });
+      await client.query(`listen ${CHANNEL}`);
+      this.client = client;
+      // Whatever was written while nobody listened is read now.
+      this.resync();
+    } catch (error) {
+      this.options.logger.warn({ err: describeError(error) }, "could not listen for other servers' changes; retrying");
+      this.scheduleReconnect();
+    }
+  }
+
+  private scheduleReconnect(): void {
+    if (this.stopped || this.reconnectTimer !== undefined) return;
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = undefined;
+      void this.connect();
+    }, this.settings.reconnectMs);
+    this.reconnectTimer.unref();
+  }
+
+  private told(message: string): void {
+    const colon = message.indexOf(":");
+    for (const listener of this.topics.get(message.slice(0, colon)) ?? []) {
+      try {
+        listener(message.slice(colon + 1));
+      } catch (error) {
+        this.options.logger.warn({ err: describeError(error) }, "a message from another server could not be handled");
+      }
+    }
+  }
+
+  private changed(table: FollowedTable): void {
+    for (const subscription of this.subscriptions) if (subscription.tables.has(table)) this.mark(subscription, table);
+  }
+
+  private mark(subscription: Subscription, table: FollowedTable): void {
+    subscription.pending.add(table);
+    if (subscription.timer !== undefined) return;
+    subscription.timer = setTimeout(() => {
+      subscription.timer = undefined;
+      subscription.running = subscription.running.then(async () => {
+        if (!this.subscriptions.has(subscription) || subscription.pending.size === 0) return;
+        const tables = new Set(subscription.pending);
+        subscription.pending.clear();
+        try {
+          await subscription.listener(tables);
+        } catch (error) {
+          this.options.logger.warn({ err: describeError(error), tables: [...tables] }, "could not take in another server's change; the next resync tries again");
+        }
+      });
+    }, this.settings.coalesceMs);
+    subscription.timer.unref();
+  }
+}

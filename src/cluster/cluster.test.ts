@@ -1,0 +1,237 @@
+// The parts that let several servers share one PostgreSQL, each against a real database:
+// joining (secrets and names checked against the live members), the leadership (one
+// leader, a standby taking over when its session ends, a stale leader's writes refused by
+// the term), and the change feed (other servers' writes heard within a second, other
+// schemas not heard).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { randomBytes } from "node:crypto";
+import pg from "pg";
+import { silentLogger } from "../core/log.ts";
+import { SecretBox } from "../core/secret-box.ts";
+import { openStore, type Store } from "../store/store.ts";
+import { dropSchema, postgresSchemaOrSkip, testBothStores, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
+import { eventually } from "../../test/support/eventually.ts";
+import { ClusterMembers } from "./cluster-members.ts";
+import { loadClusterSecret } from "./cluster-secret.ts";
+import { NotLeaderError, PostgresLeadership, type LeadershipListener } from "./leadership.ts";
+import { ChangeFeed, type FollowedTable } from "./change-feed.ts";
+
+const logger = silentLogger();
+const secretA = loadClusterSecret({ env: "a".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
+const secretB = loadClusterSecret({ env: "b".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
+
+function member(store: Store, name: string, box: SecretBox, options: { dataDir?: string; clock?: () => number } = {}) {
+  const dataDir = options.dataDir ?? mkdtempSync(path.join(tmpdir(), "llmgw-member-"));
+  return new ClusterMembers({
+    store,
+    dataDir,
+    self: { name, url: `http://${name}.example:8700`, version: "test", secretCheck: box.checkValue(), secretSource: "LLMGW_CLUSTER_SECRET" },
+    logger,
+    ...(options.clock === undefined ? {} : { clock: options.clock }),
+  });
+}
+
+test("a cluster secret is derived the same from the same text, differs from another, and is refused when short", () => {
+  const again = loadClusterSecret({ env: ` ${"a".repeat(40)}\n`, dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
+  assert.equal(again.checkValue(), secretA.checkValue());
+  assert.notEqual(secretA.checkValue(), secretB.checkValue());
+  assert.equal(again.open(secretA.seal("engine-key")), "engine-key", "one server opens what another sealed");
+  assert.equal(secretB.open(secretA.seal("engine-key")), null);
+  assert.throws(() => loadClusterSecret({ env: "short", dataDirBox: () => secretA }), /has 5 characters; it needs at least 32\. Make one with 'openssl rand -base64 48'/);
+  const fromDataDir = loadClusterSecret({ dataDirBox: () => secretB });
+  assert.equal(fromDataDir.source, "data dir");
+});
+
+testBothStores("joining refuses a live server with another secret or the same name, and takes over from one that is gone", async (store) => {
+  let now = Date.parse("2026-12-01T10:00:00Z");
+  const clock = () => now;
+  const dirs: string[] = [];
+  const dir = () => {
+    const made = mkdtempSync(path.join(tmpdir(), "llmgw-member-"));
+    dirs.push(made);
+    return made;
+  };
+  try {
+    const a = member(store, "a", secretA, { clock, dataDir: dir() });
+    await a.join();
+    const intruder = member(store, "c", secretB, { clock, dataDir: dir() });
+    await assert.rejects(intruder.join(), (error: Error & { code?: string }) => {
+      assert.equal(error.code, "cluster_secret_mismatch");
+      assert.match(error.message, /differs from that of the running server 'a' \(http:\/\/a\.example:8700\)/);
+      return true;
+    });
+    const twin = member(store, "a", secretA, { clock, dataDir: dir() });
+    await assert.rejects(twin.join(), /Another server named 'a' runs on this database \(http:\/\/a\.example:8700, last seen .*\)\. Give each server its own name with --server-name/);
+    const b = member(store, "b", secretA, { clock, dataDir: dir() });
+    await b.join();
+    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", true], ["b", true]]);
+
+    // a stops cleanly; then b's secret changes nothing for a server started with another one once no live member has b's.
+    await a.leave();
+    now += 11_000;
+    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", false], ["b", false]], "not seen for 11 s: gone");
+    await member(store, "c", secretB, { clock, dataDir: dir() }).join();
+    // A restart of the same server (same data dir) takes its name back even while its old row looks alive.
+    const sameDir = dir();
+    await member(store, "d", secretB, { clock, dataDir: sameDir }).join();
+    await member(store, "d", secretB, { clock, dataDir: sameDir }).join();
+  } finally {
+    for (const made of dirs) rmSync(made, { recursive: true, force: true });
+  }
+});
+
+/** A store on a fresh schema, and a second connection to the same schema (another server). */
+async function twoServersOnOneSchema(t: Parameters<typeof postgresSchemaOrSkip>[0]): Promise<{ a: Store; b: Store; cleanup: () => Promise<void> } | null> {
+  const database = await postgresSchemaOrSkip(t);
+  if (database === null) return null;
+  const a = await openStore(database);
+  const b = await openStore(database);
+  return {
+    a,
+    b,
+    cleanup: async () => {
+      await a.close();
+      await b.close();
+      await dropSchema(database.schema);
+    },
+  };
+}
+
+/** Ends the session holding the leader's advisory lock of this schema, from outside (as a network cut would). */
+async function terminateLeaderSession(schema: string): Promise<void> {
+  const killer = new pg.Client({ connectionString: TEST_POSTGRES_URL });
+  await killer.connect();
+  try {
+    const ended = await killer.query(
+      "select pg_terminate_backend(pid) as ended from pg_locks where locktype = 'advisory' and granted and classid = $1 and objsubid = 2 and objid::bigint = (hashtext($2)::bigint & 4294967295)",
+      [0x6c6c, schema],
+    );
+    assert.equal(ended.rowCount, 1, "one leader session of this schema");
+  } finally {
+    await killer.end();
+  }
+}
+
+function recordingListener() {
+  const seen: string[] = [];
+  const listener: LeadershipListener = {
+    lead: async (term, previous) => {
+      seen.push(`lead ${term} after ${previous ?? "none"}`);
+    },
+    standBy: async (why) => {
+      seen.push(`stand by: ${why}`);
+    },
+  };
+  return { seen, listener };
+}
+
+test("one leader; a standby takes over when the leader's session ends, and the old leader's writes are refused", async (t) => {
+  const stores = await twoServersOnOneSchema(t);
+  if (stores === null) return;
+  const a = new PostgresLeadership({ store: stores.a, name: "a", logger, pollMs: 50 });
+  // b polls slowly at first: while a leads it must not get the lock whatever it does.
+  const b = new PostgresLeadership({ store: stores.b, name: "b", logger, pollMs: 50 });
+  const la = recordingListener();
+  const lb = recordingListener();
+  try {
+    await a.start(la.listener);
+    await b.start(lb.listener);
+    assert.equal(a.leading, true);
+    assert.equal(a.term, 1);
+    assert.equal(b.leading, false);
+    await a.write((trx) => trx.insertInto("cluster_settings").values({ name: "x", value: "by a", updated_at: "now" }).execute());
+    await assert.rejects(b.write(async () => undefined), NotLeaderError, "a standby cannot write as the leader");
+
+    // a goes away (its session ends, as a killed process's does): b takes over with the next term.
+    await a.stop();
+    await eventually("b to lead", () => b.leading);
+    assert.equal(b.term, 2);
+    assert.deepEqual(lb.seen, ["lead 2 after a"]);
+    assert.deepEqual(la.seen, ["lead 1 after none", "stand by: the server is stopping"]);
+    await assert.rejects(a.write(async () => undefined), NotLeaderError, "a gone leader cannot write");
+    await b.write((trx) => trx.updateTable("cluster_settings").set({ value: "by b" }).where("name", "=", "x").execute());
+
+    // b's session is cut from outside (a network cut): b steps down at once, and leads again with a new term.
+    await terminateLeaderSession(stores.b.schema!);
+    await eventually("b to lead again", () => b.term === 3);
+    assert.match(lb.seen[1]!, /^stand by: its PostgreSQL session (ended|was lost)/);
+    assert.equal(lb.seen[2], "lead 3 after b");
+  } finally {
+    await a.stop();
+    await b.stop();
+    await stores.cleanup();
+  }
+});
+
+test("a leader that has not noticed it lost the lead has its write refused by the fencing term", async (t) => {
+  const stores = await twoServersOnOneSchema(t);
+  if (stores === null) return;
+  // a checks its session only once an hour: it cannot notice in time.
+  const a = new PostgresLeadership({ store: stores.a, name: "a", logger, pollMs: 3_600_000 });
+  const la = recordingListener();
+  try {
+    await a.start(la.listener);
+    assert.equal(a.term, 1);
+    // Another server took the lead meanwhile (after a's session was lost and found again, say): the term moved on.
+    await stores.b.db.updateTable("cluster_leader").set({ term: 2, leader: "b" }).where("id", "=", 1).execute();
+    assert.equal(a.leading, true, "a has not noticed");
+    let ran = false;
+    await assert.rejects(
+      a.write(async () => {
+        ran = true;
+      }),
+      (error: Error) => {
+        assert.ok(error instanceof NotLeaderError);
+        assert.match(error.message, /no longer leads the cluster \(term 2 is another server's\)/);
+        return true;
+      },
+    );
+    assert.equal(ran, false, "the write itself never ran");
+    await eventually("a to step down after the refused write", () => !a.leading);
+    assert.match(la.seen.at(-1)!, /stand by: another server leads now \(term 2, this server had 1\)/);
+  } finally {
+    await a.stop();
+    await stores.cleanup();
+  }
+});
+
+test("the change feed tells a server of another's writes within a second, not of other schemas', and carries messages", async (t) => {
+  const stores = await twoServersOnOneSchema(t);
+  if (stores === null) return;
+  const other = await postgresSchemaOrSkip(t);
+  const elsewhere = other === null ? null : await openStore(other);
+  const feed = new ChangeFeed({ store: stores.b, logger, resyncMs: 3_600_000 });
+  const heard: Array<ReadonlySet<FollowedTable>> = [];
+  const told: string[] = [];
+  try {
+    feed.subscribe(["console_sessions", "models"], (tables) => {
+      heard.push(tables);
+    });
+    feed.onTold("demand", (value) => told.push(value));
+    await feed.start();
+    // The first (re)connect resyncs everything once.
+    await eventually("the start's resync", () => heard.length === 1);
+    heard.length = 0;
+    await elsewhere!.db.insertInto("cluster_settings").values({ name: "elsewhere", value: "v", updated_at: "now" }).execute();
+    const session = (id: string) => ({ id, key_id: "k", key_hash: "h", created_at: "now", expires_at: "later" });
+    await elsewhere!.db.insertInto("console_sessions").values(session("s0")).execute();
+    const at = Date.now();
+    await stores.a.db.insertInto("console_sessions").values(session("s1")).execute();
+    await eventually("b to hear a's write", () => heard.length > 0, { intervalMs: 5 });
+    assert.ok(Date.now() - at < 1_000, `heard after ${Date.now() - at} ms`);
+    assert.deepEqual(heard.map((tables) => [...tables]), [["console_sessions"]], "one call, for the table written in this schema only");
+    const aFeed = new ChangeFeed({ store: stores.a, logger });
+    aFeed.tell("demand", "model-1");
+    await eventually("the message", () => told.length === 1);
+    assert.deepEqual(told, ["model-1"]);
+  } finally {
+    await feed.stop();
+    await elsewhere?.close();
+    if (other !== null) await dropSchema(other.schema);
+    await stores.cleanup();
+  }
+});

@@ -1,0 +1,128 @@
+// The fleet as a server that does not lead sees it: the leader's replica rows, parking and
+// nodes, read from the store whenever the change feed says they changed (and at resyncs).
+// It keeps the gateway's ReplicaTable equal to the rows, so this server routes to every
+// replica the leader placed, with the engine keys opened by the cluster secret; and it
+// answers what the gateway and the admin API ask of the fleet (parking, node credentials
+// for mirror downloads) without the reconciler, which only the leader runs.
+import { describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { SecretBox } from "../core/secret-box.ts";
+import type { Catalog } from "../catalog/catalog.ts";
+import type { Store } from "../store/store.ts";
+import { NodeRegistry, type FleetNode } from "../fleet/node-registry.ts";
+import { ParkedModels } from "../fleet/parked-models.ts";
+import { ReplicaRows, type ReplicaRecord } from "../fleet/replica-rows.ts";
+import type { ReplicaTable } from "../fleet/replica-table.ts";
+import { tableEntryOf } from "../fleet/record-projections.ts";
+import { isExternalReplicaId } from "../fleet/external-replicas.ts";
+import type { ModelFleetStatus } from "../fleet/fleet.ts";
+import type { ChangeFeed, FollowedTable } from "./change-feed.ts";
+
+export class FleetFollower {
+  private records = new Map<string, ReplicaRecord>();
+  private parked: ParkedModels;
+  private registry: NodeRegistry;
+  private unsubscribe: (() => void) | undefined;
+  private readonly rows: ReplicaRows;
+  private readonly clock: () => number;
+
+  constructor(
+    private readonly options: {
+      store: Store;
+      box: SecretBox;
+      catalog: Catalog;
+      replicas: ReplicaTable;
+      feed: ChangeFeed;
+      joinToken: () => string;
+      logger: Logger;
+      clock?: () => number;
+    },
+  ) {
+    this.clock = options.clock ?? Date.now;
+    this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock });
+    this.parked = this.newParked();
+    this.registry = this.newRegistry();
+  }
+
+  /** Reads everything once, then follows the changes. */
+  async start(): Promise<void> {
+    await this.reload(new Set(["replicas", "model_states", "nodes"]));
+    this.unsubscribe = this.options.feed.subscribe(["replicas", "model_states", "nodes", "models", "model_aliases"], (tables) => this.reload(tables));
+  }
+
+  /** Stops following; the table keeps its entries (a new leader takes them over). */
+  stop(): void {
+    this.unsubscribe?.();
+    this.unsubscribe = undefined;
+  }
+
+  get nodes(): NodeRegistry {
+    return this.registry;
+  }
+
+  status(modelId: string): ModelFleetStatus {
+    // Placement and weights problems are the leader's to know; the follower says "none".
+    return { parked: this.parked.get(modelId) ?? null, unplaceable: null, weightsProblem: null };
+  }
+
+  /** Whether an on-demand model may be getting a replica from the leader (it is not parked). */
+  startsOnDemand(modelId: string): boolean {
+    const model = this.options.catalog.list().find((m) => m.id === modelId);
+    return model !== undefined && model.definition.scaling.min === 0 && !this.parked.has(modelId);
+  }
+
+  weightsVerified(replicaId: string): boolean {
+    return this.records.get(replicaId)?.weightsVerified ?? false;
+  }
+
+  nodeList(): FleetNode[] {
+    return this.registry.list();
+  }
+
+  private async reload(tables: ReadonlySet<FollowedTable>): Promise<void> {
+    try {
+      if (tables.has("model_states")) {
+        const parked = this.newParked();
+        await parked.load();
+        this.parked = parked;
+      }
+      if (tables.has("nodes")) {
+        const registry = this.newRegistry();
+        await registry.load();
+        this.registry = registry;
+      }
+      // A catalog change renames or reweighs entries; the rows are read again with it.
+      if (tables.has("replicas") || tables.has("models") || tables.has("model_aliases")) {
+        await this.options.catalog.refresh();
+        this.sync(await this.rows.load());
+      }
+    } catch (error) {
+      this.options.logger.warn({ err: describeError(error) }, "could not read the fleet's rows; routing stays as it was until the next change or resync");
+    }
+  }
+
+  /** Makes the table equal to the rows: what the leader placed, in the states it recorded. */
+  private sync(records: ReplicaRecord[]): void {
+    const models = new Map(this.options.catalog.list().map((model) => [model.id, model]));
+    const seen = new Set<string>();
+    for (const record of records) {
+      const model = models.get(record.modelId);
+      record.engine = model?.definition.profiles.find((p) => p.name === record.profile)?.engine === "vllm" ? "vllm" : "llamacpp";
+      seen.add(record.id);
+      this.options.replicas.upsert(tableEntryOf(record, model, this.options.replicas.get(record.id), record.desired === "stop", record.unproven === true));
+    }
+    for (const replica of this.options.replicas.all()) {
+      // External replicas (catalog endpoints) are not the fleet's: they have no rows.
+      if (!seen.has(replica.id) && !isExternalReplicaId(replica.id)) this.options.replicas.remove(replica.id);
+    }
+    this.records = new Map(records.map((record) => [record.id, record]));
+  }
+
+  private newParked(): ParkedModels {
+    return new ParkedModels({ store: this.options.store, logger: this.options.logger, clock: this.clock });
+  }
+
+  private newRegistry(): NodeRegistry {
+    return new NodeRegistry({ store: this.options.store, joinToken: this.options.joinToken, logger: this.options.logger, clock: this.clock });
+  }
+}

@@ -1,0 +1,68 @@
+// Several llmgw servers and agents as separate processes on loopback, sharing one
+// PostgreSQL database made for the test (and dropped after it): what the many-servers
+// tests run. Each process's output is kept for assertions and for the failure message.
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
+import pg from "pg";
+import { TEST_POSTGRES_URL } from "./stores.ts";
+import { eventually } from "./eventually.ts";
+
+const BIN = fileURLToPath(new URL("../../bin/llmgw.js", import.meta.url));
+
+export interface LlmgwProcess {
+  child: ChildProcess;
+  output: () => string;
+  exited: Promise<number | null>;
+}
+
+export function spawnLlmgw(args: string[], env: Record<string, string> = {}): LlmgwProcess {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LLMGW_LOG_LEVEL: "info", ...env } });
+  let out = "";
+  child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  child.stderr!.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  return { child, output: () => out, exited };
+}
+
+/** The URL a `llmgw server` printed once it listens. */
+export async function listeningUrl(server: LlmgwProcess, timeoutMs = 60_000): Promise<string> {
+  return eventually(
+    "the server to listen",
+    () => {
+      const match = /llmgw server listening on (http:\/\/\S+)/.exec(server.output());
+      if (server.child.exitCode !== null) throw new Error(`the server exited (${server.child.exitCode}):\n${server.output()}`);
+      return match?.[1];
+    },
+    { timeoutMs },
+  );
+}
+
+/** A database of its own for one test: its URL, and `drop` to remove it (ending what still uses it). */
+export async function createTestDatabase(): Promise<{ url: string; name: string; drop: () => Promise<void> }> {
+  const name = `llmgw_cluster_${randomBytes(5).toString("hex")}`;
+  const admin = new URL(TEST_POSTGRES_URL);
+  const withClient = async (body: (client: pg.Client) => Promise<unknown>) => {
+    const client = new pg.Client({ connectionString: admin.toString() });
+    await client.connect();
+    try {
+      await body(client);
+    } finally {
+      await client.end();
+    }
+  };
+  await withClient((client) => client.query(`create database ${name}`));
+  const url = new URL(TEST_POSTGRES_URL);
+  url.pathname = `/${name}`;
+  return { url: url.toString(), name, drop: () => withClient((client) => client.query(`drop database if exists ${name} with (force)`)) };
+}
+
+/** Stops processes: SIGTERM, then SIGKILL for any still running after `graceMs`. */
+export async function stopAll(processes: LlmgwProcess[], graceMs = 20_000): Promise<void> {
+  for (const running of processes) if (running.child.exitCode === null && running.child.signalCode === null) running.child.kill("SIGTERM");
+  const killer = setTimeout(() => {
+    for (const running of processes) if (running.child.exitCode === null && running.child.signalCode === null) running.child.kill("SIGKILL");
+  }, graceMs);
+  await Promise.all(processes.map((running) => running.exited));
+  clearTimeout(killer);
+}
