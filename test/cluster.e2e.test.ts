@@ -223,7 +223,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.deepEqual(readFileSync(cached), readFileSync(modelFile), "n2's cache holds the bytes it got through b");
   });
 
-  test("kill -9 of the leader: b leads within 15 s, resumes the serve job, the model keeps answering for retrying clients, and the agents move to b", async () => {
+  test("kill -9 of the leader: b leads within 15 s, resumes the serve job, the model keeps answering for retrying clients, limits hold, node caches serve, and the agents move to b", async () => {
     // A serve job on a, held at its mirror step: the stand-in Hub's downloads hang.
     hub.setFault({ kind: "hang", match: "/cdn/" });
     const job = (await call("a", "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "served", quant: "Q4_K_M" })).body;
@@ -249,12 +249,31 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     });
     await eventually("clients answered before the kill", () => answered >= 4);
 
+    // A key with 6 requests a minute: 3 used through a before the kill, 3 left through b after
+    // it. Rate windows are whole minutes; this part starts early in one, so it ends in it.
+    await eventually("the first half of a minute", () => new Date().getUTCSeconds() < 30, { timeoutMs: 40_000, intervalMs: 200 });
+    const limitedKey = (await call("a", "POST", "/api/v1/keys", { name: "limited", rpm: 6 })).body.key as string;
+    const limitedOn = (name: string) => new OpenAI({ baseURL: `${urlOf(name)}/v1`, apiKey: limitedKey, maxRetries: 0 });
+    for (let i = 0; i < 3; i++) await limitedOn("a").chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 1 });
+
     const killedAt = Date.now();
     servers.get("a")!.process.child.kill("SIGKILL");
     await servers.get("a")!.process.exited;
     await eventually("b to lead", async () => (await leaderOf("b")) === "b", { timeoutMs: 15_000, intervalMs: 100 });
     const tookOver = Date.now() - killedAt;
     assert.ok(tookOver < 15_000, `b led after ${tookOver} ms`);
+
+    // The key's limit holds across the leader's loss: exactly its 3 requests left, through b.
+    const limited = await Promise.all(
+      Array.from({ length: 6 }, () => limitedOn("b").chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 1 }).then(() => "ok", (error: unknown) => error)),
+    );
+    assert.equal(limited.filter((r) => r === "ok").length, 3, limited.map(String).join("; "));
+    assert.ok(limited.filter((r) => r !== "ok").every((error) => error instanceof OpenAI.RateLimitError && error.code === "rate_limit_exceeded"));
+
+    // The node caches keep working while the only server holding 'mirrored' is down: b
+    // places a third replica from what a read of its weights, and a node starts it from its cache.
+    assert.equal((await call("b", "PATCH", "/api/v1/models/mirrored", { scaling: { min: 3, max: 3 } })).status, 200);
+    await eventually("three ready replicas of mirrored", async () => (await call("b", "GET", "/api/v1/models/mirrored/health")).body.ready === 3, { timeoutMs: 120_000 });
 
     // The job a was running resumes on b once the Hub answers again.
     hub.setFault(null);

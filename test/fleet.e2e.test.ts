@@ -7,7 +7,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { execFile } from "node:child_process";
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -18,26 +18,15 @@ import OpenAI from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { eventually } from "./support/eventually.ts";
+import { spawnLlmgw, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { writeStandInExecutable } from "./support/stand-in-executables.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const GiB = 1024 ** 3;
 
-interface Running {
-  child: ChildProcess;
-  output: () => string;
-  exited: Promise<number | null>;
-}
-
-function llmgw(args: string[], env: Record<string, string> = {}): Running {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LLMGW_LOG_LEVEL: "info", ...env } });
-  let out = "";
-  child.stdout!.on("data", (chunk: Buffer) => (out += chunk.toString()));
-  child.stderr!.on("data", (chunk: Buffer) => (out += chunk.toString()));
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  return { child, output: () => out, exited };
-}
+type Running = LlmgwProcess;
+const llmgw = spawnLlmgw;
 
 describe("a fleet of agents", { timeout: 600_000 }, () => {
   // Short: vLLM's Unix sockets go below each run folder, and a socket path has at most 107 bytes.

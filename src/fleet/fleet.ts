@@ -13,77 +13,26 @@
 import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf, formatHost } from "../core/format.ts";
-import type { Logger } from "../core/log.ts";
-import type { SecretBox } from "../core/secret-box.ts";
-import type { Fence } from "../cluster/leadership.ts";
-import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import type { MirrorReader } from "./model-weights.ts";
-import { type Store } from "../store/store.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
 import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
 import { EventLog } from "../events/event-log.ts";
-import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-types.ts";
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
 import { Drains } from "./drain.ts";
 import { fingerprintOf, replicasByDefinition, type ReplicasByDefinition } from "./model-replicas.ts";
 import { OutdatedHolds } from "./outdated-holds.ts";
-import { ParkedModels, type ParkedModel } from "./parked-models.ts";
+import { ParkedModels } from "./parked-models.ts";
 import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
 import { reconcile, type ReconcileDecision } from "./reconciler.ts";
+import { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
 import { ReplicaRows, type ReplicaRecord } from "./replica-rows.ts";
-import type { ReplicaState, ReplicaTable } from "./replica-table.ts";
+import type { ReplicaState } from "./replica-table.ts";
 
-export const FLEET_DEFAULTS = {
-  /** A node without a heartbeat for this long is lost (DESIGN.md: nodes `ready` → `lost`). */
-  nodeTimeoutMs: 15_000,
-  heartbeatIntervalMs: 5_000,
-  tickMs: 1_000,
-  /** Heartbeat times reach the store this often (state changes at once). */
-  heartbeatFlushMs: 5_000,
-  /** A stopped replica's requests in flight get this long to finish before its engine is stopped anyway. */
-  drainTimeoutMs: 60_000,
-} as const;
-
-export interface FleetOptions {
-  store: Store;
-  catalog: Catalog;
-  replicas: ReplicaTable;
-  mirror: MirrorReader;
-  box: SecretBox;
-  joinToken: () => string;
-  logger: Logger;
-  clock?: () => number;
-  nodeTimeoutMs?: number;
-  heartbeatIntervalMs?: number;
-  tickMs?: number;
-  /** The gateway's requests in flight at a replica: a replica with some is drained before it stops. */
-  inFlight?: (replicaId: string) => number;
-  /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
-  drainTimeoutMs?: number;
-  place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
-  /** Where node_lost, model_parked and the other fleet events are recorded (default: the store's events table). */
-  events?: EventLog;
-  /** Several servers on one store: the replica rows are written only while this server leads (cluster/leadership.ts). */
-  fence?: Fence;
-  /**
-   * This server takes over from another leader (cluster/): the rows are what that one knew
-   * until a moment ago and the nodes' engines kept running, so replicas keep their states
-   * and stay routable instead of waiting for each node's next report.
-   */
-  takeover?: boolean;
-}
-
-
-/** What the fleet knows about a model beyond its replicas, for its health line. */
-export interface ModelFleetStatus {
-  parked: ParkedModel | null;
-  unplaceable: string[] | null;
-  weightsProblem: string | null;
-}
+export { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
 
 export class Fleet implements Assignments {
   readonly nodes: NodeRegistry;
@@ -134,7 +83,7 @@ export class Fleet implements Assignments {
       timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
       logger: options.logger,
     });
-    this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule() });
+    this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
     this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock, ...(options.fence === undefined ? {} : { fence: options.fence }) });
   }
 

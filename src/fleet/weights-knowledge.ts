@@ -7,8 +7,12 @@
 // file whose bytes only another server holds (fetched there, or by the last leader) is
 // copied here from a running holder in the background (Mirror.replicate), and the model is
 // placed once the copy is verified. Nodes do not wait for that: they are sent to a holder.
+// What a leader read is kept in the store (`model_weights`): when no running server holds
+// the bytes, the next leader places replicas from what the last one read, and nodes start
+// them from their caches.
 import { describeError, errorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { nowIso, type Store } from "../store/store.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { AssignedFile } from "./agent-protocol.ts";
 import type { PlacementOption } from "./fleet-types.ts";
@@ -24,7 +28,8 @@ export class WeightsKnowledge {
   private readonly copying = new Set<string>();
 
   /** `onCopied`: a version copied from another server is here now (the fleet reconciles again). */
-  constructor(private readonly options: { mirror: MirrorReader; logger: Logger; onCopied?: () => void }) {}
+  /** `store`: where what was read is kept for the next leader (absent in some tests: nothing is kept). */
+  constructor(private readonly options: { mirror: MirrorReader; logger: Logger; onCopied?: () => void; store?: Store }) {}
 
   /** Reads what is new or was a problem; calls `onNewProblem` with a model whose weights just became (another) problem. */
   async refresh(models: readonly CatalogModel[], onNewProblem: (modelId: string) => void): Promise<void> {
@@ -33,9 +38,16 @@ export class WeightsKnowledge {
       const known = this.known.get(model.id);
       if (known !== undefined && known.definitionAt === model.updated_at && "weights" in known) continue;
       try {
-        this.known.set(model.id, { definitionAt: model.updated_at, weights: await readModelWeights(model, this.options.mirror) });
+        const weights = await readModelWeights(model, this.options.mirror);
+        this.known.set(model.id, { definitionAt: model.updated_at, weights });
+        await this.keep(model, weights);
       } catch (error) {
         const copying = this.copyFromHolder(model, error);
+        const kept = errorCode(error) === "mirror_file_elsewhere" ? await this.kept(model) : null;
+        if (kept !== null) {
+          this.known.set(model.id, { definitionAt: model.updated_at, weights: kept });
+          continue;
+        }
         const problem = weightsProblem(model, error) + (copying ? " This server is copying them from that server now; the model is placed once they are here and verified." : "");
         if (known === undefined || !("problem" in known) || known.problem !== problem) {
           this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
@@ -46,6 +58,26 @@ export class WeightsKnowledge {
     }
     const ids = new Set(models.map((m) => m.id));
     for (const id of this.known.keys()) if (!ids.has(id)) this.known.delete(id);
+  }
+
+  /** Keeps what was read of the model's source, for the next leader (written at each read: once per definition). */
+  private async keep(model: CatalogModel, weights: ModelWeights): Promise<void> {
+    const store = this.options.store;
+    if (store === undefined || model.definition.source?.kind !== "mirror") return;
+    const values = { source: JSON.stringify(model.definition.source), weights: JSON.stringify(weights), updated_at: nowIso() };
+    await store.db
+      .insertInto("model_weights")
+      .values({ model_id: model.id, ...values })
+      .onConflict((oc) => oc.column("model_id").doUpdateSet(values))
+      .execute()
+      .catch((error: unknown) => this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not keep what was read of the model's weights"));
+  }
+
+  /** What a leader read of the weights of this model's source, when the bytes are on no server here. */
+  private async kept(model: CatalogModel): Promise<ModelWeights | null> {
+    const row = await this.options.store?.db.selectFrom("model_weights").selectAll().where("model_id", "=", model.id).executeTakeFirst().catch(() => undefined);
+    if (row === undefined || row.source !== JSON.stringify(model.definition.source)) return null;
+    return JSON.parse(row.weights) as ModelWeights;
   }
 
   /** Starts copying a mirrored version held only by another server; true while a copy runs. */

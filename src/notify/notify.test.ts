@@ -354,7 +354,7 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
   }
 });
 
-test("two servers on one PostgreSQL send each event once; rows the other server cannot open are left to the one that sealed them", async (t) => {
+test("two servers on one PostgreSQL send each event once, whichever server recorded it: the leader sends", async (t) => {
   const database = await postgresSchemaOrSkip(t);
   if (database === null) return;
   const receiver = await startReceiver();

@@ -4,6 +4,7 @@
 import { test, type TestContext } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import net from "node:net";
 import path from "node:path";
 import { silentLogger } from "../core/log.ts";
 import { ConflictError } from "../core/errors.ts";
@@ -25,6 +26,26 @@ test("a second server on a data dir in use is refused, naming the first; the fir
     );
     assert.equal(readFileSync(path.join(harness.dataDir, "server.json"), "utf8"), info);
     assert.equal((await fetch(`${harness.url}/healthz`)).status, 200);
+  } finally {
+    await harness.close();
+  }
+});
+
+test("a health check in HTTP/1.0 without a Host header (a plain load balancer check) gets /readyz and /healthz", async () => {
+  const harness = await startHarness();
+  try {
+    const port = new URL(harness.url).port;
+    for (const pathname of ["/readyz", "/healthz"]) {
+      const answer = await new Promise<string>((resolve, reject) => {
+        const socket = net.connect(Number(port), "127.0.0.1", () => socket.write(`GET ${pathname} HTTP/1.0\r\n\r\n`));
+        let text = "";
+        socket.on("data", (chunk) => (text += chunk.toString()));
+        socket.on("end", () => resolve(text));
+        socket.on("error", reject);
+      });
+      assert.match(answer, /^HTTP\/1\.1 200 OK\r\n/, `${pathname}: ${answer.slice(0, 200)}`);
+      assert.match(answer, /"status":"(ready|ok)"/);
+    }
   } finally {
     await harness.close();
   }

@@ -12,8 +12,7 @@ import os from "node:os";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { getRequestListener } from "@hono/node-server";
-import { ConflictError, describeError } from "../core/errors.ts";
-import type { Logger } from "../core/log.ts";
+import { ConflictError } from "../core/errors.ts";
 import { Catalog } from "../catalog/catalog.ts";
 import { assertGuardsExist } from "../catalog/guard-references.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
@@ -49,8 +48,8 @@ import { JobRunner } from "../serve/jobs.ts";
 import { serveJobHandler } from "../serve/serve-job.ts";
 import { updateJobHandler } from "../serve/update-job.ts";
 import { UpdateChecker } from "../serve/update-checker.ts";
-import { smokeTestReplica, type SmokeTest } from "../serve/smoke-test.ts";
-import { Metrics, type BudgetSpent } from "../metrics/metrics.ts";
+import { smokeTestReplica } from "../serve/smoke-test.ts";
+import { Metrics } from "../metrics/metrics.ts";
 import { MetricsKey } from "../metrics/metrics-access.ts";
 import { createMetricsHandler, isMetricsRequest } from "../metrics/metrics-route.ts";
 import { EventLog } from "../events/event-log.ts";
@@ -58,7 +57,7 @@ import { EventFollower } from "../events/event-follower.ts";
 import { jobEvent } from "../serve/job-events.ts";
 import { BudgetAlerts } from "../policy/budget-alerts.ts";
 import { ChannelStore } from "../notify/channels.ts";
-import { Notifier, type NOTIFY_DEFAULTS } from "../notify/notifier.ts";
+import { Notifier } from "../notify/notifier.ts";
 import { ConsoleSessions } from "../console/console-sessions.ts";
 import { loadClusterSecret } from "../cluster/cluster-secret.ts";
 import { ClusterMembers } from "../cluster/cluster-members.ts";
@@ -71,110 +70,9 @@ import { LeaderForwarder, isLeaderRequest, isMirrorFetch } from "../cluster/lead
 import { sharedJoinToken } from "../cluster/shared-join-token.ts";
 import { sendError } from "../core/http.ts";
 import { createPlaygroundHandler, isPlaygroundRequest } from "../console/playground-route.ts";
+import type { Attachment, RunningServer, ServerConfig, ServerParts } from "./server-config.ts";
 
-export interface ServerConfig {
-  dataDir: string;
-  host: string;
-  port: number;
-  /** SQLite file path or postgres:// URL. */
-  database: string;
-  /** PostgreSQL only: the schema llmgw's tables live in (default public); tests give each its own. */
-  databaseSchema?: string;
-  maxBodyBytes?: number;
-  /** A request body must arrive whole within this (408 and the connection closes). Default 30 s. */
-  bodyTimeoutMs?: number;
-  /** Request headers must arrive within this (408 and the connection closes). Default 60 s. */
-  headerTimeoutMs?: number;
-  /** How long one guard model may take on one check, a wait in its queue included. Default 10 s. */
-  guardTimeoutMs?: number;
-  /** An idle keep-alive connection is closed after this. Default 65 s (above common load balancers' 60 s). */
-  keepAliveTimeoutMs?: number;
-  /** A /v1 client that reads nothing of its answer for this long is cut off. Default 60 s. */
-  stalledReaderMs?: number;
-  /** Hugging Face Hub endpoint (default https://huggingface.co) and token. */
-  registryEndpoint?: string;
-  registryToken?: string;
-  /** Fleet timings (tests shorten them): a node without a heartbeat this long is lost (default 15 s). */
-  nodeTimeoutMs?: number;
-  heartbeatIntervalMs?: number;
-  /** The fleet's clock (heartbeats, idle time); tests move it. */
-  fleetClock?: () => number;
-  /** The clock of budget periods and rate windows; tests move it. */
-  limitsClock?: () => number;
-  /** How often the server checks served repositories for newer revisions (default 6 h; 0: never on a schedule). */
-  updateCheckIntervalMs?: number;
-  /** How long a serve or update job waits for a ready replica (default 30 min). */
-  replicaTimeoutMs?: number;
-  /** Days raw usage rows are kept (default 30; 0: forever); the per-minute aggregates stay 400 days. */
-  usageRetentionDays?: number;
-  /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
-  smokeTest?: SmokeTest;
-  /** A secret that lets a scraper on another machine read GET /metrics (admin keys may too; loopback needs none). */
-  metricsKey?: string;
-  /** Spending per key in its current budget period, read at each scrape for llmgw_budget_spent_usd. */
-  budgetSpent?: () => Promise<readonly BudgetSpent[]>;
-  /** The address people reach this server at (behind a proxy); notifications link to its console. Default: the listening URL. */
-  publicUrl?: string;
-  /** The share of a key's budget announced as budget_threshold (default 0.8). */
-  budgetAlertShare?: number;
-  /** How often budgets' spend is read for budget events (default 5 s). */
-  budgetCheckIntervalMs?: number;
-  /** How long a console login lasts (default 12 h). */
-  consoleSessionTtlMs?: number;
-  /** Notification timings (tests shorten the backoff). */
-  notify?: Partial<typeof NOTIFY_DEFAULTS>;
-  /** This server's name among those sharing the database (default: the host name). */
-  serverName?: string;
-  /** Where the other servers reach this one (default: where it listens). */
-  advertiseUrl?: string;
-  /** --cluster-secret-file, and LLMGW_CLUSTER_SECRET's value: what every server sharing the database is given. */
-  clusterSecretFile?: string;
-  clusterSecret?: string;
-  /** How often a standby tries for the lead (default 1 s). */
-  leaderPollMs?: number;
-  /** Several servers: mirror fetches run on this server (by name) instead of the leader. */
-  mirrorOn?: string;
-  logger: Logger;
-}
-
-export interface ServerParts {
-  store: Store;
-  /** This server among those sharing the store, and who leads. */
-  members: ClusterMembers;
-  leadership: Leadership;
-  mirror: Mirror;
-  catalog: Catalog;
-  keys: KeyService;
-  replicas: ReplicaTable;
-  /** This server's Fleet; only while it leads (always, on SQLite). */
-  readonly fleet: Fleet;
-  /** The join token agents join with (DATA_DIR/join.token). */
-  joinToken: () => string;
-  logger: Logger;
-  config: ServerConfig;
-}
-
-/** Something started alongside the server (the local agent) that must stop with it. */
-export interface Attachment {
-  stop(): Promise<void>;
-}
-
-export interface RunningServer extends ServerParts {
-  url: string;
-  /** The /v1 gateway (its admission counters are read by tests and metrics). */
-  gateway: Gateway;
-  /** Budgets and rate limits of keys (spend per key for metrics: spentByKey). */
-  limits: LimitsService;
-  /** What GET /metrics renders. */
-  metrics: Metrics;
-  /** Events operators hear about, and the notifier that sends them on. */
-  events: EventLog;
-  notifier: Notifier;
-  budgetAlerts: BudgetAlerts;
-  /** The admin key created by this start (first start only); shown once, never again. */
-  createdAdminKey: string | null;
-  close(): Promise<void>;
-}
+export type { Attachment, RunningServer, ServerConfig, ServerParts } from "./server-config.ts";
 
 const DEFAULT_HEADER_TIMEOUT_MS = 60_000;
 const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 65_000;
@@ -595,31 +493,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     })();
     return closing;
   };
-  // Not a spread of `parts`: that would read its `fleet` getter once, now.
-  return {
-    store,
-    members,
-    leadership,
-    mirror,
-    catalog,
-    keys,
-    replicas,
-    get fleet(): Fleet {
-      return fleetAccess.leader();
-    },
-    joinToken: () => joinToken,
-    logger,
-    config,
-    url,
-    gateway,
-    limits,
-    metrics,
-    events,
-    notifier,
-    budgetAlerts,
-    createdAdminKey,
-    close,
-  };
+  // Not a spread of `parts`: that would read its `fleet` getter once, now; its descriptors keep the getter.
+  const running = { url, gateway, limits, metrics, events, notifier, budgetAlerts, createdAdminKey, close };
+  return Object.defineProperties(running, Object.getOwnPropertyDescriptors(parts)) as RunningServer;
 }
 
 /** Where people can open the console when no --public-url says: an address bound to every interface is not one to click. */

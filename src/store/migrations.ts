@@ -363,6 +363,9 @@ const migrations: Record<string, MigrationFactory> = {
   // verified bytes of which mirror file, and `mirror_files.fetched_by` the server whose
   // disk has a fetch's partial bytes. On PostgreSQL, writes to the tables other servers
   // follow send a NOTIFY (schema.table) on commit, so they hear of it within a second.
+  // `model_weights`: what a leader read of each model's weights (files, sizes, the GGUF
+  // header), so the next leader can place replicas from nodes' caches even when the only
+  // server holding the mirrored bytes is down.
   "0012_cluster": (dialect) => ({
     async up(db: Kysely<unknown>) {
       await db.schema
@@ -403,6 +406,13 @@ const migrations: Record<string, MigrationFactory> = {
         .addPrimaryKeyConstraint("mirror_holders_pk", ["model", "version", "file", "server"])
         .execute();
       await db.schema.alterTable("mirror_files").addColumn("fetched_by", "text").execute();
+      await db.schema
+        .createTable("model_weights")
+        .addColumn("model_id", "text", (c) => c.primaryKey())
+        .addColumn("source", "text", (c) => c.notNull())
+        .addColumn("weights", "text", (c) => c.notNull())
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
       if (dialect !== "postgres") return;
       await sql`create or replace function llmgw_notify_change() returns trigger language plpgsql as $$
         begin

@@ -270,6 +270,15 @@ export interface MirrorFilesTable {
   fetched_by: string | null;
 }
 
+/** What the leader read of a model's weights for one definition (fleet/weights-knowledge.ts): JSON of ModelWeights. */
+export interface ModelWeightsTable {
+  model_id: string;
+  /** The weights source they were read from (JSON): a changed source is read anew. */
+  source: string;
+  weights: string;
+  updated_at: string;
+}
+
 /** A server that holds the verified bytes of a mirror file (one row per server). */
 export interface MirrorHoldersTable {
   model: string;
@@ -381,6 +390,7 @@ export interface Database {
   key_budgets: KeyBudgetsTable;
   key_rate_windows: KeyRateWindowsTable;
   mirror_holders: MirrorHoldersTable;
+  model_weights: ModelWeightsTable;
   cluster_members: ClusterMembersTable;
   cluster_leader: ClusterLeaderTable;
   cluster_settings: ClusterSettingsTable;

@@ -17,7 +17,7 @@ testBothStores("migrations create every table and record themselves", async (sto
       ? await sql<{ name: string }>`select table_name as name from information_schema.tables where table_schema = ${store.schema}`.execute(store.db)
       : await sql<{ name: string }>`select name from sqlite_master where type = 'table'`.execute(store.db);
   const names = listed.rows.map((row) => row.name);
-  for (const table of ["llmgw_migrations", "models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files", "store_probe", "model_states", "events", "usage_minutes", "usage_hours", "key_budgets", "key_rate_windows", "notify_channels", "notify_deliveries", "notify_cursor", "console_sessions", "mirror_holders", "cluster_members", "cluster_leader", "cluster_settings"]) {
+  for (const table of ["llmgw_migrations", "models", "model_aliases", "audit_log", "api_keys", "nodes", "replicas", "usage", "mirror_files", "store_probe", "model_states", "events", "usage_minutes", "usage_hours", "key_budgets", "key_rate_windows", "notify_channels", "notify_deliveries", "notify_cursor", "console_sessions", "mirror_holders", "cluster_members", "cluster_leader", "cluster_settings", "model_weights"]) {
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
   const applied = await sql<{ name: string }>`select name from llmgw_migrations order by name`.execute(store.db);

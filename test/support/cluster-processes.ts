@@ -1,6 +1,6 @@
-// Several llmgw servers and agents as separate processes on loopback, sharing one
-// PostgreSQL database made for the test (and dropped after it): what the many-servers
-// tests run. Each process's output is kept for assertions and for the failure message.
+// llmgw as child processes for end-to-end tests (spawnLlmgw), each one's output kept for
+// assertions and failure messages; and for the many-servers tests, a PostgreSQL database
+// made for one test and dropped after it, and a stop for many processes at once.
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { fileURLToPath } from "node:url";
