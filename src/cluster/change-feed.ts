@@ -120,8 +120,10 @@ export class ChangeFeed {
   }
 
   private async connect(): Promise<void> {
+    let client: pg.Client | undefined;
     try {
-      const client = await this.options.store.dedicatedClient!();
+      client = await this.options.store.dedicatedClient!();
+      const listening = client;
       if (this.stopped) {
         await client.end();
         return;
@@ -136,7 +138,7 @@ export class ChangeFeed {
         else this.changed(rest as FollowedTable);
       });
       client.on("end", () => {
-        if (this.client !== client) return;
+        if (this.client !== listening) return;
         this.client = null;
         if (!this.stopped) {
           this.options.logger.warn("lost the connection that hears other servers' changes; reconnecting");
@@ -148,6 +150,7 @@ export class ChangeFeed {
       // Whatever was written while nobody listened is read now.
       this.resync();
     } catch (error) {
+      if (client !== undefined && this.client !== client) await client.end().catch(() => undefined);
       this.options.logger.warn({ err: describeError(error) }, "could not listen for other servers' changes; retrying");
       this.scheduleReconnect();
     }
@@ -189,7 +192,11 @@ export class ChangeFeed {
         try {
           await subscription.listener(tables);
         } catch (error) {
-          this.options.logger.warn({ err: describeError(error), tables: [...tables] }, "could not take in another server's change; the next resync tries again");
+          this.options.logger.warn({ err: describeError(error), tables: [...tables] }, "could not take in another server's change; trying again in a second");
+          const retry = setTimeout(() => {
+            if (this.subscriptions.has(subscription)) for (const table of tables) this.mark(subscription, table);
+          }, this.settings.reconnectMs);
+          retry.unref();
         }
       });
     }, this.settings.coalesceMs);

@@ -105,6 +105,8 @@ export class ClusterMembers {
         .onConflict((oc) => oc.column("name").doUpdateSet(values))
         .execute();
     });
+    // SQLite has one server by construction: nobody needs to hear it is alive (nor its disk a write every 2 s).
+    if (store.dialect !== "postgres") return;
     this.timer = setInterval(() => void this.beat(), this.options.beatMs ?? MEMBER_DEFAULTS.beatMs);
     this.timer.unref();
   }
@@ -129,7 +131,11 @@ export class ClusterMembers {
 
   async list(): Promise<ClusterMember[]> {
     const rows = await this.options.store.db.selectFrom("cluster_members").selectAll().orderBy("name").execute();
-    return rows.map((row) => ({ name: row.name, url: row.url, version: row.version, started_at: row.started_at, last_seen: row.last_seen, stopped_at: row.stopped_at, live: this.isLive(row) }));
+    return rows.map((row) => ({
+      ...row,
+      // This server runs as long as it answers (on SQLite it does not stamp its row).
+      live: (row.name === this.name && row.instance === this.instance && row.stopped_at === null) || this.isLive(row),
+    })).map(({ name, url, version, started_at, last_seen, stopped_at, live }) => ({ name, url, version, started_at, last_seen, stopped_at, live }));
   }
 
   /** The live member of that name, or undefined. */

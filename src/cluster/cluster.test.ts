@@ -19,6 +19,7 @@ import { ClusterMembers } from "./cluster-members.ts";
 import { loadClusterSecret } from "./cluster-secret.ts";
 import { NotLeaderError, PostgresLeadership, type LeadershipListener } from "./leadership.ts";
 import { ChangeFeed, type FollowedTable } from "./change-feed.ts";
+import { ServerRole } from "./server-role.ts";
 
 const logger = silentLogger();
 const secretA = loadClusterSecret({ env: "a".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
@@ -73,7 +74,7 @@ testBothStores("joining refuses a live server with another secret or the same na
     // a stops cleanly; then b's secret changes nothing for a server started with another one once no live member has b's.
     await a.leave();
     now += 11_000;
-    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", false], ["b", false]], "not seen for 11 s: gone");
+    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", false], ["b", true]], "a, not seen for 11 s, is gone; b itself runs");
     await member(store, "c", secretB, { clock, dataDir: dir() }).join();
     // A restart of the same server (same data dir) takes its name back even while its old row looks alive.
     const sameDir = dir();
@@ -133,7 +134,7 @@ test("one leader; a standby takes over when the leader's session ends, and the o
   const stores = await twoServersOnOneSchema(t);
   if (stores === null) return;
   const a = new PostgresLeadership({ store: stores.a, name: "a", logger, pollMs: 50 });
-  // b polls slowly at first: while a leads it must not get the lock whatever it does.
+  // b polls as often as a: while a leads it must not get the lock however often it tries.
   const b = new PostgresLeadership({ store: stores.b, name: "b", logger, pollMs: 50 });
   const la = recordingListener();
   const lb = recordingListener();
@@ -218,7 +219,11 @@ test("the change feed tells a server of another's writes within a second, not of
     heard.length = 0;
     await elsewhere!.db.insertInto("cluster_settings").values({ name: "elsewhere", value: "v", updated_at: "now" }).execute();
     const session = (id: string) => ({ id, key_id: "k", key_hash: "h", created_at: "now", expires_at: "later" });
+    // A write in another schema of the same database is not this cluster's news: nothing is
+    // heard for it. The same-schema write's notice comes in well under this wait.
     await elsewhere!.db.insertInto("console_sessions").values(session("s0")).execute();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.deepEqual(heard, [], "another schema's write is not heard");
     const at = Date.now();
     await stores.a.db.insertInto("console_sessions").values(session("s1")).execute();
     await eventually("b to hear a's write", () => heard.length > 0, { intervalMs: 5 });
@@ -234,4 +239,36 @@ test("the change feed tells a server of another's writes within a second, not of
     if (other !== null) await dropSchema(other.schema);
     await stores.cleanup();
   }
+});
+
+test("a server that stands by while its services start ends with none running; one stopping takes no lead", async () => {
+  const started: string[] = [];
+  let releaseJobs: (() => void) | undefined;
+  const services = {
+    jobs: {
+      recover: async () => undefined,
+      start: () => new Promise<void>((resolve) => (releaseJobs = resolve)),
+      close: async () => void started.push("jobs closed"),
+    },
+    updates: { start: () => void started.push("updates"), stop: () => void started.push("updates stopped") },
+    budgetAlerts: { start: async () => void started.push("alerts"), stop: async () => void started.push("alerts stopped") },
+    notifier: { start: async () => void started.push("notifier"), stop: async () => void started.push("notifier stopped") },
+    usageRetention: { start: () => void started.push("retention"), stop: async () => void started.push("retention stopped") },
+  };
+  const fleets: string[] = [];
+  const fakeFleet = () => ({ start: async () => void fleets.push("started"), settled: async () => undefined, stop: async () => void fleets.push("stopped") });
+  const role = new ServerRole({ makeFleet: fakeFleet as never, services: services as never, follower: null, name: "a", logger });
+  await role.lead(1, null);
+  const serving = role.serve();
+  const standingBy = role.standBy("another server leads now");
+  // The stand-by comes while the jobs are starting.
+  await eventually("the jobs to be starting", () => releaseJobs !== undefined);
+  releaseJobs!();
+  await Promise.all([serving, standingBy]);
+  assert.deepEqual(started, ["updates", "alerts", "notifier", "retention", "updates stopped", "alerts stopped", "notifier stopped", "jobs closed", "retention stopped"], "each service started before the stand-by is stopped by it");
+  assert.equal(role.fleet, null);
+  await role.closingDown();
+  await role.lead(2, "b");
+  assert.equal(role.fleet, null, "a server stopping takes up no lead");
+  assert.deepEqual(fleets, ["started", "stopped"]);
 });

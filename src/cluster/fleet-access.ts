@@ -20,6 +20,7 @@ export class FleetAccess implements OnDemand {
   /** A standby's requests in flight per on-demand model: repeated to the leader while they run. */
   private readonly inFlight = new Map<string, number>();
   private repeater: NodeJS.Timeout | undefined;
+  private closed = false;
 
   constructor(
     private readonly options: {
@@ -65,6 +66,7 @@ export class FleetAccess implements OnDemand {
       fleet.requested(model);
       return;
     }
+    if (this.closed) return;
     if (!this.onDemand(model)) return;
     this.inFlight.set(model.id, (this.inFlight.get(model.id) ?? 0) + 1);
     this.options.tellDemand(model.id);
@@ -79,11 +81,13 @@ export class FleetAccess implements OnDemand {
 
   finished(model: CatalogModel): void {
     const fleet = this.options.leading();
-    if (fleet !== null) {
-      fleet.finished(model);
+    // A request counted here as a standby's is settled here, even if this server leads now:
+    // else its count would keep the model in use for good. (Which of two requests of one
+    // model settles which count does not matter: each count ends at zero.)
+    if (!this.inFlight.has(model.id)) {
+      fleet?.finished(model);
       return;
     }
-    if (!this.onDemand(model)) return;
     const left = (this.inFlight.get(model.id) ?? 1) - 1;
     if (left > 0) this.inFlight.set(model.id, left);
     else this.inFlight.delete(model.id);
@@ -104,6 +108,7 @@ export class FleetAccess implements OnDemand {
   }
 
   close(): void {
+    this.closed = true;
     if (this.repeater !== undefined) clearInterval(this.repeater);
     this.repeater = undefined;
   }

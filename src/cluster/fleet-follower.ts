@@ -23,6 +23,9 @@ export class FleetFollower {
   private parked: ParkedModels;
   private registry: NodeRegistry;
   private unsubscribe: (() => void) | undefined;
+  /** The reload in progress: `stop` waits for it, so it cannot overwrite what a new leader's Fleet publishes. */
+  private reloading: Promise<void> = Promise.resolve();
+  private following = false;
   private readonly rows: ReplicaRows;
   private readonly clock: () => number;
 
@@ -44,16 +47,23 @@ export class FleetFollower {
     this.registry = this.newRegistry();
   }
 
-  /** Reads everything once, then follows the changes. */
+  /** Follows the changes, then reads everything once (a change meanwhile is read again after). */
   async start(): Promise<void> {
-    await this.reload(new Set(["replicas", "model_states", "nodes"]));
+    if (this.following) return;
+    this.following = true;
     this.unsubscribe = this.options.feed.subscribe(["replicas", "model_states", "nodes", "models", "model_aliases"], (tables) => this.reload(tables));
+    await this.reload(new Set(["replicas", "model_states", "nodes"])).catch((error: unknown) => {
+      this.options.logger.warn({ err: describeError(error) }, "could not read the fleet's rows; reading them again at the next resync");
+      this.options.feed.resync();
+    });
   }
 
-  /** Stops following; the table keeps its entries (a new leader takes them over). */
-  stop(): void {
+  /** Stops following, once a reload in progress is over; the table keeps its entries (a new leader takes them over). */
+  async stop(): Promise<void> {
+    this.following = false;
     this.unsubscribe?.();
     this.unsubscribe = undefined;
+    await this.reloading;
   }
 
   get nodes(): NodeRegistry {
@@ -79,25 +89,30 @@ export class FleetFollower {
     return this.registry.list();
   }
 
-  private async reload(tables: ReadonlySet<FollowedTable>): Promise<void> {
-    try {
-      if (tables.has("model_states")) {
-        const parked = this.newParked();
-        await parked.load();
-        this.parked = parked;
-      }
-      if (tables.has("nodes")) {
-        const registry = this.newRegistry();
-        await registry.load();
-        this.registry = registry;
-      }
-      // A catalog change renames or reweighs entries; the rows are read again with it.
-      if (tables.has("replicas") || tables.has("models") || tables.has("model_aliases")) {
-        await this.options.catalog.refresh();
-        this.sync(await this.rows.load());
-      }
-    } catch (error) {
-      this.options.logger.warn({ err: describeError(error) }, "could not read the fleet's rows; routing stays as it was until the next change or resync");
+  private reload(tables: ReadonlySet<FollowedTable>): Promise<void> {
+    const run = this.reloading.then(() => (this.following ? this.read(tables) : undefined));
+    this.reloading = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Reads the tables; a failure is thrown, so the change feed asks again (resync at the latest). */
+  private async read(tables: ReadonlySet<FollowedTable>): Promise<void> {
+    if (tables.has("model_states")) {
+      const parked = this.newParked();
+      await parked.load();
+      this.parked = parked;
+    }
+    if (tables.has("nodes")) {
+      const registry = this.newRegistry();
+      await registry.load();
+      this.registry = registry;
+    }
+    // A catalog change renames or reweighs entries; the rows are read again with it.
+    if (tables.has("replicas") || tables.has("models") || tables.has("model_aliases")) {
+      await this.options.catalog.refresh();
+      const records = await this.rows.load();
+      // Stopped meanwhile (this server took the lead): the new Fleet owns the table now.
+      if (this.following) this.sync(records);
     }
   }
 

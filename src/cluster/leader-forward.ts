@@ -27,6 +27,22 @@ export const FORWARDED_BY_HEADER = "x-llmgw-forwarded-by";
 /** Hop-by-hop headers (RFC 9110 7.6.1) stay on their hop. */
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer"]);
 
+/** A forwarded exchange with no byte either way for this long is cut. */
+const FORWARD_IDLE_MS = 120_000;
+
+/** The headers of a message without its hop-by-hop ones, those its Connection header names included. */
+function endToEndHeaders(headers: http.IncomingHttpHeaders): http.OutgoingHttpHeaders {
+  const named = new Set(
+    String(headers.connection ?? "")
+      .split(",")
+      .map((name) => name.trim().toLowerCase())
+      .filter((name) => name !== ""),
+  );
+  const kept: http.OutgoingHttpHeaders = {};
+  for (const [name, value] of Object.entries(headers)) if (!HOP_BY_HOP.has(name) && !named.has(name) && value !== undefined) kept[name] = value;
+  return kept;
+}
+
 /** Whether only the leader can answer this request (see the module comment for why each). */
 export function isLeaderRequest(method: string, url: string): boolean {
   const path = url.split("?", 1)[0]!;
@@ -64,15 +80,12 @@ export class LeaderForwarder {
       return;
     }
     const url = new URL(req.url ?? "/", target);
-    const headers: http.OutgoingHttpHeaders = {};
-    for (const [name, value] of Object.entries(req.headers)) if (!HOP_BY_HOP.has(name) && value !== undefined) headers[name] = value;
+    const headers = endToEndHeaders(req.headers);
     headers[FORWARDED_BY_HEADER] = this.options.members.name;
     const client = url.protocol === "https:" ? https : http;
     await new Promise<void>((resolve) => {
       const upstream = client.request(url, { method: req.method ?? "GET", headers, agent: url.protocol === "https:" ? this.agents.https : this.agents.http }, (answer) => {
-        const out: http.OutgoingHttpHeaders = {};
-        for (const [name, value] of Object.entries(answer.headers)) if (!HOP_BY_HOP.has(name) && value !== undefined) out[name] = value;
-        res.writeHead(answer.statusCode ?? 502, out);
+        res.writeHead(answer.statusCode ?? 502, endToEndHeaders(answer.headers));
         answer.pipe(res);
         answer.on("end", resolve);
         answer.on("error", () => {
@@ -86,6 +99,8 @@ export class LeaderForwarder {
         else res.destroy();
         resolve();
       });
+      // A leader that stops answering mid-way (no byte for two minutes; long polls send theirs within 30 s).
+      upstream.setTimeout(FORWARD_IDLE_MS, () => upstream.destroy(new Error(`no answer for ${FORWARD_IDLE_MS / 1000} s`)));
       // The client went away (an agent's long poll cut short): so does the leg to the leader.
       res.on("close", () => {
         if (!res.writableFinished) upstream.destroy();

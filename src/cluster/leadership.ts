@@ -91,7 +91,8 @@ export class PostgresLeadership implements Leadership {
   private stopped = false;
   /** Lead and stand-by run one at a time, in order. */
   private transitions: Promise<void> = Promise.resolve();
-  private checking = false;
+  /** The poll in progress, so that `stop` waits for it (it may be opening a session that takes the lock). */
+  private checking: Promise<void> | null = null;
   private readonly pollMs: number;
 
   constructor(
@@ -116,6 +117,7 @@ export class PostgresLeadership implements Leadership {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.timer !== undefined) clearInterval(this.timer);
+    await this.checking;
     this.transitions = this.transitions.then(async () => {
       if (this.leading) await this.stepDown("the server is stopping");
     });
@@ -133,7 +135,7 @@ export class PostgresLeadership implements Leadership {
       const row = await sql<{ term: number }>`select term from cluster_leader where id = 1 for share`.execute(trx);
       const current = Number(row.rows[0]?.term ?? 0);
       if (current !== term) {
-        void this.enqueue(() => this.stepDown(`another server leads now (term ${current}, this server had ${term})`));
+        void this.enqueue(() => this.stepDown(`another server leads now (term ${current}, this server had ${term})`, term));
         throw new NotLeaderError(`This server no longer leads the cluster (term ${current} is another server's); its write was refused.`);
       }
       return body(trx);
@@ -141,21 +143,23 @@ export class PostgresLeadership implements Leadership {
   }
 
   /** One poll: a standby tries for the lock; a leader checks its session and term. */
-  private async check(): Promise<void> {
-    if (this.checking || this.stopped) return;
-    this.checking = true;
-    try {
-      if (this.leading) await this.checkStillLeading();
-      else await this.tryToLead();
-    } finally {
-      this.checking = false;
-    }
+  private check(): Promise<void> {
+    if (this.checking !== null || this.stopped) return this.checking ?? Promise.resolve();
+    this.checking = (this.leading ? this.checkStillLeading() : this.tryToLead()).finally(() => {
+      this.checking = null;
+    });
+    return this.checking;
   }
 
   private async tryToLead(): Promise<void> {
     let client: pg.Client;
     try {
       client = await this.session();
+      // Stopped while the session opened: it must not take the lock nobody would release.
+      if (this.stopped) {
+        this.dropSession();
+        return;
+      }
       const locked = await withTimeout(client.query<{ locked: boolean }>("select pg_try_advisory_lock($1, hashtext(current_schema())) as locked", [LEADER_LOCK_CLASS]));
       if (locked.rows[0]?.locked !== true) return;
     } catch (error) {
@@ -197,17 +201,20 @@ export class PostgresLeadership implements Leadership {
       const row = await withTimeout(client.query<{ term: number }>("select term from cluster_leader where id = 1"));
       const current = Number(row.rows[0]?.term ?? 0);
       if (current !== this.term) {
-        await this.enqueue(() => this.stepDown(`another server leads now (term ${current})`));
+        const term = this.term;
+        await this.enqueue(() => this.stepDown(`another server leads now (term ${current})`, term));
         this.dropSession();
       }
     } catch (error) {
+      const term = this.term;
       this.dropSession();
-      await this.enqueue(() => this.stepDown(`its PostgreSQL session was lost (${describeError(error)})`));
+      await this.enqueue(() => this.stepDown(`its PostgreSQL session was lost (${describeError(error)})`, term));
     }
   }
 
-  private async stepDown(why: string): Promise<void> {
-    if (!this.leading) return;
+  /** Gives the lead up; `term`: only if this server still leads with that term (a late refusal must not end a newer one). */
+  private async stepDown(why: string, term: number | null = this.term): Promise<void> {
+    if (!this.leading || this.term !== term) return;
     this.leading = false;
     this.options.logger.warn({ term: this.term, why }, "this server no longer leads the cluster");
     this.term = null;
@@ -225,7 +232,8 @@ export class PostgresLeadership implements Leadership {
     client.on("end", () => {
       if (this.client !== client) return;
       this.client = null;
-      if (this.leading) void this.enqueue(() => this.stepDown("its PostgreSQL session ended"));
+      const term = this.term;
+      if (this.leading) void this.enqueue(() => this.stepDown("its PostgreSQL session ended", term));
     });
     this.client = client;
     return client;

@@ -34,10 +34,14 @@ export class ServerRole implements LeadershipListener {
   private serving = false;
   private running = false;
   private closing = false;
+  /** Whether this process has led before: leading again, its last Fleet's states are still true. */
+  private ledBefore = false;
+  /** Lead, stand-by, serve and stopping the services run one at a time, in order. */
+  private chain: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly options: {
-      /** A new Fleet for a term; `takeover`: another server led until now. */
+      /** A new Fleet for a term; `takeover`: the replicas' states in the rows were kept up to now by a running leader. */
       makeFleet: (takeover: boolean) => Fleet;
       services: LeaderServices;
       /** Null where there is nothing to follow (SQLite: one server). */
@@ -63,46 +67,66 @@ export class ServerRole implements LeadershipListener {
     return this.preparing !== null;
   }
 
-  async lead(_term: number, previousLeader: string | null): Promise<void> {
-    this.options.follower?.stop();
-    const fleet = this.options.makeFleet(previousLeader !== null && previousLeader !== this.options.name);
-    this.preparing = fleet;
-    try {
-      await this.options.services.jobs.recover();
-      await fleet.start();
-      await fleet.settled();
-    } finally {
-      this.preparing = null;
-    }
-    this.current = fleet;
-    if (this.serving) await this.runServices();
+  lead(_term: number, previousLeader: string | null): Promise<void> {
+    return this.queue(async () => {
+      // Stopping: the lead is given up in a moment; nothing is started for it.
+      if (this.closing) return;
+      await this.options.follower?.stop();
+      // Another server led until now, or this process did: the rows hold the states a
+      // running leader kept. A server that starts again after leading itself (its own
+      // earlier run) waits for the nodes' reports instead.
+      const takeover = previousLeader !== null && (previousLeader !== this.options.name || this.ledBefore);
+      const fleet = this.options.makeFleet(takeover);
+      this.ledBefore = true;
+      this.preparing = fleet;
+      try {
+        await this.options.services.jobs.recover();
+        await fleet.start();
+        await fleet.settled();
+      } catch (error) {
+        await fleet.stop().catch(() => undefined);
+        throw error;
+      } finally {
+        this.preparing = null;
+      }
+      this.current = fleet;
+      if (this.serving) await this.runServices();
+    });
   }
 
-  async standBy(why: string): Promise<void> {
-    await this.stopServices();
-    const fleet = this.current;
-    this.current = null;
-    await fleet?.stop().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not stop the fleet cleanly"));
-    if (!this.closing) {
-      this.options.logger.info({ why }, "standing by: following the leader");
-      await this.options.follower?.start();
-    }
+  standBy(why: string): Promise<void> {
+    return this.queue(async () => {
+      await this.stopRunningServices();
+      const fleet = this.current;
+      this.current = null;
+      await fleet?.stop().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not stop the fleet cleanly"));
+      if (!this.closing) {
+        this.options.logger.info({ why }, "standing by: following the leader");
+        await this.options.follower?.start();
+      }
+    });
   }
 
   /** The server takes traffic now: a leader starts its services (a standby has none). */
-  async serve(): Promise<void> {
-    this.serving = true;
-    if (this.current !== null) await this.runServices();
+  serve(): Promise<void> {
+    return this.queue(async () => {
+      this.serving = true;
+      if (this.current !== null && !this.closing) await this.runServices();
+    });
   }
 
-  /** The server is stopping: a stand-by that follows is not the next thing to do. */
-  closingDown(): void {
+  /** The server is stopping: no lead is taken up from now on, and the follower stops. */
+  async closingDown(): Promise<void> {
     this.closing = true;
-    this.options.follower?.stop();
+    await this.options.follower?.stop();
   }
 
   /** Stops the leader's services (not its Fleet); running jobs stop where they are. */
-  async stopServices(): Promise<void> {
+  stopServices(): Promise<void> {
+    return this.queue(() => this.stopRunningServices());
+  }
+
+  private async stopRunningServices(): Promise<void> {
     if (!this.running) return;
     this.running = false;
     const { services } = this.options;
@@ -123,5 +147,11 @@ export class ServerRole implements LeadershipListener {
     await services.budgetAlerts.start();
     await services.notifier.start();
     services.usageRetention.start();
+  }
+
+  private queue(step: () => Promise<void>): Promise<void> {
+    const run = this.chain.then(step);
+    this.chain = run.catch(() => undefined);
+    return run;
   }
 }

@@ -11,7 +11,12 @@ import { nowIso, type Store } from "../store/store.ts";
 
 const SETTING = "join_token";
 
-export async function sharedJoinToken(store: Store, box: SecretBox, dataDir: string): Promise<string> {
+/**
+ * `othersRunning`: whether another server runs on the database now. A server that ran
+ * alone and is given a cluster secret for the first time cannot open the token it sealed
+ * with its own key: with nobody else running, it seals its token again with the new one.
+ */
+export async function sharedJoinToken(store: Store, box: SecretBox, dataDir: string, othersRunning: () => Promise<boolean>): Promise<string> {
   const own = ensureJoinToken(dataDir);
   if (store.dialect !== "postgres") return own;
   await store.db
@@ -21,6 +26,10 @@ export async function sharedJoinToken(store: Store, box: SecretBox, dataDir: str
     .execute();
   const row = await store.db.selectFrom("cluster_settings").select("value").where("name", "=", SETTING).executeTakeFirstOrThrow();
   const shared = box.open(row.value);
+  if (shared === null && !(await othersRunning())) {
+    await store.db.updateTable("cluster_settings").set({ value: box.seal(own), updated_at: nowIso() }).where("name", "=", SETTING).execute();
+    return own;
+  }
   if (shared === null) {
     throw new ConflictError(
       "The cluster's join token in the database was sealed with another cluster secret. Give this server the secret the other servers have (--cluster-secret-file or LLMGW_CLUSTER_SECRET).",

@@ -95,9 +95,13 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   let members: ClusterMembers;
   try {
     // Engine keys, channels and the join token are sealed with it: every server on the database needs the same one.
+    // A SQLite database has one server: its own data dir's key, whatever the environment says
+    // (a cluster secret set by mistake must not make its sealed values unreadable).
+    const shared = store.dialect === "postgres";
+    if (!shared && (config.clusterSecretFile !== undefined || config.clusterSecret !== undefined)) logger.warn("a cluster secret is for servers sharing PostgreSQL; this SQLite server uses its data dir's own key");
     const secret = loadClusterSecret({
-      ...(config.clusterSecretFile === undefined ? {} : { file: config.clusterSecretFile }),
-      ...(config.clusterSecret === undefined ? {} : { env: config.clusterSecret }),
+      ...(shared && config.clusterSecretFile !== undefined ? { file: config.clusterSecretFile } : {}),
+      ...(shared && config.clusterSecret !== undefined ? { env: config.clusterSecret } : {}),
       dataDirBox: () => SecretBox.forDataDir(config.dataDir),
     });
     secretBox = secret.box;
@@ -234,11 +238,11 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const unsubscribers: Array<() => void> = [];
   const stopFollowing = async () => {
     for (const unsubscribe of unsubscribers) unsubscribe();
-    serverRole.closingDown();
+    await serverRole.closingDown();
     await feed.stop();
   };
   try {
-    joinToken = await sharedJoinToken(store, box, config.dataDir);
+    joinToken = await sharedJoinToken(store, box, config.dataDir, async () => (await members.list()).some((member) => member.live && member.name !== members.name));
     await catalog.refresh();
     stopExternalSync = syncExternalReplicas(catalog, replicas);
     // What other servers change reaches this one within a second (PostgreSQL; SQLite has no others).

@@ -420,7 +420,11 @@ const migrations: Record<string, MigrationFactory> = {
           return null;
         end $$`.execute(db);
       for (const table of CHANGE_FEED_TABLES) {
-        await sql`create trigger llmgw_changes after insert or update or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(db);
+        // Updates of the columns written on every use (a key's last use, a node's heartbeat)
+        // are not news to the other servers: telling them would empty their caches each time.
+        const quiet = QUIET_COLUMNS[table];
+        const update = quiet === undefined ? sql`update` : sql`update of ${sql.join(quiet.map((column) => sql.ref(column)))}`;
+        await sql`create trigger llmgw_changes after insert or ${update} or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(db);
       }
     },
   }),
@@ -431,6 +435,12 @@ const migrations: Record<string, MigrationFactory> = {
  * keys, replicas and parking, nodes, console sessions and mirror holders.
  */
 export const CHANGE_FEED_TABLES = ["models", "model_aliases", "api_keys", "replicas", "model_states", "nodes", "console_sessions", "mirror_holders", "cluster_leader"] as const;
+
+/** For the followed tables whose rows are stamped on every use: the columns whose updates are news. */
+const QUIET_COLUMNS: Partial<Record<(typeof CHANGE_FEED_TABLES)[number], string[]>> = {
+  api_keys: ["name", "prefix", "hash", "role", "allowed_models", "expires_at", "revoked_at", "rpm", "tpm", "budget_usd", "budget_period", "model_limits", "guards"],
+  nodes: ["name", "address", "labels", "inventory", "state", "credential_hash", "removed_at"],
+};
 
 /** Any number, the same in every llmgw: the key of the advisory lock migrations hold. */
 const MIGRATION_LOCK_KEY = 0x6c6d6777;

@@ -166,8 +166,13 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
     client.on("error", () => {
       // Reported to the owner through its own "end" listener; an unhandled "error" would end the process.
     });
-    await client.connect();
-    await client.query("set tcp_keepalives_idle = 5; set tcp_keepalives_interval = 2; set tcp_keepalives_count = 3");
+    try {
+      await client.connect();
+      await client.query("set tcp_keepalives_idle = 5; set tcp_keepalives_interval = 2; set tcp_keepalives_count = 3");
+    } catch (error) {
+      await client.end().catch(() => undefined);
+      throw error;
+    }
     return client;
   };
   return { db, dialect: "postgres", schema: schema ?? "public", location, health, ...faultHandling(db, where, health, () => true), dedicatedClient, close: () => db.destroy() };
