@@ -20,6 +20,8 @@ import { loadClusterSecret } from "./cluster-secret.ts";
 import { NotLeaderError, PostgresLeadership, type LeadershipListener } from "./leadership.ts";
 import { ChangeFeed, type FollowedTable } from "./change-feed.ts";
 import { ServerRole } from "./server-role.ts";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 
 const logger = silentLogger();
 const secretA = loadClusterSecret({ env: "a".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
@@ -271,4 +273,37 @@ test("a server that stands by while its services start ends with none running; o
   await role.lead(2, "b");
   assert.equal(role.fleet, null, "a server stopping takes up no lead");
   assert.deepEqual(fleets, ["started", "stopped"]);
+});
+
+test("mirror fetches through any server run on the leader, or on the --mirror-on server; a standby forwards the fleet's requests", async (t) => {
+  const database = await postgresSchemaOrSkip(t);
+  if (database === null) return;
+  const weights = path.join(mkdtempSync(path.join(tmpdir(), "llmgw-weights-")), "tiny.gguf");
+  await writeTinyLlamaGguf({ path: weights, seed: 5 });
+  const started: Harness[] = [];
+  try {
+    const a = await startHarness({ database, cluster: { name: "a" } });
+    started.push(a);
+    const b = await startHarness({ database, adminKey: a.adminKey, cluster: { name: "b" } });
+    started.push(b);
+    const holders = async (model: string) =>
+      eventually(`${model} complete`, async () => {
+        const files = (await b.admin("GET", `/api/v1/mirror?model=${model}`)).body.data as Array<{ state: string; holders: string[] }>;
+        return files.length > 0 && files.every((f) => f.state === "complete") ? files.flatMap((f) => f.holders) : undefined;
+      });
+    // a leads: a fetch asked of b runs on a.
+    assert.equal((await b.admin("POST", "/api/v1/mirror", { repo: weights, model: "on-leader" })).status, 202);
+    assert.deepEqual(await holders("on-leader"), ["a"]);
+    // The fleet's reads are the leader's too: b answers with a's nodes and plan.
+    assert.equal((await b.admin("GET", "/api/v1/nodes")).status, 200);
+
+    // A third server told to mirror on b: its fetches go to b, wherever asked.
+    const c = await startHarness({ database, adminKey: a.adminKey, cluster: { name: "c", mirrorOn: "b" } });
+    started.push(c);
+    assert.equal((await c.admin("POST", "/api/v1/mirror", { repo: weights, model: "on-b" })).status, 202);
+    assert.deepEqual(await holders("on-b"), ["b"]);
+  } finally {
+    for (const harness of started.reverse()) await harness.close();
+    await dropSchema(database.schema);
+  }
 });

@@ -65,7 +65,7 @@ export interface HarnessOptions {
    * Servers sharing a PostgreSQL database: this one's name and the cluster secret they share
    * (defaults: a random name, and one secret for every harness of the test run).
    */
-  cluster?: { name?: string; secret?: string; leaderPollMs?: number };
+  cluster?: { name?: string; secret?: string; leaderPollMs?: number; mirrorOn?: string };
 }
 
 /** The cluster secret harnesses on one PostgreSQL share unless a test gives another. */
@@ -106,6 +106,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
             serverName: options.cluster?.name ?? `harness-${Math.random().toString(36).slice(2, 8)}`,
             clusterSecret: options.cluster?.secret ?? TEST_CLUSTER_SECRET,
             ...(options.cluster?.leaderPollMs === undefined ? {} : { leaderPollMs: options.cluster.leaderPollMs }),
+            ...(options.cluster?.mirrorOn === undefined ? {} : { mirrorOn: options.cluster.mirrorOn }),
           }),
     },
     options.withAgent,
