@@ -132,10 +132,15 @@ export class ClusterMembers {
   async list(): Promise<ClusterMember[]> {
     const rows = await this.options.store.db.selectFrom("cluster_members").selectAll().orderBy("name").execute();
     return rows.map((row) => ({
-      ...row,
+      name: row.name,
+      url: row.url,
+      version: row.version,
+      started_at: row.started_at,
+      last_seen: row.last_seen,
+      stopped_at: row.stopped_at,
       // This server runs as long as it answers (on SQLite it does not stamp its row).
       live: (row.name === this.name && row.instance === this.instance && row.stopped_at === null) || this.isLive(row),
-    })).map(({ name, url, version, started_at, last_seen, stopped_at, live }) => ({ name, url, version, started_at, last_seen, stopped_at, live }));
+    }));
   }
 
   /** The live member of that name, or undefined. */

@@ -51,7 +51,15 @@ export class FleetFollower {
   async start(): Promise<void> {
     if (this.following) return;
     this.following = true;
-    this.unsubscribe = this.options.feed.subscribe(["replicas", "model_states", "nodes", "models", "model_aliases"], (tables) => this.reload(tables));
+    const unsubscribeRows = this.options.feed.subscribe(["replicas", "model_states", "nodes"], (tables) => this.reload(tables));
+    // The catalog follows its own rows; a change there renames or reweighs entries, from the records already read.
+    const unsubscribeCatalog = this.options.catalog.onChange(() => {
+      if (this.following) this.sync([...this.records.values()]);
+    });
+    this.unsubscribe = () => {
+      unsubscribeRows();
+      unsubscribeCatalog();
+    };
     await this.reload(new Set(["replicas", "model_states", "nodes"])).catch((error: unknown) => {
       this.options.logger.warn({ err: describeError(error) }, "could not read the fleet's rows; reading them again at the next resync");
       this.options.feed.resync();
@@ -107,9 +115,7 @@ export class FleetFollower {
       await registry.load();
       this.registry = registry;
     }
-    // A catalog change renames or reweighs entries; the rows are read again with it.
-    if (tables.has("replicas") || tables.has("models") || tables.has("model_aliases")) {
-      await this.options.catalog.refresh();
+    if (tables.has("replicas")) {
       const records = await this.rows.load();
       // Stopped meanwhile (this server took the lead): the new Fleet owns the table now.
       if (this.following) this.sync(records);

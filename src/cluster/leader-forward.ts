@@ -52,13 +52,22 @@ export function isLeaderRequest(method: string, url: string): boolean {
   if (method === "POST" && (path === "/api/v1/jobs/serve" || path === "/api/v1/jobs/update" || /^\/api\/v1\/jobs\/[^/]+\/cancel$/.test(path))) return true;
   if (method === "POST" && /^\/api\/v1\/models\/[^/]+\/(unpark|rollback)$/.test(path)) return true;
   if (method === "GET" && /^\/api\/v1\/models\/[^/]+\/health$/.test(path)) return true;
-  if (method === "POST" && path === "/api/v1/updates/check") return true;
-  return isMirrorFetch(method, url);
+  return method === "POST" && path === "/api/v1/updates/check";
 }
 
-/** `POST /api/v1/mirror`: a fetch into a mirror (the leader's, or the --mirror-on server's). */
-export function isMirrorFetch(method: string, url: string): boolean {
-  return method === "POST" && url.split("?", 1)[0] === "/api/v1/mirror";
+/**
+ * Where a request is answered: here, by the leader, or by a named server. A mirror fetch
+ * (`POST /api/v1/mirror`) goes to the --mirror-on server when there is one, else to the
+ * leader; one that another server passed here was meant for this one.
+ */
+export function answeredBy(req: IncomingMessage, options: { mirrorOn: string | undefined; self: string }): "here" | "leader" | { server: string } {
+  const method = req.method ?? "GET";
+  const url = req.url ?? "/";
+  if (method === "POST" && url.split("?", 1)[0] === "/api/v1/mirror") {
+    if (req.headers[FORWARDED_BY_HEADER] !== undefined || options.mirrorOn === options.self) return "here";
+    return options.mirrorOn === undefined ? "leader" : { server: options.mirrorOn };
+  }
+  return isLeaderRequest(method, url) ? "leader" : "here";
 }
 
 export class LeaderForwarder {

@@ -66,7 +66,7 @@ import { ChangeFeed } from "../cluster/change-feed.ts";
 import { FleetFollower } from "../cluster/fleet-follower.ts";
 import { FleetAccess } from "../cluster/fleet-access.ts";
 import { ServerRole } from "../cluster/server-role.ts";
-import { FORWARDED_BY_HEADER, LeaderForwarder, isLeaderRequest, isMirrorFetch } from "../cluster/leader-forward.ts";
+import { LeaderForwarder, answeredBy } from "../cluster/leader-forward.ts";
 import { sharedJoinToken } from "../cluster/shared-join-token.ts";
 import { sendError } from "../core/http.ts";
 import { createPlaygroundHandler, isPlaygroundRequest } from "../console/playground-route.ts";
@@ -406,19 +406,20 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   };
   const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
-    // HTTP/1.0 has no Host (load balancers' plain health checks send none); the routing needs one.
+    if (url === "/v1" || url.startsWith("/v1/")) {
+      gateway.handle(req, res);
+      return;
+    }
+    // HTTP/1.0 has no Host (load balancers' plain health checks send none); the admin routing needs one.
     req.headers.host ??= `${config.host}:${config.port}`;
-    if (url === "/v1" || url.startsWith("/v1/")) gateway.handle(req, res);
-    else if (forwarder !== null && isMirrorFetch(req.method ?? "GET", url) && (config.mirrorOn !== undefined || req.headers[FORWARDED_BY_HEADER] !== undefined)) {
-      // Fetches go to the mirror server the operator chose; one passed here by another server was meant for this one.
-      if (config.mirrorOn === undefined || config.mirrorOn === members.name || req.headers[FORWARDED_BY_HEADER] !== undefined) void adminListener(req, res);
-      else void forwarder.forward(req, res, config.mirrorOn);
-    } else if (forwarder !== null && serverRole.fleet === null && isLeaderRequest(req.method ?? "GET", url)) {
+    const answerer = forwarder === null ? "here" : answeredBy(req, { mirrorOn: config.mirrorOn, self: members.name });
+    if (typeof answerer === "object") void forwarder!.forward(req, res, answerer.server);
+    else if (answerer === "leader" && serverRole.fleet === null) {
       // Only the leader can answer: a standby passes it on; one that is taking the lead asks for a retry.
       if (serverRole.takingLead) {
         req.resume();
         sendError(req, res, new NotLeaderError("This server is taking the lead of the cluster; retry in a moment."));
-      } else void forwarder.forward(req, res);
+      } else void forwarder!.forward(req, res);
     } else if (isPlaygroundRequest(url)) void playground(req, res);
     else if (isMirrorFileRequest(url)) void mirrorFiles(req, res);
     else if (isMetricsRequest(url)) metricsListener(req, res);
