@@ -1,31 +1,31 @@
 #!/usr/bin/env node
-// Entry point of the `llmgw` command. A fresh install compiles the TypeScript sources to
-// dist/ (`npm run build`, run by `prepare`), and that JavaScript runs when it is at least
-// as new as every source file. Otherwise (an edited checkout, or no build) the sources run
-// through tsx's loader, so nobody ever runs stale code. LLMGW_FROM_SOURCE=1 forces tsx.
-import { existsSync, readdirSync, statSync } from "node:fs";
-import { fileURLToPath } from "node:url";
+// Entry point of the `llmgw` command. It runs the compiled JavaScript in dist/, which
+// `npm ci` (through `prepare`) and `npm run build` produce, and which `npm test` brings up
+// to date before a run (scripts/build.mjs). Nothing is checked or compiled here, so a start
+// costs only the import of dist/.
+//
+// LLMGW_FROM_SOURCE=1 runs the TypeScript sources through tsx instead (a dev dependency):
+// for a developer who wants an edit to take effect without a build. A checkout with no dist/
+// at all falls back to the same when tsx is installed.
+import { existsSync } from "node:fs";
 
-const root = fileURLToPath(new URL("../", import.meta.url));
-const stamp = `${root}dist/.built`;
+const compiled = new URL("../dist/cli/main.js", import.meta.url);
+const fromSource = process.env.LLMGW_FROM_SOURCE === "1" || !existsSync(compiled);
 
-function newestSourceMtime(dir) {
-  let newest = 0;
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    const path = `${dir}/${entry.name}`;
-    if (entry.isDirectory()) newest = Math.max(newest, newestSourceMtime(path));
-    else if (entry.name.endsWith(".ts")) newest = Math.max(newest, statSync(path).mtimeMs);
-  }
-  return newest;
-}
-
-const compiledIsCurrent =
-  process.env.LLMGW_FROM_SOURCE !== "1" && existsSync(stamp) && statSync(stamp).mtimeMs >= newestSourceMtime(`${root}src`);
-
-if (compiledIsCurrent) {
-  await import("../dist/cli/main.js");
+if (!fromSource) {
+  await import(compiled.href);
 } else {
-  const { register } = await import("tsx/esm/api");
+  let register;
+  try {
+    ({ register } = await import("tsx/esm/api"));
+  } catch {
+    process.stderr.write(
+      process.env.LLMGW_FROM_SOURCE === "1"
+        ? "llmgw: LLMGW_FROM_SOURCE=1 runs the TypeScript sources through tsx, a dev dependency that is not installed here: run `npm ci`, or unset LLMGW_FROM_SOURCE.\n"
+        : "llmgw: dist/ is missing (the compiled JavaScript): run `npm run build` in the llmgw folder (`npm ci` does it too).\n",
+    );
+    process.exit(1);
+  }
   register();
   await import("../src/cli/main.ts");
 }

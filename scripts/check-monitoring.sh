@@ -2,25 +2,18 @@
 # Checks the monitoring files in deploy/ with the tools that will read them: promtool
 # (Prometheus config, alert rules and their unit tests), amtool (Alertmanager config and
 # its routing) and a JSON parse of the Grafana dashboard. CI runs this before the tests
-# (.ci/run). A machine without promtool or amtool gets Debian's `prometheus` and
-# `prometheus-alertmanager` packages first, which carry them.
+# (.ci/run), after scripts/provision.sh installed Debian's `prometheus` and
+# `prometheus-alertmanager` packages, which carry promtool and amtool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=scripts/apt-install.sh
-. scripts/apt-install.sh
 
 fail() {
   printf '\ncheck-monitoring: FAILED: %s\n' "$1" >&2
   exit 1
 }
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then
-  echo "check-monitoring: promtool or amtool is missing; installing Debian's prometheus and prometheus-alertmanager"
-  # The packages' services are not wanted, only their tools; a CI container has no init to start them anyway.
-  apt_install check-monitoring prometheus prometheus-alertmanager
-  command -v promtool >/dev/null 2>&1 || fail "the prometheus package is installed but promtool is not on PATH"
-  command -v amtool >/dev/null 2>&1 || fail "the prometheus-alertmanager package is installed but amtool is not on PATH"
-fi
+command -v promtool >/dev/null 2>&1 || fail "promtool is not installed; run scripts/provision.sh (as root) or apt-get install -y prometheus"
+command -v amtool >/dev/null 2>&1 || fail "amtool is not installed; run scripts/provision.sh (as root) or apt-get install -y prometheus-alertmanager"
 echo "check-monitoring: $(promtool --version 2>&1 | head -n 1)"
 echo "check-monitoring: $(amtool --version 2>&1 | head -n 1)"
 

@@ -1,12 +1,16 @@
 // Runs the test suite with node:test through tsx. The files are listed here on purpose:
 // a test file that is not in this list does not run, so adding one is a visible change.
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { fileURLToPath } from "node:url";
 
 const unit = [
   "src/core/errors.test.ts",
+  "src/core/backoff.test.ts",
   "src/core/log.test.ts",
+  "src/core/byte-size.test.ts",
   "src/agent/engine-supervisor.test.ts",
   "src/engines/llama-server/llama-server-launch.test.ts",
+  "src/engines/llama-server/llama-server-version.test.ts",
   "src/engines/vllm/vllm-launch.test.ts",
   "src/engines/engine-launch.test.ts",
   "src/agent/weights-identity.test.ts",
@@ -17,6 +21,7 @@ const unit = [
   "src/catalog/weights-check.test.ts",
   "src/cli/local-paths.test.ts",
   "src/cli/ctl-job.test.ts",
+  "src/cli/ctl-node.test.ts",
   "src/keys/key-service.test.ts",
   "src/gguf/header.test.ts",
   "src/gguf/llama-support.test.ts",
@@ -37,6 +42,7 @@ const unit = [
   "src/registry/file-sets.test.ts",
   "src/registry/local-source.test.ts",
   "test/support/stand-in-hub.test.ts",
+  "test/support/tools.test.ts",
   "src/mirror/mirror.test.ts",
   "src/mirror/mirror-routes.test.ts",
   "src/mirror/verification.test.ts",
@@ -49,6 +55,7 @@ const unit = [
   "src/gateway/embeddings-usage.test.ts",
   "src/gateway/output-cap.test.ts",
   "src/gateway/gateway-faults.test.ts",
+  "src/gateway/try-replicas.test.ts",
   "src/gateway/request-outcome.test.ts",
   "src/gateway/admission.test.ts",
   "src/gateway/request-cancel.test.ts",
@@ -64,6 +71,7 @@ const unit = [
   "src/metrics/metrics-access.test.ts",
   "src/metrics/metrics-route.test.ts",
   "test/monitoring-files.test.ts",
+  "test/deploy-checks.test.ts",
   "src/agent/local-node.test.ts",
   "src/fleet/on-demand.test.ts",
   "src/fleet/reconciler.test.ts",
@@ -75,12 +83,14 @@ const unit = [
   "src/fleet/inventory-schema.test.ts",
   "src/agent/inventory.test.ts",
   "src/serve/jobs.test.ts",
+  "src/serve/serve-job.test.ts",
   "src/serve/serve-request.test.ts",
   "src/serve/update-job.test.ts",
   "src/policy/limit-store.test.ts",
   "src/policy/token-bound.test.ts",
   "src/policy/limits.test.ts",
   "src/policy/limits-settle.test.ts",
+  "src/policy/limits-clock.test.ts",
   "src/policy/limit-ledger.test.ts",
   "src/cli/ctl-key.test.ts",
   "src/policy/guards-formats.test.ts",
@@ -104,6 +114,7 @@ const endToEnd = [
   "test/fleet.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
+  "test/small-machine.e2e.test.ts",
   "test/anthropic.e2e.test.ts",
   "test/guards-engine.e2e.test.ts",
   "test/notify.e2e.test.ts",
@@ -112,11 +123,26 @@ const endToEnd = [
   "test/console-jobs.e2e.test.ts",
   "test/console-keys.e2e.test.ts",
   "test/cluster.e2e.test.ts",
+  "test/ctl-state.e2e.test.ts",
 ];
 
 const files = [...unit, ...endToEnd];
 const only = process.argv.slice(2);
 const selected = only.length > 0 ? only : files;
+
+// Provision first (scripts/provision.sh): the Debian tools some tests drive and a check that
+// PostgreSQL answers. It installs only what is missing, so a machine that has everything
+// pays a second; where it cannot install, it says what is missing and the tests that need it
+// fail with that sentence. LLMGW_SKIP_PROVISION=1 skips it (for a quick run of one file).
+if (process.env.LLMGW_SKIP_PROVISION !== "1") {
+  const provision = spawnSync("bash", [fileURLToPath(new URL("./provision.sh", import.meta.url))], { stdio: "inherit" });
+  if (provision.status !== 0) process.exit(provision.status ?? 1);
+}
+
+// The tests start `llmgw` as a child (bin/llmgw.js), which runs the compiled dist/: bring it
+// up to date with the sources first, so the run tests what ships and never a stale build.
+const build = spawnSync(process.execPath, [fileURLToPath(new URL("./build.mjs", import.meta.url)), "--if-stale"], { stdio: "inherit" });
+if (build.status !== 0) process.exit(build.status ?? 1);
 
 const child = spawn(
   process.execPath,

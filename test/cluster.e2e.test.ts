@@ -1,13 +1,14 @@
 // Many servers on one PostgreSQL, as an operator runs them: two `llmgw server` processes
 // (a and b) with one cluster secret on a database made for this test, and two
 // `llmgw agent` processes that know both servers (n1 asks a first, n2 asks b first). The
-// model answers through either server; a key revoked on one is refused on the other
-// within a second; a mirror file fetched on a reaches an agent that asks b (a redirect
-// with a grant signed by the cluster secret); and when the
-// leader is killed with SIGKILL, the other takes over within 15 s, resumes the serve job
+// model answers through either server; a key revoked on one is refused on the other; a
+// mirror file fetched on a reaches an agent that asks b (a redirect with a grant signed by
+// the cluster secret); and when the leader is killed with SIGKILL, the other takes over,
+// resumes the serve job
 // the dead one was running, keeps the model answering for clients that retry as the
 // OpenAI SDK does (through the example HAProxy config of deploy/, in front of both), and
-// the agents move to it without their nodes being lost.
+// the agents move to it without their nodes being lost. How fast a change or a takeover
+// reaches the other server is a latency, measured in bench/cluster/change-feed.ts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
@@ -20,14 +21,19 @@ import OpenAI from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { eventually } from "./support/eventually.ts";
+import { findTool, HAPROXY } from "./support/tools.ts";
 import { createTestDatabase, listeningUrl, spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
 import { postgresProblem } from "./support/stores.ts";
+import { LIMITS_CLOCK_ENV } from "../src/policy/limits-clock.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const SECRET = "a-cluster-secret-for-the-many-servers-test-0123456789";
+// Both servers' rate windows and budgets count at this one moment (LIMITS_CLOCK_ENV): a
+// key's per-minute window cannot end in the middle of the test, wherever in the minute it runs.
+const LIMITS_AT = new Date().toISOString();
 
 describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
   // Short: engines' run folders go below each agent's data dir.
@@ -51,7 +57,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.ok(config.includes(`bind 127.0.0.1:${port}`) && config.includes(new URL(urlOf("b")).host), "the example config has the lines this test replaces");
     const file = path.join(root, "haproxy.cfg");
     writeFileSync(file, config);
-    const child = spawn("haproxy", ["-f", file, "-db"], { stdio: ["ignore", "ignore", "pipe"] });
+    const child = spawn(findTool(HAPROXY), ["-f", file, "-db"], { stdio: ["ignore", "ignore", "pipe"] });
     let errors = "";
     child.stderr!.on("data", (chunk: Buffer) => (errors += chunk.toString()));
     child.on("exit", (code) => {
@@ -71,7 +77,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     const port = await findFreePort("127.0.0.1");
     const child = spawnLlmgw(
       ["server", "--data-dir", dir, "--listen", `127.0.0.1:${port}`, "--database", database!.url, "--server-name", name, "--registry", hub.url, "--node-timeout", "6s", "--heartbeat-interval", "1s", ...extra],
-      { LLMGW_CLUSTER_SECRET: SECRET, ...env },
+      { LLMGW_CLUSTER_SECRET: SECRET, [LIMITS_CLOCK_ENV]: LIMITS_AT, ...env },
     );
     processes.push(child);
     const url = await listeningUrl(child);
@@ -171,15 +177,14 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.equal(answer.usage?.completion_tokens, 3);
   });
 
-  test("a key revoked on a is refused on b within a second", async () => {
+  test("a key revoked on a is refused on b", async () => {
     const created = (await call("a", "POST", "/api/v1/keys", { name: "short-lived" })).body;
     // b has verified (and cached) the key before the revocation.
     assert.equal((await call("b", "GET", "/v1/models", undefined, created.key)).status, 200);
-    const revokedAt = Date.now();
     assert.equal((await call("a", "DELETE", `/api/v1/keys/${created.id}`)).status, 200);
-    await eventually("b to refuse the revoked key", async () => (await call("b", "GET", "/v1/models", undefined, created.key)).status === 401, { intervalMs: 10, timeoutMs: 5_000 });
-    const took = Date.now() - revokedAt;
-    assert.ok(took < 1_000, `b refused the revoked key after ${took} ms`);
+    // The change feed carries it (src/cluster/cluster.test.ts shows that path with the key
+    // cache's clock stopped); the cache's TTL would refuse it later anyway.
+    await eventually("b to refuse the revoked key", async () => (await call("b", "GET", "/v1/models", undefined, created.key)).status === 401);
   });
 
   test("a mirror file fetched on a reaches a node that asks b: b sends it to a with a signed grant", async () => {
@@ -223,7 +228,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.deepEqual(readFileSync(cached), readFileSync(modelFile), "n2's cache holds the bytes it got through b");
   });
 
-  test("kill -9 of the leader: b leads within 15 s, resumes the serve job, the model keeps answering for retrying clients, limits hold, node caches serve, and the agents move to b", async () => {
+  test("kill -9 of the leader: b leads, resumes the serve job, the model keeps answering for retrying clients, limits hold, node caches serve, and the agents move to b", async () => {
     // A serve job on a, held at its mirror step: the stand-in Hub's downloads hang.
     hub.setFault({ kind: "hang", match: "/cdn/" });
     const job = (await call("a", "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "served", quant: "Q4_K_M" })).body;
@@ -250,18 +255,16 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     await eventually("clients answered before the kill", () => answered >= 4);
 
     // A key with 6 requests a minute: 3 used through a before the kill, 3 left through b after
-    // it. Rate windows are whole minutes; this part starts early in one, so it ends in it.
-    await eventually("the first half of a minute", () => new Date().getUTCSeconds() < 30, { timeoutMs: 40_000, intervalMs: 200 });
+    // it. The servers' limits clock stands still (LIMITS_AT), so all of it is one window.
     const limitedKey = (await call("a", "POST", "/api/v1/keys", { name: "limited", rpm: 6 })).body.key as string;
     const limitedOn = (name: string) => new OpenAI({ baseURL: `${urlOf(name)}/v1`, apiKey: limitedKey, maxRetries: 0 });
     for (let i = 0; i < 3; i++) await limitedOn("a").chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 1 });
 
-    const killedAt = Date.now();
     servers.get("a")!.process.child.kill("SIGKILL");
     await servers.get("a")!.process.exited;
-    await eventually("b to lead", async () => (await leaderOf("b")) === "b", { timeoutMs: 15_000, intervalMs: 100 });
-    const tookOver = Date.now() - killedAt;
-    assert.ok(tookOver < 15_000, `b led after ${tookOver} ms`);
+    // Any heartbeat stamped after this went to b: a is gone.
+    const aGoneAt = new Date().toISOString();
+    await eventually("b to lead", async () => (await leaderOf("b")) === "b");
 
     // The key's limit holds across the leader's loss: exactly its 3 requests left, through b.
     const limited = await Promise.all(
@@ -269,6 +272,9 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     );
     assert.equal(limited.filter((r) => r === "ok").length, 3, limited.map(String).join("; "));
     assert.ok(limited.filter((r) => r !== "ok").every((error) => error instanceof OpenAI.RateLimitError && error.code === "rate_limit_exceeded"));
+    // Counted in the one window of the clock this test gave both servers, 3 requests through each.
+    const rate = (await call("b", "GET", "/api/v1/keys/limited")).body.usage.rate;
+    assert.deepEqual([rate.window_start, rate.requests], [new Date(Math.floor(Date.parse(LIMITS_AT) / 60_000) * 60_000).toISOString(), 6]);
 
     // The node caches keep working while the only server holding 'mirrored' is down: b
     // places a third replica from what a read of its weights, and a node starts it from its cache.
@@ -292,7 +298,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     await eventually("both nodes ready through b", async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2);
     const lost = (await call("b", "GET", "/api/v1/events?kind=node_lost")).body.data as any[];
     assert.deepEqual(lost, [], "no node was taken for lost while its agent switched servers");
-    await eventually("the agents' heartbeats to reach b", async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).every((n) => Date.now() - Date.parse(n.last_heartbeat) < 3_000));
+    await eventually("the agents' heartbeats to reach b", async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).every((n) => n.last_heartbeat > aGoneAt));
 
     const before = answered;
     await eventually("clients answered after the takeover", () => answered >= before + 4).catch(async (error: Error) => {

@@ -38,6 +38,7 @@ interface NodeView {
   name: string;
   state: string;
   memory_bytes: { used: number; total: number };
+  cores: { used: number; total: number };
 }
 
 let up: ConsoleUp;
@@ -195,6 +196,10 @@ describe("the Models and Nodes pages", () => {
     assert.match(expected.text, /^\d+(\.\d)? (B|KB|MB|GB|TB) of \d+(\.\d)? (B|KB|MB|GB|TB)$/, "memory in bytes units, used of total");
     assert.ok(expected.total > 0, "the node reported its memory");
     await card.getByText(expected.text, { exact: true }).waitFor(WAIT);
+    // The demo's replica reserves a quarter core (plan/cpu-share.ts): the bar shows the fraction, not "0 of N".
+    const cores = (await nodes()).find((candidate) => candidate.id === node.id)!.cores;
+    assert.equal(cores.used, 0.25);
+    assert.equal(await card.getByRole("meter", { name: `Cores of ${node.name}`, exact: true }).getAttribute("aria-valuetext"), `0.25 of ${cores.total}`);
 
     const { token } = await adminGet<{ token: string }>("/api/v1/nodes/join-token");
     const addNode = section("Add a node");

@@ -201,7 +201,6 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.ok(onA, "a replica of tiny runs on cpu-a");
     const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
     agents.get("cpu-a")!.child.kill("SIGKILL");
-    const killedAt = Date.now();
 
     // Requests keep being answered by the replica on gpu-80 while cpu-a is being declared lost.
     let answered = 0;
@@ -224,7 +223,6 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       },
       { timeoutMs: 60_000 },
     );
-    assert.ok(Date.now() - killedAt < 60_000 + 20_000);
     assert.ok(!replaced.replicas.some((r: any) => r.id === onA.id), "the replica on the lost node was replaced, not kept");
 
     // The agent comes back with the same data dir: the node is ready again, with nothing to run.

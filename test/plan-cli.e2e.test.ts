@@ -42,6 +42,9 @@ describe("llmgw ctl model plan", () => {
     const { stdout } = await ctl(["model", "plan", GGUF_REPO, "--context", "4096"]);
     assert.match(stdout, new RegExp(`${GGUF_REPO} @ main`));
     for (const quant of ["Q4_K_M", "Q8_0", "F16"]) assert.match(stdout, new RegExp(`^${quant}\\s+gguf\\s+llama\\.cpp\\s+CPU`, "m"));
+    // The tiny test model's replica takes a quarter core (plan/cpu-share.ts), and the rule is printed.
+    assert.match(stdout, /^Q4_K_M\s+gguf\s+llama\.cpp\s+CPU\s+\S+ \S+\/node\s+0\.25\/node\s/m);
+    assert.match(stdout, /^A CPU replica reserves one core per 2 GiB of its memory, rounded up to a quarter, from 0\.25 to 1 core/m);
     assert.match(stdout, /Recommend/i);
     // What each artifact's memory is made of, as in the JSON; 4096 is the trained context, so no warning.
     assert.match(stdout, /^  Q4_K_M: weights \S+ \S+ \+ KV cache \S+ \S+ \(4096 tokens, f16\) \+ compute buffer \S+ \S+ \((logits|feed-forward|attention) [^)]*\) \+ output buffer and tokenizer \S+ \S+ = \S+ \S+ on llama\.cpp$/m);

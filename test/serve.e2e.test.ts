@@ -224,6 +224,7 @@ describe("serve and update jobs", () => {
     const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     assert.equal(after.revision, target);
     assert.equal(after.previous.revision, before.revision);
+    assert.match((await harness.admin("GET", "/api/v1/models/tiny")).body.description, new RegExp(`^Served from ${GGUF_REPO} at ${target.slice(0, 12)} `), "the description serving wrote names the new revision");
     const moved = (await jobEventOf(done.id)).map((e) => [e.kind, e.data]);
     assert.deepEqual(moved, [["update_done", { job: done.id, model: "tiny", repo: GGUF_REPO, old_revision: before.revision, new_revision: target, rollback: false }]]);
     const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;

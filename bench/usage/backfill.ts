@@ -1,4 +1,4 @@
-// Benchmark of migration 0008's backfill (src/usage/usage-backfill.ts): a database at
+// Benchmark of migration 0008's backfill (src/store/migrations/0008-usage-backfill.ts): a database at
 // migration 0007 holding N raw usage rows (10 keys × 3 models, one row every 1.2 s), then
 // the time the next open takes to migrate it, which is the time an upgrade delays a start.
 //   npx tsx bench/usage/backfill.ts [--rows 500000] [--postgres]   (--postgres: LLMGW_TEST_POSTGRES, a new schema)

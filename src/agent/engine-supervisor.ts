@@ -20,6 +20,7 @@
 // How a hosting process (`llmgw agent`, `llmgw up`) must use it: on SIGINT/SIGTERM call
 // `await stopAllSupervisors()` and then exit; at start, `pruneRunFolders({ stateRoot })`.
 // Both are re-exported here from where they live.
+import { backoffDelay } from "../core/backoff.ts";
 import { countOf } from "../core/format.ts";
 import { ConflictError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
@@ -196,7 +197,7 @@ export class EngineSupervisor {
         this.update({ state: "parked", failures: run.failures, lastError: message, lastErrorCode: failure.code, retryAt: null });
         return;
       }
-      const delayMs = Math.min(backoff.maxMs, backoff.initialMs * 2 ** (recent - 1));
+      const delayMs = backoffDelay(recent, { baseMs: backoff.initialMs, maxMs: backoff.maxMs });
       this.log.warn({ attempt: run.attempt, code: failure.code, retryInMs: delayMs, error: failure.message }, "engine attempt failed");
       this.update({ state: "failed", failures: run.failures, lastError: failure.message, lastErrorCode: failure.code, retryAt: now + delayMs });
       await abortableDelay(delayMs, signal);

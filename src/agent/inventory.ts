@@ -20,10 +20,11 @@ import os from "node:os";
 import { z } from "zod";
 import { BadRequestError, describeError, errorCode } from "../core/errors.ts";
 import { printable } from "../core/format.ts";
-import { parseByteSize } from "../cli/config.ts";
+import { parseByteSize } from "../core/byte-size.ts";
 import type { EngineInventory, GpuInventory, NodeInventory, NodeLabels } from "../fleet/fleet-types.ts";
 import { normalizeGpuClass } from "../fleet/gpu-class.ts";
-import { ENGINE_NAMES, LABEL_KEY_PATTERN, LABEL_KEY_RULE, LABEL_VALUE_PATTERN, LABEL_VALUE_RULE, checkInventory, checkLabels } from "../fleet/inventory-schema.ts";
+import { readLlamaServerVersion, unknownBuildWarning } from "../engines/llama-server/llama-server-version.ts";
+import { ENGINE_NAMES, INVENTORY_LIMITS, LABEL_KEY_PATTERN, LABEL_KEY_RULE, LABEL_VALUE_PATTERN, LABEL_VALUE_RULE, checkInventory, checkLabels } from "../fleet/inventory-schema.ts";
 import { BUNDLED_LLAMA_CPP } from "../gguf/llama-support.ts";
 
 export const DEFAULT_PROBE_TIMEOUT_MS = 10_000;
@@ -63,7 +64,7 @@ export async function detectInventory(options: DetectInventoryOptions = {}): Pro
   const warnings: string[] = [];
   const [gpus, llamaServer, vllm] = await Promise.all([
     detectGpus({ ...probe, command: options.nvidiaSmiPath, warnings }),
-    options.llamaServerPath === undefined ? undefined : probeLlamaServer({ ...probe, command: options.llamaServerPath }),
+    options.llamaServerPath === undefined ? undefined : probeLlamaServer({ ...probe, command: options.llamaServerPath, warnings }),
     probeVllm({ ...probe, command: options.vllmPath, warnings }),
   ]);
   const engines = [BUNDLED_ENGINE, ...(llamaServer ? [llamaServer] : []), ...(vllm ? [vllm] : [])];
@@ -140,11 +141,13 @@ function parseGpuMemory(text: string): number | undefined {
 }
 
 /**
- * `llama-server --version` prints "version: 4567 (abc1234)" and "built with ..." on stderr
- * (after device lines on a CUDA build); the version is reported as "4567 (abc1234)", build
- * number and commit, which resolveLlamaCppBuild matches by the commit.
+ * `llama-server --version` prints a "version: ..." line and "built with ..." on stderr (after
+ * device lines on a CUDA build). The version is reported as printed after "version:"
+ * ("4567 (abc1234)", "0.4.0-dev (build 1, commit 80fb11a)", "0 (unknown)": every shape
+ * llama.cpp builds print, llama-server-version.ts); a build llmgw has no architecture list
+ * for is accepted with a warning.
  */
-async function probeLlamaServer(options: ProbeOptions & { command: string }): Promise<EngineInventory> {
+async function probeLlamaServer(options: ProbeOptions & { command: string; warnings: string[] }): Promise<EngineInventory> {
   const result = await runProbe({ ...options, args: ["--version"] });
   const failed = (why: string) =>
     new BadRequestError(`llama-server at ${options.command} ${why}. Check the llama-server path, or leave it out to run llama.cpp models on the bundled engine only.`, {
@@ -154,9 +157,10 @@ async function probeLlamaServer(options: ProbeOptions & { command: string }): Pr
   if (result.kind === "unstartable") throw failed(`could not be started (${describeError(result.error)})`);
   if (result.kind === "timed-out") throw failed(`did not answer --version within ${seconds(options.timeoutMs)} and was stopped`);
   if (result.code !== 0) throw failed(`exited with ${exitText(result)} on --version: ${excerpt(result)}`);
-  const match = /version:\s*(\d+)\s*\(([0-9a-f]{4,40})\)/i.exec(`${result.stderr}\n${result.stdout}`);
-  if (match === null) throw failed(`printed no "version: BUILD (COMMIT)" line on --version: ${excerpt(result)}`);
-  return { engine: "llama-server", version: `${match[1]} (${match[2]!.toLowerCase()})` };
+  const read = readLlamaServerVersion(`${result.stderr}\n${result.stdout}`);
+  if (read === undefined) throw failed(`printed no "version: ..." line on --version: ${excerpt(result)}`);
+  if (!read.known) options.warnings.push(unknownBuildWarning({ path: options.command, version: read.version }));
+  return { engine: "llama-server", version: read.version.slice(0, INVENTORY_LIMITS.versionLength) };
 }
 
 /** `vllm --version` prints the version ("0.6.3.post1") on stdout, possibly after log lines. */

@@ -7,6 +7,7 @@
 // against the server over HTTP, `llmgw up` against the in-process fleet (DESIGN.md "The
 // fleet seam").
 import { randomBytes } from "node:crypto";
+import { backoffDelay } from "../core/backoff.ts";
 import { describeError, LlmgwError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Assignment, Assignments, HeartbeatReport, ReplicaReport, ReportedState } from "../fleet/agent-protocol.ts";
@@ -91,6 +92,10 @@ interface Running {
 
 const DEFAULT_POLL_WAIT_MS = 25_000;
 const DEFAULT_HEARTBEAT_MS = 5_000;
+/** Failed polls wait 1 s, then twice as long each time up to 10 s: a server back from a restart hears from its nodes within seconds. */
+const POLL_BACKOFF = { baseMs: 1_000, maxMs: 10_000 };
+/** A refused credential waits the longest poll backoff every time: it heals only when an operator acts. */
+const REFUSED_POLL_DELAY_MS = POLL_BACKOFF.maxMs;
 
 export class NodeAgent {
   private readonly running = new Map<string, Running>();
@@ -179,7 +184,7 @@ export class NodeAgent {
         // case an operator fixes the server side.
         if (refused) this.options.logger.error({ err: describeError(error) }, "the server refused this node's credential");
         else this.options.logger.warn({ err: describeError(error), failures }, "could not fetch assignments; retrying");
-        await abortableDelay(refused ? 10_000 : Math.min(10_000, 500 * 2 ** Math.min(failures, 5)), signal);
+        await abortableDelay(refused ? REFUSED_POLL_DELAY_MS : backoffDelay(failures, POLL_BACKOFF), signal);
       }
     }
   }

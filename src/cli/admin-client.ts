@@ -1,6 +1,10 @@
 // The HTTP client `llmgw ctl` uses for the admin API. It finds the server and the admin
 // key the way DESIGN.md says: flags, then LLMGW_SERVER / LLMGW_KEY, then the data dir of
 // a local `llmgw up` (server.json and admin.key), and turns failures into one clear line.
+// The data dir is where this most often goes wrong: a server started with --data-dir keeps
+// its key there, and a ctl run without the same --data-dir (or LLMGW_DATA_DIR) looks in
+// ~/.llmgw; so the errors about a missing or refused key name the data dir ctl read and
+// both ways to give the right one.
 import { readFileSync } from "node:fs";
 import path from "node:path";
 import { request } from "undici";
@@ -18,19 +22,28 @@ export class AdminClient {
   constructor(
     readonly baseUrl: string,
     private readonly key: string,
+    /** Where the key came from when it was read from a data dir's admin.key (and how that data dir was chosen): a refusal of it says so. */
+    private readonly keyFile?: { file: string; dataDirFrom: string },
   ) {}
 
   static fromFlags(flags: AdminConnectionFlags): AdminClient {
     const dataDir = resolveDataDir(flags.dataDir);
+    const dataDirFrom =
+      flags.dataDir !== undefined ? "given with --data-dir" : process.env.LLMGW_DATA_DIR !== undefined ? "given with LLMGW_DATA_DIR" : "the default, since neither --data-dir nor LLMGW_DATA_DIR is set";
     const baseUrl = (flags.server ?? process.env.LLMGW_SERVER ?? readServerUrl(dataDir) ?? `http://${DEFAULT_LISTEN}`).replace(/\/+$/, "");
-    const key = flags.key ?? process.env.LLMGW_KEY ?? readKeyFile(dataDir);
+    const given = flags.key ?? process.env.LLMGW_KEY;
+    if (given !== undefined) return new AdminClient(baseUrl, given);
+    const file = path.join(dataDir, ADMIN_KEY_FILE);
+    const key = readKeyFile(dataDir);
     if (key === undefined) {
       throw new AuthenticationError(
-        `No admin key: pass --key, set LLMGW_KEY, or run ctl on the machine of 'llmgw up' (it reads ${path.join(dataDir, ADMIN_KEY_FILE)}).`,
+        `No admin key: there is no ${file} (data dir ${dataDir}: ${dataDirFrom}). ` +
+          `For a server started with --data-dir DIR, run ctl with the same --data-dir DIR or set LLMGW_DATA_DIR=DIR; ` +
+          `for a server elsewhere, pass its admin key with --key or LLMGW_KEY (and its address with --server or LLMGW_SERVER).`,
         { code: "missing_api_key" },
       );
     }
-    return new AdminClient(baseUrl, key);
+    return new AdminClient(baseUrl, key, { file, dataDirFrom });
   }
 
   async call<T = any>(method: string, pathname: string, body?: unknown): Promise<T> {
@@ -50,9 +63,19 @@ export class AdminClient {
     const parsed = text === "" ? null : safeJson(text);
     if (response.statusCode >= 400) {
       const detail = (parsed as { error?: { message?: string; code?: string } } | null)?.error;
-      throw new LlmgwError({ message: detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`, code: detail?.code ?? "http_error", status: response.statusCode });
+      const message = detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`;
+      throw new LlmgwError({ message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message, code: detail?.code ?? "http_error", status: response.statusCode });
     }
     return parsed as T;
+  }
+
+  /** For a refused key read from a data dir: which file it was, and how to name the server's own data dir. */
+  private keyFileHint(): string {
+    if (this.keyFile === undefined) return "";
+    return (
+      ` (ctl read the admin key from ${this.keyFile.file}; that data dir is ${this.keyFile.dataDirFrom}. ` +
+      `If ${this.baseUrl} was started with another --data-dir DIR, run ctl with the same --data-dir DIR or set LLMGW_DATA_DIR=DIR; or pass the key with --key or LLMGW_KEY.)`
+    );
   }
 
   /** A long-lived GET (server-sent events): its body as it arrives; errors as `call` gives them. */
@@ -65,7 +88,8 @@ export class AdminClient {
     }
     if (response.statusCode >= 400) {
       const detail = (safeJson(await response.body.text()) as { error?: { message?: string; code?: string } } | null)?.error;
-      throw new LlmgwError({ message: detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`, code: detail?.code ?? "http_error", status: response.statusCode });
+      const message = detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`;
+      throw new LlmgwError({ message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message, code: detail?.code ?? "http_error", status: response.statusCode });
     }
     return response.body;
   }

@@ -26,14 +26,6 @@ export function resolveDatabase(flag: string | undefined, dataDir: string): stri
   return flag ?? process.env.LLMGW_DATABASE ?? path.join(dataDir, "llmgw.db");
 }
 
-/** Parses a size like 16m, 512k or 1048576 into bytes. */
-export function parseByteSize(value: string, flag: string): number {
-  const match = /^(\d+(?:\.\d+)?)\s*([kmg]?)i?b?$/i.exec(value.trim());
-  if (match === null) throw new BadRequestError(`Invalid ${flag} '${value}': use a number of bytes or a size like 512k, 16m, 1g.`);
-  const scale = { "": 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3 }[match[2]!.toLowerCase() as "" | "k" | "m" | "g"];
-  return Math.floor(Number(match[1]) * scale);
-}
-
 export function parsePositiveInt(value: string, flag: string, { allowZero = false } = {}): number {
   const number = Number(value);
   if (!Number.isInteger(number) || number < (allowZero ? 0 : 1)) {

@@ -15,7 +15,7 @@ import { Command } from "commander";
 import { BadRequestError, LlmgwError, NotFoundError, UpstreamError } from "../core/errors.ts";
 import type { AdminClient } from "./admin-client.ts";
 import { registerCtl } from "./ctl.ts";
-import { describeJobEnd, followJob, type JobStep, type JobStepProgress, type JobView } from "./ctl-job.ts";
+import { currentStep, describeJobEnd, followJob, type JobStep, type JobStepProgress, type JobView } from "./ctl-job.ts";
 import { serveBodyFromFlags } from "./ctl-model-flags.ts";
 
 const JOB_ID = "job-0c9d2f3e";
@@ -159,12 +159,27 @@ describe("followJob", () => {
     });
   });
 
+  test("a job that waits for room ends the follow with its waiting step's line", async () => {
+    const lines: string[] = [];
+    const job = await followJob(
+      scriptedClient([
+        jobView("running", [["catalog", "done", "added 'tiny-llama'"], ["placement", "running", "placing a replica"], ...pending("smoke_test")]),
+        jobView("waiting", [["catalog", "done", "added 'tiny-llama'"], ["placement", "waiting", "waiting for room: node-a: 0.25 of 2 cores free, needs 0.5"], ...pending("smoke_test")]),
+      ]),
+      JOB_ID,
+      { draw: false, out: (line) => lines.push(line), pollMs: 0 },
+    );
+    assert.equal(job.state, "waiting");
+    assert.deepEqual(lines.slice(-2), ["… placement  placing a replica", "~ placement  waiting for room: node-a: 0.25 of 2 cores free, needs 0.5"]);
+  });
+
   test("cancelled jobs are a problem, jobs waiting for room are not", () => {
     const cancelled = describeJobEnd(jobView("cancelled", [["registry", "done", REGISTRY_DETAIL], ["mirror", "cancelled"]]));
     assert.equal(cancelled.problem, `Job ${JOB_ID} was cancelled.`);
     const waiting = describeJobEnd(jobView("waiting", [["placement", "done", "no room yet"]], { error: "every h100 is taken" }));
     assert.equal(waiting.problem, null);
     assert.match(waiting.summary!, /'tiny-llama' is in the catalog and waits for room: every h100 is taken\..*'llmgw ctl model show tiny-llama'/);
+    assert.match(waiting.summary!, new RegExp(`job ${JOB_ID} then goes on by itself to its smoke test`));
   });
 
   test("rides out a server that is briefly unreachable, gives up in one line naming the job after the limit, and does not retry HTTP errors", async () => {
@@ -192,6 +207,18 @@ describe("followJob", () => {
     await assert.rejects(followJob(scriptedClient([new Error("boom")]), JOB_ID, { draw: false, out: () => {}, pollMs: 0 }));
     assert.equal(process.listenerCount("SIGINT"), before);
   });
+});
+
+test("the STEP of 'job list' is where the job is: running, the step it failed or was cancelled at, else the last that ran", () => {
+  const update = (state: JobView["state"], steps: StepSpec[]) => jobView(state, steps, { kind: "update", request: { model: "tiny-llama" } });
+  const done: StepSpec[] = [["registry", "done"], ["mirror", "done"], ["check", "done"], ["catalog", "done"]];
+  // A failed rollout: the steps after it are skipped, and the failure is at rollout.
+  assert.equal(currentStep(update("failed", [...done, ["rollout", "failed", "no room"], ["smoke_test", "skipped"], ["retire", "skipped"]]))?.name, "rollout");
+  assert.equal(currentStep(update("cancelled", [...done, ["rollout", "cancelled"], ["smoke_test", "cancelled"], ["retire", "cancelled"]]))?.name, "rollout");
+  assert.equal(currentStep(update("running", [...done, ["rollout", "running"], ["smoke_test", "pending"], ["retire", "pending"]]))?.name, "rollout");
+  // Nothing to update: the steps after the registry's answer are skipped.
+  assert.equal(currentStep(update("done", [["registry", "done"], ["mirror", "skipped"], ["retire", "skipped"]]))?.name, "registry");
+  assert.equal(currentStep(update("done", [...done, ["rollout", "done"], ["smoke_test", "done"], ["retire", "done"]]))?.name, "retire");
 });
 
 describe("serveBodyFromFlags", () => {
@@ -282,7 +309,7 @@ test("every leaf ctl command shows an example under --help", () => {
       "model list", "model show", "model add", "model edit", "model serve", "model update", "model rollback", "model check-updates", "model scale", "model remove", "model unpark", "model plan",
       "job list", "job show", "job watch", "job cancel",
       "mirror fetch", "mirror list", "mirror verify", "mirror rm", "mirror replicate",
-      "node list", "node show", "node drain", "node remove", "node join-token",
+      "node list", "node show", "node drain", "node undrain", "node remove", "node join-token",
       "key create", "key list", "key show", "key update", "key revoke",
       "notify add", "notify list", "notify update", "notify enable", "notify rm", "notify test", "notify log",
       "replicas", "usage", "events",
@@ -331,13 +358,15 @@ describe("ctl model serve as a child process", () => {
 
   const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", url, "--key", "sk-admin", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
 
-  test("--detach posts the body and prints the job id with how to follow it", async () => {
+  test("--detach posts the body and prints the job id alone on stdout, how to follow it on stderr", async () => {
     received.length = 0;
-    const { stdout } = await ctl(["model", "serve", "llmgw-test/tiny-llama-GGUF", "--quant", "Q4_K_M", "--gpu-class", "h100", "--gpus-per-node", "2", "--on-demand", "--alias", "a", "b", "--detach"]);
+    const { stdout, stderr } = await ctl(["model", "serve", "llmgw-test/tiny-llama-GGUF", "--quant", "Q4_K_M", "--gpu-class", "h100", "--gpus-per-node", "2", "--on-demand", "--alias", "a", "b", "--detach"]);
     assert.deepEqual(received, [
       { method: "POST", url: "/api/v1/jobs/serve", body: { repo: "llmgw-test/tiny-llama-GGUF", quant: "Q4_K_M", hardware: { gpu: { class: "h100", gpus_per_node: 2, nodes: 1 } }, aliases: ["a", "b"], replicas: 0 } },
     ]);
-    assert.match(stdout, new RegExp(`Started job ${JOB_ID}: serve llmgw-test/tiny-llama-GGUF as 'tiny-llama'\\.\\nFollow it with 'llmgw ctl job watch ${JOB_ID}'`));
+    // What README promises: `--detach` returns the job id, usable as `job=$(llmgw ctl model serve ... --detach)`.
+    assert.equal(stdout, `${JOB_ID}\n`);
+    assert.match(stderr, new RegExp(`Started job ${JOB_ID}: serve llmgw-test/tiny-llama-GGUF as 'tiny-llama'\\. Follow it with 'llmgw ctl job watch ${JOB_ID}'`));
   });
 
   test("a followed job that fails exits 1 with its error in one line on stderr; --json prints the final job", async () => {

@@ -17,8 +17,9 @@ import { renderTable } from "./output.ts";
 import { FINISHED_STATES, type JobResult, type JobState, type JobStep, type JobView, type StepProgress as JobStepProgress, type StepState as JobStepState } from "../serve/job-rows.ts";
 export type { JobResult, JobState, JobStep, JobStepProgress, JobStepState, JobView };
 
-const ENDED_STEP_STATES: ReadonlySet<JobStepState> = new Set(["done", "failed", "skipped", "cancelled"]);
-const STEP_MARKS: Record<JobStepState, string> = { pending: " ", running: "…", done: "✓", failed: "✗", skipped: "-", cancelled: "✗" };
+// A waiting step ends the follow too (the job waits for room, see describeJobEnd), so its line is printed.
+const ENDED_STEP_STATES: ReadonlySet<JobStepState> = new Set(["done", "failed", "skipped", "cancelled", "waiting"]);
+const STEP_MARKS: Record<JobStepState, string> = { pending: " ", running: "…", done: "✓", failed: "✗", skipped: "-", cancelled: "✗", waiting: "~" };
 /** Wide enough for the longest step name ("placement", "smoke_test") and a space. */
 const STEP_NAME_WIDTH = 11;
 const DEFAULT_POLL_MS = 500;
@@ -184,7 +185,7 @@ export function describeJobEnd(job: JobView): { summary: string; problem: null }
   if (job.state === "cancelled") return { summary: null, problem: `Job ${job.id} was cancelled${job.error === null ? "." : `: ${oneLine(job.error)}`}` };
   if (job.state === "waiting") {
     return {
-      summary: `${name} is in the catalog and waits for room${job.error === null ? "" : `: ${oneLine(job.error)}`}. A replica starts once a node has room; ${model === null ? "'llmgw ctl model show NAME'" : `'llmgw ctl model show ${model}'`} says what it waits for.`,
+      summary: `${name} is in the catalog and waits for room${job.error === null ? "" : `: ${oneLine(job.error)}`}. A replica starts once a node has room, and job ${job.id} then goes on by itself to its smoke test ('llmgw ctl job show ${job.id}' shows where it is); ${model === null ? "'llmgw ctl model show NAME'" : `'llmgw ctl model show ${model}'`} says what it waits for.`,
       problem: null,
     };
   }
@@ -193,14 +194,17 @@ export function describeJobEnd(job: JobView): { summary: string; problem: null }
 }
 
 /**
- * After a command started a job: with `detach`, prints its id and how to follow it;
- * otherwise follows it to the end (step lines on stderr with --json, whose stdout is the
- * final JobView) and reports how it ended, exiting non-zero when it failed or was cancelled.
+ * After a command started a job: with `detach`, prints its id (alone on stdout, so that
+ * `job=$(llmgw ctl model serve ... --detach)` holds it; what it is and how to follow it go
+ * to stderr) or, with --json, the started JobView; otherwise follows it to the end (step
+ * lines on stderr with --json, whose stdout is the final JobView) and reports how it
+ * ended, exiting non-zero when it failed or was cancelled.
  */
 export async function followStartedJob(options: { helpers: CtlHelpers; command: Command; client: Pick<AdminClient, "call">; started: JobView; detach: boolean }): Promise<void> {
   const { helpers, command, started } = options;
   if (options.detach) {
-    helpers.print(command, started, () => `Started job ${started.id}: ${describeJobSubject(started)}.\nFollow it with 'llmgw ctl job watch ${started.id}'.`);
+    if (!wantsJson(command)) process.stderr.write(`Started job ${started.id}: ${describeJobSubject(started)}. Follow it with 'llmgw ctl job watch ${started.id}'.\n`);
+    helpers.print(command, started, () => started.id);
     return;
   }
   if (!wantsJson(command)) process.stdout.write(`Started job ${started.id}: ${describeJobSubject(started)}. Ctrl-C stops following, not the job.\n`);
@@ -299,9 +303,18 @@ function requestedModel(job: JobView): string | null {
   return typeof value === "string" ? value : null;
 }
 
-/** The running step, else the last one that ran (done, failed, skipped or cancelled). */
-function currentStep(job: JobView): JobStep | undefined {
-  return job.steps.find((step) => step.state === "running") ?? job.steps.findLast((step) => step.state !== "pending");
+/**
+ * The step a job is at: the running one, else the one it failed or was cancelled at (the
+ * steps after it are marked skipped, and naming one of those would point at the wrong
+ * place), else the last one that ran.
+ */
+export function currentStep(job: JobView): JobStep | undefined {
+  return (
+    job.steps.find((step) => step.state === "running") ??
+    job.steps.find((step) => step.state === "failed" || step.state === "cancelled") ??
+    job.steps.findLast((step) => step.state !== "pending" && step.state !== "skipped") ??
+    job.steps.findLast((step) => step.state !== "pending")
+  );
 }
 
 function stepDuration(step: JobStep): string {

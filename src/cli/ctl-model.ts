@@ -128,7 +128,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .option("--guard-format <format>", "serve it as a guard model: llamaguard3, shieldgemma or json")
     .option("--ctx-pool <n>", "context (tokens) shared by a replica's parallel requests")
     .option("--context <n>", "context (tokens) of one request")
-    .option("--detach", "start the job and return; follow it with 'llmgw ctl job watch ID'")
+    .option("--detach", "start the job and print its id alone on stdout; follow it with 'llmgw ctl job watch ID'")
     .option("--json", "print the finished job as JSON (with --detach: the started one)")
     .action(async (repo: string, options: Options, command: Command) => {
       const body = serveBodyFromFlags(repo, options);
@@ -140,7 +140,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
   withExamples(model.command("update <name>"), "llmgw ctl model update tiny-llama", "llmgw ctl model update tiny-llama --revision 1a2b3c4d5e6f --detach")
     .description("Move a served model to a newer revision of its repository in one job: mirror, check, roll out, smoke-test, retire the old replicas")
     .option("--revision <rev>", "branch, tag or commit (default: the latest of the revision it follows)")
-    .option("--detach", "start the job and return; follow it with 'llmgw ctl job watch ID'")
+    .option("--detach", "start the job and print its id alone on stdout; follow it with 'llmgw ctl job watch ID'")
     .option("--json", "print the finished job as JSON (with --detach: the started one)")
     .action(async (name: string, options: Options, command: Command) => {
       const client = connect(command);
@@ -150,7 +150,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
 
   withExamples(model.command("rollback <name>"), "llmgw ctl model rollback tiny-llama")
     .description("Go back to the revision a model served before its last update, in one job")
-    .option("--detach", "start the job and return; follow it with 'llmgw ctl job watch ID'")
+    .option("--detach", "start the job and print its id alone on stdout; follow it with 'llmgw ctl job watch ID'")
     .option("--json", "print the finished job as JSON (with --detach: the started one)")
     .action(async (name: string, options: Options, command: Command) => {
       const client = connect(command);

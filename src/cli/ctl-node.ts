@@ -1,13 +1,13 @@
 // `llmgw ctl node ...`: the fleet's nodes over the admin API: list (state, last
-// heartbeat, cores, memory and GPUs used/total, replicas), show, drain, remove, and the
-// join token with the command that joins a new node. `ctl model show` prints a model's
-// health from the fleet (replicas by state and node, parking, placement explanation).
+// heartbeat, cores, memory and GPUs used/total, replicas), show, drain, undrain, remove,
+// and the join token with the command that joins a new node. `ctl model show` prints a
+// model's health from the fleet (replicas by state and node, parking, placement explanation).
 import type { Command } from "commander";
 import { countOf, formatBytes } from "../core/format.ts";
 import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
 
-interface NodeView {
+export interface NodeView {
   name: string;
   state: string;
   address: string;
@@ -58,7 +58,14 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const n = await connect(command).call<NodeView>("POST", `/api/v1/nodes/${encodeURIComponent(name)}/drain`);
-      print(command, n, () => `Node '${n.name}' is draining: nothing new is placed there, and its ${countOf(n.replicas.length, "replica")} stop once replaced elsewhere (those without room elsewhere keep running).`);
+      print(command, n, () => describeDrain(n));
+    });
+  withExamples(node.command("undrain <name>"), "llmgw ctl node undrain gpu-01")
+    .description("End a drain: the node takes new replicas again (a lost node once its agent is back)")
+    .option("--json", "print JSON")
+    .action(async (name: string, _options: Options, command: Command) => {
+      const n = await connect(command).call<NodeView>("POST", `/api/v1/nodes/${encodeURIComponent(name)}/undrain`);
+      print(command, n, () => describeUndrain(n));
     });
   withExamples(node.command("remove <name>"), "llmgw ctl node remove gpu-01")
     .description("Remove the node: its replicas are placed elsewhere and its credential stops working")
@@ -75,6 +82,24 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
       const { token } = await client.call<{ token: string }>("GET", "/api/v1/nodes/join-token");
       print(command, { token, server: client.baseUrl }, () => `${token}\n\nOn the new node:\n  llmgw agent --server ${client.baseUrl} --join-token ${token} --advertise <this node's address>`);
     });
+}
+
+/** What `node drain` did, with the node's replicas counted in words that agree with the count. */
+export function describeDrain(n: Pick<NodeView, "name" | "replicas">): string {
+  const count = n.replicas.length;
+  const start = `Node '${n.name}' is draining: nothing new is placed there`;
+  if (count === 0) return `${start}, and it runs no replicas. 'llmgw ctl node undrain ${n.name}' ends the drain.`;
+  const moves =
+    count === 1
+      ? "its 1 replica stops once replaced elsewhere (it keeps running if there is no room elsewhere)"
+      : `its ${countOf(count, "replica")} stop once replaced elsewhere (those without room elsewhere keep running)`;
+  return `${start}, and ${moves}. 'llmgw ctl node undrain ${n.name}' ends the drain.`;
+}
+
+/** What `node undrain` left: a node that takes replicas now, or a lost one that will once it is back. */
+export function describeUndrain(n: Pick<NodeView, "name" | "state">): string {
+  if (n.state === "lost") return `Node '${n.name}' is no longer draining; it is lost now and takes new replicas once its agent is back.`;
+  return `Node '${n.name}' is ${n.state}: new replicas may be placed there again.`;
 }
 
 /** `ctl model show NAME`: the model's health as the fleet sees it. */

@@ -12,7 +12,9 @@ import { stopOnSignals } from "./shutdown.ts";
 import { startServer, type RunningServer, type ServerParts } from "../server/server.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
-import { parseByteSize, parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
+import { parseByteSize } from "../core/byte-size.ts";
+import { limitsClockFromEnv } from "../policy/limits-clock.ts";
+import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
 export interface ServerCommandOptions {
   listen?: string;
@@ -73,6 +75,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
       ...clusterOptions(options),
+      ...limitsClockFromEnv(process.env),
       logger,
     },
     withAgent,

@@ -6,7 +6,7 @@
 // change feed that the model is wanted, so a replica starts and is not stopped as idle
 // while this server's clients use it.
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { OnDemand } from "../gateway/gateway.ts";
+import type { OnDemand } from "../gateway/gateway-ports.ts";
 import type { Fleet, ModelFleetStatus } from "../fleet/fleet.ts";
 import type { FleetNode } from "../fleet/node-registry.ts";
 import { runsOnEngines } from "../fleet/reconciler.ts";

@@ -141,6 +141,13 @@ export class UpstreamError extends LlmgwError {
   }
 }
 
+/**
+ * The code of an UpstreamError from a model that refused the question itself (its HTTP 400
+ * or 413: a prompt longer than its context, on llama-server and vLLM), which a caller must
+ * not read as an outage. The gateway sets it on llmgw's own calls; the guard models read it.
+ */
+export const UPSTREAM_REFUSED_INPUT = "upstream_refused_input";
+
 export class InternalError extends LlmgwError {
   constructor(message: string, detail: Detail = {}) {
     super({ code: "internal_error", ...detail, message, status: 500 });

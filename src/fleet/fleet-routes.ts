@@ -1,4 +1,4 @@
-// The fleet's part of the admin API: nodes (list, show, drain, remove, the join token),
+// The fleet's part of the admin API: nodes (list, show, drain, undrain, remove, the join token),
 // a model's health (replicas by state and node, parking, placement explanation) and
 // unpark. Thin handlers over Fleet; every change is audited.
 import type { Context, Hono } from "hono";
@@ -35,6 +35,11 @@ export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): v
   app.post("/api/v1/nodes/:name/drain", async (c) => {
     const node = await fleet().drain(c.req.param("name"));
     await audit.record({ actor: actor(c), action: "node.drain", target: node.name, detail: {} });
+    return c.json(nodeView(node, fleet(), replicas));
+  });
+  app.post("/api/v1/nodes/:name/undrain", async (c) => {
+    const node = await fleet().undrain(c.req.param("name"));
+    await audit.record({ actor: actor(c), action: "node.undrain", target: node.name, detail: {} });
     return c.json(nodeView(node, fleet(), replicas));
   });
   app.delete("/api/v1/nodes/:name", async (c) => {

@@ -39,7 +39,10 @@ export interface ReplicaNeeds {
   engine: "llamacpp" | "vllm";
   /** CPU profiles: memory on each node. */
   memoryBytes: number;
-  /** CPU cores reserved on each node (at least 1). */
+  /**
+   * CPU cores reserved on each node: the profile's exact request, else a share that follows
+   * the memory, in quarters from 0.25 to 1 (plan/cpu-share.ts); 1 for a GPU replica's host.
+   */
   cores: number;
   /** GPU profiles: whole GPUs of one class, never shared with another replica. */
   gpu?: { class: string; perNode: number; nodes: number; memoryBytesPerGpu: number };

@@ -269,6 +269,15 @@ export class Fleet implements Assignments {
     return node;
   }
 
+  /** Ends an operator's drain: the node takes new replicas again (a lost one once it is back). */
+  async undrain(name: string): Promise<FleetNode> {
+    const node = this.nodes.byName(name);
+    this.nodes.endDrain(node);
+    await this.nodes.flush();
+    this.schedule();
+    return node;
+  }
+
   async remove(name: string): Promise<FleetNode> {
     const node = this.nodes.byName(name);
     await this.nodes.remove(node);

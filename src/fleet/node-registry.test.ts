@@ -1,6 +1,6 @@
 // Nodes on SQLite and PostgreSQL, with an injected clock: joining, what each refused
 // credential is told, loss and return (a drain survives both, and a restarted server
-// reads the loss back), and two agents joining under one name at once.
+// reads the loss back; undrain ends it), and two agents joining under one name at once.
 import assert from "node:assert/strict";
 import { silentLogger } from "../core/log.ts";
 import { LlmgwError } from "../core/errors.ts";
@@ -87,6 +87,37 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
     const stored = await store.db.selectFrom("nodes").select(["name", "state", "inventory"]).orderBy("name").execute();
     assert.deepEqual(stored.map((n) => [n.name, n.state]), [["a", "ready"], ["d", "draining"]]);
     assert.equal((JSON.parse(stored[0]!.inventory) as NodeInventory).cores, 16, "the reported inventory is kept");
+  } finally {
+    await store.close();
+  }
+});
+
+testBothDatabases("an undrained node is ready again, and a lost one that was draining comes back ready", async (database) => {
+  let now = 1_000_000;
+  const store = await database.open();
+  try {
+    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    await registry.load();
+    await registry.join({ joinToken: TOKEN, name: "here", address: "10.0.0.1", inventory, labels: {} });
+    await registry.join({ joinToken: TOKEN, name: "away", address: "10.0.0.2", inventory, labels: {} });
+    registry.setState(registry.byName("here"), "draining");
+    registry.setState(registry.byName("away"), "draining");
+    now += 20_000;
+    registry.heartbeat(registry.byName("here"), { address: "10.0.0.1", inventory, labels: {} });
+    assert.deepEqual(registry.expire(15_000).map((n) => n.name), ["away"]);
+
+    registry.endDrain(registry.byName("here"));
+    assert.equal(registry.byName("here").state, "ready");
+    const away = registry.byName("away");
+    registry.endDrain(away);
+    assert.equal(away.state, "lost", "still lost until its agent is back");
+    assert.equal(registry.heartbeat(away, { address: "10.0.0.2", inventory, labels: {} }), true);
+    assert.equal(away.state, "ready", "back, and no longer draining");
+
+    await registry.flush();
+    const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    await restarted.load();
+    assert.deepEqual([restarted.byName("here").state, restarted.byName("away").state], ["ready", "ready"], "the undrain is stored");
   } finally {
     await store.close();
   }

@@ -1,8 +1,9 @@
 // The nodes of the fleet: who joined, with which credential (its sha256), what each one
-// has (inventory, labels), its state (ready, lost, draining) and when it last sent a
-// heartbeat. The in-memory map answers every heartbeat without a query; joins, state
-// changes and removals are written at once, heartbeat times in batches (`flush`), since a
-// few hundred nodes beating every 5 s would otherwise be a write per node per beat.
+// has (inventory, labels), its state (ready, lost, draining: an operator's drain holds
+// through loss and return until undrained) and when it last sent a heartbeat. The
+// in-memory map answers every heartbeat without a query; joins, state changes and
+// removals are written at once, heartbeat times in batches (`flush`), since a few hundred
+// nodes beating every 5 s would otherwise be a write per node per beat.
 import { AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { isUniqueViolation, nowIso, type Store } from "../store/store.ts";
@@ -204,6 +205,16 @@ export class NodeRegistry {
   setState(node: FleetNode, state: NodeState): void {
     node.state = state;
     node.draining = state === "draining";
+    this.heartbeatDirty.add(node.id);
+  }
+
+  /**
+   * Ends an operator's drain (`ctl node undrain`): a draining node is ready again, and a lost
+   * one that was draining comes back ready. A node that was not draining stays as it is.
+   */
+  endDrain(node: FleetNode): void {
+    node.draining = false;
+    if (node.state === "draining") node.state = "ready";
     this.heartbeatDirty.add(node.id);
   }
 

@@ -110,6 +110,20 @@ describe("CPU replicas", () => {
     assert.deepEqual(explanationOf(result, "cores"), ["a: 2 of 4 cores free, needs 3"]);
   });
 
+  test("fractional cores: small replicas share a node's cores while their sum stays within them, and explanations print the fractions", () => {
+    // A 2-core node, as `up` reports on a small machine, already running a quarter-core replica.
+    const nodes = [node("small", { memoryGiB: 16, cores: 2, used: { memoryGiB: 0.1, cores: 0.25 } })];
+    const requests = [request("a", cpu(0.5, 0.5)), request("b", cpu(0.5, 0.5)), request("c", cpu(0.3, 0.25)), request("d", cpu(0.3, 0.75)), request("e", cpu(0.3, 0.25))];
+    const result = placeReplicas({ nodes, requests });
+    // 0.25 used + 0.5 + 0.5 + 0.25 = 1.5; d's 0.75 does not fit in the 0.5 left; e's 0.25 does.
+    assert.deepEqual(where(result), { a: "small", b: "small", c: "small", e: "small" });
+    assert.deepEqual(explanationOf(result, "d"), ["small: 0.5 of 2 cores free, needs 0.75"]);
+    // Full to the last quarter: nothing more fits, and no float tail shows.
+    const full = placeReplicas({ nodes, requests: [...requests.filter((r) => r.key !== "d"), request("f", cpu(0.3, 0.25)), request("g", cpu(0.3, 0.25))] });
+    assert.deepEqual(Object.keys(where(full)).sort(), ["a", "b", "c", "e", "f"]);
+    assert.deepEqual(explanationOf(full, "g"), ["small: 0 of 2 cores free, needs 0.25"]);
+  });
+
   test("the weights already in a node's cache win over bin-packing, but not over spreading", () => {
     const nodes = [node("big", { memoryGiB: 64, cached: ["w1"] }), node("small", { memoryGiB: 32 })];
     const result = placeReplicas({

@@ -11,7 +11,9 @@
 //   is used only when no node has room for the first.
 // - CPU option: free memory (the node's memory less cpuReserveBytes, the same reserve the
 //   planner uses, less what its replicas use) and free cores cover the need, and the node
-//   has the engine (llamacpp: the bundled llama.cpp or llama-server; vllm: vLLM).
+//   has the engine (llamacpp: the bundled llama.cpp or llama-server; vllm: vLLM). Cores
+//   may be fractions (a small model's share, plan/cpu-share.ts): a node takes replicas
+//   while the sum of their cores stays within its own, and quarters add up exactly.
 // - GPU option: `perNode` whole GPUs of the class (normalizeGpuClass on both sides), free,
 //   each offering the engine `memoryBytesPerGpu`: vLLM claims 90% of a GPU
 //   (--gpu-memory-utilization), llama.cpp loses 512 MiB to the CUDA context (the planner's
@@ -35,6 +37,7 @@
 // PlacedReplica.gpus has an entry for every node in nodeIds, empty for a CPU replica.
 import { countOf, formatBytes } from "../core/format.ts";
 import { vllmUsableBytes, VLLM_GPU_MEMORY_UTILIZATION } from "../gguf/memory-estimate.ts";
+import { formatCores } from "../plan/cpu-share.ts";
 import { cpuReserveBytes, LLAMA_CPP_GPU_RESERVE_BYTES } from "../plan/plan.ts";
 import type { PlacedReplica, PlacementNode, PlacementOption, PlacementRequest, PlacementResult, UnplaceableReplica } from "./fleet-types.ts";
 import { normalizeGpuClass } from "./gpu-class.ts";
@@ -372,7 +375,7 @@ function shortfall(node: WorkNode, text: OptionText): string {
     if (bigFree < gpu.perNode) return `${bigFree} of ${big} ${gpuClass} ${big === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
   }
   if (node.freeMemory < needs.memoryBytes) return `${freeMemoryText(node)} free, needs ${text.memory}`;
-  if (node.freeCores < needs.cores) return `${Math.max(0, node.freeCores)} of ${node.node.inventory.cores} cores free, needs ${needs.cores}`;
+  if (node.freeCores < needs.cores) return `${formatCores(Math.max(0, node.freeCores))} of ${node.node.inventory.cores} cores free, needs ${formatCores(needs.cores)}`;
   // The node has room; only a replica spanning several nodes gets here, short of nodes.
   const nodes = gpu?.nodes ?? 1;
   return `has room, but the replica spans ${nodes} nodes and ${text.fittingNodes === 1 ? "only this one has" : `only ${text.fittingNodes} have`} room`;

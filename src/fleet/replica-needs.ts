@@ -11,7 +11,9 @@
 //   pool and slots (llamaCppSlots, what the engine is started with); without a header:
 //   weights × 1.2 + 256 MiB, the KV cache and buffers of a typical 16k context being about
 //   a fifth of a small model's weights, on the safe side. vLLM on a CPU: weights × 1.2 +
-//   2 GiB (GPUStack's rule, engines.md). Cores: `hardware.cpu.cores`, else 1.
+//   2 GiB (GPUStack's rule, engines.md). Cores: `hardware.cpu.cores` exactly, else a share
+//   of a core that follows the memory (plan/cpu-share.ts: a core per 2 GiB, in quarters
+//   from 0.25 to 1), so several small models share a small machine's cores.
 // - GPU profiles: `gpus_per_node` whole GPUs of `class` on each of `nodes` nodes. llama.cpp
 //   splits layers over the GPUs of one node (llamaCppPerGpuBytes); without a header, the
 //   same weights × 1.2 + 256 MiB split evenly. llama.cpp does not span nodes, so such a
@@ -24,6 +26,7 @@ import type { Profile } from "../catalog/model-schema.ts";
 import { BadRequestError } from "../core/errors.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import { estimateGgufMemory, llamaCppPerGpuBytes, type GgufModelShape } from "../gguf/memory-estimate.ts";
+import { cpuCoreShare } from "../plan/cpu-share.ts";
 import type { ReplicaNeeds } from "./fleet-types.ts";
 
 const MiB = 1024 * 1024;
@@ -58,7 +61,7 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
   if (gpu === undefined) {
     const minMemoryGb = profile.hardware.cpu?.min_memory_gb;
     const memoryBytes = minMemoryGb !== undefined ? Math.ceil(minMemoryGb * GiB) : engine === "llamacpp" ? llamaCppTotalBytes(input) : vllmBytes(weightsBytes, 1);
-    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? 1 };
+    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes) };
   }
   const { class: gpuClass, gpus_per_node: perNode, nodes } = gpu;
   let memoryBytesPerGpu: number;

@@ -7,11 +7,14 @@
 // (/v1/messages) enters the same path as a chat completion (wire-format.ts, anthropic/),
 // with its own key header, body, answer and error shape at the edges.
 //
-// The gateway depends on narrow interfaces (a model resolver, a key verifier, a replica
-// source), not on the catalog, key service or replica table themselves.
+// The gateway depends on narrow interfaces (gateway-ports.ts, and admission's replica
+// source), not on the catalog, key service or replica table themselves. Which replica
+// answers, and what a replica's failure means, is try-replicas.ts's, shared with llmgw's
+// own calls to models (internal-call.ts).
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import type { z } from "zod";
+import type { Dispatcher } from "undici";
 import {
   ClientClosedError,
   LlmgwError,
@@ -28,11 +31,11 @@ import { parseJsonBody } from "../core/json-body.ts";
 import type { Logger } from "../core/log.ts";
 import { modelNotFound, type CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
-import { isRoutable } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
-import { Admission, type ReplicaSource } from "./admission.ts";
-import { callModelInternally, type InternalCaller } from "./internal-call.ts";
-import { relay, type AnswerHead, type BodyRewriter, type RelayResult } from "./relay.ts";
+import { Admission, type Lease, type ReplicaSource } from "./admission.ts";
+import type { KeyVerifier, ModelResolver, OnDemand, UsageSink } from "./gateway-ports.ts";
+import { callModelInternally } from "./internal-call.ts";
+import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
@@ -40,29 +43,13 @@ import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
-import { unavailableError } from "./unavailable.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
-import { classifyUpstreamFailure, isRetryableStatus, type UpstreamPools } from "./upstream.ts";
-import type { TokenUsage } from "./usage-tap.ts";
-import type { UsageRow } from "./usage-recorder.ts";
+import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
+import type { UpstreamPools } from "./upstream.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
 import { costUsd } from "../policy/cost.ts";
-import type { LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
+import type { InternalCaller, LimitsPermit, OutputCheck, PolicyRequest, RequestGuards, RequestLimits } from "../policy/request-policy.ts";
 import type { RequestMetrics } from "../metrics/metrics.ts";
-
-/** What the gateway reads of the catalog: names and aliases to models. */
-export interface ModelResolver {
-  resolve(nameOrAlias: string): CatalogModel | undefined;
-  list(): readonly CatalogModel[];
-}
-
-/** What the gateway asks of the key service. */
-export interface KeyVerifier {
-  verify(token: string | undefined): Promise<Principal>;
-}
-
-export interface UsageSink {
-  record(row: UsageRow): void;
-}
 
 export interface GatewayOptions {
   catalog: ModelResolver;
@@ -89,16 +76,6 @@ export interface GatewayOptions {
   guards?: RequestGuards;
   /** Told of every /v1 request as it ends (Prometheus counters and histograms). */
   metrics?: RequestMetrics;
-}
-
-/** What the gateway tells the fleet about requests, for models served on demand. */
-export interface OnDemand {
-  /** A request for the model is about to wait for a replica: start one if it has none. */
-  requested(model: CatalogModel): void;
-  /** That request is over (answered, failed or gone): the idle clock starts from the last one. */
-  finished(model: CatalogModel): void;
-  /** Whether a replica is being started on demand, so a request may wait for it. */
-  starting(modelId: string): boolean;
 }
 
 interface ProxyRoute {
@@ -144,8 +121,25 @@ interface Call {
   guardMs: number | null;
 }
 
+/** A /v1 request ready for a replica: its key, body and model known, its policy passed. */
+interface ProxyRequest {
+  req: IncomingMessage;
+  res: ServerResponse;
+  call: Call;
+  route: ProxyRoute;
+  raw: Buffer;
+  body: GatewayRequestBody;
+  model: CatalogModel;
+  principal: Principal;
+  cancel: RequestCancel;
+  /** Looks at a whole non-stream answer before the client gets it (an output guard). */
+  outputCheck: OutputCheck | null;
+}
+
 export class Gateway {
   private readonly admission: Admission;
+  /** What every request's replica attempts (and every internal call's) work with. */
+  private readonly replicaDeps: ReplicaDependencies;
   private readonly maxBodyBytes: number;
   private readonly bodyTimeoutMs: number;
   private readonly maxAttempts: number;
@@ -159,6 +153,15 @@ export class Gateway {
     this.maxAttempts = options.maxAttempts ?? 3;
     this.admission = new Admission(options.replicas, Date.now, (modelId) => options.onDemand?.starting(modelId) ?? false);
     this.unsubscribe = options.replicas.onChange((replica, removed) => this.forgetOrigin(replica, removed));
+    this.replicaDeps = {
+      admission: this.admission,
+      replicas: options.replicas,
+      pools: options.pools,
+      catalog: options.catalog,
+      onDemand: options.onDemand,
+      fleetStatus: options.fleetStatus,
+      logger: options.logger,
+    };
   }
 
   /** Stops following the replica table (the pools themselves are closed by their owner). */
@@ -168,8 +171,7 @@ export class Gateway {
   }
 
   /** Sends one chat completion of llmgw's own (a guard model's question) through admission and the upstream pools. */
-  callModel: InternalCaller = (request) =>
-    callModelInternally({ admission: this.admission, replicas: this.options.replicas, pools: this.options.pools, onDemand: this.options.onDemand, fleetStatus: this.options.fleetStatus }, request);
+  callModel: InternalCaller = (request) => callModelInternally(this.replicaDeps, request);
 
   /** Requests in flight at a replica (for tests and metrics). */
   inFlightOf(replicaId: string): number {
@@ -331,28 +333,17 @@ export class Gateway {
     return { object: "list", data };
   }
 
-  /** Runs the request against replicas until one answers; returns the status for its usage row. */
-  private async proxy(request: {
-    req: IncomingMessage;
-    res: ServerResponse;
-    call: Call;
-    route: ProxyRoute;
-    raw: Buffer;
-    body: GatewayRequestBody;
-    model: CatalogModel;
-    principal: Principal;
-    cancel: RequestCancel;
-    /** Looks at a whole non-stream answer before the client gets it (an output guard). */
-    outputCheck: OutputCheck | null;
-  }): Promise<number> {
-    const { req, res, call, route, body, model, principal, cancel } = request;
+  /** Runs the request against replicas until one answers (try-replicas.ts); returns the status for its usage row. */
+  private proxy(request: ProxyRequest): Promise<number> {
+    const { req, call, route, body, model } = request;
     const stream = body.stream === true;
     // Token counts for every stream: when the client did not ask for them, ask the upstream
     // and take them back out of what the client receives (stream-usage.ts).
     const injectUsage = stream && (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage !== true;
     const payloads = new Map<string, Buffer>();
     const outputCap = outputCapOf(route.path, body, call.permit?.maxOutputTokens ?? null);
-    const payloadFor = (upstreamModel: string): Buffer => {
+    const payloadFor = (replica: Replica): Buffer => {
+      const upstreamModel = replica.upstreamModel;
       if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
       let payload = payloads.get(upstreamModel);
       if (payload === undefined && upstreamModel === body.model && route.wire === undefined && outputCap === null) {
@@ -369,118 +360,70 @@ export class Gateway {
       }
       return payload;
     };
-    const tried = new Set<string>();
-    let lastFailure: LlmgwError | undefined;
-    this.options.onDemand?.requested(model);
-    try {
-      for (let attempt = 0; attempt < this.maxAttempts; attempt += 1) {
-        // The signal only when the request has to wait (a getter): most never do.
-        const lease = await this.admission.acquire(model, { exclude: tried, get signal() { return cancel.signal; } }).catch((error: unknown) => {
-          // A full queue or a wait that timed out while no replica was ready at all is no
-          // overload: the model is starting (or failing to), and its health says so.
-          const queueLimit = error instanceof LlmgwError && (error.code === "model_overloaded" || error.code === "queue_timeout");
-          if (!queueLimit || this.options.replicas.forModel(model.id).some(isRoutable)) throw error;
-          throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
-        });
-        if (lease === null) break;
-        const replica = lease.replica;
-        tried.add(replica.id);
+    const accept = req.headers.accept;
+    return tryReplicas(this.replicaDeps, {
+      model,
+      path: route.path,
+      payload: payloadFor,
+      accept: typeof accept === "string" ? accept : undefined,
+      cancel: request.cancel,
+      maxAttempts: this.maxAttempts,
+      audience: request.principal.role === "admin" ? "admin" : "client",
+      onReplica: (replica) => {
         call.replicaId = replica.id;
-        const label = `${model.name}/${replica.profile}`;
-        const mayRetry = attempt + 1 < this.maxAttempts && this.hasOtherReplica(model, tried);
-        const payload = payloadFor(replica.upstreamModel);
-        let upstream;
-        try {
-          upstream = await this.options.pools.get(replica.endpoint!.origin).request({
-            path: replica.endpoint!.basePath + route.path,
-            method: "POST",
-            headers: upstreamHeaders(req, replica, payload.length),
-            body: payload,
-            signal: cancel,
-          });
-        } catch (error) {
-          lease.release();
-          if (cancel.aborted) throw new ClientClosedError();
-          lastFailure = classifyUpstreamFailure(error, label);
-          if (lastFailure.retryable) this.admission.coolDown(replica.id);
-          this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(error) }, "replica failed before answering");
-          if (lastFailure.retryable && mayRetry) continue;
-          throw lastFailure;
-        }
-        const refusedUs = upstream.statusCode === 401 || upstream.statusCode === 403;
-        if ((isRetryableStatus(upstream.statusCode) && mayRetry) || refusedUs) {
-          // Nothing has reached the client yet, so another replica can still answer.
-          upstream.body.resume();
-          upstream.body.on("error", () => undefined);
-          lease.release();
-          this.options.logger.warn({ model: model.name, replica: replica.id, status: upstream.statusCode }, "replica did not answer; trying another");
-          if (refusedUs) {
-            // The replica refused llmgw's own credentials (a wrong external api_key, an engine
-            // restarted with another key). Passing its 401 on would tell the client that the
-            // client's key is wrong, so it becomes a 502 that names the profile.
-            lastFailure = new UpstreamError(
-              `Replica ${label} refused llmgw's credentials (HTTP ${upstream.statusCode}). An administrator should check the profile's api_key.`,
-              { code: "upstream_auth_failed" },
-            );
-            if (mayRetry) continue;
-            throw lastFailure;
-          }
-          continue;
-        }
-        let result: RelayResult;
-        try {
-          result = await relay({
-            res,
-            upstream,
-            ...answerHandling(route, body, injectUsage),
-            brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
-            stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
-            outputCheck: request.outputCheck,
-            // The replica's slot is free once its body ended, while an output guard still reads the answer.
-            onUpstreamEnd: () => lease.release(),
-            headers: call.permit?.headers,
-          });
-        } finally {
-          lease.release();
-        }
-        const { outcome } = result;
-        call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
-        // A failed attempt's timing and usage are not the request's: another replica may answer it.
-        if (outcome.kind !== "failed-before-first-byte") {
-          call.usage = result.usage;
-          call.firstByteAt = result.firstByteAt;
-        }
-        if (outcome.kind === "answered") return outcome.status;
-        if (outcome.kind === "client-gone") return new ClientClosedError().status;
-        if (outcome.kind === "refused") throw outcome.error;
-        if (outcome.kind === "broken") {
-          this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(outcome.error) }, "upstream failed mid-answer");
-          return STATUS_UPSTREAM_BROKE;
-        }
-        // Failed after its headers but before any byte: as good as a refused connection.
-        lastFailure = new UpstreamError(`Replica ${label} failed before sending its answer (${describeError(outcome.error)}).`, {
-          code: "upstream_unreachable",
-          retryable: true,
-          cause: outcome.error,
-        });
-        this.admission.coolDown(replica.id);
-        this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(outcome.error) }, "replica failed before its first byte");
-        if (mayRetry) continue;
-        throw lastFailure;
-      }
-      if (lastFailure !== undefined) throw lastFailure;
-      if (this.options.catalog.resolve(model.name)?.id !== model.id) {
-        throw new NotFoundError(`Model '${model.name}' was removed while the request waited.`, { code: "model_not_found", param: "model" });
-      }
-      throw unavailableError(model, this.options.replicas.forModel(model.id), principal.role === "admin" ? "admin" : "client", this.options.fleetStatus?.(model.id));
-    } finally {
-      this.options.onDemand?.finished(model);
-    }
+      },
+      answer: (upstream, lease) => this.relayAnswer({ request, upstream, lease, injectUsage }),
+    });
   }
 
-  /** Whether a ready replica not yet tried exists (busy or not), so a failed attempt may be retried. */
-  private hasOtherReplica(model: CatalogModel, tried: ReadonlySet<string>): boolean {
-    return this.options.replicas.forModel(model.id).some((r) => isRoutable(r) && !tried.has(r.id));
+  /** Passes one replica's answer on to the client; its outcome decides the status, or that another replica may try. */
+  private async relayAnswer(attempt: {
+    request: ProxyRequest;
+    upstream: Dispatcher.ResponseData;
+    lease: Lease;
+    injectUsage: boolean;
+  }): Promise<number | FailedBeforeAnswer> {
+    const { request, upstream, lease } = attempt;
+    const { call, model } = request;
+    const replica = lease.replica;
+    const result = await relay({
+      res: request.res,
+      upstream,
+      ...answerHandling(request.route, request.body, attempt.injectUsage),
+      brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
+      stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
+      outputCheck: request.outputCheck,
+      // The replica's slot is free once its body ended, while an output guard still reads the answer.
+      onUpstreamEnd: () => lease.release(),
+      headers: call.permit?.headers,
+    });
+    const { outcome } = result;
+    call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
+    // A failed attempt's timing and usage are not the request's: another replica may answer it.
+    if (outcome.kind !== "failed-before-first-byte") {
+      call.usage = result.usage;
+      call.firstByteAt = result.firstByteAt;
+    }
+    switch (outcome.kind) {
+      case "answered":
+        return outcome.status;
+      case "client-gone":
+        return new ClientClosedError().status;
+      case "refused":
+        throw outcome.error;
+      case "broken":
+        this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(outcome.error) }, "upstream failed mid-answer");
+        return STATUS_UPSTREAM_BROKE;
+      case "failed-before-first-byte":
+        // Failed after its headers but before any byte: as good as a refused connection.
+        return new FailedBeforeAnswer(
+          new UpstreamError(`Replica ${replicaLabel(model, replica)} failed before sending its answer (${describeError(outcome.error)}).`, {
+            code: "upstream_unreachable",
+            retryable: true,
+            cause: outcome.error,
+          }),
+        );
+    }
   }
 
   private fail(req: IncomingMessage, res: ServerResponse, error: unknown, call: Call): void {
@@ -567,14 +510,6 @@ function assertAllowed(principal: Principal, model: CatalogModel, requested: str
 function isAllowed(principal: Principal, model: CatalogModel, requested: string): boolean {
   const allowed = principal.allowedModels;
   return allowed === null || allowed.has(model.name) || allowed.has(requested);
-}
-
-function upstreamHeaders(req: IncomingMessage, replica: Replica, length: number): Record<string, string> {
-  const headers: Record<string, string> = { "content-type": "application/json", "content-length": String(length) };
-  const accept = req.headers.accept;
-  if (typeof accept === "string") headers.accept = accept;
-  if (replica.engineKey !== null) headers.authorization = `Bearer ${replica.engineKey}`;
-  return headers;
 }
 
 function pathOf(url: string | undefined): string {

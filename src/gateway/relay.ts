@@ -23,7 +23,8 @@ import { performance } from "node:perf_hooks";
 import { UnavailableError } from "../core/errors.ts";
 import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
 import type { OutputCheck } from "../policy/request-policy.ts";
-import { UsageTap, type TokenUsage } from "./usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
+import { UsageTap } from "./usage-tap.ts";
 
 export interface UpstreamAnswer {
   statusCode: number;

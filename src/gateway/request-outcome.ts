@@ -4,7 +4,7 @@
 // a 499 (the client left) may follow a generation, and a 502 is both an answer broken
 // mid-way and an upstream's own 502 relayed whole, which generated nothing.
 import type { RelayOutcome } from "./relay.ts";
-import type { TokenUsage } from "./usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
 
 /** How a request's last replica attempt ended, as the relay saw it. */
 export interface AttemptOutcome {

@@ -10,7 +10,8 @@
 // unparsed, so the cost on a long stream is a substring search per chunk.
 import { isUtf8 } from "node:buffer";
 import type { BodyRewriter } from "./relay.ts";
-import { readTokenUsage, type TokenUsage } from "./usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
+import { readTokenUsage } from "./usage-tap.ts";
 
 const USAGE_MARK = Buffer.from('"usage"');
 const EMPTY = Buffer.alloc(0);

@@ -5,10 +5,7 @@
 // end. Counts are an upstream's word, not llmgw's: readTokenUsage, the one reader every
 // part of the gateway uses, keeps only counts a usage row, a cost and a Prometheus counter
 // can take (whole numbers >= 0), and treats anything else as no usage at all.
-export interface TokenUsage {
-  prompt_tokens: number;
-  completion_tokens: number;
-}
+import type { TokenUsage } from "../core/token-usage.ts";
 
 /** Usage sits at the end of an answer (the last JSON field, or the last event of a stream). */
 const TAIL_BYTES = 64 * 1024;

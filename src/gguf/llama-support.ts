@@ -35,6 +35,12 @@ export interface LlamaCppBuild {
   release: string;
   /** Short commit hash as llama.cpp reports it (`llama-server --version`). */
   commit: string;
+  /**
+   * Commits of the same source as other builds report them: node-llama-cpp ships its
+   * llama.cpp as one squashed commit (gitRelease.bundle), and a llama-server built from that
+   * bundle prints the bundle's commit, not the one its prebuilt library reports.
+   */
+  sourceCommits?: readonly string[];
   /** node-llama-cpp versions that bundle this build. */
   nodeLlamaCppVersions: readonly string[];
   /** Architecture names this build loads. */
@@ -46,6 +52,9 @@ export interface LlamaCppBuild {
 export const BUNDLED_LLAMA_CPP: LlamaCppBuild = {
   release: "v0.4.0",
   commit: "5b4ebc5",
+  // gitRelease.bundle's HEAD (80fb11ac): `llama-server --version` of a build from it prints
+  // "version: 0.4.0-dev (build 1, commit 80fb11a)".
+  sourceCommits: ["80fb11a"],
   nodeLlamaCppVersions: ["3.21.1"],
   architectures: new Set([
     "llama", "llama4", "deci", "falcon", "grok", "gpt2", "gptneox",
@@ -74,8 +83,11 @@ export const BUNDLED_LLAMA_CPP: LlamaCppBuild = {
   ]),
 };
 
-/** Every llama.cpp build llmgw has an architecture list for. Add a build here when an engine upgrade lands. */
+/** Every llama.cpp build llmgw has an architecture list for, oldest first. Add a build here when an engine upgrade lands. */
 export const LLAMA_CPP_BUILDS: readonly LlamaCppBuild[] = [BUNDLED_LLAMA_CPP];
+
+/** The newest build llmgw has a list for: what a llama-server of an unknown build is taken to load. */
+export const NEWEST_LLAMA_CPP_BUILD: LlamaCppBuild = LLAMA_CPP_BUILDS[LLAMA_CPP_BUILDS.length - 1]!;
 
 export interface LlamaEngineIdentity {
   /**
@@ -103,11 +115,13 @@ const SERVER_NAMES = new Set(["llama-server", "llama.cpp", "llama-cpp"]);
 export function resolveLlamaCppBuild(engine: LlamaEngineIdentity): LlamaCppBuild | undefined {
   const version = engine.version.trim();
   const name = engine.name.trim().toLowerCase();
-  // `llama-server --version` prints "version: 1 (5b4ebc5)"; a commit identifies the build.
-  const commit = /\(([0-9a-f]{7,40})\)/i.exec(version)?.[1] ?? (/^[0-9a-f]{7,40}$/i.test(version) ? version : undefined);
+  // `llama-server --version` prints "version: 1 (5b4ebc5)", or "version: 0.4.0-dev (build 1,
+  // commit 80fb11a)" when built from source; a commit identifies the build.
+  const commit = /\((?:[^()]*\bcommit\s+)?([0-9a-f]{7,40})\)/i.exec(version)?.[1] ?? (/^[0-9a-f]{7,40}$/i.test(version) ? version : undefined);
+  const sameCommit = (known: string) => commit !== undefined && (known.startsWith(commit.toLowerCase()) || commit.toLowerCase().startsWith(known));
   return LLAMA_CPP_BUILDS.find((build) => {
     if (build.release === version || `v${version}` === build.release) return true;
-    if (commit !== undefined && (build.commit.startsWith(commit.toLowerCase()) || commit.toLowerCase().startsWith(build.commit))) return true;
+    if (sameCommit(build.commit) || (build.sourceCommits ?? []).some(sameCommit)) return true;
     return BUNDLED_NAMES.has(name) && build.nodeLlamaCppVersions.includes(version.replace(/^v/, ""));
   });
 }

@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AuthenticationError, BadRequestError, PermissionDeniedError } from "../core/errors.ts";
-import type { KeyVerifier } from "../gateway/gateway.ts";
+import type { KeyVerifier } from "../gateway/gateway-ports.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { MetricsKey, authorizeMetrics, isLoopback, isLocalScrape } from "./metrics-access.ts";
 

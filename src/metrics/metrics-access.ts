@@ -14,7 +14,7 @@ import type { IncomingHttpHeaders } from "node:http";
 import { isIP } from "node:net";
 import { AuthenticationError, BadRequestError, PermissionDeniedError } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
-import type { KeyVerifier } from "../gateway/gateway.ts";
+import type { KeyVerifier } from "../gateway/gateway-ports.ts";
 
 /** A shorter metrics key is refused at start: it could be guessed. */
 export const MIN_METRICS_KEY_LENGTH = 16;

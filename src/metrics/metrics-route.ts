@@ -5,7 +5,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { LlmgwError } from "../core/errors.ts";
 import { methodNotAllowed, sendError } from "../core/http.ts";
 import type { Logger } from "../core/log.ts";
-import type { KeyVerifier } from "../gateway/gateway.ts";
+import type { KeyVerifier } from "../gateway/gateway-ports.ts";
 import { authorizeMetrics, type MetricsKey } from "./metrics-access.ts";
 import type { Metrics } from "./metrics.ts";
 

@@ -24,7 +24,8 @@ import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
 import type { NodeState } from "../fleet/fleet-types.ts";
-import { isTokenUsage, type TokenUsage } from "../gateway/usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
+import { isTokenUsage } from "../gateway/usage-tap.ts";
 
 /** The label of requests whose model is not (yet) a catalog model. */
 export const UNKNOWN_MODEL = "-";

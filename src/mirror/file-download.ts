@@ -10,6 +10,7 @@ import { mkdir, rename, rm, truncate } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Agent, type Dispatcher } from "undici";
+import { backoffDelay } from "../core/backoff.ts";
 import { LlmgwError, UpstreamError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { ContentHasher, blobHeaderSize, checksumProblem, hashFileInto } from "./content-hash.ts";
@@ -296,7 +297,7 @@ export class FileDownloader {
         // download over a flaky link keeps resuming as long as it makes progress.
         failures = transfer.written > before ? 1 : failures + 1;
         if (!(classified instanceof MirrorTransientError) || failures > retries) throw classified;
-        const delay = Math.min(maxRetryDelayMs, retryDelayMs * 2 ** (failures - 1));
+        const delay = backoffDelay(failures, { baseMs: retryDelayMs, maxMs: maxRetryDelayMs });
         logger.info(
           { model: context.model, version: context.version, file: spec.path, at: transfer.written, attempt: failures, delayMs: delay, err: classified.message },
           "mirror fetch interrupted; resuming",

@@ -23,6 +23,7 @@ import { listLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
 import type { Store } from "../store/store.ts";
 import { testBothStores } from "../../test/support/stores.ts";
+import { eventually } from "../../test/support/eventually.ts";
 import { locateWeights } from "../catalog/weights-check.ts";
 import { diskStamp } from "./disk-files.ts";
 import { MirrorGrants } from "./grants.ts";
@@ -425,11 +426,10 @@ describe("mirror in a cluster", () => {
       const run = (JSON.parse(started.body.toString()) as { runs: Array<{ server: string; state: string }> }).runs[0];
       assert.equal(run?.server, "b");
       const progress = `${a.url}/api/v1/mirror/replicate/${model}/${version}?server=b`;
-      let state = run.state;
-      for (let tries = 0; state === "running" && tries < 500; tries += 1) {
-        await new Promise((resolve) => setTimeout(resolve, 20));
-        state = (JSON.parse((await get(progress, admin)).body.toString()) as { state: string }).state;
-      }
+      const state = await eventually("the copy to b to finish", async () => {
+        const shown = (JSON.parse((await get(progress, admin)).body.toString()) as { state: string }).state;
+        return shown === "running" ? undefined : shown;
+      });
       assert.equal(state, "done");
       assert.deepEqual(
         (await holderRows(store, model, version)).map((h) => h.server),

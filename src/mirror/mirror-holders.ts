@@ -16,17 +16,19 @@
 // own, exactly as a single server always did. copy-verdict.ts decides from these rows
 // whether this server can serve a file.
 import { ConflictError, NotFoundError, type LlmgwError } from "../core/errors.ts";
-import type { MirrorHoldersTable } from "../store/schema.ts";
+import type { MirrorFilesTable, MirrorHoldersTable } from "../store/schema.ts";
 import type { Db, Tx } from "../store/store.ts";
 import type { DiskStamp } from "./disk-files.ts";
-import { fileKey, type MirrorRow } from "./mirror-rows.ts";
+import { fileKey } from "./mirror-paths.ts";
 
 export type HolderRow = MirrorHoldersTable;
 
-type FileRef = Pick<MirrorRow, "model" | "version" | "file">;
+// The mirror_files row type from the schema, not from mirror-rows.ts: the rows module
+// writes holder rows through this one, so this one must not depend on it.
+type FileRef = Pick<MirrorFilesTable, "model" | "version" | "file">;
 
 /** Whether this server's disk is the one a row's own stamp describes (see the module comment). */
-export function isOwnRow(row: Pick<MirrorRow, "fetched_by">, self: string | null): boolean {
+export function isOwnRow(row: Pick<MirrorFilesTable, "fetched_by">, self: string | null): boolean {
   return self === null || row.fetched_by === null || row.fetched_by === self;
 }
 

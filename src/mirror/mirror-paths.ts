@@ -4,11 +4,19 @@
 // so no name can climb out of the mirror's folder or land on a download in progress.
 // The rule itself is the registry's (`pathProblem` and `segmentProblem` in
 // src/registry/repo-path.ts), so a path a registry listing passed is one the mirror stores.
+// The in-memory key of a file (`fileKey`) lives here too, so the rows and the holder rows,
+// which both use it, need not import each other.
 import { BadRequestError } from "../core/errors.ts";
 import { printable } from "../core/format.ts";
 import { PARTIAL_SUFFIX, pathProblem, segmentProblem } from "../registry/repo-path.ts";
 
 export { PARTIAL_SUFFIX, segmentProblem };
+
+/** One key per file (or, with file "", per version) for in-memory maps. */
+export function fileKey(model: string, version: string, file: string): string {
+  // NUL cannot occur in a checked name, so two different triples never share a key.
+  return `${model}\u0000${version}\u0000${file}`;
+}
 
 /**
  * Checks a model or version name (one path segment) and returns it unchanged. `param`

@@ -15,8 +15,8 @@ import { JSON_API_BODY_LIMITS, readJsonRequest, type BodyLimits } from "../core/
 import { silentLogger, type Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { Registry } from "../registry/types.ts";
-import type { MirrorPlanner } from "../serve/artifact-choice.ts";
-import { prepareMirrorFetch } from "../serve/fetch-preparation.ts";
+import type { MirrorPlanner } from "./artifact-choice.ts";
+import { prepareMirrorFetch } from "./fetch-preparation.ts";
 import { validateMirrorKey } from "./mirror-paths.ts";
 import type { ModelsUsing } from "./mirror-users.ts";
 import type { Mirror, MirrorFileView } from "./mirror.ts";
@@ -25,7 +25,7 @@ import { mountReplicateRoutes } from "./replicate-routes.ts";
 import type { AskServer } from "./server-asker.ts";
 
 export { MIRROR_FILES_PREFIX, createMirrorFileHandler, isMirrorFileRequest, parseMirrorPath, parseRange, type MirrorFileHandlerOptions } from "./mirror-file-server.ts";
-export type { MirrorPlanner } from "../serve/artifact-choice.ts";
+export type { MirrorPlanner } from "./artifact-choice.ts";
 export type { AskServer, ServerRequest } from "./server-asker.ts";
 export type { ReplicateRunView } from "./replicate-runs.ts";
 

@@ -12,6 +12,7 @@ import { recordAudit } from "../store/audit.ts";
 import type { MirrorFilesTable } from "../store/schema.ts";
 import { nowIso, type Db, type Store, type Tx } from "../store/store.ts";
 import type { DiskStamp } from "./disk-files.ts";
+import { fileKey } from "./mirror-paths.ts";
 import { holdersByFile, holdersOfFile, removeHolder, removeVersionHolders, upsertHolder, type HolderRow } from "./mirror-holders.ts";
 import type { MirrorFetchFile, MirrorFileState } from "./mirror-types.ts";
 
@@ -41,11 +42,6 @@ export interface MirrorAuditEntry {
   action: "mirror.fetch" | "mirror.delete" | "mirror.verify" | "mirror.replicate";
   target: string;
   detail: Record<string, unknown>;
-}
-
-/** One key per file (or, with file "", per version) for in-memory maps. */
-export function fileKey(model: string, version: string, file: string): string {
-  return `${model}\u0000${version}\u0000${file}`;
 }
 
 export class MirrorRows {

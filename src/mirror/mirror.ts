@@ -45,8 +45,8 @@ import { createDownloader, type FileDownloader } from "./file-download.ts";
 import { emitProgress, outcome, summarize, validateFetchFiles, type ActiveFile, type FetchContext } from "./fetch-input.ts";
 import { localFailure } from "./mirror-errors.ts";
 import { MirrorCluster } from "./mirror-cluster.ts";
-import { PARTIAL_SUFFIX, validateMirrorFile, validateMirrorKey } from "./mirror-paths.ts";
-import { MirrorRows, fileKey, type MirrorAuditEntry, type MirrorRow } from "./mirror-rows.ts";
+import { PARTIAL_SUFFIX, fileKey, validateMirrorFile, validateMirrorKey } from "./mirror-paths.ts";
+import { MirrorRows, type MirrorAuditEntry, type MirrorRow } from "./mirror-rows.ts";
 import type {
   FetchVersionOptions,
   FetchVersionSummary,

@@ -18,8 +18,8 @@ import path from "node:path";
 import type { Logger } from "../core/log.ts";
 import { diskStamp, fileSize, listDir } from "./disk-files.ts";
 import { heldCopyProblem, isOwnRow } from "./mirror-holders.ts";
-import { PARTIAL_SUFFIX } from "./mirror-paths.ts";
-import { fileKey, type MirrorRow, type MirrorRows } from "./mirror-rows.ts";
+import { PARTIAL_SUFFIX, fileKey } from "./mirror-paths.ts";
+import type { MirrorRow, MirrorRows } from "./mirror-rows.ts";
 import type { RecoverSummary } from "./mirror-types.ts";
 import { diskProblem, verifiedSha256 } from "./verification.ts";
 

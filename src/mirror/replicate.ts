@@ -17,7 +17,8 @@ import type { SourceStatus } from "./http-source.ts";
 import type { MirrorCluster } from "./mirror-cluster.ts";
 import { origin } from "./mirror-errors.ts";
 import { isOwnRow } from "./mirror-holders.ts";
-import { fileKey, type MirrorRow, type MirrorRows } from "./mirror-rows.ts";
+import { fileKey } from "./mirror-paths.ts";
+import type { MirrorRow, MirrorRows } from "./mirror-rows.ts";
 import type { MirrorFileCheck, MirrorProgressEvent, ReplicateFileOutcome, ReplicateFilePlan, ReplicateOptions, ReplicateSummary } from "./mirror-types.ts";
 import { verifiedSha256 } from "./verification.ts";
 

@@ -20,7 +20,7 @@ import { ContentHasher, hashFileInto } from "./content-hash.ts";
 import { diskStamp, type DiskStamp } from "./disk-files.ts";
 import { isOwnRow } from "./mirror-holders.ts";
 import type { MirrorRow, MirrorRows } from "./mirror-rows.ts";
-import { fileKey } from "./mirror-rows.ts";
+import { fileKey } from "./mirror-paths.ts";
 import type { MirrorFetchFile, MirrorFileOutcome, VerifyFileResult, VerifyOptions, VerifySummary } from "./mirror-types.ts";
 import { outcome, type FetchContext } from "./fetch-input.ts";
 

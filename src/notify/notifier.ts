@@ -7,6 +7,7 @@
 // recorded in this process and every `pollMs` otherwise; one pass at a time.
 import type { Logger } from "../core/log.ts";
 import { describeError, NotFoundError, UnavailableError } from "../core/errors.ts";
+import { backoffDelay } from "../core/backoff.ts";
 import { CoalescedRun } from "../core/coalesced-run.ts";
 import { severityRank } from "../events/event-kinds.ts";
 import type { EventLog } from "../events/event-log.ts";
@@ -255,7 +256,8 @@ export class Notifier {
       await settle("failed", outcome, null);
       return;
     }
-    const delay = this.backoff(attempts);
+    // Doubling from backoffMs, capped, with ±20% jitter so the retries to one receiver spread.
+    const delay = backoffDelay(attempts, { baseMs: this.settings.backoffMs, maxMs: this.settings.maxBackoffMs, jitter: 0.2 });
     if (this.clock() + delay - Date.parse(delivery.createdAt) > this.settings.giveUpMs) {
       await settle("failed", { status: outcome.status, error: `given up after ${attempts} attempts: ${outcome.error}` }, null);
       this.options.logger.warn({ ...log, err: outcome.error }, "a notification was given up");
@@ -263,12 +265,6 @@ export class Notifier {
     }
     await settle("pending", outcome, new Date(this.clock() + delay).toISOString());
     this.options.logger.info({ ...log, err: outcome.error, retry_in_ms: delay }, "a notification was not delivered; it is tried again");
-  }
-
-  /** The wait after the n-th failed attempt: doubling from backoffMs, capped, with ±20% jitter so retries to one receiver spread. */
-  private backoff(attempts: number): number {
-    const plain = Math.min(this.settings.maxBackoffMs, this.settings.backoffMs * 2 ** Math.min(attempts - 1, 30));
-    return Math.round(plain * (0.8 + Math.random() * 0.4));
   }
 }
 

@@ -15,7 +15,8 @@ import type { SafetensorsIndex } from "../gguf/memory-estimate.ts";
 import { classifyFiles, describeSet, type ArtifactSet, type ListedFile } from "../registry/file-sets.ts";
 import { assertLocalFilesReadable, isLocalSource, listLocalSource, localReadError } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
-import { ggufArtifact, planModel, safetensorsArtifact, type ModelPlan, type PlanArtifact, type Pool } from "./plan.ts";
+import { ggufArtifact, safetensorsArtifact } from "./artifacts.ts";
+import { planModel, type ModelPlan, type PlanArtifact, type Pool } from "./plan.ts";
 
 export interface PlanRepositoryOptions {
   /** `owner/name` on the registry, or a local file or folder (`./x.gguf`, `/models/x`, `file:///...`). */

@@ -192,6 +192,33 @@ describe("planModel", () => {
   });
 });
 
+describe("cores of a CPU replica", () => {
+  // A tiny model (the size of `up --demo`'s), a 135M one with 100 MB of weights at Q4, and Llama-3-8B.
+  const TINY: GgufModelShape = { ...LLAMA3_8B, embeddingLength: 64, blockCount: 2, headCount: 4, headCountKv: 4, keyLength: 16, valueLength: 16, feedForwardLength: 128, vocabSize: 400 };
+  const SMOL: GgufModelShape = { ...LLAMA3_8B, embeddingLength: 576, blockCount: 30, headCount: 9, headCountKv: 3, keyLength: 64, valueLength: 64, feedForwardLength: 1536, vocabSize: 49152 };
+  const at16k = (shape: GgufModelShape, quantisation: string, bytes: number) => ggufArtifact({ header: { ...shape, tensorBytes: bytes, quantisation }, bytes, contextSize: 16384 });
+
+  test("follow the replica's memory: a core per 2 GiB in quarters from 0.25 to 1, shown in the table with the rule", () => {
+    const artifacts = [at16k(TINY, "F16", 200_000), at16k(SMOL, "Q4_K_M", 100 * MiB), at16k(LLAMA3_8B, "Q4_K_M", 4_920_000_000)];
+    const plan = planModel({ artifacts, contextSize: 16384, pool: { nodes: [{ ...cpuNode("two-cores", 16), cores: 2 }] } });
+    assert.deepEqual(plan.options.filter((o) => o.placement.kind === "cpu").map((o) => o.cores).sort(), [0.25, 0.5, 1]);
+    const tiny = plan.options.find((o) => o.artifact.bytes === 200_000)!;
+    const smol = plan.options.find((o) => o.artifact.bytes === 100 * MiB)!;
+    assert.equal(tiny.cores, 0.25);
+    assert.equal(smol.cores, 0.5, `100 MB of weights and the 16k pool's KV cache (${(smol.neededBytes / MiB).toFixed(0)} MiB) take half a core`);
+    // A 2-core node holds the tiny model and three of the 100 MB ones.
+    assert.ok(tiny.cores + 3 * smol.cores <= 2);
+    const table = renderPlanTable(plan);
+    assert.match(table, /^F16\s+gguf\s+llama\.cpp\s+CPU\s+30 MiB\/node\s+0\.25\/node\s/m);
+    assert.match(table, /^A CPU replica reserves one core per 2 GiB of its memory, rounded up to a quarter, from 0\.25 to 1 core, unless its profile sets hardware\.cpu\.cores/m);
+  });
+
+  test("a GPU replica's host process takes one core", () => {
+    const plan = planModel({ artifacts: repo8b(), contextSize: CONTEXT, pool: { nodes: [gpuNode("gpu", "H200", 1, H200)] } });
+    assert.ok(plan.options.filter((o) => o.placement.kind === "gpu").every((o) => o.cores === 1));
+  });
+});
+
 describe("artifacts", () => {
   test("quality ranks follow F16/BF16 > Q8_0 > Q6_K > Q5_K_M > Q4_K_M > Q2_K, original weights above all", () => {
     const order = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K"].map(ggufQualityRank);
@@ -244,8 +271,8 @@ describe("localPool and renderPlanTable", () => {
     const table = renderPlanTable(plan);
     const lines = table.split("\n");
     assert.match(lines[0] ?? "", /8192-token context/);
-    assert.match(table, /^artifact\s+format\s+engine\s+where\s+needs\s+available\s+hosts\s+fits$/m);
-    assert.match(table, /^Q8_0\s+gguf\s+llama\.cpp\s+CPU\s+9\.\d GiB\/node\s+14\.0 GiB\/node\s+1\s+yes$/m);
+    assert.match(table, /^artifact\s+format\s+engine\s+where\s+needs\s+cores\s+available\s+hosts\s+fits$/m);
+    assert.match(table, /^Q8_0\s+gguf\s+llama\.cpp\s+CPU\s+9\.\d GiB\/node\s+1\/node\s+14\.0 GiB\/node\s+1\s+yes$/m);
     assert.match(table, /^safetensors BF16\s+safetensors\s+vLLM\s+GPU \(none\)\s+/m);
     assert.match(table, /^Recommended: Q8_0/m);
   });

@@ -35,8 +35,16 @@
 //    then the smallest need.
 // The plan says whether hosts are free now, but fit is judged on the hardware: a model that
 // fits a busy node is placed when room frees up.
+//
+// Cores: each option says the cores one replica reserves on a node (`cores`): on the CPU
+// the share that follows its memory (cpu-share.ts, the rule the fleet places by), on GPUs
+// the one core of the engine process that drives them. Memory decides fit; the cores are
+// shown so a person sees how many such replicas a node's cores take.
+//
+// Text rendering lives in render.ts, which imports from here and never the other way.
 import type { GgufMemoryEstimate, SafetensorsMemoryEstimate } from "../gguf/memory-estimate.ts";
 import { formatBytes, llamaCppPerGpuBytes, vllmPerGpuBytes, vllmUsableBytes, VLLM_GPU_MEMORY_UTILIZATION } from "../gguf/memory-estimate.ts";
+import { cpuCoreShare } from "./cpu-share.ts";
 
 export type ArtifactFormat = "gguf" | "safetensors";
 
@@ -100,6 +108,8 @@ export interface PlanOption {
   /** The best offer for this shape in the pool, per node (CPU) or per GPU. */
   availableBytes: number;
   per: "node" | "gpu";
+  /** Cores one replica reserves on each node: the CPU share of its memory (cpu-share.ts), or 1 for a GPU replica's host process. */
+  cores: number;
   /** Nodes (or groups of nodes, for pipeline parallel) that can run it with what is free now. */
   hostsNow: number;
   fits: boolean;
@@ -128,6 +138,8 @@ export function cpuReserveBytes(memoryBytes: number): number {
 /** GPU memory llama.cpp cannot use: the CUDA context and driver. */
 export const LLAMA_CPP_GPU_RESERVE_BYTES = 512 * MiB;
 const TENSOR_PARALLEL_SIZES = [1, 2, 4, 8, 16];
+/** The host core of the engine process that drives a GPU replica (fleet/replica-needs.ts). */
+const GPU_HOST_CORES = 1;
 
 function cpuOffer(node: PoolNode): number {
   return Math.max(0, node.memoryBytes - cpuReserveBytes(node.memoryBytes));
@@ -185,6 +197,7 @@ function cpuOption(artifact: PlanArtifact, memory: GgufMemoryEstimate, nodes: Po
     neededBytes: needed,
     availableBytes: available,
     per: "node",
+    cores: cpuCoreShare(needed),
     hostsNow: fits ? nodes.filter((node) => cpuOfferNow(node) >= needed).length : 0,
     fits,
   };
@@ -216,6 +229,7 @@ function llamaGpuOptions(artifact: PlanArtifact, memory: GgufMemoryEstimate, nod
       neededBytes: needed,
       availableBytes: available,
       per: "gpu",
+      cores: GPU_HOST_CORES,
       hostsNow: fits ? withClass.filter((node) => nodeGpuOffer(node, gpuClass, gpus, llamaGpuOffer, true) >= needed).length : 0,
       fits,
     };
@@ -240,6 +254,7 @@ function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, 
         neededBytes: memory.totalBytes,
         availableBytes: 0,
         per: "gpu",
+        cores: GPU_HOST_CORES,
         hostsNow: 0,
         fits: false,
         why: `vLLM runs safetensors on GPUs only; ${anyGpus ? "no GPU node reports vLLM" : "no node in the pool has a GPU"} (needs ${formatBytes(memory.totalBytes)} on one GPU)`,
@@ -273,6 +288,7 @@ function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, 
         neededBytes: memory.totalBytes,
         availableBytes: 0,
         per: "gpu",
+        cores: GPU_HOST_CORES,
         hostsNow: 0,
         fits: false,
         why: `no tensor-parallel size up to ${maxCount} divides the model's ${memory.shape.attentionHeads} attention heads`,
@@ -287,6 +303,7 @@ function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, 
       neededBytes: shown.needed,
       availableBytes: shown.available,
       per: "gpu",
+      cores: GPU_HOST_CORES,
       hostsNow: fits ? Math.floor(readyNodes / shown.pp) : 0,
       fits,
     };
@@ -393,7 +410,3 @@ export function planModel(input: { artifacts: PlanArtifact[]; contextSize: numbe
   return { contextSize, artifacts, options, recommendation, explanation };
 }
 
-// The planner's other entry points, so callers import the whole module from here.
-export { ggufArtifact, safetensorsArtifact, ggufQualityRank } from "./artifacts.ts";
-export { localPool } from "./local-pool.ts";
-export { renderPlanTable } from "./render.ts";

@@ -3,12 +3,16 @@
 // it), a note for each option that does not fit, the warnings of the estimates (a context
 // beyond the trained one), then the recommendation or, when nothing fits, the explanation.
 // It shows what the JSON of GET /api/v1/plan holds, so a person reading the text is told
-// no less than a script reading the JSON.
+// no less than a script reading the JSON. The cores column and the line under the table
+// show the core-share rule (cpu-share.ts) the fleet places CPU replicas by.
+//
+// It imports the planner (plan.ts); the planner never imports it, so the two form no cycle.
 import { formatBytes } from "../gguf/memory-estimate.ts";
+import { CORE_SHARE_RULE, formatCores } from "./cpu-share.ts";
 import { describePlacement, type ModelPlan, type PlanArtifact } from "./plan.ts";
 import { renderTable } from "../core/text-table.ts";
 
-const COLUMNS = ["artifact", "format", "engine", "where", "needs", "available", "hosts", "fits"] as const;
+const COLUMNS = ["artifact", "format", "engine", "where", "needs", "cores", "available", "hosts", "fits"] as const;
 
 export function renderPlanTable(plan: ModelPlan): string {
   const rows = plan.options.map((option) => {
@@ -19,6 +23,7 @@ export function renderPlanTable(plan: ModelPlan): string {
       option.engine === "vllm" ? "vLLM" : "llama.cpp",
       describePlacement(option),
       `${formatBytes(option.neededBytes)}${unit}`,
+      `${formatCores(option.cores)}/node`,
       option.placement.kind === "gpu" && option.placement.gpuClass === "none" ? "none" : `${formatBytes(option.availableBytes)}${unit}`,
       String(option.hostsNow),
       option.fits ? "yes" : "no",
@@ -29,6 +34,7 @@ export function renderPlanTable(plan: ModelPlan): string {
     lines.push("", "Memory each artifact needs (before a split across GPUs):");
     for (const artifact of plan.artifacts) lines.push(`  ${artifact.label}: ${describeMemory(artifact)}`);
   }
+  if (plan.options.some((option) => option.placement.kind === "cpu")) lines.push("", CORE_SHARE_RULE);
   const notes = plan.options.filter((option) => !option.fits && option.why !== undefined);
   if (notes.length > 0) {
     lines.push("", "Does not fit:");

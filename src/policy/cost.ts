@@ -1,6 +1,6 @@
 // What a request costs in USD, from the model's prices (per million tokens, input and
 // output). The one place that turns tokens into money, for budgets, usage and metrics.
-import type { TokenUsage } from "../gateway/usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
 
 export interface Prices {
   input_per_million: number;

@@ -14,12 +14,11 @@
 // Several guards on one side are asked at once; unsafe wins over too long, which wins over a
 // failure.
 import { performance } from "node:perf_hooks";
-import { BadRequestError, ClientClosedError, LlmgwError, UnavailableError, describeError } from "../core/errors.ts";
+import { BadRequestError, ClientClosedError, LlmgwError, UPSTREAM_REFUSED_INPUT, UnavailableError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import { UPSTREAM_REFUSED_INPUT, type InternalCaller } from "../gateway/internal-call.ts";
 import { GarbledVerdictError, guardRequestBody, parseVerdict, type GuardQuestion, type Verdict } from "./guards-formats.ts";
-import type { OutputCheck, PolicyRequest, RequestGuards } from "./request-policy.ts";
+import type { InternalCaller, OutputCheck, PolicyRequest, RequestGuards } from "./request-policy.ts";
 
 /** How long one guard model may take on one check (a wait in its queue included) unless the server says otherwise. */
 export const DEFAULT_GUARD_TIMEOUT_MS = 10_000;

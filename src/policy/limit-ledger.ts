@@ -22,6 +22,7 @@
 // Memory stays bounded: once written, a window of a past minute is dropped, and so is a
 // budget row with nothing reserved whose day or month has ended.
 import type { Database as SqliteDatabase, Statement } from "better-sqlite3";
+import { Backoff } from "../core/backoff.ts";
 import type { Logger } from "../core/log.ts";
 import type { BudgetUse, ReserveTogether, Reserved, SettlementChange, WindowRef, WindowUse } from "./limit-store.ts";
 
@@ -70,7 +71,7 @@ export class LimitLedger {
   private readonly dirtyWindows = new Set<WindowRow>();
   private readonly statements: Statements;
   private timer: NodeJS.Timeout | undefined;
-  private retryDelayMs = 0;
+  private readonly retryBackoff = new Backoff({ baseMs: RETRY_FIRST_MS, maxMs: RETRY_MAX_MS });
   /** The latest minute and time a reservation was made in: what is older may be dropped once written. */
   private latestWindowStart = "";
   private latestNow = 0;
@@ -175,15 +176,15 @@ export class LimitLedger {
     try {
       this.statements.writeAll(budgetRows, windowRows);
     } catch (error) {
-      this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs === 0 ? RETRY_FIRST_MS : this.retryDelayMs * 2);
+      const retryInMs = this.retryBackoff.failed();
       this.logger?.warn(
-        { err: error, rows: budgetRows.length + windowRows.length, retry_in_ms: this.retryDelayMs },
+        { err: error, rows: budgetRows.length + windowRows.length, retry_in_ms: retryInMs },
         "writing budget and rate-limit settlements failed; the counters stay right in memory and the write is tried again",
       );
-      this.schedule(this.retryDelayMs);
+      this.schedule(retryInMs);
       return false;
     }
-    this.retryDelayMs = 0;
+    this.retryBackoff.succeeded();
     this.dirtyBudgets.clear();
     this.dirtyWindows.clear();
     this.dropOld();
@@ -241,7 +242,7 @@ export class LimitLedger {
 
   private markDirty<Row>(set: Set<Row>, row: Row): void {
     set.add(row);
-    if (this.timer === undefined) this.schedule(this.retryDelayMs > 0 ? this.retryDelayMs : FLUSH_DELAY_MS);
+    if (this.timer === undefined) this.schedule(this.retryBackoff.delayMs > 0 ? this.retryBackoff.delayMs : FLUSH_DELAY_MS);
   }
 
   private schedule(delayMs: number): void {

@@ -12,9 +12,10 @@
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
 // by the key service), so a change made on this server applies to the next request, and
 // one made on another server within 5 s.
+import { Backoff } from "../core/backoff.ts";
 import { TooManyRequestsError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
-import type { TokenUsage } from "../gateway/usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
 import type { Store } from "../store/store.ts";
 import { costUsd, type Prices } from "./cost.ts";
 import type { BudgetPeriod, KeyLimits, KeyLimitsView, RateLimits } from "./key-limits.ts";
@@ -119,7 +120,7 @@ export class LimitsService implements RequestLimits {
   private pending = new Map<string, SettlementChange>();
   private timer: NodeJS.Timeout | undefined;
   private writing: Promise<void> = Promise.resolve();
-  private retryDelayMs = 0;
+  private readonly retryBackoff = new Backoff({ baseMs: RETRY_FIRST_MS, maxMs: RETRY_MAX_MS });
 
   constructor(private readonly options: LimitsServiceOptions) {
     this.limitStore = new LimitStore(options.store, options.logger);
@@ -355,7 +356,7 @@ export class LimitsService implements RequestLimits {
 
   private scheduleFlush(): void {
     if (this.timer !== undefined) return;
-    this.timer = setTimeout(() => void this.flushSettlements(), this.retryDelayMs > 0 ? this.retryDelayMs : SETTLE_DELAY_MS);
+    this.timer = setTimeout(() => void this.flushSettlements(), this.retryBackoff.delayMs > 0 ? this.retryBackoff.delayMs : SETTLE_DELAY_MS);
     this.timer.unref();
   }
 
@@ -371,7 +372,7 @@ export class LimitsService implements RequestLimits {
       this.pending = new Map();
       const { failed, error } = await this.limitStore.settleAll([...batch.values()], this.clock());
       if (failed.length === 0) {
-        this.retryDelayMs = 0;
+        this.retryBackoff.succeeded();
         return;
       }
       // Put the failures back, merged with what was queued meanwhile (the sums add up).
@@ -379,9 +380,9 @@ export class LimitsService implements RequestLimits {
         if (change.kind === "window") this.queueWindowChange(change);
         else this.queueBudgetChange(change);
       }
-      this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs === 0 ? RETRY_FIRST_MS : this.retryDelayMs * 2);
+      const retryInMs = this.retryBackoff.failed();
       this.options.logger.warn(
-        { err: error, settlements: failed.length, retry_in_ms: this.retryDelayMs },
+        { err: error, settlements: failed.length, retry_in_ms: retryInMs },
         "writing budget or rate-limit settlements failed; the reservations stay counted until a retry succeeds",
       );
       if (this.timer !== undefined) clearTimeout(this.timer);
@@ -403,7 +404,7 @@ export class LimitsService implements RequestLimits {
   async close(): Promise<void> {
     await this.flushSettlements();
     if (this.pending.size > 0) {
-      this.retryDelayMs = 0;
+      this.retryBackoff.succeeded();
       await this.flushSettlements();
     }
     if (this.timer !== undefined) clearTimeout(this.timer);

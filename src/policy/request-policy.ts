@@ -2,10 +2,12 @@
 // limits (budgets and rate limits, which reserve at admission and settle at the end) and
 // guard models (which look at the input before it reaches a replica and, for answers that
 // are not streamed, at the output before it reaches the client). The gateway depends only
-// on these interfaces; src/policy implements them.
+// on these interfaces; src/policy implements them. The one seam the other way, how a guard
+// asks its model (InternalCaller), is declared here too, so the policy never imports the
+// gateway that imports it.
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
-import type { TokenUsage } from "../gateway/usage-tap.ts";
+import type { TokenUsage } from "../core/token-usage.ts";
 
 /** What one /v1 request asks for, as the policy sees it once the model is resolved. */
 export interface PolicyRequest {
@@ -54,6 +56,24 @@ export interface RequestLimits {
    */
   admit(request: PolicyRequest): LimitsPermit | Promise<LimitsPermit>;
 }
+
+/** One question llmgw itself asks a catalog model (a guard model asked about a client's request). */
+export interface InternalCallRequest {
+  model: CatalogModel;
+  /** The chat-completions body without `model` (each replica gets its own upstream name). */
+  body: Record<string, unknown>;
+  /** The whole call, a wait in the model's queue included. */
+  timeoutMs: number;
+  /** The client's request: a client that leaves cancels the call. */
+  signal: AbortSignal;
+}
+
+/**
+ * Sends one non-stream chat completion through the gateway's admission and replicas and
+ * resolves with the parsed JSON answer; the gateway implements it (gateway/internal-call.ts).
+ * A model that refused the question itself rejects with code UPSTREAM_REFUSED_INPUT.
+ */
+export type InternalCaller = (request: InternalCallRequest) => Promise<unknown>;
 
 /** Checks an answer that is not streamed before the client sees it; throws to refuse it. */
 export type OutputCheck = (answer: Buffer) => Promise<void>;

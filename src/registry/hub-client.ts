@@ -18,6 +18,7 @@ import {
   describeError,
   errorCode,
 } from "../core/errors.ts";
+import { backoffDelay } from "../core/backoff.ts";
 import { formatBytes } from "../core/format.ts";
 import { followRedirects, isSameOrigin } from "./redirects.ts";
 import { encodeRepoPath, pathProblem, sanitizeRepoPath, validateRepoName, validateRevision } from "./repo-path.ts";
@@ -112,6 +113,11 @@ const COMMIT_SHA = /^[0-9a-f]{40}$/;
 // hundred KiB for the largest repositories. This cap only stops a runaway body.
 const MAX_JSON_BYTES = 32 * 1024 * 1024;
 const MAX_REDIRECTS = 5;
+/**
+ * The longest wait between two attempts. With the default 2 retries from 500 ms no wait comes
+ * near it; it bounds a caller that asks for many retries, as the mirror's downloads are bounded.
+ */
+const HUB_MAX_RETRY_DELAY_MS = 30_000;
 const MAX_TREE_PAGES = 10_000;
 
 const modelInfoSchema = z.object({
@@ -471,7 +477,7 @@ export class HubClient implements Registry {
       } catch (error) {
         const retry = error instanceof LlmgwError && error.retryable && n < this.#retries && signal?.aborted !== true;
         if (!retry) throw error;
-        await sleep(this.#retryDelayMs * 2 ** n, undefined, signal === undefined ? {} : { signal });
+        await sleep(backoffDelay(n + 1, { baseMs: this.#retryDelayMs, maxMs: HUB_MAX_RETRY_DELAY_MS }), undefined, signal === undefined ? {} : { signal });
       }
     }
   }

@@ -7,11 +7,24 @@ import type { JobsTable } from "../store/schema.ts";
 import type { Store } from "../store/store.ts";
 
 export type JobKind = "serve" | "update";
-/** `waiting`: finished without an answer yet, because the hardware exists but is busy. */
+/**
+ * `waiting`: the model is in the catalog but every node that has the hardware is busy; the
+ * job holds no slot and goes on by itself (placement, smoke test) once a node has room
+ * (jobs.ts, "Waiting jobs"). It is not finished: it has no finished_at and can be cancelled.
+ */
 export type JobState = "queued" | "running" | "done" | "waiting" | "failed" | "cancelled";
-export type StepState = "pending" | "running" | "done" | "failed" | "skipped" | "cancelled";
+/** `waiting`: the step the job waits at (a serve job's placement), run again when it goes on. */
+export type StepState = "pending" | "running" | "done" | "failed" | "skipped" | "cancelled" | "waiting";
 
-export const FINISHED_STATES: ReadonlySet<JobState> = new Set(["done", "waiting", "failed", "cancelled"]);
+/** Ended for good: finished_at is set, the job cannot be cancelled, and old ones are deleted. */
+export const FINAL_STATES: ReadonlySet<JobState> = new Set(["done", "failed", "cancelled"]);
+/**
+ * Where a job's run has ended for now: a final state, or `waiting` for room (it goes on by
+ * itself later). What `ctl` follows a job to: a wait for room may take hours.
+ */
+export const FINISHED_STATES: ReadonlySet<JobState> = new Set([...FINAL_STATES, "waiting"]);
+/** Jobs the leader's runner owns: it runs the first two and watches the waiting ones. */
+const UNFINISHED_STATES: JobState[] = ["queued", "running", "waiting"];
 
 /** How far a step that moves bytes (the mirror) has come. */
 export interface StepProgress {
@@ -97,9 +110,9 @@ export class JobRows {
     return (await select.execute()).map(fromRow);
   }
 
-  /** Jobs a stopped server left queued or running. */
+  /** Jobs a stopped server (or the last leader) left queued, running or waiting for room. */
   async unfinished(): Promise<JobRecord[]> {
-    const rows = await this.store.db.selectFrom("jobs").selectAll().where("state", "in", ["queued", "running"]).orderBy("created_at").execute();
+    const rows = await this.store.db.selectFrom("jobs").selectAll().where("state", "in", UNFINISHED_STATES).orderBy("created_at").execute();
     return rows.map(fromRow);
   }
 

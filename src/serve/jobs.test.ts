@@ -1,6 +1,7 @@
 // The job runner on both stores: steps recorded as they run, a job cut by a server stop
 // resumed at the step it was in (steps done before are not run again), given up after too
-// many restarts, cancel with undo, a failure with its reason, and the finished-jobs limit.
+// many restarts, cancel with undo, a failure with its reason, the finished-jobs limit, and
+// jobs waiting for room (no slot held, each goes on when its handler says it can).
 import assert from "node:assert/strict";
 import { silentLogger } from "../core/log.ts";
 import { testBothStores } from "../../test/support/stores.ts";
@@ -140,4 +141,32 @@ testBothStores("only the newest 100 finished jobs are kept", async (store) => {
   const kept = await new JobRows(store).list({ limit: 1000 });
   assert.equal(kept.length, 100);
   assert.ok(!kept.some((job) => ids.slice(0, 3).includes(job.id)), "the oldest three are gone");
+});
+
+testBothStores("waiting jobs hold no slot: more of them than run at once leave room for a job that runs, and each goes on when its handler says", async (store) => {
+  let room = false;
+  const handler: JobHandler = {
+    steps: () => ["place", "test"],
+    async run(job) {
+      let wait = false;
+      await job.step("place", async () => ((wait = job.request.waits === true && !room) ? { waiting: "waiting for room: no node has a free core" } : "placed"));
+      if (wait) return "waiting";
+      await job.step("test", async () => "answered");
+      return "done";
+    },
+    readyToContinue: () => room,
+  };
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  // Five waiting jobs: one more than run at once.
+  const waiting = await Promise.all(Array.from({ length: 5 }, () => jobs.submit("serve", { waits: true }, "admin:root", null)));
+  for (const job of waiting) await eventually("a job to wait", async () => (await jobs.get(job.id)).state === "waiting");
+  const view = await jobs.get(waiting[0]!.id);
+  assert.deepEqual(view.steps.map((s) => [s.state, s.detail]), [["waiting", "waiting for room: no node has a free core"], ["pending", null]]);
+  assert.equal(view.finished_at, null);
+  const other = await jobs.submit("serve", {}, "admin:root", null);
+  await eventually("a job that needs no room to finish beside the waiting ones", async () => (await jobs.get(other.id)).state === "done");
+  room = true;
+  for (const job of waiting) await eventually("each waiting job done", async () => (await jobs.get(job.id)).state === "done");
+  assert.deepEqual((await jobs.get(waiting[0]!.id)).steps.map((s) => s.state), ["done", "done"]);
+  await jobs.close();
 });

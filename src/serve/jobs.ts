@@ -14,12 +14,25 @@
 // - Cancel aborts the job's signal (stopping the mirror fetch, the waits) and then asks
 //   its handler to undo what it started; files already verified stay in the mirror.
 // - Only the newest KEPT_FINISHED_JOBS finished jobs are kept.
+//
+// Waiting jobs. A serve job whose model fits the hardware but finds every such node busy
+// ends its run `waiting`, with its placement step marked waiting. It is kept unfinished
+// rather than done: the model is in the catalog, and the job still owes its smoke test.
+// It holds no slot and no signal; the runner asks its handler every WAITING_CHECK_MS
+// (`readyToContinue`, an in-memory look at the fleet) and, once room frees, runs it again
+// from the waiting step (placement, smoke test, done), as it resumes a job after a
+// restart. Polling rather than a fleet event, because the job must see every cause of room
+// (a replica stopped, a node joined or undrained, a model removed) and a missed event would
+// leave it waiting for ever; the check reads memory only, so it costs nothing. The state
+// lives in the row, so it survives a restart, and only the leader's runner watches
+// (`start` and `close` follow the lead, cluster/server-role.ts); a waiting job can be
+// cancelled like a running one.
 import { randomBytes } from "node:crypto";
 import type { Fence } from "../cluster/leadership.ts";
 import { ConflictError, NotFoundError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { nowIso, type Store } from "../store/store.ts";
-import { FINISHED_STATES, JobRows, KEPT_FINISHED_JOBS, viewJob, type JobKind, type JobRecord, type JobResult, type JobState, type JobStep, type JobView, type StepProgress } from "./job-rows.ts";
+import { FINAL_STATES, JobRows, KEPT_FINISHED_JOBS, viewJob, type JobKind, type JobRecord, type JobResult, type JobState, type JobStep, type JobView, type StepProgress } from "./job-rows.ts";
 
 /** How often a job may be resumed after server restarts before it fails. */
 export const MAX_RESUMES = 3;
@@ -27,12 +40,26 @@ export const MAX_RESUMES = 3;
 const CONCURRENT_JOBS = 4;
 /** A progress change is written at most this often. */
 const PROGRESS_WRITE_MS = 1000;
+/**
+ * How often waiting jobs are asked whether they can go on: a few seconds adds little to a
+ * replica start that takes longer, and the check reads only memory.
+ */
+export const WAITING_CHECK_MS = 2000;
 
 export interface JobHandler {
   /** The steps a job of this kind shows, in order. */
   steps(request: Record<string, unknown>): string[];
-  /** Runs the steps; resolves with how the job finished, or throws why it failed. */
+  /**
+   * Runs the steps; resolves with how the job finished, or throws why it failed.
+   * "waiting": a step waits for room (see "Waiting jobs"); the handler must then have `readyToContinue`.
+   */
   run(job: RunningJob): Promise<"done" | "waiting">;
+  /**
+   * For a waiting job, on the leader, every WAITING_CHECK_MS: whether running it again may
+   * get further now (room freed, or its wait ended some other way that the run reports).
+   * It may take again what the wait holds only in memory (lost with a restart or a lead).
+   */
+  readyToContinue?(job: JobRecord): boolean;
   /** After a cancel, or when a job is given up: stop and remove what the job started (its context says what). */
   undo?(job: RunningJob): Promise<void>;
   /**
@@ -51,6 +78,8 @@ export interface JobRunnerOptions {
   onFinished?: (job: JobRecord) => void;
   /** Several servers: jobs run on the leader, and a job's row is written only while it leads. */
   fence?: Fence;
+  /** How often waiting jobs are looked at. Default WAITING_CHECK_MS. */
+  waitingCheckMs?: number;
 }
 
 /** Why a running job's signal was aborted. */
@@ -94,9 +123,11 @@ export class RunningJob {
   /**
    * Runs one step: marks it running, runs `body`, marks it done with the detail `body`
    * returns (or failed with the error's message). A step already done (a resumed job) is
-   * skipped: what it decided is in the context.
+   * skipped: what it decided is in the context. A body that resolves `{ waiting }` leaves
+   * the step waiting with that detail (the job then ends its run "waiting") and the step
+   * runs again when the job goes on.
    */
-  async step(name: string, body: (step: StepHandle) => Promise<string>): Promise<void> {
+  async step(name: string, body: (step: StepHandle) => Promise<string | StepWait>): Promise<void> {
     const step = this.stepNamed(name);
     if (step.state === "done") return;
     this.signal.throwIfAborted();
@@ -113,8 +144,9 @@ export class RunningJob {
       },
     };
     try {
-      const detail = await body(handle);
-      Object.assign(step, { state: "done", detail, finished_at: nowIso(this.clock) });
+      const outcome = await body(handle);
+      if (typeof outcome === "string") Object.assign(step, { state: "done", detail: outcome, finished_at: nowIso(this.clock) });
+      else Object.assign(step, { state: "waiting", detail: outcome.waiting, finished_at: null });
     } catch (error) {
       const stop = this.signal.reason instanceof JobStop ? this.signal.reason : null;
       if (stop?.why === "server-stop") {
@@ -186,6 +218,11 @@ export class RunningJob {
   }
 }
 
+/** What a step body resolves with when it must wait for room: why, as its detail line. */
+export interface StepWait {
+  waiting: string;
+}
+
 export interface StepHandle {
   /** Replaces the step's detail line while it runs. */
   detail(text: string): void;
@@ -196,6 +233,11 @@ export class JobRunner {
   private readonly rows: JobRows;
   private readonly clock: () => number;
   private readonly running = new Map<string, { controller: AbortController; done: Promise<void> }>();
+  /** Waiting jobs this runner watches (the leader's), by id. */
+  private readonly waiting = new Map<string, JobRecord>();
+  private waitingTimer: NodeJS.Timeout | undefined;
+  /** A look at the waiting jobs is in progress (they are written before they go on). */
+  private checkingWaiting = false;
   private readonly queue: Array<() => void> = [];
   private active = 0;
   private closed = false;
@@ -229,7 +271,12 @@ export class JobRunner {
     for (const listed of this.unfinished ?? (await this.rows.unfinished())) {
       // Read again: it may have been cancelled since `recover` listed it.
       const record = await this.rows.get(listed.id);
-      if (record === null || FINISHED_STATES.has(record.state)) continue;
+      if (record === null || FINAL_STATES.has(record.state)) continue;
+      if (record.state === "waiting") {
+        // Not cut by the stop: it waited, and goes on waiting here (no resume counted).
+        this.watch(record);
+        continue;
+      }
       if (record.resumed >= MAX_RESUMES) {
         // Given up: undone like a cancel, so the model is as it was and its name is free to try again.
         const aborted = new AbortController();
@@ -296,14 +343,15 @@ export class JobRunner {
   async cancel(id: string): Promise<JobView> {
     const record = await this.rows.get(id);
     if (record === null) throw jobNotFound(id);
-    if (FINISHED_STATES.has(record.state)) {
+    if (FINAL_STATES.has(record.state)) {
       throw new ConflictError(`Job ${id} already finished (${record.state}); there is nothing to cancel.`, { code: "job_finished" });
     }
     const run = this.running.get(id);
     if (run === undefined) {
-      // Unfinished but not running here (cut by a restart, not resumed yet): undo what it
-      // started, and keep `start` from resuming it.
+      // Unfinished but not running here (waiting for room, or cut by a restart and not
+      // resumed yet): undo what it started, and keep it from going on.
       this.unfinished = this.unfinished?.filter((job) => job.id !== id);
+      this.waiting.delete(id);
       await this.undoCancelled(record);
     } else {
       run.controller.abort(new JobStop("cancel"));
@@ -315,6 +363,9 @@ export class JobRunner {
   /** Stops running jobs without finishing them (they resume on the next start, or on the next leader). */
   async close(): Promise<void> {
     this.closed = true;
+    // Waiting jobs stay waiting in their rows; the next leader (or start) watches them.
+    this.stopWatching();
+    this.waiting.clear();
     const runs = [...this.running.values()];
     for (const run of runs) run.controller.abort(new JobStop("server-stop"));
     await Promise.all(runs.map((run) => run.done));
@@ -326,8 +377,58 @@ export class JobRunner {
     // unfinished and the next start resumes the job.
     const done = this.run(record, controller)
       .catch((error: unknown) => this.options.logger.error({ job: record.id, err: describeError(error) }, "could not record a job's outcome"))
-      .finally(() => this.running.delete(record.id));
+      .finally(() => {
+        // A waiting job may already run again under the same id: remove only this run.
+        if (this.running.get(record.id)?.controller === controller) this.running.delete(record.id);
+      });
     this.running.set(record.id, { controller, done });
+  }
+
+  /** Watches a waiting job until its handler says it can go on (see "Waiting jobs"). */
+  private watch(record: JobRecord): void {
+    if (this.closed) return;
+    this.waiting.set(record.id, record);
+    if (this.waitingTimer !== undefined) return;
+    this.waitingTimer = setInterval(() => void this.checkWaiting(), this.options.waitingCheckMs ?? WAITING_CHECK_MS);
+    this.waitingTimer.unref();
+  }
+
+  private stopWatching(): void {
+    if (this.waitingTimer !== undefined) clearInterval(this.waitingTimer);
+    this.waitingTimer = undefined;
+  }
+
+  /** Runs again each waiting job that can go on now. */
+  private async checkWaiting(): Promise<void> {
+    if (this.checkingWaiting) return;
+    this.checkingWaiting = true;
+    try {
+      for (const record of [...this.waiting.values()]) {
+        if (this.closed || !this.waiting.has(record.id)) continue;
+        let ready = false;
+        try {
+          ready = this.options.handlers[record.kind].readyToContinue?.(record) ?? false;
+        } catch (error) {
+          this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not check a waiting job");
+        }
+        if (!ready) continue;
+        record.state = "queued";
+        this.options.logger.info({ job: record.id, kind: record.kind, model: record.model }, "a job waiting for room goes on");
+        try {
+          await this.rows.save(record);
+        } catch (error) {
+          // Written again at its next step; the job goes on all the same.
+          this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not record that a waiting job goes on");
+        }
+        // Cancelled (which takes it out of `waiting`) or stopped while the row was written: it is not run.
+        if (this.closed || this.waiting.get(record.id) !== record) continue;
+        this.waiting.delete(record.id);
+        this.launch(record);
+      }
+    } finally {
+      this.checkingWaiting = false;
+      if (this.waiting.size === 0) this.stopWatching();
+    }
   }
 
   private async run(record: JobRecord, controller: AbortController): Promise<void> {
@@ -366,8 +467,15 @@ export class JobRunner {
       record.state = "running";
       await job.save();
       const outcome = await handler.run(job);
-      await this.finish(record, outcome, null);
-      this.options.logger.info({ job: record.id, kind: record.kind, model: record.model, outcome }, "job finished");
+      if (outcome === "waiting") {
+        record.state = "waiting";
+        await job.save();
+        this.watch(record);
+        this.options.logger.info({ job: record.id, kind: record.kind, model: record.model }, "job waits for room");
+      } else {
+        await this.finish(record, outcome, null);
+        this.options.logger.info({ job: record.id, kind: record.kind, model: record.model, outcome }, "job finished");
+      }
     } catch (error) {
       const stop = controller.signal.reason instanceof JobStop ? controller.signal.reason : null;
       if (stop?.why === "server-stop") {

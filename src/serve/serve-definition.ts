@@ -101,6 +101,16 @@ export function describeProfiles(profiles: readonly ServeProfile[]): string {
     .join(", then ");
 }
 
+/**
+ * The description a served model is given: its repository, revision and size. An update
+ * writes it again for the new revision when the model still has the one it was given
+ * (update-job.ts); a description someone wrote stays theirs.
+ */
+export function servedDescription(origin: { repo: string; revision: string; files: readonly OriginFile[] }): string {
+  const bytes = origin.files.reduce((sum, file) => sum + file.bytes, 0);
+  return `Served from ${origin.repo} at ${origin.revision.slice(0, 12)} (${formatBytes(bytes)}).`;
+}
+
 /** The body `Catalog.create` takes for a served repository. */
 export function serveModelBody(input: {
   request: ServeRequest & { name: string };
@@ -110,11 +120,10 @@ export function serveModelBody(input: {
 }): Record<string, unknown> {
   const { request } = input;
   const replicas = request.replicas;
-  const bytes = input.origin.files.reduce((sum, file) => sum + file.bytes, 0);
   return {
     name: request.name,
     aliases: request.aliases,
-    description: `Served from ${input.origin.repo} at ${input.origin.revision.slice(0, 12)} (${formatBytes(bytes)}).`,
+    description: servedDescription(input.origin),
     profiles: input.profiles,
     scaling: replicas === 0 ? { min: 0, max: 1 } : { min: replicas, max: replicas },
     ...(request.guard_format === undefined ? {} : { role: "guard", guard_format: GUARD_FORMAT_NAMES[request.guard_format] }),

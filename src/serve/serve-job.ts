@@ -5,10 +5,17 @@
 //   check     read what was fetched as the engine will (GGUF header, memory for the pool)
 //   catalog   add the model with its profiles, source and origin
 //   placement wait for a ready replica; parked or unplaceable ends the job with why;
-//             hardware that exists but is busy finishes the job as `waiting`
+//             hardware that exists but is busy leaves the step and the job `waiting`
 //   smoke_test ask that replica for a hello; reply and tokens/s are the job's result
 // What a step decided is kept in the job's context, so a job cut by a restart resumes
 // where it was. A cancelled job removes the model it added; mirrored files stay.
+//
+// A waiting job goes on by itself (jobs.ts, "Waiting jobs"): `readyToContinue` says so
+// once the fleet no longer finds every fitting node busy, and the runner runs the job
+// again from its placement step. An on-demand model (scaling.min 0) wants a replica only
+// while something asks for one, so the waiting job keeps asking (Fleet.requested) until it
+// goes on or is cancelled; that demand lives in the leader's Fleet, so a job that waited
+// through a restart or a change of leader asks the new Fleet again at its next check.
 import { UpstreamError, describeError, errorCode } from "../core/errors.ts";
 import { countOf, formatBytes } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
@@ -16,9 +23,10 @@ import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
-import type { MirrorPlanner } from "./artifact-choice.ts";
-import { prepareMirrorFetch } from "./fetch-preparation.ts";
-import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
+import type { MirrorPlanner } from "../mirror/artifact-choice.ts";
+import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
+import type { JobRecord } from "./job-rows.ts";
+import { checkMirrored, mirrorFiles, hardwareIsBusy, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import { chooseProfiles, contextSettings, describeProfiles, serveModelBody, type OriginFile, type ServeProfile, type WeightsFormat } from "./serve-definition.ts";
 import { serveRequestSchema, type ServeRequest } from "./serve-request.ts";
@@ -53,6 +61,11 @@ interface ServeContext {
 export const DEFAULT_REPLICA_TIMEOUT_MS = 30 * 60_000;
 
 export function serveJobHandler(deps: JobDependencies): JobHandler {
+  const demand = new WaitDemand(deps);
+  const createdModel = (context: Record<string, unknown>) => {
+    const modelId = (context as ServeContext).createdModelId;
+    return modelId === undefined ? undefined : deps.catalog.list().find((m) => m.id === modelId);
+  };
   return {
     steps: () => [...SERVE_STEPS],
     async run(job) {
@@ -119,7 +132,7 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       const model = deps.catalog.list().find((m) => m.id === context.createdModelId);
       if (model === undefined) throw new Error(`The model '${request.name}' this job added is gone from the catalog; it was removed while the job ran.`);
       try {
-        return await placeAndTest(job, deps, model);
+        return await placeAndTest({ job, deps, model, demand });
       } catch (error) {
         if (job.stopReason !== null) throw error;
         // The model stays in the catalog (it may only need room, or an unpark): say what to do with it.
@@ -129,9 +142,22 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         );
       }
     },
+    readyToContinue(job: JobRecord) {
+      const model = createdModel(job.context);
+      // Removed while it waited: the run ends the job with that reason.
+      if (model === undefined) {
+        demand.release(job.id);
+        return true;
+      }
+      if (model.definition.scaling.min === 0) demand.hold(job.id, model);
+      const { unplaceable } = deps.fleet.status(model.id);
+      // Room freed (the replica is placed, or about to be), or the model cannot wait any
+      // more (parked, a weights problem, no node with the hardware left): the run says which.
+      return unplaceable === null || !hardwareIsBusy(unplaceable);
+    },
     async undo(job: RunningJob) {
-      const modelId = (job.context as ServeContext).createdModelId;
-      const model = modelId === undefined ? undefined : deps.catalog.list().find((m) => m.id === modelId);
+      demand.release(job.id);
+      const model = createdModel(job.context);
       if (model === undefined) return;
       // Removing the model stops its replicas; the mirrored files stay for a later job.
       await deps.catalog.delete(model.name, job.actor).catch((error: unknown) => {
@@ -142,25 +168,56 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
   };
 }
 
+/**
+ * The on-demand models' replicas that waiting serve jobs ask for: one request each, held
+ * from the placement step until the job goes on to its end (done, failed or cancelled), in
+ * the Fleet it was asked of (the leader's of this term).
+ */
+class WaitDemand {
+  private readonly held = new Map<string, { fleet: JobFleet; model: CatalogModel }>();
+
+  constructor(private readonly deps: Pick<JobDependencies, "fleet">) {}
+
+  /** Asks for a replica of the model for this job, unless the current Fleet already has its request. */
+  hold(jobId: string, model: CatalogModel): void {
+    const fleet = this.deps.fleet;
+    if (this.held.get(jobId)?.fleet === fleet) return;
+    fleet.requested(model);
+    this.held.set(jobId, { fleet, model });
+  }
+
+  release(jobId: string): void {
+    const held = this.held.get(jobId);
+    if (held === undefined) return;
+    this.held.delete(jobId);
+    held.fleet.finished(held.model);
+  }
+}
+
 /** The placement and smoke test steps of a serve job, for the model its catalog step added. */
-async function placeAndTest(job: RunningJob, deps: JobDependencies, model: CatalogModel): Promise<"done" | "waiting"> {
+async function placeAndTest(options: { job: RunningJob; deps: JobDependencies; model: CatalogModel; demand: WaitDemand }): Promise<"done" | "waiting"> {
+  const { job, deps, model, demand } = options;
   job.setModel(model.name);
   // An on-demand model gets its replica the way a request would start it.
   const onDemand = model.definition.scaling.min === 0;
   const waitReady = (step: StepHandle) =>
     waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === model.id) });
-  if (onDemand) deps.fleet.requested(model);
+  if (onDemand) demand.hold(job.id, model);
+  let outcome: "done" | "waiting" | null = null;
   try {
     let waited: Awaited<ReturnType<typeof waitForReplica>> | undefined;
     await job.step("placement", async (step) => {
       waited = await waitReady(step);
-      if (waited.kind === "busy") return `waiting for room: ${waited.explanation.join("; ")}. The model starts when a node has room.`;
+      if (waited.kind === "busy") {
+        return { waiting: `waiting for room: ${waited.explanation.join("; ")}. The job goes on by itself once a node has room.` };
+      }
       const r = waited.replica;
       return `replica ${r.id} ready on ${r.nodeNames.join(", ")} (${r.profile}) after ${(waited.waitedMs / 1000).toFixed(1)} s${r.weightsVerified ? ", weights verified against the origin" : ""}`;
     });
     if (waited?.kind === "busy") {
-      await job.skip("smoke_test", "the model waits for room on a node");
-      return "waiting";
+      // The on-demand request stays held: the replica is still wanted when room frees.
+      outcome = "waiting";
+      return outcome;
     }
     await job.step("smoke_test", async (step) => {
       // A resumed job skipped the placement step: find the replica again.
@@ -170,9 +227,10 @@ async function placeAndTest(job: RunningJob, deps: JobDependencies, model: Catal
       job.setResult(result);
       return `"${result.reply}" (${result.completion_tokens} tokens, ${result.tokens_per_second} tokens/s)`;
     });
-    return "done";
+    outcome = "done";
+    return outcome;
   } finally {
-    if (onDemand) deps.fleet.finished(model);
+    if (outcome !== "waiting") demand.release(job.id);
   }
 }
 

@@ -2,7 +2,8 @@
 // between its catalog change and its smoke test holds the model's old replicas again when
 // the server starts (before the fleet's first pass), hands that hold over to the resumed
 // run, and releases it only once the new revision passed; one already past its smoke test
-// takes no hold. Each hold's life is recorded, so a release too early would show.
+// takes no hold. Each hold's life is recorded, so a release too early would show. Also what
+// an update says and writes: the old replicas it retired, the description's revision.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { CatalogModel } from "../catalog/catalog.ts";
@@ -13,6 +14,7 @@ import { JobRows, type JobRecord } from "./job-rows.ts";
 import { JobRunner } from "./jobs.ts";
 import type { JobDependencies } from "./serve-job.ts";
 import { UPDATE_STEPS, updateJobHandler } from "./update-job.ts";
+import { servedDescription } from "./serve-definition.ts";
 
 const mirrorSource = (version: string) => ({ kind: "mirror" as const, model: "o--m", version, file: "m.gguf" });
 const file = { path: "m.gguf", sha256: "a".repeat(64), bytes: 10 };
@@ -123,4 +125,84 @@ test("a cancelled update whose new revision passed its smoke test is not pointed
   assert.equal(updates, 0);
   await handler.undo!(new RunningJob(cutUpdate("job-rolling", "catalog"), aborted.signal, {} as JobRows, Date.now, silentLogger()));
   assert.equal(updates, 1, "before the smoke test passed, a cancel points the model back");
+});
+
+/**
+ * A model served at the old revision with the description serving gave it, and a fleet
+ * whose old replica keeps running while the update holds it and is stopped the moment the
+ * hold is released (no requests in flight to drain), as the real fleet does.
+ */
+function servedAtOldRevision(description?: string) {
+  const oldOrigin = { repo: "o/m", revision: "o".repeat(40), files: [file] };
+  const model = {
+    id: "model-1",
+    name: "m",
+    definition: {
+      description: description ?? servedDescription(oldOrigin),
+      scaling: { min: 1, max: 1 },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+      source: mirrorSource("old"),
+      origin: oldOrigin,
+    },
+  } as unknown as CatalogModel;
+  const replica = (id: string) => ({ id, profile: "cpu", state: "ready", nodeNames: ["n1"], endpoint: { origin: "http://127.0.0.1:1", basePath: "" }, engineKey: "k", weightsVerified: true, lastError: null });
+  let held = false;
+  const deps = {
+    catalog: {
+      get: () => model,
+      resolve: () => model,
+      list: () => [model],
+      update: async (_name: string, patch: Record<string, unknown>) => {
+        (model as { definition: unknown }).definition = { ...model.definition, ...patch };
+        return model;
+      },
+    },
+    mirror: {},
+    registry: {},
+    fleet: {
+      holdOutdated: () => {
+        held = true;
+        return () => void (held = false);
+      },
+      replicasByDefinition: () => ({ current: [replica("r-new")], outdated: held ? [replica("r-old")] : [] }),
+      status: () => ({ parked: null, unplaceable: null, weightsProblem: null }),
+      requested: () => undefined,
+      finished: () => undefined,
+    },
+    smokeTest: async () => ({ reply: "hi", tokens_per_second: 1, completion_tokens: 1, replica: "r-new", node: "n1" }),
+    logger: silentLogger(),
+  } as unknown as JobDependencies;
+  return { deps, model };
+}
+
+/** An update whose new revision is mirrored and checked: the run goes on from its catalog step. */
+function checkedUpdate(id: string): JobRecord {
+  const record = cutUpdate(id, "check");
+  const { before: _before, ...context } = record.context as Record<string, unknown>;
+  return { ...record, context };
+}
+
+testBothStores("an update retires the old replica it stopped and says so; the served description names the new revision", async (store) => {
+  await new JobRows(store).insert(checkedUpdate("job-words"));
+  const { deps, model } = servedAtOldRevision();
+  const handler = updateJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+  await jobs.start();
+  await eventually("the job done", async () => (await jobs.get("job-words")).state === "done");
+  const job = await jobs.get("job-words");
+  assert.equal(job.steps.find((step) => step.name === "retire")?.detail, "1 old replica drained and stopped");
+  assert.equal(model.definition.description, `Served from o/m at ${"n".repeat(12)} (10 B).`);
+  await jobs.close();
+});
+
+testBothStores("a description someone wrote is kept through an update", async (store) => {
+  await new JobRows(store).insert(checkedUpdate("job-kept"));
+  const { deps, model } = servedAtOldRevision("Our support bot.");
+  const handler = updateJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+  await jobs.start();
+  await eventually("the job done", async () => (await jobs.get("job-kept")).state === "done");
+  assert.equal(model.definition.description, "Our support bot.");
+  assert.equal(model.definition.origin?.revision, "n".repeat(40));
+  await jobs.close();
 });

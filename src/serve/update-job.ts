@@ -17,11 +17,11 @@ import type { Catalog } from "../catalog/catalog.ts";
 import type { ModelDefinition } from "../catalog/model-schema.ts";
 import { isLocalSource } from "../registry/local-source.ts";
 import { z } from "zod";
-import { prepareMirrorFetch } from "./fetch-preparation.ts";
+import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
 import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type PlannedFetch } from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import { DEFAULT_REPLICA_TIMEOUT_MS, type JobDependencies } from "./serve-job.ts";
-import { contextSettings, type OriginFile } from "./serve-definition.ts";
+import { contextSettings, servedDescription, type OriginFile } from "./serve-definition.ts";
 
 export const UPDATE_STEPS = ["registry", "mirror", "check", "catalog", "rollout", "smoke_test", "retire"] as const;
 
@@ -183,7 +183,9 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
               files: context.newOrigin!,
               previous: { revision: before.origin.revision, files: before.origin.files, source: before.source },
             };
-            await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin }, job.actor);
+            // The description serving wrote names the revision: it follows, unless someone rewrote it.
+            const description = current.definition.description === servedDescription(before.origin) ? { description: servedDescription(newOrigin) } : {};
+            await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin, ...description }, job.actor);
             return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
           });
           target = model();
@@ -235,9 +237,11 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           if (job.stopReason === "cancel") throw error;
           throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${request.model}' is back on ${reverted}, whose replicas kept serving.`, { code: "update_failed", cause: error });
         }
+        // Counted before the release: once it is released the fleet may stop the old replicas
+        // at once (no requests in flight to drain), before the retire step first looks.
+        const before = deps.fleet.replicasByDefinition(target.id).outdated.length;
         release("passed");
         await job.step("retire", async (step) => {
-          const before = deps.fleet.replicasByDefinition(target.id).outdated.length;
           const started = Date.now();
           for (;;) {
             job.signal.throwIfAborted();
@@ -300,7 +304,9 @@ async function revert(job: RunningJob, catalog: Catalog, context: UpdateContext)
   const current = catalog.resolve(name);
   if (before === undefined || current === undefined) return current?.definition.origin?.revision.slice(0, 12) ?? "its earlier revision";
   if (JSON.stringify(current.definition.source) === JSON.stringify(context.newSource)) {
-    await catalog.update(name, { source: before.source, origin: before.origin }, job.actor);
+    const { origin, description } = current.definition;
+    const revertDescription = origin !== undefined && description === servedDescription(origin) ? { description: servedDescription(before.origin) } : {};
+    await catalog.update(name, { source: before.source, origin: before.origin, ...revertDescription }, job.actor);
   }
   return before.origin.revision.slice(0, 12);
 }

@@ -137,8 +137,9 @@ const readOnly: Fault = {
 test("a full disk: admin writes get 503 storage_unavailable naming the data dir, /readyz says why, the gateway answers on, and freeing space recovers", async (t) => {
   const disk = mountSmallDisk(16);
   if ("problem" in disk) {
-    t.diagnostic(`no small disk of its own (${disk.problem}): a read-only store stands in for the full one`);
-    await storageFaultScenario(t, readOnly);
+    // Reported as a skip, not passed on another fault's strength: the read-only data dir
+    // has its own test below. Mounting needs root (CI runs as root in a container).
+    t.skip(`a full disk needs a small file system of its own, and ${disk.problem}; run as root (in a container, with CAP_SYS_ADMIN) to mount one`);
     return;
   }
   try {

@@ -373,7 +373,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     usage: { store },
     events: { events, follower: eventFollower, closing: closingStreams.signal },
     notify: { channels, notifier },
-    cluster: { store, members },
+    cluster: { store, members, leadership },
     planner,
     bodyLimits,
     fleet: fleetAccess,

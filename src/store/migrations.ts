@@ -1,6 +1,9 @@
 // The one migration history of llmgw, applied on every start for SQLite and PostgreSQL
 // alike. Migrations are code (not files) so the package needs no loader; each is named
 // with a sortable prefix and never edited once released: a change is a new migration.
+// A migration calls no live code that may change later (only Kysely and what is under
+// migrations/, which is frozen with the migration that uses it), so it does the same on
+// every database it ever meets.
 //
 // The runner is ours rather than Kysely's Migrator: that one decides whether its tables
 // exist by introspecting every schema of the database, which is slow in a shared database
@@ -9,7 +12,7 @@
 // history table if needed, and applies what is missing; DDL is transactional in both
 // databases, so a failed migration leaves nothing half-applied.
 import { sql, type Kysely } from "kysely";
-import { backfillUsageAggregates } from "../usage/usage-backfill.ts";
+import { backfillUsageAggregates0008 } from "./migrations/0008-usage-backfill.ts";
 
 export type Dialect = "sqlite" | "postgres";
 
@@ -257,7 +260,8 @@ const migrations: Record<string, MigrationFactory> = {
   // Usage you can read (issue 9): what a request cost and how long its guards took, on
   // the raw row; and per-minute and per-hour aggregates, which outlive the raw rows
   // (--usage-retention) and which every server's flush adds to, filled here from the raw
-  // rows already stored (src/usage/usage-backfill.ts). Money is a double in both databases
+  // rows already stored (src/store/migrations/0008-usage-backfill.ts, frozen: it does not
+  // follow the live aggregation in src/usage/). Money is a double in both databases
   // (SQLite's REAL is one; PostgreSQL's `real` would keep only ~7 digits of a long sum).
   "0008_usage_aggregates": (dialect) => ({
     async up(db: Kysely<unknown>) {
@@ -280,7 +284,7 @@ const migrations: Record<string, MigrationFactory> = {
           .addPrimaryKeyConstraint(`${table}_pk`, [start, "key_id", "model"])
           .execute();
       }
-      await backfillUsageAggregates(db, dialect);
+      await backfillUsageAggregates0008(db, dialect);
     },
   }),
   // Keys naming guard models (issue 9): a JSON object {input: [...], output: [...]} of

@@ -167,3 +167,16 @@ testBothStores("the audit is read newest first, by exact action, by action prefi
   assert.deepEqual(await actions({ action: "model.", target: "m_1", limit: 1 }), ["model.unpark"]);
   assert.deepEqual((await readAudit(store.db, { action: "mirror." }))[0]?.detail, { n: 1 });
 });
+
+test("migrations import nothing but Kysely and their own frozen code, so live changes cannot change them", async () => {
+  const { readFileSync, readdirSync } = await import("node:fs");
+  const { fileURLToPath } = await import("node:url");
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  const files = ["migrations.ts", ...readdirSync(path.join(here, "migrations")).map((name) => path.join("migrations", name))];
+  const imported = files.flatMap((file) =>
+    [...readFileSync(path.join(here, file), "utf8").matchAll(/^import\b[^;]*?from\s+"([^"]+)"/gm)].map((match) => `${file}: ${match[1]}`),
+  );
+  const live = imported.filter((entry) => !/: (kysely|\.\/migrations\/[^/]+\.ts)$/.test(entry));
+  assert.deepEqual(live, [], "a migration that calls live code changes when that code does: copy what it needs under src/store/migrations/");
+  assert.ok(imported.some((entry) => entry.endsWith(": ./migrations/0008-usage-backfill.ts")), `the scan sees the imports (${imported.join("; ")})`);
+});

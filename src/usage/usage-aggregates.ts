@@ -125,8 +125,8 @@ export function sqliteUpsertSql(granularity: Granularity): string {
 const UPSERT_CHUNK = 1000;
 
 /**
- * Upserts aggregates through Kysely, many per statement: the PostgreSQL flush and the
- * backfill of migration 0008 (both databases). Each (start, key, model) may appear only
+ * Upserts aggregates through Kysely, many per statement: the PostgreSQL flush. (Migration
+ * 0008's backfill has its own frozen copy.) Each (start, key, model) may appear only
  * once per call, which aggregateUsage guarantees and a multi-row upsert requires.
  */
 export async function upsertAggregates(db: Kysely<unknown>, dialect: Dialect, granularity: Granularity, aggregates: readonly Aggregate[]): Promise<void> {

@@ -10,6 +10,7 @@ import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { CHROMIUM, findTool } from "./tools.ts";
 import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
 import { findFreePort } from "../../src/agent/free-port.ts";
 import { startUp } from "./up-demo.ts";
@@ -24,12 +25,9 @@ after(() => {
 const require = createRequire(import.meta.url);
 const AXE_SOURCE = readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
 
-/** Where Chromium is: CHROMIUM_PATH, else Debian's package (.ci/run installs it when missing). */
+/** Where Chromium is: CHROMIUM_PATH, else Debian's package (scripts/provision.sh installs it when missing). */
 export function chromiumPath(): string {
-  const candidates = [process.env.CHROMIUM_PATH, "/usr/bin/chromium", "/usr/bin/chromium-browser"].filter((candidate): candidate is string => candidate !== undefined && candidate !== "");
-  const found = candidates.find((candidate) => existsSync(candidate));
-  assert.ok(found !== undefined, `Chromium is not installed (looked at ${candidates.join(", ")}); install Debian's chromium package or set CHROMIUM_PATH.`);
-  return found;
+  return findTool(CHROMIUM);
 }
 
 export async function launchBrowser(): Promise<Browser> {

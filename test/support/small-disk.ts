@@ -1,7 +1,6 @@
 // A small file system of its own for tests of a full disk: a tmpfs of a few MiB that a
 // test can fill to the last byte and free again. Mounting needs root (CAP_SYS_ADMIN);
-// where that is not allowed, `mountSmallDisk` says why and the test falls back to an
-// injected write failure.
+// where that is not allowed, `mountSmallDisk` says why and the test reports a skip with it.
 import { spawnSync } from "node:child_process";
 import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";

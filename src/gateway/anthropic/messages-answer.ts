@@ -10,7 +10,8 @@ import { randomBytes } from "node:crypto";
 import { sseNamedEvent } from "../../core/http.ts";
 import type { BodyRewriter } from "../relay.ts";
 import type { GatewayRequestBody } from "../request-schemas.ts";
-import { readTokenUsage, type TokenUsage } from "../usage-tap.ts";
+import type { TokenUsage } from "../../core/token-usage.ts";
+import { readTokenUsage } from "../usage-tap.ts";
 import { anthropicErrorBody, upstreamErrorBody } from "./anthropic-errors.ts";
 
 export type StopReason = "end_turn" | "max_tokens" | "stop_sequence";

@@ -16,7 +16,8 @@ import { StringDecoder } from "node:string_decoder";
 import { sseNamedEvent } from "../../core/http.ts";
 import type { BodyRewriter } from "../relay.ts";
 import type { GatewayRequestBody } from "../request-schemas.ts";
-import { readTokenUsage, type TokenUsage } from "../usage-tap.ts";
+import type { TokenUsage } from "../../core/token-usage.ts";
+import { readTokenUsage } from "../usage-tap.ts";
 import { anthropicErrorBody, anthropicErrorType } from "./anthropic-errors.ts";
 import { anthropicUsage, newMessageId, stopOutcome, stopsOf, type StopOutcome } from "./messages-answer.ts";
 

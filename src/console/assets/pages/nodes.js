@@ -5,7 +5,10 @@
 import { html, useEffect, useRef, useState } from "../vendor/preact-htm.js";
 import { api } from "../lib/api.js";
 import { usePoll, useAction } from "../lib/live.js";
-import { Bar, ConfirmDialog, CopyButton, ErrorNote, Loading, StateBadge, Time, formatBytes } from "../lib/ui.js";
+import { Bar, ConfirmDialog, CopyButton, ErrorNote, Loading, StateBadge, Time, formatBytes, formatNumber } from "../lib/ui.js";
+
+// A replica of a small model reserves a quarter or half a core (plan/cpu-share.ts): show "0.75 of 2", not "1 of 2".
+const formatCores = (value) => formatNumber(value, 2);
 
 const nodePath = (name, suffix = "") => `/api/v1/nodes/${encodeURIComponent(name)}${suffix}`;
 
@@ -66,7 +69,7 @@ function NodeCard({ node, index, reload }) {
     <div class="node-bars">
       <div class="field">
         <span class="bar-name">Cores</span>
-        <${Bar} used=${node.cores?.used} total=${node.cores?.total} label=${`Cores of ${node.name}`} />
+        <${Bar} used=${node.cores?.used} total=${node.cores?.total} label=${`Cores of ${node.name}`} format=${formatCores} />
       </div>
       <div class="field">
         <span class="bar-name">Memory</span>

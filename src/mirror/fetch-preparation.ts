@@ -2,9 +2,9 @@
 // (or list the local source), pick the artifact (asked for, or what the plan recommends),
 // name the mirror version, and check everything the mirror would refuse before any byte
 // moves. One function, so `ctl mirror fetch` and `ctl model serve` always pick alike.
-import type { Mirror } from "../mirror/mirror.ts";
-import { defaultMirrorModelName, type MirrorFetchPlan } from "../mirror/mirror-plan.ts";
-import { validateMirrorKey } from "../mirror/mirror-paths.ts";
+import type { Mirror } from "./mirror.ts";
+import { defaultMirrorModelName, type MirrorFetchPlan } from "./mirror-plan.ts";
+import { validateMirrorKey } from "./mirror-paths.ts";
 import type { RepositoryPlan } from "../plan/plan-repository.ts";
 import type { Registry } from "../registry/types.ts";
 import { chooseFetch, type FetchPick, type FetchRequest, type MirrorPlanner } from "./artifact-choice.ts";

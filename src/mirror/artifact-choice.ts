@@ -10,7 +10,7 @@ import type { RepositoryPlan } from "../plan/plan-repository.ts";
 import { DEFAULT_QUANT, chooseArtifact, classifyFiles, type ChooseArtifactOptions, type ListedFile } from "../registry/file-sets.ts";
 import { assertLocalFilesReadable, isLocalSource, listLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
-import { planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "../mirror/mirror-plan.ts";
+import { planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "./mirror-plan.ts";
 
 /** Plans a repository against this server's pool: the planner behind `GET /api/v1/plan`. */
 export type MirrorPlanner = (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<RepositoryPlan>;

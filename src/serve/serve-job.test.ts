@@ -1,0 +1,191 @@
+// The serve job's wait for room, with the real job runner on both stores and a stand-in
+// for the fleet whose nodes are busy until the test frees one: the job ends its run
+// `waiting` (unfinished, its placement step waiting with the placement explanation), keeps
+// waiting through a server restart, and once room frees goes on by itself to a ready
+// replica, the smoke test and done. An on-demand model keeps its replica asked for while
+// the job waits, asks the new server's fleet again after a restart, and lets go at the end.
+import assert from "node:assert/strict";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { silentLogger } from "../core/log.ts";
+import { testBothStores } from "../../test/support/stores.ts";
+import { eventually } from "../../test/support/eventually.ts";
+import type { FleetStatusOfModel } from "../fleet/model-health.ts";
+import { JobRows, type JobRecord } from "./job-rows.ts";
+import type { JobFleet, JobReplica } from "./job-steps.ts";
+import { JobRunner } from "./jobs.ts";
+import { SERVE_STEPS, serveJobHandler, type JobDependencies } from "./serve-job.ts";
+
+const BUSY = ["local: 0.25 of 2 cores free, needs 0.5"];
+
+/** A fleet whose only node is busy until `free()`; then a replica of the model comes up ready. */
+class BusyFleet implements JobFleet {
+  room = false;
+  /** Requests for a replica minus their ends: what the Fleet's demand counts. */
+  asked = 0;
+  private readonly replica: JobReplica = {
+    id: "r-1",
+    profile: "cpu",
+    state: "ready",
+    nodeNames: ["local"],
+    endpoint: { origin: "http://127.0.0.1:1", basePath: "" },
+    engineKey: "k",
+    weightsVerified: true,
+    lastError: null,
+  } as JobReplica;
+
+  replicasByDefinition(): { current: JobReplica[]; outdated: JobReplica[] } {
+    return { current: this.room ? [this.replica] : [], outdated: [] };
+  }
+  status(): FleetStatusOfModel {
+    return { parked: null, unplaceable: this.room ? null : BUSY, weightsProblem: null };
+  }
+  holdOutdated(): () => void {
+    return () => undefined;
+  }
+  requested(): void {
+    this.asked += 1;
+  }
+  finished(): void {
+    this.asked -= 1;
+  }
+}
+
+function model(min: number): CatalogModel {
+  return { id: "model-1", name: "small", definition: { scaling: { min, max: 1, idle_seconds: 60 }, profiles: [{ name: "cpu", engine: "llamacpp" }] } } as unknown as CatalogModel;
+}
+
+function dependencies(options: { fleet: () => JobFleet; served: CatalogModel; smokeTests: string[] }): JobDependencies {
+  return {
+    catalog: { list: () => [options.served], get: () => options.served, resolve: () => options.served },
+    mirror: {},
+    registry: {},
+    get fleet() {
+      return options.fleet();
+    },
+    smokeTest: async (replica: JobReplica) => {
+      options.smokeTests.push(replica.id);
+      return { reply: "Hello!", tokens_per_second: 12, completion_tokens: 3, replica: replica.id, node: "local" };
+    },
+    logger: silentLogger(),
+    replicaTimeoutMs: 60_000,
+  } as unknown as JobDependencies;
+}
+
+/** A serve job as a server left it after its catalog step: the model is added, placement is next. */
+function afterCatalog(id: string): JobRecord {
+  const now = "2026-11-30T10:00:00.000Z";
+  const catalogIndex = SERVE_STEPS.indexOf("catalog");
+  return {
+    id,
+    kind: "serve",
+    state: "queued",
+    request: { repo: "owner/small", name: "small" },
+    model: "small",
+    steps: SERVE_STEPS.map((name, index) => ({ name, state: index <= catalogIndex ? "done" : "pending", detail: null, started_at: null, finished_at: null })),
+    context: { createdModelId: "model-1" },
+    error: null,
+    result: null,
+    resumed: 0,
+    created_by: "admin:root",
+    created_at: now,
+    updated_at: now,
+    finished_at: null,
+  };
+}
+
+const stepOf = (job: { steps: Array<{ name: string; state: string; detail: string | null }> }, name: string) => job.steps.find((step) => step.name === name)!;
+
+testBothStores("a serve job waiting for room goes on by itself once room frees, through a restart, to its smoke test", async (store) => {
+  await new JobRows(store).insert(afterCatalog("job-wait"));
+  const fleet = new BusyFleet();
+  const smokeTests: string[] = [];
+  const deps = dependencies({ fleet: () => fleet, served: model(1), smokeTests });
+  const runner = (handler = serveJobHandler(deps)) => new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+
+  const first = runner();
+  await first.start();
+  const waiting = await eventually("the job to wait", async () => {
+    const job = await first.get("job-wait");
+    return job.state === "waiting" ? job : undefined;
+  });
+  assert.equal(waiting.finished_at, null, "a waiting job is not finished");
+  assert.equal(stepOf(waiting, "placement").state, "waiting");
+  assert.equal(stepOf(waiting, "placement").detail, `waiting for room: ${BUSY[0]}. The job goes on by itself once a node has room.`);
+  assert.equal(stepOf(waiting, "smoke_test").state, "pending");
+  assert.deepEqual((await first.list({ state: "waiting" })).map((job) => job.id), ["job-wait"]);
+
+  // The server restarts while the job waits: the new one watches it; no resume is counted.
+  await first.close();
+  const second = runner();
+  await second.recover();
+  await second.start();
+  assert.equal((await second.get("job-wait")).state, "waiting");
+  assert.deepEqual(smokeTests, [], "nothing is smoke-tested while there is no room");
+
+  fleet.room = true;
+  const done = await eventually("the job to go on and finish", async () => {
+    const job = await second.get("job-wait");
+    return job.state === "done" ? job : undefined;
+  });
+  assert.deepEqual(smokeTests, ["r-1"]);
+  assert.equal(done.resumed, waiting.resumed, "a restart while the job waited counts no resume");
+  assert.match(stepOf(done, "placement").detail ?? "", /^replica r-1 ready on local \(cpu\)/);
+  assert.equal(stepOf(done, "smoke_test").state, "done");
+  assert.deepEqual(done.result, { reply: "Hello!", tokens_per_second: 12, completion_tokens: 3, replica: "r-1", node: "local" });
+  assert.ok(done.finished_at !== null);
+  await second.close();
+});
+
+testBothStores("an on-demand model's replica stays asked for while its serve job waits, is asked of the next leader's fleet, and is let go at the end", async (store) => {
+  await new JobRows(store).insert(afterCatalog("job-demand"));
+  const firstFleet = new BusyFleet();
+  let fleet = firstFleet;
+  const deps = dependencies({ fleet: () => fleet, served: model(0), smokeTests: [] });
+  const runner = () => {
+    const handler = serveJobHandler(deps);
+    return new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  };
+  const first = runner();
+  await first.start();
+  await eventually("the job to wait", async () => (await first.get("job-demand")).state === "waiting");
+  assert.equal(firstFleet.asked, 1, "the waiting job keeps its request, or the model would want no replica");
+  await first.close();
+
+  // The next leader has a fleet of its own, which knows nothing of that request.
+  const secondFleet = new BusyFleet();
+  fleet = secondFleet;
+  const second = runner();
+  await second.start();
+  await eventually("the new fleet to be asked", () => secondFleet.asked === 1);
+  secondFleet.room = true;
+  await eventually("the job done", async () => (await second.get("job-demand")).state === "done");
+  assert.equal(secondFleet.asked, 0, "the request ends with the job");
+  await second.close();
+});
+
+testBothStores("a waiting serve job can be cancelled: the model it added is removed and it never goes on", async (store) => {
+  // Two jobs wait; one is cancelled. When room frees the other goes on, and by then the
+  // runner has looked at every job it watches, so the cancelled one would have gone on too.
+  await new JobRows(store).insert(afterCatalog("job-cancel"));
+  await new JobRows(store).insert(afterCatalog("job-other"));
+  const fleet = new BusyFleet();
+  const removed: string[] = [];
+  const smokeTests: string[] = [];
+  const deps = dependencies({ fleet: () => fleet, served: model(0), smokeTests });
+  (deps.catalog as unknown as { delete: (name: string) => Promise<void> }).delete = async (name) => void removed.push(name);
+  const handler = serveJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  await jobs.start();
+  for (const id of ["job-cancel", "job-other"]) await eventually(`${id} to wait`, async () => (await jobs.get(id)).state === "waiting");
+  assert.equal(fleet.asked, 2);
+  const cancelled = await jobs.cancel("job-cancel");
+  assert.equal(cancelled.state, "cancelled");
+  assert.deepEqual(removed, ["small"]);
+  assert.equal(fleet.asked, 1, "the cancelled job's on-demand request ends with it");
+  fleet.room = true;
+  await eventually("the other job done", async () => (await jobs.get("job-other")).state === "done");
+  assert.equal((await jobs.get("job-cancel")).state, "cancelled");
+  assert.deepEqual(smokeTests, ["r-1"], "only the job that was not cancelled ran its smoke test");
+  assert.equal(fleet.asked, 0);
+  await jobs.close();
+});
