@@ -144,9 +144,8 @@ if (process.env.LLMGW_SKIP_PROVISION !== "1") {
 const build = spawnSync(process.execPath, [fileURLToPath(new URL("./build.mjs", import.meta.url)), "--if-stale"], { stdio: "inherit" });
 if (build.status !== 0) process.exit(build.status ?? 1);
 
-const child = spawn(
-  process.execPath,
-  ["--import", "tsx", "--test", "--test-reporter=spec", "--test-concurrency=2", ...selected],
-  { stdio: "inherit", env: { ...process.env, LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "silent" } },
-);
+const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", "--test-concurrency=2", ...selected], {
+  stdio: "inherit",
+  env: { ...process.env, LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "silent" },
+});
 child.on("exit", (code, signal) => process.exit(code ?? (signal ? 1 : 0)));

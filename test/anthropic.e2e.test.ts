@@ -39,7 +39,9 @@ describe("the Anthropic SDK through llmgw to the bundled engine", () => {
       profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 2048, parallel: 1 }],
     });
     assert.equal(created.status, 201, JSON.stringify(created.body));
-    await eventually("model scripted ready", () => harness.server.replicas.all().some((r) => r.modelName === "scripted" && r.state === "ready"), { timeoutMs: 120_000 });
+    await eventually("model scripted ready", () => harness.server.replicas.all().some((r) => r.modelName === "scripted" && r.state === "ready"), {
+      timeoutMs: 120_000,
+    });
     const key = await harness.admin("POST", "/api/v1/keys", { name: "anthropic-client" });
     assert.equal(key.status, 201, JSON.stringify(key.body));
     keyId = key.body.id;
@@ -77,7 +79,9 @@ describe("the Anthropic SDK through llmgw to the bundled engine", () => {
 
   test("the system prompt reaches the model: it adds to the input tokens", { timeout: 60_000 }, async () => {
     const ask = (system?: string) =>
-      client.messages.create(greedy({ model: "scripted", max_tokens: 2, messages: [{ role: "user" as const, content: "Hello" }], ...(system === undefined ? {} : { system }) }));
+      client.messages.create(
+        greedy({ model: "scripted", max_tokens: 2, messages: [{ role: "user" as const, content: "Hello" }], ...(system === undefined ? {} : { system }) }),
+      );
     const without = await ask();
     const withSystem = await ask("You are a tiny test model. Answer with one good sentence.");
     assert.ok(withSystem.usage.input_tokens > without.usage.input_tokens + 8, `${withSystem.usage.input_tokens} > ${without.usage.input_tokens} + 8`);
@@ -105,7 +109,9 @@ describe("the Anthropic SDK through llmgw to the bundled engine", () => {
   });
 
   test("every request left a usage row with the key, /v1/messages and the token counts", { timeout: 60_000 }, async () => {
-    const streamed = await client.messages.stream(greedy({ model: "scripted", max_tokens: 3, messages: [{ role: "user" as const, content: "Hi" }] })).finalMessage();
+    const streamed = await client.messages
+      .stream(greedy({ model: "scripted", max_tokens: 3, messages: [{ role: "user" as const, content: "Hi" }] }))
+      .finalMessage();
     const rows = await eventually("usage rows of the key", async () => {
       const found = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute();
       return found.length >= 6 ? found : undefined;
@@ -119,7 +125,13 @@ describe("the Anthropic SDK through llmgw to the bundled engine", () => {
 
   test("a wrong key is an AuthenticationError and an unknown model a NotFoundError", { timeout: 60_000 }, async () => {
     const stranger = new Anthropic({ apiKey: "sk-not-a-key", baseURL: harness.url, maxRetries: 0 });
-    await assert.rejects(stranger.messages.create({ model: "scripted", max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }), Anthropic.AuthenticationError);
-    await assert.rejects(client.messages.create({ model: "no-such-model", max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }), Anthropic.NotFoundError);
+    await assert.rejects(
+      stranger.messages.create({ model: "scripted", max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }),
+      Anthropic.AuthenticationError,
+    );
+    await assert.rejects(
+      client.messages.create({ model: "no-such-model", max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }),
+      Anthropic.NotFoundError,
+    );
   });
 });

@@ -76,7 +76,24 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     const dir = path.join(root, `server-${name}`);
     const port = await findFreePort("127.0.0.1");
     const child = spawnLlmgw(
-      ["server", "--data-dir", dir, "--listen", `127.0.0.1:${port}`, "--database", database!.url, "--server-name", name, "--registry", hub.url, "--node-timeout", "6s", "--heartbeat-interval", "1s", ...extra],
+      [
+        "server",
+        "--data-dir",
+        dir,
+        "--listen",
+        `127.0.0.1:${port}`,
+        "--database",
+        database!.url,
+        "--server-name",
+        name,
+        "--registry",
+        hub.url,
+        "--node-timeout",
+        "6s",
+        "--heartbeat-interval",
+        "1s",
+        ...extra,
+      ],
       { LLMGW_CLUSTER_SECRET: SECRET, [LIMITS_CLOCK_ENV]: LIMITS_AT, ...env },
     );
     processes.push(child);
@@ -94,14 +111,27 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     const text = await response.text();
     return { status: response.status, body: text === "" ? null : JSON.parse(text) };
   };
-  const ctl = (name: string, args: string[]) => run(process.execPath, [BIN, "ctl", "--server", urlOf(name), "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (name: string, args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", urlOf(name), "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   const startAgent = (name: string, order: string[]) => {
     const dir = path.join(root, `agent-${name}`);
     mkdirSync(dir, { recursive: true });
     const inventory = path.join(dir, "inventory.json");
     writeFileSync(inventory, JSON.stringify({ cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] }));
     const joinToken = readFileSync(path.join(servers.get("a")!.dir, "join.token"), "utf8").trim();
-    const agent = spawnLlmgw(["agent", "--server", order.map(urlOf).join(","), "--join-token", joinToken, "--name", name, "--data-dir", dir, "--inventory", inventory]);
+    const agent = spawnLlmgw([
+      "agent",
+      "--server",
+      order.map(urlOf).join(","),
+      "--join-token",
+      joinToken,
+      "--name",
+      name,
+      "--data-dir",
+      dir,
+      "--inventory",
+      inventory,
+    ]);
     processes.push(agent);
     return agent;
   };
@@ -121,7 +151,10 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     await startServer("b");
     startAgent("n1", ["a", "b"]);
     startAgent("n2", ["b", "a"]);
-    await eventually("two ready nodes", async () => ((await call("a", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2);
+    await eventually(
+      "two ready nodes",
+      async () => ((await call("a", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2,
+    );
   });
 
   after(async () => {
@@ -134,12 +167,18 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
 
   test("a server given another cluster secret is refused at start, naming the flag", async () => {
     const port = await findFreePort("127.0.0.1");
-    const intruder = spawnLlmgw(["server", "--data-dir", path.join(root, "server-c"), "--listen", `127.0.0.1:${port}`, "--database", database!.url, "--server-name", "c"], {
-      LLMGW_CLUSTER_SECRET: "another-secret-that-is-long-enough-0123456789",
-    });
+    const intruder = spawnLlmgw(
+      ["server", "--data-dir", path.join(root, "server-c"), "--listen", `127.0.0.1:${port}`, "--database", database!.url, "--server-name", "c"],
+      {
+        LLMGW_CLUSTER_SECRET: "another-secret-that-is-long-enough-0123456789",
+      },
+    );
     const code = await intruder.exited;
     assert.notEqual(code, 0);
-    assert.match(intruder.output(), /cluster secret \(from LLMGW_CLUSTER_SECRET\) differs from that of the running servers 'a' \(http:\/\/127\.0\.0\.1:\d+\), 'b' \(http:\/\/127\.0\.0\.1:\d+\) on the same database/);
+    assert.match(
+      intruder.output(),
+      /cluster secret \(from LLMGW_CLUSTER_SECRET\) differs from that of the running servers 'a' \(http:\/\/127\.0\.0\.1:\d+\), 'b' \(http:\/\/127\.0\.0\.1:\d+\) on the same database/,
+    );
     assert.match(intruder.output(), /pass the same --cluster-secret-file \(or LLMGW_CLUSTER_SECRET\) to every one of them/);
   });
 
@@ -170,7 +209,9 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
       profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 2, hardware: { cpu: { min_memory_gb: 2 } } }],
     });
     assert.equal(created.status, 201, JSON.stringify(created.body));
-    await eventually("two ready replicas seen through b", async () => (await call("b", "GET", "/api/v1/models/tiny")).body.health?.ready === 2, { timeoutMs: 120_000 });
+    await eventually("two ready replicas seen through b", async () => (await call("b", "GET", "/api/v1/models/tiny")).body.health?.ready === 2, {
+      timeoutMs: 120_000,
+    });
     const key = (await call("a", "POST", "/api/v1/keys", { name: "app" })).body.key as string;
     const client = new OpenAI({ baseURL: `${urlOf("b")}/v1`, apiKey: key, maxRetries: 0 });
     const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 3 });
@@ -223,7 +264,10 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
       },
       { timeoutMs: 120_000 },
     );
-    assert.deepEqual(health.replicas.map((r: any) => [r.nodes[0], r.weights_verified]).sort(), [["n1", true], ["n2", true]]);
+    assert.deepEqual(health.replicas.map((r: any) => [r.nodes[0], r.weights_verified]).sort(), [
+      ["n1", true],
+      ["n2", true],
+    ]);
     const cached = path.join(root, "agent-n2", "weights", "mirrored", version!, ...file.split("/"));
     assert.deepEqual(readFileSync(cached), readFileSync(modelFile), "n2's cache holds the bytes it got through b");
   });
@@ -233,7 +277,9 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     hub.setFault({ kind: "hang", match: "/cdn/" });
     const job = (await call("a", "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "served", quant: "Q4_K_M" })).body;
     assert.ok(typeof job.id === "string", JSON.stringify(job));
-    await eventually("the job at its mirror step on a", async () => ((await call("a", "GET", `/api/v1/jobs/${job.id}`)).body.steps as any[]).some((s) => s.name === "mirror" && s.state === "running"));
+    await eventually("the job at its mirror step on a", async () =>
+      ((await call("a", "GET", `/api/v1/jobs/${job.id}`)).body.steps as any[]).some((s) => s.name === "mirror" && s.state === "running"),
+    );
 
     // Clients that retry as the SDK does (2 retries, on connection errors, 408, 409, 429 and
     // 5xx), through the load balancer in front of both servers.
@@ -268,7 +314,14 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
 
     // The key's limit holds across the leader's loss: exactly its 3 requests left, through b.
     const limited = await Promise.all(
-      Array.from({ length: 6 }, () => limitedOn("b").chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 1 }).then(() => "ok", (error: unknown) => error)),
+      Array.from({ length: 6 }, () =>
+        limitedOn("b")
+          .chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 1 })
+          .then(
+            () => "ok",
+            (error: unknown) => error,
+          ),
+      ),
     );
     assert.equal(limited.filter((r) => r === "ok").length, 3, limited.map(String).join("; "));
     assert.ok(limited.filter((r) => r !== "ok").every((error) => error instanceof OpenAI.RateLimitError && error.code === "rate_limit_exceeded"));
@@ -279,7 +332,9 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     // The node caches keep working while the only server holding 'mirrored' is down: b
     // places a third replica from what a read of its weights, and a node starts it from its cache.
     assert.equal((await call("b", "PATCH", "/api/v1/models/mirrored", { scaling: { min: 3, max: 3 } })).status, 200);
-    await eventually("three ready replicas of mirrored", async () => (await call("b", "GET", "/api/v1/models/mirrored/health")).body.ready === 3, { timeoutMs: 120_000 });
+    await eventually("three ready replicas of mirrored", async () => (await call("b", "GET", "/api/v1/models/mirrored/health")).body.ready === 3, {
+      timeoutMs: 120_000,
+    });
 
     // The job a was running resumes on b once the Hub answers again.
     hub.setFault(null);
@@ -295,20 +350,33 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.ok(finished.resumed >= 1, "the job was resumed by the new leader");
 
     // The agents reach b now and their nodes were never lost.
-    await eventually("both nodes ready through b", async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2);
+    await eventually(
+      "both nodes ready through b",
+      async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2,
+    );
     const lost = (await call("b", "GET", "/api/v1/events?kind=node_lost")).body.data as any[];
     assert.deepEqual(lost, [], "no node was taken for lost while its agent switched servers");
-    await eventually("the agents' heartbeats to reach b", async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).every((n) => n.last_heartbeat > aGoneAt));
+    await eventually("the agents' heartbeats to reach b", async () =>
+      ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).every((n) => n.last_heartbeat > aGoneAt),
+    );
 
     const before = answered;
     await eventually("clients answered after the takeover", () => answered >= before + 4).catch(async (error: Error) => {
       const health = (await call("b", "GET", "/api/v1/models/tiny/health")).body;
-      throw new Error(`${error.message}; answered ${answered}, failures ${failures.map(String).join("; ")}; tiny on b: ${JSON.stringify(health)}\nb's log:\n${servers.get("b")!.process.output().slice(-6000)}`);
+      throw new Error(
+        `${error.message}; answered ${answered}, failures ${failures.map(String).join("; ")}; tiny on b: ${JSON.stringify(health)}\nb's log:\n${servers.get("b")!.process.output().slice(-6000)}`,
+      );
     });
     stop = true;
     await Promise.all(clients);
     assert.deepEqual(failures.map(String), [], "no request failed for a client that retries");
     const cluster = (await call("b", "GET", "/api/v1/cluster")).body;
-    assert.deepEqual(cluster.servers.map((s: any) => [s.name, s.live, s.leader]), [["a", false, false], ["b", true, true]]);
+    assert.deepEqual(
+      cluster.servers.map((s: any) => [s.name, s.live, s.leader]),
+      [
+        ["a", false, false],
+        ["b", true, true],
+      ],
+    );
   });
 });

@@ -132,7 +132,9 @@ describe("the Models and Nodes pages", () => {
     assert.equal(await maxField.inputValue(), String(before.scaling.max), "the form starts from the model's scaling");
     await maxField.fill(String(newMax));
     await demo.getByRole("button", { name: "Save scaling" }).click();
-    const after = await eventually("the API to show the new max", async () => (await models()).find((model) => model.name === "demo" && model.scaling.max === newMax));
+    const after = await eventually("the API to show the new max", async () =>
+      (await models()).find((model) => model.name === "demo" && model.scaling.max === newMax),
+    );
     assert.equal(after.scaling.min, before.scaling.min, "min replicas unchanged");
     assert.equal(after.scaling.idle_seconds, before.scaling.idle_seconds, "idle seconds unchanged");
     // The form closes and the page follows the change.
@@ -190,7 +192,11 @@ describe("the Models and Nodes pages", () => {
         },
         { url: uiModule, used, total },
       );
-      const shown = { text: await memory.getAttribute("aria-valuetext"), now: await memory.getAttribute("aria-valuenow"), max: await memory.getAttribute("aria-valuemax") };
+      const shown = {
+        text: await memory.getAttribute("aria-valuetext"),
+        now: await memory.getAttribute("aria-valuenow"),
+        max: await memory.getAttribute("aria-valuemax"),
+      };
       return shown.text === text && shown.now === String(used) && shown.max === String(total) ? { text, used, total } : undefined;
     });
     assert.match(expected.text, /^\d+(\.\d)? (B|KB|MB|GB|TB) of \d+(\.\d)? (B|KB|MB|GB|TB)$/, "memory in bytes units, used of total");
@@ -228,7 +234,10 @@ describe("the Models and Nodes pages", () => {
     await assertAccessible(page, "models with the remove dialog open");
     await dialog.getByRole("button", { name: "Cancel" }).click();
     await dialog.waitFor({ state: "detached", ...WAIT });
-    assert.ok((await models()).some((model) => model.name === "demo"), "cancelling removes nothing");
+    assert.ok(
+      (await models()).some((model) => model.name === "demo"),
+      "cancelling removes nothing",
+    );
 
     await demo.getByRole("button", { name: "Remove", exact: true }).click();
     await dialog.waitFor(WAIT);

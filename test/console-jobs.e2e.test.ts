@@ -10,7 +10,18 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser, Page } from "playwright-core";
-import { assertAccessible, assertNoPageErrors, goTo, launchBrowser, logIn, openConsole, screenshot, startConsoleUp, type ConsolePage, type ConsoleUp } from "./support/console-browser.ts";
+import {
+  assertAccessible,
+  assertNoPageErrors,
+  goTo,
+  launchBrowser,
+  logIn,
+  openConsole,
+  screenshot,
+  startConsoleUp,
+  type ConsolePage,
+  type ConsoleUp,
+} from "./support/console-browser.ts";
 import { eventually } from "./support/eventually.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
@@ -109,7 +120,16 @@ describe("console: the Jobs page", () => {
     // Step 1: the plan, as GET /api/v1/plan has it, with the pool's node and the file the job will take.
     await fillServeForm(page, { repo: GGUF_REPO, name: "tiny", aliases: "tiny-alias, small", context: "4096" });
     await showPlan(page);
-    const planned = (await admin<{ plan: { options: unknown[]; recommendation: { artifact: { id: string; label: string } }; artifacts: Array<{ id: string; files: string[] }>; explanation: string } }>("GET", `/api/v1/plan?repo=${encodeURIComponent(GGUF_REPO)}&context=4096`)).body.plan;
+    const planned = (
+      await admin<{
+        plan: {
+          options: unknown[];
+          recommendation: { artifact: { id: string; label: string } };
+          artifacts: Array<{ id: string; files: string[] }>;
+          explanation: string;
+        };
+      }>("GET", `/api/v1/plan?repo=${encodeURIComponent(GGUF_REPO)}&context=4096`)
+    ).body.plan;
     const chosenFile = planned.artifacts.find((artifact) => artifact.id === planned.recommendation.artifact.id)?.files[0];
     assert.ok(chosenFile !== undefined, "the plan names the recommended artifact's file");
     await page.getByRole("heading", { level: 3, name: "Plan for a 4,096-token context" }).waitFor();
@@ -118,8 +138,14 @@ describe("console: the Jobs page", () => {
     assert.equal(await planTable.locator("tbody tr").count(), planned.options.length, "a row per option of the plan");
     const recommendedRow = planTable.locator("tbody tr", { hasText: "Recommended" });
     assert.equal(await recommendedRow.count(), 1, "one row is marked recommended");
-    assert.match(await recommendedRow.innerText(), new RegExp(`${planned.recommendation.artifact.label}[\\s\\S]*${chosenFile.replace(/\./g, "\\.")}[\\s\\S]*CPU[\\s\\S]*yes`));
-    assert.match(await page.locator("section.plan").innerText(), new RegExp(`Serve takes ${planned.recommendation.artifact.label} \\(recommended\\): ${chosenFile.replace(/\./g, "\\.")}`));
+    assert.match(
+      await recommendedRow.innerText(),
+      new RegExp(`${planned.recommendation.artifact.label}[\\s\\S]*${chosenFile.replace(/\./g, "\\.")}[\\s\\S]*CPU[\\s\\S]*yes`),
+    );
+    assert.match(
+      await page.locator("section.plan").innerText(),
+      new RegExp(`Serve takes ${planned.recommendation.artifact.label} \\(recommended\\): ${chosenFile.replace(/\./g, "\\.")}`),
+    );
     const nodes = (await admin<{ data: Array<{ name: string }> }>("GET", "/api/v1/nodes")).body.data;
     assert.ok(nodes.length >= 1);
     for (const node of nodes) await page.locator("table.plan-nodes").getByRole("cell", { name: node.name, exact: true }).waitFor();
@@ -131,19 +157,35 @@ describe("console: the Jobs page", () => {
     const started = await job(id);
     assert.equal(started.kind, "serve");
     assert.deepEqual(
-      { repo: started.request.repo, name: started.request.name, aliases: started.request.aliases, ctx_pool: started.request.ctx_pool, replicas: started.request.replicas },
+      {
+        repo: started.request.repo,
+        name: started.request.name,
+        aliases: started.request.aliases,
+        ctx_pool: started.request.ctx_pool,
+        replicas: started.request.replicas,
+      },
       { repo: GGUF_REPO, name: "tiny", aliases: ["tiny-alias", "small"], ctx_pool: 4096, replicas: 1 },
       "the job was asked what the form says",
     );
     await page.locator(".job-state .badge", { hasText: /^done$/ }).waitFor({ timeout: JOB_TIMEOUT_MS });
     const finished = await job(id);
     assert.equal(finished.state, "done", `the job ended done: ${finished.error}`);
-    assert.ok(finished.steps.every((step) => step.state === "done"), "every step is done");
+    assert.ok(
+      finished.steps.every((step) => step.state === "done"),
+      "every step is done",
+    );
     // The page polls: once it shows done it shows the finished job's steps as the API has them.
-    await eventually("the page's steps to match the API's", async () => {
-      assert.deepEqual(await shownSteps(page), finished.steps.map((step) => ({ name: step.name, state: step.state, detail: step.detail })));
-      return true;
-    }, { timeoutMs: UI_TIMEOUT_MS });
+    await eventually(
+      "the page's steps to match the API's",
+      async () => {
+        assert.deepEqual(
+          await shownSteps(page),
+          finished.steps.map((step) => ({ name: step.name, state: step.state, detail: step.detail })),
+        );
+        return true;
+      },
+      { timeoutMs: UI_TIMEOUT_MS },
+    );
     const mirror = finished.steps.find((step) => step.name === "mirror");
     assert.ok(mirror?.progress !== undefined, "the mirror step reported progress");
     const bar = page.locator('li[data-step="mirror"] [role="meter"]');
@@ -208,12 +250,16 @@ describe("console: the Jobs page", () => {
       const bar = page.locator('li[data-step="mirror"] [role="meter"]');
       await bar.waitFor({ timeout: UI_TIMEOUT_MS });
       // The bar shows the bytes the job reports, once the two agree (the job writes its progress once a second).
-      const progress = await eventually("the page's bar to show the API's mirror progress", async () => {
-        const mirror = (await job(id)).steps.find((step) => step.name === "mirror");
-        if (mirror?.state !== "running" || mirror.progress === undefined) return undefined;
-        const shown = { now: await bar.getAttribute("aria-valuenow"), max: await bar.getAttribute("aria-valuemax") };
-        return shown.now === String(mirror.progress.bytes_done) && shown.max === String(mirror.progress.bytes_total) ? mirror.progress : undefined;
-      }, { timeoutMs: UI_TIMEOUT_MS });
+      const progress = await eventually(
+        "the page's bar to show the API's mirror progress",
+        async () => {
+          const mirror = (await job(id)).steps.find((step) => step.name === "mirror");
+          if (mirror?.state !== "running" || mirror.progress === undefined) return undefined;
+          const shown = { now: await bar.getAttribute("aria-valuenow"), max: await bar.getAttribute("aria-valuemax") };
+          return shown.now === String(mirror.progress.bytes_done) && shown.max === String(mirror.progress.bytes_total) ? mirror.progress : undefined;
+        },
+        { timeoutMs: UI_TIMEOUT_MS },
+      );
       assert.ok(progress.bytes_done < progress.bytes_total, "the download is held part way");
       assert.equal(await page.locator('li[data-step="mirror"] .badge').first().textContent(), "running");
       await assertAccessible(page, "jobs, a running job");
@@ -249,7 +295,10 @@ describe("console: the Jobs page", () => {
     await page.getByRole("button", { name: "Show plan" }).click();
     const refusedPlan = await admin<{ error: { message: string } }>("GET", `/api/v1/plan?repo=${encodeURIComponent("not a repository")}`);
     assert.equal(refusedPlan.status, 400);
-    await page.getByRole("alert").filter({ hasText: `Could not plan: ${refusedPlan.body.error.message}` }).waitFor({ timeout: UI_TIMEOUT_MS });
+    await page
+      .getByRole("alert")
+      .filter({ hasText: `Could not plan: ${refusedPlan.body.error.message}` })
+      .waitFor({ timeout: UI_TIMEOUT_MS });
     assert.equal(await page.getByRole("button", { name: "Serve", exact: true }).isDisabled(), true, "no Serve without a plan");
 
     // A name the catalog already has: the job is refused at the door.
@@ -258,7 +307,10 @@ describe("console: the Jobs page", () => {
     await page.getByRole("button", { name: "Serve", exact: true }).click();
     const refusedServe = await admin<{ error: { message: string } }>("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "tiny" });
     assert.equal(refusedServe.status, 409);
-    await page.getByRole("alert").filter({ hasText: `Could not start the job: ${refusedServe.body.error.message}` }).waitFor({ timeout: UI_TIMEOUT_MS });
+    await page
+      .getByRole("alert")
+      .filter({ hasText: `Could not start the job: ${refusedServe.body.error.message}` })
+      .waitFor({ timeout: UI_TIMEOUT_MS });
     assert.match(new URL(page.url()).hash, /^#\/jobs$/, "the page stays on the form");
 
     // A quant the repository does not have: the plan says so, and the job fails at its registry step.
@@ -271,7 +323,10 @@ describe("console: the Jobs page", () => {
     assert.equal(failed.state, "failed");
     assert.ok(failed.error !== null);
     assert.equal(failed.steps.find((step) => step.state === "failed")?.name, "registry");
-    await page.getByRole("alert").filter({ hasText: `Failed at step registry: ${failed.error}` }).waitFor({ timeout: UI_TIMEOUT_MS });
+    await page
+      .getByRole("alert")
+      .filter({ hasText: `Failed at step registry: ${failed.error}` })
+      .waitFor({ timeout: UI_TIMEOUT_MS });
     await page.locator(`tr[data-job="${id}"]`).filter({ hasText: "failed" }).waitFor({ timeout: UI_TIMEOUT_MS });
     assert.match(await page.locator(`tr[data-job="${id}"]`).innerText(), /serve\s+tiny-q3\s+failed\s+registry/, "the list says where the job failed");
     await assertAccessible(page, "jobs, a failed job");

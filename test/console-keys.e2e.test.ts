@@ -8,7 +8,18 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser, Page } from "playwright-core";
-import { assertAccessible, assertNoPageErrors, goTo, launchBrowser, logIn, openConsole, screenshot, startConsoleUp, type ConsolePage, type ConsoleUp } from "./support/console-browser.ts";
+import {
+  assertAccessible,
+  assertNoPageErrors,
+  goTo,
+  launchBrowser,
+  logIn,
+  openConsole,
+  screenshot,
+  startConsoleUp,
+  type ConsolePage,
+  type ConsoleUp,
+} from "./support/console-browser.ts";
 import { eventually } from "./support/eventually.ts";
 
 const PHONE = { width: 390, height: 844 };
@@ -47,7 +58,9 @@ describe("the Keys, Usage and Events pages", () => {
     if ((await page.content()).includes(text)) return true;
     return page.evaluate((needle) => {
       const browser = globalThis as unknown as { localStorage: object; sessionStorage: object; location: { href: string } };
-      return [JSON.stringify({ ...browser.localStorage }), JSON.stringify({ ...browser.sessionStorage }), browser.location.href].some((place) => place.includes(needle));
+      return [JSON.stringify({ ...browser.localStorage }), JSON.stringify({ ...browser.sessionStorage }), browser.location.href].some((place) =>
+        place.includes(needle),
+      );
     }, text);
   }
 
@@ -77,12 +90,16 @@ describe("the Keys, Usage and Events pages", () => {
     // The list shows the key as the API has it: its limits, and a budget bar of what it spent.
     const listed = (await call("/api/v1/keys")).body.data.find((candidate: { name: string }) => candidate.name === name);
     assert.ok(listed, "GET /api/v1/keys lists the new key");
-    assert.deepEqual([listed.role, listed.allowed_models, listed.budget_usd, listed.budget_period, listed.rpm, listed.tpm], ["client", ["demo"], 5, "month", 60, 10000]);
+    assert.deepEqual(
+      [listed.role, listed.allowed_models, listed.budget_usd, listed.budget_period, listed.rpm, listed.tpm],
+      ["client", ["demo"], 5, "month", 60, 10000],
+    );
     assert.equal(key.slice(0, listed.prefix.length), listed.prefix);
     const row = page.locator(`tr[data-key-id="${listed.id}"]`);
     await row.waitFor({ timeout: 20_000 });
     const rowText = await row.innerText();
-    for (const fact of [listed.prefix, "client", "demo", "60 rpm", "10,000 tpm", "active"]) assert.ok(rowText.includes(fact), `the row shows ${fact}: ${rowText}`);
+    for (const fact of [listed.prefix, "client", "demo", "60 rpm", "10,000 tpm", "active"])
+      assert.ok(rowText.includes(fact), `the row shows ${fact}: ${rowText}`);
     assert.equal(await row.locator(".key-name").innerText(), name, "the name is shown as typed");
     assert.equal(await row.locator(".key-name i").count(), 0, "markup in the name is not markup on the page");
     const budgetBar = row.getByRole("meter", { name: `Budget of key '${name}' spent` });
@@ -129,10 +146,14 @@ describe("the Keys, Usage and Events pages", () => {
     await goTo(page, "Usage");
     await page.getByRole("heading", { level: 2, name: "Totals by model" }).waitFor({ timeout: 20_000 });
     const lastHour = () => `from=${encodeURIComponent(new Date(Date.now() - 3_600_000).toISOString())}`;
-    const demoRequests = async () => (await call(`/api/v1/usage?${lastHour()}&group_by=model`)).body.data.find((row: { model: string }) => row.model === "demo")?.requests ?? 0;
+    const demoRequests = async () =>
+      (await call(`/api/v1/usage?${lastHour()}&group_by=model`)).body.data.find((row: { model: string }) => row.model === "demo")?.requests ?? 0;
     const before = await demoRequests();
     for (let sent = 0; sent < CHATS; sent += 1) {
-      const chat = await call("/v1/chat/completions", { method: "POST", body: { model: "demo", messages: [{ role: "user", content: `Hello ${sent}` }], max_tokens: 4 } });
+      const chat = await call("/v1/chat/completions", {
+        method: "POST",
+        body: { model: "demo", messages: [{ role: "user", content: `Hello ${sent}` }], max_tokens: 4 },
+      });
       assert.equal(chat.status, 200, JSON.stringify(chat.body));
     }
     const expected = before + CHATS;
@@ -140,26 +161,39 @@ describe("the Keys, Usage and Events pages", () => {
 
     // The page follows by itself (no reload): the table's row for demo, then the chart's summary.
     const demoRow = page.locator('table.usage-totals tr[data-group="demo"]');
-    await eventually("the Usage table to show the chats", async () => (await demoRow.locator("td").first().innerText()) === String(expected), { timeoutMs: 30_000, intervalMs: 250 });
+    await eventually("the Usage table to show the chats", async () => (await demoRow.locator("td").first().innerText()) === String(expected), {
+      timeoutMs: 30_000,
+      intervalMs: 250,
+    });
     const perMinute = (await call(`/api/v1/usage?${lastHour()}&group_by=minute`)).body.data as Array<{ requests: number }>;
     const busiestMinute = Math.max(...perMinute.map((row) => row.requests));
     const requestsChart = page.getByRole("figure", { name: "Requests" });
-    const summary = await eventually("the requests chart's summary", async () => {
-      const text = await requestsChart.locator("figcaption").innerText();
-      return text.startsWith(`Requests: ${expected} in the last hour`) ? text : false;
-    }, { timeoutMs: 30_000, intervalMs: 250 });
+    const summary = await eventually(
+      "the requests chart's summary",
+      async () => {
+        const text = await requestsChart.locator("figcaption").innerText();
+        return text.startsWith(`Requests: ${expected} in the last hour`) ? text : false;
+      },
+      { timeoutMs: 30_000, intervalMs: 250 },
+    );
     assert.match(summary, new RegExp(`at most ${busiestMinute} in one minute .*demo ${expected}`), summary);
     // uPlot drew on a canvas as wide as its box.
     const canvas = requestsChart.locator("canvas");
     const [canvasBox, figureBox] = [await canvas.boundingBox(), await requestsChart.boundingBox()];
-    assert.ok(canvasBox !== null && figureBox !== null && canvasBox.width > 300 && canvasBox.width <= figureBox.width, `the chart fits its box (${canvasBox?.width} in ${figureBox?.width})`);
+    assert.ok(
+      canvasBox !== null && figureBox !== null && canvasBox.width > 300 && canvasBox.width <= figureBox.width,
+      `the chart fits its box (${canvasBox?.width} in ${figureBox?.width})`,
+    );
 
     // By key: the chats were made with the admin key, named 'admin'.
     await page.getByLabel("By", { exact: true }).selectOption("key");
     await page.getByRole("heading", { level: 2, name: "Totals by key" }).waitFor({ timeout: 20_000 });
     const adminUsage = (await call(`/api/v1/usage?${lastHour()}&group_by=key`)).body.data.find((row: { key: string }) => row.key === "admin");
     const adminRow = page.locator('table.usage-totals tr[data-group="admin"]');
-    await eventually("the Usage table by key", async () => (await adminRow.locator("td").first().innerText()) === String(adminUsage.requests), { timeoutMs: 20_000, intervalMs: 250 });
+    await eventually("the Usage table by key", async () => (await adminRow.locator("td").first().innerText()) === String(adminUsage.requests), {
+      timeoutMs: 20_000,
+      intervalMs: 250,
+    });
     await page.getByLabel("By", { exact: true }).selectOption("model");
     await demoRow.waitFor({ timeout: 20_000 });
 
@@ -213,7 +247,8 @@ describe("the Keys, Usage and Events pages", () => {
     const phone = await openConsole(browser, up.url, PHONE);
     const { page } = phone;
     await logIn(page, up.adminKey);
-    const pageWidth = () => page.evaluate(() => (globalThis as unknown as { document: { documentElement: { scrollWidth: number } } }).document.documentElement.scrollWidth);
+    const pageWidth = () =>
+      page.evaluate(() => (globalThis as unknown as { document: { documentElement: { scrollWidth: number } } }).document.documentElement.scrollWidth);
 
     await goTo(page, "Keys");
     await page.locator("table.keys-table").waitFor({ timeout: 20_000 });

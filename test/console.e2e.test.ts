@@ -8,7 +8,17 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser } from "playwright-core";
 import { eventually } from "./support/eventually.ts";
-import { assertAccessible, assertNoPageErrors, goTo, launchBrowser, logIn, openConsole, screenshot, startConsoleUp, type ConsoleUp } from "./support/console-browser.ts";
+import {
+  assertAccessible,
+  assertNoPageErrors,
+  goTo,
+  launchBrowser,
+  logIn,
+  openConsole,
+  screenshot,
+  startConsoleUp,
+  type ConsoleUp,
+} from "./support/console-browser.ts";
 
 const PAGES = ["Models", "Nodes", "Jobs", "Keys", "Usage", "Events", "Playground"];
 
@@ -60,7 +70,11 @@ describe("the console, as a newcomer uses it", () => {
     assert.equal(session.sameSite, "Strict");
     assert.notEqual(session.value, up.adminKey);
     const stored = await page.evaluate(() => {
-      const w = globalThis as unknown as { document: { cookie: string; documentElement: { outerHTML: string } }; localStorage: { length: number }; sessionStorage: { length: number } };
+      const w = globalThis as unknown as {
+        document: { cookie: string; documentElement: { outerHTML: string } };
+        localStorage: { length: number };
+        sessionStorage: { length: number };
+      };
       return { cookie: w.document.cookie, local: w.localStorage.length, session: w.sessionStorage.length, html: w.document.documentElement.outerHTML };
     });
     assert.equal(stored.cookie, "", "the page cannot read the session cookie");
@@ -76,7 +90,11 @@ describe("the console, as a newcomer uses it", () => {
     const typed = `<img src=x onerror="globalThis.injected=1">Hello`;
     await page.getByLabel("Message").fill(typed);
     await page.evaluate(() => {
-      const w = globalThis as unknown as { lengths: number[]; document: { querySelector(s: string): { querySelectorAll(s: string): { textContent: string | null }[] } } ; MutationObserver: new (cb: () => void) => { observe(target: unknown, options: unknown): void } };
+      const w = globalThis as unknown as {
+        lengths: number[];
+        document: { querySelector(s: string): { querySelectorAll(s: string): { textContent: string | null }[] } };
+        MutationObserver: new (cb: () => void) => { observe(target: unknown, options: unknown): void };
+      };
       w.lengths = [];
       const log = w.document.querySelector("[role=log]");
       new w.MutationObserver(() => {
@@ -129,15 +147,27 @@ describe("the console, as a newcomer uses it", () => {
     await context.close();
   });
 
-  for (const viewport of [{ width: 1280, height: 800, name: "desktop" }, { width: 390, height: 844, name: "phone" }]) {
-    test(`every page at ${viewport.width}×${viewport.height}: its heading, no serious axe-core violation, no sideways scrolling`, { timeout: 180_000 }, async () => {
+  for (const viewport of [
+    { width: 1280, height: 800, name: "desktop" },
+    { width: 390, height: 844, name: "phone" },
+  ]) {
+    test(`every page at ${viewport.width}×${viewport.height}: its heading, no serious axe-core violation, no sideways scrolling`, {
+      timeout: 180_000,
+    }, async () => {
       const consolePage = await openConsole(browser, up.url, { width: viewport.width, height: viewport.height });
       const { page, context } = consolePage;
       await logIn(page, up.adminKey);
       for (const name of PAGES) {
         await goTo(page, name);
         // The page is judged once its first load has landed, not while it says "Loading…".
-        await eventually(`${name} to load`, async () => (await page.getByRole("status").filter({ hasText: /^Loading/ }).count()) === 0);
+        await eventually(
+          `${name} to load`,
+          async () =>
+            (await page
+              .getByRole("status")
+              .filter({ hasText: /^Loading/ })
+              .count()) === 0,
+        );
         await assertAccessible(page, `${name} at ${viewport.name} width`);
         const overflow = await page.evaluate(() => {
           const w = globalThis as unknown as { document: { documentElement: { scrollWidth: number } }; innerWidth: number };
@@ -151,11 +181,16 @@ describe("the console, as a newcomer uses it", () => {
       await page.locator("a.skip").focus();
       await page.keyboard.press("Tab");
       const outline = await page.evaluate(() => {
-        const w = globalThis as unknown as { document: { activeElement: unknown }; getComputedStyle(e: unknown): { outlineStyle: string; outlineWidth: string } };
+        const w = globalThis as unknown as {
+          document: { activeElement: unknown };
+          getComputedStyle(e: unknown): { outlineStyle: string; outlineWidth: string };
+        };
         const style = w.getComputedStyle(w.document.activeElement);
         return `${style.outlineStyle} ${style.outlineWidth}`;
       });
-      const focused = await page.evaluate(() => (globalThis as unknown as { document: { activeElement: { textContent: string | null } | null } }).document.activeElement?.textContent);
+      const focused = await page.evaluate(
+        () => (globalThis as unknown as { document: { activeElement: { textContent: string | null } | null } }).document.activeElement?.textContent,
+      );
       assert.equal(focused, "Models", "Tab from the skip link reaches the first link of the navigation");
       assert.doesNotMatch(outline, /^none|\s0px$/, `the focused link shows a focus ring (${outline})`);
       await page.keyboard.press("Enter");
@@ -165,7 +200,9 @@ describe("the console, as a newcomer uses it", () => {
     });
   }
 
-  test("a lost connection is shown and recovers by itself; a session ended elsewhere returns to the login form; logging out ends the session", { timeout: 120_000 }, async () => {
+  test("a lost connection is shown and recovers by itself; a session ended elsewhere returns to the login form; logging out ends the session", {
+    timeout: 120_000,
+  }, async () => {
     const consolePage = await openConsole(browser, up.url);
     const { page, context } = consolePage;
     await logIn(page, up.adminKey);

@@ -84,7 +84,10 @@ describe("ctl against a server started with its own data dir", () => {
     const state = async () => ((await harness.admin("GET", "/api/v1/nodes/cpu-01")).body as { state: string }).state;
 
     const drained = await ctl(withDataDir(["node", "drain", "cpu-01"]));
-    assert.equal(drained.stdout, "Node 'cpu-01' is draining: nothing new is placed there, and it runs no replicas. 'llmgw ctl node undrain cpu-01' ends the drain.\n");
+    assert.equal(
+      drained.stdout,
+      "Node 'cpu-01' is draining: nothing new is placed there, and it runs no replicas. 'llmgw ctl node undrain cpu-01' ends the drain.\n",
+    );
     assert.equal(await state(), "draining");
 
     const undrained = await ctl(withDataDir(["node", "undrain", "cpu-01"]));
@@ -103,7 +106,8 @@ describe("ctl against a server started with its own data dir", () => {
     const failed = await ctlFails(["model", "list"], home);
     assert.equal(failed.code, 1);
     assert.match(failed.stderr, new RegExp(`no ${path.join(home, ".llmgw", ADMIN_KEY_FILE).replace(/[.]/g, "\\.")}`));
-    for (const named of ["--data-dir", "LLMGW_DATA_DIR", "--key", "LLMGW_KEY"]) assert.ok(failed.stderr.includes(named), `the error names ${named}: ${failed.stderr}`);
+    for (const named of ["--data-dir", "LLMGW_DATA_DIR", "--key", "LLMGW_KEY"])
+      assert.ok(failed.stderr.includes(named), `the error names ${named}: ${failed.stderr}`);
     // As the error says: the server's data dir finds its address and key.
     const { stdout } = await ctl(withDataDir(["model", "list"]), home);
     assert.doesNotMatch(stdout, /error/i);
@@ -117,6 +121,7 @@ describe("ctl against a server started with its own data dir", () => {
     const failed = await ctlFails(["--server", harness.url, "model", "list"], home);
     assert.equal(failed.code, 1);
     assert.ok(failed.stderr.includes(`ctl read the admin key from ${path.join(home, ".llmgw", ADMIN_KEY_FILE)}`), failed.stderr);
-    for (const named of ["--data-dir", "LLMGW_DATA_DIR", "--key", "LLMGW_KEY"]) assert.ok(failed.stderr.includes(named), `the error names ${named}: ${failed.stderr}`);
+    for (const named of ["--data-dir", "LLMGW_DATA_DIR", "--key", "LLMGW_KEY"])
+      assert.ok(failed.stderr.includes(named), `the error names ${named}: ${failed.stderr}`);
   });
 });

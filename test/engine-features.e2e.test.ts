@@ -60,7 +60,14 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
 
   test("structured outputs: chat.completions.parse with a zod schema, json_object, and a schema keyword the grammar cannot enforce", async () => {
     for (const temperature of [0, 1]) {
-      const parsed = await client.chat.completions.parse({ model: "demo", messages: ask, response_format: zodResponseFormat(Pet, "pet"), max_tokens: 400, temperature, seed: 3 });
+      const parsed = await client.chat.completions.parse({
+        model: "demo",
+        messages: ask,
+        response_format: zodResponseFormat(Pet, "pet"),
+        max_tokens: 400,
+        temperature,
+        seed: 3,
+      });
       count(parsed.usage);
       const choice = parsed.choices[0]!;
       assert.equal(choice.finish_reason, "stop", choice.message.content ?? "");
@@ -83,13 +90,27 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     }
     Pet.parse(JSON.parse(text));
 
-    const object = await client.chat.completions.create({ model: "demo", messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 5 });
+    const object = await client.chat.completions.create({
+      model: "demo",
+      messages: ask,
+      response_format: { type: "json_object" },
+      max_tokens: 1500,
+      temperature: 1,
+      seed: 5,
+    });
     count(object.usage);
     const value: unknown = JSON.parse(object.choices[0]!.message.content ?? "");
     assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), object.choices[0]!.message.content ?? "");
 
     await assert.rejects(
-      client.chat.completions.create({ model: "demo", messages: ask, response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "object", properties: { code: { type: "string", pattern: "^[A-Z]+$" } } } } } }),
+      client.chat.completions.create({
+        model: "demo",
+        messages: ask,
+        response_format: {
+          type: "json_schema",
+          json_schema: { name: "p", schema: { type: "object", properties: { code: { type: "string", pattern: "^[A-Z]+$" } } } },
+        },
+      }),
       (error: unknown) => {
         assert.ok(error instanceof OpenAI.BadRequestError);
         assert.match(error.message, /pattern/);
@@ -105,12 +126,26 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
   };
 
   test("tool calls: a required call with arguments valid for its schema, assembled by the SDK's stream helper, and its result fed back", async () => {
-    const request = { model: "demo", messages: ask, tools: [forecastTool], tool_choice: "required" as const, parallel_tool_calls: false, max_tokens: 300, temperature: 0 };
+    const request = {
+      model: "demo",
+      messages: ask,
+      tools: [forecastTool],
+      tool_choice: "required" as const,
+      parallel_tool_calls: false,
+      max_tokens: 300,
+      temperature: 0,
+    };
     const answer = await client.chat.completions.create(request);
     count(answer.usage);
     assertBoundCovers(JSON.parse(JSON.stringify(request)), answer.usage!.prompt_tokens);
     // A bare tool: few bytes in the body, and still the whole function-calling preamble in the prompt.
-    const bare = { model: "demo", messages: [{ role: "user" as const, content: "x" }], tools: [{ type: "function" as const, function: { name: "f" } }], tool_choice: "none" as const, max_tokens: 1 };
+    const bare = {
+      model: "demo",
+      messages: [{ role: "user" as const, content: "x" }],
+      tools: [{ type: "function" as const, function: { name: "f" } }],
+      tool_choice: "none" as const,
+      max_tokens: 1,
+    };
     const bareAnswer = await client.chat.completions.create(bare);
     count(bareAnswer.usage);
     assertBoundCovers(bare, bareAnswer.usage!.prompt_tokens);
@@ -143,7 +178,11 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     // The result goes back into the conversation: the prompt grows by it.
     const followUpRequest = {
       model: "demo",
-      messages: [...ask, { role: "assistant" as const, content: null, tool_calls: [call] }, { role: "tool" as const, tool_call_id: call.id, content: JSON.stringify({ celsius: 3, sky: "overcast" }) }],
+      messages: [
+        ...ask,
+        { role: "assistant" as const, content: null, tool_calls: [call] },
+        { role: "tool" as const, tool_call_id: call.id, content: JSON.stringify({ celsius: 3, sky: "overcast" }) },
+      ],
       tools: [forecastTool],
       tool_choice: "none" as const,
       max_tokens: 4,
@@ -193,19 +232,34 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
   });
 
   test("logprobs: one entry per token, each ≤ 0, top_logprobs sorted and as many as asked, in answers and streams", async () => {
-    const answer = await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3 });
+    const answer = await client.chat.completions.create({
+      model: "demo",
+      messages: [{ role: "user", content: "Hello" }],
+      max_tokens: 6,
+      temperature: 0,
+      logprobs: true,
+      top_logprobs: 3,
+    });
     count(answer.usage);
     const content = answer.choices[0]!.logprobs?.content;
     assert.ok(content && content.length > 0, "logprobs.content is there");
     assert.ok(content.length <= answer.usage!.completion_tokens);
     // The random weights may pick a byte token that is part of a character: its text is then
     // named "bytes:\\x..", as OpenAI names them, and only the bytes add up to the answer.
-    assert.equal(Buffer.from(content.flatMap((entry) => entry.bytes ?? [])).toString("utf8"), answer.choices[0]!.message.content, "the tokens' bytes spell the answer");
+    assert.equal(
+      Buffer.from(content.flatMap((entry) => entry.bytes ?? [])).toString("utf8"),
+      answer.choices[0]!.message.content,
+      "the tokens' bytes spell the answer",
+    );
     for (const entry of content) {
       assert.ok(entry.logprob <= 0);
       assert.equal(entry.top_logprobs.length, 3);
       const figures = entry.top_logprobs.map((alternative) => alternative.logprob);
-      assert.deepEqual(figures, [...figures].sort((a, b) => b - a), "alternatives are sorted, most likely first");
+      assert.deepEqual(
+        figures,
+        [...figures].sort((a, b) => b - a),
+        "alternatives are sorted, most likely first",
+      );
       assert.ok(figures.every((figure) => figure <= 0));
       if (!entry.token.startsWith("bytes:")) assert.deepEqual(entry.bytes, [...Buffer.from(entry.token, "utf8")]);
     }
@@ -227,8 +281,14 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     }
     // Greedy decoding gives the same tokens; the figures agree to float noise (llama.cpp's
     // sums may run in another order from one decode to the next).
-    assert.deepEqual(streamed.map((entry) => entry.token), content.map((entry) => entry.token), "a stream carries the same tokens as the answer");
-    streamed.forEach((entry, index) => assert.ok(Math.abs(entry.logprob - content[index]!.logprob) < 1e-3, `token ${index}: ${entry.logprob} ≈ ${content[index]!.logprob}`));
+    assert.deepEqual(
+      streamed.map((entry) => entry.token),
+      content.map((entry) => entry.token),
+      "a stream carries the same tokens as the answer",
+    );
+    streamed.forEach((entry, index) =>
+      assert.ok(Math.abs(entry.logprob - content[index]!.logprob) < 1e-3, `token ${index}: ${entry.logprob} ≈ ${content[index]!.logprob}`),
+    );
 
     const completion = await client.completions.create({ model: "demo", prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
     count(completion.usage);
@@ -248,7 +308,12 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     ];
     for (const [field, extra] of refused) {
       await assert.rejects(
-        client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 2, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming),
+        client.chat.completions.create({
+          model: "demo",
+          messages: [{ role: "user", content: "Hi" }],
+          max_tokens: 2,
+          ...extra,
+        } as OpenAI.ChatCompletionCreateParamsNonStreaming),
         (error: unknown) => {
           assert.ok(error instanceof OpenAI.BadRequestError, `${field}: a 400, got ${String(error)}`);
           assert.ok(error.message.includes(field), `${field}: the message names it: ${error.message}`);

@@ -51,7 +51,8 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const text = await response.text();
     return { status: response.status, body: text === "" ? null : JSON.parse(text) };
   };
-  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   const health = async (model: string) => (await admin("GET", `/api/v1/models/${model}/health`)).body;
   const nodes = async () => (await admin("GET", "/api/v1/nodes")).body.data as any[];
   /** The events of one kind about one subject, once there is one (they are recorded without being awaited). */
@@ -67,7 +68,9 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const inventoryFile = path.join(dir, "inventory.json");
     writeFileSync(inventoryFile, JSON.stringify(inventory));
     const joinToken = readFileSync(path.join(serverDir, "join.token"), "utf8").trim();
-    const agent = llmgw(["agent", "--server", url, "--join-token", joinToken, "--name", name, "--data-dir", dir, "--inventory", inventoryFile, ...extra], { LLMGW_AGENT_TIMINGS: timings });
+    const agent = llmgw(["agent", "--server", url, "--join-token", joinToken, "--name", name, "--data-dir", dir, "--inventory", inventoryFile, ...extra], {
+      LLMGW_AGENT_TIMINGS: timings,
+    });
     running.push(agent);
     agents.set(name, agent);
     return agent;
@@ -95,17 +98,34 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     // Memory is chosen so that CPU replicas of `tiny` (3 GiB each) fit on cpu-a and gpu-80
     // but not on gpu-24, whose only engine is its llama-server (a stand-in here).
     startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
-    startAgent("gpu-24", { cores: 4, memory: "4g", gpus: [{ name: "NVIDIA GeForce RTX 4090", memory: "24g" }], engines: [{ engine: "llama-server", version: "4567 (abc1234)" }] }, [
-      "--llama-server",
-      standIns.llamaServer,
-    ]);
-    startAgent("gpu-80", { cores: 16, memory: "64g", gpus: [{ name: "NVIDIA H100 80GB HBM3", memory: "80g" }, { name: "NVIDIA H100 80GB HBM3", memory: "80g" }], engines: [{ engine: "llamacpp", version: "3.21.1" }, { engine: "vllm", version: "0.11.0" }] }, [
-      "--vllm",
-      standIns.vllm,
-    ]);
+    startAgent(
+      "gpu-24",
+      { cores: 4, memory: "4g", gpus: [{ name: "NVIDIA GeForce RTX 4090", memory: "24g" }], engines: [{ engine: "llama-server", version: "4567 (abc1234)" }] },
+      ["--llama-server", standIns.llamaServer],
+    );
+    startAgent(
+      "gpu-80",
+      {
+        cores: 16,
+        memory: "64g",
+        gpus: [
+          { name: "NVIDIA H100 80GB HBM3", memory: "80g" },
+          { name: "NVIDIA H100 80GB HBM3", memory: "80g" },
+        ],
+        engines: [
+          { engine: "llamacpp", version: "3.21.1" },
+          { engine: "vllm", version: "0.11.0" },
+        ],
+      },
+      ["--vllm", standIns.vllm],
+    );
     // Two nodes with one A100 each, for a vLLM replica that spans both (pipeline parallel over Ray).
     for (const name of ["pp-1", "pp-2"]) {
-      startAgent(name, { cores: 8, memory: "32g", gpus: [{ name: "NVIDIA A100-SXM4-80GB", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] }, ["--vllm", standIns.vllm, "--ray", standIns.ray]);
+      startAgent(
+        name,
+        { cores: 8, memory: "32g", gpus: [{ name: "NVIDIA A100-SXM4-80GB", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] },
+        ["--vllm", standIns.vllm, "--ray", standIns.ray],
+      );
     }
     await eventually("five ready nodes", async () => (await nodes()).filter((n) => n.state === "ready").length === 5);
   });
@@ -128,9 +148,22 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     mkdirSync(vllmDir);
     writeFileSync(path.join(vllmDir, "config.json"), JSON.stringify({ architectures: ["LlamaForCausalLM"] }));
     const created = [
-      { name: "tiny", source: { kind: "file", path: modelFile }, scaling: { min: 2, max: 2 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 2, hardware: { cpu: { min_memory_gb: 3 } } }] },
-      { name: "gpu-small", source: { kind: "file", path: gpuSmall }, profiles: [{ name: "rtx", engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 1 } } }] },
-      { name: "big", source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "h100x2", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2 } } }] },
+      {
+        name: "tiny",
+        source: { kind: "file", path: modelFile },
+        scaling: { min: 2, max: 2 },
+        profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 2, hardware: { cpu: { min_memory_gb: 3 } } }],
+      },
+      {
+        name: "gpu-small",
+        source: { kind: "file", path: gpuSmall },
+        profiles: [{ name: "rtx", engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 1 } } }],
+      },
+      {
+        name: "big",
+        source: { kind: "file", path: path.join(vllmDir, "config.json") },
+        profiles: [{ name: "h100x2", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2 } } }],
+      },
     ];
     for (const body of created) assert.equal((await admin("POST", "/api/v1/models", body)).status, 201, body.name);
 
@@ -144,14 +177,33 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const big = await eventually("big ready", async () => ((await health("big")).ready === 1 ? health("big") : undefined));
     assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
     const gpu80 = (await admin("GET", "/api/v1/nodes/gpu-80")).body;
-    assert.deepEqual(gpu80.gpus.map((g: any) => g.replica), [big.replicas[0].id, big.replicas[0].id], "both H100s belong to big");
+    assert.deepEqual(
+      gpu80.gpus.map((g: any) => g.replica),
+      [big.replicas[0].id, big.replicas[0].id],
+      "both H100s belong to big",
+    );
 
     // One more H100 model finds both GPUs taken; a 4-GPU one fits nowhere.
-    for (const [name, gpus] of [["big2", 1], ["huge", 4]] as const) {
-      assert.equal((await admin("POST", "/api/v1/models", { name, source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "h100", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: gpus } } }] })).status, 201);
+    for (const [name, gpus] of [
+      ["big2", 1],
+      ["huge", 4],
+    ] as const) {
+      assert.equal(
+        (
+          await admin("POST", "/api/v1/models", {
+            name,
+            source: { kind: "file", path: path.join(vllmDir, "config.json") },
+            profiles: [{ name: "h100", engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: gpus } } }],
+          })
+        ).status,
+        201,
+      );
     }
     const big2 = await eventually("big2 unplaceable", async () => ((await health("big2")).state === "unplaceable" ? health("big2") : undefined));
-    assert.deepEqual(big2.placement.filter((line: string) => !line.startsWith("pp-")), ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"]);
+    assert.deepEqual(
+      big2.placement.filter((line: string) => !line.startsWith("pp-")),
+      ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"],
+    );
     assert.match(big2.placement.find((line: string) => line.startsWith("pp-1"))!, /no H100 GPU/);
     const huge = await eventually("huge unplaceable", async () => ((await health("huge")).state === "unplaceable" ? health("huge") : undefined));
     assert.match(huge.placement.find((line: string) => line.startsWith("gpu-80"))!, /2 H100 GPUs?.*needs 4/);
@@ -168,14 +220,23 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   test("a vLLM replica over two nodes: a Ray head on one, a worker joining it on the other, then vLLM on the head through Ray", async () => {
     const vllmDir = path.join(root, "big");
     assert.equal(
-      (await admin("POST", "/api/v1/models", { name: "spanning", source: { kind: "file", path: path.join(vllmDir, "config.json") }, profiles: [{ name: "a100x2", engine: "vllm", hardware: { gpu: { class: "A100", gpus_per_node: 1, nodes: 2 } } }] })).status,
+      (
+        await admin("POST", "/api/v1/models", {
+          name: "spanning",
+          source: { kind: "file", path: path.join(vllmDir, "config.json") },
+          profiles: [{ name: "a100x2", engine: "vllm", hardware: { gpu: { class: "A100", gpus_per_node: 1, nodes: 2 } } }],
+        })
+      ).status,
       201,
     );
     const spanning = await eventually("spanning ready", async () => ((await health("spanning")).ready === 1 ? health("spanning") : undefined));
     assert.deepEqual([...spanning.replicas[0].nodes].sort(), ["pp-1", "pp-2"]);
     const [head, worker] = spanning.replicas[0].nodes as string[];
 
-    const rayStarts = (await readFile(standIns.rayRecord, "utf8")).trim().split("\n").map((line) => JSON.parse(line) as { argv: string[]; env: Record<string, string> });
+    const rayStarts = (await readFile(standIns.rayRecord, "utf8"))
+      .trim()
+      .split("\n")
+      .map((line) => JSON.parse(line) as { argv: string[]; env: Record<string, string> });
     const headStart = rayStarts.find((start) => start.argv.includes("--head"))!;
     const workerStart = rayStarts.find((start) => start.argv.includes("--address"))!;
     const gcs = `127.0.0.1:${headStart.argv[headStart.argv.indexOf("--port") + 1]}`;
@@ -190,9 +251,14 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.equal(vllmStart.env.RAY_ADDRESS, gcs, "vLLM runs on that Ray cluster");
     assert.ok(head !== worker);
     const pp = (await nodes()).filter((n) => n.name.startsWith("pp-"));
-    assert.ok(pp.every((n) => n.gpus[0].replica === spanning.replicas[0].id), "each node's A100 belongs to the replica");
+    assert.ok(
+      pp.every((n) => n.gpus[0].replica === spanning.replicas[0].id),
+      "each node's A100 belongs to the replica",
+    );
     await admin("DELETE", "/api/v1/models/spanning");
-    await eventually("the spanning replica gone from both nodes", async () => (await nodes()).filter((n) => n.name.startsWith("pp-")).every((n) => n.replicas.length === 0));
+    await eventually("the spanning replica gone from both nodes", async () =>
+      (await nodes()).filter((n) => n.name.startsWith("pp-")).every((n) => n.replicas.length === 0),
+    );
   });
 
   test("kill -9 of an agent: its node is lost, its replica runs elsewhere, and the model answers throughout", async () => {
@@ -204,11 +270,15 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
 
     // Requests keep being answered by the replica on gpu-80 while cpu-a is being declared lost.
     let answered = 0;
-    const lost = await eventually("cpu-a lost", async () => {
-      const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
-      if (answer.usage?.completion_tokens === 2) answered += 1;
-      return (await nodes()).find((n) => n.name === "cpu-a" && n.state === "lost");
-    }, { timeoutMs: 20_000 });
+    const lost = await eventually(
+      "cpu-a lost",
+      async () => {
+        const answer = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
+        if (answer.usage?.completion_tokens === 2) answered += 1;
+        return (await nodes()).find((n) => n.name === "cpu-a" && n.state === "lost");
+      },
+      { timeoutMs: 20_000 },
+    );
     assert.ok(lost);
     assert.ok(answered >= 1, "the model answered while its other node was being lost");
     const events = await eventsAbout("node_lost", "node:cpu-a");
@@ -229,7 +299,10 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const again = startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
     await eventually("cpu-a back", async () => (await nodes()).find((n) => n.name === "cpu-a" && n.state === "ready"));
     assert.doesNotMatch(again.output(), /joined the fleet/, "it used its node credential, not the join token");
-    assert.deepEqual((await eventsAbout("node_back", "node:cpu-a")).map((e) => e.data), [{ node: "cpu-a" }]);
+    assert.deepEqual(
+      (await eventsAbout("node_back", "node:cpu-a")).map((e) => e.data),
+      [{ node: "cpu-a" }],
+    );
   });
 
   test("a mirrored model runs on a node that fetches its weights from the server's mirror with its node credential", async () => {
@@ -238,30 +311,51 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.ok(serveLine, fetched.stdout);
     const [, version, ...file] = serveLine[1]!.split("/");
     assert.equal(
-      (await admin("POST", "/api/v1/models", {
-        name: "mirrored",
-        source: { kind: "mirror", model: "mirrored", version, file: file.join("/") },
-        // 3 GiB keeps it off gpu-24, whose llama.cpp is the stand-in llama-server.
-        profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, hardware: { cpu: { min_memory_gb: 3 } } }],
-      })).status,
+      (
+        await admin("POST", "/api/v1/models", {
+          name: "mirrored",
+          source: { kind: "mirror", model: "mirrored", version, file: file.join("/") },
+          // 3 GiB keeps it off gpu-24, whose llama.cpp is the stand-in llama-server.
+          profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, hardware: { cpu: { min_memory_gb: 3 } } }],
+        })
+      ).status,
       201,
     );
-    const ready = await eventually("mirrored ready", async () => ((await health("mirrored")).ready === 1 ? health("mirrored") : undefined), { timeoutMs: 90_000 });
+    const ready = await eventually("mirrored ready", async () => ((await health("mirrored")).ready === 1 ? health("mirrored") : undefined), {
+      timeoutMs: 90_000,
+    });
     assert.equal(ready.replicas[0].weights_verified, true, "the node verified the mirror's sha256 before the start");
     const node = ready.replicas[0].nodes[0] as string;
     const cached = path.join(root, `agent-${node}`, "weights", "mirrored", version!, ...file);
-    assert.equal(createHash("sha256").update(readFileSync(cached)).digest("hex"), createHash("sha256").update(readFileSync(modelFile)).digest("hex"), "the node's cache holds the mirrored bytes");
+    assert.equal(
+      createHash("sha256").update(readFileSync(cached)).digest("hex"),
+      createHash("sha256").update(readFileSync(modelFile)).digest("hex"),
+      "the node's cache holds the mirrored bytes",
+    );
     const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
-    assert.equal((await client.chat.completions.create({ model: "mirrored", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 })).usage?.completion_tokens, 2);
+    assert.equal(
+      (await client.chat.completions.create({ model: "mirrored", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 })).usage?.completion_tokens,
+      2,
+    );
     await admin("DELETE", "/api/v1/models/mirrored");
   });
 
   test("an engine that crashes at every start is parked with the reason after 5 tries", async () => {
     assert.equal(
-      (await admin("POST", "/api/v1/models", { name: "crashy", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"], hardware: { cpu: { min_memory_gb: 3 } } }] })).status,
+      (
+        await admin("POST", "/api/v1/models", {
+          name: "crashy",
+          source: { kind: "file", path: modelFile },
+          profiles: [
+            { name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"], hardware: { cpu: { min_memory_gb: 3 } } },
+          ],
+        })
+      ).status,
       201,
     );
-    const parked = await eventually("crashy parked", async () => ((await health("crashy")).state === "parked" ? health("crashy") : undefined), { timeoutMs: 120_000 });
+    const parked = await eventually("crashy parked", async () => ((await health("crashy")).state === "parked" ? health("crashy") : undefined), {
+      timeoutMs: 120_000,
+    });
     assert.equal(parked.replicas[0].failures, 5);
     assert.match(parked.parked.reason, /Parked after 5 failures/);
     assert.match(parked.parked.reason, /no-such-option/);
@@ -302,7 +396,19 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   });
 
   test("bad input: a wrong join token, a credential copied to another node, a removed node's credential", async () => {
-    const wrong = llmgw(["agent", "--server", url, "--join-token", "ljt_wrong", "--name", "intruder", "--data-dir", path.join(root, "intruder"), "--inventory", path.join(root, "agent-cpu-a", "inventory.json")]);
+    const wrong = llmgw([
+      "agent",
+      "--server",
+      url,
+      "--join-token",
+      "ljt_wrong",
+      "--name",
+      "intruder",
+      "--data-dir",
+      path.join(root, "intruder"),
+      "--inventory",
+      path.join(root, "agent-cpu-a", "inventory.json"),
+    ]);
     assert.equal(await wrong.exited, 1);
     assert.match(wrong.output(), /The join token is not this server's/);
 
@@ -311,7 +417,12 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const copied = await fetch(`${url}/agent/v1/heartbeat`, {
       method: "POST",
       headers: { authorization: `Bearer ${credential}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: "impostor", address: "127.0.0.1", inventory: { cores: 1, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] }, replicas: [] }),
+      body: JSON.stringify({
+        name: "impostor",
+        address: "127.0.0.1",
+        inventory: { cores: 1, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] },
+        replicas: [],
+      }),
     });
     assert.equal(copied.status, 403);
     assert.match(((await copied.json()) as any).error.message, /belongs to node 'gpu-24', not 'impostor'/);
@@ -319,7 +430,12 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const impossible = await fetch(`${url}/agent/v1/heartbeat`, {
       method: "POST",
       headers: { authorization: `Bearer ${credential}`, "content-type": "application/json" },
-      body: JSON.stringify({ name: "gpu-24", address: "127.0.0.1", inventory: { cores: 0, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] }, replicas: [] }),
+      body: JSON.stringify({
+        name: "gpu-24",
+        address: "127.0.0.1",
+        inventory: { cores: 0, memoryBytes: GiB, gpus: [], engines: [{ engine: "llamacpp", version: "1" }] },
+        replicas: [],
+      }),
     });
     assert.equal(impossible.status, 400);
     assert.equal(((await impossible.json()) as any).error.code, "invalid_inventory");
@@ -338,13 +454,20 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   });
   test("drain: replicas move to another node and stop there only once their successors are ready; one with nowhere to go keeps serving", async () => {
     const before = await health("tiny");
-    assert.ok(before.replicas.every((r: any) => r.nodes[0] === "gpu-80"), "after cpu-a was lost, both replicas of tiny run on gpu-80");
+    assert.ok(
+      before.replicas.every((r: any) => r.nodes[0] === "gpu-80"),
+      "after cpu-a was lost, both replicas of tiny run on gpu-80",
+    );
     const drained = await ctl(["node", "drain", "gpu-80"]);
     assert.match(drained.stdout, /Node 'gpu-80' is draining/);
-    const moved = await eventually("tiny ready on cpu-a only", async () => {
-      const h = await health("tiny");
-      return h.ready === 2 && h.replicas.length === 2 && h.replicas.every((r: any) => r.nodes[0] === "cpu-a") ? h : undefined;
-    }, { timeoutMs: 90_000 });
+    const moved = await eventually(
+      "tiny ready on cpu-a only",
+      async () => {
+        const h = await health("tiny");
+        return h.ready === 2 && h.replicas.length === 2 && h.replicas.every((r: any) => r.nodes[0] === "cpu-a") ? h : undefined;
+      },
+      { timeoutMs: 90_000 },
+    );
     assert.ok(moved.replicas.every((r: any) => !before.replicas.some((old: any) => old.id === r.id)));
     // big needs two H100s, and only gpu-80 has them: it stays where it is rather than stop.
     const big = await health("big");

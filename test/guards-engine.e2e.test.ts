@@ -100,7 +100,13 @@ test("guards on the bundled engine: 'unsafe' refuses the request with 400, 'safe
   // The random guard makes room for the safe one.
   assert.equal((await harness.admin("DELETE", "/api/v1/models/guarded")).status, 200);
   assert.equal((await harness.admin("DELETE", "/api/v1/models/random-guard")).status, 200);
-  await harness.addModel({ name: "safe-guard", role: "guard", guard_format: "llama-guard-3", source: { kind: "file", path: safeGuard }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 2048, parallel: 1 }] });
+  await harness.addModel({
+    name: "safe-guard",
+    role: "guard",
+    guard_format: "llama-guard-3",
+    source: { kind: "file", path: safeGuard },
+    profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 2048, parallel: 1 }],
+  });
   await harness.addModel({ name: "checked", guards: { input: ["safe-guard"] }, profiles: [{ name: "up", engine: "external", url: upstream.url }] });
   await waitReady("safe-guard");
   const answer = await ask("checked");
@@ -118,6 +124,9 @@ test("a request longer than the bundled guard's context is refused with 400, eve
   const refused = await client.chat.completions.create({ model: "checked", messages: [{ role: "user", content: long }] }).catch((error: unknown) => error);
   assert.ok(refused instanceof OpenAI.BadRequestError, String(refused));
   assert.equal(refused.code, "guard_input_too_long");
-  assert.match(refused.message, /Guard model 'safe-guard' cannot read the whole request: .*\(its context is 2048 tokens\); the guard said: .*allows 2048 tokens per request/);
+  assert.match(
+    refused.message,
+    /Guard model 'safe-guard' cannot read the whole request: .*\(its context is 2048 tokens\); the guard said: .*allows 2048 tokens per request/,
+  );
   assert.equal(upstream.requests.length, before, "the serving model was not asked");
 });

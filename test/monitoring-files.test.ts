@@ -62,11 +62,29 @@ test("every llmgw_* metric in deploy/'s alert rules and dashboard is served, wit
   const queries = dashboardQueries(dashboard);
   const dashboardNames = metricNames(queries.join("\n"));
   // What the files are expected to read at least: a reader that found nothing would make this test pass on nothing.
-  for (const name of ["llmgw_model_parked", "llmgw_model_min_replicas", "llmgw_replicas", "llmgw_nodes", "llmgw_requests_total", "llmgw_request_duration_seconds_bucket", "llmgw_queue_depth", "llmgw_queue_capacity", "llmgw_budget_spent_usd", "llmgw_budget_limit_usd"]) {
+  for (const name of [
+    "llmgw_model_parked",
+    "llmgw_model_min_replicas",
+    "llmgw_replicas",
+    "llmgw_nodes",
+    "llmgw_requests_total",
+    "llmgw_request_duration_seconds_bucket",
+    "llmgw_queue_depth",
+    "llmgw_queue_capacity",
+    "llmgw_budget_spent_usd",
+    "llmgw_budget_limit_usd",
+  ]) {
     assert.ok(alertNames.has(name), `alerts.yml uses ${name}`);
   }
   assert.ok(queries.length >= 15, `the dashboard has its queries (found ${queries.length})`);
-  for (const name of ["llmgw_time_to_first_token_seconds_bucket", "llmgw_tokens_total", "llmgw_inflight_requests", "llmgw_queue_depth", "llmgw_replicas", "llmgw_budget_spent_usd"]) {
+  for (const name of [
+    "llmgw_time_to_first_token_seconds_bucket",
+    "llmgw_tokens_total",
+    "llmgw_inflight_requests",
+    "llmgw_queue_depth",
+    "llmgw_replicas",
+    "llmgw_budget_spent_usd",
+  ]) {
     assert.ok(dashboardNames.has(name), `the dashboard uses ${name}`);
   }
 
@@ -102,7 +120,11 @@ test("every llmgw_* metric in deploy/'s alert rules and dashboard is served, wit
     });
 
     const missing = [...new Set([...alertNames, ...dashboardNames])].filter((name) => samplesOf(exposition, name) === 0).sort();
-    assert.deepEqual(missing, [], "metric names in deploy/ that the server does not serve (renamed? update deploy/prometheus/alerts.yml, alerts.test.yml and deploy/grafana/llmgw-dashboard.json)");
+    assert.deepEqual(
+      missing,
+      [],
+      "metric names in deploy/ that the server does not serve (renamed? update deploy/prometheus/alerts.yml, alerts.test.yml and deploy/grafana/llmgw-dashboard.json)",
+    );
 
     // The server's sources behind the gauges the alerts compare: the model's settings, its parking, the node, the budget.
     assert.equal(exposition.value("llmgw_model_parked", { model: "ext" }), 0);
@@ -113,7 +135,10 @@ test("every llmgw_* metric in deploy/'s alert rules and dashboard is served, wit
     const budgetLabels = exposition.samples("llmgw_budget_limit_usd", { key: "team-a" })[0]?.labels;
     assert.ok(budgetLabels !== undefined, "the budgeted key has a limit series");
     assert.equal(exposition.value("llmgw_budget_limit_usd", budgetLabels), 5);
-    assert.ok(exposition.value("llmgw_budget_spent_usd", budgetLabels) !== undefined, "and a spent series with the same labels, which alerts.yml divides by it");
+    assert.ok(
+      exposition.value("llmgw_budget_spent_usd", budgetLabels) !== undefined,
+      "and a spent series with the same labels, which alerts.yml divides by it",
+    );
   } finally {
     await harness.close();
     await upstream.close();

@@ -129,10 +129,14 @@ describe("notifications from real triggers", { timeout: 300_000 }, () => {
     // A node that offers only vLLM and no GPU: nothing in this file is placed on it.
     const inventory = path.join(dir, "inventory.json");
     writeFileSync(inventory, JSON.stringify({ cores: 2, memory: "2g", engines: [{ engine: "vllm", version: "0.11.0" }] }));
-    const agent = spawn(process.execPath, [BIN, "agent", "--server", harness.url, "--join-token", harness.server.joinToken(), "--name", "edge-1", "--data-dir", dir, "--inventory", inventory], {
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
-    });
+    const agent = spawn(
+      process.execPath,
+      [BIN, "agent", "--server", harness.url, "--join-token", harness.server.joinToken(), "--name", "edge-1", "--data-dir", dir, "--inventory", inventory],
+      {
+        stdio: ["ignore", "pipe", "pipe"],
+        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+      },
+    );
     children.push(agent);
     let output = "";
     agent.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
@@ -158,7 +162,11 @@ describe("notifications from real triggers", { timeout: 300_000 }, () => {
     // Output is what costs here: 5 completion tokens at $100,000 per million is $0.50 a
     // request (7 prompt tokens add $0.000007), and the worst case reserved for max_tokens 5 is
     // barely more. A budget of $2.20 takes four requests ($2.000028, 90%) and refuses the fifth.
-    await harness.addModel({ name: "metered", prices: { input_per_million: 1, output_per_million: 100_000 }, profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }] });
+    await harness.addModel({
+      name: "metered",
+      prices: { input_per_million: 1, output_per_million: 100_000 },
+      profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }],
+    });
     const client = new OpenAI({ apiKey: await harness.clientKey({ name: "spender", budget_usd: 2.2 }), baseURL: `${harness.url}/v1`, maxRetries: 0 });
     const ask = () => client.chat.completions.create({ model: "metered", messages: [{ role: "user", content: "hi" }], max_tokens: 5 });
     for (let i = 0; i < 3; i++) assert.equal((await ask()).usage?.completion_tokens, 5);
@@ -194,10 +202,14 @@ describe("notifications from real triggers", { timeout: 300_000 }, () => {
   test("a newer commit at the Hub for a served model: the update check's new_weights names the model and both revisions", async (t) => {
     const served = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q8_0", name: "tiny", ctx_pool: 1024, context: 512 });
     assert.equal(served.status, 202, JSON.stringify(served.body));
-    const job = await eventually("the serve job to finish", async () => {
-      const body = (await harness.admin("GET", `/api/v1/jobs/${served.body.id}`)).body;
-      return body.state !== "queued" && body.state !== "running" && body;
-    }, { timeoutMs: 120_000 });
+    const job = await eventually(
+      "the serve job to finish",
+      async () => {
+        const body = (await harness.admin("GET", `/api/v1/jobs/${served.body.id}`)).body;
+        return body.state !== "queued" && body.state !== "running" && body;
+      },
+      { timeoutMs: 120_000 },
+    );
     assert.equal(job.state, "done", JSON.stringify(job.steps));
     const servedRevision = repo.revisions!.main!;
 

@@ -36,7 +36,10 @@ describe("llmgw ctl model plan", () => {
   });
 
   const ctl = (args: string[], cwd = workDir, env: Record<string, string> = {}) =>
-    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { cwd, env: { ...process.env, LLMGW_LOG_LEVEL: "silent", ...env } });
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], {
+      cwd,
+      env: { ...process.env, LLMGW_LOG_LEVEL: "silent", ...env },
+    });
 
   test("plans every quantisation of a GGUF repository on this machine and recommends one", async () => {
     const { stdout } = await ctl(["model", "plan", GGUF_REPO, "--context", "4096"]);
@@ -47,7 +50,10 @@ describe("llmgw ctl model plan", () => {
     assert.match(stdout, /^A CPU replica reserves one core per 2 GiB of its memory, rounded up to a quarter, from 0\.25 to 1 core/m);
     assert.match(stdout, /Recommend/i);
     // What each artifact's memory is made of, as in the JSON; 4096 is the trained context, so no warning.
-    assert.match(stdout, /^  Q4_K_M: weights \S+ \S+ \+ KV cache \S+ \S+ \(4096 tokens, f16\) \+ compute buffer \S+ \S+ \((logits|feed-forward|attention) [^)]*\) \+ output buffer and tokenizer \S+ \S+ = \S+ \S+ on llama\.cpp$/m);
+    assert.match(
+      stdout,
+      /^ {2}Q4_K_M: weights \S+ \S+ \+ KV cache \S+ \S+ \(4096 tokens, f16\) \+ compute buffer \S+ \S+ \((logits|feed-forward|attention) [^)]*\) \+ output buffer and tokenizer \S+ \S+ = \S+ \S+ on llama\.cpp$/m,
+    );
     assert.doesNotMatch(stdout, /Warning/);
 
     const { stdout: json } = await ctl(["model", "plan", GGUF_REPO, "--context", "4096", "--json"]);
@@ -59,7 +65,10 @@ describe("llmgw ctl model plan", () => {
     // The header check read only the header: the stand-in saw ranged GETs of the files, never a whole one.
     const fileReads = hub.requests.filter((r) => r.method === "GET" && (r.path.includes("/resolve/") || r.path.startsWith("/cdn/")));
     assert.ok(fileReads.length > 0);
-    assert.ok(fileReads.every((r) => r.range !== undefined), "every read of a GGUF file asked for a byte range");
+    assert.ok(
+      fileReads.every((r) => r.range !== undefined),
+      "every read of a GGUF file asked for a byte range",
+    );
   });
 
   test("plans a safetensors repository from config.json and the index", async () => {
@@ -95,7 +104,10 @@ describe("llmgw ctl model plan", () => {
     assert.ok(text.includes(`(${memory.overhead.computeStageName})`), text);
     assert.match(text, /KV cache \S+ \S+ \(8192 tokens, f16\)/);
     assert.match(text, /^Warning: The 8192-token context exceeds the 4096 tokens the model was trained for.*--context 4096/m);
-    assert.deepEqual(memory.warnings.map((w: string) => `Warning: ${w}`), text.split("\n").filter((line) => line.startsWith("Warning: ")));
+    assert.deepEqual(
+      memory.warnings.map((w: string) => `Warning: ${w}`),
+      text.split("\n").filter((line) => line.startsWith("Warning: ")),
+    );
   });
 
   test("a GGUF cut after its header is not planned", async () => {
@@ -121,7 +133,15 @@ describe("llmgw ctl model plan", () => {
     assert.equal((await harness.admin("GET", "/api/v1/models/home")).body.source.path, file);
 
     const definition = path.join(workDir, "definition.json");
-    writeFileSync(definition, JSON.stringify({ name: "defined", source: { kind: "file", path: "add.gguf" }, scaling: { min: 0, max: 1 }, profiles: [{ name: "cpu", engine: "llamacpp" }] }));
+    writeFileSync(
+      definition,
+      JSON.stringify({
+        name: "defined",
+        source: { kind: "file", path: "add.gguf" },
+        scaling: { min: 0, max: 1 },
+        profiles: [{ name: "cpu", engine: "llamacpp" }],
+      }),
+    );
     await ctl(["model", "add", "--definition", definition], elsewhere);
     assert.equal((await harness.admin("GET", "/api/v1/models/defined")).body.source.path, file, "relative to the definition file");
 
@@ -169,7 +189,10 @@ describe("llmgw ctl model plan", () => {
       assert.match(error.stderr, /set HF_TOKEN to that account's token in the environment of the llmgw server \(not of ctl\) and restart it/);
       return true;
     });
-    await assert.rejects(ctl(["model", "plan", "llmgw-test/does-not-exist"]), (error: { stderr: string }) => /does-not-exist/.test(error.stderr) && /not found/i.test(error.stderr));
+    await assert.rejects(
+      ctl(["model", "plan", "llmgw-test/does-not-exist"]),
+      (error: { stderr: string }) => /does-not-exist/.test(error.stderr) && /not found/i.test(error.stderr),
+    );
     await assert.rejects(ctl(["model", "plan", "not a repo"]), (error: { stderr: string }) => /owner\/name/.test(error.stderr));
     await assert.rejects(ctl(["model", "plan", "./missing.gguf"]), (error: { stderr: string }) => /missing\.gguf/.test(error.stderr));
   });

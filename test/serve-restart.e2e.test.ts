@@ -41,13 +41,20 @@ test("a serve job cut by kill -9 during the mirror step resumes on the next star
     await eventually("the first server listening", () => first.output().includes("listening on"), { timeoutMs: 120_000 });
     const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
     const admin = async (method: string, pathname: string, body?: unknown) => {
-      const response = await fetch(url + pathname, { method, headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" }, body: body === undefined ? undefined : JSON.stringify(body) });
+      const response = await fetch(url + pathname, {
+        method,
+        headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
       return { status: response.status, body: (await response.json()) as any };
     };
     const started = await admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q8_0", name: "survivor", ctx_pool: 2048, context: 1024 });
     assert.equal(started.status, 202, JSON.stringify(started.body));
     const id = started.body.id as string;
-    await eventually("the mirror step running with its download open", async () => (await admin("GET", `/api/v1/jobs/${id}`)).body.steps[1].state === "running" && hub.requests.some((r) => r.path.startsWith("/cdn/")));
+    await eventually(
+      "the mirror step running with its download open",
+      async () => (await admin("GET", `/api/v1/jobs/${id}`)).body.steps[1].state === "running" && hub.requests.some((r) => r.path.startsWith("/cdn/")),
+    );
 
     first.child.kill("SIGKILL");
     await first.exited;

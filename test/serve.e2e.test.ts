@@ -68,7 +68,11 @@ describe("serve and update jobs", () => {
     rmSync(agentRoot, { recursive: true, force: true });
   });
 
-  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" }, timeout: 240_000 });
+  const ctl = (args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], {
+      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+      timeout: 240_000,
+    });
   const ctlFails = (args: string[]) =>
     ctl(args).then(
       (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
@@ -82,7 +86,8 @@ describe("serve and update jobs", () => {
       const recorded = (await harness.server.events.list({ kinds: ["update_done", "job_failed"] })).filter((e) => e.data.job === id);
       return recorded.length > 0 ? recorded : undefined;
     });
-  const ask = async () => (await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 })).choices[0]?.message.content;
+  const ask = async () =>
+    (await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hello" }], max_tokens: 8 })).choices[0]?.message.content;
 
   /** Two clients streaming chat requests to `tiny` until stopped; every request that failed or was cut is listed. */
   function keepSending(): { stop(): Promise<{ ok: number; failures: string[] }> } {
@@ -117,14 +122,17 @@ describe("serve and update jobs", () => {
 
   /** The id of the one ready replica of `tiny`, and a watch that notes any moment it was not ready. */
   async function watchReadyReplica(): Promise<{ id: string; stop(): Promise<string[]> }> {
-    const ready = async () => ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).filter((r) => r.state === "ready");
+    const ready = async () =>
+      ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).filter((r) => r.state === "ready");
     const [first] = await ready();
     assert.ok(first !== undefined, "tiny has a ready replica");
     const seen: string[] = [];
     let watching = true;
     const watch = (async () => {
       while (watching) {
-        const replica = ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).find((r) => r.id === first.id);
+        const replica = ((await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string; state: string }>).find(
+          (r) => r.id === first.id,
+        );
         if (replica?.state !== "ready") seen.push(replica?.state ?? "gone");
         await new Promise((resolve) => setTimeout(resolve, 25));
       }
@@ -150,13 +158,32 @@ describe("serve and update jobs", () => {
     return { sha, fileSha: sha256(bytes) };
   }
 
-  test("ctl model serve: every step done, the reply and tokens/s printed, then the model answers through the gateway with its provenance", { timeout: 240_000 }, async () => {
-    const served = await ctl(["model", "serve", GGUF_REPO, "--quant", "Q8_0", "--name", "tiny", "--alias", "tiny-chat", "--ctx-pool", "2048", "--context", "1024"]);
+  test("ctl model serve: every step done, the reply and tokens/s printed, then the model answers through the gateway with its provenance", {
+    timeout: 240_000,
+  }, async () => {
+    const served = await ctl([
+      "model",
+      "serve",
+      GGUF_REPO,
+      "--quant",
+      "Q8_0",
+      "--name",
+      "tiny",
+      "--alias",
+      "tiny-chat",
+      "--ctx-pool",
+      "2048",
+      "--context",
+      "1024",
+    ]);
     assert.match(served.stdout, /registry/);
     assert.match(served.stdout, /tokens\/s/, served.stdout);
     const finished = await lastJob("tiny");
     assert.equal(finished.state, "done", JSON.stringify(finished.steps));
-    assert.deepEqual(finished.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`), ["registry:done", "mirror:done", "check:done", "catalog:done", "placement:done", "smoke_test:done"]);
+    assert.deepEqual(
+      finished.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`),
+      ["registry:done", "mirror:done", "check:done", "catalog:done", "placement:done", "smoke_test:done"],
+    );
     assert.ok(finished.result.reply.length > 0);
     assert.ok(finished.result.tokens_per_second > 0);
     assert.ok(finished.result.completion_tokens > 0);
@@ -173,9 +200,15 @@ describe("serve and update jobs", () => {
     assert.equal(model.origin.repo, GGUF_REPO);
     assert.equal(model.origin.revision, repo.revisions!.main);
     assert.deepEqual(model.origin.files, [{ path: Q8, sha256: sha256(published), bytes: published.length }]);
-    assert.ok(model.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified), "the model shows, per replica, that its node verified the hashes");
+    assert.ok(
+      model.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified),
+      "the model shows, per replica, that its node verified the hashes",
+    );
     const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
-    assert.ok(health.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified), JSON.stringify(health.replicas));
+    assert.ok(
+      health.replicas.some((r: { state: string; weights_verified: boolean }) => r.state === "ready" && r.weights_verified),
+      JSON.stringify(health.replicas),
+    );
     const shown = await ctl(["model", "show", "tiny"]);
     assert.match(shown.stdout, new RegExp(`origin: ${GGUF_REPO} @ ${repo.revisions!.main}`));
     assert.match(shown.stdout, new RegExp(sha256(published)));
@@ -201,7 +234,9 @@ describe("serve and update jobs", () => {
     assert.equal(found.update_available, true);
     assert.equal(found.latest_revision, sha);
     await harness.admin("POST", "/api/v1/updates/check", {});
-    const events = ((await harness.admin("GET", "/api/v1/events?kind=new_weights")).body.data as Array<{ subject: string; message: string; data: Record<string, unknown> }>).filter((e) => e.subject === "model:tiny");
+    const events = (
+      (await harness.admin("GET", "/api/v1/events?kind=new_weights")).body.data as Array<{ subject: string; message: string; data: Record<string, unknown> }>
+    ).filter((e) => e.subject === "model:tiny");
     assert.equal(events.length, 1, "one event per newly published revision");
     assert.match(events[0]!.message, /llmgw ctl model update tiny/);
     assert.equal(events[0]!.data.new_revision, sha, "the event's data names the new revision");
@@ -224,9 +259,15 @@ describe("serve and update jobs", () => {
     const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     assert.equal(after.revision, target);
     assert.equal(after.previous.revision, before.revision);
-    assert.match((await harness.admin("GET", "/api/v1/models/tiny")).body.description, new RegExp(`^Served from ${GGUF_REPO} at ${target.slice(0, 12)} `), "the description serving wrote names the new revision");
+    assert.match(
+      (await harness.admin("GET", "/api/v1/models/tiny")).body.description,
+      new RegExp(`^Served from ${GGUF_REPO} at ${target.slice(0, 12)} `),
+      "the description serving wrote names the new revision",
+    );
     const moved = (await jobEventOf(done.id)).map((e) => [e.kind, e.data]);
-    assert.deepEqual(moved, [["update_done", { job: done.id, model: "tiny", repo: GGUF_REPO, old_revision: before.revision, new_revision: target, rollback: false }]]);
+    assert.deepEqual(moved, [
+      ["update_done", { job: done.id, model: "tiny", repo: GGUF_REPO, old_revision: before.revision, new_revision: target, rollback: false }],
+    ]);
     const health = (await harness.admin("GET", "/api/v1/models/tiny/health")).body;
     assert.equal(health.replicas.filter((r: { state: string }) => r.state === "ready").length, 1, "the old replica stopped");
     assert.equal((await harness.admin("GET", "/api/v1/updates")).body.data[0].update_available, false);
@@ -246,7 +287,11 @@ describe("serve and update jobs", () => {
     const job = await lastJob("tiny");
     assert.equal(job.state, "failed");
     assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").state, "failed");
-    assert.deepEqual((await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]), [["job_failed", "mirror"]], "a failed update is no update_done");
+    assert.deepEqual(
+      (await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]),
+      [["job_failed", "mirror"]],
+      "a failed update is no update_done",
+    );
     assert.equal((await harness.admin("GET", "/api/v1/models/tiny")).body.origin.revision, before.revision);
     assert.ok((await ask())!.length > 0, "the old revision still answers");
   });
@@ -261,7 +306,9 @@ describe("serve and update jobs", () => {
     const job = await lastJob("tiny");
     assert.equal(job.steps.find((s: { name: string }) => s.name === "mirror").detail, "1 file of the previous revision still in the mirror");
     const rolledBack = (await jobEventOf(job.id)).map((e) => [e.kind, e.data]);
-    assert.deepEqual(rolledBack, [["update_done", { job: job.id, model: "tiny", repo: GGUF_REPO, old_revision: current.revision, new_revision: current.previous.revision, rollback: true }]]);
+    assert.deepEqual(rolledBack, [
+      ["update_done", { job: job.id, model: "tiny", repo: GGUF_REPO, old_revision: current.revision, new_revision: current.previous.revision, rollback: true }],
+    ]);
     assert.ok((await ask())!.length > 0);
   });
 
@@ -280,11 +327,18 @@ describe("serve and update jobs", () => {
     assert.deepEqual(failures, [], "no request failed while the new revision was tried and given up");
     assert.deepEqual(await old.stop(), [], "the old replica stayed ready the whole time");
     const job = await lastJob("tiny");
-    assert.deepEqual(job.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`), ["registry:done", "mirror:done", "check:done", "catalog:done", "rollout:done", "smoke_test:failed", "retire:skipped"]);
+    assert.deepEqual(
+      job.steps.map((s: { name: string; state: string }) => `${s.name}:${s.state}`),
+      ["registry:done", "mirror:done", "check:done", "catalog:done", "rollout:done", "smoke_test:failed", "retire:skipped"],
+    );
     const after = (await harness.admin("GET", "/api/v1/models/tiny")).body.origin;
     assert.equal(after.revision, before.revision, "back on the old revision");
     assert.equal(after.previous?.revision, before.previous?.revision);
-    assert.deepEqual((await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]), [["job_failed", "smoke_test"]], "an update given up is no update_done");
+    assert.deepEqual(
+      (await jobEventOf(job.id)).map((e) => [e.kind, e.data.step]),
+      [["job_failed", "smoke_test"]],
+      "an update given up is no update_done",
+    );
     await eventually("the failed revision's replica gone", async () => {
       const replicas = (await harness.admin("GET", "/api/v1/models/tiny/health")).body.replicas as Array<{ id: string }>;
       return replicas.length === 1 && replicas[0]!.id === old.id;
@@ -301,7 +355,10 @@ describe("serve and update jobs", () => {
       await eventually("the smoke test running", async () => (await job(started.body.id)).steps[5].state === "running");
       // The new replica is ready but unproven: clients still reach only the old one.
       const health = (await harness.admin("GET", "/api/v1/models/tiny")).body.replicas as Array<{ id: string; state: string; endpoint: unknown }>;
-      assert.deepEqual(health.filter((r) => r.endpoint !== null).map((r) => r.id), [old.id]);
+      assert.deepEqual(
+        health.filter((r) => r.endpoint !== null).map((r) => r.id),
+        [old.id],
+      );
       const cancelled = (await harness.admin("POST", `/api/v1/jobs/${started.body.id}/cancel`)).body;
       assert.equal(cancelled.state, "cancelled");
     } finally {
@@ -317,15 +374,27 @@ describe("serve and update jobs", () => {
     const projector = repo.files.find((f) => f.path.startsWith("mmproj-"))!;
     const weights = repo.files.find((f) => f.path === "tiny-llama-Q4_K_M.gguf")!;
     hub.setFault({ kind: "hang", match: new RegExp(`/cdn/repos/${sha256(projector.content as Buffer)}`) });
-    const mirrored = async () => (await harness.admin("GET", "/api/v1/mirror?model=llmgw-test--tiny-llama-GGUF")).body.data as Array<{ file: string; state: string; actualSha256: string | null }>;
+    const mirrored = async () =>
+      (await harness.admin("GET", "/api/v1/mirror?model=llmgw-test--tiny-llama-GGUF")).body.data as Array<{
+        file: string;
+        state: string;
+        actualSha256: string | null;
+      }>;
     try {
       const started = await harness.admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q4_K_M", projector: true, name: "doomed" });
       assert.equal(started.status, 202);
-      await eventually("the weights verified while the projector hangs", async () => (await job(started.body.id)).steps[1].state === "running" && (await mirrored()).some((f) => f.file === weights.path && f.state === "complete"));
+      await eventually(
+        "the weights verified while the projector hangs",
+        async () =>
+          (await job(started.body.id)).steps[1].state === "running" && (await mirrored()).some((f) => f.file === weights.path && f.state === "complete"),
+      );
       const cancelled = await ctl(["job", "cancel", started.body.id, "--json"]);
       const view = JSON.parse(cancelled.stdout);
       assert.equal(view.state, "cancelled");
-      assert.deepEqual(view.steps.map((s: { state: string }) => s.state), ["done", "cancelled", "cancelled", "cancelled", "cancelled", "cancelled"]);
+      assert.deepEqual(
+        view.steps.map((s: { state: string }) => s.state),
+        ["done", "cancelled", "cancelled", "cancelled", "cancelled", "cancelled"],
+      );
       assert.equal((await harness.admin("GET", "/api/v1/models/doomed")).status, 404);
     } finally {
       hub.setFault(null);
@@ -337,18 +406,44 @@ describe("serve and update jobs", () => {
     assert.ok(listed.some((j: { state: string }) => j.state === "cancelled"));
   });
 
-  test("original weights: a safetensors repository is planned onto the fleet's GPU node and served on vLLM there, which gets the whole mirrored folder", { timeout: 240_000 }, async () => {
+  test("original weights: a safetensors repository is planned onto the fleet's GPU node and served on vLLM there, which gets the whole mirrored folder", {
+    timeout: 240_000,
+  }, async () => {
     const vllm = await writeStandInExecutable({ dir: path.join(agentRoot, "bin"), engine: "vllm" });
     const dir = path.join(agentRoot, "gpu");
     mkdirSync(dir, { recursive: true });
     const inventory = path.join(dir, "inventory.json");
-    writeFileSync(inventory, JSON.stringify({ cores: 8, memory: "32g", gpus: [{ name: "NVIDIA H100 80GB HBM3", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] }));
+    writeFileSync(
+      inventory,
+      JSON.stringify({ cores: 8, memory: "32g", gpus: [{ name: "NVIDIA H100 80GB HBM3", memory: "80g" }], engines: [{ engine: "vllm", version: "0.11.0" }] }),
+    );
     const joinToken = readFileSync(path.join(harness.dataDir, "join.token"), "utf8").trim();
-    gpuAgent = spawn(process.execPath, [BIN, "agent", "--server", harness.url, "--join-token", joinToken, "--name", "gpu", "--data-dir", dir, "--inventory", inventory, "--vllm", vllm.executable], {
-      stdio: "ignore",
-      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
-    });
-    await eventually("the GPU node joined", async () => (await harness.admin("GET", "/api/v1/nodes")).body.data.some((n: { name: string; state: string }) => n.name === "gpu" && n.state === "ready"));
+    gpuAgent = spawn(
+      process.execPath,
+      [
+        BIN,
+        "agent",
+        "--server",
+        harness.url,
+        "--join-token",
+        joinToken,
+        "--name",
+        "gpu",
+        "--data-dir",
+        dir,
+        "--inventory",
+        inventory,
+        "--vllm",
+        vllm.executable,
+      ],
+      {
+        stdio: "ignore",
+        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+      },
+    );
+    await eventually("the GPU node joined", async () =>
+      (await harness.admin("GET", "/api/v1/nodes")).body.data.some((n: { name: string; state: string }) => n.name === "gpu" && n.state === "ready"),
+    );
 
     const cpu = await ctlFails(["model", "serve", SAFETENSORS_REPO, "--cpu", "--name", "orig"]);
     assert.match(cpu.stderr, /never on the CPU/);

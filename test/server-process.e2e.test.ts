@@ -33,16 +33,18 @@ function llmgw(args: string[], env: Record<string, string> = {}): Running {
 
 /** Resolves once it listens, or with its exit code when it stops first. */
 async function listensOrExits(run: Running): Promise<"listening" | number | null> {
-  return eventually("the server to listen or exit", () => (run.stdout().includes("listening on") ? "listening" : run.child.exitCode !== null ? { code: run.child.exitCode } : undefined)).then(
-    (outcome) => (outcome === "listening" ? outcome : outcome.code),
-  );
+  return eventually("the server to listen or exit", () =>
+    run.stdout().includes("listening on") ? "listening" : run.child.exitCode !== null ? { code: run.child.exitCode } : undefined,
+  ).then((outcome) => (outcome === "listening" ? outcome : outcome.code));
 }
 
 function serverInfo(dataDir: string): { url: string; pid: number } {
   return JSON.parse(readFileSync(path.join(dataDir, "server.json"), "utf8")) as { url: string; pid: number };
 }
 
-test("one server per data dir: a second `up` or `server` is refused naming the first, and a lock left by kill -9 goes to exactly one of two new servers", { timeout: 240_000 }, async () => {
+test("one server per data dir: a second `up` or `server` is refused naming the first, and a lock left by kill -9 goes to exactly one of two new servers", {
+  timeout: 240_000,
+}, async () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-e2e-lock-"));
   const running: Running[] = [];
   try {
@@ -60,7 +62,12 @@ test("one server per data dir: a second `up` or `server` is refused naming the f
       const second = llmgw([...command, "--data-dir", dataDir, "--listen", `127.0.0.1:${await findFreePort("127.0.0.1")}`]);
       running.push(second);
       assert.equal(await second.exited, 1, `${command[0]} on a data dir in use must not start`);
-      assert.match(second.stderr(), new RegExp(`error: The data dir ${dataDir} is in use by another llmgw \\(PID ${first.child.pid}, listening on ${firstUrl}, since [^)]+\\)\\. Stop that one first`));
+      assert.match(
+        second.stderr(),
+        new RegExp(
+          `error: The data dir ${dataDir} is in use by another llmgw \\(PID ${first.child.pid}, listening on ${firstUrl}, since [^)]+\\)\\. Stop that one first`,
+        ),
+      );
     }
     assert.equal(readFileSync(path.join(dataDir, "server.json"), "utf8"), info, "the refused ones left the first one's server.json alone");
     assert.equal(existsSync(path.join(dataDir, "models")), false, "the refused `up --demo` made no demo model (nor engine)");
@@ -82,7 +89,10 @@ test("one server per data dir: a second `up` or `server` is refused naming the f
     assert.equal(serverInfo(dataDir).pid, winner.child.pid);
     // Not a terminal and no --log-format: JSON lines.
     await eventually("the JSON listening line", () => winner.stderr().includes("llmgw server listening"));
-    const listening = winner.stderr().split("\n").find((line) => line.includes("llmgw server listening"))!;
+    const listening = winner
+      .stderr()
+      .split("\n")
+      .find((line) => line.includes("llmgw server listening"))!;
     assert.equal((JSON.parse(listening) as { url: string }).url, serverInfo(dataDir).url);
 
     winner.child.kill("SIGTERM");

@@ -36,7 +36,8 @@ before(async () => {
     const file = path.join(modelDir, `${name}.gguf`);
     // The demo's own seed and profile (cli/run-server.ts); the others as a user adds a small model.
     await writeTinyLlamaGguf({ path: file, seed: name === "demo" ? 42 : 100 + index });
-    const profile = name === "demo" ? { name: "cpu", engine: "llamacpp", ctx_size: 4096, parallel: 2 } : { name: "cpu", engine: "llamacpp", ctx_size: 2048, parallel: 1 };
+    const profile =
+      name === "demo" ? { name: "cpu", engine: "llamacpp", ctx_size: 4096, parallel: 2 } : { name: "cpu", engine: "llamacpp", ctx_size: 2048, parallel: 1 };
     await harness.addModel({ name, source: { kind: "file", path: file }, scaling: { min: 1, max: 1 }, profiles: [profile] });
   }
 });
@@ -77,7 +78,13 @@ test("a 2-core node holds the demo model and three more small models at once, al
 test("a serve job that finds the cores busy waits, and goes on by itself to its smoke test once room frees", { timeout: 240_000 }, async () => {
   const file = path.join(modelDir, "needs-two.gguf");
   await writeTinyLlamaGguf({ path: file, seed: 200 });
-  const submitted = await harness.admin("POST", "/api/v1/jobs/serve", { repo: file, name: "needs-two", hardware: { cpu: { cores: 2 } }, ctx_pool: 2048, context: 1024 });
+  const submitted = await harness.admin("POST", "/api/v1/jobs/serve", {
+    repo: file,
+    name: "needs-two",
+    hardware: { cpu: { cores: 2 } },
+    ctx_pool: 2048,
+    context: 1024,
+  });
   assert.equal(submitted.status, 202, JSON.stringify(submitted.body));
   const jobPath = `/api/v1/jobs/${submitted.body.id}`;
   const waiting = await eventually(
@@ -105,7 +112,10 @@ test("a serve job that finds the cores busy waits, and goes on by itself to its 
     },
     { timeoutMs: 180_000 },
   );
-  assert.deepEqual(done.steps.map((step: { state: string }) => step.state), ["done", "done", "done", "done", "done", "done"]);
+  assert.deepEqual(
+    done.steps.map((step: { state: string }) => step.state),
+    ["done", "done", "done", "done", "done", "done"],
+  );
   assert.match(done.steps.find((step: { name: string }) => step.name === "placement").detail, /^replica r-\S+ ready on small \(/);
   assert.equal(typeof done.result.reply, "string");
   assert.ok(done.result.completion_tokens > 0, "the smoke test got an answer");

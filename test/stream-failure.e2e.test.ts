@@ -41,7 +41,9 @@ describe("streams that fail", () => {
       profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 16384, parallel: 1 }],
     });
     assert.equal(created.status, 201, JSON.stringify(created.body));
-    await eventually(`model ${name} ready`, () => harness.server.replicas.all().some((r) => r.modelName === name && r.state === "ready"), { timeoutMs: 120_000 });
+    await eventually(`model ${name} ready`, () => harness.server.replicas.all().some((r) => r.modelName === name && r.state === "ready"), {
+      timeoutMs: 120_000,
+    });
   };
 
   /**

@@ -43,7 +43,8 @@ describe("weights supply chain", () => {
     await hub.close();
   });
 
-  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   /** A ctl run expected to fail: its exit code and output. */
   const ctlFails = (args: string[]) =>
     ctl(args).then(
@@ -105,7 +106,9 @@ describe("weights supply chain", () => {
     else assert.ok(completion >= 1 && completion <= 4, `completion tokens ${completion}`);
   });
 
-  test("mirror fetch without --quant takes what model plan recommends; verify reports a changed file and exits non-zero; rm of a used version needs --force; all audited", { timeout: 120_000 }, async () => {
+  test("mirror fetch without --quant takes what model plan recommends; verify reports a changed file and exits non-zero; rm of a used version needs --force; all audited", {
+    timeout: 120_000,
+  }, async () => {
     const planned = JSON.parse((await ctl(["model", "plan", GGUF_REPO, "--json"])).stdout);
     const recommendation = planned.plan.recommendation;
     const recommended = planned.plan.artifacts.find((a: { id: string }) => a.id === recommendation.artifact.id);
@@ -139,7 +142,13 @@ describe("weights supply chain", () => {
 
     const failing = await ctlFails(["mirror", "verify", "planned"]);
     assert.equal(failing.code, 1);
-    assert.match(failing.stdout, new RegExp(`^FAILED +planned/${version}/${file}: The bytes .* no longer match: they were verified with sha256 [0-9a-f]{64}, the file now has sha256 [0-9a-f]{64}`, "m"));
+    assert.match(
+      failing.stdout,
+      new RegExp(
+        `^FAILED +planned/${version}/${file}: The bytes .* no longer match: they were verified with sha256 [0-9a-f]{64}, the file now has sha256 [0-9a-f]{64}`,
+        "m",
+      ),
+    );
     assert.match(failing.stdout, /Verified 1 file: 0 ok, 1 failed, 0 skipped\. Failed files are no longer served/);
 
     const refused = await ctlFails(["mirror", "rm", "planned", version!]);
@@ -192,10 +201,14 @@ describe("ctl mirror fetch when the fetch stops", () => {
     // The CDN never answers, so the download is certainly in flight when the server stops it.
     hub.setFault({ kind: "hang", match: "/cdn/" });
     try {
-      const fetching = run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "mirror", "fetch", GGUF_REPO, "--quant", "Q8_0", "--model", "stopped"], {
-        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
-        timeout: 30_000,
-      }).then(
+      const fetching = run(
+        process.execPath,
+        [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "mirror", "fetch", GGUF_REPO, "--quant", "Q8_0", "--model", "stopped"],
+        {
+          env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+          timeout: 30_000,
+        },
+      ).then(
         () => null,
         (error: { code: number | null; stdout: string; stderr: string }) => error,
       );

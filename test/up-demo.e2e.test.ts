@@ -16,7 +16,6 @@ import { readyLine, startUp } from "./support/up-demo.ts";
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
 
-
 /** Pids of every process whose command line mentions `needle` (the engines name the data dir). */
 function processesMentioning(needle: string): number[] {
   const pids: number[] = [];
@@ -64,7 +63,13 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
     assert.ok(answer.usage!.completion_tokens > 0 && answer.usage!.completion_tokens <= 8);
     assert.equal(answer.usage!.total_tokens, answer.usage!.prompt_tokens + answer.usage!.completion_tokens);
 
-    const stream = await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: "Hi" }], max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      model: "demo",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     let chunks = 0;
     let usage: OpenAI.CompletionUsage | undefined;
     let finish: string | null | undefined;
@@ -95,13 +100,19 @@ test("llmgw up --demo answers the openai client and leaves no engine behind", { 
       assert.equal(run.status, 0, `hello.mjs failed: ${run.stderr}`);
       // The demo model's weights are random, so its text may hold any token, a newline too:
       // what the example must show is a text answer, not undefined or null.
-      assert.ok(run.stdout.endsWith("\n") && run.stdout.trim() !== "" && !/^(undefined|null)\n$/.test(run.stdout), `it prints the answer: ${JSON.stringify(run.stdout)}`);
+      assert.ok(
+        run.stdout.endsWith("\n") && run.stdout.trim() !== "" && !/^(undefined|null)\n$/.test(run.stdout),
+        `it prints the answer: ${JSON.stringify(run.stdout)}`,
+      );
     } finally {
       rmSync(folder, { recursive: true, force: true });
     }
 
     const listed = await client.models.list();
-    assert.deepEqual(listed.data.map((m) => m.id), ["demo"]);
+    assert.deepEqual(
+      listed.data.map((m) => m.id),
+      ["demo"],
+    );
 
     await assert.rejects(new OpenAI({ apiKey: "wrong", baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0 }).models.list(), OpenAI.AuthenticationError);
     await assert.rejects(client.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "x" }] }), OpenAI.NotFoundError);

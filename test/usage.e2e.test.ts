@@ -37,7 +37,12 @@ describe("usage reports", () => {
     harness = await startHarness();
     upstream = await startFakeUpstream({ reply: REPLY });
     failing = await startFakeUpstream({ failWithStatus: 500 });
-    await harness.addModel({ name: "metered", aliases: ["metered-alias"], prices: PRICES, profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }] });
+    await harness.addModel({
+      name: "metered",
+      aliases: ["metered-alias"],
+      prices: PRICES,
+      profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }],
+    });
     await harness.addModel({ name: "broken", profiles: [{ name: "up", engine: "external", url: `${failing.url}/v1` }] });
     const created = await harness.admin("POST", "/api/v1/keys", { name: "reporter" });
     assert.equal(created.status, 201, JSON.stringify(created.body));
@@ -59,17 +64,24 @@ describe("usage reports", () => {
     }
     assert.equal(text, REPLY);
     assert.equal(upstream.requests.at(-1)?.body.stream_options?.include_usage, true, "the gateway asked the upstream for the counts");
-    await assert.rejects(client.chat.completions.create({ model: "broken", messages: [{ role: "user", content: "hi" }] }), (error: unknown) => error instanceof OpenAI.APIError && error.status === 500);
+    await assert.rejects(
+      client.chat.completions.create({ model: "broken", messages: [{ role: "user", content: "hi" }] }),
+      (error: unknown) => error instanceof OpenAI.APIError && error.status === 500,
+    );
 
-    const raw = await eventually("the stream's usage row", async () =>
-      (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "metered").where("stream", "=", 1).execute())[0],
+    const raw = await eventually(
+      "the stream's usage row",
+      async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "metered").where("stream", "=", 1).execute())[0],
     );
     assert.equal(raw.prompt_tokens, 7);
     assert.equal(raw.completion_tokens, 5);
     assert.ok(Math.abs(raw.cost_usd! - COST) < 1e-12, `cost ${raw.cost_usd} at the model's prices`);
     assert.equal(raw.guard_ms, null, "no guard applies here");
     assert.ok(raw.ttft_ms !== null);
-    await eventually("the failed request's row", async () => (await harness.server.store.db.selectFrom("usage").select("id").where("model", "=", "broken").execute()).length === 1);
+    await eventually(
+      "the failed request's row",
+      async () => (await harness.server.store.db.selectFrom("usage").select("id").where("model", "=", "broken").execute()).length === 1,
+    );
 
     const report = await harness.admin("GET", "/api/v1/usage?group_by=key,model");
     assert.equal(report.status, 200, JSON.stringify(report.body));
@@ -84,7 +96,11 @@ describe("usage reports", () => {
     const metered = rows[1]!;
     assert.ok(Math.abs((metered.cost_usd as number) - COST) < 1e-9);
     // One request: its p50 and p95 are its own duration, read back from a histogram bucket (within 4.4%).
-    for (const [field, exact] of [["p50_ms", raw.duration_ms], ["p95_ms", raw.duration_ms], ["ttft_p50_ms", raw.ttft_ms!]] as const) {
+    for (const [field, exact] of [
+      ["p50_ms", raw.duration_ms],
+      ["p95_ms", raw.duration_ms],
+      ["ttft_p50_ms", raw.ttft_ms!],
+    ] as const) {
       const value = metered[field] as number;
       assert.ok(Math.abs(value - exact) <= exact * 0.045 + 0.5, `${field} ${value} reads back the row's ${exact} ms`);
     }
@@ -97,7 +113,11 @@ describe("usage reports", () => {
     assert.equal(byAlias.body.data[0].requests, 1);
     const byMinute = await harness.admin("GET", "/api/v1/usage?model=metered&group_by=minute");
     assert.equal(byMinute.status, 200, JSON.stringify(byMinute.body));
-    assert.deepEqual(byMinute.body.data.map((row: { period: string; requests: number }) => [row.period, row.requests]), [[`${raw.at.slice(0, 16)}:00.000Z`, 1]], "the request's own minute");
+    assert.deepEqual(
+      byMinute.body.data.map((row: { period: string; requests: number }) => [row.period, row.requests]),
+      [[`${raw.at.slice(0, 16)}:00.000Z`, 1]],
+      "the request's own minute",
+    );
     const earlier = await harness.admin("GET", "/api/v1/usage?from=2020-01-01&to=2020-01-02");
     assert.deepEqual(earlier.body.data, [], "nothing outside the window");
     assert.equal(earlier.body.total.requests, 0);
@@ -127,7 +147,10 @@ describe("usage reports", () => {
   });
 
   test("llmgw ctl usage prints the aggregates as a table, and JSON with --json", async () => {
-    const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "usage", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+    const ctl = (args: string[]) =>
+      run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "usage", ...args], {
+        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+      });
     await eventually("both requests in the aggregates", async () => (await harness.admin("GET", "/api/v1/usage")).body.data[0]?.requests === 2);
     const { stdout } = await ctl(["--by", "model", "--since", "1d"]);
     const lines = stdout.trimEnd().split("\n");
@@ -138,7 +161,10 @@ describe("usage reports", () => {
     assert.match(lines[3]!, /^TOTAL\s+2\s+1\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/, "the total has the percentiles of all requests");
 
     const { stdout: json } = await ctl(["--by", "key", "--key-name", "reporter", "--json"]);
-    assert.deepEqual((JSON.parse(json) as Array<{ key: string; requests: number }>).map((r) => [r.key, r.requests]), [["reporter", 2]]);
+    assert.deepEqual(
+      (JSON.parse(json) as Array<{ key: string; requests: number }>).map((r) => [r.key, r.requests]),
+      [["reporter", 2]],
+    );
     const { stdout: none } = await ctl(["--model", "never-served", "--since", "7d", "--key-name", "reporter"]);
     assert.equal(none, "No usage in the last 7d for key 'reporter' of model 'never-served'.\n");
     await assert.rejects(ctl(["--since", "last week"]), (error: { stderr?: string }) => /Invalid --since 'last week'/.test(error.stderr ?? ""));
@@ -153,7 +179,21 @@ test("a starting server deletes raw usage rows past the retention and keeps thei
   const daysAgo = (days: number) => new Date(Date.now() - days * 86_400_000).toISOString();
   const yesterday = daysAgo(1);
   for (const at of [daysAgo(40), yesterday]) {
-    recorder.record({ at, key_id: "old-key", model: "m", replica_id: null, endpoint: "/v1/chat/completions", prompt_tokens: 1, completion_tokens: 1, ttft_ms: null, duration_ms: 10, status: 200, stream: 0, cost_usd: null, guard_ms: null });
+    recorder.record({
+      at,
+      key_id: "old-key",
+      model: "m",
+      replica_id: null,
+      endpoint: "/v1/chat/completions",
+      prompt_tokens: 1,
+      completion_tokens: 1,
+      ttft_ms: null,
+      duration_ms: 10,
+      status: 200,
+      stream: 0,
+      cost_usd: null,
+      guard_ms: null,
+    });
   }
   await recorder.close();
   await store.close();

@@ -46,7 +46,10 @@ try {
   for (let i = 0; i < writes; i += 1) {
     const before = heard;
     const began = performance.now();
-    await a.db.insertInto("console_sessions").values({ id: `s${i}`, key_id: "k", key_hash: "h", created_at: "now", expires_at: "later" }).execute();
+    await a.db
+      .insertInto("console_sessions")
+      .values({ id: `s${i}`, key_id: "k", key_hash: "h", created_at: "now", expires_at: "later" })
+      .execute();
     await until(() => heard > before);
     feedMs.push(performance.now() - began);
   }

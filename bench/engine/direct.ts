@@ -48,7 +48,8 @@ process.on("message", (message: DirectRound) => {
     );
     const seconds = (performance.now() - started) / 1000;
     // The benchmark's model never ends a reply on its own, so each one has maxTokens tokens.
-    for (const result of results) if (result.metadata.stopReason !== "maxTokens") throw new Error(`a direct generation ended early: ${result.metadata.stopReason}`);
+    for (const result of results)
+      if (result.metadata.stopReason !== "maxTokens") throw new Error(`a direct generation ended early: ${result.metadata.stopReason}`);
     process.send?.({ type: "result", tokens: results.length * message.maxTokens, seconds } satisfies DirectResult);
   })();
 });

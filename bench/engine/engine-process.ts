@@ -69,7 +69,10 @@ export async function startEngineProcess(options: { label: string; entry: string
   const deadline = Date.now() + 120_000;
   for (;;) {
     if (child.exitCode !== null) throw new Error(`the ${options.label} engine exited: ${stderr}`);
-    const status = await fetch(`${url}/health`).then((r) => r.status, () => 0);
+    const status = await fetch(`${url}/health`).then(
+      (r) => r.status,
+      () => 0,
+    );
     if (status === 200) return engine;
     if (Date.now() > deadline) {
       await engine.stop();

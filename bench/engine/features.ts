@@ -93,7 +93,16 @@ function shortTexts(count: number): string[] {
 function noteSchema(tokens: number) {
   return {
     type: "json_schema",
-    json_schema: { name: "note", strict: true, schema: { type: "object", properties: { text: { type: "string", minLength: Math.min(1000, tokens * 16) } }, required: ["text"], additionalProperties: false } },
+    json_schema: {
+      name: "note",
+      strict: true,
+      schema: {
+        type: "object",
+        properties: { text: { type: "string", minLength: Math.min(1000, tokens * 16) } },
+        required: ["text"],
+        additionalProperties: false,
+      },
+    },
   };
 }
 
@@ -106,7 +115,8 @@ async function timeChat(engine: EngineProcess, options: Options, kind: "plain" |
     ...(kind === "json_schema" ? { response_format: noteSchema(options.tokens) } : {}),
   });
   const seconds = (performance.now() - started) / 1000;
-  if (status !== 200 || body.usage?.completion_tokens !== options.tokens) throw new Error(`the ${kind} chat answered ${status}: ${JSON.stringify(body).slice(0, 500)}`);
+  if (status !== 200 || body.usage?.completion_tokens !== options.tokens)
+    throw new Error(`the ${kind} chat answered ${status}: ${JSON.stringify(body).slice(0, 500)}`);
   if (kind === "json_schema" && !String(body.choices[0].message.content).startsWith('{"text"')) {
     throw new Error(`the json_schema answer does not follow the schema: ${String(body.choices[0].message.content).slice(0, 200)}`);
   }
@@ -131,7 +141,9 @@ async function main(): Promise<void> {
   let engine: EngineProcess | undefined;
   try {
     const model = await writeTinyLlamaGguf({ path: path.join(dir, "bench-f32.gguf"), seed: 11, endless: true, ...BENCH_MODEL_SHAPE });
-    process.stdout.write(`model: ${(model.bytes / 1e6).toFixed(0)} MB F32; ${options.threads} threads; ${options.tokens} tokens per chat; ${options.texts} texts per embeddings round\n`);
+    process.stdout.write(
+      `model: ${(model.bytes / 1e6).toFixed(0)} MB F32; ${options.threads} threads; ${options.tokens} tokens per chat; ${options.texts} texts per embeddings round\n`,
+    );
     engine = await startEngineProcess({
       label: "bench",
       entry: path.join(ROOT, "bin/llmgw.js"),
@@ -147,7 +159,8 @@ async function main(): Promise<void> {
       const line: string[] = [];
       for (const kind of kinds) {
         const otherLoad = measureOtherLoad(() => [process.pid, running.child.pid ?? 0]);
-        const { count, seconds } = kind === "plain" || kind === "json_schema" ? await timeChat(running, options, kind) : await timeEmbeddings(running, texts, kind);
+        const { count, seconds } =
+          kind === "plain" || kind === "json_schema" ? await timeChat(running, options, kind) : await timeEmbeddings(running, texts, kind);
         const sample: Sample = { round, kind, count, seconds, perSecond: count / seconds, otherCores: otherLoad() };
         // Round 0 warms up (the embedding context is created on the first embeddings request).
         if (round > 0) samples.push(sample);
@@ -189,14 +202,32 @@ async function main(): Promise<void> {
         "",
       ].join("\n") + "\n",
     );
-    if (leftOut > 0) process.stdout.write(`${leftOut} of ${samples.length} samples left out: other processes kept more than ${options.maxOtherCores} cores busy\n`);
+    if (leftOut > 0)
+      process.stdout.write(`${leftOut} of ${samples.length} samples left out: other processes kept more than ${options.maxOtherCores} cores busy\n`);
     const met = rows.schemaRatio >= GOAL_RATIO;
     process.stdout.write(`${met ? "PASS" : "MISS"} json_schema tokens/s ÷ unconstrained = ${rows.schemaRatio.toFixed(2)} (goal ≥ ${GOAL_RATIO})\n`);
     mkdirSync(options.out, { recursive: true });
     const file = path.join(options.out, `engine-features-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
     writeFileSync(
       file,
-      JSON.stringify({ bench: "engine-features", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd: os.loadavg(), options, model: { bytes: model.bytes, ...BENCH_MODEL_SHAPE }, rows, goal: { ratio: GOAL_RATIO, met }, samplesLeftOut: leftOut, samples }, null, 2) + "\n",
+      JSON.stringify(
+        {
+          bench: "engine-features",
+          at: new Date().toISOString(),
+          node: process.version,
+          cpus: os.cpus().length,
+          loadAtStart,
+          loadAtEnd: os.loadavg(),
+          options,
+          model: { bytes: model.bytes, ...BENCH_MODEL_SHAPE },
+          rows,
+          goal: { ratio: GOAL_RATIO, met },
+          samplesLeftOut: leftOut,
+          samples,
+        },
+        null,
+        2,
+      ) + "\n",
     );
     process.stdout.write(`wrote ${path.relative(ROOT, file)}\n`);
   } finally {

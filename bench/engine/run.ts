@@ -95,7 +95,8 @@ function parseOptions(argv: string[]): Options {
       .filter((part) => part.trim() !== "")
       .map((part) => {
         const [name, entry] = part.split("=");
-        if (!name || !entry || ["engine", "direct"].includes(name)) throw new Error(`Invalid --compare entry '${part}': expected NAME=FILE, NAME not engine or direct.`);
+        if (!name || !entry || ["engine", "direct"].includes(name))
+          throw new Error(`Invalid --compare entry '${part}': expected NAME=FILE, NAME not engine or direct.`);
         return { name, entry: path.resolve(entry) };
       }),
   };
@@ -222,7 +223,9 @@ async function main(): Promise<void> {
   process.once("SIGINT", () => void cleanUp().finally(() => process.exit(130)));
   try {
     const model = await writeTinyLlamaGguf({ path: path.join(dir, "bench-f32.gguf"), seed: 11, endless: true, ...BENCH_MODEL_SHAPE });
-    process.stdout.write(`model: ${(model.bytes / 1e6).toFixed(0)} MB F32, ${(model.parameterCount / 1e6).toFixed(0)} M parameters; ${options.threads} threads; ${options.tokens} tokens per generation\n`);
+    process.stdout.write(
+      `model: ${(model.bytes / 1e6).toFixed(0)} MB F32, ${(model.parameterCount / 1e6).toFixed(0)} M parameters; ${options.threads} threads; ${options.tokens} tokens per generation\n`,
+    );
     const engineEntries = [{ name: "engine", entry: path.join(ROOT, "bin/llmgw.js") }, ...options.compare];
     for (const level of options.levels) {
       for (const { name, entry } of engineEntries) engines.push(await EngineTarget.start(name, entry, model.path, level, options.threads));
@@ -331,7 +334,20 @@ async function main(): Promise<void> {
     writeFileSync(
       file,
       JSON.stringify(
-        { bench: "engine", at: new Date().toISOString(), node: process.version, cpus: os.cpus().length, loadAtStart, loadAtEnd, options, model: { bytes: model.bytes, parameters: model.parameterCount, ...BENCH_MODEL_SHAPE }, rows, goal: { ...GOAL, met }, samplesLeftOut: leftOut, samples },
+        {
+          bench: "engine",
+          at: new Date().toISOString(),
+          node: process.version,
+          cpus: os.cpus().length,
+          loadAtStart,
+          loadAtEnd,
+          options,
+          model: { bytes: model.bytes, parameters: model.parameterCount, ...BENCH_MODEL_SHAPE },
+          rows,
+          goal: { ...GOAL, met },
+          samplesLeftOut: leftOut,
+          samples,
+        },
         null,
         2,
       ) + "\n",

@@ -263,7 +263,9 @@ async function createDatabase(adminUrl: string): Promise<{ url: string; drop: ()
   try {
     await client.connect();
   } catch (error) {
-    throw new Error(`Cannot reach PostgreSQL at ${adminUrl} (${error instanceof Error ? error.message : String(error)}); start it, pass --postgres URL, or run with --stores sqlite.`);
+    throw new Error(
+      `Cannot reach PostgreSQL at ${adminUrl} (${error instanceof Error ? error.message : String(error)}); start it, pass --postgres URL, or run with --stores sqlite.`,
+    );
   }
   await client.query(`CREATE DATABASE ${name}`);
   await client.end();
@@ -316,7 +318,9 @@ async function runStore(store: StoreName, options: Options, context: { temp: str
     const url = server.url;
     const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
     const joinToken = readFileSync(path.join(dataDir, "join.token"), "utf8").trim();
-    log(`${store}: llmgw server ${url} (pid ${server.child.pid}${database === null ? ", SQLite" : `, ${database.url.replace(/\/\/[^@]*@/, "//")}`}); ${options.agents} agents joining over ${options.heartbeatS} s`);
+    log(
+      `${store}: llmgw server ${url} (pid ${server.child.pid}${database === null ? ", SQLite" : `, ${database.url.replace(/\/\/[^@]*@/, "//")}`}); ${options.agents} agents joining over ${options.heartbeatS} s`,
+    );
 
     // Spread the starts over one heartbeat interval; a failed join fails the run.
     const joinStarted = performance.now();
@@ -380,7 +384,9 @@ async function runStore(store: StoreName, options: Options, context: { temp: str
     const serverEventSeconds = event === undefined ? null : (Date.parse(event.at) - lastBeat.answeredAt) / 1000;
     const nodesAtEnd = ((await api(`${url}/api/v1/nodes`, adminKey, "GET")) as { data: NodeRow[] }).data;
     const otherLost = nodesAtEnd.filter((node) => node.state === "lost" && node.name !== victim.name).length;
-    log(`${store}: ${victim.name} seen lost ${fmt(seconds, 2)} s after its last heartbeat (server event at ${fmt(serverEventSeconds, 2)} s; limit ${limitSeconds} s)`);
+    log(
+      `${store}: ${victim.name} seen lost ${fmt(seconds, 2)} s after its last heartbeat (server event at ${fmt(serverEventSeconds, 2)} s; limit ${limitSeconds} s)`,
+    );
 
     return {
       store,
@@ -420,7 +426,21 @@ async function runStore(store: StoreName, options: Options, context: { temp: str
 }
 
 function renderTable(results: StoreResult[]): string {
-  const header = ["store", "agents", "server CPU", "hb p50 ms", "hb p99 ms", "hb max ms", "hb failed", "polls", "lost in window", "loss seen after", "server event", "load CPU", "load loop p99"];
+  const header = [
+    "store",
+    "agents",
+    "server CPU",
+    "hb p50 ms",
+    "hb p99 ms",
+    "hb max ms",
+    "hb failed",
+    "polls",
+    "lost in window",
+    "loss seen after",
+    "server event",
+    "load CPU",
+    "load loop p99",
+  ];
   const rows = results.map((r) => [
     r.store,
     String(r.agents),
@@ -437,7 +457,8 @@ function renderTable(results: StoreResult[]): string {
     `${fmt(r.loadEventLoopDelayP99Ms, 1)} ms`,
   ]);
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
-  const line = (row: string[]) => "| " + row.map((text, column) => (column === 0 ? text.padEnd(widths[column]!) : text.padStart(widths[column]!))).join(" | ") + " |";
+  const line = (row: string[]) =>
+    "| " + row.map((text, column) => (column === 0 ? text.padEnd(widths[column]!) : text.padStart(widths[column]!))).join(" | ") + " |";
   const rule = "|" + widths.map((width, column) => (column === 0 ? "-".repeat(width + 2) : "-".repeat(width + 1) + ":")).join("|") + "|";
   return [line(header), rule, ...rows.map(line)].join("\n");
 }
@@ -471,7 +492,10 @@ async function main(): Promise<void> {
   const profDir = path.join(options.out, `prof-fleet-agents-${stamp}`);
   log(
     `fleet agents benchmark: ${options.agents} agents, heartbeat ${options.heartbeatS} s, node timeout ${options.nodeTimeoutS} s, stores ${options.stores.join(", ")}; ` +
-      `${options.warmupS} s warm-up, ${options.windowS} s window; ${os.cpus().length} CPUs, load average ${os.loadavg().map((v) => v.toFixed(2)).join(" ")}`,
+      `${options.warmupS} s warm-up, ${options.windowS} s window; ${os.cpus().length} CPUs, load average ${os
+        .loadavg()
+        .map((v) => v.toFixed(2))
+        .join(" ")}`,
   );
   const results: StoreResult[] = [];
   try {
@@ -485,7 +509,10 @@ async function main(): Promise<void> {
   process.stdout.write("\n" + renderTable(results) + "\n\n" + renderGoals(results, options) + "\n");
   for (const r of results) {
     if (r.errors.length > 0) log(`${r.store}: ${r.errors.length} protocol errors, e.g. ${r.errors[0]}`);
-    if (r.otherLost > 0 || r.lostDuringWindow > 0) log(`${r.store}: ${r.lostDuringWindow} nodes lost during the window, ${r.otherLost} besides the stopped one by the end: heartbeats did not get through in time`);
+    if (r.otherLost > 0 || r.lostDuringWindow > 0)
+      log(
+        `${r.store}: ${r.lostDuringWindow} nodes lost during the window, ${r.otherLost} besides the stopped one by the end: heartbeats did not get through in time`,
+      );
   }
   const file = writeReport({ dir: options.out, name: "fleet-agents", stamp, report: { options: { ...options, out: undefined }, results } });
   log(`wrote ${path.relative(process.cwd(), file)}`);

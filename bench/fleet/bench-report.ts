@@ -23,7 +23,12 @@ export function percentile(values: readonly number[], p: number): number | null 
 }
 
 export function stats(values: readonly number[]): { median: number | null; min: number | null; max: number | null; n: number } {
-  return { median: percentile(values, 50), min: values.length === 0 ? null : Math.min(...values), max: values.length === 0 ? null : Math.max(...values), n: values.length };
+  return {
+    median: percentile(values, 50),
+    min: values.length === 0 ? null : Math.min(...values),
+    max: values.length === 0 ? null : Math.max(...values),
+    n: values.length,
+  };
 }
 
 /** Clock ticks per second of /proc/<pid>/stat's utime and stime (USER_HZ; 100 on Linux x86). */
@@ -74,7 +79,10 @@ export function machine() {
 export function writeReport(options: { dir: string; name: string; stamp: string; report: object }): string {
   mkdirSync(options.dir, { recursive: true });
   const file = path.join(options.dir, `${options.name}-${options.stamp}.json`);
-  writeFileSync(file, JSON.stringify({ benchmark: options.name, date: new Date().toISOString(), commit: gitDescribe(), machine: machine(), ...options.report }, null, 2) + "\n");
+  writeFileSync(
+    file,
+    JSON.stringify({ benchmark: options.name, date: new Date().toISOString(), commit: gitDescribe(), machine: machine(), ...options.report }, null, 2) + "\n",
+  );
   return file;
 }
 

@@ -90,7 +90,24 @@ async function baselineRound(model: string, logDir: string, round: number): Prom
   const started = performance.now();
   const child = spawn(
     process.execPath,
-    [LLMGW_BIN, "engine", "--model", model, "--host", "127.0.0.1", "--port", String(port), "--ctx-size", "1024", "--parallel", "1", "--threads", "0", "--model-name", "tiny"],
+    [
+      LLMGW_BIN,
+      "engine",
+      "--model",
+      model,
+      "--host",
+      "127.0.0.1",
+      "--port",
+      String(port),
+      "--ctx-size",
+      "1024",
+      "--parallel",
+      "1",
+      "--threads",
+      "0",
+      "--model-name",
+      "tiny",
+    ],
     // The key in the environment and NODE_OPTIONS cleared, as the agent starts it.
     { cwd: ROOT, stdio: ["ignore", out, out], env: { ...process.env, LLMGW_ENGINE_KEY: key, NODE_OPTIONS: "" } },
   );
@@ -101,7 +118,8 @@ async function baselineRound(model: string, logDir: string, round: number): Prom
     while (true) {
       if (exited) throw new Error(`The engine exited before /health answered 200; its log:\n${tail(logFile)}`);
       if ((await healthStatus(`http://127.0.0.1:${port}/health`)) === 200) return performance.now() - started;
-      if (performance.now() - started > DEADLINE_MS) throw new Error(`The engine did not answer /health within ${DEADLINE_MS / 1000} s; its log:\n${tail(logFile)}`);
+      if (performance.now() - started > DEADLINE_MS)
+        throw new Error(`The engine did not answer /health within ${DEADLINE_MS / 1000} s; its log:\n${tail(logFile)}`);
       await sleep(HEALTH_POLL_MS);
     }
   } finally {
@@ -125,7 +143,8 @@ async function chat(url: string, key: string, model: string): Promise<number> {
   const text = await response.body.text();
   const elapsed = performance.now() - started;
   if (response.statusCode !== 200) throw new Error(`POST /v1/chat/completions for '${model}' answered ${response.statusCode}: ${text.slice(0, 300)}`);
-  if ((JSON.parse(text) as { object?: string }).object !== "chat.completion") throw new Error(`'${model}' answered something other than a chat.completion: ${text.slice(0, 300)}`);
+  if ((JSON.parse(text) as { object?: string }).object !== "chat.completion")
+    throw new Error(`'${model}' answered something other than a chat.completion: ${text.slice(0, 300)}`);
   return elapsed;
 }
 
@@ -197,7 +216,12 @@ async function main(): Promise<void> {
     const dataDir = path.join(temp, "data");
     up = await startService({ name: "llmgw-up", args: [LLMGW_BIN, "up", "--data-dir", dataDir, "--listen", "127.0.0.1:0"], logDir });
     const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
-    log(`cold start benchmark: ${options.rounds} rounds; llmgw up at ${up.url}; model ${modelFile}; ${os.cpus().length} CPUs, load average ${os.loadavg().map((v) => v.toFixed(2)).join(" ")}`);
+    log(
+      `cold start benchmark: ${options.rounds} rounds; llmgw up at ${up.url}; model ${modelFile}; ${os.cpus().length} CPUs, load average ${os
+        .loadavg()
+        .map((v) => v.toFixed(2))
+        .join(" ")}`,
+    );
 
     // One unmeasured round of each first: the page cache and the native library warm, as
     // they are on a machine that has run an engine before.
@@ -246,12 +270,21 @@ async function main(): Promise<void> {
     ].join("\n");
     const overheadMedian = median(overheads);
     const verdict = overheadMedian <= GOAL_MS ? "PASS" : "MISS";
-    process.stdout.write(`\n${table}\n\n${verdict} median cold-start overhead ${fmt(overheadMedian, 0)} ms over ${options.rounds} rounds (goal: ≤ ${GOAL_MS} ms on top of the engine's own load time)\n`);
+    process.stdout.write(
+      `\n${table}\n\n${verdict} median cold-start overhead ${fmt(overheadMedian, 0)} ms over ${options.rounds} rounds (goal: ≤ ${GOAL_MS} ms on top of the engine's own load time)\n`,
+    );
     const file = writeReport({
       dir: options.out,
       name: "fleet-cold-start",
       stamp,
-      report: { options: { ...options, out: undefined }, rounds, baselineMedianMs: baselineMedian, overheadMedianMs: overheadMedian, pairedOverheadMedianMs: median(paired), goal: { thresholdMs: GOAL_MS, verdict } },
+      report: {
+        options: { ...options, out: undefined },
+        rounds,
+        baselineMedianMs: baselineMedian,
+        overheadMedianMs: overheadMedian,
+        pairedOverheadMedianMs: median(paired),
+        goal: { thresholdMs: GOAL_MS, verdict },
+      },
     });
     log(`wrote ${path.relative(process.cwd(), file)}`);
   } catch (error) {

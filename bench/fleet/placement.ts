@@ -239,7 +239,9 @@ function summarize(name: string, measured: Measured, requests: PlacementRequest[
 }
 
 const options = parseOptions(process.argv.slice(2));
-console.log(`placement of ${options.models} models (one replica each) onto ${options.nodes} nodes; goal: every round under ${GOAL_MS} ms; node ${process.version}`);
+console.log(
+  `placement of ${options.models} models (one replica each) onto ${options.nodes} nodes; goal: every round under ${GOAL_MS} ms; node ${process.version}`,
+);
 let allPass = true;
 for (const scenario of [
   { name: "mixed", memoryShare: 1, gpusUsed: 0.3 },
@@ -247,8 +249,18 @@ for (const scenario of [
 ]) {
   const rng = random(options.seed);
   const requests = buildRequests({ count: options.models, rng });
-  const nodes = buildNodes({ count: options.nodes, weightsKeys: requests.map((r) => r.weightsKey ?? ""), rng, memoryShare: scenario.memoryShare, gpusUsed: scenario.gpusUsed });
+  const nodes = buildNodes({
+    count: options.nodes,
+    weightsKeys: requests.map((r) => r.weightsKey ?? ""),
+    rng,
+    memoryShare: scenario.memoryShare,
+    gpusUsed: scenario.gpusUsed,
+  });
   allPass = summarize(scenario.name, measure(nodes, requests, options), requests) && allPass;
 }
-console.log(allPass ? `PASS: every round placed ${options.models} models onto ${options.nodes} nodes in under 1 s` : "FAIL: a round took 1 s or more, or rounds disagreed");
+console.log(
+  allPass
+    ? `PASS: every round placed ${options.models} models onto ${options.nodes} nodes in under 1 s`
+    : "FAIL: a round took 1 s or more, or rounds disagreed",
+);
 process.exit(allPass ? 0 : 1);

@@ -72,7 +72,13 @@ export class LoadTarget {
 
   constructor(private readonly options: LoadTargetOptions) {
     // One connection per worker: a closed loop never has more requests in flight than that.
-    this.pool = new Pool(new URL(options.url).origin, { connections: options.concurrency, pipelining: 1, keepAliveTimeout: 60_000, headersTimeout: 30_000, bodyTimeout: 30_000 });
+    this.pool = new Pool(new URL(options.url).origin, {
+      connections: options.concurrency,
+      pipelining: 1,
+      keepAliveTimeout: 60_000,
+      headersTimeout: 30_000,
+      bodyTimeout: 30_000,
+    });
     this.headers = { "content-type": "application/json" };
     if (options.key !== undefined) this.headers.authorization = `Bearer ${options.key}`;
     this.path = options.path ?? "/v1/chat/completions";
@@ -174,7 +180,12 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
   }
   const stream = process.argv.includes("--stream");
   const body = Buffer.from(
-    JSON.stringify({ model: argument("--model") ?? "bench", messages: [{ role: "user", content: "Say hello." }], max_tokens: 32, ...(stream ? { stream: true } : {}) }),
+    JSON.stringify({
+      model: argument("--model") ?? "bench",
+      messages: [{ role: "user", content: "Say hello." }],
+      max_tokens: 32,
+      ...(stream ? { stream: true } : {}),
+    }),
   );
   const result = await runLoad({
     url,

@@ -75,7 +75,16 @@ interface PhaseResult {
 }
 
 /** `clients` closed-loop workers against one model for a warm-up and a measured window. */
-async function runPhase(options: { phase: string; url: string; key: string; model: string; clients: number; warmupMs: number; durationMs: number; backoffMs: number }): Promise<PhaseResult> {
+async function runPhase(options: {
+  phase: string;
+  url: string;
+  key: string;
+  model: string;
+  clients: number;
+  warmupMs: number;
+  durationMs: number;
+  backoffMs: number;
+}): Promise<PhaseResult> {
   const pool = new Pool(options.url, { connections: options.clients, pipelining: 1, headersTimeout: 120_000, bodyTimeout: 120_000 });
   const body = Buffer.from(JSON.stringify({ model: options.model, messages: [{ role: "user", content: "Say hello." }], max_tokens: 32 }));
   const headers = { authorization: `Bearer ${options.key}`, "content-type": "application/json" };
@@ -138,17 +147,42 @@ async function main(): Promise<void> {
       `llmgw overload benchmark: an engine stand-in with ${options.slots} slots × ${options.delayMs} ms; ${options.slots} then ${overloadClients} clients; ` +
         `queue ${options.queue}; ${options.warmupS} s warm-up + ${options.durationS} s per phase; 429 backoff ${options.backoffMs} ms`,
     );
-    const stub = await startService({ name: "stub", args: ["--import", "tsx", "bench/gateway/stub-upstream.ts", "--delay-ms", String(options.delayMs), "--slots", String(options.slots)], logDir });
+    const stub = await startService({
+      name: "stub",
+      args: ["--import", "tsx", "bench/gateway/stub-upstream.ts", "--delay-ms", String(options.delayMs), "--slots", String(options.slots)],
+      logDir,
+    });
     services.push(stub);
     const dataDir = path.join(temp, "data");
-    const server = await startService({ name: "llmgw", args: [path.join(ROOT, "bin/llmgw.js"), "server", "--data-dir", dataDir, "--listen", "127.0.0.1:0"], logDir });
+    const server = await startService({
+      name: "llmgw",
+      args: [path.join(ROOT, "bin/llmgw.js"), "server", "--data-dir", dataDir, "--listen", "127.0.0.1:0"],
+      logDir,
+    });
     services.push(server);
     const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
-    await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: "admitted", profiles: [{ name: "engine", engine: "external", url: stub.url, max_inflight: options.slots }], queue_size: options.queue });
-    await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: "unbounded", profiles: [{ name: "engine", engine: "external", url: stub.url, max_inflight: 4096 }], queue_size: 0 });
+    await api(`${server.url}/api/v1/models`, adminKey, "POST", {
+      name: "admitted",
+      profiles: [{ name: "engine", engine: "external", url: stub.url, max_inflight: options.slots }],
+      queue_size: options.queue,
+    });
+    await api(`${server.url}/api/v1/models`, adminKey, "POST", {
+      name: "unbounded",
+      profiles: [{ name: "engine", engine: "external", url: stub.url, max_inflight: 4096 }],
+      queue_size: 0,
+    });
     const { key } = (await api(`${server.url}/api/v1/keys`, adminKey, "POST", { name: "overload" })) as { key: string };
     const phase = (name: string, model: string, clients: number) =>
-      runPhase({ phase: name, url: server.url, key, model, clients, warmupMs: options.warmupS * 1000, durationMs: options.durationS * 1000, backoffMs: options.backoffMs });
+      runPhase({
+        phase: name,
+        url: server.url,
+        key,
+        model,
+        clients,
+        warmupMs: options.warmupS * 1000,
+        durationMs: options.durationS * 1000,
+        backoffMs: options.backoffMs,
+      });
 
     const results: PhaseResult[] = [];
     for (const [name, model, clients] of [
@@ -171,8 +205,28 @@ async function main(): Promise<void> {
     );
     mkdirSync(options.out, { recursive: true });
     const file = path.join(options.out, `overload-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
-    writeFileSync(file, JSON.stringify({ benchmark: "overload", date: new Date().toISOString(), options: { ...options, out: undefined }, loadAverageAtEnd: os.loadavg(), results, ratio, pass }, null, 2) + "\n");
-    log(`wrote ${path.relative(process.cwd(), file)} (load average now ${os.loadavg().map((v) => v.toFixed(2)).join(" ")})`);
+    writeFileSync(
+      file,
+      JSON.stringify(
+        {
+          benchmark: "overload",
+          date: new Date().toISOString(),
+          options: { ...options, out: undefined },
+          loadAverageAtEnd: os.loadavg(),
+          results,
+          ratio,
+          pass,
+        },
+        null,
+        2,
+      ) + "\n",
+    );
+    log(
+      `wrote ${path.relative(process.cwd(), file)} (load average now ${os
+        .loadavg()
+        .map((v) => v.toFixed(2))
+        .join(" ")})`,
+    );
     process.exitCode = admitted.other + base.other === 0 ? 0 : 1;
   } catch (error) {
     process.stderr.write(`bench/gateway/overload failed: ${error instanceof Error ? error.message : String(error)}\n`);
@@ -185,7 +239,17 @@ async function main(): Promise<void> {
 }
 
 function renderTable(results: PhaseResult[], baseP99: number): string {
-  const rows = results.map((r) => [r.phase, r.model, String(r.clients), String(r.admitted), r.p50Ms.toFixed(1), r.p99Ms.toFixed(1), (r.p99Ms / baseP99).toFixed(2), String(r.rejected429), String(r.other)]);
+  const rows = results.map((r) => [
+    r.phase,
+    r.model,
+    String(r.clients),
+    String(r.admitted),
+    r.p50Ms.toFixed(1),
+    r.p99Ms.toFixed(1),
+    (r.p99Ms / baseP99).toFixed(2),
+    String(r.rejected429),
+    String(r.other),
+  ]);
   const header = ["phase", "model", "clients", "answered", "p50 ms", "p99 ms", "p99 / slots-only", "429", "other"];
   const widths = header.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]!.length)));
   const line = (row: string[]) => "| " + row.map((cell, i) => (i < 2 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join(" | ") + " |";

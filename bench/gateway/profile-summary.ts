@@ -144,5 +144,9 @@ const numberFlag = (name: string): number | undefined => {
   return index === -1 ? undefined : Number(process.argv[index + 1]);
 };
 process.stdout.write(
-  summarizeProfile(JSON.parse(readFileSync(file, "utf8")) as CpuProfile, { top: numberFlag("--top"), skipS: numberFlag("--skip"), requests: numberFlag("--requests") }) + "\n",
+  summarizeProfile(JSON.parse(readFileSync(file, "utf8")) as CpuProfile, {
+    top: numberFlag("--top"),
+    skipS: numberFlag("--skip"),
+    requests: numberFlag("--requests"),
+  }) + "\n",
 );

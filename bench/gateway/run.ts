@@ -99,7 +99,9 @@ function parseOptions(argv: string[]): Options {
       .map((part) => {
         const [name, entry] = part.split("=");
         if (name === undefined || entry === undefined || !/^[a-z0-9-]+$/i.test(name) || (TARGETS as readonly string[]).includes(name)) {
-          throw new Error(`Invalid --compare entry '${part}': use NAME=FILE with a new name of letters, digits and '-', e.g. bundled=/tmp/llmgw/dist/cli/main.mjs.`);
+          throw new Error(
+            `Invalid --compare entry '${part}': use NAME=FILE with a new name of letters, digits and '-', e.g. bundled=/tmp/llmgw/dist/cli/main.mjs.`,
+          );
         }
         return { name, entry: path.resolve(entry) };
       }),
@@ -135,7 +137,9 @@ function cpuSeconds(pid: number | undefined): number | null {
 // llmgw setup through its admin API
 
 function requestBody(mode: Mode): Buffer {
-  return Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "Say hello." }], max_tokens: 32, ...(mode === "stream" ? { stream: true } : {}) }));
+  return Buffer.from(
+    JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "Say hello." }], max_tokens: 32, ...(mode === "stream" ? { stream: true } : {}) }),
+  );
 }
 
 /** One request, fully checked: status, shape of the answer; returns the body's length. */
@@ -152,7 +156,8 @@ async function probe(target: string, url: string, mode: Mode, key: string | unde
   } else {
     const events = text.split("\n\n").filter((event) => event !== "");
     if (events.length !== 21 || events.at(-1) !== "data: [DONE]") throw problem(`${events.length} events, expected 20 chunks and [DONE]`);
-    if (!events.slice(0, 20).every((event) => event.startsWith("data: {") && event.includes('"chat.completion.chunk"'))) throw problem("a chunk is not a chat.completion.chunk event");
+    if (!events.slice(0, 20).every((event) => event.startsWith("data: {") && event.includes('"chat.completion.chunk"')))
+      throw problem("a chunk is not a chat.completion.chunk event");
   }
   return Buffer.byteLength(text);
 }
@@ -234,7 +239,8 @@ async function main(): Promise<void> {
   const profDir = path.join(options.out, `prof-${stamp}`);
   // One folder per process: Node writes one profile per thread (the main thread's is the
   // one that matters; tsx's module loader runs in a worker thread and writes its own).
-  const profArgs = (who: "llmgw" | "floor") => (options.cpuProf === who || options.cpuProf === "all" ? ["--cpu-prof", `--cpu-prof-dir=${path.join(profDir, who)}`] : []);
+  const profArgs = (who: "llmgw" | "floor") =>
+    options.cpuProf === who || options.cpuProf === "all" ? ["--cpu-prof", `--cpu-prof-dir=${path.join(profDir, who)}`] : [];
 
   const services: Service[] = [];
   let interrupted = false;
@@ -243,7 +249,11 @@ async function main(): Promise<void> {
     rmSync(temp, { recursive: true, force: true });
   };
   // Stop the servers however this process ends: on a signal cleanly, on exit by force.
-  for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
+  for (const [signal, code] of [
+    ["SIGINT", 130],
+    ["SIGTERM", 143],
+    ["SIGHUP", 129],
+  ] as const) {
     process.once(signal, () => {
       if (interrupted) return;
       interrupted = true;
@@ -262,7 +272,11 @@ async function main(): Promise<void> {
     );
     const stub = await startService({ name: "stub", args: ["--import", "tsx", "bench/gateway/stub-upstream.ts"], logDir });
     services.push(stub);
-    const floor = await startService({ name: "floor", args: [...profArgs("floor"), "--import", "tsx", "bench/gateway/floor-proxy.ts", "--upstream", stub.url], logDir });
+    const floor = await startService({
+      name: "floor",
+      args: [...profArgs("floor"), "--import", "tsx", "bench/gateway/floor-proxy.ts", "--upstream", stub.url],
+      logDir,
+    });
     services.push(floor);
     const targets: Target[] = [...TARGETS, ...options.compare.map((variant) => variant.name)];
     const urls: Record<Target, string> = { direct: stub.url, floor: floor.url };
@@ -271,7 +285,11 @@ async function main(): Promise<void> {
     // An llmgw server with its own SQLite data dir, the stub as an `external` model and a client key.
     for (const { name, entry } of [{ name: "llmgw", entry: options.llmgwEntry }, ...options.compare]) {
       const dataDir = path.join(temp, `data-${name}`);
-      const server = await startService({ name, args: [...(name === "llmgw" ? profArgs("llmgw") : []), entry, "server", "--data-dir", dataDir, "--listen", "127.0.0.1:0"], logDir });
+      const server = await startService({
+        name,
+        args: [...(name === "llmgw" ? profArgs("llmgw") : []), entry, "server", "--data-dir", dataDir, "--listen", "127.0.0.1:0"],
+        logDir,
+      });
       services.push(server);
       const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
       // With key limits on, every request reserves and settles a budget (priced model) and a
@@ -284,7 +302,9 @@ async function main(): Promise<void> {
       urls[name] = server.url;
       keys[name] = key;
       pids[name] = server.child.pid;
-      log(`${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…${limited ? " with a budget and rate limits" : ""})`);
+      log(
+        `${name} ${server.url} (${path.relative(ROOT, entry) || entry}; SQLite in ${dataDir}, external model '${MODEL}', client key ${key.slice(0, 12)}…${limited ? " with a budget and rate limits" : ""})`,
+      );
     }
     log(`stub ${stub.url}  floor ${floor.url}`);
 
@@ -299,19 +319,38 @@ async function main(): Promise<void> {
       }
     }
     for (const target of targets.slice(2)) {
-      const refused = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: "Bearer llmgw-not-a-real-key", "content-type": "application/json" }, body: requestBody("non-stream") });
+      const refused = await request(`${urls[target]}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: "Bearer llmgw-not-a-real-key", "content-type": "application/json" },
+        body: requestBody("non-stream"),
+      });
       await refused.body.dump();
-      if (refused.statusCode !== 401) throw new Error(`${target} answered ${refused.statusCode} to a wrong key; the benchmark needs the key check on (expected 401).`);
+      if (refused.statusCode !== 401)
+        throw new Error(`${target} answered ${refused.statusCode} to a wrong key; the benchmark needs the key check on (expected 401).`);
       if (options.keyLimits && (target === "llmgw" || !options.comparePlain)) {
-        const limited = await request(`${urls[target]}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${keys[target]}`, "content-type": "application/json" }, body: requestBody("non-stream") });
+        const limited = await request(`${urls[target]}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${keys[target]}`, "content-type": "application/json" },
+          body: requestBody("non-stream"),
+        });
         await limited.body.dump();
-        if (limited.headers["x-ratelimit-limit-requests"] === undefined) throw new Error(`${target} answered a limited key without x-ratelimit-limit-requests; the limits are not in the path.`);
+        if (limited.headers["x-ratelimit-limit-requests"] === undefined)
+          throw new Error(`${target} answered a limited key without x-ratelimit-limit-requests; the limits are not in the path.`);
       }
     }
 
     const windows: WindowRecord[] = [];
     // Every answer each target gave, warm-ups and probes included (to put a CPU profile per request).
-    const served: Record<Target, number> = Object.fromEntries(targets.map((target, index) => [target, index === 0 ? options.modes.length * targets.length : index === 1 ? options.modes.length : options.modes.length + 1 + (options.keyLimits && (target === "llmgw" || !options.comparePlain) ? 1 : 0)]));
+    const served: Record<Target, number> = Object.fromEntries(
+      targets.map((target, index) => [
+        target,
+        index === 0
+          ? options.modes.length * targets.length
+          : index === 1
+            ? options.modes.length
+            : options.modes.length + 1 + (options.keyLimits && (target === "llmgw" || !options.comparePlain) ? 1 : 0),
+      ]),
+    );
     const cells: CellResult[] = [];
     const windowCount = Math.max(1, Math.round(options.durationS / options.windowS));
     const windowMs = (options.durationS * 1000) / windowCount;
@@ -330,14 +369,18 @@ async function main(): Promise<void> {
       for (const concurrency of options.concurrency) {
         cellIndex += 1;
         const loads: Record<Target, LoadTarget> = Object.fromEntries(
-          targets.map((target) => [target, new LoadTarget({ url: urls[target]!, key: keys[target], body: requestBody(mode), concurrency, expectedBytes: expectedBytes[mode] })]),
+          targets.map((target) => [
+            target,
+            new LoadTarget({ url: urls[target]!, key: keys[target], body: requestBody(mode), concurrency, expectedBytes: expectedBytes[mode] }),
+          ]),
         );
         const latencies: Record<Target, Float64Array[]> = Object.fromEntries(targets.map((target) => [target, []]));
         try {
           for (const target of rotate(targets, cellIndex)) {
             const warm = await loads[target]!.run({ durationMs: options.warmupS * 1000 });
             served[target] = (served[target] ?? 0) + warm.completed;
-            if (warm.errors > 0) throw new Error(`${target} (${mode}, c=${concurrency}) failed during warm-up: ${warm.errors} errors, e.g. ${warm.errorSamples[0]}.`);
+            if (warm.errors > 0)
+              throw new Error(`${target} (${mode}, c=${concurrency}) failed during warm-up: ${warm.errors} errors, e.g. ${warm.errorSamples[0]}.`);
           }
           for (let window = 0; window < windowCount; window += 1) {
             for (const [order, target] of rotate(targets, cellIndex + window).entries()) {
@@ -348,7 +391,8 @@ async function main(): Promise<void> {
               const loadUsage = process.cpuUsage(loadBefore);
               const proxyAfter = cpuSeconds(pids[target]);
               const stubAfter = cpuSeconds(stub.child.pid);
-              const perRequest = (before: number | null, after: number | null) => (before === null || after === null ? null : ((after - before) * 1e6) / Math.max(1, result.completed));
+              const perRequest = (before: number | null, after: number | null) =>
+                before === null || after === null ? null : ((after - before) * 1e6) / Math.max(1, result.completed);
               latencies[target]!.push(result.latenciesMs);
               served[target] = (served[target] ?? 0) + result.completed;
               windows.push({
@@ -363,7 +407,11 @@ async function main(): Promise<void> {
                 rps: result.rps,
                 p50Ms: result.p50Ms,
                 p99Ms: result.p99Ms,
-                cpuUsPerRequest: { proxy: perRequest(proxyBefore, proxyAfter), stub: perRequest(stubBefore, stubAfter), load: ((loadUsage.user + loadUsage.system) / Math.max(1, result.completed)) },
+                cpuUsPerRequest: {
+                  proxy: perRequest(proxyBefore, proxyAfter),
+                  stub: perRequest(stubBefore, stubAfter),
+                  load: (loadUsage.user + loadUsage.system) / Math.max(1, result.completed),
+                },
               });
             }
           }
@@ -390,7 +438,11 @@ async function main(): Promise<void> {
             rps: requests / options.durationS,
             ...stats,
             addedP50Us: null,
-            cpuUsPerRequest: { proxy: cpu((w) => w.cpuUsPerRequest.proxy), stub: cpu((w) => w.cpuUsPerRequest.stub), load: cpu((w) => w.cpuUsPerRequest.load) ?? 0 },
+            cpuUsPerRequest: {
+              proxy: cpu((w) => w.cpuUsPerRequest.proxy),
+              stub: cpu((w) => w.cpuUsPerRequest.stub),
+              load: cpu((w) => w.cpuUsPerRequest.load) ?? 0,
+            },
           });
         }
         const here = cells.slice(-targets.length);
@@ -410,12 +462,14 @@ async function main(): Promise<void> {
     for (const target of targets.slice(2)) {
       const text = await (await request(`${urls[target]}/metrics`)).body.text();
       const counts: Record<string, number> = {};
-      for (const match of text.matchAll(new RegExp(`^llmgw_requests_total\\{model="${MODEL}",status="(\\d+)"\\} (\\d+)$`, "gm"))) counts[match[1]!] = Number(match[2]);
+      for (const match of text.matchAll(new RegExp(`^llmgw_requests_total\\{model="${MODEL}",status="(\\d+)"\\} (\\d+)$`, "gm")))
+        counts[match[1]!] = Number(match[2]);
       metricsCounted[target] = counts;
       log(`${target} /metrics: llmgw_requests_total for '${MODEL}' by status ${JSON.stringify(counts)}; answers the load read whole: ${served[target]! - 1}`);
     }
 
-    const cellOf = (mode: Mode, concurrency: number, target: Target) => cells.find((cell) => cell.mode === mode && cell.concurrency === concurrency && cell.target === target)!;
+    const cellOf = (mode: Mode, concurrency: number, target: Target) =>
+      cells.find((cell) => cell.mode === mode && cell.concurrency === concurrency && cell.target === target)!;
     const windowOf = (mode: Mode, concurrency: number, target: Target, window: number) =>
       windows.find((w) => w.mode === mode && w.concurrency === concurrency && w.target === target && w.window === window)!;
     const windowIndexes = Array.from({ length: windowCount }, (_, window) => window);
@@ -492,11 +546,15 @@ async function main(): Promise<void> {
       windows,
     };
     writeFileSync(file, JSON.stringify(report, null, 2) + "\n");
-    log(`${errors === 0 ? "no errors" : `${errors} ERRORS: this run is not a valid measurement`}; ${cells.reduce((sum, cell) => sum + cell.requests, 0)} requests measured in ${elapsedS.toFixed(0)} s (load average now ${machine.loadAverageAtEnd.join(" ")})`);
+    log(
+      `${errors === 0 ? "no errors" : `${errors} ERRORS: this run is not a valid measurement`}; ${cells.reduce((sum, cell) => sum + cell.requests, 0)} requests measured in ${elapsedS.toFixed(0)} s (load average now ${machine.loadAverageAtEnd.join(" ")})`,
+    );
     log(`wrote ${path.relative(process.cwd(), file)}`);
     await cleanup();
     if (options.cpuProf !== "none") {
-      log(`CPU profiles in ${path.relative(process.cwd(), profDir)}/ (the main thread's ends in .0.001.cpuprofile); requests served: floor ${served.floor}, llmgw ${served.llmgw}`);
+      log(
+        `CPU profiles in ${path.relative(process.cwd(), profDir)}/ (the main thread's ends in .0.001.cpuprofile); requests served: floor ${served.floor}, llmgw ${served.llmgw}`,
+      );
       log(`summarize: npx tsx bench/gateway/profile-summary.ts FILE --skip 3 --requests N`);
     }
     process.exitCode = errors === 0 ? 0 : 1;
@@ -543,7 +601,8 @@ function renderTable(cells: CellResult[]): string {
   ]);
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
   const right = new Set([1, 3, 4, 5, 6, 7, 8]);
-  const line = (row: string[]) => "| " + row.map((text, column) => (right.has(column) ? text.padStart(widths[column]!) : text.padEnd(widths[column]!))).join(" | ") + " |";
+  const line = (row: string[]) =>
+    "| " + row.map((text, column) => (right.has(column) ? text.padStart(widths[column]!) : text.padEnd(widths[column]!))).join(" | ") + " |";
   const rule = "|" + widths.map((width, column) => (right.has(column) ? "-".repeat(width + 1) + ":" : "-".repeat(width + 2))).join("|") + "|";
   return [line(header), rule, ...rows.map(line)].join("\n");
 }
@@ -553,11 +612,10 @@ function renderGoals(goals: Goal[]): string {
   return goals
     .map((goal) => {
       const figures =
-        goal.name === "added-p50-c1"
-          ? `${fmt(goal.subject, 0)} µs / ${fmt(goal.floor, 0)} µs`
-          : `${fmt(goal.subject, 0)} rps / ${fmt(goal.floor, 0)} rps`;
+        goal.name === "added-p50-c1" ? `${fmt(goal.subject, 0)} µs / ${fmt(goal.floor, 0)} µs` : `${fmt(goal.subject, 0)} rps / ${fmt(goal.floor, 0)} rps`;
       const known = goal.perWindow.filter((value): value is number => value !== null).sort((x, y) => x - y);
-      const spread = known.length === 0 ? "–" : `median ${fmt(known[Math.floor((known.length - 1) / 2)]!, 2)}, range ${fmt(known[0]!, 2)}–${fmt(known.at(-1)!, 2)}`;
+      const spread =
+        known.length === 0 ? "–" : `median ${fmt(known[Math.floor((known.length - 1) / 2)]!, 2)}, range ${fmt(known[0]!, 2)}–${fmt(known.at(-1)!, 2)}`;
       return `${goal.verdict.padEnd(4)} ${goal.description} = ${figures} = ${fmt(goal.ratio, 2)}  (goal ${goal.threshold}; window by window: ${spread})`;
     })
     .join("\n");

@@ -32,7 +32,9 @@ export function startService(options: { name: string; args: string[]; logDir: st
       child.kill("SIGKILL");
       reject(error);
     };
-    child.once("exit", (code, signal) => fail(new Error(`${options.name} exited (${signal ?? `code ${code}`}) before listening; see ${logFile}:\n${tail(logFile)}`)));
+    child.once("exit", (code, signal) =>
+      fail(new Error(`${options.name} exited (${signal ?? `code ${code}`}) before listening; see ${logFile}:\n${tail(logFile)}`)),
+    );
     child.stdout!.setEncoding("utf8");
     child.stdout!.on("data", (text: string) => {
       seen += text;
@@ -80,4 +82,3 @@ export async function api(url: string, key: string, method: "GET" | "POST" | "DE
   if (response.statusCode >= 300) throw new Error(`${method} ${url} answered ${response.statusCode}: ${text}`);
   return JSON.parse(text) as unknown;
 }
-

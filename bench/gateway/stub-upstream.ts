@@ -82,10 +82,11 @@ function createHandler(pace: StubPace | undefined): (req: http.IncomingMessage, 
     else busy -= 1;
   };
   return (req, res) => {
-    const work = () => setTimeout(() => {
-      finished();
-      handle(req, res);
-    }, pace.delayMs);
+    const work = () =>
+      setTimeout(() => {
+        finished();
+        handle(req, res);
+      }, pace.delayMs);
     if (busy < pace.slots) {
       busy += 1;
       work();

@@ -126,7 +126,13 @@ async function main(): Promise<void> {
       await pipeline(response.body, createWriteStream(plainFile));
     };
     const mirrored = async (): Promise<void> => {
-      const summary = await mirror.fetchVersion({ model: "bench--big-GGUF", version: plan.version, repo: plan.repo, revision: plan.revision, files: plan.files });
+      const summary = await mirror.fetchVersion({
+        model: "bench--big-GGUF",
+        version: plan.version,
+        repo: plan.repo,
+        revision: plan.revision,
+        files: plan.files,
+      });
       if (!summary.complete || summary.fetched !== 1) throw new Error(`the mirror fetch did not complete: ${JSON.stringify(summary.files[0]?.error)}`);
     };
 
@@ -136,7 +142,9 @@ async function main(): Promise<void> {
       for (const kind of order) {
         const sample = await timed(kind, round, options.size, kind === "plain" ? plain : mirrored);
         samples.push(sample);
-        process.stdout.write(`round ${round} ${kind.padEnd(6)} ${sample.mbPerSecond.toFixed(0).padStart(6)} MB/s  ${sample.seconds.toFixed(2)} s  cpu ${sample.cpuSeconds.toFixed(2)} s\n`);
+        process.stdout.write(
+          `round ${round} ${kind.padEnd(6)} ${sample.mbPerSecond.toFixed(0).padStart(6)} MB/s  ${sample.seconds.toFixed(2)} s  cpu ${sample.cpuSeconds.toFixed(2)} s\n`,
+        );
         // Not timed: remove what was written, so its dirty pages are dropped, not flushed during the next run.
         if (kind === "plain") await rm(plainFile, { force: true });
         else await mirror.deleteVersion("bench--big-GGUF", plan.version);

@@ -14,7 +14,9 @@ const flag = flagReader(argv);
 const rows = Number(flag("rows", "BENCH_ROWS") ?? 500_000);
 const postgres = argv.includes("--postgres");
 const dir = mkdtempSync(path.join(tmpdir(), "llmgw-backfill-bench-"));
-const spec: { database: string; schema?: string } = postgres ? { database: TEST_POSTGRES_URL, schema: `llmgw_bench_${Date.now()}` } : { database: path.join(dir, "llmgw.db") };
+const spec: { database: string; schema?: string } = postgres
+  ? { database: TEST_POSTGRES_URL, schema: `llmgw_bench_${Date.now()}` }
+  : { database: path.join(dir, "llmgw.db") };
 
 try {
   const older = await openStore({ ...spec, migrateUntil: "0007_key_limits" });
@@ -22,7 +24,19 @@ try {
   for (let offset = 0; offset < rows; offset += 1000) {
     const page = Array.from({ length: Math.min(1000, rows - offset) }, (_, j) => {
       const i = offset + j;
-      return { at: new Date(start + i * 1200).toISOString(), key_id: `key-${i % 10}`, model: `model-${i % 3}`, replica_id: null, endpoint: "/v1/chat/completions", prompt_tokens: 10, completion_tokens: 5, ttft_ms: 50 + (i % 300), duration_ms: 200 + (i % 3000), status: 200, stream: i % 2 };
+      return {
+        at: new Date(start + i * 1200).toISOString(),
+        key_id: `key-${i % 10}`,
+        model: `model-${i % 3}`,
+        replica_id: null,
+        endpoint: "/v1/chat/completions",
+        prompt_tokens: 10,
+        completion_tokens: 5,
+        ttft_ms: 50 + (i % 300),
+        duration_ms: 200 + (i % 3000),
+        status: 200,
+        stream: i % 2,
+      };
     });
     await older.db.insertInto("usage").values(page).execute();
   }
@@ -30,7 +44,10 @@ try {
   const began = performance.now();
   const store = await openStore(spec);
   const took = (performance.now() - began) / 1000;
-  const minutes = await store.db.selectFrom("usage_minutes").select((eb) => eb.fn.countAll<number>().as("n")).executeTakeFirstOrThrow();
+  const minutes = await store.db
+    .selectFrom("usage_minutes")
+    .select((eb) => eb.fn.countAll<number>().as("n"))
+    .executeTakeFirstOrThrow();
   console.log(`${postgres ? "PostgreSQL" : "SQLite"}: migration 0008 added up ${rows} raw rows into ${Number(minutes.n)} minute rows in ${took.toFixed(1)} s`);
   await store.close();
 } finally {

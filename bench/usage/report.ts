@@ -32,7 +32,7 @@ try {
     "INSERT INTO usage_minutes (minute, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
   );
   let seed = 1;
-  const random = () => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31);
+  const random = () => (seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31;
   // The hourly rollups hold what the recorder would have added up from the same minutes.
   const insertHour = sqlite.prepare(
     "INSERT INTO usage_hours (hour, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -60,13 +60,35 @@ try {
             }
             sums.requests += requests;
             sums.errors += errors;
-            insert.run(at, `key-${k}`, `model-${m}`, requests, errors, requests * 300, requests * 120, requests * 0.0004, JSON.stringify(duration), JSON.stringify(ttft));
+            insert.run(
+              at,
+              `key-${k}`,
+              `model-${m}`,
+              requests,
+              errors,
+              requests * 300,
+              requests * 120,
+              requests * 0.0004,
+              JSON.stringify(duration),
+              JSON.stringify(ttft),
+            );
           }
         }
       }
       for (const [id, sums] of hours) {
         const [k, m] = id.split(" ");
-        insertHour.run(new Date(hour).toISOString(), `key-${k}`, `model-${m}`, sums.requests, sums.errors, sums.requests * 300, sums.requests * 120, sums.requests * 0.0004, JSON.stringify(sums.duration), JSON.stringify(sums.ttft));
+        insertHour.run(
+          new Date(hour).toISOString(),
+          `key-${k}`,
+          `model-${m}`,
+          sums.requests,
+          sums.errors,
+          sums.requests * 300,
+          sums.requests * 120,
+          sums.requests * 0.0004,
+          JSON.stringify(sums.duration),
+          JSON.stringify(sums.ttft),
+        );
       }
     }
   });
@@ -88,12 +110,18 @@ try {
       last = now;
     }, 10);
     const began = performance.now();
-    const report = await queryUsage(store, { from: new Date(start + 1_800_000).toISOString(), to: new Date(end - 1_800_000).toISOString(), keyIds: null, model: null, groupBy }, names);
+    const report = await queryUsage(
+      store,
+      { from: new Date(start + 1_800_000).toISOString(), to: new Date(end - 1_800_000).toISOString(), keyIds: null, model: null, groupBy },
+      names,
+    );
     const took = performance.now() - began;
     longest = Math.max(longest, performance.now() - last);
     clearInterval(ticker);
     delay.disable();
-    console.log(`group_by=${groupBy.join(",") || "(none)"}: ${report.rows.length} rows (total ${report.total.requests} requests) in ${took.toFixed(0)} ms; event loop blocked at most ${longest.toFixed(0)} ms`);
+    console.log(
+      `group_by=${groupBy.join(",") || "(none)"}: ${report.rows.length} rows (total ${report.total.requests} requests) in ${took.toFixed(0)} ms; event loop blocked at most ${longest.toFixed(0)} ms`,
+    );
   }
 } finally {
   await store.close();

@@ -75,7 +75,10 @@ export async function logTail(logPath: string): Promise<string> {
       const length = Math.min(size, LOG_TAIL_BYTES);
       const buffer = Buffer.alloc(length);
       await file.read(buffer, 0, length, size - length);
-      const lines = buffer.toString("utf8").split(/\r?\n/).filter((line) => line.trim() !== "");
+      const lines = buffer
+        .toString("utf8")
+        .split(/\r?\n/)
+        .filter((line) => line.trim() !== "");
       // The first line may be cut in the middle when the tail starts inside it.
       if (size > length) lines.shift();
       const tail = lines.slice(-LOG_TAIL_LINES);

@@ -84,12 +84,23 @@ export async function runAttempt(input: AttemptInput): Promise<AttemptFailure | 
   }
   let engine: GroupLeader;
   try {
-    engine = await spawnGroupLeader({ command: launch.command, args: launch.args, cwd: stateDir, env, output: logFile.handle, replicaId: options.replicaId, log: input.log });
+    engine = await spawnGroupLeader({
+      command: launch.command,
+      args: launch.args,
+      cwd: stateDir,
+      env,
+      output: logFile.handle,
+      replicaId: options.replicaId,
+      log: input.log,
+    });
   } catch (error) {
     const code = errorCode(error);
     const hint = code === "ENOENT" || code === "EACCES" ? " Check that the engine is installed and on PATH." : "";
     return fail(
-      { code: "spawn_failed", message: `Could not start the engine command '${launch.command}' on attempt ${attempt}: ${asSentence(describeError(error))}${hint}` },
+      {
+        code: "spawn_failed",
+        message: `Could not start the engine command '${launch.command}' on attempt ${attempt}: ${asSentence(describeError(error))}${hint}`,
+      },
       settings,
       logFile.name,
     );

@@ -47,7 +47,6 @@ const OFFLINE_ENV: Record<string, string> = {
 /** The only variables taken from the agent's own environment. */
 const INHERITED_ENV = ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"];
 
-
 /** Builds the engine's environment from scratch; throws when the launch points a state path outside the state folder. */
 export function buildEngineEnv(stateDir: string, launchEnv: Record<string, string>): Record<string, string> {
   const home = join(stateDir, "home");

@@ -5,7 +5,7 @@
 // with another key, answers /health too. Liveness checks the same path at an interval
 // once ready, and several failures in a row count as a failure of the engine. Every
 // request goes over the caller's plain undici Agent, never a proxy from the environment.
-import { Agent, request } from "undici";
+import { type Agent, request } from "undici";
 import { describeError, errorCode } from "../core/errors.ts";
 
 type Probe = { ok: true } | { ok: false; detail: string };

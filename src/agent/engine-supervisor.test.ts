@@ -19,7 +19,15 @@ import { liveEngineGroups, stopAllSupervisors } from "./process-groups.ts";
 import { pruneRunFolders } from "./run-folders.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { processIsGone } from "../../test/support/engine-process.ts";
-import { attemptRecords, inState, settled, supervisorHarness, untilSnapshot, writeStandInEngine, type SupervisorHarness } from "../../test/support/stand-in-engine.ts";
+import {
+  attemptRecords,
+  inState,
+  settled,
+  supervisorHarness,
+  untilSnapshot,
+  writeStandInEngine,
+  type SupervisorHarness,
+} from "../../test/support/stand-in-engine.ts";
 
 let dir = "";
 let fakeEngine = "";
@@ -130,7 +138,10 @@ test("becomes ready with an endpoint, in an offline environment below a fresh st
     assert.deepEqual(stopped.lastExit, { code: null, signal: "SIGTERM" });
     assert.ok(processIsGone(pid));
     assert.ok(!liveEngineGroups().includes(pid));
-    assert.deepEqual(events.slice(-2).map((event) => event.state), ["stopping", "stopped"]);
+    assert.deepEqual(
+      events.slice(-2).map((event) => event.state),
+      ["stopping", "stopped"],
+    );
   } finally {
     if (saved.proxy === undefined) delete process.env.HTTP_PROXY;
     else process.env.HTTP_PROXY = saved.proxy;
@@ -156,7 +167,10 @@ test("an engine that exits before ready is a failure with its exit code and the 
   assert.ok(failed.retryAt !== null && failed.retryAt - Date.now() > 20_000, "the retry waits for the backoff");
 
   const records = await attemptRecords(supervisor, failed.stateDir as string);
-  assert.deepEqual(records.map((record) => record.result), ["engine_exited"]);
+  assert.deepEqual(
+    records.map((record) => record.result),
+    ["engine_exited"],
+  );
   assert.match(String(records[0]?.error), /model file not found/);
 
   await supervisor.stop();
@@ -168,8 +182,8 @@ test("an engine that exits before ready is a failure with its exit code and the 
 });
 
 test("restarts after a crash while serving and becomes ready again on attempt 2", async () => {
-  const { supervisor, events } = harness((attempt): Record<string, string> =>
-    attempt === 1 ? { FAKE_MODE: "die-after-ready", FAKE_FAIL_AFTER_MS: "150" } : { FAKE_MODE: "ok" },
+  const { supervisor, events } = harness(
+    (attempt): Record<string, string> => (attempt === 1 ? { FAKE_MODE: "die-after-ready", FAKE_FAIL_AFTER_MS: "150" } : { FAKE_MODE: "ok" }),
   );
   supervisor.start();
   const ready = await untilSnapshot(supervisor, (snapshot) => snapshot.state === "ready" && snapshot.attempt === 2);
@@ -185,10 +199,13 @@ test("restarts after a crash while serving and becomes ready again on attempt 2"
     ["starting:1", "ready:1", "failed:1", "starting:2", "ready:2"],
   );
   const records = await attemptRecords(supervisor, ready.stateDir as string);
-  assert.deepEqual(records.map((record) => [record.attempt, record.result, record.log]), [
-    [1, "ready", "attempt-1.log"],
-    [2, "ready", "attempt-2.log"],
-  ]);
+  assert.deepEqual(
+    records.map((record) => [record.attempt, record.result, record.log]),
+    [
+      [1, "ready", "attempt-1.log"],
+      [2, "ready", "attempt-2.log"],
+    ],
+  );
   // The hosting process's shutdown path: stopAllSupervisors stops every started supervisor.
   await stopAllSupervisors();
   assert.equal(supervisor.snapshot().state, "stopped");
@@ -253,7 +270,10 @@ test("the readiness deadline kills the whole process group, including a forked h
   try {
     await supervisor.stop();
     assert.equal(failed.lastErrorCode, "not_ready");
-    assert.match(failed.lastError ?? "", /not ready within 1\.5 s on attempt \d+ \(last health check of http:\/\/127\.0\.0\.1:\d+\/health: HTTP 503\); its process group was killed/);
+    assert.match(
+      failed.lastError ?? "",
+      /not ready within 1\.5 s on attempt \d+ \(last health check of http:\/\/127\.0\.0\.1:\d+\/health: HTTP 503\); its process group was killed/,
+    );
     assert.equal(failed.pid, null);
     assert.ok(typeof enginePid === "number");
     assert.ok(grandchildPid > 0);
@@ -292,7 +312,10 @@ test("stop() while starting cancels cleanly: no process, no timer, the attempt r
   assert.equal(supervisor.snapshot().state, "stopped");
   assert.ok(starting.pid !== null && processIsGone(starting.pid));
   const records = await attemptRecords(supervisor, starting.stateDir as string);
-  assert.deepEqual(records.map((record) => record.result), ["stopped"]);
+  assert.deepEqual(
+    records.map((record) => record.result),
+    ["stopped"],
+  );
   await new Promise((r) => setImmediate(r));
   assert.equal(timers(), timersBefore, "the deadline, poll and backoff timers are all cleared");
   assert.ok(!process.getActiveResourcesInfo().includes("ProcessWrap"), "no child process handle left");
@@ -313,7 +336,10 @@ test("a taken port is refused with a clear message and nothing is spawned", asyn
     const stateDir = failed.stateDir as string;
     assert.ok(!existsSync(join(stateDir, "attempt-1.log")), "no engine was spawned");
     const records = await attemptRecords(supervisor, stateDir);
-    assert.deepEqual(records.map((record) => record.result), ["port_in_use"]);
+    assert.deepEqual(
+      records.map((record) => record.result),
+      ["port_in_use"],
+    );
   } finally {
     holder.close();
     await supervisor.stop();
@@ -365,8 +391,8 @@ test("each run claims a new state folder, and an unwritable attempts.jsonl never
 });
 
 test("an engine that keeps failing its health check after ready is killed and restarted", async () => {
-  const { supervisor, events } = harness((attempt): Record<string, string> =>
-    attempt === 1 ? { FAKE_MODE: "unhealthy-after-ready", FAKE_FAIL_AFTER_MS: "100" } : { FAKE_MODE: "ok" },
+  const { supervisor, events } = harness(
+    (attempt): Record<string, string> => (attempt === 1 ? { FAKE_MODE: "unhealthy-after-ready", FAKE_FAIL_AFTER_MS: "100" } : { FAKE_MODE: "ok" }),
     { livenessFailures: 2 },
   );
   supervisor.start();
@@ -439,13 +465,13 @@ test("readiness validates what the engine reports: the attempt's key and model m
     assert.equal(otherKey.prepared(), 2, "each failed validation counts as a failure");
     assert.ok(!otherKey.events.some((event) => event.state === "ready"), "never ready, not even for a moment");
     assert.match(parked.lastError ?? "", /Parked after 2 failures/);
-    assert.match(
-      parked.lastError ?? "",
-      /failed validation: GET http:\/\/127\.0\.0\.1:\d+\/v1\/models refused this attempt's engine key \(HTTP 401\)/,
-    );
+    assert.match(parked.lastError ?? "", /failed validation: GET http:\/\/127\.0\.0\.1:\d+\/v1\/models refused this attempt's engine key \(HTTP 401\)/);
     assert.ok(!(parked.lastError ?? "").includes(key), "the engine key is never printed");
     const records = await attemptRecords(otherKey.supervisor, parked.stateDir as string);
-    assert.deepEqual(records.map((record) => record.result), ["validation_failed", "validation_failed"]);
+    assert.deepEqual(
+      records.map((record) => record.result),
+      ["validation_failed", "validation_failed"],
+    );
     const pids = [...new Set(otherKey.events.flatMap((event) => (event.pid === null ? [] : [event.pid])))];
     assert.equal(pids.length, 2);
     for (const pid of pids) assert.ok(processIsGone(pid), `engine ${pid} that failed validation was stopped`);
@@ -487,7 +513,10 @@ test("a launch's own validator runs after the first health 200, on the engine's 
   const failed = await untilSnapshot(supervisor, inState("failed"));
   await supervisor.stop();
   assert.equal(failed.lastErrorCode, "validation_failed");
-  assert.match(failed.lastError ?? "", /with 200 on attempt 1 but failed validation: the engine reports a context of 512 tokens, expected 4096\. Its process group was stopped/);
+  assert.match(
+    failed.lastError ?? "",
+    /with 200 on attempt 1 but failed validation: the engine reports a context of 512 tokens, expected 4096\. Its process group was stopped/,
+  );
   const endpoint = events.find((event) => event.endpoint !== null)?.endpoint;
   assert.equal(seen.length, 1);
   assert.equal(seen[0]?.health, 200, "validation starts only once the engine is healthy");

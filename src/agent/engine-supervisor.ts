@@ -29,13 +29,7 @@ import { formatSeconds, runAttempt } from "./engine-attempt.ts";
 import { abortableDelay } from "./engine-health.ts";
 import { trackSupervisor, untrackSupervisor } from "./process-groups.ts";
 import { claimRunFolder, releaseRunFolder } from "./run-folders.ts";
-import {
-  SUPERVISOR_DEFAULTS,
-  type AttemptFailure,
-  type SupervisorListener,
-  type SupervisorOptions,
-  type SupervisorSnapshot,
-} from "./supervisor-options.ts";
+import { SUPERVISOR_DEFAULTS, type AttemptFailure, type SupervisorListener, type SupervisorOptions, type SupervisorSnapshot } from "./supervisor-options.ts";
 
 // For hosting processes (src/cli/run-server.ts) and the users of the supervisor's types.
 export { killAllSupervisedSync, stopAllSupervisors } from "./process-groups.ts";

@@ -44,10 +44,10 @@ function bindError(error: unknown, host: string, port: number): LlmgwError {
   const code = errorCode(error);
   const where = `${formatHost(host)}:${port}`;
   if (code === "EADDRINUSE") {
-    return new ConflictError(
-      `Port ${where} is already in use by another process; stop what listens there or let llmgw choose a free port.`,
-      { code: "port_in_use", cause: error },
-    );
+    return new ConflictError(`Port ${where} is already in use by another process; stop what listens there or let llmgw choose a free port.`, {
+      code: "port_in_use",
+      cause: error,
+    });
   }
   if (code === "EACCES") {
     return new LlmgwError({

@@ -86,7 +86,9 @@ class StandInServer {
     }
     if (pathname === "/agent/v1/join") return json(200, { nodeId: "node-1", name: "node-a", credential: CREDENTIAL });
     if (req.headers.authorization !== `Bearer ${CREDENTIAL}`) {
-      return json(401, { error: { message: "This node credential is not valid.", type: "authentication_error", param: null, code: "invalid_node_credential" } });
+      return json(401, {
+        error: { message: "This node credential is not valid.", type: "authentication_error", param: null, code: "invalid_node_credential" },
+      });
     }
     if (pathname === "/agent/v1/heartbeat") return json(200, { nodeId: "node-1", state: "ready", assignmentsVersion: "v1", heartbeatIntervalMs: 5000 });
     if (pathname === "/agent/v1/assignments") {
@@ -109,7 +111,12 @@ describe("HttpAssignments over the servers of a cluster", () => {
   });
 
   /** Two servers, both up, and a client that lists them in order and records its switches. */
-  async function cluster(): Promise<{ a: StandInServer; b: StandInServer; client: HttpAssignments; switches: Array<{ from: string; to: string; why: string }> }> {
+  async function cluster(): Promise<{
+    a: StandInServer;
+    b: StandInServer;
+    client: HttpAssignments;
+    switches: Array<{ from: string; to: string; why: string }>;
+  }> {
     const a = new StandInServer("a");
     const b = new StandInServer("b");
     servers.push(a, b);
@@ -169,7 +176,10 @@ describe("HttpAssignments over the servers of a cluster", () => {
   test("a 404 (node removed) from the first server is not failed over either", async () => {
     const { a, b, client } = await cluster();
     a.failure = { status: 404, code: "node_not_found", message: "This node was removed from the fleet." };
-    await assert.rejects(client.assignments(CREDENTIAL, { knownVersion: null, waitMs: 0, signal: new AbortController().signal }), { status: 404, code: "node_not_found" });
+    await assert.rejects(client.assignments(CREDENTIAL, { knownVersion: null, waitMs: 0, signal: new AbortController().signal }), {
+      status: 404,
+      code: "node_not_found",
+    });
     assert.deepEqual([a.requests, b.requests], [1, 0]);
     assert.equal(client.current, a.url);
   });
@@ -265,17 +275,23 @@ describe("HttpAssignments over the servers of a cluster", () => {
 
 describe("--server lists", () => {
   test("a comma-separated list becomes origins in order, without duplicates", () => {
-    assert.deepEqual(parseServerList("http://10.0.0.5:8700, http://10.0.0.6:8700/,http://10.0.0.5:8700/agent"), ["http://10.0.0.5:8700", "http://10.0.0.6:8700"]);
+    assert.deepEqual(parseServerList("http://10.0.0.5:8700, http://10.0.0.6:8700/,http://10.0.0.5:8700/agent"), [
+      "http://10.0.0.5:8700",
+      "http://10.0.0.6:8700",
+    ]);
     assert.deepEqual(parseServerList("https://gw.example"), ["https://gw.example"]);
   });
 
   test("a bad entry is named", () => {
-    assert.throws(() => parseServerList("http://10.0.0.5:8700,ftp://10.0.0.6"), (error: unknown) => {
-      assert.ok(error instanceof LlmgwError);
-      assert.equal(error.code, "invalid_server");
-      assert.match(error.message, /'ftp:\/\/10\.0\.0\.6'/);
-      return true;
-    });
+    assert.throws(
+      () => parseServerList("http://10.0.0.5:8700,ftp://10.0.0.6"),
+      (error: unknown) => {
+        assert.ok(error instanceof LlmgwError);
+        assert.equal(error.code, "invalid_server");
+        assert.match(error.message, /'ftp:\/\/10\.0\.0\.6'/);
+        return true;
+      },
+    );
     assert.throws(() => parseServerList("http://10.0.0.5:8700,not a url"), { code: "invalid_server", message: /'not a url'/ });
   });
 

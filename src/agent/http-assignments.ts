@@ -68,7 +68,11 @@ export class HttpAssignments implements Assignments {
 
   assignments(credential: string, options: { knownVersion: string | null; waitMs: number; signal: AbortSignal }): Promise<AssignmentSet> {
     const query = new URLSearchParams({ wait_ms: String(options.waitMs), ...(options.knownVersion === null ? {} : { version: options.knownVersion }) });
-    return this.call<AssignmentSet>("GET", `/agent/v1/assignments?${query}`, { credential, signal: options.signal, timeoutMs: options.waitMs + CALL_TIMEOUT_MS });
+    return this.call<AssignmentSet>("GET", `/agent/v1/assignments?${query}`, {
+      credential,
+      signal: options.signal,
+      timeoutMs: options.waitMs + CALL_TIMEOUT_MS,
+    });
   }
 
   close(): Promise<void> {

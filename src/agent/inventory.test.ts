@@ -198,7 +198,10 @@ describe("detectInventory", () => {
     const distribution = await detectInventory({ env, llamaServerPath: path.join(dir, "distribution") });
     assert.deepEqual(distribution.inventory.engines[1], { engine: "llama-server", version: "0 (unknown)" });
     assert.equal(distribution.warnings.length, 1);
-    assert.match(distribution.warnings[0]!, new RegExp(`llama-server at ${dir}/distribution reports version '0 \\(unknown\\)', a build llmgw has no architecture list for`));
+    assert.match(
+      distribution.warnings[0]!,
+      new RegExp(`llama-server at ${dir}/distribution reports version '0 \\(unknown\\)', a build llmgw has no architecture list for`),
+    );
     assert.match(distribution.warnings[0]!, /newest build llmgw knows/);
 
     const release = await detectInventory({ env, llamaServerPath: path.join(dir, "release") });
@@ -225,10 +228,16 @@ ${llamaServer}`,
       "not-llama": `echo "usage: something else"`,
     });
     const failing = path.join(dir, "llama-server");
-    await assert.rejects(detectInventory({ env, llamaServerPath: failing }), probeFailure(new RegExp(`llama-server at ${failing} exited with code 127`), /libcudart\.so\.12/));
+    await assert.rejects(
+      detectInventory({ env, llamaServerPath: failing }),
+      probeFailure(new RegExp(`llama-server at ${failing} exited with code 127`), /libcudart\.so\.12/),
+    );
     const missing = path.join(dir, "nowhere", "llama-server");
     await assert.rejects(detectInventory({ env, llamaServerPath: missing }), probeFailure(new RegExp(`llama-server at ${missing} does not exist`)));
-    await assert.rejects(detectInventory({ env, llamaServerPath: path.join(dir, "not-llama") }), probeFailure(/printed no "version: \.\.\." line/, /usage: something else/));
+    await assert.rejects(
+      detectInventory({ env, llamaServerPath: path.join(dir, "not-llama") }),
+      probeFailure(/printed no "version: \.\.\." line/, /usage: something else/),
+    );
   });
 
   test("vllm on PATH is reported with the version it prints after its log lines", async () => {
@@ -251,12 +260,18 @@ ${llamaServer}`,
     const { dir, env } = await binFolder({ vllm: broken });
     const { inventory, warnings } = await detectInventory({ env });
     assert.deepEqual(inventory.engines, [BUNDLED_ENGINE]);
-    assert.match(warnings[0] ?? "", /vllm on PATH exited with code 1 on --version: 'ModuleNotFoundError: No module named 'torch''; this node reports no vLLM engine/);
+    assert.match(
+      warnings[0] ?? "",
+      /vllm on PATH exited with code 1 on --version: 'ModuleNotFoundError: No module named 'torch''; this node reports no vLLM engine/,
+    );
     await assert.rejects(detectInventory({ env, vllmPath: path.join(dir, "vllm") }), probeFailure(new RegExp(`vllm at ${dir}/vllm exited with code 1`)));
   });
 
   test("a probe that hangs is killed with what it forked when the timeout passes", async () => {
-    const { dir, env } = await binFolder({ "vllm-hangs": hangingVllm, vllm: hangingVllm.replace(/helper\.pid/, "path-helper.pid").replace(/vllm\.pid/, "path-vllm.pid") });
+    const { dir, env } = await binFolder({
+      "vllm-hangs": hangingVllm,
+      vllm: hangingVllm.replace(/helper\.pid/, "path-helper.pid").replace(/vllm\.pid/, "path-vllm.pid"),
+    });
     const configured = [path.join(dir, "vllm.pid"), path.join(dir, "helper.pid")];
     await withStartedStandIn(configured, async (timeoutMs) => {
       await assert.rejects(
@@ -329,7 +344,10 @@ describe("readInventoryFile", () => {
       cores: 16,
       memoryBytes: 128 * GiB,
       gpus: [{ index: 3, name: "NVIDIA GeForce RTX 4090", class: "RTX4090", memoryBytes: 24564 * MiB }],
-      engines: [{ engine: "llamacpp", version: "3.21.1" }, { engine: "llama-server", version: "4567 (abc1234)" }],
+      engines: [
+        { engine: "llamacpp", version: "3.21.1" },
+        { engine: "llama-server", version: "4567 (abc1234)" },
+      ],
     };
     assert.deepEqual(await readInventoryFile(await inventoryFile("wire.json", wire)), wire);
   });
@@ -388,7 +406,14 @@ describe("readInventoryFile", () => {
     await assert.rejects(readInventoryFile(both), fileRefusal(both, "memory", /both memory and memoryBytes/));
     const zeroCores = await inventoryFile("zero-cores.json", { cores: 0, memory: "32GiB" });
     await assert.rejects(readInventoryFile(zeroCores), fileRefusal(zeroCores, "cores", /from 1 to 4096, got 0/));
-    const sameIndex = await inventoryFile("same-index.json", { cores: 8, memory: "32GiB", gpus: [{ name: "NVIDIA L4", memory: "24GiB" }, { index: 0, name: "NVIDIA L4", memory: "24GiB" }] });
+    const sameIndex = await inventoryFile("same-index.json", {
+      cores: 8,
+      memory: "32GiB",
+      gpus: [
+        { name: "NVIDIA L4", memory: "24GiB" },
+        { index: 0, name: "NVIDIA L4", memory: "24GiB" },
+      ],
+    });
     await assert.rejects(readInventoryFile(sameIndex), fileRefusal(sameIndex, "gpus.1.index", /listed twice/));
     const noMemory = await inventoryFile("no-gpu-memory.json", { cores: 8, memory: "32GiB", gpus: [{ name: "NVIDIA L4", memory: 0 }] });
     await assert.rejects(readInventoryFile(noMemory), fileRefusal(noMemory, "gpus.0.memoryBytes"));

@@ -24,7 +24,16 @@ import { parseByteSize } from "../core/byte-size.ts";
 import type { EngineInventory, GpuInventory, NodeInventory, NodeLabels } from "../fleet/fleet-types.ts";
 import { normalizeGpuClass } from "../fleet/gpu-class.ts";
 import { readLlamaServerVersion, unknownBuildWarning } from "../engines/llama-server/llama-server-version.ts";
-import { ENGINE_NAMES, INVENTORY_LIMITS, LABEL_KEY_PATTERN, LABEL_KEY_RULE, LABEL_VALUE_PATTERN, LABEL_VALUE_RULE, checkInventory, checkLabels } from "../fleet/inventory-schema.ts";
+import {
+  ENGINE_NAMES,
+  INVENTORY_LIMITS,
+  LABEL_KEY_PATTERN,
+  LABEL_KEY_RULE,
+  LABEL_VALUE_PATTERN,
+  LABEL_VALUE_RULE,
+  checkInventory,
+  checkLabels,
+} from "../fleet/inventory-schema.ts";
 import { BUNDLED_LLAMA_CPP } from "../gguf/llama-support.ts";
 
 export const DEFAULT_PROBE_TIMEOUT_MS = 10_000;
@@ -60,7 +69,11 @@ export interface DetectedInventory {
 
 /** Detects this machine's inventory. Rejects when a configured engine path does not answer its --version. */
 export async function detectInventory(options: DetectInventoryOptions = {}): Promise<DetectedInventory> {
-  const probe = { env: options.env ?? process.env, timeoutMs: options.timeoutMs ?? DEFAULT_PROBE_TIMEOUT_MS, ...(options.signal ? { signal: options.signal } : {}) };
+  const probe = {
+    env: options.env ?? process.env,
+    timeoutMs: options.timeoutMs ?? DEFAULT_PROBE_TIMEOUT_MS,
+    ...(options.signal ? { signal: options.signal } : {}),
+  };
   const warnings: string[] = [];
   const [gpus, llamaServer, vllm] = await Promise.all([
     detectGpus({ ...probe, command: options.nvidiaSmiPath, warnings }),
@@ -85,7 +98,9 @@ async function detectGpus(options: ProbeOptions & { command: string | undefined;
   switch (result.kind) {
     case "missing":
       if (options.command === undefined) return [];
-      throw new BadRequestError(`nvidia-smi was not found at ${command}. Give the path of nvidia-smi, or leave it out to use the one on PATH.`, { code: "inventory_probe_failed" });
+      throw new BadRequestError(`nvidia-smi was not found at ${command}. Give the path of nvidia-smi, or leave it out to use the one on PATH.`, {
+        code: "inventory_probe_failed",
+      });
     case "unstartable":
       options.warnings.push(`nvidia-smi at ${command} could not be started (${describeError(result.error)}); ${noGpus}.`);
       return [];
@@ -115,7 +130,10 @@ async function detectGpus(options: ProbeOptions & { command: string | undefined;
  */
 export function parseNvidiaSmiGpus(output: string): { kind: "ok"; gpus: GpuInventory[] } | { kind: "unreadable"; line: string } {
   const gpus: GpuInventory[] = [];
-  for (const line of output.split("\n").map((l) => l.trim()).filter((l) => l !== "")) {
+  for (const line of output
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l !== "")) {
     const fields = line.split(",").map((field) => field.trim());
     const index = fields[0] ?? "";
     const memory = parseGpuMemory(fields[fields.length - 1] ?? "");
@@ -150,9 +168,12 @@ function parseGpuMemory(text: string): number | undefined {
 async function probeLlamaServer(options: ProbeOptions & { command: string; warnings: string[] }): Promise<EngineInventory> {
   const result = await runProbe({ ...options, args: ["--version"] });
   const failed = (why: string) =>
-    new BadRequestError(`llama-server at ${options.command} ${why}. Check the llama-server path, or leave it out to run llama.cpp models on the bundled engine only.`, {
-      code: "inventory_probe_failed",
-    });
+    new BadRequestError(
+      `llama-server at ${options.command} ${why}. Check the llama-server path, or leave it out to run llama.cpp models on the bundled engine only.`,
+      {
+        code: "inventory_probe_failed",
+      },
+    );
   if (result.kind === "missing") throw failed("does not exist");
   if (result.kind === "unstartable") throw failed(`could not be started (${describeError(result.error)})`);
   if (result.kind === "timed-out") throw failed(`did not answer --version within ${seconds(options.timeoutMs)} and was stopped`);
@@ -284,7 +305,7 @@ function seconds(ms: number): string {
   return `${Number((ms / 1000).toFixed(1))} s`;
 }
 
-const size = z.union([z.number(), z.string()], { error: "must be a number of bytes or a size like \"32GiB\"" });
+const size = z.union([z.number(), z.string()], { error: 'must be a number of bytes or a size like "32GiB"' });
 
 /**
  * An inventory file: the wire form (NodeInventory) or a friendlier one written by hand,
@@ -331,7 +352,11 @@ export async function readInventoryFile(file: string): Promise<NodeInventory> {
   try {
     json = JSON.parse(text);
   } catch (error) {
-    throw refuse(`The ${what} is not valid JSON (${describeError(error)}). Write a JSON object such as {"cores": 8, "memory": "32GiB", "gpus": []}.`, null, error);
+    throw refuse(
+      `The ${what} is not valid JSON (${describeError(error)}). Write a JSON object such as {"cores": 8, "memory": "32GiB", "gpus": []}.`,
+      null,
+      error,
+    );
   }
   const parsed = inventoryFileSchema.safeParse(json);
   if (!parsed.success) {
@@ -356,7 +381,11 @@ export async function readInventoryFile(file: string): Promise<NodeInventory> {
     try {
       return parseByteSize(field.memory, `${path}memory`);
     } catch (error) {
-      throw refuse(`Invalid ${what}: field '${path}memory': '${printable(field.memory)}' is not a size; use a number of bytes or a size like "80GiB".`, `${path}memory`, error);
+      throw refuse(
+        `Invalid ${what}: field '${path}memory': '${printable(field.memory)}' is not a size; use a number of bytes or a size like "80GiB".`,
+        `${path}memory`,
+        error,
+      );
     }
   };
   return checkInventory(
@@ -383,10 +412,13 @@ export async function readInventoryFile(file: string): Promise<NodeInventory> {
 export function parseLabels(text: string): NodeLabels {
   const labels = new Map<string, string>();
   const refuse = (pair: string, why: string) =>
-    new BadRequestError(`Invalid --labels pair '${printable(pair)}': ${why}. Write labels as key=value pairs separated by commas, for example zone=eu-1,rack=r12.`, {
-      code: "invalid_labels",
-      param: "labels",
-    });
+    new BadRequestError(
+      `Invalid --labels pair '${printable(pair)}': ${why}. Write labels as key=value pairs separated by commas, for example zone=eu-1,rack=r12.`,
+      {
+        code: "invalid_labels",
+        param: "labels",
+      },
+    );
   for (const pair of text.split(",").map((p) => p.trim())) {
     if (pair === "") continue;
     const equals = pair.indexOf("=");

@@ -42,7 +42,12 @@ describe("local node", () => {
     // interrupted copy) after the model was accepted, then the model is started.
     const brokenFile = path.join(modelDir, "broken.gguf");
     const { bytes } = await writeTinyLlamaGguf({ path: brokenFile, seed: 8 });
-    await harness.addModel({ name: "broken", scaling: { min: 0, max: 1 }, source: { kind: "file", path: brokenFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] });
+    await harness.addModel({
+      name: "broken",
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: brokenFile },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
+    });
     truncateSync(brokenFile, Math.floor(bytes / 2));
     assert.equal((await harness.admin("PATCH", "/api/v1/models/broken", { scaling: { min: 1 } })).status, 200);
     const failed = await eventually("the broken model to report its weights", async () => {
@@ -142,13 +147,23 @@ describe("local node", () => {
       return body.replicas[0]?.last_error?.includes(sha256) ? body : undefined;
     });
     assert.equal(refused.replicas[0].weights_verified, false);
-    assert.deepEqual(agent.engineProcesses().filter((p) => p.modelName === "published"), [], "no engine runs on them");
+    assert.deepEqual(
+      agent.engineProcesses().filter((p) => p.modelName === "published"),
+      [],
+      "no engine runs on them",
+    );
     await harness.admin("DELETE", "/api/v1/models/published");
   });
 
   test("a model is served by a supervised engine, and deleting it stops the engine", async () => {
     assert.equal(
-      (await harness.admin("POST", "/api/v1/models", { name: "tiny", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 1024, parallel: 2 }] })).status,
+      (
+        await harness.admin("POST", "/api/v1/models", {
+          name: "tiny",
+          source: { kind: "file", path: modelFile },
+          profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 1024, parallel: 2 }],
+        })
+      ).status,
       201,
     );
     await eventually("tiny to be ready", async () => {
@@ -186,6 +201,9 @@ describe("local node", () => {
     );
     assert.equal(seen.find((step) => step.state === "stopping")?.engineGone, false, "stopping is shown while the engine still runs");
     assert.equal(seen.at(-1)?.engineGone, true, "the replica is removed only once its engine is gone");
-    assert.deepEqual(agent.engineProcesses().filter((p) => p.modelName === "tiny"), []);
+    assert.deepEqual(
+      agent.engineProcesses().filter((p) => p.modelName === "tiny"),
+      [],
+    );
   });
 });

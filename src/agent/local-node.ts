@@ -69,7 +69,10 @@ export async function startLocalNode(parts: ServerParts, options: LocalNodeOptio
     inventory,
     labels: {},
     stateRoot: path.join(parts.config.dataDir, "runs"),
-    weights: new LocalWeights({ mirror: parts.mirror, identity: new WeightsIdentity({ memoFile: path.join(agentDir, "weights-verified.json"), logger: options.logger }) }),
+    weights: new LocalWeights({
+      mirror: parts.mirror,
+      identity: new WeightsIdentity({ memoFile: path.join(agentDir, "weights-verified.json"), logger: options.logger }),
+    }),
     launch: options.launch ?? bundledLaunch,
     logger: options.logger,
     onDismissed: (error) =>
@@ -85,6 +88,10 @@ export async function startLocalNode(parts: ServerParts, options: LocalNodeOptio
 
 /** A node name from the host name, within the node name rules. */
 function localNodeName(): string {
-  const cleaned = os.hostname().replace(/[^A-Za-z0-9._-]/g, "-").replace(/^[^A-Za-z0-9]+/, "").slice(0, 63);
+  const cleaned = os
+    .hostname()
+    .replace(/[^A-Za-z0-9._-]/g, "-")
+    .replace(/^[^A-Za-z0-9]+/, "")
+    .slice(0, 63);
   return cleaned === "" ? "local" : cleaned;
 }

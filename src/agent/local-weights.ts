@@ -14,11 +14,19 @@ export class LocalWeights implements WeightsProvider {
   constructor(private readonly options: { mirror?: MirrorLocator; identity: WeightsIdentity }) {}
 
   async prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }> {
-    const located = await locateWeights({ source: assignment.source, modelName: assignment.modelName, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
+    const located = await locateWeights({
+      source: assignment.source,
+      modelName: assignment.modelName,
+      ...(this.options.mirror ? { mirror: this.options.mirror } : {}),
+    });
     let verified = assignment.source.kind === "mirror";
     if (assignment.source.kind === "file") {
       const published = assignment.files.filter((file) => file.sha256 !== null && file.bytes !== null);
-      if (published.length > 0) await this.options.identity.verify(published.map((file) => ({ path: file.file, bytes: file.bytes!, sha256: file.sha256! })), signal);
+      if (published.length > 0)
+        await this.options.identity.verify(
+          published.map((file) => ({ path: file.file, bytes: file.bytes!, sha256: file.sha256! })),
+          signal,
+        );
       verified = published.length > 0 && published.length === assignment.files.length;
     }
     await checkWeightsFile({ ...located, modelName: assignment.modelName, llamaCpp: assignment.profile.engine === "llamacpp", signal });

@@ -44,7 +44,9 @@ export type LaunchBuilder = (input: {
   rayAddress?: string;
 }) => EngineLaunch;
 
-export type SupervisorTimings = Partial<Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">>;
+export type SupervisorTimings = Partial<
+  Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">
+>;
 
 /** Restart delay min(10·2^(n−1), 300) s, as GPUStack does (reference/engines.md). */
 export const AGENT_BACKOFF = { initialMs: 10_000, maxMs: 300_000 } as const;
@@ -207,11 +209,11 @@ export class NodeAgent {
           retiring.push(
             this.retire(running).then(() => {
               // A poll in between may have started it already.
-              if (headAddress !== null && !this.controller.signal.aborted && !this.running.has(assignment.replicaId)) this.launch(assignment, { part: "ray-worker", rayAddress: headAddress });
+              if (headAddress !== null && !this.controller.signal.aborted && !this.running.has(assignment.replicaId))
+                this.launch(assignment, { part: "ray-worker", rayAddress: headAddress });
             }),
           );
-        }
-        else if (running === undefined && ray.headAddress !== null) this.launch(assignment, { part: "ray-worker", rayAddress: ray.headAddress });
+        } else if (running === undefined && ray.headAddress !== null) this.launch(assignment, { part: "ray-worker", rayAddress: ray.headAddress });
       } else if (ray?.role === "head") {
         if (running === undefined) await this.launchRayHead(assignment);
         else this.startHeadEngine(running);
@@ -286,7 +288,16 @@ export class NodeAgent {
     };
     const rayHead = this.supervisor(`${assignment.replicaId}-ray`, {
       prepare: ({ port, attempt, stateDir }) =>
-        this.options.launch({ assignment: running.assignment, part: "ray-head", weightsPath: "", host: this.options.address, port, attempt, stateDir, rayAddress: running.rayAddress! }),
+        this.options.launch({
+          assignment: running.assignment,
+          part: "ray-head",
+          weightsPath: "",
+          host: this.options.address,
+          port,
+          attempt,
+          stateDir,
+          rayAddress: running.rayAddress!,
+        }),
     });
     running.rayHead = rayHead;
     running.unsubscribers.push(
@@ -297,12 +308,16 @@ export class NodeAgent {
     );
     this.running.set(assignment.replicaId, running);
     rayHead.start();
-    this.options.logger.info({ model: assignment.modelName, replica: assignment.replicaId, rayAddress: running.rayAddress }, "starting the Ray head of a replica over several nodes");
+    this.options.logger.info(
+      { model: assignment.modelName, replica: assignment.replicaId, rayAddress: running.rayAddress },
+      "starting the Ray head of a replica over several nodes",
+    );
   }
 
   /** vLLM on the head, once its Ray head is up and every worker joined it. */
   private startHeadEngine(running: Running): void {
-    if (running.stopping || running.supervisor !== null || running.rayHead?.snapshot().state !== "ready" || running.assignment.ray?.workersReady !== true) return;
+    if (running.stopping || running.supervisor !== null || running.rayHead?.snapshot().state !== "ready" || running.assignment.ray?.workersReady !== true)
+      return;
     this.launch(running.assignment, { part: "engine", rayAddress: running.rayAddress! }, running);
   }
 
@@ -375,7 +390,11 @@ export class NodeAgent {
 function reportOf(replica: Running): ReplicaReport {
   // A head whose engine waits for its workers reports its Ray head, as starting until the engine runs.
   const rayHead = replica.rayHead?.snapshot();
-  const snapshot: SupervisorSnapshot = replica.supervisor?.snapshot() ?? { ...rayHead!, endpoint: null, state: rayHead!.state === "ready" ? "starting" : rayHead!.state };
+  const snapshot: SupervisorSnapshot = replica.supervisor?.snapshot() ?? {
+    ...rayHead!,
+    endpoint: null,
+    state: rayHead!.state === "ready" ? "starting" : rayHead!.state,
+  };
   const state: ReportedState = replica.fetching && snapshot.state === "starting" ? "fetching" : snapshot.state;
   return {
     ...(rayHead === undefined ? {} : { rayAddress: rayHead.state === "ready" ? replica.rayAddress : null }),

@@ -40,9 +40,12 @@ export function readNodeIdentity(dataDir: string): NodeIdentity | null {
   } catch {
     // Reported below with what to do.
   }
-  throw new BadRequestError(`${file} is damaged (it should hold the node's id, name and credential as JSON). Delete it, remove the node on the server ('llmgw ctl node remove NAME') and join again.`, {
-    code: "node_identity_damaged",
-  });
+  throw new BadRequestError(
+    `${file} is damaged (it should hold the node's id, name and credential as JSON). Delete it, remove the node on the server ('llmgw ctl node remove NAME') and join again.`,
+    {
+      code: "node_identity_damaged",
+    },
+  );
 }
 
 export function writeNodeIdentity(dataDir: string, identity: NodeIdentity): void {

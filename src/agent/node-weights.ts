@@ -52,7 +52,11 @@ export class NodeWeights implements WeightsProvider {
       return { path: llamaCpp ? first : path.dirname(first), verified: true };
     }
     const published = assignment.files.filter((file) => file.sha256 !== null && file.bytes !== null);
-    if (published.length > 0) await this.options.identity.verify(published.map((file) => ({ path: file.file, bytes: file.bytes!, sha256: file.sha256! })), signal);
+    if (published.length > 0)
+      await this.options.identity.verify(
+        published.map((file) => ({ path: file.file, bytes: file.bytes!, sha256: file.sha256! })),
+        signal,
+      );
     if (llamaCpp) await checkWeightsFile({ file: source.path, modelName: assignment.modelName, param: "source.path", llamaCpp: true, signal });
     return { path: llamaCpp ? source.path : path.dirname(source.path), verified: published.length === assignment.files.length };
   }

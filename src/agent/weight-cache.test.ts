@@ -51,7 +51,8 @@ class MirrorServer {
       mirror: this.mirror,
       // Stands for the server's node-credential check.
       authorize: async (req) => {
-        if (req.headers.authorization !== `Bearer ${CREDENTIAL}`) throw new AuthenticationError("This node credential is not valid; the node may have been removed.", { code: "invalid_node_credential" });
+        if (req.headers.authorization !== `Bearer ${CREDENTIAL}`)
+          throw new AuthenticationError("This node credential is not valid; the node may have been removed.", { code: "invalid_node_credential" });
       },
     });
     this.#server = http.createServer((req, res) => void this.#serve(req, res, handler));
@@ -192,7 +193,10 @@ describe("weight cache", () => {
       const seen = server.requests.slice(before);
       assert.equal(seen.length, 3);
       assert.ok(seen.every((s) => s.authorization === `Bearer ${CREDENTIAL}` && s.range === undefined));
-      assert.deepEqual(seen.map((s) => s.path), files.map((f) => `/mirror/${MODEL}/${VERSION}/${f.file}`));
+      assert.deepEqual(
+        seen.map((s) => s.path),
+        files.map((f) => `/mirror/${MODEL}/${VERSION}/${f.file}`),
+      );
       const last = progress.filter((p) => p.file === SINGLE).at(-1);
       assert.deepEqual(last, { model: MODEL, version: VERSION, file: SINGLE, done: spec(SINGLE).bytes, total: spec(SINGLE).bytes });
       // The download hashed the bytes as they came: the identity check had nothing to read.
@@ -313,11 +317,19 @@ describe("weight cache", () => {
       const noRoom = await failure(full.ensure([spec(SINGLE)]));
       assert.equal(noRoom.code, "weights_disk_full");
       assert.equal(noRoom.status, 507);
-      assert.match(noRoom.message, new RegExp(`This node's disk is full: tiny-llama/0123456789ab/tiny-llama-Q4_K_M\\.gguf \\(${spec(SINGLE).bytes} bytes\\) does not fit in its weight cache \\(${fullRoot}\\)`));
+      assert.match(
+        noRoom.message,
+        new RegExp(
+          `This node's disk is full: tiny-llama/0123456789ab/tiny-llama-Q4_K_M\\.gguf \\(${spec(SINGLE).bytes} bytes\\) does not fit in its weight cache \\(${fullRoot}\\)`,
+        ),
+      );
 
       const denied = await failure(refused.ensure([spec(SINGLE)]));
       assert.equal(denied.code, "node_credential_refused");
-      assert.match(denied.message, /refused this node's credential \(401\) when fetching tiny-llama\/0123456789ab\/tiny-llama-Q4_K_M\.gguf: This node credential is not valid/);
+      assert.match(
+        denied.message,
+        /refused this node's credential \(401\) when fetching tiny-llama\/0123456789ab\/tiny-llama-Q4_K_M\.gguf: This node credential is not valid/,
+      );
       assert.match(denied.message, /re-join it with 'llmgw agent --server URL --join-token TOKEN'/);
       assert.equal(server.requests.at(-1)?.authorization, "Bearer stale-credential");
 

@@ -146,7 +146,8 @@ export class WeightCache {
     validateMirrorFile(file);
     const final = path.join(this.root, model, version, ...file.split("/"));
     // The names were checked segment by segment; this is the last word on containment.
-    if (!final.startsWith(this.root + path.sep)) throw new ConflictError(`The cache path of ${model}/${version}/${file} would be ${final}, outside the cache ${this.root}.`, { code: "invalid_path" });
+    if (!final.startsWith(this.root + path.sep))
+      throw new ConflictError(`The cache path of ${model}/${version}/${file} would be ${final}, outside the cache ${this.root}.`, { code: "invalid_path" });
     return final;
   }
 
@@ -187,7 +188,9 @@ export class WeightCache {
     const folder = path.join(this.root, model, version);
     const busy = [...this.#flights.keys()].find((key) => key.startsWith(folder + path.sep));
     if (busy !== undefined) {
-      throw new ConflictError(`${model}/${version} is being fetched into this node's cache (${busy}); remove it once the replicas that need it have stopped.`, { code: "weights_fetching" });
+      throw new ConflictError(`${model}/${version} is being fetched into this node's cache (${busy}); remove it once the replicas that need it have stopped.`, {
+        code: "weights_fetching",
+      });
     }
     this.#downloader.forgetUnder(folder);
     await rm(folder, { recursive: true, force: true });
@@ -282,10 +285,13 @@ export class WeightCache {
       } catch (error) {
         if (!(error instanceof WeightsIdentityError)) throw error;
         if (there.isDirectory()) {
-          throw new ConflictError(`${final} in this node's weight cache is a folder, where ${named} belongs; remove it by hand, then the agent fetches the file.`, {
-            code: "weights_not_file",
-            cause: error,
-          });
+          throw new ConflictError(
+            `${final} in this node's weight cache is a folder, where ${named} belongs; remove it by hand, then the agent fetches the file.`,
+            {
+              code: "weights_not_file",
+              cause: error,
+            },
+          );
         }
         this.#logger.warn({ file: final, code: error.code, err: error.message }, "cached weights failed the identity check; fetching them again");
         await rm(final, { force: true });
@@ -382,10 +388,13 @@ export class WeightCache {
       );
     }
     if (answer.status === 409) {
-      return new UpstreamError(`The server's mirror at ${where} will not serve ${named} now (409)${said}. Once the server's copy is verified again, the replica is retried.`, {
-        code: "weights_unavailable_on_server",
-        retryable: true,
-      });
+      return new UpstreamError(
+        `The server's mirror at ${where} will not serve ${named} now (409)${said}. Once the server's copy is verified again, the replica is retried.`,
+        {
+          code: "weights_unavailable_on_server",
+          retryable: true,
+        },
+      );
     }
     return null;
   }
@@ -405,7 +414,10 @@ function serverSaid(text: string | undefined): string {
 
 async function folders(dir: string): Promise<string[]> {
   try {
-    return (await readdir(dir, { withFileTypes: true })).filter((entry) => entry.isDirectory()).map((entry) => entry.name).sort();
+    return (await readdir(dir, { withFileTypes: true }))
+      .filter((entry) => entry.isDirectory())
+      .map((entry) => entry.name)
+      .sort();
   } catch {
     return [];
   }

@@ -38,7 +38,14 @@ interface MemoEntry extends IdentityStamp {
   sha256: string;
 }
 
-export type WeightsRefusal = "weights_missing" | "weights_symlink" | "weights_not_file" | "weights_size_mismatch" | "weights_sha256_mismatch" | "weights_changed" | "weights_unreadable";
+export type WeightsRefusal =
+  | "weights_missing"
+  | "weights_symlink"
+  | "weights_not_file"
+  | "weights_size_mismatch"
+  | "weights_sha256_mismatch"
+  | "weights_changed"
+  | "weights_unreadable";
 
 /** A weights file that failed the identity check; `file` is its path, `code` says how. */
 export class WeightsIdentityError extends BadRequestError {
@@ -142,7 +149,11 @@ export class WeightsIdentity {
     const after = await this.#stampOf(absolute, file);
     if (!sameStamp(stamp, after)) {
       await this.#drop(absolute);
-      throw this.#refuse(absolute, "weights_changed", `${absolute} was modified while it was being verified (its mtime, ctime or inode changed during hashing).`);
+      throw this.#refuse(
+        absolute,
+        "weights_changed",
+        `${absolute} was modified while it was being verified (its mtime, ctime or inode changed during hashing).`,
+      );
     }
     this.#memo.set(absolute, { ...stamp, sha256: file.sha256 });
     this.#logger.info({ file: absolute, bytes: file.bytes }, "weights verified");
@@ -192,7 +203,12 @@ export class WeightsIdentity {
         await this.#drop(file);
         throw this.#refuse(file, "weights_missing", `${file} does not exist (expected ${expected.bytes} bytes with sha256 ${expected.sha256}).`, error);
       }
-      throw this.#refuse(file, "weights_unreadable", `${file} cannot be reached (${code ?? describeError(error)}): the agent's user needs search permission on every folder above it.`, error);
+      throw this.#refuse(
+        file,
+        "weights_unreadable",
+        `${file} cannot be reached (${code ?? describeError(error)}): the agent's user needs search permission on every folder above it.`,
+        error,
+      );
     }
     if (info.isSymbolicLink()) {
       const target = await readlink(file).catch(() => "?");
@@ -205,12 +221,20 @@ export class WeightsIdentity {
     }
     if (!info.isFile()) {
       await this.#drop(file);
-      throw this.#refuse(file, "weights_not_file", `${file} is ${info.isDirectory() ? "a folder" : "not a regular file"}; a weights file of ${expected.bytes} bytes was expected.`);
+      throw this.#refuse(
+        file,
+        "weights_not_file",
+        `${file} is ${info.isDirectory() ? "a folder" : "not a regular file"}; a weights file of ${expected.bytes} bytes was expected.`,
+      );
     }
     const size = Number(info.size);
     if (size !== expected.bytes) {
       await this.#drop(file);
-      throw this.#refuse(file, "weights_size_mismatch", `${file} is ${size} bytes, but the server published ${expected.bytes} bytes (sha256 ${expected.sha256}) for it.`);
+      throw this.#refuse(
+        file,
+        "weights_size_mismatch",
+        `${file} is ${size} bytes, but the server published ${expected.bytes} bytes (sha256 ${expected.sha256}) for it.`,
+      );
     }
     return { dev: info.dev.toString(), ino: info.ino.toString(), size, mtimeNs: info.mtimeNs.toString(), ctimeNs: info.ctimeNs.toString() };
   }
@@ -240,7 +264,8 @@ export class WeightsIdentity {
     try {
       text = await readFile(this.#memoFile, "utf8");
     } catch (error) {
-      if (errorCode(error) !== "ENOENT") this.#logger.warn({ file: this.#memoFile, err: describeError(error) }, "could not read the verified-weights memo; files are hashed again");
+      if (errorCode(error) !== "ENOENT")
+        this.#logger.warn({ file: this.#memoFile, err: describeError(error) }, "could not read the verified-weights memo; files are hashed again");
       return;
     }
     try {

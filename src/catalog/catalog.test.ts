@@ -32,7 +32,8 @@ after(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const newCatalog = (store: Store, extra: { clock?: () => number } = {}) => new Catalog({ store, weights: new DiskWeightsChecker({ mirror: folderMirror(mirrorRoot) }), ...extra });
+const newCatalog = (store: Store, extra: { clock?: () => number } = {}) =>
+  new Catalog({ store, weights: new DiskWeightsChecker({ mirror: folderMirror(mirrorRoot) }), ...extra });
 
 const fileModel = (name: string, extra: Record<string, unknown> = {}) => ({
   name,
@@ -87,8 +88,15 @@ testBothStores("names and aliases are unique across models", async (store) => {
 testBothStores("updates merge nested fields, rename, keep external keys and record what changed", async (store) => {
   const catalog = newCatalog(store);
   await catalog.refresh();
-  await catalog.create({ name: "ext", profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:9/", api_key: "upstream-secret" }], scaling: { min: 1, max: 3 } }, "t");
-  const updated = await catalog.update("ext", { name: "ext2", scaling: { max: 4 }, profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:10/" }] }, "admin:ops");
+  await catalog.create(
+    { name: "ext", profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:9/", api_key: "upstream-secret" }], scaling: { min: 1, max: 3 } },
+    "t",
+  );
+  const updated = await catalog.update(
+    "ext",
+    { name: "ext2", scaling: { max: 4 }, profiles: [{ name: "up", engine: "external", url: "http://127.0.0.1:10/" }] },
+    "admin:ops",
+  );
   assert.equal(updated.name, "ext2");
   assert.deepEqual(updated.definition.scaling, { min: 1, max: 4, idle_seconds: 900 });
   assert.equal(updated.definition.profiles[0]?.api_key, "upstream-secret", "the stored key survives a PATCH that cannot know it");
@@ -102,7 +110,10 @@ testBothStores("updates merge nested fields, rename, keep external keys and reco
   assert.equal((shown.profiles as { api_key_set: boolean }[])[0]?.api_key_set, true);
 
   await catalog.delete("ext2", "admin:ops");
-  assert.throws(() => catalog.get("ext2"), (e: unknown) => e instanceof NotFoundError && e.code === "model_not_found");
+  assert.throws(
+    () => catalog.get("ext2"),
+    (e: unknown) => e instanceof NotFoundError && e.code === "model_not_found",
+  );
   assert.equal((await readAudit(store.db, { action: "model." }))[0]?.action, "model.delete");
 });
 
@@ -143,14 +154,31 @@ testBothStores("changes through an alias are refused, and an unreadable stored r
   const catalog = newCatalog(store);
   await catalog.refresh();
   await catalog.create(fileModel("real", { aliases: ["nick"] }), "t");
-  await assert.rejects(catalog.delete("nick", "t"), (e: unknown) => e instanceof NotFoundError && e.code === "model_is_alias" && /alias of model 'real'/.test(e.message));
+  await assert.rejects(
+    catalog.delete("nick", "t"),
+    (e: unknown) => e instanceof NotFoundError && e.code === "model_is_alias" && /alias of model 'real'/.test(e.message),
+  );
   await assert.rejects(catalog.update("nick", { description: "x" }, "t"), (e: unknown) => e instanceof NotFoundError && e.code === "model_is_alias");
   assert.equal(catalog.get("real").definition.description, "");
 
-  await store.db.insertInto("models").values({ id: "future", name: "from-a-newer-llmgw", definition: JSON.stringify({ profiles: [{ name: "p", engine: "quantum" }] }), created_by: "t", created_at: "t", updated_by: "t", updated_at: "t" }).execute();
+  await store.db
+    .insertInto("models")
+    .values({
+      id: "future",
+      name: "from-a-newer-llmgw",
+      definition: JSON.stringify({ profiles: [{ name: "p", engine: "quantum" }] }),
+      created_by: "t",
+      created_at: "t",
+      updated_by: "t",
+      updated_at: "t",
+    })
+    .execute();
   const other = newCatalog(store);
   await other.refresh();
-  assert.deepEqual(other.list().map((m) => m.name), ["real"]);
+  assert.deepEqual(
+    other.list().map((m) => m.name),
+    ["real"],
+  );
   assert.match(other.unreadableModels()[0] ?? "", /^from-a-newer-llmgw: profiles\.0\.engine/);
 });
 
@@ -166,7 +194,9 @@ testBothStores("weights that cannot run are refused at the door with the field n
   await writeTinyLlamaGguf({ path: gptj, seed: 4, extraMetadata: { "general.architecture": { value: "gptj", type: GGUFValueType.STRING } } });
   const link = path.join(dir, `link-${store.dialect}.gguf`);
   await symlink(tinyGguf, link);
-  const mirrored = (extra: Record<string, string>) => ({ source: { kind: "mirror", model: "owner--tiny", version: "0123456789ab", file: "tiny-Q4_K_M.gguf", ...extra } });
+  const mirrored = (extra: Record<string, string>) => ({
+    source: { kind: "mirror", model: "owner--tiny", version: "0123456789ab", file: "tiny-Q4_K_M.gguf", ...extra },
+  });
 
   const cases: [Record<string, unknown>, ReturnType<typeof refusedFor>][] = [
     [{ source: { kind: "file", path: path.join(dir, "absent.gguf") } }, refusedFor("source.path", "weights_missing", /absent\.gguf does not exist/)],
@@ -182,7 +212,10 @@ testBothStores("weights that cannot run are refused at the door with the field n
     [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 100 }] }, refusedFor("profiles.0.ctx_size", "invalid_field", /from 256 to 16777216/)],
     [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 20_000_000 }] }, refusedFor("profiles.0.ctx_size")],
     [{ profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] }, refusedFor("profiles.0.parallel", "invalid_field", /at most 64/)],
-    [{ profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256, parallel: 64 }] }, refusedFor("profiles.0.parallel", "invalid_field", /leaves each request 4 tokens of the 256-token context.*lower parallel or raise ctx_size/)],
+    [
+      { profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256, parallel: 64 }] },
+      refusedFor("profiles.0.parallel", "invalid_field", /leaves each request 4 tokens of the 256-token context.*lower parallel or raise ctx_size/),
+    ],
     [{ scaling: { min: 1, max: 65 } }, refusedFor("scaling.max", "invalid_field", /at most 64/)],
     [{ scaling: { min: 3, max: 2 } }, refusedFor("scaling.max")],
   ];
@@ -191,9 +224,15 @@ testBothStores("weights that cannot run are refused at the door with the field n
   assert.deepEqual(await store.db.selectFrom("models").select("name").execute(), []);
 
   // What runs is accepted: a file source, a complete mirrored file, the bounds themselves.
-  await catalog.create(fileModel("from-file", { scaling: { min: 1, max: 64 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256 * 64, parallel: 64 }] }), "t");
+  await catalog.create(
+    fileModel("from-file", { scaling: { min: 1, max: 64 }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 256 * 64, parallel: 64 }] }),
+    "t",
+  );
   await catalog.create(fileModel("from-mirror", mirrored({})), "t");
-  assert.deepEqual(catalog.list().map((m) => m.name), ["from-file", "from-mirror"]);
+  assert.deepEqual(
+    catalog.list().map((m) => m.name),
+    ["from-file", "from-mirror"],
+  );
 });
 
 testBothStores("a change is checked too, but a model whose file went bad still takes changes that do not touch its weights", async (store) => {
@@ -203,7 +242,10 @@ testBothStores("a change is checked too, but a model whose file went bad still t
   await writeTinyLlamaGguf({ path: file, seed: 5 });
   await catalog.create(fileModel("m", { source: { kind: "file", path: file } }), "t");
 
-  await assert.rejects(catalog.update("m", { source: { kind: "file", path: path.join(dir, "absent.gguf") } }, "t"), refusedFor("source.path", "weights_missing"));
+  await assert.rejects(
+    catalog.update("m", { source: { kind: "file", path: path.join(dir, "absent.gguf") } }, "t"),
+    refusedFor("source.path", "weights_missing"),
+  );
   await assert.rejects(catalog.update("m", { profiles: [{ name: "cpu", engine: "llamacpp", parallel: 100 }] }, "t"), refusedFor("profiles.0.parallel"));
   assert.deepEqual(catalog.get("m").definition.source, { kind: "file", path: file }, "a refused change leaves the model as it was");
 
@@ -212,18 +254,27 @@ testBothStores("a change is checked too, but a model whose file went bad still t
   await truncate(file, 4096);
   const stopped = await catalog.update("m", { scaling: { min: 0 }, description: "weights being copied again" }, "t");
   assert.equal(stopped.definition.scaling.min, 0);
-  await assert.rejects(catalog.update("m", { profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 2048 }] }, "t"), refusedFor("source.path", "gguf_truncated"));
+  await assert.rejects(
+    catalog.update("m", { profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 2048 }] }, "t"),
+    refusedFor("source.path", "gguf_truncated"),
+  );
   const fixed = await catalog.update("m", { source: { kind: "file", path: tinyGguf }, scaling: { min: 1 } }, "t");
   assert.deepEqual(fixed.definition.source, { kind: "file", path: tinyGguf });
 });
 
 testBothStores("a stored row beyond today's bounds still loads; its next change must come within them", async (store) => {
   const definition = { source: { kind: "file", path: tinyGguf }, profiles: [{ name: "cpu", engine: "llamacpp", parallel: 100 }] };
-  await store.db.insertInto("models").values({ id: "old", name: "old", definition: JSON.stringify(definition), created_by: "t", created_at: "t", updated_by: "t", updated_at: "t" }).execute();
+  await store.db
+    .insertInto("models")
+    .values({ id: "old", name: "old", definition: JSON.stringify(definition), created_by: "t", created_at: "t", updated_by: "t", updated_at: "t" })
+    .execute();
   const catalog = newCatalog(store);
   await catalog.refresh();
   assert.equal(catalog.get("old").definition.profiles[0]?.parallel, 100);
   assert.deepEqual(catalog.unreadableModels(), []);
   await assert.rejects(catalog.update("old", { description: "x" }, "t"), refusedFor("profiles.0.parallel"));
-  assert.equal((await catalog.update("old", { description: "x", profiles: [{ name: "cpu", engine: "llamacpp", parallel: 8 }] }, "t")).definition.profiles[0]?.parallel, 8);
+  assert.equal(
+    (await catalog.update("old", { description: "x", profiles: [{ name: "cpu", engine: "llamacpp", parallel: 8 }] }, "t")).definition.profiles[0]?.parallel,
+    8,
+  );
 });

@@ -110,7 +110,10 @@ export class Catalog {
   private getForChange(name: string): CatalogModel {
     const model = this.byName.get(name);
     if (model !== undefined && model.name !== name) {
-      throw new NotFoundError(`'${name}' is an alias of model '${model.name}'; change or delete the model by its name.`, { code: "model_is_alias", param: "name" });
+      throw new NotFoundError(`'${name}' is an alias of model '${model.name}'; change or delete the model by its name.`, {
+        code: "model_is_alias",
+        param: "name",
+      });
     }
     return this.get(name);
   }
@@ -137,11 +140,18 @@ export class Catalog {
     const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
-    assertGuardReferences([...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }], { name: finalName, previousNames: [current.name, ...current.definition.aliases] }, await this.keysNamingGuards(current));
+    assertGuardReferences(
+      [...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }],
+      { name: finalName, previousNames: [current.name, ...current.definition.aliases] },
+      await this.keysNamingGuards(current),
+    );
     // Only a change to where the weights are or what loads them is checked against the
     // disk: a model whose file went bad must still take other changes (scaling.min 0 to
     // stop it, a description); its replicas park with the reason meanwhile.
-    if (JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) || JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles)) {
+    if (
+      JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) ||
+      JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles)
+    ) {
       await this.weights.check({ name: finalName, definition });
     }
     const now = nowIso(this.clock);
@@ -154,14 +164,24 @@ export class Catalog {
         .execute();
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
       await insertAliases(trx, current.id, definition.aliases);
-      await audit(trx, { at: now, actor, action: "model.update", target: finalName, detail: { ...(finalName === name ? {} : { renamed_from: name }), changed: changedFields(current.definition, definition) } });
+      await audit(trx, {
+        at: now,
+        actor,
+        action: "model.update",
+        target: finalName,
+        detail: { ...(finalName === name ? {} : { renamed_from: name }), changed: changedFields(current.definition, definition) },
+      });
     }, finalName);
     return this.get(finalName);
   }
 
   async delete(name: string, actor: string): Promise<void> {
     const current = this.getForChange(name);
-    assertGuardReferences(this.models.filter((model) => model.id !== current.id), { name: null, previousNames: [current.name, ...current.definition.aliases] }, await this.keysNamingGuards(current));
+    assertGuardReferences(
+      this.models.filter((model) => model.id !== current.id),
+      { name: null, previousNames: [current.name, ...current.definition.aliases] },
+      await this.keysNamingGuards(current),
+    );
     await this.write(async (trx) => {
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
       await trx.deleteFrom("models").where("id", "=", current.id).execute();
@@ -179,7 +199,8 @@ export class Catalog {
       await this.store.db.transaction().execute(body);
     } catch (error) {
       // Another writer may have taken the name between our check and the insert.
-      if (isUniqueViolation(error)) throw new ConflictError(`The name or an alias of model '${name}' is already in use; choose another.`, { code: "model_exists", cause: error });
+      if (isUniqueViolation(error))
+        throw new ConflictError(`The name or an alias of model '${name}' is already in use; choose another.`, { code: "model_exists", cause: error });
       throw error;
     }
     await this.refresh();
@@ -208,7 +229,11 @@ async function assertNamesFree(trx: Tx, names: string[], ownId: string | null): 
 }
 
 async function insertAliases(trx: Tx, modelId: string, aliases: string[]): Promise<void> {
-  if (aliases.length > 0) await trx.insertInto("model_aliases").values(aliases.map((alias) => ({ alias, model_id: modelId }))).execute();
+  if (aliases.length > 0)
+    await trx
+      .insertInto("model_aliases")
+      .values(aliases.map((alias) => ({ alias, model_id: modelId })))
+      .execute();
 }
 
 /** What an audit line says about a new model: its shape, never a profile's key. */

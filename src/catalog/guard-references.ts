@@ -22,7 +22,11 @@ const LISTS = ["input", "output"] as const;
  * Only references to or from that model are checked, so an old broken reference elsewhere
  * does not block unrelated changes.
  */
-export function assertGuardReferences(after: readonly NamedDefinition[], changed: { name: string | null; previousNames: readonly string[] }, keys: readonly KeyGuardReference[] = []): void {
+export function assertGuardReferences(
+  after: readonly NamedDefinition[],
+  changed: { name: string | null; previousNames: readonly string[] },
+  keys: readonly KeyGuardReference[] = [],
+): void {
   const byName = new Map<string, NamedDefinition>();
   for (const model of after) {
     byName.set(model.name, model);
@@ -32,13 +36,18 @@ export function assertGuardReferences(after: readonly NamedDefinition[], changed
   if (own !== undefined) assertGuardsExist(own.definition.guards ?? {}, (name) => byName.get(name), "model");
   // Models and keys that named the changed model as a guard must still find a guard under that name.
   const orphans = (guards: Partial<KeyGuards> | undefined) =>
-    LISTS.flatMap((list) => guards?.[list] ?? []).some((guardName) => changed.previousNames.includes(guardName) && byName.get(guardName)?.definition.role !== "guard");
+    LISTS.flatMap((list) => guards?.[list] ?? []).some(
+      (guardName) => changed.previousNames.includes(guardName) && byName.get(guardName)?.definition.role !== "guard",
+    );
   const orphanedModels = after.filter((model) => model.name !== changed.name && orphans(model.definition.guards)).map((model) => model.name);
   const orphanedKeys = keys.filter((key) => orphans(key.guards)).map((key) => key.name);
   const count = orphanedModels.length + orphanedKeys.length;
   if (count > 0) {
     const named = (noun: string, names: string[]) => `${noun}${names.length === 1 ? "" : "s"} ${names.map((name) => `'${name}'`).join(", ")}`;
-    const users = [...(orphanedModels.length > 0 ? [named("model", orphanedModels)] : []), ...(orphanedKeys.length > 0 ? [named("key", orphanedKeys)] : [])].join(" and ");
+    const users = [
+      ...(orphanedModels.length > 0 ? [named("model", orphanedModels)] : []),
+      ...(orphanedKeys.length > 0 ? [named("key", orphanedKeys)] : []),
+    ].join(" and ");
     const where = orphanedKeys.length === 0 ? "PATCH guards" : "PATCH guards; for a key, PATCH /api/v1/keys/:ref or 'llmgw ctl key update'";
     throw new ConflictError(
       `Model '${changed.previousNames[0]}' is a guard of ${users}, and this change would leave ${count === 1 ? "it" : "them"} without it. Take it out of their guards first (${where}), or keep its name as an alias.`,
@@ -58,16 +67,22 @@ export function assertGuardsExist(guards: Partial<KeyGuards>, resolve: (nameOrAl
       const param = `guards.${list}.${index}`;
       const what = subject === "model" ? "Invalid model" : "Invalid key";
       if (guard === undefined) {
-        throw new BadRequestError(`${what}: field '${param}': guard model '${guardName}' does not exist. Add it first (with role guard and a guard_format), or take it out of the list.`, {
-          code: "invalid_field",
-          param,
-        });
+        throw new BadRequestError(
+          `${what}: field '${param}': guard model '${guardName}' does not exist. Add it first (with role guard and a guard_format), or take it out of the list.`,
+          {
+            code: "invalid_field",
+            param,
+          },
+        );
       }
       if (guard.definition.role !== "guard") {
-        throw new BadRequestError(`${what}: field '${param}': '${guardName}' is not a guard model (its role is ${guard.definition.role}). Name a model with role guard.`, {
-          code: "invalid_field",
-          param,
-        });
+        throw new BadRequestError(
+          `${what}: field '${param}': '${guardName}' is not a guard model (its role is ${guard.definition.role}). Name a model with role guard.`,
+          {
+            code: "invalid_field",
+            param,
+          },
+        );
       }
     });
   }

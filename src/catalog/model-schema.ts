@@ -60,9 +60,7 @@ const guardFormat = z.preprocess(
 /** Names and aliases appear in URLs and in `model` fields; keep them printable and short. */
 export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$/;
 
-const modelName = z
-  .string()
-  .regex(MODEL_NAME_PATTERN, "must be 1-128 characters of letters, digits and . _ : / @ + -, starting with a letter or digit");
+const modelName = z.string().regex(MODEL_NAME_PATTERN, "must be 1-128 characters of letters, digits and . _ : / @ + -, starting with a letter or digit");
 
 const positiveInt = z.number().int().positive();
 
@@ -130,7 +128,11 @@ export const profileSchema = z
       ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });
     }
     if (profile.engine !== "external" && profile.max_inflight !== undefined) {
-      ctx.addIssue({ code: "custom", path: ["max_inflight"], message: `belongs to external profiles; a ${profile.engine} replica serves 'parallel' requests at once` });
+      ctx.addIssue({
+        code: "custom",
+        path: ["max_inflight"],
+        message: `belongs to external profiles; a ${profile.engine} replica serves 'parallel' requests at once`,
+      });
     }
     if (profile.embeddings === true && profile.engine !== "llamacpp") {
       // vLLM selects its pooling runner with a flag that changed between versions (--task
@@ -150,7 +152,9 @@ const sourceSchema = z.discriminatedUnion("kind", [
   z.strictObject({ kind: z.literal("mirror"), model: z.string().min(1), version: z.string().min(1), file: z.string().min(1) }),
 ]);
 
-const originFiles = z.array(z.strictObject({ path: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lower-case hex digits"), bytes: z.number().int().min(0) }));
+const originFiles = z.array(
+  z.strictObject({ path: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/, "must be 64 lower-case hex digits"), bytes: z.number().int().min(0) }),
+);
 
 /**
  * Where the weights came from (provenance): the repository, the commit, and every file
@@ -205,7 +209,21 @@ const modelFields = {
   source: sourceSchema.optional(),
 };
 
-function checkModel(model: { name?: string; aliases: string[]; role: string; guard_format?: string | undefined; guards?: { input: string[]; output: string[] } | undefined; guard_on_error?: string | undefined; output_guard_streams?: string | undefined; profiles: { name: string; engine: string }[]; scaling: { min: number; max: number }; source?: unknown }, ctx: z.RefinementCtx): void {
+function checkModel(
+  model: {
+    name?: string;
+    aliases: string[];
+    role: string;
+    guard_format?: string | undefined;
+    guards?: { input: string[]; output: string[] } | undefined;
+    guard_on_error?: string | undefined;
+    output_guard_streams?: string | undefined;
+    profiles: { name: string; engine: string }[];
+    scaling: { min: number; max: number };
+    source?: unknown;
+  },
+  ctx: z.RefinementCtx,
+): void {
   if (model.scaling.max < model.scaling.min) {
     ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
   }
@@ -220,11 +238,16 @@ function checkModel(model: { name?: string; aliases: string[]; role: string; gua
     ctx.addIssue({ code: "custom", path: ["guard_on_error"], message: "belongs to guard models (role guard): it says what happens when that guard fails" });
   }
   if (model.role === "guard" && model.output_guard_streams !== undefined) {
-    ctx.addIssue({ code: "custom", path: ["output_guard_streams"], message: "belongs to serving models: it says whether their streams pass without the output guards" });
+    ctx.addIssue({
+      code: "custom",
+      path: ["output_guard_streams"],
+      message: "belongs to serving models: it says whether their streams pass without the output guards",
+    });
   }
   const profileNames = new Set<string>();
   model.profiles.forEach((profile, index) => {
-    if (profileNames.has(profile.name)) ctx.addIssue({ code: "custom", path: ["profiles", index, "name"], message: `profile name '${profile.name}' is used twice` });
+    if (profileNames.has(profile.name))
+      ctx.addIssue({ code: "custom", path: ["profiles", index, "name"], message: `profile name '${profile.name}' is used twice` });
     profileNames.add(profile.name);
   });
   const seen = new Set<string>(model.name === undefined ? [] : [model.name]);
@@ -290,10 +313,16 @@ function checkLimits(model: DoorFields, ctx: z.RefinementCtx): void {
     // The mirror keeps files at MIRROR/{model}/{version}/{file}: no part may climb out of it.
     for (const key of ["model", "version"] as const) {
       const problem = segmentProblem(source[key]);
-      if (problem !== null) ctx.addIssue({ code: "custom", path: ["source", key], message: `must be one folder name as 'llmgw ctl mirror list' shows it, but ${problem}` });
+      if (problem !== null)
+        ctx.addIssue({ code: "custom", path: ["source", key], message: `must be one folder name as 'llmgw ctl mirror list' shows it, but ${problem}` });
     }
     const problem = pathProblem(source.file);
-    if (problem !== null) ctx.addIssue({ code: "custom", path: ["source", "file"], message: `must be a file path inside the mirrored version as 'llmgw ctl mirror list' shows it, but ${problem}` });
+    if (problem !== null)
+      ctx.addIssue({
+        code: "custom",
+        path: ["source", "file"],
+        message: `must be a file path inside the mirrored version as 'llmgw ctl mirror list' shows it, but ${problem}`,
+      });
   }
 }
 

@@ -50,10 +50,16 @@ describe("checkWeightsFile", () => {
 
     // An interrupted copy over the good file: the header is intact, the tensor data is not.
     await truncate(file, Math.floor(info.bytes / 2));
-    await assert.rejects(checkWeightsFile({ file, modelName: "m" }), refusal("gguf_truncated", "source.path", /model 'm'/, /later-broken\.gguf is truncated/, /copy or fetch the file again/));
+    await assert.rejects(
+      checkWeightsFile({ file, modelName: "m" }),
+      refusal("gguf_truncated", "source.path", /model 'm'/, /later-broken\.gguf is truncated/, /copy or fetch the file again/),
+    );
 
     await rm(file);
-    await assert.rejects(checkWeightsFile({ file, modelName: "m", param: "source.file" }), refusal("weights_missing", "source.file", /later-broken\.gguf does not exist/, /change the model's source\.file/));
+    await assert.rejects(
+      checkWeightsFile({ file, modelName: "m", param: "source.file" }),
+      refusal("weights_missing", "source.file", /later-broken\.gguf does not exist/, /change the model's source\.file/),
+    );
   });
 
   test("a symbolic link is refused, naming the real path to give instead", async () => {
@@ -61,7 +67,10 @@ describe("checkWeightsFile", () => {
     await writeTinyLlamaGguf({ path: real, seed: 3 });
     const link = path.join(dir, "link.gguf");
     await symlink(real, link);
-    await assert.rejects(checkWeightsFile({ file: link, modelName: "m" }), refusal("weights_symlink", "source.path", /symbolic link/, new RegExp(`give the file's real path \\(${real}\\)`)));
+    await assert.rejects(
+      checkWeightsFile({ file: link, modelName: "m" }),
+      refusal("weights_symlink", "source.path", /symbolic link/, new RegExp(`give the file's real path \\(${real}\\)`)),
+    );
     const dangling = path.join(dir, "dangling.gguf");
     await symlink(path.join(dir, "nowhere.gguf"), dangling);
     await assert.rejects(checkWeightsFile({ file: dangling, modelName: "m" }), refusal("weights_symlink", "source.path", /dangling link/));
@@ -78,7 +87,10 @@ describe("checkWeightsFile", () => {
 
     const gptj = path.join(dir, "gptj.gguf");
     await writeTinyLlamaGguf({ path: gptj, seed: 4, extraMetadata: { "general.architecture": { value: "gptj", type: GGUFValueType.STRING } } });
-    await assert.rejects(checkWeightsFile({ file: gptj, modelName: "m" }), refusal("architecture_unsupported", "source.path", /a 'gptj' model/, /no implementation for it/));
+    await assert.rejects(
+      checkWeightsFile({ file: gptj, modelName: "m" }),
+      refusal("architecture_unsupported", "source.path", /a 'gptj' model/, /no implementation for it/),
+    );
   });
 
   test("a split GGUF is named by its first part, and every other part must be there", async () => {
@@ -86,10 +98,16 @@ describe("checkWeightsFile", () => {
     const first = path.join(dir, "big-00001-of-00002.gguf");
     const second = path.join(dir, "big-00002-of-00002.gguf");
     await writeTinyLlamaGguf({ path: first, seed: 8, extraMetadata: split(0) });
-    await assert.rejects(checkWeightsFile({ file: first, modelName: "m" }), refusal("weights_missing", "source.path", /big-00002-of-00002\.gguf does not exist/));
+    await assert.rejects(
+      checkWeightsFile({ file: first, modelName: "m" }),
+      refusal("weights_missing", "source.path", /big-00002-of-00002\.gguf does not exist/),
+    );
     await writeTinyLlamaGguf({ path: second, seed: 9, extraMetadata: split(1) });
     assert.deepEqual((await checkWeightsFile({ file: first, modelName: "m" })).header?.split, { no: 0, count: 2 });
-    await assert.rejects(checkWeightsFile({ file: second, modelName: "m" }), refusal("weights_not_first_part", "source.path", /part 2 of a 2-part split GGUF/, /ending in -00001-of-00002\.gguf/));
+    await assert.rejects(
+      checkWeightsFile({ file: second, modelName: "m" }),
+      refusal("weights_not_first_part", "source.path", /part 2 of a 2-part split GGUF/, /ending in -00001-of-00002\.gguf/),
+    );
     const renamed = path.join(dir, "big-renamed.gguf");
     await writeTinyLlamaGguf({ path: renamed, seed: 10, extraMetadata: split(0) });
     await assert.rejects(checkWeightsFile({ file: renamed, modelName: "m" }), refusal("weights_split_name", "source.path", /cannot find the other parts/));
@@ -143,7 +161,9 @@ function checkWithoutRootsOverride(file: string): Refusal {
   try {
     return JSON.parse(line) as Refusal;
   } catch {
-    return { message: `the check could not run without root's override (status ${child.status}, ${child.error?.message ?? "no spawn error"}): ${child.stderr}` };
+    return {
+      message: `the check could not run without root's override (status ${child.status}, ${child.error?.message ?? "no spawn error"}): ${child.stderr}`,
+    };
   }
 }
 
@@ -154,14 +174,22 @@ describe("locateWeights", () => {
     const source = { kind: "mirror" as const, model: "owner--tiny", version: "0123456789ab", file: "tiny-Q4_K_M.gguf" };
     await assert.rejects(
       locateWeights({ source, modelName: "m", mirror }),
-      refusal("weights_not_mirrored", "source", /cannot be used from the mirror \(owner--tiny\/0123456789ab\/tiny-Q4_K_M\.gguf\): the mirror has no complete file/, /llmgw ctl mirror fetch/),
+      refusal(
+        "weights_not_mirrored",
+        "source",
+        /cannot be used from the mirror \(owner--tiny\/0123456789ab\/tiny-Q4_K_M\.gguf\): the mirror has no complete file/,
+        /llmgw ctl mirror fetch/,
+      ),
     );
     await assert.rejects(locateWeights({ source, modelName: "m" }), refusal("weights_not_mirrored", "source", /this server has no mirror/));
 
     await mkdir(path.join(root, "owner--tiny", "0123456789ab"), { recursive: true });
     await writeTinyLlamaGguf({ path: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), seed: 6 });
     const located = await locateWeights({ source, modelName: "m", mirror });
-    assert.deepEqual({ file: located.file, param: located.param }, { file: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), param: "source.file" });
+    assert.deepEqual(
+      { file: located.file, param: located.param },
+      { file: path.join(root, "owner--tiny", "0123456789ab", "tiny-Q4_K_M.gguf"), param: "source.file" },
+    );
     assert.ok((await stat(located.file)).isFile());
 
     // A version folder that is a link to elsewhere leads outside the mirror.
@@ -169,7 +197,10 @@ describe("locateWeights", () => {
     await mkdir(outside);
     await writeTinyLlamaGguf({ path: path.join(outside, "tiny-Q4_K_M.gguf"), seed: 7 });
     await symlink(outside, path.join(root, "owner--tiny", "linked"));
-    await assert.rejects(locateWeights({ source: { ...source, version: "linked" }, modelName: "m", mirror }), refusal("weights_outside_mirror", "source", /outside the mirror/, /llmgw ctl mirror rm/));
+    await assert.rejects(
+      locateWeights({ source: { ...source, version: "linked" }, modelName: "m", mirror }),
+      refusal("weights_outside_mirror", "source", /outside the mirror/, /llmgw ctl mirror rm/),
+    );
   });
 
   test("a split GGUF in the mirror needs the mirror's word on every part, not only a file on disk", async () => {
@@ -184,7 +215,10 @@ describe("locateWeights", () => {
     const onDisk = folderMirror(root);
     const mirror: MirrorLocator = {
       root,
-      check: async (model, ver, file) => (refused.has(file) ? { kind: "refused", error: new Error("its bytes no longer match their sha256 (failed verification)") } : onDisk.check(model, ver, file)),
+      check: async (model, ver, file) =>
+        refused.has(file)
+          ? { kind: "refused", error: new Error("its bytes no longer match their sha256 (failed verification)") }
+          : onDisk.check(model, ver, file),
     };
     const source = { kind: "mirror" as const, model: "owner--big", version: "0123456789ab", file: "big-00001-of-00002.gguf" };
     const located = await locateWeights({ source, modelName: "m", mirror });
@@ -197,6 +231,9 @@ describe("locateWeights", () => {
   });
 
   test("a file source is its absolute path", async () => {
-    assert.deepEqual(await locateWeights({ source: { kind: "file", path: "/srv/models/x.gguf" }, modelName: "m" }), { file: "/srv/models/x.gguf", param: "source.path" });
+    assert.deepEqual(await locateWeights({ source: { kind: "file", path: "/srv/models/x.gguf" }, modelName: "m" }), {
+      file: "/srv/models/x.gguf",
+      param: "source.path",
+    });
   });
 });

@@ -31,7 +31,9 @@ export interface MirrorLocator {
     model: string,
     version: string,
     file: string,
-  ): Promise<{ kind: "ok"; path: string } | { kind: "refused"; error: Error } | { kind: "elsewhere"; server: string; holders: Array<{ name: string; live: boolean }> }>;
+  ): Promise<
+    { kind: "ok"; path: string } | { kind: "refused"; error: Error } | { kind: "elsewhere"; server: string; holders: Array<{ name: string; live: boolean }> }
+  >;
 }
 
 /** Checks the weights a model definition names; throws a 400 naming the field when they cannot run. */
@@ -167,14 +169,22 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
     info = await lstat(file);
   } catch (error) {
     const code = errorCode(error);
-    if (code === "ENOENT" || code === "ENOTDIR") throw refuse(`${weights} are missing: ${file} does not exist. Put the file there or change the model's ${param}.`, "weights_missing", error);
-    throw refuse(`${weights} cannot be reached at ${file} (${code ?? describeError(error)}): the user llmgw runs as needs search permission on every folder above it.`, "weights_unreadable", error);
+    if (code === "ENOENT" || code === "ENOTDIR")
+      throw refuse(`${weights} are missing: ${file} does not exist. Put the file there or change the model's ${param}.`, "weights_missing", error);
+    throw refuse(
+      `${weights} cannot be reached at ${file} (${code ?? describeError(error)}): the user llmgw runs as needs search permission on every folder above it.`,
+      "weights_unreadable",
+      error,
+    );
   }
   if (info.isSymbolicLink()) {
     const target = await readlink(file).catch(() => "?");
     const real = await realpath(file).catch(() => null);
     const instead = real === null ? "it points nowhere (a dangling link): give the path of the file itself" : `give the file's real path (${real}) instead`;
-    throw refuse(`${weights} at ${file} are a symbolic link (to ${target}). llmgw does not follow links to weights, since a link can be re-pointed after the check: ${instead}.`, "weights_symlink");
+    throw refuse(
+      `${weights} at ${file} are a symbolic link (to ${target}). llmgw does not follow links to weights, since a link can be re-pointed after the check: ${instead}.`,
+      "weights_symlink",
+    );
   }
   if (!info.isFile()) {
     const what = info.isDirectory() ? "a folder" : "not a regular file";
@@ -183,7 +193,11 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
   try {
     await access(file, constants.R_OK);
   } catch (error) {
-    throw refuse(`${weights} at ${file} are not readable by the user llmgw runs as; fix the file's permissions (for example chmod a+r) or its owner.`, "weights_unreadable", error);
+    throw refuse(
+      `${weights} at ${file} are not readable by the user llmgw runs as; fix the file's permissions (for example chmod a+r) or its owner.`,
+      "weights_unreadable",
+      error,
+    );
   }
   if (options.llamaCpp === false) return { path: file };
 
@@ -197,7 +211,10 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
     if (error instanceof LlmgwError) throw error;
     throw refuse(`${weights} at ${file} could not be read: ${describeError(error)}.`, "weights_unreadable", error);
   }
-  const support = checkArchitectureSupport({ architecture: header.architecture, engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! } });
+  const support = checkArchitectureSupport({
+    architecture: header.architecture,
+    engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! },
+  });
   if (!support.supported) throw refuse(`${weights} at ${file} are a '${header.architecture}' model. ${support.reason}`, "architecture_unsupported");
   if (header.split !== undefined && header.split.count > 1) await checkSplitParts({ ...options, param }, header.split);
   return { path: file, header };

@@ -29,7 +29,11 @@ export class AdminClient {
   static fromFlags(flags: AdminConnectionFlags): AdminClient {
     const dataDir = resolveDataDir(flags.dataDir);
     const dataDirFrom =
-      flags.dataDir !== undefined ? "given with --data-dir" : process.env.LLMGW_DATA_DIR !== undefined ? "given with LLMGW_DATA_DIR" : "the default, since neither --data-dir nor LLMGW_DATA_DIR is set";
+      flags.dataDir !== undefined
+        ? "given with --data-dir"
+        : process.env.LLMGW_DATA_DIR !== undefined
+          ? "given with LLMGW_DATA_DIR"
+          : "the default, since neither --data-dir nor LLMGW_DATA_DIR is set";
     const baseUrl = (flags.server ?? process.env.LLMGW_SERVER ?? readServerUrl(dataDir) ?? `http://${DEFAULT_LISTEN}`).replace(/\/+$/, "");
     const given = flags.key ?? process.env.LLMGW_KEY;
     if (given !== undefined) return new AdminClient(baseUrl, given);
@@ -57,14 +61,21 @@ export class AdminClient {
         bodyTimeout: 60_000,
       });
     } catch (error) {
-      throw new UpstreamError(`Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`, { cause: error });
+      throw new UpstreamError(
+        `Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`,
+        { cause: error },
+      );
     }
     const text = await response.body.text();
     const parsed = text === "" ? null : safeJson(text);
     if (response.statusCode >= 400) {
       const detail = (parsed as { error?: { message?: string; code?: string } } | null)?.error;
       const message = detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`;
-      throw new LlmgwError({ message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message, code: detail?.code ?? "http_error", status: response.statusCode });
+      throw new LlmgwError({
+        message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message,
+        code: detail?.code ?? "http_error",
+        status: response.statusCode,
+      });
     }
     return parsed as T;
   }
@@ -82,14 +93,26 @@ export class AdminClient {
   async stream(pathname: string, headers: Record<string, string> = {}): Promise<AsyncIterable<Buffer>> {
     let response;
     try {
-      response = await request(this.baseUrl + pathname, { method: "GET", headers: { ...headers, authorization: `Bearer ${this.key}`, accept: "text/event-stream" }, headersTimeout: 60_000, bodyTimeout: 0 });
+      response = await request(this.baseUrl + pathname, {
+        method: "GET",
+        headers: { ...headers, authorization: `Bearer ${this.key}`, accept: "text/event-stream" },
+        headersTimeout: 60_000,
+        bodyTimeout: 0,
+      });
     } catch (error) {
-      throw new UpstreamError(`Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`, { cause: error });
+      throw new UpstreamError(
+        `Cannot reach llmgw at ${this.baseUrl} (${(error as NodeJS.ErrnoException).code ?? (error as Error).message}). Is 'llmgw up' or 'llmgw server' running? Pass --server or set LLMGW_SERVER.`,
+        { cause: error },
+      );
     }
     if (response.statusCode >= 400) {
       const detail = (safeJson(await response.body.text()) as { error?: { message?: string; code?: string } } | null)?.error;
       const message = detail?.message ?? `HTTP ${response.statusCode} from ${pathname}`;
-      throw new LlmgwError({ message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message, code: detail?.code ?? "http_error", status: response.statusCode });
+      throw new LlmgwError({
+        message: response.statusCode === 401 ? `${message}${this.keyFileHint()}` : message,
+        code: detail?.code ?? "http_error",
+        status: response.statusCode,
+      });
     }
     return response.body;
   }

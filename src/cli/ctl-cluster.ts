@@ -15,7 +15,9 @@ export function registerClusterCommands(ctl: Command, { connect, print }: CtlHel
       const view = await connect(command).call<ClusterView>("GET", "/api/v1/cluster");
       print(command, view, () =>
         [
-          view.leader === null ? "leader: none at the moment (a server takes the lead within seconds)" : `leader: ${view.leader.name} (term ${view.leader.term}, since ${view.leader.since ?? "?"})`,
+          view.leader === null
+            ? "leader: none at the moment (a server takes the lead within seconds)"
+            : `leader: ${view.leader.name} (term ${view.leader.term}, since ${view.leader.since ?? "?"})`,
           "",
           renderTable(
             ["NAME", "URL", "VERSION", "STATE", "LAST SEEN", "ROLE"],

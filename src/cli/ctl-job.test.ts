@@ -65,7 +65,14 @@ function scriptedClient(script: Array<JobView | Error>): Pick<AdminClient, "call
   };
 }
 
-const progress = (done: number): JobStepProgress => ({ bytes_done: done, bytes_total: 2 * 1024 * 1024, bytes_per_second: 512 * 1024, eta_seconds: 2, files_done: 0, files_total: 1 });
+const progress = (done: number): JobStepProgress => ({
+  bytes_done: done,
+  bytes_total: 2 * 1024 * 1024,
+  bytes_per_second: 512 * 1024,
+  eta_seconds: 2,
+  files_done: 0,
+  files_total: 1,
+});
 const pending = (...names: string[]): StepSpec[] => names.map((name) => [name, "pending"]);
 
 describe("followJob", () => {
@@ -73,8 +80,16 @@ describe("followJob", () => {
     const client = scriptedClient([
       jobView("queued", pending("registry", "mirror", "check", "catalog", "placement", "smoke_test")),
       jobView("running", [["registry", "running"], ...pending("mirror", "check", "catalog", "placement", "smoke_test")]),
-      jobView("running", [["registry", "done", REGISTRY_DETAIL], ["mirror", "running", "fetching 1 file", progress(1024 * 1024)], ...pending("check", "catalog", "placement", "smoke_test")]),
-      jobView("running", [["registry", "done", REGISTRY_DETAIL], ["mirror", "running", "fetching 1 file", progress(1536 * 1024)], ...pending("check", "catalog", "placement", "smoke_test")]),
+      jobView("running", [
+        ["registry", "done", REGISTRY_DETAIL],
+        ["mirror", "running", "fetching 1 file", progress(1024 * 1024)],
+        ...pending("check", "catalog", "placement", "smoke_test"),
+      ]),
+      jobView("running", [
+        ["registry", "done", REGISTRY_DETAIL],
+        ["mirror", "running", "fetching 1 file", progress(1536 * 1024)],
+        ...pending("check", "catalog", "placement", "smoke_test"),
+      ]),
       // Several steps move between two polls: their lines still come in step order.
       jobView("running", [
         ["registry", "done", REGISTRY_DETAIL],
@@ -119,24 +134,42 @@ describe("followJob", () => {
   });
 
   test("draws the mirror step's bytes, speed and time left; a terminal redraws one line and clears it before the next step line", async () => {
-    const mirroring = (done: number) => jobView("running", [["registry", "done", REGISTRY_DETAIL], ["mirror", "running", "fetching 1 file", progress(done)], ...pending("check")]);
-    const script = [mirroring(1024 * 1024), mirroring(1536 * 1024), jobView("failed", [["registry", "done", REGISTRY_DETAIL], ["mirror", "done", "verified"], ["check", "failed", "the weights do not match"]], { error: "the weights do not match" })];
+    const mirroring = (done: number) =>
+      jobView("running", [["registry", "done", REGISTRY_DETAIL], ["mirror", "running", "fetching 1 file", progress(done)], ...pending("check")]);
+    const script = [
+      mirroring(1024 * 1024),
+      mirroring(1536 * 1024),
+      jobView(
+        "failed",
+        [
+          ["registry", "done", REGISTRY_DETAIL],
+          ["mirror", "done", "verified"],
+          ["check", "failed", "the weights do not match"],
+        ],
+        { error: "the weights do not match" },
+      ),
+    ];
 
     const log: string[] = [];
     const terminal = { isTTY: true, write: (text: string) => log.push(`err:${text}`) };
     await followJob(scriptedClient(script), JOB_ID, { draw: true, out: (line) => log.push(`out:${line}`), progressTo: terminal, pollMs: 0 });
     const bars = log.filter((entry) => entry.startsWith("err:\r["));
     assert.equal(bars.length, 2, "one redraw per poll while the mirror step runs");
-    assert.match(bars[0]!, /\[#{15}-{15}\]  50\.0% 1 MiB \/ 2 MiB {2}512 KiB\/s {2}2s left {2}0\/1 file/);
-    assert.match(bars[1]!, /  75\.0% 2 MiB \/ 2 MiB/);
+    assert.match(bars[0]!, /\[#{15}-{15}\] {2}50\.0% 1 MiB \/ 2 MiB {2}512 KiB\/s {2}2s left {2}0\/1 file/);
+    assert.match(bars[1]!, / {2}75\.0% 2 MiB \/ 2 MiB/);
     const mirrorDone = log.indexOf("out:✓ mirror     verified");
     assert.equal(log[mirrorDone - 1], "err:\r\u001b[K", "the bar is cleared before the step line");
 
     // Not a terminal: a plain line, at most one every 5 s (both polls here come within it).
     const plain: string[] = [];
-    await followJob(scriptedClient(script), JOB_ID, { draw: true, out: () => {}, progressTo: { isTTY: false, write: (text: string) => plain.push(text) }, pollMs: 0 });
+    await followJob(scriptedClient(script), JOB_ID, {
+      draw: true,
+      out: () => {},
+      progressTo: { isTTY: false, write: (text: string) => plain.push(text) },
+      pollMs: 0,
+    });
     assert.equal(plain.length, 1);
-    assert.match(plain[0]!, /^\[#+-+\]  50\.0% 1 MiB \/ 2 MiB .*\n$/);
+    assert.match(plain[0]!, /^\[#+-+\] {2}50\.0% 1 MiB \/ 2 MiB .*\n$/);
   });
 
   test("a failed job ends the follow with the failed step marked and the error flagged; steps passed over show as such", async () => {
@@ -144,15 +177,28 @@ describe("followJob", () => {
     const job = await followJob(
       scriptedClient([
         jobView("running", [["registry", "running", "resolving main"], ...pending("mirror", "check")]),
-        jobView("failed", [["registry", "done", REGISTRY_DETAIL], ["mirror", "skipped", "already mirrored"], ["check", "failed", "no node has 9 GiB free"]], {
-          error: "No node can run tiny-llama:\nit needs 9 GiB. Add a node or pick a smaller --quant.",
-        }),
+        jobView(
+          "failed",
+          [
+            ["registry", "done", REGISTRY_DETAIL],
+            ["mirror", "skipped", "already mirrored"],
+            ["check", "failed", "no node has 9 GiB free"],
+          ],
+          {
+            error: "No node can run tiny-llama:\nit needs 9 GiB. Add a node or pick a smaller --quant.",
+          },
+        ),
       ]),
       JOB_ID,
       { draw: false, out: (line) => lines.push(line), pollMs: 0 },
     );
     assert.equal(job.state, "failed");
-    assert.deepEqual(lines, ["… registry   resolving main", `✓ registry   ${REGISTRY_DETAIL}`, "- mirror     already mirrored", "✗ check      no node has 9 GiB free"]);
+    assert.deepEqual(lines, [
+      "… registry   resolving main",
+      `✓ registry   ${REGISTRY_DETAIL}`,
+      "- mirror     already mirrored",
+      "✗ check      no node has 9 GiB free",
+    ]);
     assert.deepEqual(describeJobEnd(job), {
       summary: null,
       problem: `Job ${JOB_ID} failed at check: No node can run tiny-llama: it needs 9 GiB. Add a node or pick a smaller --quant.`,
@@ -164,7 +210,11 @@ describe("followJob", () => {
     const job = await followJob(
       scriptedClient([
         jobView("running", [["catalog", "done", "added 'tiny-llama'"], ["placement", "running", "placing a replica"], ...pending("smoke_test")]),
-        jobView("waiting", [["catalog", "done", "added 'tiny-llama'"], ["placement", "waiting", "waiting for room: node-a: 0.25 of 2 cores free, needs 0.5"], ...pending("smoke_test")]),
+        jobView("waiting", [
+          ["catalog", "done", "added 'tiny-llama'"],
+          ["placement", "waiting", "waiting for room: node-a: 0.25 of 2 cores free, needs 0.5"],
+          ...pending("smoke_test"),
+        ]),
       ]),
       JOB_ID,
       { draw: false, out: (line) => lines.push(line), pollMs: 0 },
@@ -174,7 +224,12 @@ describe("followJob", () => {
   });
 
   test("cancelled jobs are a problem, jobs waiting for room are not", () => {
-    const cancelled = describeJobEnd(jobView("cancelled", [["registry", "done", REGISTRY_DETAIL], ["mirror", "cancelled"]]));
+    const cancelled = describeJobEnd(
+      jobView("cancelled", [
+        ["registry", "done", REGISTRY_DETAIL],
+        ["mirror", "cancelled"],
+      ]),
+    );
     assert.equal(cancelled.problem, `Job ${JOB_ID} was cancelled.`);
     const waiting = describeJobEnd(jobView("waiting", [["placement", "done", "no room yet"]], { error: "every h100 is taken" }));
     assert.equal(waiting.problem, null);
@@ -211,13 +266,27 @@ describe("followJob", () => {
 
 test("the STEP of 'job list' is where the job is: running, the step it failed or was cancelled at, else the last that ran", () => {
   const update = (state: JobView["state"], steps: StepSpec[]) => jobView(state, steps, { kind: "update", request: { model: "tiny-llama" } });
-  const done: StepSpec[] = [["registry", "done"], ["mirror", "done"], ["check", "done"], ["catalog", "done"]];
+  const done: StepSpec[] = [
+    ["registry", "done"],
+    ["mirror", "done"],
+    ["check", "done"],
+    ["catalog", "done"],
+  ];
   // A failed rollout: the steps after it are skipped, and the failure is at rollout.
   assert.equal(currentStep(update("failed", [...done, ["rollout", "failed", "no room"], ["smoke_test", "skipped"], ["retire", "skipped"]]))?.name, "rollout");
   assert.equal(currentStep(update("cancelled", [...done, ["rollout", "cancelled"], ["smoke_test", "cancelled"], ["retire", "cancelled"]]))?.name, "rollout");
   assert.equal(currentStep(update("running", [...done, ["rollout", "running"], ["smoke_test", "pending"], ["retire", "pending"]]))?.name, "rollout");
   // Nothing to update: the steps after the registry's answer are skipped.
-  assert.equal(currentStep(update("done", [["registry", "done"], ["mirror", "skipped"], ["retire", "skipped"]]))?.name, "registry");
+  assert.equal(
+    currentStep(
+      update("done", [
+        ["registry", "done"],
+        ["mirror", "skipped"],
+        ["retire", "skipped"],
+      ]),
+    )?.name,
+    "registry",
+  );
   assert.equal(currentStep(update("done", [...done, ["rollout", "done"], ["smoke_test", "done"], ["retire", "done"]]))?.name, "retire");
 });
 
@@ -306,13 +375,48 @@ test("every leaf ctl command shows an example under --help", () => {
   assert.deepEqual(
     leaves.map((leaf) => leaf.name).sort(),
     [
-      "model list", "model show", "model add", "model edit", "model serve", "model update", "model rollback", "model check-updates", "model scale", "model remove", "model unpark", "model plan",
-      "job list", "job show", "job watch", "job cancel",
-      "mirror fetch", "mirror list", "mirror verify", "mirror rm", "mirror replicate",
-      "node list", "node show", "node drain", "node undrain", "node remove", "node join-token",
-      "key create", "key list", "key show", "key update", "key revoke",
-      "notify add", "notify list", "notify update", "notify enable", "notify rm", "notify test", "notify log",
-      "replicas", "usage", "events",
+      "model list",
+      "model show",
+      "model add",
+      "model edit",
+      "model serve",
+      "model update",
+      "model rollback",
+      "model check-updates",
+      "model scale",
+      "model remove",
+      "model unpark",
+      "model plan",
+      "job list",
+      "job show",
+      "job watch",
+      "job cancel",
+      "mirror fetch",
+      "mirror list",
+      "mirror verify",
+      "mirror rm",
+      "mirror replicate",
+      "node list",
+      "node show",
+      "node drain",
+      "node undrain",
+      "node remove",
+      "node join-token",
+      "key create",
+      "key list",
+      "key show",
+      "key update",
+      "key revoke",
+      "notify add",
+      "notify list",
+      "notify update",
+      "notify enable",
+      "notify rm",
+      "notify test",
+      "notify log",
+      "replicas",
+      "usage",
+      "events",
       "cluster status",
     ].sort(),
   );
@@ -323,7 +427,10 @@ test("every leaf ctl command shows an example under --help", () => {
     command.outputHelp();
     assert.match(help, /\nExamples?:\n {2}llmgw ctl \S/, `'ctl ${name} --help' has no example`);
     assert.match(help, new RegExp(`llmgw ctl ${name}\\b`), `the example of 'ctl ${name}' runs that command`);
-    assert.ok(command.options.some((option) => option.long === "--json"), `'ctl ${name}' has --json`);
+    assert.ok(
+      command.options.some((option) => option.long === "--json"),
+      `'ctl ${name}' has --json`,
+    );
   }
   const model = ctl.commands.find((command) => command.name() === "model")!;
   assert.deepEqual(model.commands.find((command) => command.name() === "remove")?.aliases(), ["rm"]);
@@ -356,21 +463,57 @@ describe("ctl model serve as a child process", () => {
 
   after(() => new Promise<void>((resolve) => server.close(() => resolve())));
 
-  const ctl = (args: string[]) => run(process.execPath, [BIN, "ctl", "--server", url, "--key", "sk-admin", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", url, "--key", "sk-admin", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
 
   test("--detach posts the body and prints the job id alone on stdout, how to follow it on stderr", async () => {
     received.length = 0;
-    const { stdout, stderr } = await ctl(["model", "serve", "llmgw-test/tiny-llama-GGUF", "--quant", "Q4_K_M", "--gpu-class", "h100", "--gpus-per-node", "2", "--on-demand", "--alias", "a", "b", "--detach"]);
+    const { stdout, stderr } = await ctl([
+      "model",
+      "serve",
+      "llmgw-test/tiny-llama-GGUF",
+      "--quant",
+      "Q4_K_M",
+      "--gpu-class",
+      "h100",
+      "--gpus-per-node",
+      "2",
+      "--on-demand",
+      "--alias",
+      "a",
+      "b",
+      "--detach",
+    ]);
     assert.deepEqual(received, [
-      { method: "POST", url: "/api/v1/jobs/serve", body: { repo: "llmgw-test/tiny-llama-GGUF", quant: "Q4_K_M", hardware: { gpu: { class: "h100", gpus_per_node: 2, nodes: 1 } }, aliases: ["a", "b"], replicas: 0 } },
+      {
+        method: "POST",
+        url: "/api/v1/jobs/serve",
+        body: {
+          repo: "llmgw-test/tiny-llama-GGUF",
+          quant: "Q4_K_M",
+          hardware: { gpu: { class: "h100", gpus_per_node: 2, nodes: 1 } },
+          aliases: ["a", "b"],
+          replicas: 0,
+        },
+      },
     ]);
     // What README promises: `--detach` returns the job id, usable as `job=$(llmgw ctl model serve ... --detach)`.
     assert.equal(stdout, `${JOB_ID}\n`);
-    assert.match(stderr, new RegExp(`Started job ${JOB_ID}: serve llmgw-test/tiny-llama-GGUF as 'tiny-llama'\\. Follow it with 'llmgw ctl job watch ${JOB_ID}'`));
+    assert.match(
+      stderr,
+      new RegExp(`Started job ${JOB_ID}: serve llmgw-test/tiny-llama-GGUF as 'tiny-llama'\\. Follow it with 'llmgw ctl job watch ${JOB_ID}'`),
+    );
   });
 
   test("a followed job that fails exits 1 with its error in one line on stderr; --json prints the final job", async () => {
-    finalJob = jobView("failed", [["registry", "done", REGISTRY_DETAIL], ["mirror", "failed", "disk full"]], { error: "The mirror's disk is full: free 3 GiB and run it again." });
+    finalJob = jobView(
+      "failed",
+      [
+        ["registry", "done", REGISTRY_DETAIL],
+        ["mirror", "failed", "disk full"],
+      ],
+      { error: "The mirror's disk is full: free 3 GiB and run it again." },
+    );
     await assert.rejects(ctl(["model", "serve", "llmgw-test/tiny-llama-GGUF"]), (error: { code: number; stdout: string; stderr: string }) => {
       assert.equal(error.code, 1);
       assert.match(error.stdout, /✓ registry {3}llmgw-test\/tiny-llama-GGUF@1a2b3c4d[^\n]*\n✗ mirror {5}disk full\n/);
@@ -383,7 +526,9 @@ describe("ctl model serve as a child process", () => {
       return true;
     });
 
-    finalJob = jobView("done", [["registry", "done", REGISTRY_DETAIL]], { result: { reply: "Hi", tokens_per_second: 12, completion_tokens: 2, replica: "r1", node: "n1" } });
+    finalJob = jobView("done", [["registry", "done", REGISTRY_DETAIL]], {
+      result: { reply: "Hi", tokens_per_second: 12, completion_tokens: 2, replica: "r1", node: "n1" },
+    });
     const { stdout } = await ctl(["model", "serve", "llmgw-test/tiny-llama-GGUF"]);
     assert.match(stdout, /Smoke test: r1 on n1 replied "Hi" \(12\.0 tokens\/s, 2 tokens\)\nDone: 'tiny-llama' is served/);
   });

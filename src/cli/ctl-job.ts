@@ -14,7 +14,15 @@ import { progressBar } from "./ctl-mirror.ts";
 import { renderTable } from "./output.ts";
 
 // The wire shapes and finished states are the server's own (job-rows.ts loads nothing else of the server).
-import { FINISHED_STATES, type JobResult, type JobState, type JobStep, type JobView, type StepProgress as JobStepProgress, type StepState as JobStepState } from "../serve/job-rows.ts";
+import {
+  FINISHED_STATES,
+  type JobResult,
+  type JobState,
+  type JobStep,
+  type JobView,
+  type StepProgress as JobStepProgress,
+  type StepState as JobStepState,
+} from "../serve/job-rows.ts";
 export type { JobResult, JobState, JobStep, JobStepProgress, JobStepState, JobView };
 
 // A waiting step ends the follow too (the job waits for room, see describeJobEnd), so its line is printed.
@@ -64,7 +72,9 @@ export async function followJob(client: Pick<AdminClient, "call">, jobId: string
   const lostAfterMs = options.lostAfterMs ?? DEFAULT_LOST_AFTER_MS;
   const stopFollowing = () => {
     progress.clear();
-    process.stderr.write(`\nStopped following job ${jobId}; it goes on on the server. Follow it again with 'llmgw ctl job watch ${jobId}', stop it with 'llmgw ctl job cancel ${jobId}'.\n`);
+    process.stderr.write(
+      `\nStopped following job ${jobId}; it goes on on the server. Follow it again with 'llmgw ctl job watch ${jobId}', stop it with 'llmgw ctl job cancel ${jobId}'.\n`,
+    );
     process.exit(130);
   };
   process.once("SIGINT", stopFollowing);
@@ -180,7 +190,10 @@ export function describeJobEnd(job: JobView): { summary: string; problem: null }
   const name = model === null ? "the model" : `'${model}'`;
   if (job.state === "failed") {
     const step = job.steps.find((s) => s.state === "failed");
-    return { summary: null, problem: `Job ${job.id} failed${step === undefined ? "" : ` at ${step.name}`}: ${oneLine(job.error ?? "no error recorded")}${job.error === null ? `; 'llmgw ctl job show ${job.id}' has its steps.` : ""}` };
+    return {
+      summary: null,
+      problem: `Job ${job.id} failed${step === undefined ? "" : ` at ${step.name}`}: ${oneLine(job.error ?? "no error recorded")}${job.error === null ? `; 'llmgw ctl job show ${job.id}' has its steps.` : ""}`,
+    };
   }
   if (job.state === "cancelled") return { summary: null, problem: `Job ${job.id} was cancelled${job.error === null ? "." : `: ${oneLine(job.error)}`}` };
   if (job.state === "waiting") {
@@ -200,10 +213,17 @@ export function describeJobEnd(job: JobView): { summary: string; problem: null }
  * lines on stderr with --json, whose stdout is the final JobView) and reports how it
  * ended, exiting non-zero when it failed or was cancelled.
  */
-export async function followStartedJob(options: { helpers: CtlHelpers; command: Command; client: Pick<AdminClient, "call">; started: JobView; detach: boolean }): Promise<void> {
+export async function followStartedJob(options: {
+  helpers: CtlHelpers;
+  command: Command;
+  client: Pick<AdminClient, "call">;
+  started: JobView;
+  detach: boolean;
+}): Promise<void> {
   const { helpers, command, started } = options;
   if (options.detach) {
-    if (!wantsJson(command)) process.stderr.write(`Started job ${started.id}: ${describeJobSubject(started)}. Follow it with 'llmgw ctl job watch ${started.id}'.\n`);
+    if (!wantsJson(command))
+      process.stderr.write(`Started job ${started.id}: ${describeJobSubject(started)}. Follow it with 'llmgw ctl job watch ${started.id}'.\n`);
     helpers.print(command, started, () => started.id);
     return;
   }
@@ -245,7 +265,15 @@ export function registerJobCommands(ctl: Command, helpers: CtlHelpers): void {
             : "No jobs yet. Start one with 'llmgw ctl model serve OWNER/NAME'."
           : renderTable(
               ["ID", "KIND", "MODEL", "STATE", "STEP", "AGE", "ERROR"],
-              data.map((j) => [j.id, j.kind, j.model ?? requestedModel(j), j.state, currentStep(j)?.name, formatAge(j.created_at), j.error === null ? null : oneLine(j.error)]),
+              data.map((j) => [
+                j.id,
+                j.kind,
+                j.model ?? requestedModel(j),
+                j.state,
+                currentStep(j)?.name,
+                formatAge(j.created_at),
+                j.error === null ? null : oneLine(j.error),
+              ]),
             ),
       );
     });
@@ -263,7 +291,9 @@ export function registerJobCommands(ctl: Command, helpers: CtlHelpers): void {
       await followAndReport(helpers, command, connect(command), id);
     });
   withExamples(job.command("cancel <id>"), "llmgw ctl job cancel 0c9d2f3e")
-    .description("Stop a queued or running job and undo what it started (a serve job's model is removed, an update returns to the revision it served); files already verified stay in the mirror")
+    .description(
+      "Stop a queued or running job and undo what it started (a serve job's model is removed, an update returns to the revision it served); files already verified stay in the mirror",
+    )
     .option("--json", "print JSON")
     .action(async (id: string, _options: Options, command: Command) => {
       const cancelled = await connect(command).call<JobView>("POST", `/api/v1/jobs/${encodeURIComponent(id)}/cancel`);

@@ -39,14 +39,21 @@ test("guard flags become the guards field: a side given replaces it, 'none' empt
 describe("ctl key against a server", () => {
   let harness: Harness;
   let upstream: FakeUpstream;
-  const ctl = (...args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "key", ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (...args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "key", ...args], {
+      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+    });
 
   before(async () => {
     // A clock that stands still in the middle of a minute: this minute's use, shown by
     // `key show`, must not roll over into the next window while the test runs.
     harness = await startHarness({ limitsClock: () => Date.parse("2027-03-10T10:00:30.000Z") });
     upstream = await startFakeUpstream();
-    await harness.addModel({ name: "priced", prices: { input_per_million: 1000, output_per_million: 1000 }, profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    await harness.addModel({
+      name: "priced",
+      prices: { input_per_million: 1000, output_per_million: 1000 },
+      profiles: [{ name: "p", engine: "external", url: upstream.url }],
+    });
     await harness.addModel({ name: "jg", role: "guard", guard_format: "json", profiles: [{ name: "g", engine: "external", url: upstream.url }] });
   });
   after(async () => {
@@ -55,7 +62,9 @@ describe("ctl key against a server", () => {
   });
 
   test("create with limits, use the key, show spent/limit and rate use, update", async () => {
-    const created = JSON.parse((await ctl("create", "team-a", "--rpm", "60", "--tpm", "100000", "--budget", "20", "--budget-period", "month", "--json")).stdout);
+    const created = JSON.parse(
+      (await ctl("create", "team-a", "--rpm", "60", "--tpm", "100000", "--budget", "20", "--budget-period", "month", "--json")).stdout,
+    );
     assert.equal(created.rpm, 60);
     assert.equal(created.budget_usd, 20);
     assert.equal(created.budget_period, "month");
@@ -70,7 +79,9 @@ describe("ctl key against a server", () => {
     assert.match(updated, /Updated key 'team-a' \(llmgw-\w+…\): 100000 tpm, \$20 per month, priced: 5 rpm; guards: none\./);
     const list = (await ctl("list")).stdout;
     assert.match(list, /team-a .*100000 tpm, \$20 per month, priced: 5 rpm/);
-    await assert.rejects(ctl("update", "team-a"), (error: { stderr: string }) => /Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards/.test(error.stderr));
+    await assert.rejects(ctl("update", "team-a"), (error: { stderr: string }) =>
+      /Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards/.test(error.stderr),
+    );
     await assert.rejects(ctl("update", "team-a", "--budget-period", "week"), (error: { stderr: string }) => /budget_period/.test(error.stderr));
     await assert.rejects(ctl("create", "one", "--name", "two"), (error: { stderr: string }) => /Two names given: 'one' and --name 'two'/.test(error.stderr));
     await assert.rejects(ctl("create", "--rpm", "5"), (error: { stderr: string }) => /Name the key: llmgw ctl key create NAME/.test(error.stderr));
@@ -82,7 +93,9 @@ describe("ctl key against a server", () => {
     assert.match((await ctl("show", "kiosk")).stdout, /^guards: input jg; output jg$/m);
     assert.match((await ctl("update", "kiosk", "--output-guards", "none")).stdout, /guards: input jg; output none\.$/m);
     assert.deepEqual(JSON.parse((await ctl("show", "kiosk", "--json")).stdout).guards, { input: ["jg"], output: [] });
-    await assert.rejects(ctl("update", "kiosk", "--input-guards", "jg,priced"), (error: { stderr: string }) => /guards\.input\.1': 'priced' is not a guard model/.test(error.stderr));
+    await assert.rejects(ctl("update", "kiosk", "--input-guards", "jg,priced"), (error: { stderr: string }) =>
+      /guards\.input\.1': 'priced' is not a guard model/.test(error.stderr),
+    );
     assert.match((await ctl("update", "kiosk", "--input-guards", "none")).stdout, /guards: none\.$/m, "both sides empty: no guards");
     assert.match((await ctl("show", "kiosk")).stdout, /^guards: none$/m);
   });

@@ -30,7 +30,15 @@ interface KeyView {
   model_limits: Record<string, { rpm: number | null; tpm: number | null }> | null;
   guards: { input: string[]; output: string[] } | null;
   usage?: {
-    budget: { limit_usd: number; period: string; period_id: string; spent_usd: number; reserved_usd: number; remaining_usd: number; resets_at: string | null } | null;
+    budget: {
+      limit_usd: number;
+      period: string;
+      period_id: string;
+      spent_usd: number;
+      reserved_usd: number;
+      remaining_usd: number;
+      resets_at: string | null;
+    } | null;
     rate: (RateUse & { resets_at: string }) | null;
     models: Record<string, RateUse>;
   } | null;
@@ -43,7 +51,12 @@ function withLimitFlags(command: Command): Command {
     .option("--tpm <n>", "tokens per minute, prompt and output ('none' removes the limit)")
     .option("--budget <usd>", "budget in USD over the budget period ('none' removes it)")
     .option("--budget-period <period>", "total (default), day or month; days and months are UTC")
-    .option("--model-limit <limit>", "limits for one model: MODEL:rpm=N,tpm=N (repeat for more models; on update, replaces them all; 'none' removes them)", collect, [])
+    .option(
+      "--model-limit <limit>",
+      "limits for one model: MODEL:rpm=N,tpm=N (repeat for more models; on update, replaces them all; 'none' removes them)",
+      collect,
+      [],
+    )
     .option("--input-guards <names>", "comma-separated guard models that check every request of the key, besides its model's own ('none': no input guards)")
     .option("--output-guards <names>", "comma-separated guard models that check every non-stream answer to the key ('none': no output guards)");
 }
@@ -51,7 +64,13 @@ function withLimitFlags(command: Command): Command {
 export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const key = ctl.command("key").description("API keys, their budgets and rate limits");
   withLimitFlags(
-    withExamples(key.command("create [name]"), "llmgw ctl key create ci --models tiny-llama --expires 30d", "llmgw ctl key create team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month", "llmgw ctl key create kiosk --input-guards lg --output-guards lg", "llmgw ctl key create --name ops --admin")
+    withExamples(
+      key.command("create [name]"),
+      "llmgw ctl key create ci --models tiny-llama --expires 30d",
+      "llmgw ctl key create team-a --rpm 60 --tpm 100000 --budget 20 --budget-period month",
+      "llmgw ctl key create kiosk --input-guards lg --output-guards lg",
+      "llmgw ctl key create --name ops --admin",
+    )
       .description("Create an API key; it is shown once")
       .option("--name <name>", "who or what the key is for (or give it as the first argument)")
       .option("--admin", "an admin key (admin API and every model)")
@@ -68,7 +87,14 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
       const created = await connect(command).call("POST", "/api/v1/keys", {
         name,
         role: options.admin === true ? "admin" : "client",
-        ...(typeof options.models === "string" ? { allowed_models: options.models.split(",").map((m) => m.trim()).filter(Boolean) } : {}),
+        ...(typeof options.models === "string"
+          ? {
+              allowed_models: options.models
+                .split(",")
+                .map((m) => m.trim())
+                .filter(Boolean),
+            }
+          : {}),
         ...(typeof options.expires === "string" ? { expires_at: parseExpiry(options.expires) } : {}),
         ...limitFields(options),
         ...guardFields(options),
@@ -83,7 +109,17 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
       print(command, data, () =>
         renderTable(
           ["ID", "NAME", "PREFIX", "ROLE", "MODELS", "LIMITS", "EXPIRES", "STATE", "LAST USED"],
-          data.map((k) => [k.id, k.name, `${k.prefix}…`, k.role, k.allowed_models?.join(",") ?? "all", limitsSummary(k), k.expires_at, k.revoked_at === null ? "active" : "revoked", k.last_used_at]),
+          data.map((k) => [
+            k.id,
+            k.name,
+            `${k.prefix}…`,
+            k.role,
+            k.allowed_models?.join(",") ?? "all",
+            limitsSummary(k),
+            k.expires_at,
+            k.revoked_at === null ? "active" : "revoked",
+            k.last_used_at,
+          ]),
         ),
       );
     });
@@ -94,12 +130,22 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
       const k = await connect(command).call<KeyView>("GET", `/api/v1/keys/${encodeURIComponent(ref)}`);
       print(command, k, () => showKey(k));
     });
-  withLimitFlags(withExamples(key.command("update <ref>"), "llmgw ctl key update ci --budget 50 --budget-period month", "llmgw ctl key update ci --rpm none --model-limit big-model:rpm=5", "llmgw ctl key update kiosk --input-guards lg,jg --output-guards none"))
-    .description("Change a key's budget, rate limits and guard models; applies to its next request (within 5 s on other servers). Spending so far stays counted")
+  withLimitFlags(
+    withExamples(
+      key.command("update <ref>"),
+      "llmgw ctl key update ci --budget 50 --budget-period month",
+      "llmgw ctl key update ci --rpm none --model-limit big-model:rpm=5",
+      "llmgw ctl key update kiosk --input-guards lg,jg --output-guards none",
+    ),
+  )
+    .description(
+      "Change a key's budget, rate limits and guard models; applies to its next request (within 5 s on other servers). Spending so far stays counted",
+    )
     .option("--json", "print JSON")
     .action(async (ref: string, options: Options, command: Command) => {
       const fields = { ...limitFields(options), ...guardFields(options) };
-      if (Object.keys(fields).length === 0) throw new BadRequestError("Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards.");
+      if (Object.keys(fields).length === 0)
+        throw new BadRequestError("Nothing to update: give --rpm, --tpm, --budget, --budget-period, --model-limit, --input-guards or --output-guards.");
       const updated = await connect(command).call<KeyView>("PATCH", `/api/v1/keys/${encodeURIComponent(ref)}`, fields);
       print(command, updated, () => `Updated key '${updated.name}' (${updated.prefix}…): ${limitsSummary(updated)}; guards: ${guardsSummary(updated)}.`);
     });
@@ -129,7 +175,8 @@ export function limitFields(options: Options): Record<string, unknown> {
   }
   if (typeof options.budgetPeriod === "string") fields.budget_period = options.budgetPeriod;
   const modelLimits = (options.modelLimit as string[] | undefined) ?? [];
-  if (modelLimits.length > 0) fields.model_limits = modelLimits.length === 1 && modelLimits[0] === "none" ? null : Object.fromEntries(modelLimits.map(parseModelLimit));
+  if (modelLimits.length > 0)
+    fields.model_limits = modelLimits.length === 1 && modelLimits[0] === "none" ? null : Object.fromEntries(modelLimits.map(parseModelLimit));
   return fields;
 }
 
@@ -139,11 +186,18 @@ export function limitFields(options: Options): Record<string, unknown> {
  */
 export function guardFields(options: Options): Record<string, unknown> {
   const guards: Record<string, string[]> = {};
-  for (const [flag, side] of [["inputGuards", "input"], ["outputGuards", "output"]] as const) {
+  for (const [flag, side] of [
+    ["inputGuards", "input"],
+    ["outputGuards", "output"],
+  ] as const) {
     const value = options[flag];
     if (typeof value !== "string") continue;
-    const names = value.split(",").map((name) => name.trim()).filter(Boolean);
-    if (names.length === 0) throw new BadRequestError(`Invalid --${side}-guards '${value}': give comma-separated guard model names, or 'none' for no ${side} guards.`);
+    const names = value
+      .split(",")
+      .map((name) => name.trim())
+      .filter(Boolean);
+    if (names.length === 0)
+      throw new BadRequestError(`Invalid --${side}-guards '${value}': give comma-separated guard model names, or 'none' for no ${side} guards.`);
     guards[side] = names.length === 1 && names[0] === "none" ? [] : names;
   }
   return Object.keys(guards).length === 0 ? {} : { guards };
@@ -151,7 +205,8 @@ export function guardFields(options: Options): Record<string, unknown> {
 
 function wholeOrNone(value: string, flag: string, what: string): number | null {
   if (value.trim() === "none") return null;
-  if (!/^\d+$/.test(value.trim()) || Number(value) < 1) throw new BadRequestError(`Invalid ${flag} '${value}': give a whole number of ${what} (1 or more), or 'none' to remove the limit.`);
+  if (!/^\d+$/.test(value.trim()) || Number(value) < 1)
+    throw new BadRequestError(`Invalid ${flag} '${value}': give a whole number of ${what} (1 or more), or 'none' to remove the limit.`);
   return Number(value);
 }
 
@@ -174,7 +229,10 @@ function limitsSummary(k: KeyView): string {
     ...(k.rpm === null ? [] : [`${k.rpm} rpm`]),
     ...(k.tpm === null ? [] : [`${k.tpm} tpm`]),
     ...(k.budget_usd === null ? [] : [`$${k.budget_usd} ${k.budget_period === "total" ? "total" : `per ${k.budget_period}`}`]),
-    ...Object.entries(k.model_limits ?? {}).map(([model, l]) => `${model}: ${[l.rpm === null || l.rpm === undefined ? "" : `${l.rpm} rpm`, l.tpm === null || l.tpm === undefined ? "" : `${l.tpm} tpm`].filter(Boolean).join(" ")}`),
+    ...Object.entries(k.model_limits ?? {}).map(
+      ([model, l]) =>
+        `${model}: ${[l.rpm === null || l.rpm === undefined ? "" : `${l.rpm} rpm`, l.tpm === null || l.tpm === undefined ? "" : `${l.tpm} tpm`].filter(Boolean).join(" ")}`,
+    ),
   ];
   return parts.length === 0 ? "none" : parts.join(", ");
 }
@@ -208,7 +266,10 @@ function showKey(k: KeyView): string {
     const rows = [...(rate === null ? [] : [["(key)", rate] as const]), ...models];
     lines.push(
       `rate use this minute${rate === null ? "" : ` (resets at ${rate.resets_at})`}:`,
-      renderTable(["SCOPE", "REQUESTS", "TOKENS"], rows.map(([scope, use]) => [scope, `${use.requests}/${use.rpm ?? "∞"}`, `${use.tokens}/${use.tpm ?? "∞"}`])),
+      renderTable(
+        ["SCOPE", "REQUESTS", "TOKENS"],
+        rows.map(([scope, use]) => [scope, `${use.requests}/${use.rpm ?? "∞"}`, `${use.tokens}/${use.tpm ?? "∞"}`]),
+      ),
     );
   }
   return lines.join("\n");

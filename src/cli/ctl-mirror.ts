@@ -18,7 +18,9 @@ import { renderTable } from "./output.ts";
 export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
   withExamples(mirror.command("fetch <repo>"), "llmgw ctl mirror fetch llmgw-test/tiny-llama-GGUF --quant Q4_K_M")
-    .description("Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the fleet's hardware")
+    .description(
+      "Fetch a repository's artifact into the mirror, verifying every file, and show progress; without --quant or --file, what 'ctl model plan' recommends for the fleet's hardware",
+    )
     .option("--quant <label>", "GGUF quantisation, e.g. Q8_0")
     .option("--file <path>", "an exact file of the repository")
     .option("--format <format>", "gguf or safetensors")
@@ -37,7 +39,12 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       });
       const json = command.optsWithGlobals().json === true;
       if (options.wait === false) {
-        print(command, started, () => `${describePick(started.picked)}\nFetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${countOf(started.files.length, "file")}, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`);
+        print(
+          command,
+          started,
+          () =>
+            `${describePick(started.picked)}\nFetching ${started.set} of ${started.repo} as ${started.model}/${started.version} (${countOf(started.files.length, "file")}, ${formatBytes(started.totalBytes)}). Follow with 'llmgw ctl mirror list'.`,
+        );
         return;
       }
       if (!json) process.stdout.write(`${describePick(started.picked)}\n`);
@@ -79,7 +86,10 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .action(async (modelName: string | undefined, version: string | undefined, _options: Options, command: Command) => {
       const client = connect(command);
       const json = command.optsWithGlobals().json === true;
-      const started = await client.call("POST", "/api/v1/mirror/verify", { ...(modelName === undefined ? {} : { model: modelName }), ...(version === undefined ? {} : { version }) });
+      const started = await client.call("POST", "/api/v1/mirror/verify", {
+        ...(modelName === undefined ? {} : { model: modelName }),
+        ...(version === undefined ? {} : { version }),
+      });
       const run = await followVerification(client, started, {
         draw: !json,
         onFile: json ? undefined : (file) => process.stdout.write(`${describeVerifiedFile(file)}\n`),
@@ -110,14 +120,19 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       const query = options.force === true ? "?force=true" : "";
       const result = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
       const { deleted } = result;
-      const forced = deleted.forced === true ? ` The ${deleted.usedBy.length === 1 ? "catalog model" : "catalog models"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.` : "";
+      const forced =
+        deleted.forced === true
+          ? ` The ${deleted.usedBy.length === 1 ? "catalog model" : "catalog models"} ${deleted.usedBy.map((n: string) => `'${n}'`).join(", ")} used it and now ${deleted.usedBy.length === 1 ? "has" : "have"} no weights.`
+          : "";
       print(command, result, () => `Deleted ${deleted.model}/${deleted.version}: ${countOf(deleted.files, "file")}, ${formatBytes(deleted.bytes)}.${forced}`);
     });
 }
 
 /** The `model serve` line that fetches the same artifact and serves it in one step. */
 function serveCommandFor(repo: string, options: Options): string {
-  const flags = (["revision", "quant", "file", "format"] as const).filter((name) => typeof options[name] === "string").map((name) => ` --${name} ${options[name] as string}`);
+  const flags = (["revision", "quant", "file", "format"] as const)
+    .filter((name) => typeof options[name] === "string")
+    .map((name) => ` --${name} ${options[name] as string}`);
   return `llmgw ctl model serve ${repo}${flags.join("")}`;
 }
 
@@ -268,7 +283,9 @@ export async function followVerification(
   const tty = options.draw && process.stderr.isTTY === true;
   const reported = new Set<string>();
   for (let run = started; ; ) {
-    const fresh = run.files.filter((f) => (f.result === "ok" || f.result === "failed" || f.result === "skipped") && !reported.has(`${f.model}/${f.version}/${f.file}`));
+    const fresh = run.files.filter(
+      (f) => (f.result === "ok" || f.result === "failed" || f.result === "skipped") && !reported.has(`${f.model}/${f.version}/${f.file}`),
+    );
     if (fresh.length > 0 && tty) process.stderr.write("\r\u001b[K");
     for (const file of fresh) {
       reported.add(`${file.model}/${file.version}/${file.file}`);
@@ -276,7 +293,9 @@ export async function followVerification(
     }
     if (tty) {
       const done = run.files.reduce((sum, f) => sum + f.bytesDone, 0);
-      process.stderr.write(`\r${progressBar(done, run.totalBytes)} ${formatBytes(done)} / ${formatBytes(run.totalBytes)}  ${reported.size}/${countOf(run.files.length, "file")} checked\u001b[K`);
+      process.stderr.write(
+        `\r${progressBar(done, run.totalBytes)} ${formatBytes(done)} / ${formatBytes(run.totalBytes)}  ${reported.size}/${countOf(run.files.length, "file")} checked\u001b[K`,
+      );
     }
     if (run.state !== "running") {
       if (tty) process.stderr.write("\n");
@@ -316,7 +335,11 @@ export interface ReplicationRun {
 }
 
 /** Polls each server's run until none is running, drawing one bar for the bytes of all of them. */
-export async function followReplication(client: Pick<AdminClient, "call">, started: ReplicationRun[], options: { draw: boolean; pollMs?: number }): Promise<ReplicationRun[]> {
+export async function followReplication(
+  client: Pick<AdminClient, "call">,
+  started: ReplicationRun[],
+  options: { draw: boolean; pollMs?: number },
+): Promise<ReplicationRun[]> {
   const tty = options.draw && process.stderr.isTTY === true;
   let runs = started;
   for (;;) {
@@ -324,7 +347,9 @@ export async function followReplication(client: Pick<AdminClient, "call">, start
       const done = runs.reduce((sum, run) => sum + run.bytesDone, 0);
       const total = runs.reduce((sum, run) => sum + run.totalBytes, 0);
       const copying = runs.filter((run) => run.state === "running").length;
-      process.stderr.write(`\r${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${copying} of ${countOf(runs.length, "server")} copying\u001b[K`);
+      process.stderr.write(
+        `\r${progressBar(done, total)} ${formatBytes(done)} / ${formatBytes(total)}  ${copying} of ${countOf(runs.length, "server")} copying\u001b[K`,
+      );
     }
     if (runs.every((run) => run.state !== "running")) {
       if (tty) process.stderr.write("\n");
@@ -339,7 +364,11 @@ export async function followReplication(client: Pick<AdminClient, "call">, start
           return await client.call<ReplicationRun>("GET", path);
         } catch (error) {
           // The copying server stopped (or cannot be reached): its copy resumes when replicate runs again.
-          return { ...run, state: "failed" as const, error: `Lost track of the copy on '${run.server}': ${error instanceof Error ? error.message : String(error)}` };
+          return {
+            ...run,
+            state: "failed" as const,
+            error: `Lost track of the copy on '${run.server}': ${error instanceof Error ? error.message : String(error)}`,
+          };
         }
       }),
     );
@@ -351,7 +380,10 @@ function describeReplication(model: string, version: string, runs: ReplicationRu
   const lines = runs.map((run) => {
     if (run.state === "failed" && run.files.length === 0) return `${run.server}: not started: ${run.error ?? "no reason given"}`;
     const counts = `${run.copied} copied, ${run.alreadyHeld} already held${run.failed > 0 ? `, ${run.failed} failed` : ""}, ${formatBytes(run.bytesDone)} of ${formatBytes(run.totalBytes)}`;
-    const failures = run.files.filter((f) => f.state === "failed").map((f) => `\n  ${f.file}: ${f.error ?? "failed"}`).join("");
+    const failures = run.files
+      .filter((f) => f.state === "failed")
+      .map((f) => `\n  ${f.file}: ${f.error ?? "failed"}`)
+      .join("");
     const stopped = run.error === null ? "" : `\n  ${run.error}`;
     return `${run.server}: ${run.state} (${counts})${failures}${stopped}`;
   });

@@ -42,13 +42,17 @@ export function serveBodyFromFlags(repo: string, options: Options): ServeRequest
     throw new BadRequestError("Give --quant or --file, not both: --quant picks a quantisation of the repository, --file names one exact file of it.");
   }
   if (given("replicas") && given("onDemand")) {
-    throw new BadRequestError("Give --replicas N or --on-demand, not both: --on-demand is --replicas 0 (a replica starts at the first request and stops when idle).");
+    throw new BadRequestError(
+      "Give --replicas N or --on-demand, not both: --on-demand is --replicas 0 (a replica starts at the first request and stops when idle).",
+    );
   }
   if (given("cpu") && given("gpuClass")) {
     throw new BadRequestError("Give --cpu or --gpu-class C, not both: --cpu runs the model on CPU cores, --gpu-class on GPUs of that class.");
   }
   if ((given("gpusPerNode") || given("nodes")) && !given("gpuClass")) {
-    throw new BadRequestError("--gpus-per-node and --nodes size a GPU placement: add --gpu-class C (e.g. --gpu-class h100), or leave them out to let the plan choose.");
+    throw new BadRequestError(
+      "--gpus-per-node and --nodes size a GPU placement: add --gpu-class C (e.g. --gpu-class h100), or leave them out to let the plan choose.",
+    );
   }
   const body: ServeRequestBody = { repo: absoluteRepoArgument(repo) };
   const text = (name: string) => (typeof options[name] === "string" ? (options[name] as string) : undefined);

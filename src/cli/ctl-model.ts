@@ -59,13 +59,22 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
           ? "No models yet. Serve one with 'llmgw ctl model serve OWNER/NAME', or add one with 'llmgw ctl model add NAME --gguf FILE' or '--external URL'."
           : renderTable(
               ["NAME", "ALIASES", "ENGINES", "STATE", "READY", "REASON"],
-              data.map((m) => [m.name, m.aliases.join(",") || null, m.profiles.map((p: any) => p.engine).join(","), m.health.state, `${m.health.ready}/${m.health.replicas}`, m.health.reason]),
+              data.map((m) => [
+                m.name,
+                m.aliases.join(",") || null,
+                m.profiles.map((p: any) => p.engine).join(","),
+                m.health.state,
+                `${m.health.ready}/${m.health.replicas}`,
+                m.health.reason,
+              ]),
             ),
       );
     });
 
   withExamples(model.command("show <name>"), "llmgw ctl model show tiny-llama")
-    .description("Show a model's health (replicas by state and node, parking, failures, last error, placement explanation) and where its weights came from (--json: the whole model)")
+    .description(
+      "Show a model's health (replicas by state and node, parking, failures, last error, placement explanation) and where its weights came from (--json: the whole model)",
+    )
     .option("--json", "print the model with its profiles, health, replicas and origin as JSON")
     .action(async (name: string, _options: Options, command: Command) => {
       const client = connect(command);
@@ -100,7 +109,11 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       print(command, created, () => `Added model '${created.name}' (${created.health.state}${created.health.reason ? `: ${created.health.reason}` : ""}).`);
     });
 
-  withExamples(model.command("edit <name>"), `llmgw ctl model edit tiny --patch '{"aliases": ["small"], "queue_size": 32}'`, "llmgw ctl model edit tiny --patch @change.json")
+  withExamples(
+    model.command("edit <name>"),
+    `llmgw ctl model edit tiny --patch '{"aliases": ["small"], "queue_size": 32}'`,
+    "llmgw ctl model edit tiny --patch @change.json",
+  )
     .description("Change a model with a JSON patch (fields to change; profiles are replaced as a list)")
     .requiredOption("--patch <json>", "JSON object, or @file to read one")
     .option("--json", "print JSON")
@@ -109,8 +122,14 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       print(command, updated, () => `Changed model '${updated.name}'.`);
     });
 
-  withExamples(model.command("serve <repo>"), "llmgw ctl model serve llmgw-test/tiny-llama-GGUF --quant Q4_K_M", "llmgw ctl model serve ./models/qwen --gpu-class h100 --gpus-per-node 2 --name qwen --detach")
-    .description("Serve a repository (owner/name, or a local file or folder) in one job: pick the artifact, mirror and check it, add it to the catalog, place it and smoke-test it")
+  withExamples(
+    model.command("serve <repo>"),
+    "llmgw ctl model serve llmgw-test/tiny-llama-GGUF --quant Q4_K_M",
+    "llmgw ctl model serve ./models/qwen --gpu-class h100 --gpus-per-node 2 --name qwen --detach",
+  )
+    .description(
+      "Serve a repository (owner/name, or a local file or folder) in one job: pick the artifact, mirror and check it, add it to the catalog, place it and smoke-test it",
+    )
     .option("--revision <rev>", "branch, tag or commit (default main)")
     .option("--quant <label>", "GGUF quantisation, e.g. Q4_K_M (default: what the plan recommends)")
     .option("--file <path>", "an exact file of the repository")
@@ -144,7 +163,10 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .option("--json", "print the finished job as JSON (with --detach: the started one)")
     .action(async (name: string, options: Options, command: Command) => {
       const client = connect(command);
-      const started = await client.call<JobView>("POST", "/api/v1/jobs/update", { model: name, ...(typeof options.revision === "string" ? { revision: options.revision } : {}) });
+      const started = await client.call<JobView>("POST", "/api/v1/jobs/update", {
+        model: name,
+        ...(typeof options.revision === "string" ? { revision: options.revision } : {}),
+      });
       await followStartedJob({ helpers, command, client, started, detach: options.detach === true });
     });
 
@@ -173,7 +195,9 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .action(async (name: string, replicas: string | undefined, options: Options, command: Command) => {
       const onDemand = options.onDemand === true;
       if (onDemand === (replicas !== undefined)) {
-        throw new BadRequestError(`Give a number of replicas or --on-demand: 'llmgw ctl model scale ${name} 2' or 'llmgw ctl model scale ${name} --on-demand'.`);
+        throw new BadRequestError(
+          `Give a number of replicas or --on-demand: 'llmgw ctl model scale ${name} 2' or 'llmgw ctl model scale ${name} --on-demand'.`,
+        );
       }
       const client = connect(command);
       let scaling: { min: number; max: number };
@@ -236,7 +260,9 @@ function renderOrigin(name: string, origin: ModelOrigin): string {
   ];
   if (origin.previous !== undefined) {
     const source = describeSource(origin.previous.source);
-    lines.push(`previous: ${origin.previous.revision}${source === null ? "" : ` (${source})`}, ${countOf(origin.previous.files.length, "file")}; 'llmgw ctl model rollback ${name}' goes back to it`);
+    lines.push(
+      `previous: ${origin.previous.revision}${source === null ? "" : ` (${source})`}, ${countOf(origin.previous.files.length, "file")}; 'llmgw ctl model rollback ${name}' goes back to it`,
+    );
   }
   return lines.join("\n");
 }
@@ -261,7 +287,13 @@ function renderUpdateChecks(checks: UpdateCheck[]): string {
   return checks.some((c) => c.update_available) ? `${table}\n\nUpdate with 'llmgw ctl model update NAME'.` : table;
 }
 
-function renderRepositoryPlan(result: { repo: string; revision: string; sha: string; artifacts: Array<{ description: string; planned: boolean; note?: string }>; plan: ModelPlan }): string {
+function renderRepositoryPlan(result: {
+  repo: string;
+  revision: string;
+  sha: string;
+  artifacts: Array<{ description: string; planned: boolean; note?: string }>;
+  plan: ModelPlan;
+}): string {
   const lines = [`${result.repo} @ ${result.revision} (${result.sha.slice(0, 12)}), context ${result.plan.contextSize} tokens`, ""];
   const skipped = result.artifacts.filter((a) => !a.planned);
   lines.push(renderPlanTable(result.plan));

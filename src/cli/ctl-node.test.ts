@@ -8,8 +8,14 @@ import { describeDrain, describeUndrain, type NodeView } from "./ctl-node.ts";
 const replica = (id: string): NodeView["replicas"][number] => ({ id, model: "tiny", state: "ready", profile: "cpu" });
 
 test("drain: the count of replicas and the verb agree", () => {
-  assert.match(describeDrain({ name: "gpu-01", replicas: [replica("r-1")] }), /^Node 'gpu-01' is draining: nothing new is placed there, and its 1 replica stops once replaced elsewhere \(it keeps running if there is no room elsewhere\)\./);
-  assert.match(describeDrain({ name: "gpu-01", replicas: [replica("r-1"), replica("r-2")] }), /and its 2 replicas stop once replaced elsewhere \(those without room elsewhere keep running\)\./);
+  assert.match(
+    describeDrain({ name: "gpu-01", replicas: [replica("r-1")] }),
+    /^Node 'gpu-01' is draining: nothing new is placed there, and its 1 replica stops once replaced elsewhere \(it keeps running if there is no room elsewhere\)\./,
+  );
+  assert.match(
+    describeDrain({ name: "gpu-01", replicas: [replica("r-1"), replica("r-2")] }),
+    /and its 2 replicas stop once replaced elsewhere \(those without room elsewhere keep running\)\./,
+  );
   assert.match(describeDrain({ name: "gpu-01", replicas: [] }), /^Node 'gpu-01' is draining: nothing new is placed there, and it runs no replicas\./);
   assert.match(describeDrain({ name: "gpu-01", replicas: [] }), /'llmgw ctl node undrain gpu-01' ends the drain\.$/);
 });

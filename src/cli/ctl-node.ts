@@ -32,7 +32,15 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
           ? "No nodes have joined. Start one with the command 'llmgw ctl node join-token' prints."
           : renderTable(
               ["NAME", "STATE", "LAST HEARTBEAT", "CORES", "MEMORY", "GPUS", "REPLICAS"],
-              data.map((n) => [n.name, n.state, ago(n.last_heartbeat), `${n.cores.used}/${n.cores.total}`, `${formatBytes(n.memory_bytes.used)} / ${formatBytes(n.memory_bytes.total)}`, gpuSummary(n), String(n.replicas.length)]),
+              data.map((n) => [
+                n.name,
+                n.state,
+                ago(n.last_heartbeat),
+                `${n.cores.used}/${n.cores.total}`,
+                `${formatBytes(n.memory_bytes.used)} / ${formatBytes(n.memory_bytes.total)}`,
+                gpuSummary(n),
+                String(n.replicas.length),
+              ]),
             ),
       );
     });
@@ -46,10 +54,29 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
           `node ${n.name}: ${n.state}, last heartbeat ${ago(n.last_heartbeat)}, address ${n.address}`,
           `cores ${n.cores.used}/${n.cores.total} used, memory ${formatBytes(n.memory_bytes.used)} / ${formatBytes(n.memory_bytes.total)} used`,
           `engines: ${n.engines.map((e) => `${e.engine} ${e.version}`).join(", ") || "none"}`,
-          ...(Object.keys(n.labels).length > 0 ? [`labels: ${Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(",")}`] : []),
-          ...(n.gpus.length > 0 ? ["", renderTable(["GPU", "CLASS", "MEMORY", "REPLICA"], n.gpus.map((g) => [String(g.index), g.class, formatBytes(g.memory_bytes), g.replica]))] : []),
+          ...(Object.keys(n.labels).length > 0
+            ? [
+                `labels: ${Object.entries(n.labels)
+                  .map(([k, v]) => `${k}=${v}`)
+                  .join(",")}`,
+              ]
+            : []),
+          ...(n.gpus.length > 0
+            ? [
+                "",
+                renderTable(
+                  ["GPU", "CLASS", "MEMORY", "REPLICA"],
+                  n.gpus.map((g) => [String(g.index), g.class, formatBytes(g.memory_bytes), g.replica]),
+                ),
+              ]
+            : []),
           "",
-          n.replicas.length === 0 ? "no replicas" : renderTable(["REPLICA", "MODEL", "PROFILE", "STATE"], n.replicas.map((r) => [r.id, r.model, r.profile, r.state])),
+          n.replicas.length === 0
+            ? "no replicas"
+            : renderTable(
+                ["REPLICA", "MODEL", "PROFILE", "STATE"],
+                n.replicas.map((r) => [r.id, r.model, r.profile, r.state]),
+              ),
         ].join("\n"),
       );
     });
@@ -80,7 +107,11 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
     .action(async (_options: Options, command: Command) => {
       const client = connect(command);
       const { token } = await client.call<{ token: string }>("GET", "/api/v1/nodes/join-token");
-      print(command, { token, server: client.baseUrl }, () => `${token}\n\nOn the new node:\n  llmgw agent --server ${client.baseUrl} --join-token ${token} --advertise <this node's address>`);
+      print(
+        command,
+        { token, server: client.baseUrl },
+        () => `${token}\n\nOn the new node:\n  llmgw agent --server ${client.baseUrl} --join-token ${token} --advertise <this node's address>`,
+      );
     });
 }
 
@@ -105,7 +136,8 @@ export function describeUndrain(n: Pick<NodeView, "name" | "state">): string {
 /** `ctl model show NAME`: the model's health as the fleet sees it. */
 export function renderModelHealth(health: any): string {
   const lines = [`model ${health.model}: ${health.state}${health.reason ? ` (${health.reason})` : ""}`, `replicas: ${health.summary}`];
-  if (health.parked) lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
+  if (health.parked)
+    lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
   if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line: string) => `  ${line}`));
   if (health.weights_problem) lines.push(`weights: ${health.weights_problem}`);
   if (health.replicas.length > 0) {
@@ -113,7 +145,16 @@ export function renderModelHealth(health: any): string {
       "",
       renderTable(
         ["REPLICA", "STATE", "NODES", "PROFILE", "ATTEMPT", "FAILURES", "WEIGHTS", "LAST ERROR"],
-        health.replicas.map((r: any) => [r.id, r.state, r.nodes.join(","), r.profile, String(r.attempt), String(r.failures), r.weights_verified ? "verified" : "-", r.last_error]),
+        health.replicas.map((r: any) => [
+          r.id,
+          r.state,
+          r.nodes.join(","),
+          r.profile,
+          String(r.attempt),
+          String(r.failures),
+          r.weights_verified ? "verified" : "-",
+          r.last_error,
+        ]),
       ),
     );
   }

@@ -17,7 +17,8 @@ const run = promisify(execFile);
 describe("ctl notify against a server", () => {
   let harness: Harness;
   let receiver: Receiver;
-  const ctl = (...args: string[]) => run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+  const ctl = (...args: string[]) =>
+    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
 
   before(async () => {
     harness = await startHarness({ notify: { notify: { backoffMs: 50, maxBackoffMs: 100, pollMs: 50 } } });
@@ -29,7 +30,17 @@ describe("ctl notify against a server", () => {
   });
 
   test("add, list, test, log, update, enable, rm", async () => {
-    const added = await ctl("notify", "add", "ops", "--webhook", `${receiver.url}?token=abc123`, "--events", "model_parked,node_lost,job_failed", "--min-severity", "warning");
+    const added = await ctl(
+      "notify",
+      "add",
+      "ops",
+      "--webhook",
+      `${receiver.url}?token=abc123`,
+      "--events",
+      "model_parked,node_lost,job_failed",
+      "--min-severity",
+      "warning",
+    );
     const secret = /^(whsec_\S+)$/m.exec(added.stdout)?.[1];
     assert.ok(secret, `the secret is printed: ${added.stdout}`);
     assert.match(added.stdout, /shown this once/);
@@ -80,13 +91,18 @@ describe("ctl notify against a server", () => {
   });
 
   test("events --follow prints new events of the kinds asked for as they happen", async () => {
-    const child = spawn(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "events", "--follow", "--json", "--kind", "model_parked"], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
+    const child = spawn(
+      process.execPath,
+      [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "events", "--follow", "--json", "--kind", "model_parked"],
+      { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } },
+    );
     let out = "";
     child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString("utf8")));
     try {
       // Recorded until the follower prints one: the first may come before the stream is open.
       await eventually("a followed event is printed", async () => {
-        if (!out.includes('"subject":"model:first"')) await harness.server.events.record({ kind: "model_parked", subject: "model:first", message: "parked ünïcode" });
+        if (!out.includes('"subject":"model:first"'))
+          await harness.server.events.record({ kind: "model_parked", subject: "model:first", message: "parked ünïcode" });
         return out.includes('"subject":"model:first"');
       });
       const line = JSON.parse(out.trim().split("\n")[0]!);

@@ -58,7 +58,9 @@ function describeChannel(channel: ChannelView): string {
 }
 
 export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelpers): void {
-  const notify = ctl.command("notify").description("Notification channels: signed webhooks and Slack, for parked models, lost nodes, budgets, new weights and failed jobs");
+  const notify = ctl
+    .command("notify")
+    .description("Notification channels: signed webhooks and Slack, for parked models, lost nodes, budgets, new weights and failed jobs");
   withExamples(
     notify.command("add <name>"),
     "llmgw ctl notify add ops --webhook https://ops.example.com/hooks/llmgw",
@@ -72,7 +74,8 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
     .option("--min-severity <level>", "info (default), warning or critical")
     .option("--json", "print JSON")
     .action(async (name: string, options: Options, command: Command) => {
-      if ((typeof options.webhook === "string") === (typeof options.slack === "string")) throw new BadRequestError("Give exactly one of --webhook URL or --slack URL.");
+      if ((typeof options.webhook === "string") === (typeof options.slack === "string"))
+        throw new BadRequestError("Give exactly one of --webhook URL or --slack URL.");
       const created = await connect(command).call<ChannelView>("POST", "/api/v1/notify", {
         name,
         ...(typeof options.webhook === "string" ? { webhook: options.webhook } : { slack: options.slack }),
@@ -93,11 +96,25 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       print(command, data, () =>
         renderTable(
           ["NAME", "KIND", "URL", "EVENTS", "MIN SEVERITY", "STATE", "DELIVERED", "PENDING", "FAILED"],
-          data.map((c) => [c.name, c.kind, c.url, c.events?.join(",") ?? "all", c.min_severity, c.enabled ? "enabled" : "disabled", c.deliveries?.delivered ?? 0, c.deliveries?.pending ?? 0, c.deliveries?.failed ?? 0]),
+          data.map((c) => [
+            c.name,
+            c.kind,
+            c.url,
+            c.events?.join(",") ?? "all",
+            c.min_severity,
+            c.enabled ? "enabled" : "disabled",
+            c.deliveries?.delivered ?? 0,
+            c.deliveries?.pending ?? 0,
+            c.deliveries?.failed ?? 0,
+          ]),
         ),
       );
     });
-  withExamples(notify.command("update <name>"), "llmgw ctl notify update team --events model_parked,budget_exhausted", "llmgw ctl notify update ops --events all --min-severity info")
+  withExamples(
+    notify.command("update <name>"),
+    "llmgw ctl notify update team --events model_parked,budget_exhausted",
+    "llmgw ctl notify update ops --events all --min-severity info",
+  )
     .description("Change which events a channel gets")
     .option("--events <kinds>", "comma-separated event kinds, or 'all'")
     .option("--min-severity <level>", "info, warning or critical")
@@ -169,7 +186,8 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       const query = new URLSearchParams();
       if (typeof options.kind === "string") query.set("kind", options.kind);
       if (options.follow === true) {
-        if (options.since !== undefined || options.limit !== undefined) throw new BadRequestError("--follow prints events from now on; --since and --limit are for listing past events. Run one, then the other.");
+        if (options.since !== undefined || options.limit !== undefined)
+          throw new BadRequestError("--follow prints events from now on; --since and --limit are for listing past events. Run one, then the other.");
         await followEvents(client, query, (event) => process.stdout.write((wantsJson(command) ? JSON.stringify(event) : eventLine(event)) + "\n"));
         return;
       }
@@ -199,7 +217,10 @@ async function followEvents(client: AdminClient, query: URLSearchParams, print: 
         while ((end = buffered.indexOf("\n\n")) >= 0) {
           const lines = buffered.slice(0, end).split("\n");
           buffered = buffered.slice(end + 2);
-          const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+          const data = lines
+            .filter((line) => line.startsWith("data: "))
+            .map((line) => line.slice(6))
+            .join("\n");
           if (data === "") continue;
           lastId = lines.find((line) => line.startsWith("id: "))?.slice(4) ?? lastId;
           print(JSON.parse(data) as EventView);

@@ -41,13 +41,38 @@ export function usagePath(options: { by: string; since: string; keyName?: string
 export function renderUsage(rows: readonly UsageRowView[], groupBy: readonly string[], total?: UsageRowView): string {
   const period = groupBy.includes("minute") ? "minute" : groupBy.includes("hour") ? "hour" : groupBy.includes("day") ? "day" : null;
   const dimensions: Array<[string, (row: UsageRowView) => string | null]> = [];
-  if (period !== null) dimensions.push([period.toUpperCase(), (row) => (row.period === null ? null : period === "day" ? row.period.slice(0, 10) : `${row.period.slice(0, 10)} ${row.period.slice(11, 16)}`)]);
+  if (period !== null)
+    dimensions.push([
+      period.toUpperCase(),
+      (row) => (row.period === null ? null : period === "day" ? row.period.slice(0, 10) : `${row.period.slice(0, 10)} ${row.period.slice(11, 16)}`),
+    ]);
   if (groupBy.includes("key")) dimensions.push(["KEY", (row) => row.key]);
   if (groupBy.includes("model")) dimensions.push(["MODEL", (row) => row.model]);
   const headers = [...dimensions.map(([header]) => header), "REQUESTS", "ERRORS", "PROMPT TOK", "COMPLETION TOK", "COST", "P50", "P95", "TTFT P50"];
-  const line = (row: UsageRowView, labels: Array<string | null>) => [...labels, row.requests, row.errors, row.prompt_tokens, row.completion_tokens, formatCost(row.cost_usd), formatMs(row.p50_ms), formatMs(row.p95_ms), formatMs(row.ttft_p50_ms)];
-  const table = rows.map((row) => line(row, dimensions.map(([, cell]) => cell(row))));
-  if (total !== undefined && dimensions.length > 0) table.push(line(total, dimensions.map((_, index) => (index === 0 ? "TOTAL" : ""))));
+  const line = (row: UsageRowView, labels: Array<string | null>) => [
+    ...labels,
+    row.requests,
+    row.errors,
+    row.prompt_tokens,
+    row.completion_tokens,
+    formatCost(row.cost_usd),
+    formatMs(row.p50_ms),
+    formatMs(row.p95_ms),
+    formatMs(row.ttft_p50_ms),
+  ];
+  const table = rows.map((row) =>
+    line(
+      row,
+      dimensions.map(([, cell]) => cell(row)),
+    ),
+  );
+  if (total !== undefined && dimensions.length > 0)
+    table.push(
+      line(
+        total,
+        dimensions.map((_, index) => (index === 0 ? "TOTAL" : "")),
+      ),
+    );
   return renderTable(headers, table);
 }
 
@@ -90,7 +115,12 @@ export function registerUsageCommand(ctl: Command, { connect, print }: CtlHelper
         return;
       }
       if (data.length === 0) {
-        print(command, data, () => `No usage in the last ${flags.since}${flags.keyName === undefined ? "" : ` for key '${flags.keyName}'`}${flags.model === undefined ? "" : ` of model '${flags.model}'`}.`);
+        print(
+          command,
+          data,
+          () =>
+            `No usage in the last ${flags.since}${flags.keyName === undefined ? "" : ` for key '${flags.keyName}'`}${flags.model === undefined ? "" : ` of model '${flags.model}'`}.`,
+        );
         return;
       }
       print(command, data, () => renderUsage(data, groupBy, data.length > 1 ? total : undefined));

@@ -49,7 +49,16 @@ export function registerCtl(program: Command): void {
       print(command, data, () =>
         renderTable(
           ["MODEL", "PROFILE", "ENGINE", "STATE", "ATTEMPT", "FAILURES", "ENDPOINT", "LAST ERROR"],
-          data.map((r) => [r.modelName, r.profile, r.engine, r.state, r.attempt, r.failures, r.endpoint ? r.endpoint.origin + r.endpoint.basePath : null, r.lastError]),
+          data.map((r) => [
+            r.modelName,
+            r.profile,
+            r.engine,
+            r.state,
+            r.attempt,
+            r.failures,
+            r.endpoint ? r.endpoint.origin + r.endpoint.basePath : null,
+            r.lastError,
+          ]),
         ),
       );
     });

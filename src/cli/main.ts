@@ -8,7 +8,11 @@ import { registerCtl } from "./ctl.ts";
 import { LLMGW_VERSION } from "../core/version.ts";
 
 const program = new Command();
-program.name("llmgw").description("Self-hosted LLM gateway and control plane").version(LLMGW_VERSION, "-V, --version", "print the llmgw version").showHelpAfterError();
+program
+  .name("llmgw")
+  .description("Self-hosted LLM gateway and control plane")
+  .version(LLMGW_VERSION, "-V, --version", "print the llmgw version")
+  .showHelpAfterError();
 
 const serverOptions = (command: Command) =>
   command
@@ -18,7 +22,10 @@ const serverOptions = (command: Command) =>
     .option("--max-body <size>", "largest /v1 request body, e.g. 16m")
     .option("--body-timeout <duration>", "a request body must arrive whole within this, else 408 (default 30s)")
     .option("--header-timeout <duration>", "request headers must arrive within this, else 408 (default 60s)")
-    .option("--metrics-key <key>", "secret that lets scrapers on other machines read GET /metrics (prefer LLMGW_METRICS_KEY: flags show in ps); loopback needs none")
+    .option(
+      "--metrics-key <key>",
+      "secret that lets scrapers on other machines read GET /metrics (prefer LLMGW_METRICS_KEY: flags show in ps); loopback needs none",
+    )
     .option("--guard-timeout <duration>", "how long a guard model may take on one check, its queue included, before the request gets 503 (default 10s)")
     .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
     .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)")
@@ -32,7 +39,10 @@ const serverOptions = (command: Command) =>
     .option("--server-name <name>", "this server's name among servers sharing one PostgreSQL (or LLMGW_SERVER_NAME; default: the host name)")
     .option("--advertise-url <url>", "where the other servers reach this one (or LLMGW_ADVERTISE_URL; default: the listening address)")
     .option("--mirror-on <name>", "with several servers: mirror fetches run on this server (give every server the same; default: the leader)")
-    .option("--cluster-secret-file <file>", "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it");
+    .option(
+      "--cluster-secret-file <file>",
+      "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it",
+    );
 
 serverOptions(program.command("up").description("Run the server and a local agent on this machine (SQLite, bundled llama.cpp)"))
   .option("--demo", "generate a tiny GGUF model and serve it as 'demo'")
@@ -41,15 +51,20 @@ serverOptions(program.command("up").description("Run the server and a local agen
     await runServerCommand(options, "up");
   });
 
-serverOptions(program.command("server").description("Run the control plane and gateway (agents run the engines)")).action(async (options: Record<string, unknown>) => {
-  const { runServerCommand } = await import("./run-server.ts");
-  await runServerCommand(options, "server");
-});
+serverOptions(program.command("server").description("Run the control plane and gateway (agents run the engines)")).action(
+  async (options: Record<string, unknown>) => {
+    const { runServerCommand } = await import("./run-server.ts");
+    await runServerCommand(options, "server");
+  },
+);
 
 program
   .command("agent")
   .description("Run a node of the fleet: join a server, run the engines it assigns, report their states")
-  .option("--server <urls>", "the llmgw server (or LLMGW_SERVER), e.g. http://10.0.0.5:8700; for a cluster, its servers separated by commas (http://a:8700,http://b:8700): the agent fails over between them")
+  .option(
+    "--server <urls>",
+    "the llmgw server (or LLMGW_SERVER), e.g. http://10.0.0.5:8700; for a cluster, its servers separated by commas (http://a:8700,http://b:8700): the agent fails over between them",
+  )
   .option("--join-token <token>", "the server's join token, needed on the first start only (or LLMGW_JOIN_TOKEN)")
   .option("--name <name>", "this node's name (default: the host name)")
   .option("--data-dir <dir>", "where the node keeps its credential, weights cache and engine runs (or LLMGW_AGENT_DATA_DIR; default ~/.llmgw-agent)")

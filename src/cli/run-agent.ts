@@ -52,9 +52,12 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   const remote = servers.find((server) => !isLoopback(new URL(server).hostname));
   if (options.advertise === undefined && remote !== undefined) {
     // The gateway would dial 127.0.0.1 on its own machine, reaching whatever listens there.
-    throw new BadRequestError(`The server ${remote} is on another machine: pass --advertise with this node's address as that server reaches it (engines bind to it).`, {
-      code: "advertise_missing",
-    });
+    throw new BadRequestError(
+      `The server ${remote} is on another machine: pass --advertise with this node's address as that server reaches it (engines bind to it).`,
+      {
+        code: "advertise_missing",
+      },
+    );
   }
   const address = parseWith(addressSchema, options.advertise ?? "127.0.0.1", "--advertise");
   const labels = options.labels === undefined ? {} : parseLabels(options.labels);
@@ -76,12 +79,17 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     );
   }
   if (identity !== null && identity.name !== name && options.name !== undefined) {
-    throw new BadRequestError(`The agent data dir ${dataDir} holds node '${identity.name}', not '${name}'. Drop --name, or give this node its own --data-dir.`, { code: "node_name_differs" });
+    throw new BadRequestError(
+      `The agent data dir ${dataDir} holds node '${identity.name}', not '${name}'. Drop --name, or give this node its own --data-dir.`,
+      { code: "node_name_differs" },
+    );
   }
   if (identity === null) {
     const joinToken = options.joinToken ?? process.env.LLMGW_JOIN_TOKEN;
     if (joinToken === undefined || joinToken === "") {
-      throw new BadRequestError(`This node has not joined yet: pass --join-token (from the server's data dir, join.token, or 'llmgw ctl node join-token').`, { code: "join_token_missing" });
+      throw new BadRequestError(`This node has not joined yet: pass --join-token (from the server's data dir, join.token, or 'llmgw ctl node join-token').`, {
+        code: "join_token_missing",
+      });
     }
     const joined = await assignments.join({ joinToken, name, address, inventory, labels });
     // The server that took the join, after any failover: the one later starts must list.
@@ -106,7 +114,8 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     stateRoot: path.join(dataDir, "runs"),
     weights: new NodeWeights({ cache, identity: weightsIdentity }),
     launch: ({ assignment, part, weightsPath, host, port, attempt, stateDir, rayAddress }) => {
-      if (part === "ray-head") return rayHeadLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, gcsPort: Number(rayAddress!.split(":").at(-1)) });
+      if (part === "ray-head")
+        return rayHeadLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, gcsPort: Number(rayAddress!.split(":").at(-1)) });
       if (part === "ray-worker") return rayWorkerLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, headAddress: rayAddress! });
       return engineLaunch({
         profile: assignment.profile,
@@ -154,16 +163,22 @@ async function detected(engines: NodeEngines, logger: Logger) {
  */
 export function parseServerList(value: string | undefined): string[] {
   if (value === undefined || value.trim() === "") {
-    throw new BadRequestError("Pass --server URL (or LLMGW_SERVER): the llmgw server this node joins, for example http://10.0.0.5:8700, or several servers of one cluster: http://10.0.0.5:8700,http://10.0.0.6:8700.", {
-      code: "server_missing",
-    });
+    throw new BadRequestError(
+      "Pass --server URL (or LLMGW_SERVER): the llmgw server this node joins, for example http://10.0.0.5:8700, or several servers of one cluster: http://10.0.0.5:8700,http://10.0.0.6:8700.",
+      {
+        code: "server_missing",
+      },
+    );
   }
   const entries = value.split(",").map((entry) => entry.trim());
   const empty = entries.indexOf("");
   if (empty !== -1) {
-    throw new BadRequestError(`Invalid --server '${value}': entry ${empty + 1} is empty. Separate the server URLs with single commas, for example http://10.0.0.5:8700,http://10.0.0.6:8700.`, {
-      code: "invalid_server",
-    });
+    throw new BadRequestError(
+      `Invalid --server '${value}': entry ${empty + 1} is empty. Separate the server URLs with single commas, for example http://10.0.0.5:8700,http://10.0.0.6:8700.`,
+      {
+        code: "invalid_server",
+      },
+    );
   }
   return [...new Set(entries.map(parseServerUrl))];
 }
@@ -176,7 +191,8 @@ export function parseServerUrl(value: string): string {
   } catch {
     throw new BadRequestError(`Invalid --server '${value}': give the server's URL, for example http://10.0.0.5:8700.`, { code: "invalid_server" });
   }
-  if (url.protocol !== "http:" && url.protocol !== "https:") throw new BadRequestError(`Invalid --server '${value}': use http:// or https://.`, { code: "invalid_server" });
+  if (url.protocol !== "http:" && url.protocol !== "https:")
+    throw new BadRequestError(`Invalid --server '${value}': use http:// or https://.`, { code: "invalid_server" });
   return url.origin;
 }
 
@@ -185,7 +201,11 @@ function isLoopback(host: string): boolean {
 }
 
 function defaultNodeName(): string {
-  const cleaned = os.hostname().replace(/[^A-Za-z0-9._-]/g, "-").replace(/^[^A-Za-z0-9]+/, "").slice(0, 63);
+  const cleaned = os
+    .hostname()
+    .replace(/[^A-Za-z0-9._-]/g, "-")
+    .replace(/^[^A-Za-z0-9]+/, "")
+    .slice(0, 63);
   return cleaned === "" ? "node" : cleaned;
 }
 
@@ -193,7 +213,13 @@ function timingsFromEnv(): SupervisorTimings | undefined {
   const raw = process.env[AGENT_TIMINGS_ENV];
   if (raw === undefined || raw === "") return undefined;
   try {
-    const parsed = JSON.parse(raw) as { backoffMs?: [number, number]; parkAfter?: [number, number]; readyTimeoutMs?: number; stopGraceMs?: number; healthIntervalMs?: number };
+    const parsed = JSON.parse(raw) as {
+      backoffMs?: [number, number];
+      parkAfter?: [number, number];
+      readyTimeoutMs?: number;
+      stopGraceMs?: number;
+      healthIntervalMs?: number;
+    };
     return {
       ...(parsed.backoffMs ? { backoff: { initialMs: parsed.backoffMs[0], maxMs: parsed.backoffMs[1] } } : {}),
       ...(parsed.parkAfter ? { parkAfter: { failures: parsed.parkAfter[0], windowMs: parsed.parkAfter[1] } } : {}),

@@ -69,8 +69,12 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
       ...metricsKeyOption(options.metricsKey ?? process.env.LLMGW_METRICS_KEY),
-      ...(options.updateCheck === undefined ? {} : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
-      ...(options.usageRetention === undefined ? {} : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
+      ...(options.updateCheck === undefined
+        ? {}
+        : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
+      ...(options.usageRetention === undefined
+        ? {}
+        : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
@@ -104,11 +108,22 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
 }
 
 /** Who this server is among those sharing one PostgreSQL, where they reach it, and the secret they share. */
-function clusterOptions(options: ServerCommandOptions): { serverName?: string; advertiseUrl?: string; clusterSecretFile?: string; clusterSecret?: string; mirrorOn?: string } {
+function clusterOptions(options: ServerCommandOptions): {
+  serverName?: string;
+  advertiseUrl?: string;
+  clusterSecretFile?: string;
+  clusterSecret?: string;
+  mirrorOn?: string;
+} {
   const name = options.serverName ?? process.env.LLMGW_SERVER_NAME;
-  for (const [flag, value] of [["--server-name", name], ["--mirror-on", options.mirrorOn]] as const) {
+  for (const [flag, value] of [
+    ["--server-name", name],
+    ["--mirror-on", options.mirrorOn],
+  ] as const) {
     if (value !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/.test(value)) {
-      throw new BadRequestError(`Invalid ${flag} '${value}': a server name is up to 63 letters, digits, '.', '_' or '-', starting with a letter or digit.`, { code: "invalid_server_name" });
+      throw new BadRequestError(`Invalid ${flag} '${value}': a server name is up to 63 letters, digits, '.', '_' or '-', starting with a letter or digit.`, {
+        code: "invalid_server_name",
+      });
     }
   }
   const advertise = options.advertiseUrl ?? process.env.LLMGW_ADVERTISE_URL;
@@ -120,7 +135,9 @@ function clusterOptions(options: ServerCommandOptions): { serverName?: string; a
       url = undefined;
     }
     if (url === undefined || (url.protocol !== "http:" && url.protocol !== "https:")) {
-      throw new BadRequestError(`Invalid --advertise-url '${advertise}': give the URL the other servers reach this one at, for example http://10.0.0.5:8700.`, { code: "invalid_advertise_url" });
+      throw new BadRequestError(`Invalid --advertise-url '${advertise}': give the URL the other servers reach this one at, for example http://10.0.0.5:8700.`, {
+        code: "invalid_advertise_url",
+      });
     }
   }
   const secret = process.env.LLMGW_CLUSTER_SECRET;

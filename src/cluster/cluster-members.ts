@@ -98,7 +98,16 @@ export class ClusterMembers {
         );
       }
       const now = nowIso(this.clock);
-      const values = { instance: this.instance, data_dir_id: this.dataDirId, url: self.url, version: self.version, secret_check: self.secretCheck, started_at: now, last_seen: now, stopped_at: null };
+      const values = {
+        instance: this.instance,
+        data_dir_id: this.dataDirId,
+        url: self.url,
+        version: self.version,
+        secret_check: self.secretCheck,
+        started_at: now,
+        last_seen: now,
+        stopped_at: null,
+      };
       await trx
         .insertInto("cluster_members")
         .values({ name: self.name, ...values })
@@ -160,7 +169,8 @@ export class ClusterMembers {
         .where("name", "=", this.name)
         .where("instance", "=", this.instance)
         .executeTakeFirst();
-      if (result.numUpdatedRows === 0n) this.options.logger.error({ server: this.name }, "this server's cluster row was taken by another start of the same name; stop one of them");
+      if (result.numUpdatedRows === 0n)
+        this.options.logger.error({ server: this.name }, "this server's cluster row was taken by another start of the same name; stop one of them");
     } catch (error) {
       this.options.logger.warn({ err: describeError(error) }, "could not record that this server is alive");
     }

@@ -22,7 +22,16 @@ export interface ClusterView {
   /** The server that answered. */
   self: string;
   leader: { name: string; term: number; since: string | null } | null;
-  servers: Array<{ name: string; url: string; version: string; started_at: string; last_seen: string; stopped_at: string | null; live: boolean; leader: boolean }>;
+  servers: Array<{
+    name: string;
+    url: string;
+    version: string;
+    started_at: string;
+    last_seen: string;
+    stopped_at: string | null;
+    live: boolean;
+    leader: boolean;
+  }>;
 }
 
 export async function clusterView(options: ClusterRoutesOptions): Promise<ClusterView> {

@@ -35,9 +35,12 @@ export function loadClusterSecret(options: ClusterSecretOptions): ClusterSecret 
     try {
       text = readFileSync(options.file, "utf8");
     } catch (error) {
-      throw new BadRequestError(`Cannot read --cluster-secret-file ${options.file}: ${describeError(error)}. Give a file holding the cluster secret (one line of at least ${MIN_SECRET_CHARS} characters).`, {
-        code: "cluster_secret_unreadable",
-      });
+      throw new BadRequestError(
+        `Cannot read --cluster-secret-file ${options.file}: ${describeError(error)}. Give a file holding the cluster secret (one line of at least ${MIN_SECRET_CHARS} characters).`,
+        {
+          code: "cluster_secret_unreadable",
+        },
+      );
     }
     return { box: boxFromSecret(text, `--cluster-secret-file ${options.file}`), source: "--cluster-secret-file" };
   }
@@ -48,9 +51,12 @@ export function loadClusterSecret(options: ClusterSecretOptions): ClusterSecret 
 function boxFromSecret(raw: string, where: string): SecretBox {
   const secret = raw.trim();
   if (secret.length < MIN_SECRET_CHARS) {
-    throw new BadRequestError(`The cluster secret in ${where} has ${secret.length} characters; it needs at least ${MIN_SECRET_CHARS}. Make one with 'openssl rand -base64 48' and give the same one to every server.`, {
-      code: "cluster_secret_too_short",
-    });
+    throw new BadRequestError(
+      `The cluster secret in ${where} has ${secret.length} characters; it needs at least ${MIN_SECRET_CHARS}. Make one with 'openssl rand -base64 48' and give the same one to every server.`,
+      {
+        code: "cluster_secret_too_short",
+      },
+    );
   }
   const key = Buffer.from(hkdfSync("sha256", secret, "llmgw-cluster", "llmgw sealed values v1", 32));
   return SecretBox.fromKey(key);

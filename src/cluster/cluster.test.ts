@@ -46,7 +46,10 @@ test("a cluster secret is derived the same from the same text, differs from anot
   assert.notEqual(secretA.checkValue(), secretB.checkValue());
   assert.equal(again.open(secretA.seal("engine-key")), "engine-key", "one server opens what another sealed");
   assert.equal(secretB.open(secretA.seal("engine-key")), null);
-  assert.throws(() => loadClusterSecret({ env: "short", dataDirBox: () => secretA }), /has 5 characters; it needs at least 32\. Make one with 'openssl rand -base64 48'/);
+  assert.throws(
+    () => loadClusterSecret({ env: "short", dataDirBox: () => secretA }),
+    /has 5 characters; it needs at least 32\. Make one with 'openssl rand -base64 48'/,
+  );
   const fromDataDir = loadClusterSecret({ dataDirBox: () => secretB });
   assert.equal(fromDataDir.source, "data dir");
 });
@@ -70,15 +73,31 @@ testBothStores("joining refuses a live server with another secret or the same na
       return true;
     });
     const twin = member(store, "a", secretA, { clock, dataDir: dir() });
-    await assert.rejects(twin.join(), /Another server named 'a' runs on this database \(http:\/\/a\.example:8700, last seen .*\)\. Give each server its own name with --server-name/);
+    await assert.rejects(
+      twin.join(),
+      /Another server named 'a' runs on this database \(http:\/\/a\.example:8700, last seen .*\)\. Give each server its own name with --server-name/,
+    );
     const b = member(store, "b", secretA, { clock, dataDir: dir() });
     await b.join();
-    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", true], ["b", true]]);
+    assert.deepEqual(
+      (await b.list()).map((m) => [m.name, m.live]),
+      [
+        ["a", true],
+        ["b", true],
+      ],
+    );
 
     // a stops cleanly; then b's secret changes nothing for a server started with another one once no live member has b's.
     await a.leave();
     now += 11_000;
-    assert.deepEqual((await b.list()).map((m) => [m.name, m.live]), [["a", false], ["b", true]], "a, not seen for 11 s, is gone; b itself runs");
+    assert.deepEqual(
+      (await b.list()).map((m) => [m.name, m.live]),
+      [
+        ["a", false],
+        ["b", true],
+      ],
+      "a, not seen for 11 s, is gone; b itself runs",
+    );
     await member(store, "c", secretB, { clock, dataDir: dir() }).join();
     // A restart of the same server (same data dir) takes its name back even while its old row looks alive.
     const sameDir = dir();
@@ -149,7 +168,11 @@ test("one leader; a standby takes over when the leader's session ends, and the o
     assert.equal(a.term, 1);
     assert.equal(b.leading, false);
     await a.write((trx) => trx.insertInto("cluster_settings").values({ name: "x", value: "by a", updated_at: "now" }).execute());
-    await assert.rejects(b.write(async () => undefined), NotLeaderError, "a standby cannot write as the leader");
+    await assert.rejects(
+      b.write(async () => undefined),
+      NotLeaderError,
+      "a standby cannot write as the leader",
+    );
 
     // a goes away (its session ends, as a killed process's does): b takes over with the next term.
     await a.stop();
@@ -157,7 +180,11 @@ test("one leader; a standby takes over when the leader's session ends, and the o
     assert.equal(b.term, 2);
     assert.deepEqual(lb.seen, ["lead 2 after a"]);
     assert.deepEqual(la.seen, ["lead 1 after none", "stand by: the server is stopping"]);
-    await assert.rejects(a.write(async () => undefined), NotLeaderError, "a gone leader cannot write");
+    await assert.rejects(
+      a.write(async () => undefined),
+      NotLeaderError,
+      "a gone leader cannot write",
+    );
     await b.write((trx) => trx.updateTable("cluster_settings").set({ value: "by b" }).where("name", "=", "x").execute());
 
     // b's session is cut from outside (a network cut): b steps down at once, and leads again with a new term.
@@ -227,10 +254,17 @@ test("the change feed tells a server of another's writes, not of other schemas',
     // notices in commit order, so had b taken it for its own, 'models' would be heard no
     // later than a's write (in an earlier call, or in the same one). No wait is needed.
     const at = "2026-12-01T10:00:00.000Z";
-    await elsewhere!.db.insertInto("models").values({ id: "m-elsewhere", name: "elsewhere", definition: "{}", created_by: "t", created_at: at, updated_by: "t", updated_at: at }).execute();
+    await elsewhere!.db
+      .insertInto("models")
+      .values({ id: "m-elsewhere", name: "elsewhere", definition: "{}", created_by: "t", created_at: at, updated_by: "t", updated_at: at })
+      .execute();
     await stores.a.db.insertInto("console_sessions").values({ id: "s1", key_id: "k", key_hash: "h", created_at: "now", expires_at: "later" }).execute();
     await eventually("b to hear a's write", () => heard.length > 0);
-    assert.deepEqual(heard.map((tables) => [...tables]), [["console_sessions"]], "one call, for the table written in this schema only: the other schema's models write is not heard");
+    assert.deepEqual(
+      heard.map((tables) => [...tables]),
+      [["console_sessions"]],
+      "one call, for the table written in this schema only: the other schema's models write is not heard",
+    );
     const aFeed = new ChangeFeed({ store: stores.a, logger });
     aFeed.tell("demand", "model-1");
     await eventually("the message", () => told.length === 1);
@@ -259,7 +293,12 @@ test("a key revoked through one server is refused by another through the change 
     const { key, info } = await keysA.create({ name: "short-lived" }, "test");
     assert.equal((await keysB.verify(key)).keyId, info.id, "b has verified (and cached) the key");
     await keysA.revoke(info.id, "test");
-    await eventually("b to refuse the revoked key", () => keysB.verify(key).then(() => false, (error: unknown) => error instanceof AuthenticationError));
+    await eventually("b to refuse the revoked key", () =>
+      keysB.verify(key).then(
+        () => false,
+        (error: unknown) => error instanceof AuthenticationError,
+      ),
+    );
   } finally {
     await feed.stop();
     await stores.cleanup();
@@ -290,7 +329,11 @@ test("a server that stands by while its services start ends with none running; o
   await eventually("the jobs to be starting", () => releaseJobs !== undefined);
   releaseJobs!();
   await Promise.all([serving, standingBy]);
-  assert.deepEqual(started, ["updates", "alerts", "notifier", "retention", "updates stopped", "alerts stopped", "notifier stopped", "jobs closed", "retention stopped"], "each service started before the stand-by is stopped by it");
+  assert.deepEqual(
+    started,
+    ["updates", "alerts", "notifier", "retention", "updates stopped", "alerts stopped", "notifier stopped", "jobs closed", "retention stopped"],
+    "each service started before the stand-by is stopped by it",
+  );
   assert.equal(role.fleet, null);
   await role.closingDown();
   await role.lead(2, "b");

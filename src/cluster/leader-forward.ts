@@ -80,7 +80,9 @@ export class LeaderForwarder {
     let target: string;
     try {
       if (req.headers[FORWARDED_BY_HEADER] !== undefined) {
-        throw new NotLeaderError(`This server was passed a request for the leader by '${String(req.headers[FORWARDED_BY_HEADER])}' but does not lead: the lead is moving. Retry in a few seconds.`);
+        throw new NotLeaderError(
+          `This server was passed a request for the leader by '${String(req.headers[FORWARDED_BY_HEADER])}' but does not lead: the lead is moving. Retry in a few seconds.`,
+        );
       }
       target = await this.urlOf(to);
     } catch (error) {
@@ -93,18 +95,27 @@ export class LeaderForwarder {
     headers[FORWARDED_BY_HEADER] = this.options.members.name;
     const client = url.protocol === "https:" ? https : http;
     await new Promise<void>((resolve) => {
-      const upstream = client.request(url, { method: req.method ?? "GET", headers, agent: url.protocol === "https:" ? this.agents.https : this.agents.http }, (answer) => {
-        res.writeHead(answer.statusCode ?? 502, endToEndHeaders(answer.headers));
-        answer.pipe(res);
-        answer.on("end", resolve);
-        answer.on("error", () => {
-          res.destroy();
-          resolve();
-        });
-      });
+      const upstream = client.request(
+        url,
+        { method: req.method ?? "GET", headers, agent: url.protocol === "https:" ? this.agents.https : this.agents.http },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, endToEndHeaders(answer.headers));
+          answer.pipe(res);
+          answer.on("end", resolve);
+          answer.on("error", () => {
+            res.destroy();
+            resolve();
+          });
+        },
+      );
       upstream.on("error", (error) => {
         this.options.logger.warn({ to: url.origin, path: url.pathname, err: describeError(error) }, "could not pass a request to the leader");
-        if (!res.headersSent) sendError(req, res, new NotLeaderError(`The leader at ${url.origin} cannot be reached (${describeError(error)}); another server takes over within seconds. Retry.`));
+        if (!res.headersSent)
+          sendError(
+            req,
+            res,
+            new NotLeaderError(`The leader at ${url.origin} cannot be reached (${describeError(error)}); another server takes over within seconds. Retry.`),
+          );
         else res.destroy();
         resolve();
       });

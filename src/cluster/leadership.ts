@@ -160,7 +160,9 @@ export class PostgresLeadership implements Leadership {
         this.dropSession();
         return;
       }
-      const locked = await withTimeout(client.query<{ locked: boolean }>("select pg_try_advisory_lock($1, hashtext(current_schema())) as locked", [LEADER_LOCK_CLASS]));
+      const locked = await withTimeout(
+        client.query<{ locked: boolean }>("select pg_try_advisory_lock($1, hashtext(current_schema())) as locked", [LEADER_LOCK_CLASS]),
+      );
       if (locked.rows[0]?.locked !== true) return;
     } catch (error) {
       this.dropSession();
@@ -222,7 +224,9 @@ export class PostgresLeadership implements Leadership {
   }
 
   private enqueue(transition: () => Promise<void>): Promise<void> {
-    this.transitions = this.transitions.then(transition).catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "a change of leadership failed"));
+    this.transitions = this.transitions
+      .then(transition)
+      .catch((error: unknown) => this.options.logger.error({ err: describeError(error) }, "a change of leadership failed"));
     return this.transitions;
   }
 

@@ -27,7 +27,11 @@ export async function sharedJoinToken(store: Store, box: SecretBox, dataDir: str
   const row = await store.db.selectFrom("cluster_settings").select("value").where("name", "=", SETTING).executeTakeFirstOrThrow();
   const shared = box.open(row.value);
   if (shared === null && !(await othersRunning())) {
-    await store.db.updateTable("cluster_settings").set({ value: box.seal(own), updated_at: nowIso() }).where("name", "=", SETTING).execute();
+    await store.db
+      .updateTable("cluster_settings")
+      .set({ value: box.seal(own), updated_at: nowIso() })
+      .where("name", "=", SETTING)
+      .execute();
     return own;
   }
   if (shared === null) {

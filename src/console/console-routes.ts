@@ -22,12 +22,14 @@ const require = createRequire(import.meta.url);
 const packageDir = (name: string) => path.dirname(require.resolve(`${name}/package.json`));
 
 /** The libraries the page imports, by the name it imports them under. Versions are pinned in package.json. */
-const VENDOR_FILES = new Map<string, () => string>(Object.entries({
-  // htm's package.json cannot be resolved (its exports leave it out); its main file sits in dist/.
-  "preact-htm.js": () => path.join(path.dirname(require.resolve("htm")), "..", "preact", "standalone.mjs"),
-  "uplot.js": () => path.join(packageDir("uplot"), "dist", "uPlot.esm.js"),
-  "uplot.css": () => path.join(packageDir("uplot"), "dist", "uPlot.min.css"),
-}));
+const VENDOR_FILES = new Map<string, () => string>(
+  Object.entries({
+    // htm's package.json cannot be resolved (its exports leave it out); its main file sits in dist/.
+    "preact-htm.js": () => path.join(path.dirname(require.resolve("htm")), "..", "preact", "standalone.mjs"),
+    "uplot.js": () => path.join(packageDir("uplot"), "dist", "uPlot.esm.js"),
+    "uplot.css": () => path.join(packageDir("uplot"), "dist", "uPlot.min.css"),
+  }),
+);
 
 const CONTENT_TYPES: Record<string, string> = {
   ".html": "text/html; charset=utf-8",
@@ -195,7 +197,10 @@ export function requestFacts(headers: Headers | Record<string, string | string[]
 }
 
 function crossSite(): PermissionDeniedError {
-  return new PermissionDeniedError("A console session only acts for pages of this server; this request came from another site. Use the console itself, or send an admin key in the Authorization header.", { code: "cross_site_request" });
+  return new PermissionDeniedError(
+    "A console session only acts for pages of this server; this request came from another site. Use the console itself, or send an admin key in the Authorization header.",
+    { code: "cross_site_request" },
+  );
 }
 
 /**

@@ -17,10 +17,12 @@ import { readAsset } from "./console-routes.ts";
 function rawStatus(base: string, rawPath: string): Promise<number> {
   const { hostname, port } = new URL(base);
   return new Promise((resolve, reject) => {
-    http.get({ host: hostname, port, path: rawPath }, (response) => {
-      response.resume();
-      resolve(response.statusCode ?? 0);
-    }).on("error", reject);
+    http
+      .get({ host: hostname, port, path: rawPath }, (response) => {
+        response.resume();
+        resolve(response.statusCode ?? 0);
+      })
+      .on("error", reject);
   });
 }
 
@@ -65,7 +67,12 @@ testBothStores("a session acts as its admin key until it expires, is logged out,
   await assert.rejects(sessions.verify("not-a-session"), isCode("session_expired"));
 
   const trail = await readAudit(store.db, { action: "console." });
-  assert.deepEqual(trail.map((entry) => `${entry.actor} ${entry.action}`).reverse(), ["admin:ops console.login", "admin:ops console.login", "admin:ops2 console.login", "admin:ops2 console.logout"]);
+  assert.deepEqual(trail.map((entry) => `${entry.actor} ${entry.action}`).reverse(), [
+    "admin:ops console.login",
+    "admin:ops console.login",
+    "admin:ops2 console.login",
+    "admin:ops2 console.logout",
+  ]);
 });
 
 describe("the console over HTTP", () => {
@@ -76,11 +83,18 @@ describe("the console over HTTP", () => {
   after(() => harness.close());
 
   const login = async (key: string) => {
-    const response = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ key }) });
+    const response = await fetch(`${harness.url}/api/v1/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ key }),
+    });
     return { status: response.status, body: (await response.json()) as Record<string, unknown>, cookie: response.headers.get("set-cookie") };
   };
   const withCookie = (cookie: string, pathname: string, init: RequestInit = {}) =>
-    fetch(`${harness.url}${pathname}`, { ...init, headers: { cookie, "content-type": "application/json", "sec-fetch-site": "same-origin", ...(init.headers as Record<string, string> | undefined) } });
+    fetch(`${harness.url}${pathname}`, {
+      ...init,
+      headers: { cookie, "content-type": "application/json", "sec-fetch-site": "same-origin", ...(init.headers as Record<string, string> | undefined) },
+    });
 
   test("logging in sets an HttpOnly, SameSite=Strict cookie; the admin API takes it and audits as the key; logout ends it", async () => {
     const refused = await login("llmgw-wrong");
@@ -106,7 +120,11 @@ describe("the console over HTTP", () => {
     assert.equal(who.name, "admin");
 
     // A change made with the cookie from another site is refused; from the console itself it is made, as the key.
-    const crossSite = await withCookie(cookie, "/api/v1/keys", { method: "POST", body: JSON.stringify({ name: "from-elsewhere" }), headers: { "sec-fetch-site": "same-site" } });
+    const crossSite = await withCookie(cookie, "/api/v1/keys", {
+      method: "POST",
+      body: JSON.stringify({ name: "from-elsewhere" }),
+      headers: { "sec-fetch-site": "same-site" },
+    });
     assert.equal(crossSite.status, 403);
     assert.equal(((await crossSite.json()) as { error: { code: string } }).error.code, "cross_site_request");
     const created = await withCookie(cookie, "/api/v1/keys", { method: "POST", body: JSON.stringify({ name: "from-console" }) });
@@ -114,7 +132,11 @@ describe("the console over HTTP", () => {
     const createdPrefix = ((await created.json()) as { prefix: string }).prefix;
     const audit = await harness.admin("GET", "/api/v1/audit?action=key.create");
     const entries = audit.body.data.filter((entry: { detail: { name: string } }) => entry.detail.name.startsWith("from-"));
-    assert.deepEqual(entries.map((entry: { actor: string; target: string }) => `${entry.actor} ${entry.target}`), [`admin:admin ${createdPrefix}`], "only the console's key was made, audited as the key that logged in");
+    assert.deepEqual(
+      entries.map((entry: { actor: string; target: string }) => `${entry.actor} ${entry.target}`),
+      [`admin:admin ${createdPrefix}`],
+      "only the console's key was made, audited as the key that logged in",
+    );
 
     const out = await withCookie(cookie, "/api/v1/session", { method: "DELETE" });
     assert.equal(out.status, 200);
@@ -128,9 +150,14 @@ describe("the console over HTTP", () => {
     const cookie = (await login(harness.adminKey)).cookie!.split(";")[0]!;
     const host = new URL(harness.url).host;
     // Plain http on a LAN address: browsers send Origin but no Sec-Fetch-Site.
-    const post = (pathname: string, headers: Record<string, string>, body: string) => fetch(`${harness.url}${pathname}`, { method: "POST", headers: { cookie, ...headers }, body });
+    const post = (pathname: string, headers: Record<string, string>, body: string) =>
+      fetch(`${harness.url}${pathname}`, { method: "POST", headers: { cookie, ...headers }, body });
     const codeOf = async (response: Response) => ((await response.json()) as { error: { code: string } }).error.code;
-    const foreign = await post("/api/v1/keys", { origin: `http://${new URL(harness.url).hostname}:9999`, "content-type": "application/json" }, JSON.stringify({ name: "from-another-port" }));
+    const foreign = await post(
+      "/api/v1/keys",
+      { origin: `http://${new URL(harness.url).hostname}:9999`, "content-type": "application/json" },
+      JSON.stringify({ name: "from-another-port" }),
+    );
     assert.equal(foreign.status, 403, "another port of the same host is another origin");
     assert.equal(await codeOf(foreign), "cross_site_request");
     const ours = await post("/api/v1/keys", { origin: `http://${host}`, "content-type": "application/json" }, JSON.stringify({ name: "from-this-origin" }));
@@ -139,14 +166,22 @@ describe("the console over HTTP", () => {
     const form = await post("/api/v1/keys", { "content-type": "text/plain" }, JSON.stringify({ name: "form-post" }));
     assert.equal(form.status, 400);
     assert.equal(await codeOf(form), "unsupported_media_type");
-    const loginForm = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "text/plain" }, body: JSON.stringify({ key: harness.adminKey }) });
+    const loginForm = await fetch(`${harness.url}/api/v1/session`, {
+      method: "POST",
+      headers: { "content-type": "text/plain" },
+      body: JSON.stringify({ key: harness.adminKey }),
+    });
     assert.equal(loginForm.status, 400);
     const names = ((await harness.admin("GET", "/api/v1/keys")).body.data as { name: string }[]).map((key) => key.name);
     assert.ok(names.includes("from-this-origin") && !names.includes("from-another-port") && !names.includes("form-post"), names.join(", "));
 
     // The playground is a change too (it spends the key's budget).
     const chat = JSON.stringify({ model: "none", messages: [{ role: "user", content: "hi" }] });
-    const playgroundForeign = await post("/api/v1/playground/chat/completions", { origin: "https://elsewhere.example", "content-type": "application/json" }, chat);
+    const playgroundForeign = await post(
+      "/api/v1/playground/chat/completions",
+      { origin: "https://elsewhere.example", "content-type": "application/json" },
+      chat,
+    );
     assert.equal(playgroundForeign.status, 403);
     assert.equal(await codeOf(playgroundForeign), "cross_site_request");
     const playgroundSiteHeader = await post("/api/v1/playground/chat/completions", { "sec-fetch-site": "same-site", "content-type": "application/json" }, chat);
@@ -159,9 +194,17 @@ describe("the console over HTTP", () => {
   test("bad cookies and bad login bodies get clear answers, never a 500", async () => {
     const broken = await fetch(`${harness.url}/api/v1/models`, { headers: { cookie: "llmgw_session=%E0%A4%A" } });
     assert.equal(broken.status, 401);
-    const brokenPlayground = await fetch(`${harness.url}/api/v1/playground/chat/completions`, { method: "POST", headers: { cookie: "llmgw_session=%E0%A4%A", "content-type": "application/json" }, body: "{}" });
+    const brokenPlayground = await fetch(`${harness.url}/api/v1/playground/chat/completions`, {
+      method: "POST",
+      headers: { cookie: "llmgw_session=%E0%A4%A", "content-type": "application/json" },
+      body: "{}",
+    });
     assert.equal(brokenPlayground.status, 401);
-    const numeric = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ key: 5 }) });
+    const numeric = await fetch(`${harness.url}/api/v1/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ key: 5 }),
+    });
     assert.equal(numeric.status, 400);
     assert.equal(((await numeric.json()) as { error: { param: string } }).error.param, "key");
   });
@@ -190,10 +233,18 @@ describe("the console over HTTP", () => {
   });
 
   test("the playground needs a session or an admin key", async () => {
-    const response = await fetch(`${harness.url}/api/v1/playground/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "x", messages: [] }) });
+    const response = await fetch(`${harness.url}/api/v1/playground/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "x", messages: [] }),
+    });
     assert.equal(response.status, 401);
     const client = await harness.clientKey();
-    const asClient = await fetch(`${harness.url}/api/v1/playground/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${client}`, "content-type": "application/json" }, body: "{}" });
+    const asClient = await fetch(`${harness.url}/api/v1/playground/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${client}`, "content-type": "application/json" },
+      body: "{}",
+    });
     assert.equal(asClient.status, 403);
   });
 
@@ -209,7 +260,13 @@ describe("the console over HTTP", () => {
     assert.doesNotMatch(html, /<script(?![^>]*\ssrc=)[^>]*>/, "no inline script in the page");
     assert.doesNotMatch(html, /\sstyle=|<style/, "no inline style in the page");
 
-    for (const [asset, type] of [["/console/app.js", /javascript/], ["/console/vendor/preact-htm.js", /javascript/], ["/console/vendor/uplot.js", /javascript/], ["/console/vendor/uplot.css", /css/], ["/console/style.css", /css/]] as const) {
+    for (const [asset, type] of [
+      ["/console/app.js", /javascript/],
+      ["/console/vendor/preact-htm.js", /javascript/],
+      ["/console/vendor/uplot.js", /javascript/],
+      ["/console/vendor/uplot.css", /css/],
+      ["/console/style.css", /css/],
+    ] as const) {
       const response = await fetch(`${harness.url}${asset}`);
       assert.equal(response.status, 200, asset);
       assert.match(response.headers.get("content-type") ?? "", type, asset);
@@ -242,10 +299,16 @@ describe("the console over HTTP", () => {
 test("a session expires on its own", async () => {
   const harness = await startHarness({ consoleSessionTtlMs: 1500 });
   try {
-    const response = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ key: harness.adminKey }) });
+    const response = await fetch(`${harness.url}/api/v1/session`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ key: harness.adminKey }),
+    });
     assert.match(response.headers.get("set-cookie") ?? "", /; Max-Age=1(;|$)/);
     const cookie = response.headers.get("set-cookie")!.split(";")[0]!;
-    await eventually("the 1.5 s session to expire", async () => (await fetch(`${harness.url}/api/v1/models`, { headers: { cookie } })).status === 401, { timeoutMs: 15_000 });
+    await eventually("the 1.5 s session to expire", async () => (await fetch(`${harness.url}/api/v1/models`, { headers: { cookie } })).status === 401, {
+      timeoutMs: 15_000,
+    });
   } finally {
     await harness.close();
   }
@@ -255,7 +318,11 @@ test("behind an https proxy the cookie is Secure", async () => {
   const harness = await startHarness();
   try {
     for (const header of [{ "x-forwarded-proto": "https" }, { forwarded: "for=10.0.0.1;proto=https" }] as Record<string, string>[]) {
-      const response = await fetch(`${harness.url}/api/v1/session`, { method: "POST", headers: { "content-type": "application/json", ...header }, body: JSON.stringify({ key: harness.adminKey }) });
+      const response = await fetch(`${harness.url}/api/v1/session`, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...header },
+        body: JSON.stringify({ key: harness.adminKey }),
+      });
       assert.match(response.headers.get("set-cookie") ?? "", /; Secure/, JSON.stringify(header));
     }
   } finally {

@@ -44,7 +44,9 @@ function sessionId(token: string): string {
 }
 
 function sessionExpired(): AuthenticationError {
-  return new AuthenticationError("Your console session has ended (it expired, or you logged out). Log in again with an admin key.", { code: "session_expired" });
+  return new AuthenticationError("Your console session has ended (it expired, or you logged out). Log in again with an admin key.", {
+    code: "session_expired",
+  });
 }
 
 export class ConsoleSessions {
@@ -68,7 +70,10 @@ export class ConsoleSessions {
   /** Checks the admin key and opens a session for it; the token goes to the browser only. */
   async login(presentedKey: string | undefined): Promise<{ token: string } & ConsoleSession> {
     if (presentedKey === undefined || presentedKey.trim() === "") {
-      throw new AuthenticationError("No admin key given. Paste the admin key that `llmgw up` or `llmgw server` printed at its first start (also in the data dir's admin.key).", { code: "missing_api_key" });
+      throw new AuthenticationError(
+        "No admin key given. Paste the admin key that `llmgw up` or `llmgw server` printed at its first start (also in the data dir's admin.key).",
+        { code: "missing_api_key" },
+      );
     }
     const principal = await this.options.keys.verifyAdmin(presentedKey.trim());
     const now = this.clock();
@@ -76,9 +81,20 @@ export class ConsoleSessions {
     const expiresAt = now + this.ttlMs;
     await this.options.store.db
       .insertInto("console_sessions")
-      .values({ id: sessionId(token), key_id: principal.keyId, key_hash: hashKey(presentedKey.trim()), created_at: new Date(now).toISOString(), expires_at: new Date(expiresAt).toISOString() })
+      .values({
+        id: sessionId(token),
+        key_id: principal.keyId,
+        key_hash: hashKey(presentedKey.trim()),
+        created_at: new Date(now).toISOString(),
+        expires_at: new Date(expiresAt).toISOString(),
+      })
       .execute();
-    await this.options.audit.record({ actor: `admin:${principal.name}`, action: "console.login", target: principal.name, detail: { expires_at: new Date(expiresAt).toISOString() } });
+    await this.options.audit.record({
+      actor: `admin:${principal.name}`,
+      action: "console.login",
+      target: principal.name,
+      detail: { expires_at: new Date(expiresAt).toISOString() },
+    });
     if (now - this.lastPrune > PRUNE_EVERY_MS) {
       this.lastPrune = now;
       await this.options.store.db.deleteFrom("console_sessions").where("expires_at", "<", new Date(now).toISOString()).execute();

@@ -16,7 +16,8 @@ test("refuses what is not a size, naming the flag and the value", () => {
   for (const value of ["", "lots", "16 t", "-1m"]) {
     assert.throws(
       () => parseByteSize(value, "--max-body"),
-      (error: unknown) => error instanceof BadRequestError && error.message === `Invalid --max-body '${value}': use a number of bytes or a size like 512k, 16m, 1g.`,
+      (error: unknown) =>
+        error instanceof BadRequestError && error.message === `Invalid --max-body '${value}': use a number of bytes or a size like 512k, 16m, 1g.`,
     );
   }
 });

@@ -3,7 +3,7 @@
 // underlying `cause`. `renderError` is the only place that turns an error into the
 // OpenAI error shape `{"error":{"message","type","param","code"}}`, so every prefix
 // (/v1, /api/v1, /agent/v1, /mirror) answers failures the same way.
-import { z } from "zod";
+import type { z } from "zod";
 import { clause } from "./format.ts";
 
 export interface LlmgwErrorOptions {

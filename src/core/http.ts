@@ -100,7 +100,12 @@ export function endBrokenResponse(res: ServerResponse, failure: StreamFailure, d
 }
 
 export function methodNotAllowed(method: string, path: string, allowed: string): LlmgwError {
-  return new LlmgwError({ message: `${method} is not allowed on ${path}; use ${allowed}.`, code: "method_not_allowed", status: 405, headers: { allow: allowed } });
+  return new LlmgwError({
+    message: `${method} is not allowed on ${path}; use ${allowed}.`,
+    code: "method_not_allowed",
+    status: 405,
+    headers: { allow: allowed },
+  });
 }
 
 /**
@@ -147,10 +152,13 @@ export interface BodyLimits {
  */
 export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promise<Buffer> {
   const tooLarge = () =>
-    new PayloadTooLargeError(`The request body is larger than ${formatBytes(limits.maxBytes)}, the limit here.${limits.tooLargeHint ? ` ${limits.tooLargeHint}` : ""}`, {
-      code: "request_too_large",
-      headers: { connection: "close" },
-    });
+    new PayloadTooLargeError(
+      `The request body is larger than ${formatBytes(limits.maxBytes)}, the limit here.${limits.tooLargeHint ? ` ${limits.tooLargeHint}` : ""}`,
+      {
+        code: "request_too_large",
+        headers: { connection: "close" },
+      },
+    );
   const declared = Number(req.headers["content-length"] ?? NaN);
   if (Number.isFinite(declared) && declared > limits.maxBytes) return Promise.reject(tooLarge());
   return new Promise<Buffer>((resolve, reject) => {
@@ -181,7 +189,8 @@ export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promi
     };
     const onEnd = (): void => settle(() => resolve(Buffer.concat(chunks, size)));
     // An aborted request emits 'error' (ECONNRESET "aborted") before 'close': still the client leaving.
-    const onError = (error: Error): void => settle(() => reject(new ClientClosedError("The client closed the connection before sending the whole body.", { cause: error })));
+    const onError = (error: Error): void =>
+      settle(() => reject(new ClientClosedError("The client closed the connection before sending the whole body.", { cause: error })));
     const onClose = (): void => settle(() => reject(new ClientClosedError("The client closed the connection before sending the whole body.")));
     if (limits.timeoutMs !== undefined && limits.timeoutMs > 0) {
       const seconds = limits.timeoutMs / 1000;
@@ -189,9 +198,12 @@ export function readLimitedBody(req: IncomingMessage, limits: BodyLimits): Promi
         req.pause();
         settle(() =>
           reject(
-            new RequestTimeoutError(`The request body did not arrive within ${seconds} s (received ${size} bytes). Send the whole body at once, or ask the operator to raise --body-timeout.`, {
-              code: "body_timeout",
-            }),
+            new RequestTimeoutError(
+              `The request body did not arrive within ${seconds} s (received ${size} bytes). Send the whole body at once, or ask the operator to raise --body-timeout.`,
+              {
+                code: "body_timeout",
+              },
+            ),
           ),
         );
       }, limits.timeoutMs);

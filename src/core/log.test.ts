@@ -30,7 +30,10 @@ function logOnce(format: LogFormat, isTTY: boolean): string {
 test("on a terminal, a line with time, level, message and fields; secrets redacted", () => {
   // No colours: the capture is no terminal; `pretty` forces the format alone.
   const line = logOnce("pretty", false);
-  assert.match(line, /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: llmgw server listening url=http:\/\/127\.0\.0\.1:8700 key=\[redacted\] upstream=\{"api_key":"\[redacted\]"\}\n$/);
+  assert.match(
+    line,
+    /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: llmgw server listening url=http:\/\/127\.0\.0\.1:8700 key=\[redacted\] upstream=\{"api_key":"\[redacted\]"\}\n$/,
+  );
   assert.doesNotMatch(line, /llmgw-secret|sk-upstream/);
 });
 

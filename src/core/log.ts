@@ -59,7 +59,10 @@ export function createLogger(options: LoggerOptions = {}): Logger {
         sync: true,
       })
     : destination;
-  return pino({ level, name: options.name ?? "llmgw", redact: { paths: REDACTED_FIELDS, censor: "[redacted]" }, base: { pid: process.pid } }, stream as pino.DestinationStream);
+  return pino(
+    { level, name: options.name ?? "llmgw", redact: { paths: REDACTED_FIELDS, censor: "[redacted]" }, base: { pid: process.pid } },
+    stream as pino.DestinationStream,
+  );
 }
 
 const NOT_FIELDS = new Set(["level", "time", "pid", "hostname", "name"]);
@@ -72,7 +75,9 @@ function fieldsOf(log: Record<string, unknown>, messageKey: string): string[] {
 
 export function parseLogFormat(value: string, flag = "--log-format"): LogFormat {
   if (value === "auto" || value === "json" || value === "pretty") return value;
-  throw new BadRequestError(`Invalid ${flag} '${value}': use json (one JSON object per line), pretty (readable lines) or auto (pretty on a terminal, else JSON).`);
+  throw new BadRequestError(
+    `Invalid ${flag} '${value}': use json (one JSON object per line), pretty (readable lines) or auto (pretty on a terminal, else JSON).`,
+  );
 }
 
 /** A logger that drops everything, for tests and library use. */

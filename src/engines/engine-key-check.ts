@@ -55,7 +55,9 @@ export function engineKeyCheck(options: EngineKeyCheckOptions): EngineValidator 
       }
       const withKey = await status({ accept: "application/json", authorization: `Bearer ${options.key}` });
       if (withKey !== 200) {
-        throw fail(`GET ${url} with this attempt's engine key answered HTTP ${withKey} instead of 200: the engine was started with another key or is not the engine this attempt started.`);
+        throw fail(
+          `GET ${url} with this attempt's engine key answered HTTP ${withKey} instead of 200: the engine was started with another key or is not the engine this attempt started.`,
+        );
       }
     } finally {
       await agent.destroy().catch(() => undefined);

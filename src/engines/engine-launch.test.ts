@@ -43,7 +43,9 @@ test("a GPU llamacpp profile needs llama-server; without one the node is refused
 });
 
 test("a vllm profile runs vllm serve with GPUs per node and nodes from its hardware; a node without vllm, and an external profile, are refused", () => {
-  const launch = engineLaunch(options({ profile: vllm, weightsPath: "/cache/llama-70b", engines: { vllm: "/opt/vllm/bin/vllm" }, rayAddress: "10.0.0.7:6379", maxModelLen: 32768 }));
+  const launch = engineLaunch(
+    options({ profile: vllm, weightsPath: "/cache/llama-70b", engines: { vllm: "/opt/vllm/bin/vllm" }, rayAddress: "10.0.0.7:6379", maxModelLen: 32768 }),
+  );
   assert.equal(launch.command, "/opt/vllm/bin/vllm");
   assert.deepEqual(launch.args.slice(0, 2), ["serve", "/cache/llama-70b"]);
   assert.equal(launch.args[launch.args.indexOf("--tensor-parallel-size") + 1], "4");
@@ -52,7 +54,10 @@ test("a vllm profile runs vllm serve with GPUs per node and nodes from its hardw
   assert.equal(launch.args[launch.args.indexOf("--attention-backend") + 1], "TRITON_ATTN");
   assert.equal(launch.env.RAY_ADDRESS, "10.0.0.7:6379");
 
-  assert.throws(() => engineLaunch(options({ profile: vllm })), (error: unknown) => error instanceof LlmgwError && error.code === "engine_unavailable" && /no vllm/.test(error.message));
+  assert.throws(
+    () => engineLaunch(options({ profile: vllm })),
+    (error: unknown) => error instanceof LlmgwError && error.code === "engine_unavailable" && /no vllm/.test(error.message),
+  );
   assert.throws(() => engineLaunch(options({ profile: external, engines: { llamaServer: "x", vllm: "y" } })), /is external: it routes to an existing server/);
 });
 

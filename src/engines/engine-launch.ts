@@ -87,7 +87,9 @@ export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
     case "vllm": {
       const gpu = profile.hardware.gpu;
       if (gpu === undefined) {
-        throw new BadRequestError(`Profile '${profile.name}' runs on vLLM but names no GPU hardware; vLLM runs on GPU nodes (hardware.gpu).`, { param: "hardware" });
+        throw new BadRequestError(`Profile '${profile.name}' runs on vLLM but names no GPU hardware; vLLM runs on GPU nodes (hardware.gpu).`, {
+          param: "hardware",
+        });
       }
       return vllmLaunch({
         ...common,

@@ -64,7 +64,9 @@ export function openAiModelsValidator(options: OpenAiModelsValidatorOptions): En
           size += chunk.length;
           if (size > MODEL_LIST_MAX_BYTES) {
             response.body.destroy();
-            throw fail(`GET ${url} answered more than ${MODEL_LIST_MAX_BYTES} bytes; that is not a model list, so the server on port ${port} is not the engine this attempt started.`);
+            throw fail(
+              `GET ${url} answered more than ${MODEL_LIST_MAX_BYTES} bytes; that is not a model list, so the server on port ${port} is not the engine this attempt started.`,
+            );
           }
           chunks.push(chunk);
         }
@@ -80,7 +82,9 @@ export function openAiModelsValidator(options: OpenAiModelsValidatorOptions): En
         );
       }
       if (status !== 200) {
-        throw fail(`GET ${url} answered HTTP ${status} instead of a model list (${printable(redact(text)) || "empty body"}); the server on port ${port} is not the engine this attempt started, or is not serving yet.`);
+        throw fail(
+          `GET ${url} answered HTTP ${status} instead of a model list (${printable(redact(text)) || "empty body"}); the server on port ${port} is not the engine this attempt started, or is not serving yet.`,
+        );
       }
       let ids: string[];
       try {

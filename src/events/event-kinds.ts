@@ -38,7 +38,8 @@ export function isEventKind(kind: string): kind is EventKind {
 /** Parses "k1,k2" (or a list) into known kinds; throws naming the unknown one and the choices. */
 export function parseEventKinds(value: string | readonly string[], param: string): EventKind[] {
   const names = (typeof value === "string" ? value.split(",") : [...value]).map((name) => name.trim()).filter((name) => name !== "");
-  if (names.length === 0) throw new BadRequestError(`${param} names no event kind; give one or more of: ${RECORDED_KINDS.join(", ")}.`, { code: "invalid_event_kind", param });
+  if (names.length === 0)
+    throw new BadRequestError(`${param} names no event kind; give one or more of: ${RECORDED_KINDS.join(", ")}.`, { code: "invalid_event_kind", param });
   for (const name of names) {
     if (!isEventKind(name) || name === "notify_test") {
       throw new BadRequestError(`${param}: '${name}' is not an event kind; choose from ${RECORDED_KINDS.join(", ")}.`, { code: "invalid_event_kind", param });

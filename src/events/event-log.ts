@@ -111,7 +111,11 @@ export class EventLog {
 
   /** Newest first. */
   async list(query: EventQuery = {}): Promise<StoredEvent[]> {
-    let select = this.options.store.db.selectFrom("events").select(COLUMNS).orderBy("id", "desc").limit(query.limit ?? 100);
+    let select = this.options.store.db
+      .selectFrom("events")
+      .select(COLUMNS)
+      .orderBy("id", "desc")
+      .limit(query.limit ?? 100);
     if (query.kinds !== undefined && query.kinds.length > 0) select = select.where("kind", "in", [...query.kinds]);
     if (query.since !== undefined) select = select.where("at", ">=", query.since);
     return (await select.execute()).map(toEvent);
@@ -130,7 +134,10 @@ export class EventLog {
 
   /** The id of the newest event, 0 when there is none. */
   async latestId(): Promise<number> {
-    const row = await this.options.store.db.selectFrom("events").select((eb) => eb.fn.max("id").as("id")).executeTakeFirst();
+    const row = await this.options.store.db
+      .selectFrom("events")
+      .select((eb) => eb.fn.max("id").as("id"))
+      .executeTakeFirst();
     return Number(row?.id ?? 0);
   }
 }

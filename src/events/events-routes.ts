@@ -49,7 +49,10 @@ function parseSince(value: string, now: number): string {
   if (relative !== null) return new Date(now - Number(relative[1]) * UNIT_MS[relative[2] as keyof typeof UNIT_MS]).toISOString();
   const time = Date.parse(value);
   if (!/^\d{4}-\d{2}-\d{2}/.test(value) || Number.isNaN(time)) {
-    throw new BadRequestError(`since: '${value}' is neither an ISO time (2026-12-01T08:00:00Z) nor a span back from now (30m, 6h, 7d).`, { code: "invalid_since", param: "since" });
+    throw new BadRequestError(`since: '${value}' is neither an ISO time (2026-12-01T08:00:00Z) nor a span back from now (30m, 6h, 7d).`, {
+      code: "invalid_since",
+      param: "since",
+    });
   }
   return new Date(time).toISOString();
 }

@@ -29,7 +29,9 @@ export function createAgentApi(options: { fleet: Assignments; logger: Logger; bo
     return c.json(rendered.body, rendered.status as 400, rendered.headers);
   });
   app.notFound((c) => {
-    const rendered = renderError(new NotFoundError(`Unknown agent endpoint ${c.req.method} ${c.req.path}; is this agent newer than the server?`, { code: "unknown_endpoint" }));
+    const rendered = renderError(
+      new NotFoundError(`Unknown agent endpoint ${c.req.method} ${c.req.path}; is this agent newer than the server?`, { code: "unknown_endpoint" }),
+    );
     return c.json(rendered.body, 404);
   });
 

@@ -66,7 +66,10 @@ export class Drains {
       this.draining.delete(replicaId);
       done.push(replicaId);
       if (inFlight > 0) {
-        this.options.logger.warn({ replica: replicaId, model: drain.model, inFlight, waitedMs }, "replica drained: the drain deadline passed with requests in flight; stopping it anyway");
+        this.options.logger.warn(
+          { replica: replicaId, model: drain.model, inFlight, waitedMs },
+          "replica drained: the drain deadline passed with requests in flight; stopping it anyway",
+        );
       } else {
         this.options.logger.info({ replica: replicaId, model: drain.model, inFlight, waitedMs }, "replica drained");
       }

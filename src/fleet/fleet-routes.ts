@@ -25,7 +25,13 @@ export function mountFleetRoutes(app: Hono<Env>, options: FleetRoutesOptions): v
   const { catalog, replicas, audit, actor } = options;
   const fleet = options.fleet;
 
-  app.get("/api/v1/nodes", (c) => c.json({ data: fleet().nodes.list().map((node) => nodeView(node, fleet(), replicas)) }));
+  app.get("/api/v1/nodes", (c) =>
+    c.json({
+      data: fleet()
+        .nodes.list()
+        .map((node) => nodeView(node, fleet(), replicas)),
+    }),
+  );
   // Before /:name, so "join-token" is not taken for a node's name.
   app.get("/api/v1/nodes/join-token", async (c) => {
     await audit.record({ actor: actor(c), action: "node.join_token", target: "join.token", detail: {} });

@@ -44,9 +44,17 @@ export function nodeView(node: FleetNode, fleet: Fleet, table: ReplicaTable): No
     joined_at: node.joinedAt,
     cores: { used: cores, total: node.inventory.cores },
     memory_bytes: { used: memory, total: node.inventory.memoryBytes },
-    gpus: node.inventory.gpus.map((gpu) => ({ index: gpu.index, name: gpu.name, class: gpu.class, memory_bytes: gpu.memoryBytes, replica: gpuOwner.get(gpu.index) ?? null })),
+    gpus: node.inventory.gpus.map((gpu) => ({
+      index: gpu.index,
+      name: gpu.name,
+      class: gpu.class,
+      memory_bytes: gpu.memoryBytes,
+      replica: gpuOwner.get(gpu.index) ?? null,
+    })),
     engines: node.inventory.engines.map((e) => ({ engine: e.engine, version: e.version })),
-    replicas: fleet.recordsOn(node.id).map((r) => ({ id: r.id, model: table.get(r.id)?.modelName ?? r.modelId, state: table.get(r.id)?.state ?? r.state, profile: r.profile })),
+    replicas: fleet
+      .recordsOn(node.id)
+      .map((r) => ({ id: r.id, model: table.get(r.id)?.modelName ?? r.modelId, state: table.get(r.id)?.state ?? r.state, profile: r.profile })),
   };
 }
 
@@ -83,6 +91,11 @@ export function modelHealthView(model: CatalogModel, fleet: Fleet, table: Replic
       ready_at: replica.readyAt,
       weights_verified: fleet.weightsVerified(replica.id),
     })),
-    summary: replicas.length === 0 ? "no replicas" : Object.entries(byState).map(([state, n]) => `${countOf(n, "replica")} ${state}`).join(", "),
+    summary:
+      replicas.length === 0
+        ? "no replicas"
+        : Object.entries(byState)
+            .map(([state, n]) => `${countOf(n, "replica")} ${state}`)
+            .join(", "),
   };
 }

@@ -45,7 +45,8 @@ describe("fleet protocol", () => {
   });
 
   const fleet = () => harness.server.fleet;
-  const beat = (replicas: ReplicaReport[], agentRun = "run-1") => fleet().heartbeat(credential, { name: "n1", address: "127.0.0.1", inventory, labels: {}, replicas, agentRun });
+  const beat = (replicas: ReplicaReport[], agentRun = "run-1") =>
+    fleet().heartbeat(credential, { name: "n1", address: "127.0.0.1", inventory, labels: {}, replicas, agentRun });
   const report = (assignment: Assignment, fields: Partial<ReplicaReport>): ReplicaReport => ({
     id: assignment.replicaId,
     state: "ready",
@@ -66,7 +67,11 @@ describe("fleet protocol", () => {
     const first = await fleet().assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) });
     assert.deepEqual(first.assignments, []);
     const polling = fleet().assignments(credential, { knownVersion: first.version, waitMs: 20_000, signal: AbortSignal.timeout(30_000) });
-    await harness.addModel({ name: "m", source: { kind: "file", path: modelFile }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] });
+    await harness.addModel({
+      name: "m",
+      source: { kind: "file", path: modelFile },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
+    });
     const woken = await polling;
     assert.equal(woken.assignments.length, 1, "the poll answered with the new assignment");
     const [assignment] = woken.assignments;
@@ -95,7 +100,11 @@ describe("fleet protocol", () => {
     // An agent that stops says so: nothing is routed there while it is away.
     await beat([report(assignment!, { state: "stopped", endpoint: null })], "run-2");
     assert.equal(table(assignment!.replicaId)?.state, "stopped");
-    assert.equal((await fleet().assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments.length, 1, "and it is still assigned there");
+    assert.equal(
+      (await fleet().assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments.length,
+      1,
+      "and it is still assigned there",
+    );
   });
 
   test("a parked replica parks its model in the store, and a restarted agent is not told to try it again", async () => {
@@ -116,7 +125,11 @@ describe("fleet protocol", () => {
       const events = await harness.server.events.list({ kinds: ["model_unparked"] });
       return events.length > 0 ? events : undefined;
     });
-    assert.deepEqual(unparked.map((e) => [e.subject, e.data]), [["model:m", { model: "m" }]], "one event, for m");
+    assert.deepEqual(
+      unparked.map((e) => [e.subject, e.data]),
+      [["model:m", { model: "m" }]],
+      "one event, for m",
+    );
     // The parked one is gone once the node no longer reports it.
     await beat([], "run-2");
     assert.equal(table(assignment!.replicaId), undefined);
@@ -195,7 +208,18 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
     const running = await assigned();
     const replicas: ReplicaReport[] = running.map((id) => {
       if (!ports.has(id)) ports.set(id, 20_000 + ports.size);
-      return { id, state: "ready", endpoint: { host: "127.0.0.1", port: ports.get(id)! }, attempt: 1, failures: 0, lastError: null, lastErrorCode: null, startedAt: now, readyAt: now, weightsVerified: true };
+      return {
+        id,
+        state: "ready",
+        endpoint: { host: "127.0.0.1", port: ports.get(id)! },
+        attempt: 1,
+        failures: 0,
+        lastError: null,
+        lastErrorCode: null,
+        startedAt: now,
+        readyAt: now,
+        weightsVerified: true,
+      };
     });
     await fleet.heartbeat(credential, { name: "n1", address: "127.0.0.1", inventory, labels: {}, replicas, agentRun: "run-1" });
     await fleet.settled();
@@ -210,7 +234,10 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
       now += ms;
     },
     addModel: async () => {
-      const model = await catalog.create({ name: "m", source: { kind: "file", path: weightsA }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] }, "test");
+      const model = await catalog.create(
+        { name: "m", source: { kind: "file", path: weightsA }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] },
+        "test",
+      );
       await fleet.settled();
       return model.id;
     },
@@ -234,7 +261,10 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
 }
 
 /** Places the model, runs its replica, changes its weights: returns the old replica's id, and the new one's once the node ran it. */
-async function updateUnderway(rig: UpdateRig, beforeSuccessorReady: (old: string) => void = () => {}): Promise<{ modelId: string; old: string; successor: string }> {
+async function updateUnderway(
+  rig: UpdateRig,
+  beforeSuccessorReady: (old: string) => void = () => {},
+): Promise<{ modelId: string; old: string; successor: string }> {
   const modelId = await rig.addModel();
   const [old] = await rig.sync();
   assert.ok(old !== undefined, "the model's first replica is assigned");
@@ -260,7 +290,10 @@ testBothStores("a replica with requests in flight leaves routing but runs on its
     // Its node reports it ready again: it stays out of routing, and the reconciler does not count it as serving.
     await rig.sync();
     assert.equal(rig.table.get(old)?.state, "stopping");
-    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated.map((r) => [r.id, r.state]), [[old, "stopping"]]);
+    assert.deepEqual(
+      rig.fleet.replicasByDefinition(modelId).outdated.map((r) => [r.id, r.state]),
+      [[old, "stopping"]],
+    );
     rig.inFlight.set(old, 1);
     rig.fleet.checkNow();
     await rig.fleet.settled();
@@ -338,36 +371,43 @@ testBothStores("holdOutdated keeps the old ready replica serving beside its read
   }
 });
 
-testBothStores("an update released as rejected: the model points back, its new replica stops without ever taking traffic, the old one serves on", async (store) => {
-  const rig = await startUpdateRig(store);
-  try {
-    const modelId = await rig.addModel();
-    const [old] = await rig.sync();
-    assert.ok(old !== undefined);
-    const release = rig.fleet.holdOutdated(modelId);
-    await rig.changeWeights();
-    const successor = (await rig.sync()).find((id) => id !== old)!;
-    await rig.sync();
-    assert.equal(rig.fleet.replicasByDefinition(modelId).current[0]?.state, "ready");
-    // The new revision failed its check: the model points back, then the hold ends.
-    await rig.changeWeightsBack();
-    const seen: string[] = [];
-    const unsubscribe = rig.table.onChange((replica) => {
-      if (replica.id === successor) seen.push(`${replica.state}${replica.endpoint === null ? "" : " with endpoint"}`);
-    });
-    release("rejected");
-    await rig.fleet.settled();
-    unsubscribe();
-    assert.ok(seen.length > 0 && !seen.includes("ready with endpoint"), `the rejected replica was never routable: ${seen.join(", ")}`);
-    // Row writes follow the reconciliation on their own chain: waited for, not assumed done.
-    await eventually("the rejected replica's row desired stop", async () => (await rig.desiredInStore(successor)) === "stop");
-    assert.deepEqual(await rig.assigned(), [old]);
-    assert.equal(rig.table.get(old)?.state, "ready");
-    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id), [old], "the old one is current again");
-  } finally {
-    await rig.close();
-  }
-});
+testBothStores(
+  "an update released as rejected: the model points back, its new replica stops without ever taking traffic, the old one serves on",
+  async (store) => {
+    const rig = await startUpdateRig(store);
+    try {
+      const modelId = await rig.addModel();
+      const [old] = await rig.sync();
+      assert.ok(old !== undefined);
+      const release = rig.fleet.holdOutdated(modelId);
+      await rig.changeWeights();
+      const successor = (await rig.sync()).find((id) => id !== old)!;
+      await rig.sync();
+      assert.equal(rig.fleet.replicasByDefinition(modelId).current[0]?.state, "ready");
+      // The new revision failed its check: the model points back, then the hold ends.
+      await rig.changeWeightsBack();
+      const seen: string[] = [];
+      const unsubscribe = rig.table.onChange((replica) => {
+        if (replica.id === successor) seen.push(`${replica.state}${replica.endpoint === null ? "" : " with endpoint"}`);
+      });
+      release("rejected");
+      await rig.fleet.settled();
+      unsubscribe();
+      assert.ok(seen.length > 0 && !seen.includes("ready with endpoint"), `the rejected replica was never routable: ${seen.join(", ")}`);
+      // Row writes follow the reconciliation on their own chain: waited for, not assumed done.
+      await eventually("the rejected replica's row desired stop", async () => (await rig.desiredInStore(successor)) === "stop");
+      assert.deepEqual(await rig.assigned(), [old]);
+      assert.equal(rig.table.get(old)?.state, "ready");
+      assert.deepEqual(
+        rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id),
+        [old],
+        "the old one is current again",
+      );
+    } finally {
+      await rig.close();
+    }
+  },
+);
 
 testBothStores("replicasByDefinition splits a model's running replicas by definition", async (store) => {
   const rig = await startUpdateRig(store);
@@ -375,7 +415,10 @@ testBothStores("replicasByDefinition splits a model's running replicas by defini
     const modelId = await rig.addModel();
     const [old] = await rig.sync();
     assert.ok(old !== undefined);
-    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id), [old]);
+    assert.deepEqual(
+      rig.fleet.replicasByDefinition(modelId).current.map((r) => r.id),
+      [old],
+    );
     assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated, []);
 
     await rig.changeWeights();
@@ -386,13 +429,23 @@ testBothStores("replicasByDefinition splits a model's running replicas by defini
     assert.deepEqual(current.nodeNames, ["n1"]);
     assert.equal(current.profile, "cpu");
     assert.equal(current.engine, "llamacpp");
-    assert.deepEqual(current.files.map((f) => f.file), [weightsB], "placed with the new revision's file");
+    assert.deepEqual(
+      current.files.map((f) => f.file),
+      [weightsB],
+      "placed with the new revision's file",
+    );
     assert.match(current.engineKey ?? "", /^[0-9a-f]{48}$/);
 
     const outdated = rig.fleet.replicasByDefinition(modelId).outdated;
-    assert.deepEqual(outdated.map((r) => r.id), [old]);
+    assert.deepEqual(
+      outdated.map((r) => r.id),
+      [old],
+    );
     assert.equal(outdated[0]!.state, "ready");
-    assert.deepEqual(outdated[0]!.files.map((f) => f.file), [weightsA]);
+    assert.deepEqual(
+      outdated[0]!.files.map((f) => f.file),
+      [weightsA],
+    );
     assert.match(outdated[0]!.endpoint?.origin ?? "", /^http:\/\/127\.0\.0\.1:\d+$/);
     assert.equal(outdated[0]!.weightsVerified, true);
     assert.equal(outdated[0]!.lastError, null);
@@ -400,7 +453,10 @@ testBothStores("replicasByDefinition splits a model's running replicas by defini
     // The successor ready, the old one stops: only what runs, of the current definition, is left.
     await rig.sync();
     assert.deepEqual(rig.fleet.replicasByDefinition(modelId).outdated, []);
-    assert.deepEqual(rig.fleet.replicasByDefinition(modelId).current.map((r) => [r.id, r.state]), [[current.id, "ready"]]);
+    assert.deepEqual(
+      rig.fleet.replicasByDefinition(modelId).current.map((r) => [r.id, r.state]),
+      [[current.id, "ready"]],
+    );
     assert.deepEqual(rig.fleet.replicasByDefinition("no-such-model").current, []);
   } finally {
     await rig.close();

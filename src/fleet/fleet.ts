@@ -84,14 +84,23 @@ export class Fleet implements Assignments {
       logger: options.logger,
     });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
-    this.rows = new ReplicaRows({ store: options.store, box: options.box, logger: options.logger, clock: this.clock, ...(options.fence === undefined ? {} : { fence: options.fence }) });
+    this.rows = new ReplicaRows({
+      store: options.store,
+      box: options.box,
+      logger: options.logger,
+      clock: this.clock,
+      ...(options.fence === undefined ? {} : { fence: options.fence }),
+    });
   }
 
   async start(): Promise<void> {
     await this.nodes.load();
     await this.parked.load();
     for (const record of await this.rows.load()) {
-      const profile = this.options.catalog.list().find((m) => m.id === record.modelId)?.definition.profiles.find((p) => p.name === record.profile);
+      const profile = this.options.catalog
+        .list()
+        .find((m) => m.id === record.modelId)
+        ?.definition.profiles.find((p) => p.name === record.profile);
       record.engine = profile?.engine === "vllm" ? "vllm" : "llamacpp";
       // Until its node reports it, a replica of an earlier run is not routable: the engine
       // may have ended with the server (`up`) or may still run on its node (an agent that
@@ -128,7 +137,11 @@ export class Fleet implements Assignments {
   // --- The agent protocol ---------------------------------------------------------------
 
   async join(request: JoinRequest): Promise<JoinReply> {
-    const reply = await this.nodes.join({ ...request, inventory: checkInventory(request.inventory, "inventory"), labels: checkLabels(request.labels, "labels") });
+    const reply = await this.nodes.join({
+      ...request,
+      inventory: checkInventory(request.inventory, "inventory"),
+      labels: checkLabels(request.labels, "labels"),
+    });
     this.schedule();
     return reply;
   }
@@ -138,7 +151,12 @@ export class Fleet implements Assignments {
     const inventory = checkInventory(report.inventory, "inventory");
     if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: checkLabels(report.labels, "labels") })) {
       this.options.logger.info({ node: node.name }, "node is back");
-      void this.events.record({ kind: "node_back", subject: `node:${node.name}`, data: { node: node.name }, message: `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.` });
+      void this.events.record({
+        kind: "node_back",
+        subject: `node:${node.name}`,
+        data: { node: node.name },
+        message: `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`,
+      });
       this.versions.bump(node.id);
       this.schedule();
     }
@@ -216,7 +234,11 @@ export class Fleet implements Assignments {
       for (const record of ofModel()) this.publish(record);
       this.schedule();
     };
-    const release = this.holds.hold(modelId, ofModel().map((record) => record.id), changed);
+    const release = this.holds.hold(
+      modelId,
+      ofModel().map((record) => record.id),
+      changed,
+    );
     changed();
     return (outcome = "passed") => {
       const model = this.modelById(modelId);
@@ -228,7 +250,13 @@ export class Fleet implements Assignments {
 
   /** The model's running replicas of its current and of earlier definitions, with endpoints and engine keys (server-side only). */
   replicasByDefinition(modelId: string): ReplicasByDefinition {
-    return replicasByDefinition({ modelId, model: this.modelById(modelId), records: this.records.values(), fingerprintOf, nodeName: (id) => this.nodes.get(id)?.name ?? id });
+    return replicasByDefinition({
+      modelId,
+      model: this.modelById(modelId),
+      records: this.records.values(),
+      fingerprintOf,
+      nodeName: (id) => this.nodes.get(id)?.name ?? id,
+    });
   }
 
   /** Called with a model's id when its parking or placement changes (the gateway re-checks its waiting requests). */
@@ -245,7 +273,10 @@ export class Fleet implements Assignments {
   private stopIdle(): void {
     for (const model of this.demand.takeIdle((modelId) => this.modelById(modelId))) {
       const replicas = [...this.records.values()].filter((r) => r.modelId === model.id && r.desired === "run");
-      this.options.logger.info({ model: model.name, idleSeconds: model.definition.scaling.idle_seconds, replicas: replicas.length }, "stopping idle on-demand replicas");
+      this.options.logger.info(
+        { model: model.name, idleSeconds: model.definition.scaling.idle_seconds, replicas: replicas.length },
+        "stopping idle on-demand replicas",
+      );
       for (const record of replicas) this.markStopping(record);
     }
   }
@@ -262,7 +293,8 @@ export class Fleet implements Assignments {
 
   async drain(name: string): Promise<FleetNode> {
     const node = this.nodes.byName(name);
-    if (node.state === "lost") throw new BadRequestError(`Node '${name}' is lost; there is nothing to drain. Remove it with 'llmgw ctl node remove ${name}'.`, { code: "node_lost" });
+    if (node.state === "lost")
+      throw new BadRequestError(`Node '${name}' is lost; there is nothing to drain. Remove it with 'llmgw ctl node remove ${name}'.`, { code: "node_lost" });
     this.nodes.setState(node, "draining");
     await this.nodes.flush();
     this.schedule();
@@ -422,7 +454,9 @@ export class Fleet implements Assignments {
         }
       }
     }
-    const changed = [...new Set([...this.unplaceable.keys(), ...decision.unplaceable.keys()])].filter((id) => this.unplaceable.has(id) !== decision.unplaceable.has(id));
+    const changed = [...new Set([...this.unplaceable.keys(), ...decision.unplaceable.keys()])].filter(
+      (id) => this.unplaceable.has(id) !== decision.unplaceable.has(id),
+    );
     this.unplaceable = decision.unplaceable;
     for (const modelId of changed) this.statusListener?.(modelId);
   }
@@ -438,7 +472,10 @@ export class Fleet implements Assignments {
   private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
     if (report.endpoint !== null && report.endpoint.host !== node.address) {
       // The gateway sends the engine key there: only to the address the node joined with.
-      this.options.logger.warn({ node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address }, "a replica's endpoint is not on its node's address; ignored");
+      this.options.logger.warn(
+        { node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address },
+        "a replica's endpoint is not on its node's address; ignored",
+      );
       report = { ...report, endpoint: null, state: report.state === "ready" ? "starting" : report.state };
     }
     if (record.nodeIds.length > 1 && (report.rayAddress ?? null) !== (record.rayAddress ?? null)) {
@@ -476,7 +513,12 @@ export class Fleet implements Assignments {
     this.options.logger.error({ model: model.name, reason }, "model parked");
     this.statusListener?.(model.id);
     const data = { model: model.name, replica: record.id, node: node.name, reason };
-    void this.events.record({ kind: "model_parked", subject: `model:${model.name}`, data, message: `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.` });
+    void this.events.record({
+      kind: "model_parked",
+      subject: `model:${model.name}`,
+      data,
+      message: `Model '${model.name}' is parked: ${reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`,
+    });
   }
 
   /**
@@ -493,7 +535,13 @@ export class Fleet implements Assignments {
     }
     if (!(await this.parked.clear(modelId))) return count;
     const model = this.modelById(modelId);
-    if (model !== undefined) void this.events.record({ kind: "model_unparked", subject: `model:${model.name}`, data: { model: model.name }, message: `Model '${model.name}' is no longer parked; its replicas are started again.` });
+    if (model !== undefined)
+      void this.events.record({
+        kind: "model_unparked",
+        subject: `model:${model.name}`,
+        data: { model: model.name },
+        message: `Model '${model.name}' is no longer parked; its replicas are started again.`,
+      });
     return count;
   }
 

@@ -27,7 +27,10 @@ const DETAIL_WORD = /^(\d+(\.\d+)?([KMGT]I?B?|[KMGT]?B)|HBM\w*|SXM\d*|PCIE\d*|NV
 
 /** The class placement matches against, for example "NVIDIA H100 80GB HBM3" → "H100". */
 export function normalizeGpuClass(name: string): string {
-  const words = name.toUpperCase().split(/[^A-Z0-9]+/).filter((word) => word !== "");
+  const words = name
+    .toUpperCase()
+    .split(/[^A-Z0-9]+/)
+    .filter((word) => word !== "");
   const kept: string[] = [];
   for (const word of words) {
     if (DETAIL_WORD.test(word) && kept.length > 0) break;

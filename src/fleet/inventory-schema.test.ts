@@ -52,7 +52,10 @@ describe("checkInventory", () => {
 
   test("a GPU without memory, with more than 1 TiB, or listed twice is refused", () => {
     assert.throws(() => checkInventory({ ...valid, gpus: [{ ...h100, memoryBytes: 0 }] }), refusal("gpus.0.memoryBytes", /more than 0/, /got 0 bytes/));
-    assert.throws(() => checkInventory({ ...valid, gpus: [h100, { ...h100, index: 1, memoryBytes: 2 * TiB }] }), refusal("gpus.1.memoryBytes", /at most 1 TiB/));
+    assert.throws(
+      () => checkInventory({ ...valid, gpus: [h100, { ...h100, index: 1, memoryBytes: 2 * TiB }] }),
+      refusal("gpus.1.memoryBytes", /at most 1 TiB/),
+    );
     assert.throws(() => checkInventory({ ...valid, gpus: [h100, { ...h100 }] }), refusal("gpus.1.index", /GPU index 0 is listed twice/));
     assert.throws(() => checkInventory({ ...valid, gpus: [{ ...h100, index: -1 }] }), refusal("gpus.0.index", /got -1/));
   });
@@ -69,7 +72,10 @@ describe("checkInventory", () => {
   });
 
   test("engines: unknown names, empty versions, the same engine twice and none at all are refused", () => {
-    assert.throws(() => checkInventory({ ...valid, engines: [{ engine: "ollama", version: "0.5" }] }), refusal("engines.0.engine", /llamacpp, llama-server, vllm, got 'ollama'/));
+    assert.throws(
+      () => checkInventory({ ...valid, engines: [{ engine: "ollama", version: "0.5" }] }),
+      refusal("engines.0.engine", /llamacpp, llama-server, vllm, got 'ollama'/),
+    );
     assert.throws(() => checkInventory({ ...valid, engines: [{ engine: "vllm", version: "" }] }), refusal("engines.0.version", /must not be empty/));
     assert.throws(
       () => checkInventory({ ...valid, engines: [valid.engines[0], { engine: "llamacpp", version: "3.20.0" }] }),
@@ -83,12 +89,16 @@ describe("checkInventory", () => {
     assert.throws(() => checkInventory(withoutGpus), refusal("gpus", /list of GPUs/));
     assert.throws(
       () => checkInventory("cores=8"),
-      (error: unknown) => error instanceof BadRequestError && error.code === "invalid_inventory" && error.param === null && /Invalid node inventory/.test(error.message),
+      (error: unknown) =>
+        error instanceof BadRequestError && error.code === "invalid_inventory" && error.param === null && /Invalid node inventory/.test(error.message),
     );
   });
 
   test("the message names where the inventory came from", () => {
-    assert.throws(() => checkInventory({ ...valid, cores: 0 }, "inventory file /etc/llmgw/node.json"), /^BadRequestError: Invalid inventory file \/etc\/llmgw\/node\.json: field 'cores'/);
+    assert.throws(
+      () => checkInventory({ ...valid, cores: 0 }, "inventory file /etc/llmgw/node.json"),
+      /^BadRequestError: Invalid inventory file \/etc\/llmgw\/node\.json: field 'cores'/,
+    );
   });
 });
 

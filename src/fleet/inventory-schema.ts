@@ -93,7 +93,11 @@ export const nodeInventorySchema = z
     const seenIndexes = new Set<number>();
     inventory.gpus.forEach((gpu, position) => {
       if (gpu.index < 0 || gpu.index >= gpus.max) {
-        ctx.addIssue({ code: "custom", path: ["gpus", position, "index"], message: `must be from 0 to ${gpus.max - 1} (nvidia-smi's index), got ${gpu.index}` });
+        ctx.addIssue({
+          code: "custom",
+          path: ["gpus", position, "index"],
+          message: `must be from 0 to ${gpus.max - 1} (nvidia-smi's index), got ${gpu.index}`,
+        });
       } else if (seenIndexes.has(gpu.index)) {
         ctx.addIssue({ code: "custom", path: ["gpus", position, "index"], message: `GPU index ${gpu.index} is listed twice; each GPU has its own index` });
       }
@@ -112,7 +116,11 @@ export const nodeInventorySchema = z
     const seenEngines = new Set<string>();
     inventory.engines.forEach((engine, position) => {
       if (seenEngines.has(engine.engine)) {
-        ctx.addIssue({ code: "custom", path: ["engines", position, "engine"], message: `${engine.engine} is listed twice; give each engine once with its version` });
+        ctx.addIssue({
+          code: "custom",
+          path: ["engines", position, "engine"],
+          message: `${engine.engine} is listed twice; give each engine once with its version`,
+        });
       }
       seenEngines.add(engine.engine);
     });

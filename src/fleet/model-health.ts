@@ -40,8 +40,10 @@ export function modelHealth(model: CatalogModel, replicas: readonly Replica[], f
   if (fleet?.parked) return { state: "parked", ...base, reason: `parked: ${fleet.parked.reason}` };
   if (fleet?.weightsProblem) return { state: "failed", ...base, reason: fleet.weightsProblem };
   const parked = replicas.find((r) => r.state === "parked");
-  if (fleet?.unplaceable && !replicas.some(isComingUp) && parked === undefined) return { state: "unplaceable", ...base, reason: `no node can take a replica: ${fleet.unplaceable.join("; ")}` };
-  if (parked !== undefined) return { state: "parked", ...base, reason: `parked after ${countOf(parked.failures, "failed start")}: ${parked.lastError ?? "no error recorded"}` };
+  if (fleet?.unplaceable && !replicas.some(isComingUp) && parked === undefined)
+    return { state: "unplaceable", ...base, reason: `no node can take a replica: ${fleet.unplaceable.join("; ")}` };
+  if (parked !== undefined)
+    return { state: "parked", ...base, reason: `parked after ${countOf(parked.failures, "failed start")}: ${parked.lastError ?? "no error recorded"}` };
   const starting = replicas.find(isComingUp);
   if (starting !== undefined) return { state: "starting", ...base, reason: `replica ${starting.state} (attempt ${starting.attempt})` };
   const failed = replicas.find((r) => r.state === "failed");

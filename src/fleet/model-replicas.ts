@@ -66,5 +66,8 @@ export function replicasByDefinition(options: {
 export function fingerprintOf(model: CatalogModel, profileName: string): string {
   const { source, profiles } = model.definition;
   const profile = profiles.find((p) => p.name === profileName);
-  return createHash("sha256").update(JSON.stringify({ name: model.name, source, profile })).digest("hex").slice(0, 16);
+  return createHash("sha256")
+    .update(JSON.stringify({ name: model.name, source, profile }))
+    .digest("hex")
+    .slice(0, 16);
 }

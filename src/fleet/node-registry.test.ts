@@ -33,7 +33,10 @@ testBothDatabases("nodes join with the token, and each wrong credential is refus
     assert.throws(() => registry.authenticate(TOKEN), refusedWith("invalid_node_credential"), "the join token is no node credential");
     assert.throws(() => registry.authenticate(a.credential, "b"), refusedWith("node_credential_mismatch", /belongs to node 'a', not 'b'/));
     assert.throws(() => registry.authenticate(`${a.credential.slice(0, -2)}xx`), refusedWith("invalid_node_credential"));
-    await assert.rejects(registry.join({ joinToken: TOKEN, name: "a", address: "10.0.0.9", inventory, labels: {} }), refusedWith("node_name_taken", /ctl node remove a/));
+    await assert.rejects(
+      registry.join({ joinToken: TOKEN, name: "a", address: "10.0.0.9", inventory, labels: {} }),
+      refusedWith("node_name_taken", /ctl node remove a/),
+    );
     // Two joins under one name at once: one wins, the other is told the name is taken.
     const results = await Promise.allSettled([
       registry.join({ joinToken: TOKEN, name: "c", address: "10.0.0.3", inventory, labels: {} }),
@@ -71,7 +74,13 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
     now += 10_000;
     assert.deepEqual(registry.expire(15_000), [], "not yet");
     now += 6_000;
-    assert.deepEqual(registry.expire(15_000).map((n) => n.name).sort(), ["a", "d"]);
+    assert.deepEqual(
+      registry
+        .expire(15_000)
+        .map((n) => n.name)
+        .sort(),
+      ["a", "d"],
+    );
     await registry.flush();
     const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
     await restarted.load();
@@ -85,7 +94,13 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
     assert.equal(a.state, "ready");
     await registry.flush();
     const stored = await store.db.selectFrom("nodes").select(["name", "state", "inventory"]).orderBy("name").execute();
-    assert.deepEqual(stored.map((n) => [n.name, n.state]), [["a", "ready"], ["d", "draining"]]);
+    assert.deepEqual(
+      stored.map((n) => [n.name, n.state]),
+      [
+        ["a", "ready"],
+        ["d", "draining"],
+      ],
+    );
     assert.equal((JSON.parse(stored[0]!.inventory) as NodeInventory).cores, 16, "the reported inventory is kept");
   } finally {
     await store.close();
@@ -104,7 +119,10 @@ testBothDatabases("an undrained node is ready again, and a lost one that was dra
     registry.setState(registry.byName("away"), "draining");
     now += 20_000;
     registry.heartbeat(registry.byName("here"), { address: "10.0.0.1", inventory, labels: {} });
-    assert.deepEqual(registry.expire(15_000).map((n) => n.name), ["away"]);
+    assert.deepEqual(
+      registry.expire(15_000).map((n) => n.name),
+      ["away"],
+    );
 
     registry.endDrain(registry.byName("here"));
     assert.equal(registry.byName("here").state, "ready");

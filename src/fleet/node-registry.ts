@@ -79,7 +79,8 @@ export class NodeRegistry {
 
   byName(name: string): FleetNode {
     const node = [...this.nodes.values()].find((candidate) => candidate.name === name);
-    if (node === undefined) throw new NotFoundError(`No node named '${name}'. 'llmgw ctl node list' shows the nodes that joined.`, { code: "node_not_found", param: "name" });
+    if (node === undefined)
+      throw new NotFoundError(`No node named '${name}'. 'llmgw ctl node list' shows the nodes that joined.`, { code: "node_not_found", param: "name" });
     return node;
   }
 

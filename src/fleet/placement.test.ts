@@ -113,7 +113,13 @@ describe("CPU replicas", () => {
   test("fractional cores: small replicas share a node's cores while their sum stays within them, and explanations print the fractions", () => {
     // A 2-core node, as `up` reports on a small machine, already running a quarter-core replica.
     const nodes = [node("small", { memoryGiB: 16, cores: 2, used: { memoryGiB: 0.1, cores: 0.25 } })];
-    const requests = [request("a", cpu(0.5, 0.5)), request("b", cpu(0.5, 0.5)), request("c", cpu(0.3, 0.25)), request("d", cpu(0.3, 0.75)), request("e", cpu(0.3, 0.25))];
+    const requests = [
+      request("a", cpu(0.5, 0.5)),
+      request("b", cpu(0.5, 0.5)),
+      request("c", cpu(0.3, 0.25)),
+      request("d", cpu(0.3, 0.75)),
+      request("e", cpu(0.3, 0.25)),
+    ];
     const result = placeReplicas({ nodes, requests });
     // 0.25 used + 0.5 + 0.5 + 0.25 = 1.5; d's 0.75 does not fit in the 0.5 left; e's 0.25 does.
     assert.deepEqual(where(result), { a: "small", b: "small", c: "small", e: "small" });
@@ -128,7 +134,11 @@ describe("CPU replicas", () => {
     const nodes = [node("big", { memoryGiB: 64, cached: ["w1"] }), node("small", { memoryGiB: 32 })];
     const result = placeReplicas({
       nodes,
-      requests: [request("r1", cpu(4), { modelId: "m", weightsKey: "w1" }), request("r2", cpu(4), { modelId: "m", weightsKey: "w1" }), request("other", cpu(4), { weightsKey: "w2" })],
+      requests: [
+        request("r1", cpu(4), { modelId: "m", weightsKey: "w1" }),
+        request("r2", cpu(4), { modelId: "m", weightsKey: "w1" }),
+        request("other", cpu(4), { weightsKey: "w2" }),
+      ],
     });
     assert.deepEqual(where(result), { r1: "big", r2: "small", other: "small" });
   });
@@ -155,21 +165,50 @@ describe("options in order of preference", () => {
   test("a GPU the caller says is held counts as taken", () => {
     const held = [node("gpu-node", { memoryGiB: 256, gpus: [[H100, H100_BYTES]], engines: ["llamacpp", "vllm"], used: { gpus: [0] } })];
     const result = placeReplicas({ nodes: held, requests: [request("m1", options)] });
-    assert.deepEqual(result.placed.map((p) => p.profile), ["cpu"]);
+    assert.deepEqual(
+      result.placed.map((p) => p.profile),
+      ["cpu"],
+    );
   });
 
   test("an unplaceable request explains each option on each node", () => {
-    const small = [node("a", { memoryGiB: 16, engines: ["llamacpp", "vllm"] }), node("b", { memoryGiB: 256, gpus: [["NVIDIA A100-SXM4-80GB", 80 * GiB], ["NVIDIA A100-SXM4-80GB", 80 * GiB]], engines: ["vllm"] })];
+    const small = [
+      node("a", { memoryGiB: 16, engines: ["llamacpp", "vllm"] }),
+      node("b", {
+        memoryGiB: 256,
+        gpus: [
+          ["NVIDIA A100-SXM4-80GB", 80 * GiB],
+          ["NVIDIA A100-SXM4-80GB", 80 * GiB],
+        ],
+        engines: ["vllm"],
+      }),
+    ];
     const result = placeReplicas({ nodes: small, requests: [request("m1", options)] });
-    assert.deepEqual(explanationOf(result, "m1"), ["a: gpu: no H100 GPU (has no GPUs); cpu: 14.0 GiB free, needs 20.0 GiB", "b: gpu: no H100 GPU (has 2× A100); cpu: no llama.cpp engine"]);
+    assert.deepEqual(explanationOf(result, "m1"), [
+      "a: gpu: no H100 GPU (has no GPUs); cpu: 14.0 GiB free, needs 20.0 GiB",
+      "b: gpu: no H100 GPU (has 2× A100); cpu: no llama.cpp engine",
+    ]);
   });
 });
 
 describe("GPU replicas", () => {
-  const twoH100 = (name: string, spec: NodeSpec = {}) => node(name, { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["vllm", "llama-server"], ...spec });
+  const twoH100 = (name: string, spec: NodeSpec = {}) =>
+    node(name, {
+      memoryGiB: 256,
+      cores: 32,
+      gpus: [
+        [H100, H100_BYTES],
+        [H100, H100_BYTES],
+      ],
+      engines: ["vllm", "llama-server"],
+      ...spec,
+    });
 
   test("a GPU is never given to two replicas", () => {
-    const result = placeReplicas({ nodes: [twoH100("h")], requests: [request("m1", gpu("H100", 40)), request("m2", gpu("H100", 40)), request("m3", gpu("H100", 40))] });
+    const result = placeReplicas({
+      nodes: [twoH100("h")],
+      requests: [request("m1", gpu("H100", 40)), request("m2", gpu("H100", 40)), request("m3", gpu("H100", 40))],
+    });
     assert.deepEqual(
       result.placed.map((p) => p.gpus),
       [{ "id-h": [0] }, { "id-h": [1] }],
@@ -178,43 +217,102 @@ describe("GPU replicas", () => {
   });
 
   test("GPUs held by the node's replicas are passed over, and a partly free node is explained", () => {
-    const result = placeReplicas({ nodes: [twoH100("h", { used: { gpus: [0] } })], requests: [request("two", gpu("H100", 40, { perNode: 2 })), request("one", gpu("H100", 40))] });
-    assert.deepEqual(result.placed.map((p) => [p.key, p.gpus]), [["one", { "id-h": [1] }]]);
+    const result = placeReplicas({
+      nodes: [twoH100("h", { used: { gpus: [0] } })],
+      requests: [request("two", gpu("H100", 40, { perNode: 2 })), request("one", gpu("H100", 40))],
+    });
+    assert.deepEqual(
+      result.placed.map((p) => [p.key, p.gpus]),
+      [["one", { "id-h": [1] }]],
+    );
     assert.deepEqual(explanationOf(result, "two"), ["h: 1 of 2 H100 GPUs free, needs 2"]);
   });
 
   test("bin-pack GPUs: the node left with the fewest free GPUs of the class", () => {
     const result = placeReplicas({ nodes: [twoH100("a"), twoH100("b", { used: { gpus: [1] } })], requests: [request("m1", gpu("H100", 40))] });
-    assert.deepEqual(result.placed.map((p) => [p.nodeIds, p.gpus]), [[["id-b"], { "id-b": [0] }]]);
+    assert.deepEqual(
+      result.placed.map((p) => [p.nodeIds, p.gpus]),
+      [[["id-b"], { "id-b": [0] }]],
+    );
   });
 
   test("the smallest GPU that fits is taken, leaving the large one for what needs it", () => {
-    const mixed = node("m", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] });
-    const result = placeReplicas({ nodes: [mixed], requests: [request("small", gpu("H100", 30)), request("large", gpu("H100", 60)), request("again", gpu("H100", 60))] });
-    assert.deepEqual(result.placed.map((p) => [p.key, p.gpus]), [["small", { "id-m": [1] }], ["large", { "id-m": [0] }]]);
+    const mixed = node("m", {
+      memoryGiB: 256,
+      gpus: [
+        [H100, H100_BYTES],
+        ["NVIDIA H100 PCIe", 40 * GiB],
+      ],
+      engines: ["vllm"],
+    });
+    const result = placeReplicas({
+      nodes: [mixed],
+      requests: [request("small", gpu("H100", 30)), request("large", gpu("H100", 60)), request("again", gpu("H100", 60))],
+    });
+    assert.deepEqual(
+      result.placed.map((p) => [p.key, p.gpus]),
+      [
+        ["small", { "id-m": [1] }],
+        ["large", { "id-m": [0] }],
+      ],
+    );
     assert.deepEqual(explanationOf(result, "again"), ["m: 0 of 1 H100 GPU free, needs 1"]);
   });
 
   test("vLLM gets 90% of each GPU and llama.cpp loses 512 MiB to CUDA", () => {
-    const nodes = [node("a", { memoryGiB: 64, gpus: [["NVIDIA A100-PCIE-40GB", 40 * GiB], ["NVIDIA A100-PCIE-40GB", 40 * GiB]], engines: ["vllm", "llama-server"] })];
+    const nodes = [
+      node("a", {
+        memoryGiB: 64,
+        gpus: [
+          ["NVIDIA A100-PCIE-40GB", 40 * GiB],
+          ["NVIDIA A100-PCIE-40GB", 40 * GiB],
+        ],
+        engines: ["vllm", "llama-server"],
+      }),
+    ];
     const result = placeReplicas({
       nodes,
-      requests: [request("vllm", gpu("A100", 37)), request("llama", gpu("A100", 39.6, { engine: "llamacpp" })), request("fits", gpu("A100", 39.5, { engine: "llamacpp" }))],
+      requests: [
+        request("vllm", gpu("A100", 37)),
+        request("llama", gpu("A100", 39.6, { engine: "llamacpp" })),
+        request("fits", gpu("A100", 39.5, { engine: "llamacpp" })),
+      ],
     });
     assert.deepEqual(where(result), { fits: "a" });
     assert.deepEqual(explanationOf(result, "vllm"), ["a: its A100 GPUs offer 36.0 GiB each to vLLM (90% of 40.0 GiB), needs 37.0 GiB per GPU"]);
-    assert.deepEqual(explanationOf(result, "llama"), ["a: its A100 GPUs offer 39.5 GiB each to llama.cpp (40.0 GiB less 0.5 GiB for CUDA), needs 39.6 GiB per GPU"]);
+    assert.deepEqual(explanationOf(result, "llama"), [
+      "a: its A100 GPUs offer 39.5 GiB each to llama.cpp (40.0 GiB less 0.5 GiB for CUDA), needs 39.6 GiB per GPU",
+    ]);
   });
 
   test("GPU shortfalls: too few GPUs of the class, too few large enough", () => {
-    const nodes = [twoH100("a"), node("b", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] })];
+    const nodes = [
+      twoH100("a"),
+      node("b", {
+        memoryGiB: 256,
+        gpus: [
+          [H100, H100_BYTES],
+          ["NVIDIA H100 PCIe", 40 * GiB],
+        ],
+        engines: ["vllm"],
+      }),
+    ];
     const result = placeReplicas({ nodes, requests: [request("four", gpu("H100", 40, { perNode: 4 })), request("big", gpu("H100", 50, { perNode: 2 }))] });
     assert.deepEqual(where(result), { big: "a" });
     assert.deepEqual(explanationOf(result, "four"), ["a: has 2 H100 GPUs, needs 4", "b: has 2 H100 GPUs, needs 4"]);
   });
 
   test("only 1 of 2 large enough is named", () => {
-    const nodes = [node("b", { memoryGiB: 256, gpus: [[H100, H100_BYTES], ["NVIDIA H100 PCIe", 40 * GiB]], engines: ["vllm"] })];
+    const nodes = [
+      node("b", {
+        memoryGiB: 256,
+        gpus: [
+          [H100, H100_BYTES],
+          ["NVIDIA H100 PCIe", 40 * GiB],
+        ],
+        engines: ["vllm"],
+      }),
+    ];
     const result = placeReplicas({ nodes, requests: [request("big", gpu("H100", 50, { perNode: 2 }))] });
     assert.deepEqual(explanationOf(result, "big"), ["b: only 1 of 2 H100 GPUs offers 50.0 GiB, needs 2"]);
   });
@@ -249,7 +347,12 @@ describe("engines and node states", () => {
     ];
     const result = placeReplicas({
       nodes,
-      requests: [request("cpu-a", cpu(4)), request("cpu-b", cpu(4), { modelId: "cpu-a" }), request("gpu", gpu("RTX4090", 8, { engine: "llamacpp" })), request("vllm-cpu", cpu(70, 1, "vllm"))],
+      requests: [
+        request("cpu-a", cpu(4)),
+        request("cpu-b", cpu(4), { modelId: "cpu-a" }),
+        request("gpu", gpu("RTX4090", 8, { engine: "llamacpp" })),
+        request("vllm-cpu", cpu(70, 1, "vllm")),
+      ],
     });
     assert.deepEqual(where(result), { "cpu-a": "bundled", "cpu-b": "server" });
     assert.deepEqual(explanationOf(result, "gpu"), [
@@ -279,7 +382,15 @@ describe("the issue's three nodes (CPU only; one 24 GB GPU; two 80 GB GPUs)", ()
   const pool = () => [
     node("cpu-16", { memoryGiB: 16, cores: 8, engines: ["llamacpp"] }),
     node("gpu-24", { memoryGiB: 64, cores: 16, gpus: [[RTX4090, RTX4090_BYTES]], engines: ["llamacpp", "llama-server"] }),
-    node("gpu-80x2", { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["llamacpp", "llama-server", "vllm"] }),
+    node("gpu-80x2", {
+      memoryGiB: 256,
+      cores: 32,
+      gpus: [
+        [H100, H100_BYTES],
+        [H100, H100_BYTES],
+      ],
+      engines: ["llamacpp", "llama-server", "vllm"],
+    }),
   ];
   const option = (profile: Record<string, unknown>, weightsBytes: number, header?: GgufModelShape): PlacementOption => {
     const parsed = profileSchema.parse(profile);
@@ -335,7 +446,10 @@ describe("the issue's three nodes (CPU only; one 24 GB GPU; two 80 GB GPUs)", ()
     const nodes = pool();
     const before = JSON.stringify(nodes, (_key, value: unknown) => (value instanceof Set ? [...value] : value));
     placeReplicas({ nodes, requests: requests() });
-    assert.equal(JSON.stringify(nodes, (_key, value: unknown) => (value instanceof Set ? [...value] : value)), before);
+    assert.equal(
+      JSON.stringify(nodes, (_key, value: unknown) => (value instanceof Set ? [...value] : value)),
+      before,
+    );
   });
 });
 
@@ -343,7 +457,19 @@ test("1,000 requests onto 1,000 nodes: every one placed, no GPU given twice, no 
   const nodes: PlacementNode[] = [];
   for (let i = 0; i < 1000; i++) {
     const name = `node-${String(i).padStart(4, "0")}`;
-    nodes.push(i % 4 === 0 ? node(name, { memoryGiB: 256, cores: 32, gpus: [[H100, H100_BYTES], [H100, H100_BYTES]], engines: ["llamacpp", "vllm"] }) : node(name, { memoryGiB: 64, cores: 16 }));
+    nodes.push(
+      i % 4 === 0
+        ? node(name, {
+            memoryGiB: 256,
+            cores: 32,
+            gpus: [
+              [H100, H100_BYTES],
+              [H100, H100_BYTES],
+            ],
+            engines: ["llamacpp", "vllm"],
+          })
+        : node(name, { memoryGiB: 64, cores: 16 }),
+    );
   }
   const requests: PlacementRequest[] = [];
   for (let i = 0; i < 1000; i++) {

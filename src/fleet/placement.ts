@@ -106,9 +106,7 @@ type OptionOutcome = { placed: PlacedReplica } | { placed: null; fittingNodes: n
 
 /** Places each request on the ready nodes, or explains per node why it cannot. */
 export function placeReplicas(input: PlacementInput): PlacementResult {
-  const work = input.nodes
-    .map(workNode)
-    .sort((a, b) => compareStrings(a.node.name, b.node.name) || compareStrings(a.node.id, b.node.id));
+  const work = input.nodes.map(workNode).sort((a, b) => compareStrings(a.node.name, b.node.name) || compareStrings(a.node.id, b.node.id));
   // Inverted indexes: most requests' models and weights are on no node or a few, so the
   // scan looks them up once per request rather than in each node's sets.
   const modelNodes = new Map<string, Set<number>>();
@@ -375,7 +373,8 @@ function shortfall(node: WorkNode, text: OptionText): string {
     if (bigFree < gpu.perNode) return `${bigFree} of ${big} ${gpuClass} ${big === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
   }
   if (node.freeMemory < needs.memoryBytes) return `${freeMemoryText(node)} free, needs ${text.memory}`;
-  if (node.freeCores < needs.cores) return `${formatCores(Math.max(0, node.freeCores))} of ${node.node.inventory.cores} cores free, needs ${formatCores(needs.cores)}`;
+  if (node.freeCores < needs.cores)
+    return `${formatCores(Math.max(0, node.freeCores))} of ${node.node.inventory.cores} cores free, needs ${formatCores(needs.cores)}`;
   // The node has room; only a replica spanning several nodes gets here, short of nodes.
   const nodes = gpu?.nodes ?? 1;
   return `has room, but the replica spans ${nodes} nodes and ${text.fittingNodes === 1 ? "only this one has" : `only ${text.fittingNodes} have`} room`;

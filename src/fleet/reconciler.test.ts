@@ -16,7 +16,12 @@ function model(name: string, scaling: { min: number; max: number }, version = "1
   return {
     id: `m-${name}`,
     name,
-    definition: modelDefinitionSchema.parse({ source: { kind: "file", path: `/w/${name}.gguf` }, scaling, description: version, profiles: [{ name: "cpu", engine: "llamacpp" }] }),
+    definition: modelDefinitionSchema.parse({
+      source: { kind: "file", path: `/w/${name}.gguf` },
+      scaling,
+      description: version,
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+    }),
     created_by: "t",
     created_at: "2026-01-01T00:00:00Z",
     updated_by: "t",
@@ -103,7 +108,10 @@ test("a changed definition starts the new replica before stopping the serving ol
   const successor = replica("new-1", changed, x, { state: "starting" });
   assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, successor] })).stop, [], "not before the successor is ready");
   const ready = { ...successor, state: "ready" as const };
-  assert.deepEqual(reconcile(input({ models: [changed], nodes: [x], replicas: [serving, ready] })).stop.map((s) => s.id), ["old"]);
+  assert.deepEqual(
+    reconcile(input({ models: [changed], nodes: [x], replicas: [serving, ready] })).stop.map((s) => s.id),
+    ["old"],
+  );
 });
 
 test("a held model's ready outdated replica keeps serving beside its successor, a model not held is replaced as usual", () => {
@@ -125,16 +133,36 @@ test("a held model's ready outdated replica keeps serving beside its successor, 
   assert.deepEqual(held.create, [], "the held model has its current replica; nothing more is placed");
 
   const released = reconcile(input({ models: [heldNew, freeNew], nodes: [x], replicas }));
-  assert.ok(released.stop.some((s) => s.id === "held-old"), "once released, the old one stops");
+  assert.ok(
+    released.stop.some((s) => s.id === "held-old"),
+    "once released, the old one stops",
+  );
 
   // After a server restart every replica is "placed" until its node reports it: held, the old one stays.
-  const restarted = reconcile(input({ models: [heldNew], nodes: [x], replicas: [replica("held-old", heldOld, x, { state: "placed" }), replica("held-new", heldNew, x)], holding: new Set([heldNew.id]) }));
+  const restarted = reconcile(
+    input({
+      models: [heldNew],
+      nodes: [x],
+      replicas: [replica("held-old", heldOld, x, { state: "placed" }), replica("held-new", heldNew, x)],
+      holding: new Set([heldNew.id]),
+    }),
+  );
   assert.deepEqual(restarted.stop, []);
 
   // A draining node is not held up by an update: its replica goes once replaced.
   const draining = node("d", 32, "draining");
-  const onDraining = reconcile(input({ models: [heldNew], nodes: [x, draining], replicas: [replica("held-old", heldOld, draining), replica("held-new", heldNew, x)], holding: new Set([heldNew.id]) }));
-  assert.deepEqual(onDraining.stop.map((s) => s.id), ["held-old"]);
+  const onDraining = reconcile(
+    input({
+      models: [heldNew],
+      nodes: [x, draining],
+      replicas: [replica("held-old", heldOld, draining), replica("held-new", heldNew, x)],
+      holding: new Set([heldNew.id]),
+    }),
+  );
+  assert.deepEqual(
+    onDraining.stop.map((s) => s.id),
+    ["held-old"],
+  );
 });
 
 test("without room for the successor, the old replica is stopped to make room", () => {
@@ -143,7 +171,10 @@ test("without room for the successor, the old replica is stopped to make room", 
   const small = node("x", 8); // 6 GiB usable: one 4 GiB replica
   const decision = reconcile(input({ models: [changed], nodes: [small], replicas: [replica("old", old, small)] }));
   assert.deepEqual(decision.create, []);
-  assert.deepEqual(decision.stop.map((s) => s.id), ["old"]);
+  assert.deepEqual(
+    decision.stop.map((s) => s.id),
+    ["old"],
+  );
   assert.equal(decision.unplaceable.size, 0, "not reported unplaceable: room comes once the old one stops");
 
   // Held by an update, the serving old replica never makes room: the successor waits, and says why.
@@ -175,11 +206,21 @@ test("a replica being stopped holds its room until its node confirms; on a lost 
   const small = node("x", 8);
   const other = model("b", { min: 1, max: 1 });
   const stopping = replica("going", other, small, { desired: "stop", state: "stopping" });
-  const decision = reconcile(input({ models: [m, other], nodes: [small], replicas: [stopping], optionsFor: (mm) => (mm.id === m.id ? [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 } }] : []) }));
+  const decision = reconcile(
+    input({
+      models: [m, other],
+      nodes: [small],
+      replicas: [stopping],
+      optionsFor: (mm) => (mm.id === m.id ? [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 4 * GiB, cores: 1 } }] : []),
+    }),
+  );
   assert.deepEqual(decision.create, [], "its 4 GiB are not free yet");
   const lost = node("l", 8, "lost");
   const forgotten = reconcile(input({ models: [m], nodes: [lost], replicas: [replica("going", other, lost, { desired: "stop", state: "stopping" })] }));
-  assert.deepEqual(forgotten.stop.map((s) => s.id), ["going"]);
+  assert.deepEqual(
+    forgotten.stop.map((s) => s.id),
+    ["going"],
+  );
 });
 
 test("a draining node's replica is replaced elsewhere first; a lost node's replica is stopped at once", () => {
@@ -187,13 +228,22 @@ test("a draining node's replica is replaced elsewhere first; a lost node's repli
   const draining = node("d", 16, "draining");
   const other = node("o", 16);
   const first = reconcile(input({ models: [m], nodes: [draining, other], replicas: [replica("r", m, draining)] }));
-  assert.deepEqual(first.create.map((r) => r.nodeIds[0]), ["n-o"]);
+  assert.deepEqual(
+    first.create.map((r) => r.nodeIds[0]),
+    ["n-o"],
+  );
   assert.deepEqual(first.stop, []);
 
   const lost = node("l", 16, "lost");
   const second = reconcile(input({ models: [m], nodes: [lost, other], replicas: [replica("r", m, lost)] }));
-  assert.deepEqual(second.stop.map((s) => s.id), ["r"]);
-  assert.deepEqual(second.create.map((r) => r.nodeIds[0]), ["n-o"]);
+  assert.deepEqual(
+    second.stop.map((s) => s.id),
+    ["r"],
+  );
+  assert.deepEqual(
+    second.create.map((r) => r.nodeIds[0]),
+    ["n-o"],
+  );
 });
 
 test("scaling down stops the replicas that do not serve first; a parked model gets no new replica; demand drives min 0", () => {

@@ -47,7 +47,13 @@ export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefi
  * an update has not yet smoke-tested; it is listed as starting without an endpoint, so
  * nothing routes to it (the update job reaches it directly) and requests wait for it.
  */
-export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefined, previous: Replica | undefined, leaving: boolean, unproven = false): Replica {
+export function tableEntryOf(
+  record: ReplicaRecord,
+  model: CatalogModel | undefined,
+  previous: Replica | undefined,
+  leaving: boolean,
+  unproven = false,
+): Replica {
   const profile = model?.definition.profiles.find((p) => p.name === record.profile);
   return {
     id: record.id,
@@ -63,7 +69,8 @@ export function tableEntryOf(record: ReplicaRecord, model: CatalogModel | undefi
     upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
     weight: profile?.weight ?? 1,
     priority: profile?.priority ?? 0,
-    slots: profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
+    slots:
+      profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
     attempt: record.attempt,
     failures: record.failures,
     lastError: record.lastError,

@@ -31,13 +31,38 @@ test("llama.cpp without a header: weights × 1.2 + 256 MiB; cores from the profi
 test("a CPU replica's cores follow its memory: a core per 2 GiB in quarters, from 0.25 to 1, unless the profile asks", () => {
   const cores = (memoryBytes: number, cpu: Record<string, unknown> = {}) =>
     replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { cpu: { min_memory_gb: memoryBytes / GiB, ...cpu } } }), weightsBytes: 1 }).cores;
-  assert.deepEqual([30 * MiB, 512 * MiB, 513 * MiB, GiB, 1.2 * GiB, 1.5 * GiB, 1.6 * GiB, 40 * GiB].map((bytes) => cores(bytes)), [0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1, 1]);
+  assert.deepEqual(
+    [30 * MiB, 512 * MiB, 513 * MiB, GiB, 1.2 * GiB, 1.5 * GiB, 1.6 * GiB, 40 * GiB].map((bytes) => cores(bytes)),
+    [0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1, 1],
+  );
   assert.equal(cores(30 * MiB, { cores: 2 }), 2, "hardware.cpu.cores is an exact request");
   assert.equal(cores(40 * GiB, { cores: 1 }), 1);
   // From the estimate: the tiny model `up --demo` serves takes a quarter; a 135M model at Q4
   // (100 MB of weights) with the default 16k pool's KV cache takes a half; an 8B one a whole core.
-  const tiny = { ...LLAMA3_8B, embeddingLength: 64, blockCount: 2, headCount: 4, headCountKv: 4, keyLength: 16, valueLength: 16, feedForwardLength: 128, vocabSize: 400, tensorBytes: 200_000 };
-  const smol = { ...LLAMA3_8B, embeddingLength: 576, blockCount: 30, headCount: 9, headCountKv: 3, keyLength: 64, valueLength: 64, feedForwardLength: 1536, vocabSize: 49152, tensorBytes: 100 * MiB };
+  const tiny = {
+    ...LLAMA3_8B,
+    embeddingLength: 64,
+    blockCount: 2,
+    headCount: 4,
+    headCountKv: 4,
+    keyLength: 16,
+    valueLength: 16,
+    feedForwardLength: 128,
+    vocabSize: 400,
+    tensorBytes: 200_000,
+  };
+  const smol = {
+    ...LLAMA3_8B,
+    embeddingLength: 576,
+    blockCount: 30,
+    headCount: 9,
+    headCountKv: 3,
+    keyLength: 64,
+    valueLength: 64,
+    feedForwardLength: 1536,
+    vocabSize: 49152,
+    tensorBytes: 100 * MiB,
+  };
   const fromHeader = (header: typeof LLAMA3_8B) => replicaNeeds({ profile: profile({ engine: "llamacpp" }), weightsBytes: header.tensorBytes, header }).cores;
   assert.deepEqual([fromHeader(tiny), fromHeader(smol), fromHeader(LLAMA3_8B)], [0.25, 0.5, 1]);
   // A 2-core node holds the demo and three such 100 MB models with room to spare.
@@ -52,15 +77,30 @@ test("min_memory_gb replaces the estimate, in GiB", () => {
 });
 
 test("llama.cpp on GPUs: the estimate split over the node's GPUs, 1 GiB and 1 core on the host", () => {
-  const needs = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }), weightsBytes: WEIGHTS, header: LLAMA3_8B });
+  const needs = replicaNeeds({
+    profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }),
+    weightsBytes: WEIGHTS,
+    header: LLAMA3_8B,
+  });
   const estimate = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 16384, parallel: 4, weightsBytes: WEIGHTS });
-  assert.deepEqual(needs, { engine: "llamacpp", memoryBytes: GiB, cores: 1, gpu: { class: "RTX4090", perNode: 2, nodes: 1, memoryBytesPerGpu: llamaCppPerGpuBytes(estimate, 2) } });
-  const headerless = replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }), weightsBytes: 10 * GiB });
+  assert.deepEqual(needs, {
+    engine: "llamacpp",
+    memoryBytes: GiB,
+    cores: 1,
+    gpu: { class: "RTX4090", perNode: 2, nodes: 1, memoryBytesPerGpu: llamaCppPerGpuBytes(estimate, 2) },
+  });
+  const headerless = replicaNeeds({
+    profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090", gpus_per_node: 2 } } }),
+    weightsBytes: 10 * GiB,
+  });
   assert.equal(headerless.gpu?.memoryBytesPerGpu, Math.ceil((12 * GiB + 256 * MiB) / 2));
 });
 
 test("vLLM: weights × 1.2 over tensor × pipeline parallel GPUs, plus 2 GiB on each", () => {
-  const needs = replicaNeeds({ profile: profile({ engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2, nodes: 2 } } }), weightsBytes: 100 * GiB });
+  const needs = replicaNeeds({
+    profile: profile({ engine: "vllm", hardware: { gpu: { class: "H100", gpus_per_node: 2, nodes: 2 } } }),
+    weightsBytes: 100 * GiB,
+  });
   assert.deepEqual(needs, { engine: "vllm", memoryBytes: GiB, cores: 1, gpu: { class: "H100", perNode: 2, nodes: 2, memoryBytesPerGpu: 30 * GiB + 2 * GiB } });
   const single = replicaNeeds({ profile: profile({ engine: "vllm", hardware: { gpu: { class: "H100" } } }), weightsBytes: 10 * GiB });
   assert.equal(single.gpu?.memoryBytesPerGpu, 14 * GiB);

@@ -60,7 +60,8 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
   const gpu = profile.hardware.gpu;
   if (gpu === undefined) {
     const minMemoryGb = profile.hardware.cpu?.min_memory_gb;
-    const memoryBytes = minMemoryGb !== undefined ? Math.ceil(minMemoryGb * GiB) : engine === "llamacpp" ? llamaCppTotalBytes(input) : vllmBytes(weightsBytes, 1);
+    const memoryBytes =
+      minMemoryGb !== undefined ? Math.ceil(minMemoryGb * GiB) : engine === "llamacpp" ? llamaCppTotalBytes(input) : vllmBytes(weightsBytes, 1);
     return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes) };
   }
   const { class: gpuClass, gpus_per_node: perNode, nodes } = gpu;
@@ -72,7 +73,10 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
         { code: "profile_not_placeable", param: "hardware.gpu.nodes" },
       );
     }
-    memoryBytesPerGpu = input.header === undefined ? Math.ceil(headerlessLlamaCppBytes(weightsBytes) / perNode) : llamaCppPerGpuBytes(llamaCppEstimate(input.header, input), perNode);
+    memoryBytesPerGpu =
+      input.header === undefined
+        ? Math.ceil(headerlessLlamaCppBytes(weightsBytes) / perNode)
+        : llamaCppPerGpuBytes(llamaCppEstimate(input.header, input), perNode);
   } else {
     memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes);
   }

@@ -108,7 +108,13 @@ export class ReplicaRows {
       updated_at: nowIso(this.options.clock),
       fingerprint: record.fingerprint,
       gpus: JSON.stringify(record.gpus),
-      spec: JSON.stringify({ needs: record.needs, files: record.files, source: record.source, unproven: record.unproven === true, weightsVerified: record.weightsVerified }),
+      spec: JSON.stringify({
+        needs: record.needs,
+        files: record.files,
+        source: record.source,
+        unproven: record.unproven === true,
+        weightsVerified: record.weightsVerified,
+      }),
       desired: record.desired,
     };
     this.enqueue(record.id, async (db) => {
@@ -146,8 +152,20 @@ export class ReplicaRows {
 
 function readSpec(text: string | null): Pick<ReplicaRecord, "needs" | "files" | "source" | "unproven" | "weightsVerified"> {
   if (text === null) return { needs: null, files: [], source: null, unproven: false, weightsVerified: false };
-  const parsed = JSON.parse(text) as { needs?: ReplicaNeeds | null; files?: AssignedFile[]; source?: WeightsSource | null; unproven?: boolean; weightsVerified?: boolean };
-  return { needs: parsed.needs ?? null, files: parsed.files ?? [], source: parsed.source ?? null, unproven: parsed.unproven === true, weightsVerified: parsed.weightsVerified === true };
+  const parsed = JSON.parse(text) as {
+    needs?: ReplicaNeeds | null;
+    files?: AssignedFile[];
+    source?: WeightsSource | null;
+    unproven?: boolean;
+    weightsVerified?: boolean;
+  };
+  return {
+    needs: parsed.needs ?? null,
+    files: parsed.files ?? [],
+    source: parsed.source ?? null,
+    unproven: parsed.unproven === true,
+    weightsVerified: parsed.weightsVerified === true,
+  };
 }
 
 function splitEndpoint(text: string): ReplicaEndpoint {

@@ -48,7 +48,9 @@ export class WeightsKnowledge {
           this.known.set(model.id, { definitionAt: model.updated_at, weights: kept });
           continue;
         }
-        const problem = weightsProblem(model, error) + (copying ? " This server is copying them from that server now; the model is placed once they are here and verified." : "");
+        const problem =
+          weightsProblem(model, error) +
+          (copying ? " This server is copying them from that server now; the model is placed once they are here and verified." : "");
         if (known === undefined || !("problem" in known) || known.problem !== problem) {
           this.options.logger.warn({ model: model.name, err: describeError(error) }, "model weights not servable");
           onNewProblem(model.id);
@@ -70,12 +72,19 @@ export class WeightsKnowledge {
       .values({ model_id: model.id, ...values })
       .onConflict((oc) => oc.column("model_id").doUpdateSet(values))
       .execute()
-      .catch((error: unknown) => this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not keep what was read of the model's weights"));
+      .catch((error: unknown) =>
+        this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not keep what was read of the model's weights"),
+      );
   }
 
   /** What a leader read of the weights of this model's source, when the bytes are on no server here. */
   private async kept(model: CatalogModel): Promise<ModelWeights | null> {
-    const row = await this.options.store?.db.selectFrom("model_weights").selectAll().where("model_id", "=", model.id).executeTakeFirst().catch(() => undefined);
+    const row = await this.options.store?.db
+      .selectFrom("model_weights")
+      .selectAll()
+      .where("model_id", "=", model.id)
+      .executeTakeFirst()
+      .catch(() => undefined);
     if (row === undefined || row.source !== JSON.stringify(model.definition.source)) return null;
     return JSON.parse(row.weights) as ModelWeights;
   }
@@ -92,7 +101,11 @@ export class WeightsKnowledge {
     void replicate(source.model, source.version, {})
       .then(
         (summary) => this.options.logger.info({ version: key, copied: summary.copied, failed: summary.failed }, "mirrored weights copied from another server"),
-        (copyError: unknown) => this.options.logger.warn({ version: key, err: describeError(copyError) }, "could not copy mirrored weights from another server; trying again at the next pass"),
+        (copyError: unknown) =>
+          this.options.logger.warn(
+            { version: key, err: describeError(copyError) },
+            "could not copy mirrored weights from another server; trying again at the next pass",
+          ),
       )
       .finally(() => {
         this.copying.delete(key);
@@ -122,7 +135,10 @@ export class WeightsKnowledge {
     return [...model.definition.profiles]
       .filter((profile) => profile.engine !== "external")
       .sort((a, b) => b.priority - a.priority || b.weight - a.weight)
-      .map((profile) => ({ profile: profile.name, needs: replicaNeeds({ profile, weightsBytes: weights.bytes, ...(weights.header ? { header: weights.header } : {}) }) }));
+      .map((profile) => ({
+        profile: profile.name,
+        needs: replicaNeeds({ profile, weightsBytes: weights.bytes, ...(weights.header ? { header: weights.header } : {}) }),
+      }));
   }
 
   private weightsOf(modelId: string): ModelWeights | undefined {

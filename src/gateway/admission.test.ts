@@ -97,7 +97,13 @@ describe("admission", () => {
   test("a model whose only replica is still starting: the wait ends as model_starting, not as overload", async () => {
     const gguf = path.join(harness.dataDir, "starting.gguf");
     await writeTinyLlamaGguf({ path: gguf, seed: 6 });
-    const model = await addModel({ name: "still-starting", scaling: { min: 0, max: 1 }, source: { kind: "file", path: gguf }, profiles: [{ name: "cpu", engine: "llamacpp" }], queue_timeout: 0.5 });
+    const model = await addModel({
+      name: "still-starting",
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: gguf },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+      queue_timeout: 0.5,
+    });
     harness.server.replicas.upsert({
       id: "r-starting-test",
       modelId: model.id,
@@ -177,7 +183,10 @@ describe("admission", () => {
     const second = client.chat.completions.create({ model: "prioritised", messages: hi(2) });
     await eventually("the second request waiting for the primary", () => gateway().waitingFor(model.id) === 1);
     held.open();
-    assert.deepEqual((await Promise.all([first, second])).map((a) => a.choices[0]?.message.content), ["primary", "primary"]);
+    assert.deepEqual(
+      (await Promise.all([first, second])).map((a) => a.choices[0]?.message.content),
+      ["primary", "primary"],
+    );
     assert.equal(fallback.requests.length, 0, "an idle lower-priority replica gets nothing while the primary is ready");
 
     // The primary down (nothing listens there): the request fails over to the fallback.

@@ -41,7 +41,6 @@ interface Waiter {
 /** A replica that just failed at the transport level is tried last for this long. */
 const COOLDOWN_MS = 5000;
 
-
 export class Admission {
   private readonly inFlight = new Map<string, number>();
   private readonly coolingUntil = new Map<string, number>();

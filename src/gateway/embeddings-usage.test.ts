@@ -27,7 +27,9 @@ describe("embeddings through the gateway to the bundled engine", () => {
   before(async () => {
     dir = await mkdtemp(join(tmpdir(), "llmgw-gateway-embeddings-"));
     const model = await writeTinyLlamaGguf({ path: join(dir, "tiny.gguf"), seed: 5 });
-    engine = await startEngine({ args: ["--model", model.path, "--key", ENGINE_KEY, "--threads", "1", "--ctx-size", "512", "--parallel", "1", "--model-name", "tiny"] });
+    engine = await startEngine({
+      args: ["--model", model.path, "--key", ENGINE_KEY, "--threads", "1", "--ctx-size", "512", "--parallel", "1", "--model-name", "tiny"],
+    });
     await waitForReady(engine);
     harness = await startHarness();
     await harness.addModel({
@@ -51,12 +53,16 @@ describe("embeddings through the gateway to the bundled engine", () => {
       const norm = Math.sqrt(item.embedding.reduce((sum, value) => sum + value * value, 0));
       assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
     }
-    const direct = await new OpenAI({ apiKey: ENGINE_KEY, baseURL: `${engine.url}/v1`, maxRetries: 0 }).embeddings.create({ model: "tiny", input: ["first text", "second text"] });
+    const direct = await new OpenAI({ apiKey: ENGINE_KEY, baseURL: `${engine.url}/v1`, maxRetries: 0 }).embeddings.create({
+      model: "tiny",
+      input: ["first text", "second text"],
+    });
     assert.deepEqual(answer.data, direct.data, "the gateway passes the engine's vectors through unchanged");
     assert.ok(answer.usage.prompt_tokens > 2);
 
-    const row = await eventually("the embeddings request's usage row", async () =>
-      (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "embedder").execute())[0],
+    const row = await eventually(
+      "the embeddings request's usage row",
+      async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "embedder").execute())[0],
     );
     assert.equal(row.prompt_tokens, answer.usage.prompt_tokens);
     assert.equal(row.completion_tokens, 0);
@@ -66,7 +72,8 @@ describe("embeddings through the gateway to the bundled engine", () => {
   test("the engine's refusal of a too-long input reaches the client as its 400", async () => {
     await assert.rejects(
       client.embeddings.create({ model: "embedder", input: "hello ".repeat(600) }),
-      (error: unknown) => error instanceof OpenAI.BadRequestError && error.code === "context_length_exceeded" && /at most 511 tokens per input/.test(error.message),
+      (error: unknown) =>
+        error instanceof OpenAI.BadRequestError && error.code === "context_length_exceeded" && /at most 511 tokens per input/.test(error.message),
     );
   });
 });

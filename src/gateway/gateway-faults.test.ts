@@ -66,7 +66,8 @@ describe("gateway under faults", () => {
       const answer = await client.chat.completions.create({ model: "headers-then-reset", messages: hi });
       assert.equal(answer.choices[0]?.message.content, "from the good one");
       let text = "";
-      for await (const chunk of await client.chat.completions.create({ model: "headers-then-reset", messages: hi, stream: true })) text += chunk.choices[0]?.delta.content ?? "";
+      for await (const chunk of await client.chat.completions.create({ model: "headers-then-reset", messages: hi, stream: true }))
+        text += chunk.choices[0]?.delta.content ?? "";
       assert.equal(text, "from the good one");
     }
     assert.ok(broken.requests.length >= 1, "the broken replica was tried");
@@ -78,7 +79,8 @@ describe("gateway under faults", () => {
     let text = "";
     await assert.rejects(
       (async () => {
-        for await (const chunk of await client.chat.completions.create({ model: "breaks-mid-stream", messages: hi, stream: true })) text += chunk.choices[0]?.delta.content ?? "";
+        for await (const chunk of await client.chat.completions.create({ model: "breaks-mid-stream", messages: hi, stream: true }))
+          text += chunk.choices[0]?.delta.content ?? "";
       })(),
       (error: unknown) => {
         assert.ok(error instanceof OpenAI.APIError, `expected APIError, got ${String(error)}`);
@@ -115,7 +117,10 @@ describe("gateway under faults", () => {
       const found = (await usageRows()).filter((r) => r.model === "ends-silently" || r.model === "ends-saying-why");
       return found.length === 2 ? found : undefined;
     });
-    assert.deepEqual(rows.map((r) => r.status), [502, 502]);
+    assert.deepEqual(
+      rows.map((r) => r.status),
+      [502, 502],
+    );
   });
 
   test("a JSON answer cut mid-way closes the connection instead of looking complete", async () => {
@@ -142,7 +147,10 @@ describe("gateway under faults", () => {
     const before = (await usageRows()).length;
     const through = await collect(client);
     assert.deepEqual(through, direct);
-    assert.ok(direct.every((chunk) => !Object.hasOwn(chunk as object, "usage")), "the client did not ask for usage and sees none");
+    assert.ok(
+      direct.every((chunk) => !Object.hasOwn(chunk as object, "usage")),
+      "the client did not ask for usage and sees none",
+    );
     assert.equal(counted.requests.at(-1)?.body.stream_options?.include_usage, true, "the gateway asked the upstream for usage");
     const row = await eventually("the stream's usage row", async () => (await usageRows()).slice(before).find((r) => r.model === "counted"));
     assert.equal(row.completion_tokens, 4);
@@ -150,7 +158,8 @@ describe("gateway under faults", () => {
     assert.equal(row.stream, 1);
     // A client that asks gets the usage chunk as the upstream sent it.
     let usage;
-    for await (const chunk of await client.chat.completions.create({ model: "counted", messages: hi, stream: true, stream_options: { include_usage: true } })) usage = chunk.usage ?? usage;
+    for await (const chunk of await client.chat.completions.create({ model: "counted", messages: hi, stream: true, stream_options: { include_usage: true } }))
+      usage = chunk.usage ?? usage;
     assert.equal(usage?.completion_tokens, 4);
   });
 
@@ -161,10 +170,19 @@ describe("gateway under faults", () => {
     await addModel({ name: "outcomes-ok", profiles: [{ name: "p", engine: "external", url: fine.url }] });
     await addModel({ name: "outcomes-held", profiles: [{ name: "p", engine: "external", url: held.url, max_inflight: 1 }], queue_size: 0 });
     await addModel({ name: "outcomes-broken", profiles: [{ name: "p", engine: "external", url: breaking.url }] });
-    await addModel({ name: "outcomes-idle", scaling: { min: 0, max: 1 }, source: { kind: "file", path: ggufFile }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
+    await addModel({
+      name: "outcomes-idle",
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: ggufFile },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+    });
     const before = (await usageRows()).length;
     const post = (body: unknown) =>
-      fetch(`${harness.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: typeof body === "string" ? body : JSON.stringify(body) });
+      fetch(`${harness.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: typeof body === "string" ? body : JSON.stringify(body),
+      });
 
     assert.equal((await post({ model: "outcomes-ok", messages: hi })).status, 200);
     assert.equal((await post({ model: "outcomes-ok", messages: hi, temperature: 9 })).status, 400);
@@ -220,7 +238,12 @@ describe("gateway under faults", () => {
   });
 
   test("a 503 tells a client key what is wrong without the server's paths or engine log lines; an admin sees the reason", async () => {
-    await addModel({ name: "parked-one", scaling: { min: 0, max: 1 }, source: { kind: "file", path: ggufFile }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
+    await addModel({
+      name: "parked-one",
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: ggufFile },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+    });
     const model = harness.server.catalog.get("parked-one");
     const secretError = "llama.cpp: error loading model: /srv/llmgw/secret-models/x.gguf: tensor 'blk.0' has wrong shape";
     harness.server.replicas.upsert({
@@ -301,17 +324,24 @@ describe("gateway and clients that stall", () => {
     // Reads nothing from here on (a paused socket also reports no close until it reads).
     socket.pause();
     const body = JSON.stringify({ model: "long-answer", messages: [{ role: "user", content: "hi" }], stream: true });
-    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    socket.write(
+      `POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
+    );
     await eventually("the request to hold the replica's slot", () => harness.server.gateway.inFlightOf(replicaId) === 1);
     await eventually("the stalled reader to be cut off and the slot freed", () => harness.server.gateway.inFlightOf(replicaId) === 0, { timeoutMs: 60_000 });
-    const row = await eventually("its usage row", async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "long-answer").execute())[0]);
+    const row = await eventually(
+      "its usage row",
+      async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("model", "=", "long-answer").execute())[0],
+    );
     assert.equal(row.status, 499, "cut off as a client gone, not an answer relayed whole");
     socket.destroy();
   });
 
   test("an answer sent before the body was read (a wrong key) closes the connection, so the body cannot be trickled forever", async () => {
     const { socket, received, closed } = await connect();
-    socket.write("POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer wrong-key\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{");
+    socket.write(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: llmgw\r\nAuthorization: Bearer wrong-key\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    );
     await eventually("the server to answer 401 and close, not wait for the rest of the body", () => closed());
     assert.match(received(), /^HTTP\/1\.1 401 /);
     assert.match(received(), /connection: close/i);
@@ -323,7 +353,12 @@ test("a storage fault met before the key is known is a 503 that names no server 
   // PostgreSQL is unreachable: its StorageUnavailableError names where the data lives.
   const keys = {
     verify: async () => {
-      throw new StorageUnavailableError({ where: "PostgreSQL at postgres://db.internal:5432/llmgw", kind: "unreachable", faultCode: "ECONNREFUSED", cause: new Error("connect ECONNREFUSED") });
+      throw new StorageUnavailableError({
+        where: "PostgreSQL at postgres://db.internal:5432/llmgw",
+        kind: "unreachable",
+        faultCode: "ECONNREFUSED",
+        cause: new Error("connect ECONNREFUSED"),
+      });
     },
   };
   const replicas = new ReplicaTable();
@@ -387,7 +422,10 @@ describe("gateway time limits", () => {
     await eventually("the server to close the stalled connection", () => exchange.closed(), { timeoutMs: 30_000 });
     assert.match(exchange.received(), /^HTTP\/1\.1 408 /);
     assert.match(exchange.received(), /body_timeout/);
-    const row = await eventually("a usage row for the stalled body", async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute())[0]);
+    const row = await eventually(
+      "a usage row for the stalled body",
+      async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute())[0],
+    );
     assert.equal(row.status, 408);
   });
 

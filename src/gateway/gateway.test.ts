@@ -11,7 +11,6 @@ import { startHarness, type Harness } from "../../test/support/server-harness.ts
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 
-
 describe("gateway", () => {
   let harness: Harness;
   let upstream: FakeUpstream;
@@ -45,7 +44,10 @@ describe("gateway", () => {
     const all = await client.models.list();
     assert.deepEqual(all.data.map((m) => m.id).sort(), ["ext", "ext-alias", "slow"]);
     const limited = new OpenAI({ apiKey: await harness.clientKey({ allowed_models: ["slow"] }), baseURL: `${harness.url}/v1`, maxRetries: 0 });
-    assert.deepEqual((await limited.models.list()).data.map((m) => m.id), ["slow"]);
+    assert.deepEqual(
+      (await limited.models.list()).data.map((m) => m.id),
+      ["slow"],
+    );
   });
 
   test("proxies a chat request to the external server with its key and model name", async () => {
@@ -68,9 +70,19 @@ describe("gateway", () => {
       messages: [
         { role: "user", content: "weather in Oslo?" },
         { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "weather", arguments: '{"city":"Oslo"}' } }] },
-        { role: "tool", tool_call_id: "call_1", content: "{\"celsius\":3}" },
+        { role: "tool", tool_call_id: "call_1", content: '{"celsius":3}' },
       ],
-      tools: [{ type: "function", function: { name: "weather", description: "Weather now", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] }, strict: true } }],
+      tools: [
+        {
+          type: "function",
+          function: {
+            name: "weather",
+            description: "Weather now",
+            parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+            strict: true,
+          },
+        },
+      ],
       tool_choice: { type: "function", function: { name: "weather" } },
       parallel_tool_calls: false,
       response_format: { type: "json_schema", json_schema: { name: "w", schema: { type: "object", properties: { c: { type: "number" } } }, strict: true } },
@@ -98,11 +110,27 @@ describe("gateway", () => {
       else assert.equal(max_tokens, undefined);
     }
     const completion = { model: "ext-alias", prompt: "Once", logprobs: 2, echo: false, best_of: 1, suffix: null, max_tokens: 4 };
-    const answered = await fetch(`${harness.url}/v1/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(completion) });
+    const answered = await fetch(`${harness.url}/v1/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify(completion),
+    });
     await answered.arrayBuffer();
     assert.deepEqual(upstream.requests.at(-1)!.body, { ...completion, model: "upstream-name" });
-    const embedding = { model: "ext-alias", input: [[1, 2, 3], [4, 5]], encoding_format: "base64", dimensions: 3 };
-    const embedded = await fetch(`${harness.url}/v1/embeddings`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(embedding) });
+    const embedding = {
+      model: "ext-alias",
+      input: [
+        [1, 2, 3],
+        [4, 5],
+      ],
+      encoding_format: "base64",
+      dimensions: 3,
+    };
+    const embedded = await fetch(`${harness.url}/v1/embeddings`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify(embedding),
+    });
     assert.equal(embedded.status, 200);
     await embedded.arrayBuffer();
     assert.deepEqual(upstream.requests.at(-1)!.body, { ...embedding, model: "upstream-name" });
@@ -118,7 +146,12 @@ describe("gateway", () => {
     const held = await startFakeUpstream({ reply: "one two three", beforeNextChunk: () => rest });
     try {
       assert.equal((await harness.admin("POST", "/api/v1/models", { name: "held", profiles: [{ name: "h", engine: "external", url: held.url }] })).status, 201);
-      const stream = await client.chat.completions.create({ model: "held", messages: [{ role: "user", content: "hi" }], stream: true, stream_options: { include_usage: true } });
+      const stream = await client.chat.completions.create({
+        model: "held",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       let text = "";
       let usage;
       for await (const chunk of stream) {
@@ -137,7 +170,10 @@ describe("gateway", () => {
   test("a client that disconnects cancels the upstream stream", async () => {
     const before = slow.cancelledStreams();
     const controller = new AbortController();
-    const stream = await client.chat.completions.create({ model: "slow", messages: [{ role: "user", content: "hi" }], stream: true }, { signal: controller.signal });
+    const stream = await client.chat.completions.create(
+      { model: "slow", messages: [{ role: "user", content: "hi" }], stream: true },
+      { signal: controller.signal },
+    );
     let chunks = 0;
     try {
       for await (const _chunk of stream) {
@@ -198,13 +234,15 @@ describe("gateway", () => {
     const good = await startFakeUpstream({ reply: "after the reset" });
     try {
       assert.equal(
-        (await harness.admin("POST", "/api/v1/models", {
-          name: "reset",
-          profiles: [
-            { name: "a-resets", engine: "external", url: resetting.url },
-            { name: "b-good", engine: "external", url: good.url },
-          ],
-        })).status,
+        (
+          await harness.admin("POST", "/api/v1/models", {
+            name: "reset",
+            profiles: [
+              { name: "a-resets", engine: "external", url: resetting.url },
+              { name: "b-good", engine: "external", url: good.url },
+            ],
+          })
+        ).status,
         201,
       );
       for (let i = 0; i < 4; i += 1) {
@@ -220,7 +258,15 @@ describe("gateway", () => {
   });
 
   test("an external server that refuses llmgw's key gives a 502 naming the profile, not a 401 about the client's key", async () => {
-    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "wrong-key", profiles: [{ name: "up", engine: "external", url: upstream.url, api_key: "not-the-upstream-key" }] })).status, 201);
+    assert.equal(
+      (
+        await harness.admin("POST", "/api/v1/models", {
+          name: "wrong-key",
+          profiles: [{ name: "up", engine: "external", url: upstream.url, api_key: "not-the-upstream-key" }],
+        })
+      ).status,
+      201,
+    );
     try {
       await assert.rejects(client.chat.completions.create({ model: "wrong-key", messages: [{ role: "user", content: "x" }] }), (error: unknown) => {
         assert.ok(error instanceof OpenAI.InternalServerError, String(error));
@@ -261,7 +307,8 @@ describe("gateway", () => {
   });
 
   test("malformed JSON, oversized bodies and unknown endpoints are refused clearly", async () => {
-    const post = (body: string) => fetch(`${harness.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body });
+    const post = (body: string) =>
+      fetch(`${harness.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body });
     const malformed = await post("{not json");
     assert.equal(malformed.status, 400);
     assert.equal(((await malformed.json()) as any).error.code, "invalid_json");
@@ -284,7 +331,12 @@ describe("gateway", () => {
     // Real weights: the catalog refuses a source that cannot run.
     const weights = path.join(harness.dataDir, "idle.gguf");
     await writeTinyLlamaGguf({ path: weights, seed: 1 });
-    const created = await harness.admin("POST", "/api/v1/models", { name: "idle", scaling: { min: 0, max: 1 }, source: { kind: "file", path: weights }, profiles: [{ name: "cpu", engine: "llamacpp" }] });
+    const created = await harness.admin("POST", "/api/v1/models", {
+      name: "idle",
+      scaling: { min: 0, max: 1 },
+      source: { kind: "file", path: weights },
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+    });
     assert.equal(created.status, 201);
     const response = await fetch(`${harness.url}/v1/chat/completions`, {
       method: "POST",

@@ -241,11 +241,18 @@ export class Gateway {
       return;
     }
     if (route === undefined) {
-      throw new NotFoundError(`Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages.`, { code: "unknown_endpoint" });
+      throw new NotFoundError(
+        `Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages.`,
+        { code: "unknown_endpoint" },
+      );
     }
     if (req.method !== "POST") throw methodNotAllowed(req.method ?? "GET", pathname, "POST");
     call.principal = authenticated ?? (await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization)));
-    const raw = await readLimitedBody(req, { maxBytes: this.maxBodyBytes, timeoutMs: this.bodyTimeoutMs, tooLargeHint: "Send a smaller request, or ask the operator to raise --max-body." });
+    const raw = await readLimitedBody(req, {
+      maxBytes: this.maxBodyBytes,
+      timeoutMs: this.bodyTimeoutMs,
+      tooLargeHint: "Send a smaller request, or ask the operator to raise --max-body.",
+    });
     const json = parseJsonBody(raw.toString("utf8"));
     const body = parseWith(route.schema, route.wire === undefined ? json : route.wire.toUpstream(json), "request");
     call.model = body.model;
@@ -261,7 +268,11 @@ export class Gateway {
     };
     res.on("close", onClose);
     try {
-      const policy = this.applyPolicy({ principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) }, call, cancel);
+      const policy = this.applyPolicy(
+        { principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) },
+        call,
+        cancel,
+      );
       const outputCheck = policy instanceof Promise ? await policy : policy;
       const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, cancel, outputCheck });
       this.record(call, status);
@@ -500,10 +511,13 @@ function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage
 
 function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {
   if (!isAllowed(principal, model, requested)) {
-    throw new PermissionDeniedError(`The key '${principal.name}' may not use model '${requested}'. Ask an administrator to add it to the key's allowed models.`, {
-      code: "model_not_allowed",
-      param: "model",
-    });
+    throw new PermissionDeniedError(
+      `The key '${principal.name}' may not use model '${requested}'. Ask an administrator to add it to the key's allowed models.`,
+      {
+        code: "model_not_allowed",
+        param: "model",
+      },
+    );
   }
 }
 

@@ -200,9 +200,12 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
           const mib = Math.round((maxHeldBytes / (1024 * 1024)) * 10) / 10;
           finish({
             kind: "refused",
-            error: new UnavailableError(`The answer is over ${mib} MiB, more than llmgw holds for its output guards to check, so it was not sent. Ask for a shorter answer (a lower max_tokens).`, {
-              code: "guard_unavailable",
-            }),
+            error: new UnavailableError(
+              `The answer is over ${mib} MiB, more than llmgw holds for its output guards to check, so it was not sent. Ask for a shorter answer (a lower max_tokens).`,
+              {
+                code: "guard_unavailable",
+              },
+            ),
           });
           body.destroy();
           options.onUpstreamEnd?.();

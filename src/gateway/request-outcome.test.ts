@@ -86,7 +86,12 @@ describe("what a request costs as it ends", () => {
   }
 
   async function post(pathname: string, key: string, body: unknown, signal?: AbortSignal): Promise<Response> {
-    return fetch(`${harness.url}${pathname}`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(body), signal });
+    return fetch(`${harness.url}${pathname}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+      signal,
+    });
   }
 
   test("a client that leaves a stream after its first chunk is charged the reservation (the usage would have come last)", async () => {

@@ -21,7 +21,9 @@ test("takes out the usage-only chunk and the usage:null fields, whatever the chu
     chunk({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } }) +
     "data: [DONE]\n\n";
   const expected =
-    chunk({ choices: [{ index: 0, delta: { content: "é" }, finish_reason: null }] }) + chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }) + "data: [DONE]\n\n";
+    chunk({ choices: [{ index: 0, delta: { content: "é" }, finish_reason: null }] }) +
+    chunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }) +
+    "data: [DONE]\n\n";
   for (const size of [1, 7, 64, upstream.length]) {
     const { out, filter } = filterInPieces(upstream, size);
     assert.equal(out, expected, `pieces of ${size} bytes`);

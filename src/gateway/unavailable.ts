@@ -8,7 +8,12 @@ import type { CatalogModel } from "../catalog/catalog.ts";
 import { modelHealth, type FleetStatusOfModel } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
 
-export function unavailableError(model: CatalogModel, replicas: readonly Replica[], audience: "admin" | "client", fleet?: FleetStatusOfModel): UnavailableError {
+export function unavailableError(
+  model: CatalogModel,
+  replicas: readonly Replica[],
+  audience: "admin" | "client",
+  fleet?: FleetStatusOfModel,
+): UnavailableError {
   const health = modelHealth(model, replicas, fleet);
   const name = model.name;
   const detail = audience === "admin" && health.reason !== null ? ` (${health.reason})` : "";
@@ -26,10 +31,13 @@ export function unavailableError(model: CatalogModel, replicas: readonly Replica
     case "starting":
       return new UnavailableError(`Model '${name}' is starting; retry in a few seconds.`, { code: "model_starting", retryAfterSeconds: 5 });
     case "failed":
-      return new UnavailableError(`Model '${name}' has no ready replica: its last start failed and is being retried${detail}. Retry shortly; if it persists, tell an administrator.`, {
-        code: "model_failed",
-        retryAfterSeconds: 10,
-      });
+      return new UnavailableError(
+        `Model '${name}' has no ready replica: its last start failed and is being retried${detail}. Retry shortly; if it persists, tell an administrator.`,
+        {
+          code: "model_failed",
+          retryAfterSeconds: 10,
+        },
+      );
     case "no-replicas":
       return new UnavailableError(
         model.definition.scaling.min === 0
@@ -40,6 +48,9 @@ export function unavailableError(model: CatalogModel, replicas: readonly Replica
     case "stopped":
     case "ready":
       // Ready replicas exist but this request could use none (each failed it) or they are stopping.
-      return new UnavailableError(`No replica of model '${name}' could answer this request right now; retry shortly.`, { code: "no_ready_replica", retryAfterSeconds: 5 });
+      return new UnavailableError(`No replica of model '${name}' could answer this request right now; retry shortly.`, {
+        code: "no_ready_replica",
+        retryAfterSeconds: 5,
+      });
   }
 }

@@ -4,7 +4,7 @@
 // reset before the first byte, and 408/409/429/5xx answers may be retried on another
 // replica; anything after the first streamed byte may not.
 import { Pool } from "undici";
-import { UpstreamError, LlmgwError, describeError, errorCode } from "../core/errors.ts";
+import { UpstreamError, type LlmgwError, describeError, errorCode } from "../core/errors.ts";
 
 export interface UpstreamTimeouts {
   /** Connect deadline: a replica that does not accept within this is treated as down. */
@@ -82,7 +82,11 @@ const RETRYABLE_TRANSPORT_CODES = new Set([
 export function classifyUpstreamFailure(error: unknown, replicaLabel: string): LlmgwError {
   const code = errorCode(error);
   if (code === "UND_ERR_HEADERS_TIMEOUT") {
-    return new UpstreamError(`Replica ${replicaLabel} did not start answering in time; the request was cancelled.`, { status: 504, code: "upstream_timeout", cause: error });
+    return new UpstreamError(`Replica ${replicaLabel} did not start answering in time; the request was cancelled.`, {
+      status: 504,
+      code: "upstream_timeout",
+      cause: error,
+    });
   }
   const retryable = code !== undefined && RETRYABLE_TRANSPORT_CODES.has(code);
   return new UpstreamError(`Replica ${replicaLabel} failed before answering (${code ?? describeError(error)}).`, {

@@ -4,7 +4,11 @@ import { UsageTap, readTokenUsage } from "./usage-tap.ts";
 
 test("finds usage in a JSON answer whose text mentions usage and braces", () => {
   const tap = new UsageTap(false);
-  const body = JSON.stringify({ id: "x", choices: [{ message: { content: 'he said "usage": {' } }], usage: { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 } });
+  const body = JSON.stringify({
+    id: "x",
+    choices: [{ message: { content: 'he said "usage": {' } }],
+    usage: { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 },
+  });
   tap.push(Buffer.from(body.slice(0, 20)));
   tap.push(Buffer.from(body.slice(20)));
   assert.deepEqual(tap.usage(), { prompt_tokens: 3, completion_tokens: 4 });
@@ -39,7 +43,16 @@ test("counts that are not whole numbers >= 0 are no usage; a missing completion 
   assert.deepEqual(readTokenUsage({ prompt_tokens: 3, completion_tokens: 0 }), { prompt_tokens: 3, completion_tokens: 0 });
   assert.deepEqual(readTokenUsage({ prompt_tokens: 3 }), { prompt_tokens: 3, completion_tokens: 0 }, "an embeddings answer");
   assert.deepEqual(readTokenUsage({ prompt_tokens: 3, completion_tokens: null }), { prompt_tokens: 3, completion_tokens: 0 });
-  for (const usage of [null, {}, { prompt_tokens: -1, completion_tokens: 2 }, { prompt_tokens: 1, completion_tokens: -2 }, { prompt_tokens: 0.5 }, { prompt_tokens: "3" }, { prompt_tokens: 1e300 }, { prompt_tokens: 3, completion_tokens: "2" }]) {
+  for (const usage of [
+    null,
+    {},
+    { prompt_tokens: -1, completion_tokens: 2 },
+    { prompt_tokens: 1, completion_tokens: -2 },
+    { prompt_tokens: 0.5 },
+    { prompt_tokens: "3" },
+    { prompt_tokens: 1e300 },
+    { prompt_tokens: 3, completion_tokens: "2" },
+  ]) {
     assert.equal(readTokenUsage(usage), null, JSON.stringify(usage));
   }
   const tap = new UsageTap(false);

@@ -135,7 +135,11 @@ describe("readGgufHeader", () => {
   test("grows the prefix when the header is larger than the first read", async () => {
     const path = join(dir, "big-vocab.gguf");
     const shape = { ...SHAPE, layers: 1 };
-    const info = await writeGgufFixture({ path, metadata: llamaMetadata({ ...shape, contextLength: 4096, fileType: 7, tokens: 20_000 }), tensors: llamaTensors(shape) });
+    const info = await writeGgufFixture({
+      path,
+      metadata: llamaMetadata({ ...shape, contextLength: 4096, fileType: 7, tokens: 20_000 }),
+      tensors: llamaTensors(shape),
+    });
     assert.ok(info.headerBytes > 256 * 1024, `header is ${info.headerBytes} bytes`);
     const server = rangeServer();
     const base = await server.start();

@@ -164,7 +164,9 @@ export async function readGgufHeader(source: GgufSource, options: ReadGgufHeader
 function checkMagicAndVersion(bytes: Uint8Array, label: string): void {
   const head = bytes.subarray(0, 4);
   if (head.length < 4 || GGUF_MAGIC.some((byte, i) => head[i] !== byte)) {
-    const shown = Buffer.from(head).toString("hex").replace(/(..)(?=.)/g, "$1 ");
+    const shown = Buffer.from(head)
+      .toString("hex")
+      .replace(/(..)(?=.)/g, "$1 ");
     throw new BadRequestError(
       `${label} is not a GGUF file: it starts with ${head.length === 0 ? "nothing (empty file)" : `bytes ${shown}`} instead of "GGUF" (47 47 55 46). Check the file name or URL.`,
       { code: "not_gguf" },
@@ -275,7 +277,11 @@ function httpRange(source: GgufUrlSource): ByteRange {
   const doFetch: FetchLike =
     source.fetch ??
     ((url, init) =>
-      undiciFetch(url, { headers: init.headers, signal: init.signal, ...(source.dispatcher ? { dispatcher: source.dispatcher } : {}) }) as Promise<FetchResponseLike>);
+      undiciFetch(url, {
+        headers: init.headers,
+        signal: init.signal,
+        ...(source.dispatcher ? { dispatcher: source.dispatcher } : {}),
+      }) as Promise<FetchResponseLike>);
   let total: number | undefined;
 
   const range: ByteRange = {
@@ -443,10 +449,7 @@ function scalarOrArray(value: MetadataValue | undefined): { value?: number; perL
 // llama.cpp sets this bit in general.file_type when it guessed the type (LLAMA_FTYPE_GUESSED).
 const FTYPE_GUESSED = 1024;
 
-function summarise(
-  parsed: GGUFParseOutput,
-  context: { source: string; bytesRead: number; fileBytes: number | undefined },
-): GgufHeaderSummary {
+function summarise(parsed: GGUFParseOutput, context: { source: string; bytesRead: number; fileBytes: number | undefined }): GgufHeaderSummary {
   const meta = parsed.metadata as unknown as Metadata;
   const architecture = meta["general.architecture"];
   if (typeof architecture !== "string" || architecture === "") {

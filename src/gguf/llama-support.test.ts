@@ -76,7 +76,9 @@ describe("the committed architecture list matches the installed node-llama-cpp",
     assert.equal(info.tag, BUNDLED_LLAMA_CPP.release);
   });
 
-  test("every name is in the prebuilt libllama and the LLM_ARCH_NAMES run has no others", { skip: !existsSync(binDir) && "the linux-x64 prebuilt binary is not installed" }, () => {
+  test("every name is in the prebuilt libllama and the LLM_ARCH_NAMES run has no others", {
+    skip: !existsSync(binDir) && "the linux-x64 prebuilt binary is not installed",
+  }, () => {
     const library = readdirSync(binDir).find((file) => /^libllama(\.v[\d.]+)?\.so$/.test(file));
     assert.ok(library, `no libllama*.so in ${binDir}`);
     const binary = readFileSync(join(binDir, library));
@@ -89,7 +91,10 @@ describe("the committed architecture list matches the installed node-llama-cpp",
     const start = binary.indexOf(Buffer.from("\0clip\0llama\0", "latin1"));
     const end = binary.indexOf(Buffer.from("\0(unknown)\0", "latin1"), start);
     assert.ok(start > 0 && end > start, "LLM_ARCH_NAMES run not found");
-    const run = binary.subarray(start + 1, end).toString("latin1").split("\0");
+    const run = binary
+      .subarray(start + 1, end)
+      .toString("latin1")
+      .split("\0");
     const extra = run.filter((name) => !known.includes(name));
     assert.deepEqual(extra, [], `architectures in ${library} missing from llama-support.ts`);
   });

@@ -73,7 +73,10 @@ describe("estimateGgufMemory", () => {
     assert.doesNotMatch(long.basis, /logits stage/);
     const wide = estimateGgufMemory({ header: { ...small, feedForwardLength: 1_000_000 }, contextSize: 4096 });
     assert.equal(wide.overhead.computeStageName, "feed-forward stage");
-    assert.equal(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192, flashAttention: false }).overhead.computeStageName, "attention scores without flash attention");
+    assert.equal(
+      estimateGgufMemory({ header: LLAMA3_8B, contextSize: 8192, flashAttention: false }).overhead.computeStageName,
+      "attention scores without flash attention",
+    );
   });
 
   test("the basis counts in words that agree with their numbers", () => {
@@ -81,7 +84,11 @@ describe("estimateGgufMemory", () => {
     assert.match(single.basis, /\(1 layer × 1 KV head × 128 dims × 2 \(K\+V\)/);
     assert.match(single.basis, /one cache shared by 1 slot\)/);
     assert.match(estimateGgufMemory({ header: LLAMA3_8B, contextSize: 256, parallel: 2 }).basis, /32 layers × 8 KV heads .* shared by 2 slots\)/);
-    const mqa = estimateSafetensorsMemory({ config: { ...LLAMA3_8B_CONFIG, num_hidden_layers: 1, num_key_value_heads: 1 }, totalBytes: GiB, contextSize: 1024 });
+    const mqa = estimateSafetensorsMemory({
+      config: { ...LLAMA3_8B_CONFIG, num_hidden_layers: 1, num_key_value_heads: 1 },
+      totalBytes: GiB,
+      contextSize: 1024,
+    });
     assert.match(mqa.basis, /\(1 layer × 1 KV head × 128 dims/);
   });
 
@@ -153,7 +160,10 @@ describe("estimateSafetensorsMemory", () => {
 
   test("head_dim, text_config, float32 checkpoints and quantised weights", () => {
     const gemmaLike = estimateSafetensorsMemory({
-      config: { torch_dtype: "float32", text_config: { num_hidden_layers: 10, num_attention_heads: 8, num_key_value_heads: 4, head_dim: 256, hidden_size: 1024 } },
+      config: {
+        torch_dtype: "float32",
+        text_config: { num_hidden_layers: 10, num_attention_heads: 8, num_key_value_heads: 4, head_dim: 256, hidden_size: 1024 },
+      },
       totalBytes: 4_000_000_000,
       contextSize: 1000,
     });
@@ -186,7 +196,10 @@ describe("estimateSafetensorsMemory", () => {
     assert.ok(tp2pp2 < tp2);
     // 8 KV heads on 16 ranks: each rank still holds a whole head.
     const long = estimateSafetensorsMemory({ config: LLAMA3_8B_CONFIG, totalBytes: 1_000_000, contextSize: 131072 });
-    assert.equal(vllmPerGpuBytes(long, { tensorParallel: 16, pipelineParallel: 1 }), vllmPerGpuBytes(long, { tensorParallel: 8, pipelineParallel: 1 }) - Math.ceil(1_000_000 / 8 - 1_000_000 / 16));
+    assert.equal(
+      vllmPerGpuBytes(long, { tensorParallel: 16, pipelineParallel: 1 }),
+      vllmPerGpuBytes(long, { tensorParallel: 8, pipelineParallel: 1 }) - Math.ceil(1_000_000 / 8 - 1_000_000 / 16),
+    );
     assert.equal(vllmUsableBytes(80 * GiB), Math.floor(72 * GiB));
   });
 });

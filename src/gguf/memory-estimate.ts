@@ -163,12 +163,20 @@ export function estimateGgufMemory(options: GgufMemoryOptions): GgufMemoryEstima
     ? `${countOf(kvHeadsTotal, "KV head")} summed over ${countOf(header.blockCount, "layer")}`
     : `${countOf(header.blockCount, "layer")} × ${countOf(header.headCountKv, "KV head")}`;
   const dims = header.keyLength === header.valueLength ? `${header.keyLength} dims × 2 (K+V)` : `(${header.keyLength} K + ${header.valueLength} V) dims`;
-  const tokens = allocatedContext === options.contextSize ? `${allocatedContext} tokens` : `${allocatedContext} tokens (${options.contextSize} padded to a multiple of ${CONTEXT_PADDING})`;
-  const beyondTraining = header.contextLength > 0 && options.contextSize > header.contextLength ? `; the context exceeds the ${header.contextLength} tokens the model was trained for` : "";
+  const tokens =
+    allocatedContext === options.contextSize
+      ? `${allocatedContext} tokens`
+      : `${allocatedContext} tokens (${options.contextSize} padded to a multiple of ${CONTEXT_PADDING})`;
+  const beyondTraining =
+    header.contextLength > 0 && options.contextSize > header.contextLength
+      ? `; the context exceeds the ${header.contextLength} tokens the model was trained for`
+      : "";
   const warnings =
     beyondTraining === ""
       ? []
-      : [`The ${options.contextSize}-token context exceeds the ${header.contextLength} tokens the model was trained for: answers that run past ${header.contextLength} tokens may lose coherence. Plan with --context ${header.contextLength} or less unless the model is known to extend its context.`];
+      : [
+          `The ${options.contextSize}-token context exceeds the ${header.contextLength} tokens the model was trained for: answers that run past ${header.contextLength} tokens may lose coherence. Plan with --context ${header.contextLength} or less unless the model is known to extend its context.`,
+        ];
   const noAttention = kvHeadsTotal === 0 ? " (the header has no attention heads, so no KV cache is counted)" : "";
   const basis =
     `weights ${formatBytes(weightsBytes)} (tensor data in the header)` +
@@ -316,7 +324,9 @@ export function estimateSafetensorsMemory(options: SafetensorsMemoryOptions): Sa
   const dtype = String(options.dtype ?? root.torch_dtype ?? root.dtype ?? text.torch_dtype ?? text.dtype ?? "bfloat16").toLowerCase();
   const storedBytes = DTYPE_BYTES[dtype];
   if (storedBytes === undefined) {
-    throw new BadRequestError(`Unknown dtype '${dtype}' in config.json; expected one of ${Object.keys(DTYPE_BYTES).join(", ")}.`, { code: "config_incomplete" });
+    throw new BadRequestError(`Unknown dtype '${dtype}' in config.json; expected one of ${Object.keys(DTYPE_BYTES).join(", ")}.`, {
+      code: "config_incomplete",
+    });
   }
   // vLLM's --dtype auto serves float32 checkpoints in float16 and keeps 16-bit ones as they are.
   const servedDtype = storedBytes === 4 ? "float16" : storedBytes === 1 ? "bfloat16" : dtype;

@@ -135,11 +135,7 @@ test("@huggingface/gguf reads back the metadata with the types llama.cpp require
   assert.equal(Number(parsed.tensorDataOffset % 32n), 0);
   assert.equal(BigInt(info.bytes), parsed.tensorDataOffset + expected);
   assert.equal(parsed.parameterCount, info.parameterCount);
-  assert.deepEqual(
-    parsed.tensorInfos.find((t) => t.name === "blk.0.attn_k.weight")?.shape,
-    [32n, 16n],
-    "K projection is n_embd × (kv heads × head dim)",
-  );
+  assert.deepEqual(parsed.tensorInfos.find((t) => t.name === "blk.0.attn_k.weight")?.shape, [32n, 16n], "K projection is n_embd × (kv heads × head dim)");
 });
 
 test("the same seed gives the same bytes, another seed other weights", async () => {
@@ -165,7 +161,10 @@ test("an endless model cannot pick an end token: its output rows for control tok
     return new Float32Array(bytes.buffer.slice(bytes.byteOffset + start, bytes.byteOffset + start + embd * 4));
   };
   for (const token of [info.tokens.imEnd, info.tokens.eos, info.tokens.bos, info.tokens.unk]) {
-    assert.ok(row(endless, token).every((v) => v === 0), `row ${token} is zero`);
+    assert.ok(
+      row(endless, token).every((v) => v === 0),
+      `row ${token} is zero`,
+    );
   }
   // Same seed otherwise: ordinary rows are the plain model's.
   assert.deepEqual(row(endless, info.tokens.imEnd + 1), row(plain, info.tokens.imEnd + 1));

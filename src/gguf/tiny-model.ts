@@ -100,9 +100,46 @@ const TYPE_BYTE = 6;
 // the merge path exists. The bare forms serve text right after a special token (a role
 // after `<|im_start|>`, a prompt after BOS), where no space marker is added.
 const WORDS = [
-  "the", "a", "an", "and", "to", "of", "is", "are", "you", "I", "it", "in", "that", "this", "for", "with", "on",
-  "hello", "hi", "world", "say", "one", "sentence", "how", "what", "model", "test", "tiny", "llama", "answer",
-  "user", "assistant", "system", "yes", "no", "good", "day", "thank", "please", "count",
+  "the",
+  "a",
+  "an",
+  "and",
+  "to",
+  "of",
+  "is",
+  "are",
+  "you",
+  "I",
+  "it",
+  "in",
+  "that",
+  "this",
+  "for",
+  "with",
+  "on",
+  "hello",
+  "hi",
+  "world",
+  "say",
+  "one",
+  "sentence",
+  "how",
+  "what",
+  "model",
+  "test",
+  "tiny",
+  "llama",
+  "answer",
+  "user",
+  "assistant",
+  "system",
+  "yes",
+  "no",
+  "good",
+  "day",
+  "thank",
+  "please",
+  "count",
 ];
 
 interface Vocab {
@@ -232,7 +269,8 @@ interface ScriptAxes {
 
 function scriptAxes(script: string[], vocab: Vocab, embd: number): ScriptAxes {
   if (script.length === 0) throw new RangeError("writeTinyLlamaGguf: replyScript needs at least one token.");
-  if (script.length >= embd) throw new RangeError(`writeTinyLlamaGguf: replyScript has ${script.length} tokens; embeddingLength must be larger (it is ${embd}).`);
+  if (script.length >= embd)
+    throw new RangeError(`writeTinyLlamaGguf: replyScript has ${script.length} tokens; embeddingLength must be larger (it is ${embd}).`);
   const ids = script.map((text) => {
     const id = vocab.tokens.indexOf(text);
     if (id < 0) throw new RangeError(`writeTinyLlamaGguf: replyScript token ${JSON.stringify(text)} is not in the vocabulary.`);

@@ -10,7 +10,11 @@ import { KeyService, type ApiKeyInfo } from "./key-service.ts";
 
 export const ADMIN_KEY_RESET_ACTOR = "system:admin-key-reset";
 
-export async function resetAdminKey(options: { store: Store; dataDir: string; clock?: () => number }): Promise<{ key: string; info: ApiKeyInfo; file: string }> {
+export async function resetAdminKey(options: {
+  store: Store;
+  dataDir: string;
+  clock?: () => number;
+}): Promise<{ key: string; info: ApiKeyInfo; file: string }> {
   const clock = options.clock ?? Date.now;
   const keys = new KeyService({ store: options.store, clock });
   // Named by the time, so it is easy to tell apart (and revoke by name) later.

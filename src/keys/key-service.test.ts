@@ -28,7 +28,11 @@ testBothStores("keys are stored as hashes, verified, limited and revoked at once
   await assert.rejects(keys.verify(undefined), (e: unknown) => e instanceof AuthenticationError && e.code === "missing_api_key");
 
   await keys.revoke(info.prefix, "admin:root");
-  await assert.rejects(keys.verify(key), (e: unknown) => e instanceof AuthenticationError && e.code === "revoked_api_key", "revocation applies to the very next request");
+  await assert.rejects(
+    keys.verify(key),
+    (e: unknown) => e instanceof AuthenticationError && e.code === "revoked_api_key",
+    "revocation applies to the very next request",
+  );
 
   const second = await keys.create({ name: "later", expires_at: "2026-11-30T11:00:00Z" }, "admin:root");
   await keys.verify(second.key);
@@ -51,7 +55,10 @@ testBothStores("bad key requests name the field", async (store) => {
   const keys = new KeyService({ store, clock: () => Date.parse("2026-11-30T10:00:00Z") });
   await assert.rejects(keys.create({ name: "x", role: "root" }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "role");
   await assert.rejects(keys.create({ name: "x", expires_at: "tomorrow" }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "expires_at");
-  await assert.rejects(keys.create({ name: "x", expires_at: "2020-01-01T00:00:00Z" }, "t"), (e: unknown) => e instanceof BadRequestError && /in the past/.test(e.message));
+  await assert.rejects(
+    keys.create({ name: "x", expires_at: "2020-01-01T00:00:00Z" }, "t"),
+    (e: unknown) => e instanceof BadRequestError && /in the past/.test(e.message),
+  );
   await assert.rejects(keys.revoke("nothing", "t"), /No API key matches 'nothing'/);
   assert.equal(await keys.hasActiveAdminKey(), false);
   await keys.create({ name: "root", role: "admin" }, "t");
@@ -81,7 +88,8 @@ testBothStores("the last active admin key cannot be revoked; with another admin 
   const first = await keys.create({ name: "root", role: "admin" }, "system:first-start");
   await assert.rejects(
     keys.revoke("root", "admin:root"),
-    (e: unknown) => e instanceof ConflictError && e.status === 409 && e.code === "last_admin_key" && /last active admin key.*Create another admin key first/.test(e.message),
+    (e: unknown) =>
+      e instanceof ConflictError && e.status === 409 && e.code === "last_admin_key" && /last active admin key.*Create another admin key first/.test(e.message),
   );
   assert.equal((await keys.verifyAdmin(first.key)).name, "root", "the refused revocation changed nothing");
 
@@ -94,7 +102,11 @@ testBothStores("the last active admin key cannot be revoked; with another admin 
   await keys.revoke("root", "admin:second");
   await assert.rejects(keys.verify(first.key), AuthenticationError);
   const revocations = await readAudit(store.db, { action: "key.revoke" });
-  assert.deepEqual(revocations.map((e) => [e.actor, e.target]), [["admin:second", first.info.prefix]], "only the revocation that happened is audited, with its actor");
+  assert.deepEqual(
+    revocations.map((e) => [e.actor, e.target]),
+    [["admin:second", first.info.prefix]],
+    "only the revocation that happened is audited, with its actor",
+  );
 });
 
 testBothDatabases("two revocations of the last two admin keys at once leave one admin key", async (database) => {
@@ -151,9 +163,18 @@ testBothStores("a key's guards are checked by the given checker, stored, shown, 
       }
     },
   });
-  await assert.rejects(keys.create({ name: "bad", guards: { input: ["lg", "chat"] } }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.1");
-  await assert.rejects(keys.create({ name: "bad", guards: { input: ["lg"], extra: [] } }, "t"), (e: unknown) => e instanceof BadRequestError && /guards/.test(e.message));
-  await assert.rejects(keys.create({ name: "bad", guards: { input: ["bad name!"] } }, "t"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.0");
+  await assert.rejects(
+    keys.create({ name: "bad", guards: { input: ["lg", "chat"] } }, "t"),
+    (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.1",
+  );
+  await assert.rejects(
+    keys.create({ name: "bad", guards: { input: ["lg"], extra: [] } }, "t"),
+    (e: unknown) => e instanceof BadRequestError && /guards/.test(e.message),
+  );
+  await assert.rejects(
+    keys.create({ name: "bad", guards: { input: ["bad name!"] } }, "t"),
+    (e: unknown) => e instanceof BadRequestError && e.param === "guards.input.0",
+  );
   assert.deepEqual(await keys.list(), [], "a refused key is not stored");
 
   const { key, info } = await keys.create({ name: "kiosk", guards: { input: ["lg", "lg"] } }, "admin:root");
@@ -165,20 +186,30 @@ testBothStores("a key's guards are checked by the given checker, stored, shown, 
   const plain = await keys.create({ name: "plain" }, "admin:root");
   assert.equal(plain.info.guards, null);
   assert.equal((await keys.verify(plain.key)).guards, undefined, "a key without guards carries none");
-  assert.deepEqual((await keys.guardReferences()).map((reference) => reference.name), ["kiosk"]);
+  assert.deepEqual(
+    (await keys.guardReferences()).map((reference) => reference.name),
+    ["kiosk"],
+  );
 
   // A side given replaces that side; the other stays. The change applies to the very next request.
-  await assert.rejects(keys.update("kiosk", { guards: { output: ["nope"] } }, "admin:root"), (e: unknown) => e instanceof BadRequestError && e.param === "guards.output.0");
+  await assert.rejects(
+    keys.update("kiosk", { guards: { output: ["nope"] } }, "admin:root"),
+    (e: unknown) => e instanceof BadRequestError && e.param === "guards.output.0",
+  );
   const patched = await keys.update("kiosk", { guards: { output: ["jg"] } }, "admin:root");
   assert.deepEqual(patched.guards, { input: ["lg"], output: ["jg"] });
   assert.deepEqual((await keys.verify(key)).guards, { input: ["lg"], output: ["jg"] });
   const limitsOnly = await keys.update("kiosk", { rpm: 10 }, "admin:root");
   assert.deepEqual(limitsOnly.guards, { input: ["lg"], output: ["jg"] }, "a PATCH without guards keeps them");
   assert.equal(limitsOnly.rpm, 10);
-  assert.deepEqual((await readAudit(store.db, { action: "key.update" })).map((entry) => entry.detail), [
-    { id: info.id, name: "kiosk", rpm: 10 },
-    { id: info.id, name: "kiosk", guards: { input: ["lg"], output: ["jg"] } },
-  ], "newest first: each change audited with what it set");
+  assert.deepEqual(
+    (await readAudit(store.db, { action: "key.update" })).map((entry) => entry.detail),
+    [
+      { id: info.id, name: "kiosk", rpm: 10 },
+      { id: info.id, name: "kiosk", guards: { input: ["lg"], output: ["jg"] } },
+    ],
+    "newest first: each change audited with what it set",
+  );
 
   // Emptying both sides, or null, removes the guards.
   assert.equal((await keys.update("kiosk", { guards: { input: [], output: [] } }, "admin:root")).guards, null);
@@ -194,7 +225,13 @@ testBothStores("a key's guards are checked by the given checker, stored, shown, 
   // Revoked and expired keys keep no guard in use.
   await keys.update("kiosk", { guards: { input: ["lg"] } }, "admin:root");
   await keys.create({ name: "brief", expires_at: "2026-11-30T11:00:00Z", guards: { output: ["jg"] } }, "admin:root");
-  assert.deepEqual((await keys.guardReferences()).map((reference) => [reference.name, reference.guards]), [["brief", { input: [], output: ["jg"] }], ["kiosk", { input: ["lg"], output: [] }]]);
+  assert.deepEqual(
+    (await keys.guardReferences()).map((reference) => [reference.name, reference.guards]),
+    [
+      ["brief", { input: [], output: ["jg"] }],
+      ["kiosk", { input: ["lg"], output: [] }],
+    ],
+  );
   now = Date.parse("2026-11-30T12:00:00Z");
   await keys.revoke("kiosk", "admin:root");
   assert.deepEqual(await keys.guardReferences(), []);

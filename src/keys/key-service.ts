@@ -12,8 +12,26 @@ import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, Per
 import { recordAudit } from "../store/audit.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
-import { keyLimitFields, keyLimitsPatchFields, limitColumns, limitsOfRow, limitsView, type KeyLimitColumns, type KeyLimits, type KeyLimitsView } from "../policy/key-limits.ts";
-import { guardsColumn, guardsOfColumn, keyGuardsField, keyGuardsPatchField, mergeKeyGuards, type KeyGuardChecker, type KeyGuardReference, type KeyGuards } from "../policy/key-guards.ts";
+import {
+  keyLimitFields,
+  keyLimitsPatchFields,
+  limitColumns,
+  limitsOfRow,
+  limitsView,
+  type KeyLimitColumns,
+  type KeyLimits,
+  type KeyLimitsView,
+} from "../policy/key-limits.ts";
+import {
+  guardsColumn,
+  guardsOfColumn,
+  keyGuardsField,
+  keyGuardsPatchField,
+  mergeKeyGuards,
+  type KeyGuardChecker,
+  type KeyGuardReference,
+  type KeyGuards,
+} from "../policy/key-guards.ts";
 
 export type KeyRole = "admin" | "client";
 
@@ -133,7 +151,21 @@ export class KeyService {
     this.unknown.clear();
     await this.store.db.transaction().execute(async (trx) => {
       await trx.insertInto("api_keys").values(row).execute();
-      await recordAudit(trx, { at: now, actor, action: "key.create", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role, allowed_models: request.allowed_models, expires_at: row.expires_at, ...limitsView(row), guards: guardsOfColumn(row.guards) } });
+      await recordAudit(trx, {
+        at: now,
+        actor,
+        action: "key.create",
+        target: row.prefix,
+        detail: {
+          id: row.id,
+          name: row.name,
+          role: row.role,
+          allowed_models: request.allowed_models,
+          expires_at: row.expires_at,
+          ...limitsView(row),
+          guards: guardsOfColumn(row.guards),
+        },
+      });
     });
     return { key, info: toInfo(row) };
   }
@@ -224,7 +256,8 @@ export class KeyService {
       .selectAll()
       .where((eb) => eb.or([eb("id", "=", reference), eb("prefix", "=", reference), eb("name", "=", reference)]))
       .execute();
-    if (rows.length === 0) throw new NotFoundError(`No API key matches '${reference}'. List keys with 'llmgw ctl key list' and use the id or prefix.`, { code: "key_not_found" });
+    if (rows.length === 0)
+      throw new NotFoundError(`No API key matches '${reference}'. List keys with 'llmgw ctl key list' and use the id or prefix.`, { code: "key_not_found" });
     if (rows.length > 1) throw new ConflictError(`${rows.length} keys match '${reference}'; ${verb} by id or prefix instead.`, { code: "ambiguous_key" });
     return rows[0]!;
   }
@@ -263,7 +296,9 @@ export class KeyService {
       }
       if (row.revoked_at !== null) {
         this.cache.delete(hash);
-        throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, { code: "revoked_api_key" });
+        throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, {
+          code: "revoked_api_key",
+        });
       }
       principal = {
         keyId: row.id,
@@ -279,7 +314,10 @@ export class KeyService {
       if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now });
     }
     if (principal.expiresAt !== null && principal.expiresAt <= now) {
-      throw new AuthenticationError(`The API key '${principal.name}' expired at ${new Date(principal.expiresAt).toISOString()}. Ask an administrator for a new key.`, { code: "expired_api_key" });
+      throw new AuthenticationError(
+        `The API key '${principal.name}' expired at ${new Date(principal.expiresAt).toISOString()}. Ask an administrator for a new key.`,
+        { code: "expired_api_key" },
+      );
     }
     this.noteUse(principal.keyId, now);
     return principal;
@@ -367,7 +405,21 @@ function generateKey(): string {
   return KEY_PREFIX + body;
 }
 
-function toInfo(row: { id: string; name: string; prefix: string; role: string; allowed_models: string | null; expires_at: string | null; revoked_at: string | null; created_at: string; created_by: string; last_used_at: string | null; guards: string | null } & KeyLimitColumns): ApiKeyInfo {
+function toInfo(
+  row: {
+    id: string;
+    name: string;
+    prefix: string;
+    role: string;
+    allowed_models: string | null;
+    expires_at: string | null;
+    revoked_at: string | null;
+    created_at: string;
+    created_by: string;
+    last_used_at: string | null;
+    guards: string | null;
+  } & KeyLimitColumns,
+): ApiKeyInfo {
   return {
     id: row.id,
     name: row.name,

@@ -44,24 +44,34 @@ test("from another machine: the metrics key or an admin key passes, no key and w
   await authorizeMetrics(remote("Bearer admin-key"), { metricsKey: null, keys });
   await authorizeMetrics(remote("Bearer admin-key"), { metricsKey, keys });
 
-  await assert.rejects(authorizeMetrics(remote(), { metricsKey, keys }), (error: unknown) => error instanceof AuthenticationError && error.code === "missing_api_key" && /metrics key/.test(error.message));
+  await assert.rejects(
+    authorizeMetrics(remote(), { metricsKey, keys }),
+    (error: unknown) => error instanceof AuthenticationError && error.code === "missing_api_key" && /metrics key/.test(error.message),
+  );
   await assert.rejects(
     authorizeMetrics({ remoteAddress: "127.0.0.1", headers: { "x-forwarded-for": "203.0.113.9" } }, { metricsKey, keys }),
     (error: unknown) => error instanceof AuthenticationError && error.status === 401,
   );
   await assert.rejects(
     authorizeMetrics(remote(`Bearer ${METRICS_KEY}x`), { metricsKey, keys }),
-    (error: unknown) => error instanceof AuthenticationError && error.code === "invalid_api_key" && /neither the metrics key nor an admin key/.test(error.message),
+    (error: unknown) =>
+      error instanceof AuthenticationError && error.code === "invalid_api_key" && /neither the metrics key nor an admin key/.test(error.message),
   );
   await assert.rejects(
     authorizeMetrics(remote(`Bearer ${METRICS_KEY}`), { metricsKey: null, keys }),
     (error: unknown) => error instanceof AuthenticationError && /this server has none/.test(error.message),
   );
-  await assert.rejects(authorizeMetrics(remote("Bearer client-key"), { metricsKey, keys }), (error: unknown) => error instanceof PermissionDeniedError && error.status === 403);
+  await assert.rejects(
+    authorizeMetrics(remote("Bearer client-key"), { metricsKey, keys }),
+    (error: unknown) => error instanceof PermissionDeniedError && error.status === 403,
+  );
 });
 
 test("a metrics key shorter than 16 characters is refused", () => {
-  assert.throws(() => new MetricsKey("short-secret"), (error: unknown) => error instanceof BadRequestError && error.code === "invalid_metrics_key" && /12 characters long; use at least 16/.test(error.message));
+  assert.throws(
+    () => new MetricsKey("short-secret"),
+    (error: unknown) => error instanceof BadRequestError && error.code === "invalid_metrics_key" && /12 characters long; use at least 16/.test(error.message),
+  );
   assert.equal(new MetricsKey("x".repeat(16)).matches("x".repeat(16)), true);
   assert.equal(new MetricsKey("x".repeat(16)).matches("x".repeat(15)), false);
 });

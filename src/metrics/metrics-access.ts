@@ -41,9 +41,12 @@ export class MetricsKey {
 
   constructor(key: string) {
     if (key.length < MIN_METRICS_KEY_LENGTH) {
-      throw new BadRequestError(`The metrics key is ${key.length} characters long; use at least ${MIN_METRICS_KEY_LENGTH}, for example from 'openssl rand -hex 24'.`, {
-        code: "invalid_metrics_key",
-      });
+      throw new BadRequestError(
+        `The metrics key is ${key.length} characters long; use at least ${MIN_METRICS_KEY_LENGTH}, for example from 'openssl rand -hex 24'.`,
+        {
+          code: "invalid_metrics_key",
+        },
+      );
     }
     this.digest = sha256(key);
   }

@@ -63,7 +63,9 @@ test("after requests, a local scrape shows them by model and status, with latenc
     assert.equal(exposition.value("llmgw_requests_total", { model: "-", status: "404" }), 1);
     assert.equal(exposition.value("llmgw_requests_total", { model: "-", status: "401" }), 1);
     assert.equal(exposition.value("llmgw_requests_total", { model: "-", status: "200" }), 1, "GET /v1/models");
-    const everyModelLabel = new Set([...exposition.families.values()].flatMap((family) => family.samples.map((sample) => sample.labels.model)).filter((label) => label !== undefined));
+    const everyModelLabel = new Set(
+      [...exposition.families.values()].flatMap((family) => family.samples.map((sample) => sample.labels.model)).filter((label) => label !== undefined),
+    );
     assert.deepEqual([...everyModelLabel].sort(), ["-", "ext"], "a name the client sent never becomes a label");
 
     assert.equal(exposition.value("llmgw_request_duration_seconds_count", { model: "ext" }), 3);
@@ -192,7 +194,14 @@ test("a metrics key too short to keep a secret stops the start before the data d
     );
     assert.equal(existsSync(dataDir), false);
     // A second start with a good key finds the data dir free (no lock was left behind).
-    const server = await startServer({ dataDir, host: "127.0.0.1", port: 0, database: path.join(dataDir, "llmgw.db"), logger: silentLogger(), metricsKey: METRICS_KEY });
+    const server = await startServer({
+      dataDir,
+      host: "127.0.0.1",
+      port: 0,
+      database: path.join(dataDir, "llmgw.db"),
+      logger: silentLogger(),
+      metricsKey: METRICS_KEY,
+    });
     await server.close();
   } finally {
     rmSync(path.dirname(dataDir), { recursive: true, force: true });

@@ -70,7 +70,12 @@ test("requests, latencies and tokens are counted by catalog model and status; a 
 test("usage whose counts are not whole numbers >= 0 is not counted, and the scrape still works", async () => {
   const metrics = new Metrics({ sources: fakeFleet().sources, logger: silentLogger() });
   metrics.requestEnded({ model: "chat", status: 200, stream: false, seconds: 0.1, ttftSeconds: 0.1, usage: { prompt_tokens: 4, completion_tokens: 2 } });
-  for (const usage of [{ prompt_tokens: -5, completion_tokens: 3 }, { prompt_tokens: 5, completion_tokens: -3 }, { prompt_tokens: Number.NaN, completion_tokens: 1 }, { prompt_tokens: 1.5, completion_tokens: 1 }]) {
+  for (const usage of [
+    { prompt_tokens: -5, completion_tokens: 3 },
+    { prompt_tokens: 5, completion_tokens: -3 },
+    { prompt_tokens: Number.NaN, completion_tokens: 1 },
+    { prompt_tokens: 1.5, completion_tokens: 1 },
+  ]) {
     metrics.requestEnded({ model: "chat", status: 200, stream: false, seconds: 0.1, ttftSeconds: 0.1, usage });
   }
   const exposition = await scrape(metrics);
@@ -104,7 +109,10 @@ test("in flight, queue depth and replicas by state are read from the fleet at ea
 
   fleet.inFlight.set("r1", 0);
   fleet.waiting.delete("m-chat");
-  fleet.replicas.set("m-chat", [{ id: "r2", state: "ready" }, { id: "r3", state: "failed" }]);
+  fleet.replicas.set("m-chat", [
+    { id: "r2", state: "ready" },
+    { id: "r3", state: "failed" },
+  ]);
   exposition = await scrape(metrics);
   assert.equal(exposition.value("llmgw_inflight_requests", { model: "chat" }), 1);
   assert.equal(exposition.value("llmgw_queue_depth", { model: "chat" }), 0);
@@ -179,7 +187,14 @@ test("a model removed from the catalog leaves the metrics at the next scrape", a
 
   fleet.models.delete("m-old");
   const exposition = await scrape(metrics);
-  for (const name of ["llmgw_requests_total", "llmgw_request_duration_seconds_count", "llmgw_time_to_first_token_seconds_count", "llmgw_tokens_total", "llmgw_replicas", "llmgw_queue_depth"]) {
+  for (const name of [
+    "llmgw_requests_total",
+    "llmgw_request_duration_seconds_count",
+    "llmgw_time_to_first_token_seconds_count",
+    "llmgw_tokens_total",
+    "llmgw_replicas",
+    "llmgw_queue_depth",
+  ]) {
     assert.deepEqual(exposition.samples(name, { model: "old" }), [], name);
   }
   assert.equal(exposition.value("llmgw_requests_total", { model: "chat", status: "200" }), 1);
@@ -192,7 +207,10 @@ test("a model removed from the catalog leaves the metrics at the next scrape", a
 
 test("budget spent and limit per key come from one callback read per scrape; a failing one leaves only those metrics out", async () => {
   const fleet = fakeFleet();
-  let spent: BudgetSpent[] = [{ key: "team-a", spent_usd: 1.25, limit_usd: 10 }, { key: "team-b", spent_usd: 0 }];
+  let spent: BudgetSpent[] = [
+    { key: "team-a", spent_usd: 1.25, limit_usd: 10 },
+    { key: "team-b", spent_usd: 0 },
+  ];
   let failing = false;
   let reads = 0;
   const metrics = new Metrics({
@@ -221,7 +239,10 @@ test("budget spent and limit per key come from one callback read per scrape; a f
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "team-b" }), undefined, "a key no longer listed is gone");
 
   // Key names are not unique: the shown prefix, when the source gives it, tells two keys of one name apart.
-  spent = [{ key: "ci", prefix: "llmgw_AAAA", spent_usd: 1, limit_usd: 5 }, { key: "ci", prefix: "llmgw_BBBB", spent_usd: 3, limit_usd: 4 }];
+  spent = [
+    { key: "ci", prefix: "llmgw_AAAA", spent_usd: 1, limit_usd: 5 },
+    { key: "ci", prefix: "llmgw_BBBB", spent_usd: 3, limit_usd: 4 },
+  ];
   exposition = await scrape(metrics);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_AAAA" }), 1);
   assert.equal(exposition.value("llmgw_budget_spent_usd", { key: "ci", prefix: "llmgw_BBBB" }), 3);
@@ -264,11 +285,11 @@ test("the format check refuses what Prometheus would refuse", () => {
     ['x_total{a="1"} 3', /line feed/],
     ['x_total{a="1} 3\n', /unterminated|expected/],
     ['x_total{1a="1"} 3\n', /bad label/],
-    ["x_total{a=\"\\t\"} 3\n", /bad escape/],
+    ['x_total{a="\\t"} 3\n', /bad escape/],
     ["x_total three\n", /invalid value/],
     ['x_total{a="1"} 3\nx_total{a="1"} 4\n', /same series twice/],
     ["x 1\n# TYPE x gauge\n", /TYPE after/],
-    ["x 1\ny 1\nx{a=\"b\"} 2\n", /two places/],
+    ['x 1\ny 1\nx{a="b"} 2\n', /two places/],
     ['# TYPE h histogram\nh_bucket{le="1"} 2\nh_bucket{le="+Inf"} 1\nh_sum 1\nh_count 1\n', /cumulative/],
     ['# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\nh_count 3\n', /differs from _count/],
   ] as const) {

@@ -285,11 +285,16 @@ export class Metrics implements RequestMetrics {
     const logger = this.options.logger;
     const read = (): Promise<readonly BudgetSpent[] | null> => {
       // Through then(): a source that throws before its promise exists is caught too.
-      this.budgetRead ??= Promise.resolve().then(budgetSpent).catch((error: unknown) => {
-        // A store that cannot answer leaves the budget metrics empty; the rest of the scrape still works.
-        logger.warn({ err: describeError(error) }, "metrics: reading the budgets' spending failed; llmgw_budget_spent_usd and llmgw_budget_limit_usd are left out of this scrape");
-        return null;
-      });
+      this.budgetRead ??= Promise.resolve()
+        .then(budgetSpent)
+        .catch((error: unknown) => {
+          // A store that cannot answer leaves the budget metrics empty; the rest of the scrape still works.
+          logger.warn(
+            { err: describeError(error) },
+            "metrics: reading the budgets' spending failed; llmgw_budget_spent_usd and llmgw_budget_limit_usd are left out of this scrape",
+          );
+          return null;
+        });
       return this.budgetRead;
     };
     const labelsOf = (row: BudgetSpent) => (row.prefix === undefined ? { key: row.key } : { key: row.key, prefix: row.prefix });

@@ -13,7 +13,10 @@ import type { Registry } from "../registry/types.ts";
 import { planLocalMirrorFetch, planMirrorFetch, type MirrorFetchPlan } from "./mirror-plan.ts";
 
 /** Plans a repository against this server's pool: the planner behind `GET /api/v1/plan`. */
-export type MirrorPlanner = (query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" }, signal: AbortSignal) => Promise<RepositoryPlan>;
+export type MirrorPlanner = (
+  query: { repo: string; revision?: string; contextSize: number; format?: "gguf" | "safetensors" },
+  signal: AbortSignal,
+) => Promise<RepositoryPlan>;
 
 export interface FetchRequest {
   repo: string;
@@ -41,19 +44,34 @@ export interface FetchChoice {
   planned?: RepositoryPlan;
 }
 
-export async function chooseFetch(options: { request: FetchRequest; registry: Registry; planner?: MirrorPlanner; cwd?: string; signal: AbortSignal }): Promise<FetchChoice> {
+export async function chooseFetch(options: {
+  request: FetchRequest;
+  registry: Registry;
+  planner?: MirrorPlanner;
+  cwd?: string;
+  signal: AbortSignal;
+}): Promise<FetchChoice> {
   const { request, signal } = options;
   const asked = { format: request.format, projector: request.projector };
   if (request.quant !== undefined || request.file !== undefined || options.planner === undefined) {
     const by = request.quant !== undefined ? "quant" : request.file !== undefined ? "file" : "default";
     const { plan, set } = await readAndChoose(options, request.revision, { ...asked, quant: request.quant, file: request.file });
     const reason =
-      by === "quant" ? `asked for with quant ${request.quant}` : by === "file" ? `asked for with file ${request.file}` : `the default (${DEFAULT_QUANT}); this server has no planner`;
+      by === "quant"
+        ? `asked for with quant ${request.quant}`
+        : by === "file"
+          ? `asked for with file ${request.file}`
+          : `the default (${DEFAULT_QUANT}); this server has no planner`;
     return { plan, pick: { by, artifact: set, reason } };
   }
   const contextSize = request.context ?? DEFAULT_CONTEXT_POOL;
   const planned = await options.planner(
-    { repo: request.repo, contextSize, ...(request.revision === undefined ? {} : { revision: request.revision }), ...(request.format === undefined ? {} : { format: request.format }) },
+    {
+      repo: request.repo,
+      contextSize,
+      ...(request.revision === undefined ? {} : { revision: request.revision }),
+      ...(request.format === undefined ? {} : { format: request.format }),
+    },
     signal,
   );
   const recommended = planned.plan.recommendation;
@@ -61,16 +79,34 @@ export async function chooseFetch(options: { request: FetchRequest; registry: Re
   const artifact =
     recommended === null
       ? undefined
-      : planned.plan.artifacts.find((a) => a.id === recommended.artifact.id && a.format === recommended.artifact.format && a.bytes === recommended.artifact.bytes);
+      : planned.plan.artifacts.find(
+          (a) => a.id === recommended.artifact.id && a.format === recommended.artifact.format && a.bytes === recommended.artifact.bytes,
+        );
   const entry = artifact?.files?.[0];
   // Read again at the commit the plan looked at, so the files fetched are the ones planned.
   const revision = isLocalSource(request.repo) ? undefined : planned.sha;
   if (recommended === null || entry === undefined) {
     const { plan, set } = await readAndChoose(options, revision, asked);
-    return { plan, planned, pick: { by: "default", artifact: set, reason: `the default choice, since nothing in the plan fits this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
+    return {
+      plan,
+      planned,
+      pick: {
+        by: "default",
+        artifact: set,
+        reason: `the default choice, since nothing in the plan fits this server for a ${contextSize}-token context. ${planned.plan.explanation}`,
+      },
+    };
   }
   const { plan, set } = await readAndChoose(options, revision, { ...asked, file: entry, format: recommended.artifact.format });
-  return { plan, planned, pick: { by: "plan", artifact: set, reason: `what 'llmgw ctl model plan' recommends for this server for a ${contextSize}-token context. ${planned.plan.explanation}` } };
+  return {
+    plan,
+    planned,
+    pick: {
+      by: "plan",
+      artifact: set,
+      reason: `what 'llmgw ctl model plan' recommends for this server for a ${contextSize}-token context. ${planned.plan.explanation}`,
+    },
+  };
 }
 
 /** Reads the repository (or lists the local source), picks the artifact and makes the mirror's file list. */

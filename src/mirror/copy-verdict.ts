@@ -24,7 +24,9 @@ export function judgeCopy(input: { row: MirrorRow; final: string; stamp: DiskSta
   const { row, final, stamp, self, holders } = input;
   if (self === null) {
     const problem = diskProblem(row, final, stamp);
-    return problem === null && stamp !== null ? { kind: "ok", size: stamp.size } : { kind: "refused", error: problem ?? new NotFoundError(`'${row.file}' is missing.`) };
+    return problem === null && stamp !== null
+      ? { kind: "ok", size: stamp.size }
+      : { kind: "refused", error: problem ?? new NotFoundError(`'${row.file}' is missing.`) };
   }
   const mine = holders.find((holder) => holder.server === self);
   const others = holders.filter((holder) => holder.server !== self);

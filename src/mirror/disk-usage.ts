@@ -28,7 +28,11 @@ export async function folderUsage(dir: string): Promise<{ bytes: number; partial
 }
 
 /** Walks root/{model}/{version}; `isTracked` says whether the store has rows for a version. */
-export async function measureDiskUsage(options: { root: string; io: MirrorIo; isTracked: (model: string, version: string) => boolean }): Promise<MirrorDiskUsage> {
+export async function measureDiskUsage(options: {
+  root: string;
+  io: MirrorIo;
+  isTracked: (model: string, version: string) => boolean;
+}): Promise<MirrorDiskUsage> {
   const { root } = options;
   const versions: MirrorDiskUsage["versions"] = [];
   for (const model of await listDir(root)) {

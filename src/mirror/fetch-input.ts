@@ -30,7 +30,8 @@ const SHA256_HEX = /^[0-9a-f]{64}$/;
 const BLOB_ID_HEX = /^[0-9a-f]{40}$/;
 
 export function validateFetchFiles(files: unknown): MirrorFetchFile[] {
-  if (!Array.isArray(files) || files.length === 0) throw new BadRequestError("fetchVersion needs at least one file.", { code: "invalid_field", param: "files" });
+  if (!Array.isArray(files) || files.length === 0)
+    throw new BadRequestError("fetchVersion needs at least one file.", { code: "invalid_field", param: "files" });
   const seen = new Set<string>();
   return files.map((file: MirrorFetchFile, index) => {
     const where = `files.${index}`;
@@ -47,25 +48,31 @@ export function validateFetchFiles(files: unknown): MirrorFetchFile[] {
       throw new BadRequestError(`The URL of '${file.path}' must be http(s) or file:, not ${url.protocol}.`, { code: "invalid_field", param: `${where}.url` });
     }
     if (file.sha256 !== null && !SHA256_HEX.test(file.sha256)) {
-      throw new BadRequestError(`The sha256 of '${file.path}' must be 64 lowercase hex characters or null.`, { code: "invalid_field", param: `${where}.sha256` });
+      throw new BadRequestError(`The sha256 of '${file.path}' must be 64 lowercase hex characters or null.`, {
+        code: "invalid_field",
+        param: `${where}.sha256`,
+      });
     }
     if (file.size !== null && !(Number.isSafeInteger(file.size) && file.size >= 0)) {
       throw new BadRequestError(`The size of '${file.path}' must be a non-negative integer or null.`, { code: "invalid_field", param: `${where}.size` });
     }
     if (file.gitBlobId !== undefined && file.gitBlobId !== null && !BLOB_ID_HEX.test(file.gitBlobId)) {
-      throw new BadRequestError(`The git blob id of '${file.path}' must be 40 lowercase hex characters.`, { code: "invalid_field", param: `${where}.gitBlobId` });
+      throw new BadRequestError(`The git blob id of '${file.path}' must be 40 lowercase hex characters.`, {
+        code: "invalid_field",
+        param: `${where}.gitBlobId`,
+      });
     }
     if (file.sourceMtimeMs !== undefined && file.sourceMtimeMs !== null && !(Number.isFinite(file.sourceMtimeMs) && url.protocol === "file:")) {
-      throw new BadRequestError(`The source mtime of '${file.path}' must be a number, and is only for file: URLs.`, { code: "invalid_field", param: `${where}.sourceMtimeMs` });
+      throw new BadRequestError(`The source mtime of '${file.path}' must be a number, and is only for file: URLs.`, {
+        code: "invalid_field",
+        param: `${where}.sourceMtimeMs`,
+      });
     }
     return file;
   });
 }
 
-export function outcome(
-  spec: MirrorFetchFile,
-  fields: Partial<MirrorFileOutcome> & Pick<MirrorFileOutcome, "state">,
-): MirrorFileOutcome {
+export function outcome(spec: MirrorFetchFile, fields: Partial<MirrorFileOutcome> & Pick<MirrorFileOutcome, "state">): MirrorFileOutcome {
   return {
     file: spec.path,
     skipped: false,
@@ -97,7 +104,14 @@ export function summarize(context: FetchContext, files: MirrorFileOutcome[]): Fe
 export function emitProgress(context: FetchContext, spec: MirrorFetchFile, progress: ProgressState, logger: Logger): void {
   if (context.onProgress === undefined) return;
   try {
-    context.onProgress({ model: context.model, version: context.version, file: spec.path, state: progress.state, bytesDone: progress.bytesDone, bytesTotal: progress.bytesTotal });
+    context.onProgress({
+      model: context.model,
+      version: context.version,
+      file: spec.path,
+      state: progress.state,
+      bytesDone: progress.bytesDone,
+      bytesTotal: progress.bytesTotal,
+    });
   } catch (error) {
     logger.warn({ err: describeError(error) }, "a mirror progress listener threw");
   }

@@ -102,7 +102,8 @@ export function createDownloader(
   const headersTimeoutMs = options.headersTimeoutMs ?? 30_000;
   const bodyTimeoutMs = options.bodyTimeoutMs ?? 60_000;
   const ownsDispatcher = options.dispatcher === undefined;
-  const dispatcher = options.dispatcher ?? new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 }, headersTimeout: headersTimeoutMs, bodyTimeout: bodyTimeoutMs });
+  const dispatcher =
+    options.dispatcher ?? new Agent({ connect: { timeout: options.connectTimeoutMs ?? 10_000 }, headersTimeout: headersTimeoutMs, bodyTimeout: bodyTimeoutMs });
   const retryDelayMs = Math.max(0, options.retryDelayMs ?? 1000);
   const downloader = new FileDownloader({
     ...parts,
@@ -256,7 +257,10 @@ export class FileDownloader {
         `Checksum mismatch for '${spec.path}' of ${context.model}/${context.version}: ${mismatch}. ` +
         `The downloaded bytes were removed and the file marked failed; fetch again to retry, and if it fails again the source's copy is bad.`;
       await rows.upsert(context, spec, { state: "failed", bytes_done: 0, error: message, actual_sha256: digest.sha256, bytes_total: total });
-      logger.warn({ model: context.model, version: context.version, file: spec.path, expected: spec.sha256, actual: digest.sha256 }, "mirror checksum mismatch");
+      logger.warn(
+        { model: context.model, version: context.version, file: spec.path, expected: spec.sha256, actual: digest.sha256 },
+        "mirror checksum mismatch",
+      );
       return outcome(spec, { state: "failed", ...sums, error: { code: "mirror_checksum_mismatch", message, retryable: true } });
     }
     await rename(partial, final);
@@ -331,7 +335,9 @@ export class FileDownloader {
         throw diskFullError({ target: context, spec, partial: transfer.partial, written: offset, total: expected, free, cause: undefined });
       }
     }
-    const source: Source = isLocalUrl(spec.url) ? await openLocalSource(spec, offset, context.signal) : await openHttpSource(spec, offset, context.signal, this.#settings.http);
+    const source: Source = isLocalUrl(spec.url)
+      ? await openLocalSource(spec, offset, context.signal)
+      : await openHttpSource(spec, offset, context.signal, this.#settings.http);
     let append = offset > 0;
     if (source.start === 0 && offset > 0) {
       // The source ignored the Range (200): start over from its first byte.
@@ -403,7 +409,9 @@ export class FileDownloader {
       }
       // One update at a time per file.
       transfer.persisting = transfer.persisting.then(() =>
-        rows.recordProgress(context, spec.path, bytes).catch((error: unknown) => logger.warn({ err: describeError(error), file: spec.path }, "could not record mirror progress")),
+        rows
+          .recordProgress(context, spec.path, bytes)
+          .catch((error: unknown) => logger.warn({ err: describeError(error), file: spec.path }, "could not record mirror progress")),
       );
     }
     if (context.onProgress !== undefined && now - transfer.lastEventAt >= progressIntervalMs) {

@@ -79,9 +79,13 @@ export async function openHttpSource(spec: MirrorFetchFile, offset: number, sign
   if (followed.redirect !== null) {
     await response.body.dump().catch(() => undefined);
     if (followed.redirect.protocol !== "http:" && followed.redirect.protocol !== "https:") {
-      throw new UpstreamError(`The source of '${spec.path}' redirected to a ${followed.redirect.protocol} URL; only http and https are followed.`, { code: "mirror_bad_redirect" });
+      throw new UpstreamError(`The source of '${spec.path}' redirected to a ${followed.redirect.protocol} URL; only http and https are followed.`, {
+        code: "mirror_bad_redirect",
+      });
     }
-    throw new UpstreamError(`The source of '${spec.path}' redirected more than ${MAX_REDIRECTS} times (last: ${origin(current)}).`, { code: "mirror_too_many_redirects" });
+    throw new UpstreamError(`The source of '${spec.path}' redirected more than ${MAX_REDIRECTS} times (last: ${origin(current)}).`, {
+      code: "mirror_too_many_redirects",
+    });
   }
   const status = response.statusCode;
   if (status === 200) {
@@ -122,15 +126,21 @@ function sourceStatusError(status: number, spec: MirrorFetchFile, url: string, s
     );
   }
   if (status === 404) {
-    return new UpstreamError(`The source at ${where} has no '${spec.path}' (404); the repository may have changed. Read it again and fetch the new file list.${detail}`, {
-      code: "mirror_source_not_found",
-    });
+    return new UpstreamError(
+      `The source at ${where} has no '${spec.path}' (404); the repository may have changed. Read it again and fetch the new file list.${detail}`,
+      {
+        code: "mirror_source_not_found",
+      },
+    );
   }
   if (status === 408 || status === 429 || status >= 500) {
-    return new MirrorTransientError(`The source at ${where} answered ${status} for '${spec.path}'.${detail} It is retryable: fetching again resumes from the bytes already on disk.`, {
-      code: "mirror_source_error",
-      status: 502,
-    });
+    return new MirrorTransientError(
+      `The source at ${where} answered ${status} for '${spec.path}'.${detail} It is retryable: fetching again resumes from the bytes already on disk.`,
+      {
+        code: "mirror_source_error",
+        status: 502,
+      },
+    );
   }
   return new UpstreamError(`The source at ${where} answered ${status} for '${spec.path}'.${detail}`, { code: "mirror_source_error" });
 }

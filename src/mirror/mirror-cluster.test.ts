@@ -59,7 +59,11 @@ function get(url: string, options: { key?: string | null; method?: string; heade
       url,
       {
         method: options.method ?? "GET",
-        headers: { ...(key === null ? {} : { authorization: `Bearer ${key}` }), ...(options.body === undefined ? {} : { "content-type": "application/json" }), ...(options.headers ?? {}) },
+        headers: {
+          ...(key === null ? {} : { authorization: `Bearer ${key}` }),
+          ...(options.body === undefined ? {} : { "content-type": "application/json" }),
+          ...(options.headers ?? {}),
+        },
       },
       (res) => {
         const chunks: Buffer[] = [];
@@ -154,7 +158,12 @@ async function localVersion(name: string, size = 200_000) {
   const listing = await listLocalSource({ source: dir });
   const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
   const model = defaultMirrorModelName(listing.repo);
-  return { content, sha256: createHash("sha256").update(content).digest("hex"), file: name, args: { model, version: made.version, repo: made.repo, revision: made.revision, files: made.files } };
+  return {
+    content,
+    sha256: createHash("sha256").update(content).digest("hex"),
+    file: name,
+    args: { model, version: made.version, repo: made.repo, revision: made.revision, files: made.files },
+  };
 }
 
 function holderRows(store: Store, model: string, version: string) {
@@ -162,88 +171,111 @@ function holderRows(store: Store, model: string, version: string) {
 }
 
 describe("mirror in a cluster", () => {
-  testBothStores("a file fetched by one server is served by it; the other redirects there with a grant, and answers 503 when it is not running", async (store) => {
-    const cluster = await twoServers(store);
-    const { a, b } = cluster;
-    try {
-      const v = await localVersion("model-Q4_K_M.gguf");
-      const { model, version } = v.args;
-      assert.equal((await a.mirror.fetchVersion(v.args)).complete, true);
-      const row = await store.db.selectFrom("mirror_files").selectAll().where("model", "=", model).executeTakeFirstOrThrow();
-      assert.equal(row.fetched_by, "a");
-      const holders = await holderRows(store, model, version);
-      assert.deepEqual(
-        holders.map((h) => [h.server, h.sha256, Number(h.size)]),
-        [["a", v.sha256, v.content.length]],
-      );
+  testBothStores(
+    "a file fetched by one server is served by it; the other redirects there with a grant, and answers 503 when it is not running",
+    async (store) => {
+      const cluster = await twoServers(store);
+      const { a, b } = cluster;
+      try {
+        const v = await localVersion("model-Q4_K_M.gguf");
+        const { model, version } = v.args;
+        assert.equal((await a.mirror.fetchVersion(v.args)).complete, true);
+        const row = await store.db.selectFrom("mirror_files").selectAll().where("model", "=", model).executeTakeFirstOrThrow();
+        assert.equal(row.fetched_by, "a");
+        const holders = await holderRows(store, model, version);
+        assert.deepEqual(
+          holders.map((h) => [h.server, h.sha256, Number(h.size)]),
+          [["a", v.sha256, v.content.length]],
+        );
 
-      assert.equal((await a.mirror.check(model, version, v.file)).kind, "ok");
-      const elsewhere = await b.mirror.check(model, version, v.file);
-      assert.equal(elsewhere.kind, "elsewhere");
-      assert.ok(elsewhere.kind === "elsewhere");
-      assert.deepEqual(
-        elsewhere.holders.map((h) => [h.name, h.url, h.live]),
-        [["a", a.url, true]],
-      );
-      assert.equal(elsewhere.sha256, v.sha256);
-      assert.equal(await b.mirror.lookup(model, version, v.file), null);
-      // The listing of either server shows the file complete, held by a.
-      for (const server of [a, b]) assert.deepEqual((await server.mirror.list()).map((f) => [f.state, f.holders]), [["complete", ["a"]]]);
-      // A catalog model on b cannot use weights only a holds: the refusal says how to copy them.
-      await assert.rejects(locateWeights({ source: { kind: "mirror", model, version, file: v.file }, modelName: "m", mirror: b.mirror }), (error: Error & { code?: string }) => {
-        assert.equal(error.code, "weights_on_other_server");
-        assert.match(error.message, new RegExp(`llmgw ctl mirror replicate ${model} ${version} --to b`));
-        return true;
-      });
+        assert.equal((await a.mirror.check(model, version, v.file)).kind, "ok");
+        const elsewhere = await b.mirror.check(model, version, v.file);
+        assert.equal(elsewhere.kind, "elsewhere");
+        assert.ok(elsewhere.kind === "elsewhere");
+        assert.deepEqual(
+          elsewhere.holders.map((h) => [h.name, h.url, h.live]),
+          [["a", a.url, true]],
+        );
+        assert.equal(elsewhere.sha256, v.sha256);
+        assert.equal(await b.mirror.lookup(model, version, v.file), null);
+        // The listing of either server shows the file complete, held by a.
+        for (const server of [a, b])
+          assert.deepEqual(
+            (await server.mirror.list()).map((f) => [f.state, f.holders]),
+            [["complete", ["a"]]],
+          );
+        // A catalog model on b cannot use weights only a holds: the refusal says how to copy them.
+        await assert.rejects(
+          locateWeights({ source: { kind: "mirror", model, version, file: v.file }, modelName: "m", mirror: b.mirror }),
+          (error: Error & { code?: string }) => {
+            assert.equal(error.code, "weights_on_other_server");
+            assert.match(error.message, new RegExp(`llmgw ctl mirror replicate ${model} ${version} --to b`));
+            return true;
+          },
+        );
 
-      const filePath = `/mirror/${model}/${version}/${v.file}`;
-      assert.equal((await get(`${b.url}${filePath}`, { key: null })).status, 401, "the first hop still needs the node's key");
-      const redirect = await get(`${b.url}${filePath}`);
-      assert.equal(redirect.status, 307);
-      const location = redirect.headers.location as string;
-      assert.ok(location.startsWith(`${a.url}${filePath}?grant=`), location);
-      assert.equal(redirect.headers.etag, `"${v.sha256}"`);
-      assert.equal((await get(`${b.url}${filePath}`, { headers: { "if-none-match": `"${v.sha256}"` } })).status, 304);
+        const filePath = `/mirror/${model}/${version}/${v.file}`;
+        assert.equal((await get(`${b.url}${filePath}`, { key: null })).status, 401, "the first hop still needs the node's key");
+        const redirect = await get(`${b.url}${filePath}`);
+        assert.equal(redirect.status, 307);
+        const location = redirect.headers.location as string;
+        assert.ok(location.startsWith(`${a.url}${filePath}?grant=`), location);
+        assert.equal(redirect.headers.etag, `"${v.sha256}"`);
+        assert.equal((await get(`${b.url}${filePath}`, { headers: { "if-none-match": `"${v.sha256}"` } })).status, 304);
 
-      // The second hop, without the key (the client drops it across origins): the grant is enough.
-      const whole = await get(location, { key: null });
-      assert.equal(whole.status, 200);
-      assert.ok(whole.body.equals(v.content));
-      const part = await get(location, { key: null, headers: { range: "bytes=100-199" } });
-      assert.equal(part.status, 206);
-      assert.ok(part.body.equals(v.content.subarray(100, 200)));
+        // The second hop, without the key (the client drops it across origins): the grant is enough.
+        const whole = await get(location, { key: null });
+        assert.equal(whole.status, 200);
+        assert.ok(whole.body.equals(v.content));
+        const part = await get(location, { key: null, headers: { range: "bytes=100-199" } });
+        assert.equal(part.status, 206);
+        assert.ok(part.body.equals(v.content.subarray(100, 200)));
 
-      const grant = new URL(location).searchParams.get("grant") as string;
-      const tampered = `${grant.slice(0, -1)}${grant.endsWith("0") ? "1" : "0"}`;
-      const bad = await get(`${a.url}${filePath}?grant=${tampered}`, { key: null });
-      assert.equal(bad.status, 403);
-      assert.equal(errorOf(bad).code, "mirror_grant_invalid");
-      // A grant names one file: it opens no other.
-      await writeFile(path.join(path.dirname(path.join(a.root, model, version, v.file)), "other.bin"), "x");
-      assert.equal((await get(`${a.url}/mirror/${model}/${version}/other.bin?grant=${grant}`, { key: null })).status, 403);
-      const stale = new MirrorGrants((text) => cluster.box.mac(text), () => Date.now() - 3_600_000).sign(model, version, v.file);
-      const expired = await get(`${a.url}${filePath}?grant=${stale}`, { key: null });
-      assert.equal(expired.status, 403);
-      assert.equal(errorOf(expired).code, "mirror_grant_expired");
-      // A grant signed under another cluster secret is refused.
-      const foreign = new MirrorGrants((text) => SecretBox.fromKey(randomBytes(32)).mac(text)).sign(model, version, v.file);
-      assert.equal((await get(`${a.url}${filePath}?grant=${foreign}`, { key: null })).status, 403);
+        const grant = new URL(location).searchParams.get("grant") as string;
+        const tampered = `${grant.slice(0, -1)}${grant.endsWith("0") ? "1" : "0"}`;
+        const bad = await get(`${a.url}${filePath}?grant=${tampered}`, { key: null });
+        assert.equal(bad.status, 403);
+        assert.equal(errorOf(bad).code, "mirror_grant_invalid");
+        // A grant names one file: it opens no other.
+        await writeFile(path.join(path.dirname(path.join(a.root, model, version, v.file)), "other.bin"), "x");
+        assert.equal((await get(`${a.url}/mirror/${model}/${version}/other.bin?grant=${grant}`, { key: null })).status, 403);
+        const stale = new MirrorGrants(
+          (text) => cluster.box.mac(text),
+          () => Date.now() - 3_600_000,
+        ).sign(model, version, v.file);
+        const expired = await get(`${a.url}${filePath}?grant=${stale}`, { key: null });
+        assert.equal(expired.status, 403);
+        assert.equal(errorOf(expired).code, "mirror_grant_expired");
+        // A grant signed under another cluster secret is refused.
+        const foreign = new MirrorGrants((text) => SecretBox.fromKey(randomBytes(32)).mac(text)).sign(model, version, v.file);
+        assert.equal((await get(`${a.url}${filePath}?grant=${foreign}`, { key: null })).status, 403);
 
-      // a stops: b cannot send anyone there, and says so.
-      await store.db
-        .insertInto("cluster_members")
-        .values({ name: "a", instance: "i", data_dir_id: "d", url: a.url, version: "test", secret_check: "s", started_at: "2025-01-01T00:00:00.000Z", last_seen: "2025-01-02T03:04:05.000Z", stopped_at: null })
-        .execute();
-      cluster.live.delete("a");
-      const down = await get(`${b.url}${filePath}`);
-      assert.equal(down.status, 503);
-      assert.equal(down.headers["retry-after"], "5");
-      assert.equal(errorOf(down).code, "mirror_holders_down");
-      assert.match(errorOf(down).message, /'a' \(not running, last seen 2025-01-02T03:04:05.000Z\)/);
-    } finally {
-      await cluster.close();
-    }
-  });
+        // a stops: b cannot send anyone there, and says so.
+        await store.db
+          .insertInto("cluster_members")
+          .values({
+            name: "a",
+            instance: "i",
+            data_dir_id: "d",
+            url: a.url,
+            version: "test",
+            secret_check: "s",
+            started_at: "2025-01-01T00:00:00.000Z",
+            last_seen: "2025-01-02T03:04:05.000Z",
+            stopped_at: null,
+          })
+          .execute();
+        cluster.live.delete("a");
+        const down = await get(`${b.url}${filePath}`);
+        assert.equal(down.status, 503);
+        assert.equal(down.headers["retry-after"], "5");
+        assert.equal(errorOf(down).code, "mirror_holders_down");
+        assert.match(errorOf(down).message, /'a' \(not running, last seen 2025-01-02T03:04:05.000Z\)/);
+      } finally {
+        await cluster.close();
+      }
+    },
+  );
 
   testBothStores("replicate copies a version from its holder, verified; a corrupted source copy is refused with a sha256 mismatch", async (store) => {
     const cluster = await twoServers(store);
@@ -254,7 +286,10 @@ describe("mirror in a cluster", () => {
       await a.mirror.fetchVersion(v.args);
       const events: string[] = [];
       const summary = await b.mirror.replicate(model, version, { onProgress: (event) => events.push(event.state) });
-      assert.deepEqual([summary.server, summary.complete, summary.copied, summary.alreadyHeld, summary.failed, summary.bytesCopied], ["b", true, 1, 0, 0, v.content.length]);
+      assert.deepEqual(
+        [summary.server, summary.complete, summary.copied, summary.alreadyHeld, summary.failed, summary.bytesCopied],
+        ["b", true, 1, 0, 0, v.content.length],
+      );
       assert.equal(summary.files[0]?.from, "a");
       assert.ok(events.includes("complete"), events.join(","));
       assert.deepEqual(
@@ -322,7 +357,11 @@ describe("mirror in a cluster", () => {
       const onA = path.join(a.root, w.args.model, w.args.version, w.file);
       await writeFile(onA, randomBytes(250_000));
       const stamp = await diskStamp(onA);
-      await store.db.updateTable("mirror_files").set({ verified_mtime_ns: stamp?.mtimeNs ?? null }).where("model", "=", w.args.model).execute();
+      await store.db
+        .updateTable("mirror_files")
+        .set({ verified_mtime_ns: stamp?.mtimeNs ?? null })
+        .where("model", "=", w.args.model)
+        .execute();
       const refused = await b.mirror.replicate(w.args.model, w.args.version);
       assert.deepEqual([refused.complete, refused.copied, refused.failed], [false, 0, 1]);
       assert.equal(refused.files[0]?.error?.code, "mirror_checksum_mismatch");
@@ -346,71 +385,77 @@ describe("mirror in a cluster", () => {
     }
   });
 
-  testBothStores("recover() leaves other servers' rows alone, claims its own rows from before holders, and removes folders of deleted versions", async (store) => {
-    const cluster = await twoServers(store);
-    const { a, b } = cluster;
-    try {
-      // a fetches right now (as far as the rows say): b's start must not touch it.
-      const now = new Date().toISOString();
-      const fetching = { model: "owner--busy", version: "0123456789ab", file: "big.gguf" };
-      await store.db
-        .insertInto("mirror_files")
-        .values({
-          ...fetching,
-          repo: "owner/busy",
-          revision: "0123456789abcdef",
-          state: "fetching",
-          sha256: null,
-          actual_sha256: null,
-          bytes_done: 1000,
-          bytes_total: 5000,
-          error: null,
-          source_url: "https://example.invalid/big.gguf",
-          verified_size: null,
-          verified_mtime_ns: null,
-          verified_at: null,
-          created_at: now,
-          updated_at: now,
-          fetched_by: "a",
-        })
-        .execute();
-      // A version deleted by a while b was down: b's folder of it has no rows.
-      const orphan = path.join(b.root, "owner--gone", "fedcba987654");
-      await mkdir(orphan, { recursive: true });
-      await writeFile(path.join(orphan, "w.gguf"), "old bytes");
-      const recovered = await b.mirror.recover();
-      assert.equal(recovered.interrupted, 0);
-      assert.equal(recovered.orphans, 1);
-      assert.equal(existsSync(orphan), false);
-      const row = await store.db.selectFrom("mirror_files").selectAll().where("model", "=", fetching.model).executeTakeFirstOrThrow();
-      assert.deepEqual([row.state, row.bytes_done, row.fetched_by, row.error], ["fetching", 1000, "a", null]);
-      // a's own start does repair it.
-      assert.equal((await a.mirror.recover()).interrupted, 1);
-      assert.equal((await store.db.selectFrom("mirror_files").select("state").where("model", "=", fetching.model).executeTakeFirstOrThrow()).state, "pending");
-
-      // A file fetched before holders existed (a single server, no cluster option) on a's disk: a's start claims it.
-      const v = await localVersion("model-Q2_K.gguf");
-      const single = new Mirror({ store, root: a.root, retries: 0 });
+  testBothStores(
+    "recover() leaves other servers' rows alone, claims its own rows from before holders, and removes folders of deleted versions",
+    async (store) => {
+      const cluster = await twoServers(store);
+      const { a, b } = cluster;
       try {
-        await single.fetchVersion(v.args);
+        // a fetches right now (as far as the rows say): b's start must not touch it.
+        const now = new Date().toISOString();
+        const fetching = { model: "owner--busy", version: "0123456789ab", file: "big.gguf" };
+        await store.db
+          .insertInto("mirror_files")
+          .values({
+            ...fetching,
+            repo: "owner/busy",
+            revision: "0123456789abcdef",
+            state: "fetching",
+            sha256: null,
+            actual_sha256: null,
+            bytes_done: 1000,
+            bytes_total: 5000,
+            error: null,
+            source_url: "https://example.invalid/big.gguf",
+            verified_size: null,
+            verified_mtime_ns: null,
+            verified_at: null,
+            created_at: now,
+            updated_at: now,
+            fetched_by: "a",
+          })
+          .execute();
+        // A version deleted by a while b was down: b's folder of it has no rows.
+        const orphan = path.join(b.root, "owner--gone", "fedcba987654");
+        await mkdir(orphan, { recursive: true });
+        await writeFile(path.join(orphan, "w.gguf"), "old bytes");
+        const recovered = await b.mirror.recover();
+        assert.equal(recovered.interrupted, 0);
+        assert.equal(recovered.orphans, 1);
+        assert.equal(existsSync(orphan), false);
+        const row = await store.db.selectFrom("mirror_files").selectAll().where("model", "=", fetching.model).executeTakeFirstOrThrow();
+        assert.deepEqual([row.state, row.bytes_done, row.fetched_by, row.error], ["fetching", 1000, "a", null]);
+        // a's own start does repair it.
+        assert.equal((await a.mirror.recover()).interrupted, 1);
+        assert.equal(
+          (await store.db.selectFrom("mirror_files").select("state").where("model", "=", fetching.model).executeTakeFirstOrThrow()).state,
+          "pending",
+        );
+
+        // A file fetched before holders existed (a single server, no cluster option) on a's disk: a's start claims it.
+        const v = await localVersion("model-Q2_K.gguf");
+        const single = new Mirror({ store, root: a.root, retries: 0 });
+        try {
+          await single.fetchVersion(v.args);
+        } finally {
+          await single.close();
+        }
+        assert.deepEqual(await holderRows(store, v.args.model, v.args.version), []);
+        const claimedByB = await b.mirror.recover();
+        assert.equal(claimedByB.claimed, 0, "b does not have the file: the row is not b's");
+        assert.equal(claimedByB.missing, 0, "nor does b call it missing: it is a's");
+        const claimed = await a.mirror.recover();
+        assert.equal(claimed.claimed, 1);
+        assert.deepEqual(
+          (await holderRows(store, v.args.model, v.args.version)).map((h) => h.server),
+          ["a"],
+        );
+        assert.equal((await b.mirror.check(v.args.model, v.args.version, v.file)).kind, "elsewhere");
       } finally {
-        await single.close();
+        await cluster.close();
       }
-      assert.deepEqual(await holderRows(store, v.args.model, v.args.version), []);
-      const claimedByB = await b.mirror.recover();
-      assert.equal(claimedByB.claimed, 0, "b does not have the file: the row is not b's");
-      assert.equal(claimedByB.missing, 0, "nor does b call it missing: it is a's");
-      const claimed = await a.mirror.recover();
-      assert.equal(claimed.claimed, 1);
-      assert.deepEqual(
-        (await holderRows(store, v.args.model, v.args.version)).map((h) => h.server),
-        ["a"],
-      );
-      assert.equal((await b.mirror.check(v.args.model, v.args.version, v.file)).kind, "elsewhere");
-    } finally {
-      await cluster.close();
-    }
-  });
+    },
+  );
 
   testBothStores("POST /api/v1/mirror/replicate on one server makes another copy; unknown servers are named", async (store) => {
     const cluster = await twoServers(store);
@@ -472,7 +517,10 @@ describe("mirror on a single server", () => {
       assert.equal((await store.db.selectFrom("mirror_files").select("fetched_by").executeTakeFirstOrThrow()).fetched_by, null);
       assert.deepEqual(await holderRows(store, model, version), []);
       assert.equal((await mirror.check(model, version, v.file)).kind, "ok");
-      assert.deepEqual((await mirror.list()).map((f) => [f.state, f.holders]), [["complete", []]]);
+      assert.deepEqual(
+        (await mirror.list()).map((f) => [f.state, f.holders]),
+        [["complete", []]],
+      );
       assert.deepEqual(await mirror.recover(), { interrupted: 0, missing: 0, unconfirmed: 0 });
       await assert.rejects(mirror.replicate(model, version), { code: "mirror_not_clustered" });
       const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/mirror/${model}/${version}/${v.file}`;
@@ -491,7 +539,10 @@ describe("mirror on a single server", () => {
 test("grants: the MAC covers the path and the expiry", () => {
   const box = SecretBox.fromKey(randomBytes(32));
   let now = 1_700_000_000_000;
-  const grants = new MirrorGrants((text) => box.mac(text), () => now);
+  const grants = new MirrorGrants(
+    (text) => box.mac(text),
+    () => now,
+  );
   const grant = grants.sign("m", "v", "f.gguf");
   assert.match(grant, /^1700000600\.[0-9a-f]{64}$/);
   grants.check(grant, "m", "v", "f.gguf");

@@ -75,7 +75,10 @@ export function diskFullError(options: {
 }
 
 /** A failure on this side (the disk, the file system) as an llmgw error: a full disk says so. */
-export function localFailure(error: unknown, where: { target: FetchTarget; spec: MirrorFetchFile; partial: string; written: number; total?: number | null }): LlmgwError {
+export function localFailure(
+  error: unknown,
+  where: { target: FetchTarget; spec: MirrorFetchFile; partial: string; written: number; total?: number | null },
+): LlmgwError {
   const code = errorCode(error);
   if (code === "ENOSPC" || code === "EDQUOT") {
     return diskFullError({ ...where, total: where.total ?? where.spec.size, free: null, cause: error });
@@ -103,7 +106,10 @@ export function localFailure(error: unknown, where: { target: FetchTarget; spec:
  * A failure of a transfer attempt as an llmgw error. Transport failures (timeouts, resets,
  * refused connections) become retryable `MirrorTransientError`s that say which timeout.
  */
-export function classifyTransferError(error: unknown, where: { target: FetchTarget; spec: MirrorFetchFile; headersTimeoutMs: number; bodyTimeoutMs: number }): LlmgwError {
+export function classifyTransferError(
+  error: unknown,
+  where: { target: FetchTarget; spec: MirrorFetchFile; headersTimeoutMs: number; bodyTimeoutMs: number },
+): LlmgwError {
   if (error instanceof LlmgwError) return error;
   const { target, spec } = where;
   const url = error instanceof SourceError ? error.url : spec.url;

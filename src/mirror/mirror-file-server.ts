@@ -153,7 +153,14 @@ function grantOf(url: string): string | null {
 function sendElsewhere(
   req: IncomingMessage,
   res: ServerResponse,
-  where: { found: Extract<MirrorFileCheck, { kind: "elsewhere" }>; model: string; version: string; file: string; granted: boolean; options: MirrorFileHandlerOptions },
+  where: {
+    found: Extract<MirrorFileCheck, { kind: "elsewhere" }>;
+    model: string;
+    version: string;
+    file: string;
+    granted: boolean;
+    options: MirrorFileHandlerOptions;
+  },
 ): void {
   const { found, model, version, file } = where;
   const etag = `"${found.sha256}"`;

@@ -42,7 +42,13 @@ export async function upsertHolder(db: Db | Tx, holder: HolderRow): Promise<void
 }
 
 export async function removeHolder(db: Db | Tx, ref: FileRef, server: string): Promise<void> {
-  await db.deleteFrom("mirror_holders").where("model", "=", ref.model).where("version", "=", ref.version).where("file", "=", ref.file).where("server", "=", server).execute();
+  await db
+    .deleteFrom("mirror_holders")
+    .where("model", "=", ref.model)
+    .where("version", "=", ref.version)
+    .where("file", "=", ref.file)
+    .where("server", "=", server)
+    .execute();
 }
 
 export async function removeVersionHolders(db: Db | Tx, model: string, version: string): Promise<void> {
@@ -50,7 +56,14 @@ export async function removeVersionHolders(db: Db | Tx, model: string, version: 
 }
 
 export function holdersOfFile(db: Db | Tx, ref: FileRef): Promise<HolderRow[]> {
-  return db.selectFrom("mirror_holders").selectAll().where("model", "=", ref.model).where("version", "=", ref.version).where("file", "=", ref.file).orderBy("server").execute();
+  return db
+    .selectFrom("mirror_holders")
+    .selectAll()
+    .where("model", "=", ref.model)
+    .where("version", "=", ref.version)
+    .where("file", "=", ref.file)
+    .orderBy("server")
+    .execute();
 }
 
 /** Every holder row (of one model, or one version), by `fileKey`, sorted by server name. */
@@ -71,7 +84,9 @@ export function heldCopyProblem(row: FileRef, holder: HolderRow, final: string, 
   const what = `'${row.file}' of ${row.model}/${row.version}`;
   if (stamp === null) return new NotFoundError(`This server's copy of ${what} is missing on disk (${final}).`, { code: "mirror_file_missing" });
   if (stamp.size !== Number(holder.size)) {
-    return new NotFoundError(`This server's copy of ${what} is ${stamp.size} bytes on disk instead of ${holder.size} (${final}).`, { code: "mirror_file_missing" });
+    return new NotFoundError(`This server's copy of ${what} is ${stamp.size} bytes on disk instead of ${holder.size} (${final}).`, {
+      code: "mirror_file_missing",
+    });
   }
   // The holder row has no mtime of its own: a copy written after its bytes were verified
   // has an mtime later than that moment (its bytes were written, then hashed, then recorded).

@@ -66,13 +66,15 @@ export function planMirrorFetch(options: PlanMirrorFetchOptions): MirrorFetchPla
 export function planLocalMirrorFetch(options: { listing: Pick<LocalListing, "repo">; chosen: Pick<ChosenArtifact<LocalFile>, "files"> }): MirrorFetchPlan {
   const { listing, chosen } = options;
   const revision = localSourceId(chosen.files);
-  const files = chosen.files.map((file): MirrorFetchFile => ({
-    path: file.path,
-    url: pathToFileURL(file.absolute).href,
-    sha256: null,
-    size: file.size,
-    sourceMtimeMs: file.mtimeMs,
-  }));
+  const files = chosen.files.map(
+    (file): MirrorFetchFile => ({
+      path: file.path,
+      url: pathToFileURL(file.absolute).href,
+      sha256: null,
+      size: file.size,
+      sourceMtimeMs: file.mtimeMs,
+    }),
+  );
   return {
     version: revision.slice(0, SHORT_SHA_LENGTH),
     repo: listing.repo,

@@ -28,7 +28,15 @@ import { Mirror } from "./mirror.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { catalogModelsUsing } from "./mirror-users.ts";
 import { planMirrorFetch } from "./mirror-plan.ts";
-import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, parseRange, type MirrorPlanner, type MirrorRoutesEnv, type MirrorRoutesOptions } from "./mirror-routes.ts";
+import {
+  createMirrorFileHandler,
+  isMirrorFileRequest,
+  mountMirrorRoutes,
+  parseRange,
+  type MirrorPlanner,
+  type MirrorRoutesEnv,
+  type MirrorRoutesOptions,
+} from "./mirror-routes.ts";
 import { eventually } from "../../test/support/eventually.ts";
 
 const MODEL = "llmgw-test--tiny-llama-GGUF";
@@ -121,7 +129,18 @@ describe("admin routes", () => {
       }
       assert.deepEqual(
         { ...listing.versions[0], bytesDone: undefined, bytesTotal: undefined },
-        { model: MODEL, version: info.shortSha, repo: GGUF_REPO, revision: info.sha, files: 2, complete: 2, failed: 0, state: "complete", bytesDone: undefined, bytesTotal: undefined },
+        {
+          model: MODEL,
+          version: info.shortSha,
+          repo: GGUF_REPO,
+          revision: info.sha,
+          files: 2,
+          complete: 2,
+          failed: 0,
+          state: "complete",
+          bytesDone: undefined,
+          bytesTotal: undefined,
+        },
       );
       assert.equal(listing.disk.bytes, 655392 * 2);
       assert.equal(listing.disk.root, path.join(dataDir, "mirror"));
@@ -159,35 +178,41 @@ describe("admin routes", () => {
     }
   });
 
-  testBothStores("POST lists a local folder without hashing it: another quantisation it cannot read does not matter, and the same files are the same version", async (store, t) => {
-    const dataDir = await tempDir();
-    const source = await tempDir();
-    const content = randomBytes(100_000);
-    await writeFile(path.join(source, "my-model-Q4_K_M.gguf"), content);
-    if (!(await makeUnreadableFile(path.join(source, "my-model-Q8_0.gguf")))) {
-      t.skip("no way to make a file this process cannot read here");
-      return;
-    }
-    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    const app = adminApp(mirror, dataDir);
-    try {
-      const post = () => app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model", quant: "Q4_K_M" }) });
-      const started = await post();
-      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-      const plan = await json(started);
-      assert.deepEqual(plan.files.map((f: { path: string; sha256: string | null }) => [f.path, f.sha256]), [["my-model-Q4_K_M.gguf", null]]);
-      const listing = await versionIn(app, "my-model", "complete");
-      assert.equal(listing.data[0].actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
-      assert.equal(existsSync(path.join(dataDir, "registry", "local-hashes.json")), false, "nothing was hashed before the copy");
+  testBothStores(
+    "POST lists a local folder without hashing it: another quantisation it cannot read does not matter, and the same files are the same version",
+    async (store, t) => {
+      const dataDir = await tempDir();
+      const source = await tempDir();
+      const content = randomBytes(100_000);
+      await writeFile(path.join(source, "my-model-Q4_K_M.gguf"), content);
+      if (!(await makeUnreadableFile(path.join(source, "my-model-Q8_0.gguf")))) {
+        t.skip("no way to make a file this process cannot read here");
+        return;
+      }
+      const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+      const app = adminApp(mirror, dataDir);
+      try {
+        const post = () => app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model", quant: "Q4_K_M" }) });
+        const started = await post();
+        assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+        const plan = await json(started);
+        assert.deepEqual(
+          plan.files.map((f: { path: string; sha256: string | null }) => [f.path, f.sha256]),
+          [["my-model-Q4_K_M.gguf", null]],
+        );
+        const listing = await versionIn(app, "my-model", "complete");
+        assert.equal(listing.data[0].actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
+        assert.equal(existsSync(path.join(dataDir, "registry", "local-hashes.json")), false, "nothing was hashed before the copy");
 
-      const again = await post();
-      assert.equal(again.status, 202);
-      assert.equal((await json(again)).version, plan.version);
-      await versionIn(app, "my-model", "complete");
-    } finally {
-      await mirror.close();
-    }
-  });
+        const again = await post();
+        assert.equal(again.status, 202);
+        assert.equal((await json(again)).version, plan.version);
+        await versionIn(app, "my-model", "complete");
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 
   testBothStores("POST of a local file this server may not read is a 403 naming it, and records nothing", async (store, t) => {
     const dataDir = await tempDir();
@@ -226,7 +251,10 @@ describe("admin routes", () => {
       readSmallFile: (options) => registry.readSmallFile(options),
     });
     const post = async (reader: Registry) => {
-      const response = await adminApp(mirror, dataDir, reader).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }) });
+      const response = await adminApp(mirror, dataDir, reader).request("/api/v1/mirror", {
+        method: "POST",
+        body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }),
+      });
       return { status: response.status, error: (await json(response)).error as { code: string; param: string | null; message: string } };
     };
     try {
@@ -284,7 +312,9 @@ test("POST stops reading the repository when its client goes away", { timeout: 6
   try {
     const since = hub.requests.length;
     const controller = new AbortController();
-    const pending = Promise.resolve(adminApp(mirror, dataDir, patient).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }));
+    const pending = Promise.resolve(
+      adminApp(mirror, dataDir, patient).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }),
+    );
     await eventually("the route to ask the registry", () => hub.requests.slice(since).some((r) => r.path.startsWith("/api/")));
     controller.abort();
     await pending.then(
@@ -313,7 +343,13 @@ function raw(base: string, requestPath: string, options: { method?: string; head
   const url = new URL(base);
   return new Promise((resolve, reject) => {
     const req = http.request(
-      { host: url.hostname, port: url.port, path: requestPath, method: options.method ?? "GET", headers: { authorization: `Bearer ${NODE_KEY}`, ...(options.headers ?? {}) } },
+      {
+        host: url.hostname,
+        port: url.port,
+        path: requestPath,
+        method: options.method ?? "GET",
+        headers: { authorization: `Bearer ${NODE_KEY}`, ...(options.headers ?? {}) },
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (chunk: Buffer) => chunks.push(chunk));
@@ -351,109 +387,112 @@ async function withFileServer(mirror: Mirror, body: (base: string) => Promise<vo
 }
 
 describe("file server", () => {
-  testBothStores("serves complete files with Range, ETag and conditional requests; refuses bad paths, missing keys and incomplete files", async (store: Store) => {
-    const dataDir = await tempDir();
-    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror"), retries: 0 });
-    try {
-      const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q4 || f.path === Q8) } });
-      const args = { model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files };
-      // Q4 lands complete; Q8's connection drops, leaving a partial that must never be served.
-      hub.setFault({ kind: "drop", afterBytes: 1000, match: /^\/cdn\/repos\/a8c0/ });
-      const summary = await mirror.fetchVersion(args);
-      hub.setFault(null);
-      assert.deepEqual(
-        summary.files.map((f) => [f.file, f.state]),
-        [
-          [Q4, "complete"],
-          [Q8, "failed"],
-        ],
-      );
-      const q4 = await readFile((await mirror.pathFor(MODEL, made.version, Q4)) as string);
-      const sha = createHash("sha256").update(q4).digest("hex");
-      const base = `/mirror/${MODEL}/${made.version}`;
+  testBothStores(
+    "serves complete files with Range, ETag and conditional requests; refuses bad paths, missing keys and incomplete files",
+    async (store: Store) => {
+      const dataDir = await tempDir();
+      const mirror = new Mirror({ store, root: path.join(dataDir, "mirror"), retries: 0 });
+      try {
+        const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q4 || f.path === Q8) } });
+        const args = { model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files };
+        // Q4 lands complete; Q8's connection drops, leaving a partial that must never be served.
+        hub.setFault({ kind: "drop", afterBytes: 1000, match: /^\/cdn\/repos\/a8c0/ });
+        const summary = await mirror.fetchVersion(args);
+        hub.setFault(null);
+        assert.deepEqual(
+          summary.files.map((f) => [f.file, f.state]),
+          [
+            [Q4, "complete"],
+            [Q8, "failed"],
+          ],
+        );
+        const q4 = await readFile((await mirror.pathFor(MODEL, made.version, Q4)) as string);
+        const sha = createHash("sha256").update(q4).digest("hex");
+        const base = `/mirror/${MODEL}/${made.version}`;
 
-      await withFileServer(mirror, async (url) => {
-        const whole = await raw(url, `${base}/${Q4}`);
-        assert.equal(whole.status, 200);
-        assert.equal(whole.headers.etag, `"${sha}"`);
-        assert.equal(whole.headers["content-length"], String(q4.length));
-        assert.equal(whole.headers["accept-ranges"], "bytes");
-        assert.ok(whole.body.equals(q4));
+        await withFileServer(mirror, async (url) => {
+          const whole = await raw(url, `${base}/${Q4}`);
+          assert.equal(whole.status, 200);
+          assert.equal(whole.headers.etag, `"${sha}"`);
+          assert.equal(whole.headers["content-length"], String(q4.length));
+          assert.equal(whole.headers["accept-ranges"], "bytes");
+          assert.ok(whole.body.equals(q4));
 
-        const part = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=1000-1999" } });
-        assert.equal(part.status, 206);
-        assert.equal(part.headers["content-range"], `bytes 1000-1999/${q4.length}`);
-        assert.equal(part.headers["content-length"], "1000");
-        assert.ok(part.body.equals(q4.subarray(1000, 2000)));
+          const part = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=1000-1999" } });
+          assert.equal(part.status, 206);
+          assert.equal(part.headers["content-range"], `bytes 1000-1999/${q4.length}`);
+          assert.equal(part.headers["content-length"], "1000");
+          assert.ok(part.body.equals(q4.subarray(1000, 2000)));
 
-        const open = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length - 10}-` } });
-        assert.equal(open.status, 206);
-        assert.ok(open.body.equals(q4.subarray(q4.length - 10)));
-        const suffix = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=-5" } });
-        assert.ok(suffix.body.equals(q4.subarray(q4.length - 5)));
+          const open = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length - 10}-` } });
+          assert.equal(open.status, 206);
+          assert.ok(open.body.equals(q4.subarray(q4.length - 10)));
+          const suffix = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=-5" } });
+          assert.ok(suffix.body.equals(q4.subarray(q4.length - 5)));
 
-        const outside = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length}-` } });
-        assert.equal(outside.status, 416);
-        assert.equal(outside.headers["content-range"], `bytes */${q4.length}`);
-        assert.equal(JSON.parse(outside.body.toString()).error.code, "range_not_satisfiable");
+          const outside = await raw(url, `${base}/${Q4}`, { headers: { range: `bytes=${q4.length}-` } });
+          assert.equal(outside.status, 416);
+          assert.equal(outside.headers["content-range"], `bytes */${q4.length}`);
+          assert.equal(JSON.parse(outside.body.toString()).error.code, "range_not_satisfiable");
 
-        // If-Range with another entity tag: the range is ignored and the whole (current) file is sent.
-        const stale = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=0-9", "if-range": '"something-older"' } });
-        assert.equal(stale.status, 200);
-        assert.equal(stale.body.length, q4.length);
+          // If-Range with another entity tag: the range is ignored and the whole (current) file is sent.
+          const stale = await raw(url, `${base}/${Q4}`, { headers: { range: "bytes=0-9", "if-range": '"something-older"' } });
+          assert.equal(stale.status, 200);
+          assert.equal(stale.body.length, q4.length);
 
-        const cached = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": `"${sha}"` } });
-        assert.equal(cached.status, 304);
-        assert.equal(cached.body.length, 0);
-        assert.equal(cached.headers.etag, `"${sha}"`);
-        const changed = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": '"other"' } });
-        assert.equal(changed.status, 200);
+          const cached = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": `"${sha}"` } });
+          assert.equal(cached.status, 304);
+          assert.equal(cached.body.length, 0);
+          assert.equal(cached.headers.etag, `"${sha}"`);
+          const changed = await raw(url, `${base}/${Q4}`, { headers: { "if-none-match": '"other"' } });
+          assert.equal(changed.status, 200);
 
-        const head = await raw(url, `${base}/${Q4}`, { method: "HEAD" });
-        assert.equal(head.status, 200);
-        assert.equal(head.headers["content-length"], String(q4.length));
-        assert.equal(head.body.length, 0);
+          const head = await raw(url, `${base}/${Q4}`, { method: "HEAD" });
+          assert.equal(head.status, 200);
+          assert.equal(head.headers["content-length"], String(q4.length));
+          assert.equal(head.body.length, 0);
 
-        const noKey = await raw(url, `${base}/${Q4}`, { headers: { authorization: "" } });
-        assert.equal(noKey.status, 401);
-        assert.equal(noKey.headers["www-authenticate"], "Bearer");
-        assert.equal(JSON.parse(noKey.body.toString()).error.type, "authentication_error");
-        // Auth comes first: a caller without a key learns nothing about paths.
-        assert.equal((await raw(url, "/mirror/../etc/passwd", { headers: { authorization: "Bearer wrong" } })).status, 401);
+          const noKey = await raw(url, `${base}/${Q4}`, { headers: { authorization: "" } });
+          assert.equal(noKey.status, 401);
+          assert.equal(noKey.headers["www-authenticate"], "Bearer");
+          assert.equal(JSON.parse(noKey.body.toString()).error.type, "authentication_error");
+          // Auth comes first: a caller without a key learns nothing about paths.
+          assert.equal((await raw(url, "/mirror/../etc/passwd", { headers: { authorization: "Bearer wrong" } })).status, 401);
 
-        const incomplete = await raw(url, `${base}/${Q8}`);
-        assert.equal(incomplete.status, 404);
-        assert.match(JSON.parse(incomplete.body.toString()).error.message, /no complete file 'tiny-llama-Q8_0\.gguf'/);
-        assert.equal((await raw(url, `${base}/nothing.gguf`)).status, 404);
-        assert.equal((await raw(url, `${base}/`)).status, 404);
-        assert.equal((await raw(url, `${base}/${Q4}`, { method: "POST" })).status, 405);
+          const incomplete = await raw(url, `${base}/${Q8}`);
+          assert.equal(incomplete.status, 404);
+          assert.match(JSON.parse(incomplete.body.toString()).error.message, /no complete file 'tiny-llama-Q8_0\.gguf'/);
+          assert.equal((await raw(url, `${base}/nothing.gguf`)).status, 404);
+          assert.equal((await raw(url, `${base}/`)).status, 404);
+          assert.equal((await raw(url, `${base}/${Q4}`, { method: "POST" })).status, 405);
 
-        const refused: [string, RegExp][] = [
-          [`${base}/../${made.version}/${Q4}`, /file segment 1 '\.\.' is not allowed \(it is '\.\.'/],
-          [`/mirror/${MODEL}/../x/${Q4}`, /the version '\.\.' is not allowed/],
-          [`/mirror/%2e%2e/${made.version}/${Q4}`, /the model '\.\.' is not allowed/],
-          [`/mirror/..%2F..%2Fetc/${made.version}/passwd`, /the model '\.\.\/\.\.\/etc' is not allowed \(it contains '\/'\)/],
-          [`${base}/Q2_K%2F..%2F..%2Fx.gguf`, /contains '\/'/],
-          [`${base}/%2Fetc%2Fpasswd`, /contains '\/'/],
-          [`${base}/a%5Cb.gguf`, /contains a backslash/],
-          [`${base}//${Q4}`, /file segment 1 '' is not allowed \(it is empty\)/],
-          [`${base}/${Q8}.partial`, /reserves for downloads in progress/],
-          [`${base}/%0Aevil`, /control characters/],
-          [`${base}/%E0%A4%A`, /not valid percent-encoding/],
-        ];
-        for (const [requestPath, message] of refused) {
-          const answer = await raw(url, requestPath);
-          assert.equal(answer.status, 400, `${requestPath}: ${answer.body.toString()}`);
-          const error = JSON.parse(answer.body.toString()).error;
-          assert.equal(error.code, "invalid_path");
-          assert.match(error.message, message, requestPath);
-        }
-      });
-    } finally {
-      hub.setFault(null);
-      await mirror.close();
-    }
-  });
+          const refused: [string, RegExp][] = [
+            [`${base}/../${made.version}/${Q4}`, /file segment 1 '\.\.' is not allowed \(it is '\.\.'/],
+            [`/mirror/${MODEL}/../x/${Q4}`, /the version '\.\.' is not allowed/],
+            [`/mirror/%2e%2e/${made.version}/${Q4}`, /the model '\.\.' is not allowed/],
+            [`/mirror/..%2F..%2Fetc/${made.version}/passwd`, /the model '\.\.\/\.\.\/etc' is not allowed \(it contains '\/'\)/],
+            [`${base}/Q2_K%2F..%2F..%2Fx.gguf`, /contains '\/'/],
+            [`${base}/%2Fetc%2Fpasswd`, /contains '\/'/],
+            [`${base}/a%5Cb.gguf`, /contains a backslash/],
+            [`${base}//${Q4}`, /file segment 1 '' is not allowed \(it is empty\)/],
+            [`${base}/${Q8}.partial`, /reserves for downloads in progress/],
+            [`${base}/%0Aevil`, /control characters/],
+            [`${base}/%E0%A4%A`, /not valid percent-encoding/],
+          ];
+          for (const [requestPath, message] of refused) {
+            const answer = await raw(url, requestPath);
+            assert.equal(answer.status, 400, `${requestPath}: ${answer.body.toString()}`);
+            const error = JSON.parse(answer.body.toString()).error;
+            assert.equal(error.code, "invalid_path");
+            assert.match(error.message, message, requestPath);
+          }
+        });
+      } finally {
+        hub.setFault(null);
+        await mirror.close();
+      }
+    },
+  );
 });
 
 test("parseRange reads one range and ignores what it does not serve", () => {
@@ -475,58 +514,72 @@ describe("what a fetch picks", () => {
   const planner =
     (memoryBytes: number): MirrorPlanner =>
     (query, signal) =>
-      planRepository({ ...query, registry, pool: localPool({ hostname: "stand-in-node", cores: 8, totalMemoryBytes: memoryBytes, freeMemoryBytes: memoryBytes }), signal });
-
-  testBothStores("without quant or file a fetch takes the plan's recommendation, says so, and agrees with the plan; with nothing fitting it takes the default and says why", async (store) => {
-    const dataDir = await tempDir();
-    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    try {
-      // The stand-in repository's quantisations are all tiny: on a 16 GiB node every one fits,
-      // and the plan recommends the best quality (F16), not the default Q4_K_M.
-      const roomy = planner(16 * GiB);
-      const planned = await roomy({ repo: GGUF_REPO, contextSize: 2048 }, new AbortController().signal);
-      const recommended = planned.plan.artifacts.find((a) => a.id === planned.plan.recommendation?.artifact.id);
-      assert.equal(recommended?.label, "F16");
-      const started = await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
-        method: "POST",
-        body: JSON.stringify({ repo: GGUF_REPO, model: "planned", context: 2048 }),
+      planRepository({
+        ...query,
+        registry,
+        pool: localPool({ hostname: "stand-in-node", cores: 8, totalMemoryBytes: memoryBytes, freeMemoryBytes: memoryBytes }),
+        signal,
       });
-      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-      const answer = await json(started);
-      assert.deepEqual(answer.files.map((f: { path: string }) => f.path), recommended?.files, "the fetch and the plan pick the same file");
-      assert.deepEqual([answer.picked.by, answer.picked.artifact, answer.set], ["plan", "F16", "F16"]);
-      assert.match(answer.picked.reason, /what 'llmgw ctl model plan' recommends for this server for a 2048-token context\. Recommended: F16 on the CPU/);
-      await versionIn(adminApp(mirror, dataDir), "planned", "complete");
 
-      // A 1 GiB node offers nothing once the OS reserve is kept: nothing fits, so the default.
-      const cramped = await adminApp(mirror, dataDir, registry, { planner: planner(1 * GiB) }).request("/api/v1/mirror", {
-        method: "POST",
-        body: JSON.stringify({ repo: GGUF_REPO, model: "cramped" }),
-      });
-      assert.equal(cramped.status, 202);
-      const fallback = await json(cramped);
-      assert.deepEqual([fallback.picked.by, fallback.set], ["default", "Q4_K_M"]);
-      assert.match(fallback.picked.reason, /nothing in the plan fits this server for a 16384-token context\. Nothing fits this pool/);
+  testBothStores(
+    "without quant or file a fetch takes the plan's recommendation, says so, and agrees with the plan; with nothing fitting it takes the default and says why",
+    async (store) => {
+      const dataDir = await tempDir();
+      const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+      try {
+        // The stand-in repository's quantisations are all tiny: on a 16 GiB node every one fits,
+        // and the plan recommends the best quality (F16), not the default Q4_K_M.
+        const roomy = planner(16 * GiB);
+        const planned = await roomy({ repo: GGUF_REPO, contextSize: 2048 }, new AbortController().signal);
+        const recommended = planned.plan.artifacts.find((a) => a.id === planned.plan.recommendation?.artifact.id);
+        assert.equal(recommended?.label, "F16");
+        const started = await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
+          method: "POST",
+          body: JSON.stringify({ repo: GGUF_REPO, model: "planned", context: 2048 }),
+        });
+        assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+        const answer = await json(started);
+        assert.deepEqual(
+          answer.files.map((f: { path: string }) => f.path),
+          recommended?.files,
+          "the fetch and the plan pick the same file",
+        );
+        assert.deepEqual([answer.picked.by, answer.picked.artifact, answer.set], ["plan", "F16", "F16"]);
+        assert.match(answer.picked.reason, /what 'llmgw ctl model plan' recommends for this server for a 2048-token context\. Recommended: F16 on the CPU/);
+        await versionIn(adminApp(mirror, dataDir), "planned", "complete");
 
-      // Asked for a quantisation: that one, said as such; the planner is not consulted.
-      const asked = await json(await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q8_0", model: "asked" }) }));
-      assert.deepEqual(asked.picked, { by: "quant", artifact: "Q8_0", reason: "asked for with quant Q8_0" });
-      await versionIn(adminApp(mirror, dataDir), "cramped", "complete");
-      await versionIn(adminApp(mirror, dataDir), "asked", "complete");
+        // A 1 GiB node offers nothing once the OS reserve is kept: nothing fits, so the default.
+        const cramped = await adminApp(mirror, dataDir, registry, { planner: planner(1 * GiB) }).request("/api/v1/mirror", {
+          method: "POST",
+          body: JSON.stringify({ repo: GGUF_REPO, model: "cramped" }),
+        });
+        assert.equal(cramped.status, 202);
+        const fallback = await json(cramped);
+        assert.deepEqual([fallback.picked.by, fallback.set], ["default", "Q4_K_M"]);
+        assert.match(fallback.picked.reason, /nothing in the plan fits this server for a 16384-token context\. Nothing fits this pool/);
 
-      const fetches = await readAudit(store.db, { action: "mirror.fetch" });
-      assert.deepEqual(
-        fetches.map((e) => [e.actor, e.target, e.detail.set, e.detail.picked_by]).reverse(),
-        [
+        // Asked for a quantisation: that one, said as such; the planner is not consulted.
+        const asked = await json(
+          await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
+            method: "POST",
+            body: JSON.stringify({ repo: GGUF_REPO, quant: "Q8_0", model: "asked" }),
+          }),
+        );
+        assert.deepEqual(asked.picked, { by: "quant", artifact: "Q8_0", reason: "asked for with quant Q8_0" });
+        await versionIn(adminApp(mirror, dataDir), "cramped", "complete");
+        await versionIn(adminApp(mirror, dataDir), "asked", "complete");
+
+        const fetches = await readAudit(store.db, { action: "mirror.fetch" });
+        assert.deepEqual(fetches.map((e) => [e.actor, e.target, e.detail.set, e.detail.picked_by]).reverse(), [
           ["admin:admin", `planned/${info.shortSha}`, "F16", "plan"],
           ["admin:admin", `cramped/${info.shortSha}`, "Q4_K_M", "default"],
           ["admin:admin", `asked/${info.shortSha}`, "Q8_0", "quant"],
-        ],
-      );
-    } finally {
-      await mirror.close();
-    }
-  });
+        ]);
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 });
 
 describe("deleting a version the catalog uses", () => {
@@ -539,7 +592,10 @@ describe("deleting a version the catalog uses", () => {
     const app = adminApp(mirror, dataDir, registry, { modelsUsing: catalogModelsUsing(catalog) });
     try {
       const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q8) } });
-      assert.equal((await mirror.fetchVersion({ model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files })).complete, true);
+      assert.equal(
+        (await mirror.fetchVersion({ model: MODEL, version: made.version, repo: made.repo, revision: made.revision, files: made.files })).complete,
+        true,
+      );
       const other = await mirror.fetchVersion({ model: MODEL, version: "otherversion", repo: made.repo, revision: made.revision, files: made.files });
       assert.equal(other.complete, true);
       const source = { kind: "mirror", model: MODEL, version: made.version, file: Q8 };
@@ -564,17 +620,21 @@ describe("deleting a version the catalog uses", () => {
 
       const forced = await app.request(`/api/v1/mirror/${MODEL}/${made.version}?force=true`, { method: "DELETE" });
       assert.equal(forced.status, 200);
-      assert.deepEqual((await json(forced)).deleted, { model: MODEL, version: made.version, files: 1, bytes: 655360, forced: true, usedBy: ["tiny-a", "tiny-b"] });
+      assert.deepEqual((await json(forced)).deleted, {
+        model: MODEL,
+        version: made.version,
+        files: 1,
+        bytes: 655360,
+        forced: true,
+        usedBy: ["tiny-a", "tiny-b"],
+      });
       assert.equal(await mirror.pathFor(MODEL, made.version, Q8), null);
 
       const deletes = await readAudit(store.db, { action: "mirror.delete" });
-      assert.deepEqual(
-        deletes.map((e) => [e.actor, e.target, e.detail]).reverse(),
-        [
-          ["admin:admin", `${MODEL}/otherversion`, { bytes: 655360, files: 1 }],
-          ["admin:admin", `${MODEL}/${made.version}`, { bytes: 655360, force: true, used_by: ["tiny-a", "tiny-b"], files: 1 }],
-        ],
-      );
+      assert.deepEqual(deletes.map((e) => [e.actor, e.target, e.detail]).reverse(), [
+        ["admin:admin", `${MODEL}/otherversion`, { bytes: 655360, files: 1 }],
+        ["admin:admin", `${MODEL}/${made.version}`, { bytes: 655360, force: true, used_by: ["tiny-a", "tiny-b"], files: 1 }],
+      ]);
     } finally {
       await mirror.close();
     }
@@ -582,77 +642,82 @@ describe("deleting a version the catalog uses", () => {
 });
 
 describe("verification over the API", () => {
-  testBothStores("POST /api/v1/mirror/verify hashes in the background and GET shows each file; a changed file is refused by the file server with the reason; runs are audited", async (store) => {
-    const dataDir = await tempDir();
-    const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    const app = adminApp(mirror, dataDir);
-    const verify = async (body: unknown) => {
-      const started = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
-      assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-      const run = await json(started);
-      assert.equal(run.progress, `/api/v1/mirror/verify/${run.id}`);
-      return eventually("the verification to end", async () => {
-        const now = await json(await app.request(run.progress));
-        return now.state === "running" ? false : now;
-      });
-    };
-    try {
-      assert.equal((await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }) })).status, 202);
-      await versionIn(app, MODEL, "complete");
-      const file = path.join(dataDir, "mirror", MODEL, info.shortSha, Q4);
-      const published = createHash("sha256").update(await readFile(file)).digest("hex");
-
-      const clean = await verify({ model: MODEL, version: info.shortSha });
-      assert.deepEqual([clean.state, clean.ok, clean.failed, clean.skipped], ["done", 1, 0, 0]);
-      assert.deepEqual(clean.files.map((f: any) => [f.file, f.result, f.bytesDone, f.actualSha256]), [[Q4, "ok", 655360, published]]);
-
-      // Same size, other bytes: served with the old sha256 as ETag before this change.
-      const bytes = await readFile(file);
-      bytes[1000] = (bytes[1000] ?? 0) ^ 0xff;
-      await writeFile(file, bytes);
-      const later = new Date(Date.now() + 120_000);
-      await utimes(file, later, later);
-      await withFileServer(mirror, async (url) => {
-        const changed = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
-        assert.equal(changed.status, 409);
-        assert.equal(changed.headers.etag, undefined);
-        assert.equal(JSON.parse(changed.body.toString()).error.code, "mirror_file_changed");
-
-        const failed = await verify({ model: MODEL });
-        assert.deepEqual([failed.ok, failed.failed], [0, 1]);
-        const tampered = createHash("sha256").update(bytes).digest("hex");
-        assert.ok(failed.files[0].message.includes(published) && failed.files[0].message.includes(tampered), failed.files[0].message);
-        const refused = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
-        assert.equal(refused.status, 404);
-        const error = JSON.parse(refused.body.toString()).error;
-        assert.equal(error.code, "mirror_file_failed");
-        assert.ok(error.message.includes(tampered), error.message);
-      });
-
-      const everything = await verify({});
-      assert.deepEqual([everything.model, everything.files.length], [null, 1]);
-
-      const bad = async (body: unknown, status: number) => {
-        const response = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
-        assert.equal(response.status, status, JSON.stringify(body));
-        return (await json(response)).error;
+  testBothStores(
+    "POST /api/v1/mirror/verify hashes in the background and GET shows each file; a changed file is refused by the file server with the reason; runs are audited",
+    async (store) => {
+      const dataDir = await tempDir();
+      const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
+      const app = adminApp(mirror, dataDir);
+      const verify = async (body: unknown) => {
+        const started = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
+        assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
+        const run = await json(started);
+        assert.equal(run.progress, `/api/v1/mirror/verify/${run.id}`);
+        return eventually("the verification to end", async () => {
+          const now = await json(await app.request(run.progress));
+          return now.state === "running" ? false : now;
+        });
       };
-      assert.equal((await bad({ version: info.shortSha }, 400)).param, "model");
-      assert.equal((await bad({ colour: "blue" }, 400)).code, "invalid_field");
-      assert.equal((await bad({ model: "nobody" }, 404)).code, "mirror_version_not_found");
-      assert.equal((await app.request("/api/v1/mirror/verify/no-such-run")).status, 404);
+      try {
+        assert.equal((await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }) })).status, 202);
+        await versionIn(app, MODEL, "complete");
+        const file = path.join(dataDir, "mirror", MODEL, info.shortSha, Q4);
+        const published = createHash("sha256")
+          .update(await readFile(file))
+          .digest("hex");
 
-      const audited = await readAudit(store.db, { action: "mirror.verify" });
-      assert.deepEqual(
-        audited.map((e) => [e.actor, e.target, e.detail.ok, e.detail.failed]).reverse(),
-        [
+        const clean = await verify({ model: MODEL, version: info.shortSha });
+        assert.deepEqual([clean.state, clean.ok, clean.failed, clean.skipped], ["done", 1, 0, 0]);
+        assert.deepEqual(
+          clean.files.map((f: any) => [f.file, f.result, f.bytesDone, f.actualSha256]),
+          [[Q4, "ok", 655360, published]],
+        );
+
+        // Same size, other bytes: served with the old sha256 as ETag before this change.
+        const bytes = await readFile(file);
+        bytes[1000] = (bytes[1000] ?? 0) ^ 0xff;
+        await writeFile(file, bytes);
+        const later = new Date(Date.now() + 120_000);
+        await utimes(file, later, later);
+        await withFileServer(mirror, async (url) => {
+          const changed = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
+          assert.equal(changed.status, 409);
+          assert.equal(changed.headers.etag, undefined);
+          assert.equal(JSON.parse(changed.body.toString()).error.code, "mirror_file_changed");
+
+          const failed = await verify({ model: MODEL });
+          assert.deepEqual([failed.ok, failed.failed], [0, 1]);
+          const tampered = createHash("sha256").update(bytes).digest("hex");
+          assert.ok(failed.files[0].message.includes(published) && failed.files[0].message.includes(tampered), failed.files[0].message);
+          const refused = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
+          assert.equal(refused.status, 404);
+          const error = JSON.parse(refused.body.toString()).error;
+          assert.equal(error.code, "mirror_file_failed");
+          assert.ok(error.message.includes(tampered), error.message);
+        });
+
+        const everything = await verify({});
+        assert.deepEqual([everything.model, everything.files.length], [null, 1]);
+
+        const bad = async (body: unknown, status: number) => {
+          const response = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
+          assert.equal(response.status, status, JSON.stringify(body));
+          return (await json(response)).error;
+        };
+        assert.equal((await bad({ version: info.shortSha }, 400)).param, "model");
+        assert.equal((await bad({ colour: "blue" }, 400)).code, "invalid_field");
+        assert.equal((await bad({ model: "nobody" }, 404)).code, "mirror_version_not_found");
+        assert.equal((await app.request("/api/v1/mirror/verify/no-such-run")).status, 404);
+
+        const audited = await readAudit(store.db, { action: "mirror.verify" });
+        assert.deepEqual(audited.map((e) => [e.actor, e.target, e.detail.ok, e.detail.failed]).reverse(), [
           ["admin:admin", `${MODEL}/${info.shortSha}`, 1, 0],
           ["admin:admin", MODEL, 0, 1],
           ["admin:admin", "mirror", 0, 1],
-        ],
-      );
-    } finally {
-      await mirror.close();
-    }
-  });
+        ]);
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 });

@@ -24,7 +24,14 @@ import { VerifyRuns } from "./verify-runs.ts";
 import { mountReplicateRoutes } from "./replicate-routes.ts";
 import type { AskServer } from "./server-asker.ts";
 
-export { MIRROR_FILES_PREFIX, createMirrorFileHandler, isMirrorFileRequest, parseMirrorPath, parseRange, type MirrorFileHandlerOptions } from "./mirror-file-server.ts";
+export {
+  MIRROR_FILES_PREFIX,
+  createMirrorFileHandler,
+  isMirrorFileRequest,
+  parseMirrorPath,
+  parseRange,
+  type MirrorFileHandlerOptions,
+} from "./mirror-file-server.ts";
 export type { MirrorPlanner } from "./artifact-choice.ts";
 export type { AskServer, ServerRequest } from "./server-asker.ts";
 export type { ReplicateRunView } from "./replicate-runs.ts";
@@ -105,7 +112,14 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
   app.post("/api/v1/mirror", async (c) => {
     const body = parseWith(startSchema, await readJsonRequest(c, bodyLimits));
     // Reading the repository stops when the client goes away; the fetch itself does not.
-    const { model, plan, pick } = await prepareMirrorFetch({ request: body, registry: options.registry, mirror, planner: options.planner, cwd: options.cwd, signal: c.req.raw.signal });
+    const { model, plan, pick } = await prepareMirrorFetch({
+      request: body,
+      registry: options.registry,
+      mirror,
+      planner: options.planner,
+      cwd: options.cwd,
+      signal: c.req.raw.signal,
+    });
     const fetch = { model, version: plan.version, repo: plan.repo, revision: plan.revision, files: plan.files };
     const actor = actorOf(c.get("principal"));
     await mirror.audit({
@@ -114,12 +128,18 @@ export function mountMirrorRoutes(app: Hono<MirrorRoutesEnv>, options: MirrorRou
       target: `${model}/${plan.version}`,
       detail: { repo: plan.repo, revision: plan.revision, set: pick.artifact, picked_by: pick.by, files: plan.files.length, bytes: plan.totalBytes },
     });
-    logger.info({ actor, model, version: plan.version, repo: plan.repo, set: pick.artifact, pickedBy: pick.by, files: plan.files.length, bytes: plan.totalBytes }, "mirror fetch requested");
+    logger.info(
+      { actor, model, version: plan.version, repo: plan.repo, set: pick.artifact, pickedBy: pick.by, files: plan.files.length, bytes: plan.totalBytes },
+      "mirror fetch requested",
+    );
     // The fetch outlives this request: its progress and outcome are in the rows (GET), and
     // Mirror.close() stops it when the server stops.
     mirror.fetchVersion(fetch).then(
       (summary) =>
-        logger.info({ model, version: plan.version, complete: summary.complete, fetched: summary.fetched, skipped: summary.skipped, failed: summary.failed }, "mirror fetch finished"),
+        logger.info(
+          { model, version: plan.version, complete: summary.complete, fetched: summary.fetched, skipped: summary.skipped, failed: summary.failed },
+          "mirror fetch finished",
+        ),
       (error: unknown) => logger.warn({ model, version: plan.version, err: describeError(error) }, "mirror fetch stopped"),
     );
     return c.json(
@@ -172,10 +192,35 @@ function versionInUse(model: string, version: string, usedBy: string[]): Conflic
 
 /** One line per version: how many files, how many complete, bytes done of total, and an overall state. */
 function summarizeVersions(files: MirrorFileView[]) {
-  const versions = new Map<string, { model: string; version: string; repo: string; revision: string; files: number; complete: number; failed: number; bytesDone: number; bytesTotal: number; state: string }>();
+  const versions = new Map<
+    string,
+    {
+      model: string;
+      version: string;
+      repo: string;
+      revision: string;
+      files: number;
+      complete: number;
+      failed: number;
+      bytesDone: number;
+      bytesTotal: number;
+      state: string;
+    }
+  >();
   for (const file of files) {
     const key = `${file.model}\u0000${file.version}`;
-    const entry = versions.get(key) ?? { model: file.model, version: file.version, repo: file.repo, revision: file.revision, files: 0, complete: 0, failed: 0, bytesDone: 0, bytesTotal: 0, state: "" };
+    const entry = versions.get(key) ?? {
+      model: file.model,
+      version: file.version,
+      repo: file.repo,
+      revision: file.revision,
+      files: 0,
+      complete: 0,
+      failed: 0,
+      bytesDone: 0,
+      bytesTotal: 0,
+      state: "",
+    };
     entry.files += 1;
     if (file.state === "complete") entry.complete += 1;
     if (file.state === "failed") entry.failed += 1;
@@ -185,7 +230,13 @@ function summarizeVersions(files: MirrorFileView[]) {
   }
   return [...versions.values()].map((entry) => ({
     ...entry,
-    state: entry.complete === entry.files ? "complete" : entry.failed > 0 ? "failed" : files.some((f) => f.model === entry.model && f.version === entry.version && f.active) ? "fetching" : "pending",
+    state:
+      entry.complete === entry.files
+        ? "complete"
+        : entry.failed > 0
+          ? "failed"
+          : files.some((f) => f.model === entry.model && f.version === entry.version && f.active)
+            ? "fetching"
+            : "pending",
   }));
 }
-

@@ -154,13 +154,24 @@ export class MirrorRows {
       const result = await db
         .updateTable("mirror_files")
         // The stamp is this server's disk: in a cluster the row says so (callers pass only rows that are this server's own).
-        .set({ state: "complete", error: null, actual_sha256: sha256, bytes_done: stamp.size, verified_size: stamp.size, verified_mtime_ns: stamp.mtimeNs, verified_at: now, updated_at: now, ...(this.self === null ? {} : { fetched_by: this.self }) })
+        .set({
+          state: "complete",
+          error: null,
+          actual_sha256: sha256,
+          bytes_done: stamp.size,
+          verified_size: stamp.size,
+          verified_mtime_ns: stamp.mtimeNs,
+          verified_at: now,
+          updated_at: now,
+          ...(this.self === null ? {} : { fetched_by: this.self }),
+        })
         .where("model", "=", row.model)
         .where("version", "=", row.version)
         .where("file", "=", row.file)
         .executeTakeFirst();
       updated = Number(result.numUpdatedRows) > 0;
-      if (updated && this.self !== null) await upsertHolder(db, { model: row.model, version: row.version, file: row.file, server: this.self, sha256, size: stamp.size, verified_at: now });
+      if (updated && this.self !== null)
+        await upsertHolder(db, { model: row.model, version: row.version, file: row.file, server: this.self, sha256, size: stamp.size, verified_at: now });
     });
     return updated;
   }
@@ -171,7 +182,15 @@ export class MirrorRows {
    */
   async recordHeld(row: Pick<MirrorRow, "model" | "version" | "file">, sha256: string, size: number): Promise<void> {
     if (this.self === null) return;
-    await upsertHolder(this.#store.db, { model: row.model, version: row.version, file: row.file, server: this.self, sha256, size, verified_at: nowIso(this.#clock) });
+    await upsertHolder(this.#store.db, {
+      model: row.model,
+      version: row.version,
+      file: row.file,
+      server: this.self,
+      sha256,
+      size,
+      verified_at: nowIso(this.#clock),
+    });
   }
 
   /** Every holder row (of one model, or one version), by `fileKey`, sorted by server name. */
@@ -209,7 +228,16 @@ export class MirrorRows {
         .where("fetched_by", "is", null)
         .executeTakeFirst();
       claimed = Number(result.numUpdatedRows) > 0;
-      if (claimed) await upsertHolder(db, { model: row.model, version: row.version, file: row.file, server: self, sha256, size, verified_at: row.verified_at ?? nowIso(this.#clock) });
+      if (claimed)
+        await upsertHolder(db, {
+          model: row.model,
+          version: row.version,
+          file: row.file,
+          server: self,
+          sha256,
+          size,
+          verified_at: row.verified_at ?? nowIso(this.#clock),
+        });
     });
     return claimed;
   }

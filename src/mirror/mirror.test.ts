@@ -56,7 +56,16 @@ async function tempRoot(): Promise<string> {
 }
 
 function mirrorFor(store: Store, root: string, options: Partial<MirrorOptions> = {}): Mirror {
-  return new Mirror({ ...(process.env.MIRROR_TEST_LOG === "1" ? { logger: createLogger({ level: "debug" }) } : {}), store, root, retries: 0, retryDelayMs: 5, headersTimeoutMs: 5000, bodyTimeoutMs: 5000, ...options });
+  return new Mirror({
+    ...(process.env.MIRROR_TEST_LOG === "1" ? { logger: createLogger({ level: "debug" }) } : {}),
+    store,
+    root,
+    retries: 0,
+    retryDelayMs: 5,
+    headersTimeoutMs: 5000,
+    bodyTimeoutMs: 5000,
+    ...options,
+  });
 }
 
 function repoFile(pathInRepo: string, info: RepoInfo = ggufInfo): RepoFile {
@@ -68,7 +77,13 @@ function repoFile(pathInRepo: string, info: RepoInfo = ggufInfo): RepoFile {
 /** The fetchVersion arguments for some files of the stand-in GGUF repository. */
 function plan(paths: string[], info: RepoInfo = ggufInfo) {
   const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: paths.map((p) => repoFile(p, info)) } });
-  return { model: info === ggufInfo ? MODEL : defaultMirrorModelName(info.repo), version: made.version, repo: made.repo, revision: made.revision, files: made.files };
+  return {
+    model: info === ggufInfo ? MODEL : defaultMirrorModelName(info.repo),
+    version: made.version,
+    repo: made.repo,
+    revision: made.revision,
+    files: made.files,
+  };
 }
 
 const Q4 = "tiny-llama-Q4_K_M.gguf";
@@ -88,7 +103,9 @@ function cdnRequests(since: number) {
 }
 
 async function sha256Of(file: string): Promise<string> {
-  return createHash("sha256").update(await readFile(file)).digest("hex");
+  return createHash("sha256")
+    .update(await readFile(file))
+    .digest("hex");
 }
 
 async function sizeOf(file: string): Promise<number | null> {
@@ -137,7 +154,6 @@ function fillingDisk(budget: number): Partial<MirrorIo> {
   };
 }
 
-
 describe("fetch and verify", () => {
   testBothStores("a full fetch verifies sha256, lands complete, and the token never reaches the CDN", async (store) => {
     const root = await tempRoot();
@@ -181,7 +197,10 @@ describe("fetch and verify", () => {
       const usage = await mirror.diskUsage();
       assert.equal(usage.bytes, repoFile(Q4).size + 69);
       assert.equal(usage.partialBytes, 0);
-      assert.deepEqual(usage.versions.map((v) => [v.model, v.version, v.files, v.tracked]), [[MODEL, ggufInfo.shortSha, 2, true]]);
+      assert.deepEqual(
+        usage.versions.map((v) => [v.model, v.version, v.files, v.tracked]),
+        [[MODEL, ggufInfo.shortSha, 2, true]],
+      );
     } finally {
       await mirror.close();
     }
@@ -347,7 +366,10 @@ describe("resume", () => {
     const mirror = mirrorFor(store, await tempRoot(), { retries: 3 });
     try {
       const args = plan([Q8]);
-      const missing = { ...args, files: [{ ...(args.files[0] as MirrorFetchFile), path: "gone.gguf", url: registry.downloadUrl(GGUF_REPO, ggufInfo.sha, "gone.gguf") }] };
+      const missing = {
+        ...args,
+        files: [{ ...(args.files[0] as MirrorFetchFile), path: "gone.gguf", url: registry.downloadUrl(GGUF_REPO, ggufInfo.sha, "gone.gguf") }],
+      };
       const since = hub.requests.length;
       const summary = await mirror.fetchVersion(missing);
       assert.equal(summary.files[0]?.error?.code, "mirror_source_not_found");
@@ -412,7 +434,10 @@ describe("disk full", () => {
       const since = hub.requests.length;
       const summary = await mirror.fetchVersion(args);
       assert.equal(summary.complete, true);
-      assert.deepEqual(cdnRequests(since).map((r) => r.range), ["bytes=300000-"]);
+      assert.deepEqual(
+        cdnRequests(since).map((r) => r.range),
+        ["bytes=300000-"],
+      );
       assert.equal(await sha256Of(path.join(root, MODEL, args.version, Q4)), repoFile(Q4).sha256);
     } finally {
       await mirror.close();
@@ -482,7 +507,10 @@ describe("delete and disk use", () => {
 
       hub.setFault({ kind: "delay", ms: 400, match: "/cdn/" });
       const slow = mirror.fetchVersion({ ...args, version: "slowversion" });
-      await assert.rejects(mirror.deleteVersion(MODEL, "slowversion"), (error: unknown) => error instanceof ConflictError && /is being fetched/.test(error.message));
+      await assert.rejects(
+        mirror.deleteVersion(MODEL, "slowversion"),
+        (error: unknown) => error instanceof ConflictError && /is being fetched/.test(error.message),
+      );
       await slow;
       hub.setFault(null);
 
@@ -534,46 +562,49 @@ describe("local sources", () => {
 });
 
 describe("local sources, hashed while copied", () => {
-  testBothStores("a local file is hashed while it is copied; the same files again copy nothing; a file touched since it was listed is not copied", async (store) => {
-    const dir = await tempRoot();
-    const content = randomBytes(200_000);
-    const file = path.join(dir, "model-Q4_K_M.gguf");
-    await writeFile(file, content);
-    const mirror = mirrorFor(store, await tempRoot());
-    try {
-      const listing = await listLocalSource({ source: dir });
-      const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
-      assert.equal(made.files[0]?.sha256, null, "nothing was hashed before the copy");
-      const args = { model: "local", version: made.version, repo: made.repo, revision: made.revision, files: made.files };
-      const first = await mirror.fetchVersion(args);
-      assert.equal(first.complete, true, JSON.stringify(first.files[0]?.error));
-      const sha = createHash("sha256").update(content).digest("hex");
-      assert.equal(first.files[0]?.sha256, sha);
-      assert.equal((await mirror.list())[0]?.actualSha256, sha, "the row records the hash of the bytes copied");
+  testBothStores(
+    "a local file is hashed while it is copied; the same files again copy nothing; a file touched since it was listed is not copied",
+    async (store) => {
+      const dir = await tempRoot();
+      const content = randomBytes(200_000);
+      const file = path.join(dir, "model-Q4_K_M.gguf");
+      await writeFile(file, content);
+      const mirror = mirrorFor(store, await tempRoot());
+      try {
+        const listing = await listLocalSource({ source: dir });
+        const made = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+        assert.equal(made.files[0]?.sha256, null, "nothing was hashed before the copy");
+        const args = { model: "local", version: made.version, repo: made.repo, revision: made.revision, files: made.files };
+        const first = await mirror.fetchVersion(args);
+        assert.equal(first.complete, true, JSON.stringify(first.files[0]?.error));
+        const sha = createHash("sha256").update(content).digest("hex");
+        assert.equal(first.files[0]?.sha256, sha);
+        assert.equal((await mirror.list())[0]?.actualSha256, sha, "the row records the hash of the bytes copied");
 
-      // Listed again, untouched: the same version, and nothing is copied.
-      const unchanged = await listLocalSource({ source: dir });
-      const again = planLocalMirrorFetch({ listing: unchanged, chosen: { files: unchanged.files } });
-      assert.equal(again.version, made.version);
-      const second = await mirror.fetchVersion(args);
-      assert.deepEqual([second.skipped, second.bytesFetched], [1, 0]);
+        // Listed again, untouched: the same version, and nothing is copied.
+        const unchanged = await listLocalSource({ source: dir });
+        const again = planLocalMirrorFetch({ listing: unchanged, chosen: { files: unchanged.files } });
+        assert.equal(again.version, made.version);
+        const second = await mirror.fetchVersion(args);
+        assert.deepEqual([second.skipped, second.bytesFetched], [1, 0]);
 
-      // Touched after it was listed: the old listing's version is not filled with these bytes.
-      const stale = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
-      const later = new Date(Date.now() + 60_000);
-      await utimes(file, later, later);
-      const refused = await mirror.fetchVersion({ ...args, model: "local-stale", files: stale.files });
-      assert.equal(refused.files[0]?.state, "failed");
-      assert.equal(refused.files[0]?.error?.code, "mirror_local_source_changed");
-      assert.ok(refused.files[0]?.error?.message.includes(file), refused.files[0]?.error?.message);
-      assert.equal(await mirror.pathFor("local-stale", made.version, "model-Q4_K_M.gguf"), null);
-      const relisted = await listLocalSource({ source: dir });
-      const fresh = planLocalMirrorFetch({ listing: relisted, chosen: { files: relisted.files } });
-      assert.notEqual(fresh.version, made.version, "a touched file is a new version");
-    } finally {
-      await mirror.close();
-    }
-  });
+        // Touched after it was listed: the old listing's version is not filled with these bytes.
+        const stale = planLocalMirrorFetch({ listing, chosen: { files: listing.files } });
+        const later = new Date(Date.now() + 60_000);
+        await utimes(file, later, later);
+        const refused = await mirror.fetchVersion({ ...args, model: "local-stale", files: stale.files });
+        assert.equal(refused.files[0]?.state, "failed");
+        assert.equal(refused.files[0]?.error?.code, "mirror_local_source_changed");
+        assert.ok(refused.files[0]?.error?.message.includes(file), refused.files[0]?.error?.message);
+        assert.equal(await mirror.pathFor("local-stale", made.version, "model-Q4_K_M.gguf"), null);
+        const relisted = await listLocalSource({ source: dir });
+        const fresh = planLocalMirrorFetch({ listing: relisted, chosen: { files: relisted.files } });
+        assert.notEqual(fresh.version, made.version, "a touched file is a new version");
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 
   testBothStores("a local file that changes while it is copied is not presented", async (store) => {
     const dir = await tempRoot();
@@ -612,7 +643,11 @@ describe("local sources, hashed while copied", () => {
       assert.equal(summary.files[0]?.error?.code, "mirror_local_source_changed");
       assert.match(summary.files[0]?.error?.message ?? "", /while it was being copied/);
       assert.equal(await mirror.pathFor("local", made.version, "model-Q4_K_M.gguf"), null);
-      assert.equal(existsSync(path.join(root, "local", made.version, "model-Q4_K_M.gguf.partial")), false, "the bytes of another file are not kept to resume from");
+      assert.equal(
+        existsSync(path.join(root, "local", made.version, "model-Q4_K_M.gguf.partial")),
+        false,
+        "the bytes of another file are not kept to resume from",
+      );
     } finally {
       await mirror.close();
     }
@@ -660,7 +695,13 @@ describe("following a fetch", () => {
       await eventually("the first downloads", async () => (await earlier.list()).filter((row) => row.state === "fetching").length === 2);
       await earlier.close();
       const left = await mirrorFor(store, root).list();
-      assert.deepEqual(left.map((row) => [row.state, row.active]), [["pending", false], ["pending", false]]);
+      assert.deepEqual(
+        left.map((row) => [row.state, row.active]),
+        [
+          ["pending", false],
+          ["pending", false],
+        ],
+      );
 
       hub.setFault({ kind: "delay", ms: 300, match: "/cdn/" });
       const mirror = mirrorFor(store, root);
@@ -676,7 +717,13 @@ describe("following a fetch", () => {
           "a poller must not take the earlier run's rows for this fetch having stopped",
         );
         assert.equal((await fetching).complete, true);
-        assert.deepEqual((await mirror.list()).map((row) => [row.state, row.active]), [["complete", false], ["complete", false]]);
+        assert.deepEqual(
+          (await mirror.list()).map((row) => [row.state, row.active]),
+          [
+            ["complete", false],
+            ["complete", false],
+          ],
+        );
       } finally {
         await mirror.close();
       }
@@ -691,10 +738,19 @@ describe("following a fetch", () => {
       const args = plan([Q4]);
       const file = args.files[0] as MirrorFetchFile;
       assert.equal(mirror.checkFetch(args).length, 1);
-      assert.throws(() => mirror.checkFetch({ ...args, files: [{ ...file, sha256: "NOT-A-SHA" }] }), (error: unknown) => error instanceof BadRequestError && error.param === "files.0.sha256");
-      assert.throws(() => mirror.checkFetch({ ...args, files: [{ ...file, path: `${"d".repeat(256)}/x.gguf` }] }), (error: unknown) => error instanceof BadRequestError && /longer than 255 bytes/.test(error.message));
+      assert.throws(
+        () => mirror.checkFetch({ ...args, files: [{ ...file, sha256: "NOT-A-SHA" }] }),
+        (error: unknown) => error instanceof BadRequestError && error.param === "files.0.sha256",
+      );
+      assert.throws(
+        () => mirror.checkFetch({ ...args, files: [{ ...file, path: `${"d".repeat(256)}/x.gguf` }] }),
+        (error: unknown) => error instanceof BadRequestError && /longer than 255 bytes/.test(error.message),
+      );
       await mirror.close();
-      assert.throws(() => mirror.checkFetch(args), (error: unknown) => error instanceof ConflictError && error.code === "mirror_closed");
+      assert.throws(
+        () => mirror.checkFetch(args),
+        (error: unknown) => error instanceof ConflictError && error.code === "mirror_closed",
+      );
       assert.equal((await mirror.list()).length, 0);
     } finally {
       await mirror.close();
@@ -741,7 +797,10 @@ describe("restart", () => {
       const since = hub.requests.length;
       const summary = await mirror.fetchVersion(args);
       assert.equal(summary.complete, true);
-      assert.deepEqual(cdnRequests(since).map((r) => r.range), [`bytes=${DROP_AT}-`]);
+      assert.deepEqual(
+        cdnRequests(since).map((r) => r.range),
+        [`bytes=${DROP_AT}-`],
+      );
       assert.equal(await sha256Of(path.join(root, MODEL, args.version, Q4)), repoFile(Q4).sha256);
       await mirror.close();
     } finally {
@@ -757,7 +816,9 @@ describe("restart", () => {
     // Migrations first, so the child and this process do not race to apply them.
     await (await database.open()).close();
     hub.setFault({ kind: "drop", afterBytes: DROP_AT, match: "/cdn/", times: 1 });
-    const child = spawn(process.execPath, ["--import", "tsx", path.join(HERE, "../../test/support/mirror-fetch-child.ts")], { stdio: ["pipe", "inherit", "inherit"] });
+    const child = spawn(process.execPath, ["--import", "tsx", path.join(HERE, "../../test/support/mirror-fetch-child.ts")], {
+      stdio: ["pipe", "inherit", "inherit"],
+    });
     const exited = new Promise((resolve) => child.once("exit", resolve));
     try {
       child.stdin.end(JSON.stringify({ ...database.spec, root, fetch: args, retryDelayMs: 60_000 }));
@@ -772,7 +833,11 @@ describe("restart", () => {
     const store = await database.open();
     try {
       const before = await store.db.selectFrom("mirror_files").selectAll().execute();
-      assert.deepEqual(before.map((r) => r.state), ["fetching"], "the killed process left its row fetching");
+      assert.deepEqual(
+        before.map((r) => r.state),
+        ["fetching"],
+        "the killed process left its row fetching",
+      );
       const mirror = mirrorFor(store, root);
       assert.equal(await mirror.pathFor(MODEL, args.version, Q4), null);
       assert.deepEqual(await mirror.recover(), { interrupted: 1, missing: 0, unconfirmed: 0 });
@@ -782,7 +847,10 @@ describe("restart", () => {
       const since = hub.requests.length;
       const summary = await mirror.fetchVersion(args);
       assert.equal(summary.complete, true);
-      assert.deepEqual(cdnRequests(since).map((r) => r.range), [`bytes=${DROP_AT}-`]);
+      assert.deepEqual(
+        cdnRequests(since).map((r) => r.range),
+        [`bytes=${DROP_AT}-`],
+      );
       await mirror.close();
     } finally {
       await store.close();

@@ -135,7 +135,13 @@ export class Mirror {
         : createDownloader(
             { ...options, dispatcher: made.dispatcher },
             // No Authorization goes to a holder: the grant in the URL is the credential.
-            { rows: holderRows(this.#rows), io: this.#io, logger: this.#logger, clock, http: { headersForRedirect: (headers) => headers, statusError: holderStatusError } },
+            {
+              rows: holderRows(this.#rows),
+              io: this.#io,
+              logger: this.#logger,
+              clock,
+              http: { headersForRedirect: (headers) => headers, statusError: holderStatusError },
+            },
           ).downloader;
   }
 
@@ -166,7 +172,9 @@ export class Mirror {
     const keys = files.map((file) => fileKey(model, version, file.path));
     for (const key of keys) count(this.#claimed, key, +1);
     return this.#track(this.#busyVersions.fetching, fileKey(model, version, ""), async () => {
-      const settled = await Promise.allSettled(files.map((file, index) => this.#fetchFile(context, file).finally(() => count(this.#claimed, keys[index] as string, -1))));
+      const settled = await Promise.allSettled(
+        files.map((file, index) => this.#fetchFile(context, file).finally(() => count(this.#claimed, keys[index] as string, -1))),
+      );
       signal.throwIfAborted();
       const outcomes = settled.map((result) => {
         if (result.status === "fulfilled") return result.value;
@@ -213,10 +221,13 @@ export class Mirror {
     const row = await this.#rows.get(model, version, file);
     const sha256 = row === undefined ? null : verifiedSha256(row);
     if (row === undefined || row.state !== "complete" || sha256 === null) {
-      const why = row?.state === "failed" && row.error !== null ? `: ${row.error}` : `. It may still be fetching or have failed: GET /api/v1/mirror shows its state.`;
+      const why =
+        row?.state === "failed" && row.error !== null ? `: ${row.error}` : `. It may still be fetching or have failed: GET /api/v1/mirror shows its state.`;
       return {
         kind: "refused",
-        error: new NotFoundError(`The mirror has no complete file '${file}' in ${model}/${version}${why}`, { code: row?.state === "failed" ? "mirror_file_failed" : "mirror_file_not_found" }),
+        error: new NotFoundError(`The mirror has no complete file '${file}' in ${model}/${version}${why}`, {
+          code: row?.state === "failed" ? "mirror_file_failed" : "mirror_file_not_found",
+        }),
       };
     }
     const final = this.#finalPath(model, version, file);
@@ -225,10 +236,19 @@ export class Mirror {
     const holders = self === null ? [] : holdersFor(row, await this.#rows.holders(row));
     const verdict = judgeCopy({ row, final, stamp, self, holders });
     if (verdict.kind === "ok") return { kind: "ok", path: final, size: verdict.size, sha256, updatedAt: row.updated_at };
-    if (verdict.kind === "refused" || this.#cluster === null) return { kind: "refused", error: verdict.kind === "refused" ? verdict.error : new NotFoundError(`'${file}' is missing.`) };
+    if (verdict.kind === "refused" || this.#cluster === null)
+      return { kind: "refused", error: verdict.kind === "refused" ? verdict.error : new NotFoundError(`'${file}' is missing.`) };
     const described = await this.#cluster.describe(verdict.others.map((holder) => holder.server));
     const size = row.bytes_total ?? Number(verdict.others[0]?.size ?? 0);
-    return { kind: "elsewhere", size, sha256, updatedAt: row.updated_at, holders: described, server: this.#cluster.self, error: elsewhereError(row, this.#cluster.self, described) };
+    return {
+      kind: "elsewhere",
+      size,
+      sha256,
+      updatedAt: row.updated_at,
+      holders: described,
+      server: this.#cluster.self,
+      error: elsewhereError(row, this.#cluster.self, described),
+    };
   }
 
   /** Where a complete file is on disk with its size and sha256, or null when it cannot be served (see `check`). */
@@ -266,9 +286,14 @@ export class Mirror {
     validateMirrorKey("model", model);
     validateMirrorKey("version", version);
     const versionKey = fileKey(model, version, "");
-    for (const [doing, busy] of [["fetched", this.#busyVersions.fetching], ["verified", this.#busyVersions.verifying]] as const) {
+    for (const [doing, busy] of [
+      ["fetched", this.#busyVersions.fetching],
+      ["verified", this.#busyVersions.verifying],
+    ] as const) {
       if (busy.has(versionKey)) {
-        throw new ConflictError(`Version ${model}/${version} is being ${doing}; wait for that to finish (GET /api/v1/mirror) and delete it then.`, { code: "mirror_version_busy" });
+        throw new ConflictError(`Version ${model}/${version} is being ${doing}; wait for that to finish (GET /api/v1/mirror) and delete it then.`, {
+          code: "mirror_version_busy",
+        });
       }
     }
     const folder = path.join(this.root, model, version);
@@ -278,10 +303,14 @@ export class Mirror {
     const rows = await this.#rows.deleteVersion(model, version, {
       check: (deleted) => {
         if (deleted === 0 && !exists) {
-          throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
+          throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, {
+            code: "mirror_version_not_found",
+          });
         }
       },
-      ...(options.actor === undefined ? {} : { audit: { actor: options.actor, action: "mirror.delete", target: `${model}/${version}`, detail: { bytes: usage.bytes, ...forced } } }),
+      ...(options.actor === undefined
+        ? {}
+        : { audit: { actor: options.actor, action: "mirror.delete", target: `${model}/${version}`, detail: { bytes: usage.bytes, ...forced } } }),
     });
     this.#downloader.forgetUnder(folder);
     await rm(folder, { recursive: true, force: true });
@@ -299,10 +328,12 @@ export class Mirror {
    */
   async verify(options: VerifyOptions = {}): Promise<VerifySummary> {
     const { model, version } = options;
-    if (version !== undefined && model === undefined) throw new BadRequestError("Verifying a version needs its model too.", { code: "invalid_field", param: "model" });
+    if (version !== undefined && model === undefined)
+      throw new BadRequestError("Verifying a version needs its model too.", { code: "invalid_field", param: "model" });
     if (model !== undefined) validateMirrorKey("model", model);
     if (version !== undefined) validateMirrorKey("version", version);
-    if (this.#closing.signal.aborted) throw new ConflictError("The mirror is shutting down; verify again after the server restarts.", { code: "mirror_closed" });
+    if (this.#closing.signal.aborted)
+      throw new ConflictError("The mirror is shutting down; verify again after the server restarts.", { code: "mirror_closed" });
     const rows = await this.#rows.list({ ...(model === undefined ? {} : { model }), ...(version === undefined ? {} : { version }) });
     if (model !== undefined && rows.length === 0) {
       const what = version === undefined ? `model ${model}` : `version ${model}/${version}`;
@@ -341,7 +372,13 @@ export class Mirror {
 
   /** Startup repair, before anything fetches or serves; see recovery.ts. */
   recover(): Promise<RecoverSummary> {
-    return recoverRows({ rows: this.#rows, logger: this.#logger, finalPath: (m, v, f) => this.#finalPath(m, v, f), isActive: (key) => this.#active.has(key), root: this.root });
+    return recoverRows({
+      rows: this.#rows,
+      logger: this.#logger,
+      finalPath: (m, v, f) => this.#finalPath(m, v, f),
+      isActive: (key) => this.#active.has(key),
+      root: this.root,
+    });
   }
 
   /**
@@ -358,7 +395,8 @@ export class Mirror {
       if (this.#cluster === null || this.#copier === null) {
         throw new ConflictError("This server is not part of a cluster: there is no other server to copy mirror files from.", { code: "mirror_not_clustered" });
       }
-      if (this.#closing.signal.aborted) throw new ConflictError("The mirror is shutting down; replicate again after the server restarts.", { code: "mirror_closed" });
+      if (this.#closing.signal.aborted)
+        throw new ConflictError("The mirror is shutting down; replicate again after the server restarts.", { code: "mirror_closed" });
     } catch (error) {
       return Promise.reject(error);
     }
@@ -462,7 +500,8 @@ export class Mirror {
       if (context.signal.aborted) throw context.signal.reason ?? error;
       // A failure around the download rather than in it (creating folders, re-reading a
       // partial, the store): recorded like any other, so one file cannot sink the version.
-      const failure = error instanceof LlmgwError ? error : localFailure(error, { target: context, spec, partial: final + PARTIAL_SUFFIX, written: active.bytesDone });
+      const failure =
+        error instanceof LlmgwError ? error : localFailure(error, { target: context, spec, partial: final + PARTIAL_SUFFIX, written: active.bytesDone });
       await this.#rows
         .upsert(context, spec, { state: "failed", bytes_done: active.bytesDone, error: failure.message, actual_sha256: null })
         .catch((storeError: unknown) => this.#logger.warn({ err: describeError(storeError), file: spec.path }, "could not record a mirror failure"));
@@ -484,14 +523,23 @@ export class Mirror {
   async #fromCluster(context: FetchContext, spec: MirrorFetchFile, row: MirrorRow, key: string): Promise<MirrorFileOutcome | null> {
     const sha256 = verifiedSha256(row);
     if (this.#cluster === null || this.#copier === null || sha256 === null) return null;
-    if (row.state !== "complete" || row.revision !== context.revision || row.sha256 !== spec.sha256 || (spec.size !== null && row.bytes_total !== spec.size)) return null;
+    if (row.state !== "complete" || row.revision !== context.revision || row.sha256 !== spec.sha256 || (spec.size !== null && row.bytes_total !== spec.size))
+      return null;
     const checked = await this.check(row.model, row.version, row.file);
     if (checked.kind === "ok") return outcome(spec, { state: "complete", skipped: true, bytesTotal: row.bytes_total, sha256 });
     const from = checked.kind === "elsewhere" ? checked.holders.find((holder) => holder.live && holder.url !== "") : undefined;
     if (from === undefined) return null;
-    const copy = await this.#copySlot(key, context.signal, () => copyFile({ cluster: this.#cluster!, downloader: this.#copier!, finalPath: (m, v, f) => this.#finalPath(m, v, f), logger: this.#logger }, { row, sha256, from, signal: context.signal, onProgress: context.onProgress }));
+    const copy = await this.#copySlot(key, context.signal, () =>
+      copyFile(
+        { cluster: this.#cluster!, downloader: this.#copier!, finalPath: (m, v, f) => this.#finalPath(m, v, f), logger: this.#logger },
+        { row, sha256, from, signal: context.signal, onProgress: context.onProgress },
+      ),
+    );
     if (copy.state === "copied") return outcome(spec, { state: "complete", bytesFetched: copy.bytesCopied, bytesTotal: row.bytes_total, sha256 });
-    this.#logger.warn({ model: row.model, version: row.version, file: row.file, from: from.name, err: copy.error?.message }, "could not copy a mirror file from another server; fetching it from its source");
+    this.#logger.warn(
+      { model: row.model, version: row.version, file: row.file, from: from.name, err: copy.error?.message },
+      "could not copy a mirror file from another server; fetching it from its source",
+    );
     return null;
   }
 

@@ -44,7 +44,9 @@ export function mountReplicateRoutes(app: Hono<Env>, options: ReplicateRoutesOpt
   const ask = options.askServer ?? (cluster === null ? undefined : httpServerAsker({ cluster }));
   const clustered = (): { cluster: MirrorCluster; runs: ReplicateRuns; ask: AskServer } => {
     if (cluster === null || runs === null || ask === undefined) {
-      throw new ConflictError("This server is not part of a cluster: its mirror is the only one, so there is no other server to copy to or from.", { code: "mirror_not_clustered" });
+      throw new ConflictError("This server is not part of a cluster: its mirror is the only one, so there is no other server to copy to or from.", {
+        code: "mirror_not_clustered",
+      });
     }
     return { cluster, runs, ask };
   };
@@ -63,9 +65,12 @@ export function mountReplicateRoutes(app: Hono<Env>, options: ReplicateRoutesOpt
     // A request passed on by another server is for this one: passing it on again could loop.
     const passedBy = c.req.header(FORWARDED_BY_HEADER);
     if (passedBy !== undefined) {
-      throw new ConflictError(`Server '${passedBy}' asked this server ('${cluster.self}') to copy ${model}/${version} to '${body.to}'; each server copies only to itself. Check the servers' names with 'llmgw ctl cluster status'.`, {
-        code: "mirror_wrong_server",
-      });
+      throw new ConflictError(
+        `Server '${passedBy}' asked this server ('${cluster.self}') to copy ${model}/${version} to '${body.to}'; each server copies only to itself. Check the servers' names with 'llmgw ctl cluster status'.`,
+        {
+          code: "mirror_wrong_server",
+        },
+      );
     }
     const askTo = (name: string) => ask(name, { method: "POST", path: "/api/v1/mirror/replicate", body: { model, version, to: name } }, authorization);
     if (body.to === "all") {
@@ -85,13 +90,19 @@ export function mountReplicateRoutes(app: Hono<Env>, options: ReplicateRoutesOpt
     }
     const target = await cluster.server(body.to);
     if (!target.known) {
-      throw new NotFoundError(`No server named '${body.to}' is in this cluster; 'llmgw ctl cluster status' lists them.`, { code: "mirror_server_not_found", param: "to" });
+      throw new NotFoundError(`No server named '${body.to}' is in this cluster; 'llmgw ctl cluster status' lists them.`, {
+        code: "mirror_server_not_found",
+        param: "to",
+      });
     }
     if (!target.live) {
-      throw new UnavailableError(`The server '${body.to}' is not running${target.lastSeen === null ? "" : ` (last seen ${target.lastSeen})`}. Start it, then replicate again.`, {
-        code: "server_not_running",
-        retryAfterSeconds: 5,
-      });
+      throw new UnavailableError(
+        `The server '${body.to}' is not running${target.lastSeen === null ? "" : ` (last seen ${target.lastSeen})`}. Start it, then replicate again.`,
+        {
+          code: "server_not_running",
+          retryAfterSeconds: 5,
+        },
+      );
     }
     return c.json({ model, version, to: body.to, runs: [firstRun(await askTo(body.to), body.to, model, version)] }, 202);
   });
@@ -103,7 +114,9 @@ export function mountReplicateRoutes(app: Hono<Env>, options: ReplicateRoutesOpt
     const server = c.req.query("server");
     if (server === undefined || server === "" || server === cluster.self) return c.json(runs.get(model, version));
     if (c.req.header(FORWARDED_BY_HEADER) !== undefined) {
-      throw new ConflictError(`This server is '${cluster.self}', not '${server}'; check the servers' names with 'llmgw ctl cluster status'.`, { code: "mirror_wrong_server" });
+      throw new ConflictError(`This server is '${cluster.self}', not '${server}'; check the servers' names with 'llmgw ctl cluster status'.`, {
+        code: "mirror_wrong_server",
+      });
     }
     const path = `/api/v1/mirror/replicate/${encodeURIComponent(model)}/${encodeURIComponent(version)}`;
     return c.json((await ask(server, { method: "GET", path }, c.req.header("authorization") ?? "")) as ReplicateRunView);
@@ -113,7 +126,8 @@ export function mountReplicateRoutes(app: Hono<Env>, options: ReplicateRoutesOpt
 /** The running servers that do not hold every file of a version (by the holder rows). */
 async function replicationTargets(mirror: Mirror, cluster: MirrorCluster, model: string, version: string): Promise<string[]> {
   const files = (await mirror.list({ model })).filter((file) => file.version === version);
-  if (files.length === 0) throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
+  if (files.length === 0)
+    throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
   const live = await cluster.liveServers();
   return live.map((server) => server.name).filter((name) => files.some((file) => !file.holders.includes(name)));
 }
@@ -126,5 +140,19 @@ function firstRun(answer: unknown, server: string, model: string, version: strin
 /** A server that could not start: a run that failed at once, with the reason. */
 function refusedRun(server: string, model: string, version: string, error: string): ReplicateRunView {
   const now = new Date().toISOString();
-  return { server, model, version, state: "failed", startedAt: now, finishedAt: now, totalBytes: 0, bytesDone: 0, copied: 0, alreadyHeld: 0, failed: 0, files: [], error };
+  return {
+    server,
+    model,
+    version,
+    state: "failed",
+    startedAt: now,
+    finishedAt: now,
+    totalBytes: 0,
+    bytesDone: 0,
+    copied: 0,
+    alreadyHeld: 0,
+    failed: 0,
+    files: [],
+    error,
+  };
 }

@@ -80,7 +80,14 @@ export class ReplicateRuns {
             copied: 0,
             alreadyHeld: plan.filter((f) => f.from === null).length,
             failed: 0,
-            files: plan.map((f) => ({ file: f.file, from: f.from, state: f.from === null ? "held" : "pending", bytesDone: 0, bytesTotal: f.bytesTotal, error: null })),
+            files: plan.map((f) => ({
+              file: f.file,
+              from: f.from,
+              state: f.from === null ? "held" : "pending",
+              bytesDone: 0,
+              bytesTotal: f.bytesTotal,
+              error: null,
+            })),
             error: null,
           };
           this.#keep(key, run);

@@ -71,9 +71,12 @@ export function holderStatusError(answer: SourceStatus): LlmgwError | null {
     );
   }
   if (answer.status === 404 || answer.status === 409) {
-    return new UpstreamError(`The server at ${where} no longer serves '${answer.spec.path}' (${answer.status}).${said} Copy it from another holder ('llmgw ctl mirror list' shows them).`, {
-      code: "mirror_holder_lost",
-    });
+    return new UpstreamError(
+      `The server at ${where} no longer serves '${answer.spec.path}' (${answer.status}).${said} Copy it from another holder ('llmgw ctl mirror list' shows them).`,
+      {
+        code: "mirror_holder_lost",
+      },
+    );
   }
   return null;
 }
@@ -81,16 +84,35 @@ export function holderStatusError(answer: SourceStatus): LlmgwError | null {
 /** Copies one file from `from` into this server's mirror and records it held; failures are returned, not thrown (except the abort). */
 export async function copyFile(
   deps: CopyDeps,
-  input: { row: MirrorRow; sha256: string; from: { name: string; url: string }; signal: AbortSignal; onProgress?: ((event: MirrorProgressEvent) => void) | undefined },
+  input: {
+    row: MirrorRow;
+    sha256: string;
+    from: { name: string; url: string };
+    signal: AbortSignal;
+    onProgress?: ((event: MirrorProgressEvent) => void) | undefined;
+  },
 ): Promise<ReplicateFileOutcome> {
   const { row, from } = input;
   const final = deps.finalPath(row.model, row.version, row.file);
-  const context: FetchContext = { model: row.model, version: row.version, repo: row.repo, revision: row.revision, signal: input.signal, onProgress: input.onProgress };
+  const context: FetchContext = {
+    model: row.model,
+    version: row.version,
+    repo: row.repo,
+    revision: row.revision,
+    signal: input.signal,
+    onProgress: input.onProgress,
+  };
   const path = [row.model, row.version, ...row.file.split("/")].map(encodeURIComponent).join("/");
   let copied = 0;
   for (let round = 1; ; round += 1) {
     const grant = deps.cluster.grants.sign(row.model, row.version, row.file);
-    const spec = { path: row.file, url: `${from.url.replace(/\/+$/, "")}/mirror/${path}?${GRANT_PARAM}=${grant}`, sha256: input.sha256, size: row.bytes_total, headers: {} };
+    const spec = {
+      path: row.file,
+      url: `${from.url.replace(/\/+$/, "")}/mirror/${path}?${GRANT_PARAM}=${grant}`,
+      sha256: input.sha256,
+      size: row.bytes_total,
+      headers: {},
+    };
     const active: ActiveFile = { state: "pending", bytesDone: 0, bytesTotal: row.bytes_total };
     const outcome = await deps.downloader.download(context, spec, { final, active, reuseFinal: false });
     copied += outcome.bytesFetched;
@@ -110,10 +132,16 @@ export async function copyFile(
  * holder (the first by name). Refused before anything is copied when the version is not
  * complete, when a file is held by no running server, or when nobody holds it.
  */
-export async function replicateVersion(deps: ReplicateDeps, model: string, version: string, options: ReplicateOptions & { signal: AbortSignal }): Promise<ReplicateSummary> {
+export async function replicateVersion(
+  deps: ReplicateDeps,
+  model: string,
+  version: string,
+  options: ReplicateOptions & { signal: AbortSignal },
+): Promise<ReplicateSummary> {
   const self = deps.cluster.self;
   const rows = await deps.rows.list({ model, version });
-  if (rows.length === 0) throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
+  if (rows.length === 0)
+    throw new NotFoundError(`The mirror has no version ${model}/${version}. GET /api/v1/mirror lists what it holds.`, { code: "mirror_version_not_found" });
   const incomplete = rows.filter((row) => row.state !== "complete" || verifiedSha256(row) === null);
   if (incomplete.length > 0) {
     throw new ConflictError(
@@ -137,7 +165,10 @@ export async function replicateVersion(deps: ReplicateDeps, model: string, versi
     }
   }
   if (lost.length > 0) {
-    throw new ConflictError(`Cannot replicate ${model}/${version} to '${self}': no server holds verified bytes of ${lost.join("; ")}. Fetch the version again.`, { code: "mirror_replicate_no_holder" });
+    throw new ConflictError(
+      `Cannot replicate ${model}/${version} to '${self}': no server holds verified bytes of ${lost.join("; ")}. Fetch the version again.`,
+      { code: "mirror_replicate_no_holder" },
+    );
   }
   if (down.length > 0) {
     throw new UnavailableError(
@@ -148,9 +179,12 @@ export async function replicateVersion(deps: ReplicateDeps, model: string, versi
   options.onStart?.(plan.map(({ file, bytesTotal, from }) => ({ file, bytesTotal, from })));
   const files = await Promise.all(
     plan.map((entry): Promise<ReplicateFileOutcome> => {
-      if (entry.from === null) return Promise.resolve({ file: entry.file, state: "held", from: null, bytesCopied: 0, bytesTotal: entry.bytesTotal, error: null });
+      if (entry.from === null)
+        return Promise.resolve({ file: entry.file, state: "held", from: null, bytesCopied: 0, bytesTotal: entry.bytesTotal, error: null });
       const from = { name: entry.from, url: entry.url };
-      return deps.run(fileKey(model, version, entry.file), () => copyFile(deps, { row: entry.row, sha256: entry.sha256, from, signal: options.signal, onProgress: options.onProgress }));
+      return deps.run(fileKey(model, version, entry.file), () =>
+        copyFile(deps, { row: entry.row, sha256: entry.sha256, from, signal: options.signal, onProgress: options.onProgress }),
+      );
     }),
   );
   options.signal.throwIfAborted();

@@ -29,7 +29,10 @@ export function httpServerAsker(options: { cluster: MirrorCluster; dispatcher?: 
   return async (name, ask, authorization) => {
     const server = (await options.cluster.liveServers()).find((live) => live.name === name);
     if (server === undefined) {
-      throw new UnavailableError(`The server '${name}' is not running. Start it (or choose another with 'llmgw ctl cluster status'), then try again.`, { code: "server_not_running", retryAfterSeconds: 5 });
+      throw new UnavailableError(`The server '${name}' is not running. Start it (or choose another with 'llmgw ctl cluster status'), then try again.`, {
+        code: "server_not_running",
+        retryAfterSeconds: 5,
+      });
     }
     const url = `${server.url.replace(/\/+$/, "")}${ask.path}`;
     let response;
@@ -43,7 +46,11 @@ export function httpServerAsker(options: { cluster: MirrorCluster; dispatcher?: 
         ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }),
       });
     } catch (error) {
-      throw new UpstreamError(`Cannot reach the server '${name}' at ${new URL(url).origin} (${describeError(error)}); it may have just stopped. Try again.`, { code: "server_unreachable", retryable: true, cause: error });
+      throw new UpstreamError(`Cannot reach the server '${name}' at ${new URL(url).origin} (${describeError(error)}); it may have just stopped. Try again.`, {
+        code: "server_unreachable",
+        retryable: true,
+        cause: error,
+      });
     }
     const text = await response.body.text();
     let parsed: unknown = null;

@@ -68,7 +68,9 @@ function cdnRequests(since: number) {
 }
 
 async function sha256Of(file: string): Promise<string> {
-  return createHash("sha256").update(await readFile(file)).digest("hex");
+  return createHash("sha256")
+    .update(await readFile(file))
+    .digest("hex");
 }
 
 /** Changes one byte of a file in place (same size) and gives it a distinct mtime, as an editor or a bad disk would. */
@@ -81,52 +83,58 @@ async function tamper(file: string): Promise<void> {
 }
 
 describe("integrity", () => {
-  testBothStores("a same-size change on disk is not served under the old sha256; verify marks it failed with both hashes; restored bytes verify again", async (store) => {
-    const mirror = mirrorFor(store, await tempRoot());
-    try {
-      const args = plan([Q4, "README.md"]);
-      assert.equal((await mirror.fetchVersion(args)).complete, true);
-      const final = path.join(mirror.root, MODEL, args.version, Q4);
-      const good = await readFile(final);
-      const published = repoFile(Q4).sha256 as string;
+  testBothStores(
+    "a same-size change on disk is not served under the old sha256; verify marks it failed with both hashes; restored bytes verify again",
+    async (store) => {
+      const mirror = mirrorFor(store, await tempRoot());
+      try {
+        const args = plan([Q4, "README.md"]);
+        assert.equal((await mirror.fetchVersion(args)).complete, true);
+        const final = path.join(mirror.root, MODEL, args.version, Q4);
+        const good = await readFile(final);
+        const published = repoFile(Q4).sha256 as string;
 
-      const clean = await mirror.verify({ model: MODEL, version: args.version });
-      assert.deepEqual([clean.ok, clean.failed, clean.skipped], [2, 0, 0]);
-      assert.deepEqual(clean.files.find((f) => f.file === Q4)?.actualSha256, published);
+        const clean = await mirror.verify({ model: MODEL, version: args.version });
+        assert.deepEqual([clean.ok, clean.failed, clean.skipped], [2, 0, 0]);
+        assert.deepEqual(clean.files.find((f) => f.file === Q4)?.actualSha256, published);
 
-      await tamper(final);
-      const tampered = await sha256Of(final);
-      // A stat is enough to stop presenting it: the lookup the file server and the agent use refuses it.
-      assert.equal(await mirror.lookup(MODEL, args.version, Q4), null);
-      const refused = await mirror.check(MODEL, args.version, Q4);
-      assert.equal(refused.kind, "refused");
-      assert.equal(refused.kind === "refused" && refused.error.status, 409);
-      assert.match(refused.kind === "refused" ? refused.error.message : "", /modified on disk .* after its bytes were verified .*ctl mirror verify llmgw-test--tiny-llama-GGUF/);
-      const listed = (await mirror.list()).find((r) => r.file === Q4);
-      assert.equal(listed?.state, "failed", "a changed file is not listed complete");
+        await tamper(final);
+        const tampered = await sha256Of(final);
+        // A stat is enough to stop presenting it: the lookup the file server and the agent use refuses it.
+        assert.equal(await mirror.lookup(MODEL, args.version, Q4), null);
+        const refused = await mirror.check(MODEL, args.version, Q4);
+        assert.equal(refused.kind, "refused");
+        assert.equal(refused.kind === "refused" && refused.error.status, 409);
+        assert.match(
+          refused.kind === "refused" ? refused.error.message : "",
+          /modified on disk .* after its bytes were verified .*ctl mirror verify llmgw-test--tiny-llama-GGUF/,
+        );
+        const listed = (await mirror.list()).find((r) => r.file === Q4);
+        assert.equal(listed?.state, "failed", "a changed file is not listed complete");
 
-      const events: string[] = [];
-      const checked = await mirror.verify({ model: MODEL, onProgress: (e) => events.push(e.file) });
-      assert.deepEqual([checked.ok, checked.failed], [1, 1]);
-      assert.ok(events.includes(Q4), "hashing reports progress");
-      const failed = checked.files.find((f) => f.file === Q4);
-      assert.deepEqual([failed?.result, failed?.expectedSha256, failed?.actualSha256], ["failed", published, tampered]);
-      const [row] = (await mirror.list()).filter((r) => r.file === Q4);
-      assert.equal(row?.state, "failed");
-      assert.ok(row?.error?.includes(published) && row.error.includes(tampered), row?.error ?? "");
-      const afterVerify = await mirror.check(MODEL, args.version, Q4);
-      assert.equal(afterVerify.kind === "refused" && afterVerify.error.code, "mirror_file_failed");
-      assert.ok(afterVerify.kind === "refused" && afterVerify.error.message.includes(tampered));
+        const events: string[] = [];
+        const checked = await mirror.verify({ model: MODEL, onProgress: (e) => events.push(e.file) });
+        assert.deepEqual([checked.ok, checked.failed], [1, 1]);
+        assert.ok(events.includes(Q4), "hashing reports progress");
+        const failed = checked.files.find((f) => f.file === Q4);
+        assert.deepEqual([failed?.result, failed?.expectedSha256, failed?.actualSha256], ["failed", published, tampered]);
+        const [row] = (await mirror.list()).filter((r) => r.file === Q4);
+        assert.equal(row?.state, "failed");
+        assert.ok(row?.error?.includes(published) && row.error.includes(tampered), row?.error ?? "");
+        const afterVerify = await mirror.check(MODEL, args.version, Q4);
+        assert.equal(afterVerify.kind === "refused" && afterVerify.error.code, "mirror_file_failed");
+        assert.ok(afterVerify.kind === "refused" && afterVerify.error.message.includes(tampered));
 
-      // The operator puts the right bytes back: verifying again makes it complete and served.
-      await writeFile(final, good);
-      const restored = await mirror.verify({ model: MODEL, version: args.version });
-      assert.deepEqual([restored.ok, restored.failed], [2, 0]);
-      assert.equal((await mirror.lookup(MODEL, args.version, Q4))?.sha256, published);
-    } finally {
-      await mirror.close();
-    }
-  });
+        // The operator puts the right bytes back: verifying again makes it complete and served.
+        await writeFile(final, good);
+        const restored = await mirror.verify({ model: MODEL, version: args.version });
+        assert.deepEqual([restored.ok, restored.failed], [2, 0]);
+        assert.equal((await mirror.lookup(MODEL, args.version, Q4))?.sha256, published);
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 
   testBothStores("a file whose refetch failed (no digest recorded) verifies against the published sha256 and is served again", async (store) => {
     const mirror = mirrorFor(store, await tempRoot());
@@ -150,33 +158,40 @@ describe("integrity", () => {
     }
   });
 
-  testBothStores("a fetch of a complete version hashes a touched file again: unchanged bytes are kept without a download, changed bytes are fetched anew", async (store) => {
-    const mirror = mirrorFor(store, await tempRoot());
-    try {
-      const args = plan([Q4]);
-      assert.equal((await mirror.fetchVersion(args)).complete, true);
-      const final = path.join(mirror.root, MODEL, args.version, Q4);
+  testBothStores(
+    "a fetch of a complete version hashes a touched file again: unchanged bytes are kept without a download, changed bytes are fetched anew",
+    async (store) => {
+      const mirror = mirrorFor(store, await tempRoot());
+      try {
+        const args = plan([Q4]);
+        assert.equal((await mirror.fetchVersion(args)).complete, true);
+        const final = path.join(mirror.root, MODEL, args.version, Q4);
 
-      const later = new Date(Date.now() + 60_000);
-      await utimes(final, later, later);
-      assert.equal(await mirror.lookup(MODEL, args.version, Q4), null, "not served until hashed again");
-      let since = hub.requests.length;
-      const touched = await mirror.fetchVersion(args);
-      assert.deepEqual([touched.complete, touched.files[0]?.skipped, touched.files[0]?.reverified], [true, true, true]);
-      assert.equal(hub.requests.length, since, "the bytes still matched: nothing was downloaded");
-      assert.equal((await mirror.lookup(MODEL, args.version, Q4))?.path, final, "served again once hashed");
+        const later = new Date(Date.now() + 60_000);
+        await utimes(final, later, later);
+        assert.equal(await mirror.lookup(MODEL, args.version, Q4), null, "not served until hashed again");
+        let since = hub.requests.length;
+        const touched = await mirror.fetchVersion(args);
+        assert.deepEqual([touched.complete, touched.files[0]?.skipped, touched.files[0]?.reverified], [true, true, true]);
+        assert.equal(hub.requests.length, since, "the bytes still matched: nothing was downloaded");
+        assert.equal((await mirror.lookup(MODEL, args.version, Q4))?.path, final, "served again once hashed");
 
-      await tamper(final);
-      since = hub.requests.length;
-      const changed = await mirror.fetchVersion(args);
-      assert.equal(changed.complete, true, JSON.stringify(changed.files[0]?.error));
-      assert.deepEqual([changed.files[0]?.skipped, changed.files[0]?.bytesFetched], [false, repoFile(Q4).size]);
-      assert.deepEqual(cdnRequests(since).map((r) => r.range), [undefined], "the changed bytes were replaced from the first byte");
-      assert.equal(await sha256Of(final), repoFile(Q4).sha256);
-    } finally {
-      await mirror.close();
-    }
-  });
+        await tamper(final);
+        since = hub.requests.length;
+        const changed = await mirror.fetchVersion(args);
+        assert.equal(changed.complete, true, JSON.stringify(changed.files[0]?.error));
+        assert.deepEqual([changed.files[0]?.skipped, changed.files[0]?.bytesFetched], [false, repoFile(Q4).size]);
+        assert.deepEqual(
+          cdnRequests(since).map((r) => r.range),
+          [undefined],
+          "the changed bytes were replaced from the first byte",
+        );
+        assert.equal(await sha256Of(final), repoFile(Q4).sha256);
+      } finally {
+        await mirror.close();
+      }
+    },
+  );
 
   testBothStores("a file gone from disk is not listed complete, is not served, and fails verification", async (store) => {
     const mirror = mirrorFor(store, await tempRoot());
@@ -185,7 +200,13 @@ describe("integrity", () => {
       assert.equal((await mirror.fetchVersion(args)).complete, true);
       await rm(path.join(mirror.root, MODEL, args.version, Q4));
       const rows = await mirror.list();
-      assert.deepEqual(rows.map((r) => [r.file, r.state]), [["README.md", "complete"], [Q4, "failed"]]);
+      assert.deepEqual(
+        rows.map((r) => [r.file, r.state]),
+        [
+          ["README.md", "complete"],
+          [Q4, "failed"],
+        ],
+      );
       assert.match(rows[1]?.error ?? "", /missing on disk/);
       const check = await mirror.check(MODEL, args.version, Q4);
       assert.deepEqual(check.kind === "refused" && [check.error.status, check.error.code], [404, "mirror_file_missing"]);
@@ -206,9 +227,15 @@ describe("integrity", () => {
       fetching.catch(() => undefined);
       await eventually("the download to start", async () => (await mirror.list())[0]?.state === "fetching");
       const during = await mirror.verify({ model: MODEL });
-      assert.deepEqual(during.files.map((f) => [f.file, f.result]), [[Q4, "skipped"]]);
+      assert.deepEqual(
+        during.files.map((f) => [f.file, f.result]),
+        [[Q4, "skipped"]],
+      );
       assert.match(during.files[0]?.message ?? "", /being fetched/);
-      await assert.rejects(mirror.deleteVersion(MODEL, args.version), (error: unknown) => error instanceof ConflictError && error.code === "mirror_version_busy");
+      await assert.rejects(
+        mirror.deleteVersion(MODEL, args.version),
+        (error: unknown) => error instanceof ConflictError && error.code === "mirror_version_busy",
+      );
       await assert.rejects(mirror.verify({ model: "nobody" }), (error: unknown) => error instanceof LlmgwError && error.status === 404);
       await assert.rejects(mirror.verify({ version: args.version }), (error: unknown) => error instanceof BadRequestError && error.param === "model");
     } finally {
@@ -246,7 +273,10 @@ describe("integrity", () => {
       const args = plan([Q4, "README.md"]);
       await mirror.fetchVersion(args);
       await mirror.deleteVersion(MODEL, args.version, { actor: "admin:ops", force: true, usedBy: ["tiny"] });
-      await assert.rejects(mirror.deleteVersion(MODEL, args.version, { actor: "admin:ops" }), (error: unknown) => error instanceof LlmgwError && error.status === 404);
+      await assert.rejects(
+        mirror.deleteVersion(MODEL, args.version, { actor: "admin:ops" }),
+        (error: unknown) => error instanceof LlmgwError && error.status === 404,
+      );
       const entries = await readAudit(store.db, { action: "mirror." });
       assert.deepEqual(
         entries.map((e) => [e.actor, e.action, e.target, e.detail]),

@@ -113,7 +113,10 @@ export async function keepIfStillVerified(
     deps.logger.info(where, "mirror file changed on disk but still matches its sha256");
     return { ...kept, reverified: true };
   }
-  deps.logger.warn({ ...where, expected, actual: again.kind === "hashed" ? again.sha256 : again.kind }, "mirror file changed on disk and no longer matches; fetching it again");
+  deps.logger.warn(
+    { ...where, expected, actual: again.kind === "hashed" ? again.sha256 : again.kind },
+    "mirror file changed on disk and no longer matches; fetching it again",
+  );
   return null;
 }
 
@@ -172,8 +175,21 @@ async function verifyOne(deps: VerifierDeps, listed: MirrorRow, options: VerifyO
   });
   const base = { model: row.model, version: row.version, file: row.file, expectedSha256: expected };
   if (outcome.kind !== "moving" && !(outcome.kind === "hashed" && outcome.sha256 === expected && outcome.stamp.size === row.bytes_total)) {
-    const kept = await keepForOthers(deps, row, expected, self, outcome.kind === "missing" ? `is missing on disk (${final})` : `has sha256 ${outcome.sha256}, not ${expected}`);
-    if (kept !== null) return { ...base, result: "failed", actualSha256: outcome.kind === "hashed" ? outcome.sha256 : null, bytes: outcome.kind === "hashed" ? outcome.stamp.size : null, message: kept };
+    const kept = await keepForOthers(
+      deps,
+      row,
+      expected,
+      self,
+      outcome.kind === "missing" ? `is missing on disk (${final})` : `has sha256 ${outcome.sha256}, not ${expected}`,
+    );
+    if (kept !== null)
+      return {
+        ...base,
+        result: "failed",
+        actualSha256: outcome.kind === "hashed" ? outcome.sha256 : null,
+        bytes: outcome.kind === "hashed" ? outcome.stamp.size : null,
+        message: kept,
+      };
   }
   if (outcome.kind === "missing") {
     const message = `The mirrored file '${row.file}' of ${row.model}/${row.version} is missing on disk (${final}); fetch the version again.`;
@@ -201,7 +217,10 @@ async function keepForOthers(deps: VerifierDeps, row: MirrorRow, expected: strin
   const others = (await deps.rows.holders(row)).filter((holder) => holder.server !== self && holder.sha256 === expected).map((holder) => `'${holder.server}'`);
   if (others.length === 0) return null;
   await deps.rows.dropHeld(row);
-  deps.logger.warn({ model: row.model, version: row.version, file: row.file, server: self }, "this server's mirror copy no longer matches; other servers hold it");
+  deps.logger.warn(
+    { model: row.model, version: row.version, file: row.file, server: self },
+    "this server's mirror copy no longer matches; other servers hold it",
+  );
   return (
     `This server's ('${self}') copy of '${row.file}' of ${row.model}/${row.version} ${what}: it is not served from here any more. ` +
     `${others.join(", ")} hold${others.length === 1 ? "s" : ""} verified copies; copy one here with 'llmgw ctl mirror replicate ${row.model} ${row.version} --to ${self}'.`
@@ -215,7 +234,10 @@ async function verifyHeldCopy(deps: VerifierDeps, row: MirrorRow, options: Verif
   const mine = (await deps.rows.holders(row)).find((holder) => holder.server === self);
   const replicate = `'llmgw ctl mirror replicate ${row.model} ${row.version} --to ${self}' copies it here`;
   if (mine === undefined && (await diskStamp(final)) === null) {
-    return skipped(row, `this server ('${self}') holds no copy of it${row.fetched_by === null ? "" : ` (server '${row.fetched_by}' fetched it)`}; ${replicate}`);
+    return skipped(
+      row,
+      `this server ('${self}') holds no copy of it${row.fetched_by === null ? "" : ` (server '${row.fetched_by}' fetched it)`}; ${replicate}`,
+    );
   }
   if (row.state !== "complete" || expected === null) return skipped(row, `it is not complete (${row.state})`);
   const outcome = await rehash(final, {
@@ -241,7 +263,16 @@ async function verifyHeldCopy(deps: VerifierDeps, row: MirrorRow, options: Verif
 }
 
 function skipped(row: MirrorRow, why: string): VerifyFileResult {
-  return { model: row.model, version: row.version, file: row.file, result: "skipped", expectedSha256: verifiedSha256(row), actualSha256: null, bytes: row.bytes_total, message: `Not verified: ${why}.` };
+  return {
+    model: row.model,
+    version: row.version,
+    file: row.file,
+    result: "skipped",
+    expectedSha256: verifiedSha256(row),
+    actualSha256: null,
+    bytes: row.bytes_total,
+    message: `Not verified: ${why}.`,
+  };
 }
 
 function nsToIso(ns: string): string {

@@ -124,9 +124,12 @@ export class VerifyRuns {
   get(id: string): VerifyRunView {
     const run = this.#runs.get(id);
     if (run === undefined) {
-      throw new NotFoundError(`No verification '${id}' is known here (the server keeps the last ${KEEP_FINISHED} and forgets them when it restarts); start one with POST /api/v1/mirror/verify.`, {
-        code: "mirror_verification_not_found",
-      });
+      throw new NotFoundError(
+        `No verification '${id}' is known here (the server keeps the last ${KEEP_FINISHED} and forgets them when it restarts); start one with POST /api/v1/mirror/verify.`,
+        {
+          code: "mirror_verification_not_found",
+        },
+      );
     }
     return run;
   }
@@ -139,6 +142,8 @@ export class VerifyRuns {
 
   async #audit(actor: string, run: VerifyRunView, detail: Record<string, unknown>): Promise<void> {
     const target = run.model === null ? "mirror" : run.version === null ? run.model : `${run.model}/${run.version}`;
-    await this.#mirror.audit({ actor, action: "mirror.verify", target, detail }).catch((error: unknown) => this.#logger.warn({ err: describeError(error), target }, "could not record a mirror verification in the audit log"));
+    await this.#mirror
+      .audit({ actor, action: "mirror.verify", target, detail })
+      .catch((error: unknown) => this.#logger.warn({ err: describeError(error), target }, "could not record a mirror verification in the audit log"));
   }
 }

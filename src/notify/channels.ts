@@ -25,12 +25,20 @@ const createSchema = z
     events: z.union([z.string(), z.array(z.string())]).optional(),
     min_severity: z.enum(SEVERITIES).default("info"),
   })
-  .refine((body) => (body.webhook === undefined) !== (body.slack === undefined), { message: "give exactly one of 'webhook' (a URL) or 'slack' (an incoming-webhook URL)" })
-  .refine((body) => body.secret === undefined || body.webhook !== undefined, { message: "'secret' signs webhooks; a Slack channel has none", path: ["secret"] });
+  .refine((body) => (body.webhook === undefined) !== (body.slack === undefined), {
+    message: "give exactly one of 'webhook' (a URL) or 'slack' (an incoming-webhook URL)",
+  })
+  .refine((body) => body.secret === undefined || body.webhook !== undefined, {
+    message: "'secret' signs webhooks; a Slack channel has none",
+    path: ["secret"],
+  });
 
 const updateSchema = z.strictObject({
   enabled: z.literal(true).optional(),
-  events: z.union([z.string(), z.array(z.string())]).nullable().optional(),
+  events: z
+    .union([z.string(), z.array(z.string())])
+    .nullable()
+    .optional(),
   min_severity: z.enum(SEVERITIES).optional(),
 });
 
@@ -84,7 +92,10 @@ function checkUrl(value: string, param: "webhook" | "slack"): string {
   try {
     url = new URL(value);
   } catch {
-    throw new BadRequestError(`${param}: '${value.slice(0, 80)}' is not a URL; give the receiver's full address, such as https://example.com/hooks/llmgw.`, { code: "invalid_url", param });
+    throw new BadRequestError(`${param}: '${value.slice(0, 80)}' is not a URL; give the receiver's full address, such as https://example.com/hooks/llmgw.`, {
+      code: "invalid_url",
+      param,
+    });
   }
   if (url.protocol !== "https:" && url.protocol !== "http:") {
     throw new BadRequestError(`${param}: the URL must be http or https, not ${url.protocol.replace(":", "")}.`, { code: "invalid_url", param });
@@ -128,10 +139,19 @@ export class ChannelStore {
     await this.options.store.db.transaction().execute(async (trx) => {
       const existing = await trx.selectFrom("notify_channels").select("id").where("name", "=", request.name).executeTakeFirst();
       if (existing !== undefined) {
-        throw new ConflictError(`A notification channel named '${request.name}' exists; remove it first ('llmgw ctl notify rm ${request.name}') or choose another name.`, { code: "channel_exists", param: "name" });
+        throw new ConflictError(
+          `A notification channel named '${request.name}' exists; remove it first ('llmgw ctl notify rm ${request.name}') or choose another name.`,
+          { code: "channel_exists", param: "name" },
+        );
       }
       await trx.insertInto("notify_channels").values(row).execute();
-      await recordAudit(trx, { at: row.created_at, actor, action: "notify.add", target: request.name, detail: { kind, url: urlShown, events, min_severity: request.min_severity } });
+      await recordAudit(trx, {
+        at: row.created_at,
+        actor,
+        action: "notify.add",
+        target: request.name,
+        detail: { kind, url: urlShown, events, min_severity: request.min_severity },
+      });
     });
     return { channel: viewChannel(toChannel(row)), secret: request.secret === undefined ? secret : null };
   }
@@ -142,7 +162,8 @@ export class ChannelStore {
 
   async get(name: string): Promise<Channel> {
     const row = await this.options.store.db.selectFrom("notify_channels").selectAll().where("name", "=", name).executeTakeFirst();
-    if (row === undefined) throw new NotFoundError(`There is no notification channel named '${name}'. List them with 'llmgw ctl notify list'.`, { code: "channel_not_found" });
+    if (row === undefined)
+      throw new NotFoundError(`There is no notification channel named '${name}'. List them with 'llmgw ctl notify list'.`, { code: "channel_not_found" });
     return toChannel(row);
   }
 
@@ -164,7 +185,8 @@ export class ChannelStore {
     if (request.events !== undefined) change.events = request.events === null ? null : JSON.stringify(parseEventKinds(request.events, "events"));
     if (request.min_severity !== undefined) change.min_severity = request.min_severity;
     if (request.enabled === true) Object.assign(change, { disabled_at: null, disabled_reason: null });
-    if (Object.keys(change).length === 0) throw new BadRequestError("The change names nothing to change: give 'enabled', 'events' or 'min_severity'.", { code: "empty_change" });
+    if (Object.keys(change).length === 0)
+      throw new BadRequestError("The change names nothing to change: give 'enabled', 'events' or 'min_severity'.", { code: "empty_change" });
     await this.options.store.db.transaction().execute(async (trx) => {
       await trx.updateTable("notify_channels").set(change).where("id", "=", channel.id).execute();
       await recordAudit(trx, { at: nowIso(this.options.clock), actor, action: "notify.update", target: name, detail: request });
@@ -174,7 +196,11 @@ export class ChannelStore {
 
   /** After a 410: nothing more is sent until an operator enables it again. */
   async disable(channelId: string, reason: string): Promise<void> {
-    await this.options.store.db.updateTable("notify_channels").set({ disabled_at: nowIso(this.options.clock), disabled_reason: reason }).where("id", "=", channelId).execute();
+    await this.options.store.db
+      .updateTable("notify_channels")
+      .set({ disabled_at: nowIso(this.options.clock), disabled_reason: reason })
+      .where("id", "=", channelId)
+      .execute();
   }
 
   /** The URL and signing key, for the sender only; null when sealed with another server secret. */
@@ -186,7 +212,20 @@ export class ChannelStore {
   }
 }
 
-type ChannelRow = { id: string; name: string; kind: string; url_sealed: string; url_shown: string; secret_sealed: string | null; events: string | null; min_severity: string; disabled_at: string | null; disabled_reason: string | null; created_by: string; created_at: string };
+type ChannelRow = {
+  id: string;
+  name: string;
+  kind: string;
+  url_sealed: string;
+  url_shown: string;
+  secret_sealed: string | null;
+  events: string | null;
+  min_severity: string;
+  disabled_at: string | null;
+  disabled_reason: string | null;
+  created_by: string;
+  created_at: string;
+};
 
 function toChannel(row: ChannelRow): Channel {
   return {

@@ -64,7 +64,20 @@ export class DeliveryRows {
   async insert(trx: Tx | Db, channelId: string, event: NotifyEvent, state: "pending" | "sending", now: string, dueAt = now): Promise<number> {
     const row = await trx
       .insertInto("notify_deliveries")
-      .values({ channel_id: channelId, event_id: event.id, kind: event.kind, subject: event.subject, event: JSON.stringify(event), state, attempts: 0, next_attempt_at: dueAt, last_status: null, last_error: null, created_at: now, updated_at: now })
+      .values({
+        channel_id: channelId,
+        event_id: event.id,
+        kind: event.kind,
+        subject: event.subject,
+        event: JSON.stringify(event),
+        state,
+        attempts: 0,
+        next_attempt_at: dueAt,
+        last_status: null,
+        last_error: null,
+        created_at: now,
+        updated_at: now,
+      })
       .returning("id")
       .executeTakeFirstOrThrow();
     return Number(row.id);
@@ -85,7 +98,14 @@ export class DeliveryRows {
         order by next_attempt_at, id limit ${limit} ${lock}
       )
       returning id, channel_id, event, attempts, created_at`.execute(this.store.db);
-    return result.rows.map((row) => ({ id: Number(row.id), channelId: row.channel_id, event: JSON.parse(row.event) as NotifyEvent, attempts: Number(row.attempts), createdAt: row.created_at, lease: leaseUntil }));
+    return result.rows.map((row) => ({
+      id: Number(row.id),
+      channelId: row.channel_id,
+      event: JSON.parse(row.event) as NotifyEvent,
+      attempts: Number(row.attempts),
+      createdAt: row.created_at,
+      lease: leaseUntil,
+    }));
   }
 
   async get(id: number): Promise<DeliveryView | null> {
@@ -94,10 +114,20 @@ export class DeliveryRows {
   }
 
   /** Records an attempt's answer on a row this sender claimed: the state it leaves and when it is tried next. */
-  async settle(claim: Pick<Delivery, "id" | "lease">, change: { state: DeliveryState; attempts: number; status: number | null; error: string | null; nextAttemptAt: string | null; now: string }): Promise<void> {
+  async settle(
+    claim: Pick<Delivery, "id" | "lease">,
+    change: { state: DeliveryState; attempts: number; status: number | null; error: string | null; nextAttemptAt: string | null; now: string },
+  ): Promise<void> {
     await this.store.db
       .updateTable("notify_deliveries")
-      .set({ state: change.state, attempts: change.attempts, last_status: change.status, last_error: change.error, next_attempt_at: change.nextAttemptAt, updated_at: change.now })
+      .set({
+        state: change.state,
+        attempts: change.attempts,
+        last_status: change.status,
+        last_error: change.error,
+        next_attempt_at: change.nextAttemptAt,
+        updated_at: change.now,
+      })
       .where("id", "=", claim.id)
       // A row cancelled meanwhile (its channel disabled) stays cancelled, and a sender whose
       // claim ran out (a stall past its lease) does not overwrite the one that claimed it next.
@@ -118,7 +148,13 @@ export class DeliveryRows {
 
   /** Newest first. */
   async log(channelId: string, limit: number): Promise<DeliveryView[]> {
-    const rows = await this.store.db.selectFrom("notify_deliveries").selectAll().where("channel_id", "=", channelId).orderBy("id", "desc").limit(limit).execute();
+    const rows = await this.store.db
+      .selectFrom("notify_deliveries")
+      .selectAll()
+      .where("channel_id", "=", channelId)
+      .orderBy("id", "desc")
+      .limit(limit)
+      .execute();
     return rows.map(toView);
   }
 
@@ -140,7 +176,19 @@ export class DeliveryRows {
   }
 }
 
-type Row = { id: number; kind: string; subject: string; event_id: number | null; state: string; attempts: number; last_status: number | null; last_error: string | null; next_attempt_at: string | null; created_at: string; updated_at: string };
+type Row = {
+  id: number;
+  kind: string;
+  subject: string;
+  event_id: number | null;
+  state: string;
+  attempts: number;
+  last_status: number | null;
+  last_error: string | null;
+  next_attempt_at: string | null;
+  created_at: string;
+  updated_at: string;
+};
 
 function toView(row: Row): DeliveryView {
   return {

@@ -105,7 +105,8 @@ export class Notifier {
 
   /** Sends a test message to one channel now, logged like any delivery; returns how it went. */
   async test(name: string, actor: string): Promise<DeliveryView> {
-    if (this.stopped) throw new UnavailableError("The server is stopping; send the test again once it is back.", { code: "server_stopping", retryAfterSeconds: 5 });
+    if (this.stopped)
+      throw new UnavailableError("The server is stopping; send the test again once it is back.", { code: "server_stopping", retryAfterSeconds: 5 });
     const sending = this.sendTest(name, actor);
     this.tests.add(sending);
     try {
@@ -165,7 +166,10 @@ export class Notifier {
       const cursor = await store.db.selectFrom("notify_cursor").select("last_event_id").where("id", "=", 1).executeTakeFirst();
       if (cursor === undefined) {
         // Only a store whose cursor row was deleted by hand: start from now, not from the whole history.
-        await store.db.insertInto("notify_cursor").values({ id: 1, last_event_id: await events.latestId() }).execute();
+        await store.db
+          .insertInto("notify_cursor")
+          .values({ id: 1, last_event_id: await events.latestId() })
+          .execute();
         continue;
       }
       const from = Number(cursor.last_event_id);
@@ -187,7 +191,11 @@ export class Notifier {
             count += 1;
           }
         }
-        await trx.updateTable("notify_cursor").set({ last_event_id: batch.at(-1)!.id }).where("id", "=", 1).execute();
+        await trx
+          .updateTable("notify_cursor")
+          .set({ last_event_id: batch.at(-1)!.id })
+          .where("id", "=", 1)
+          .execute();
         return count;
       });
       if (queued === null) continue;
@@ -205,7 +213,8 @@ export class Notifier {
       // Settled, not all: one attempt whose answer could not be recorded must not leave the others unawaited.
       const outcomes = await Promise.allSettled(due.map((delivery) => this.attempt(delivery, channels.get(delivery.channelId))));
       for (const outcome of outcomes) {
-        if (outcome.status === "rejected") this.options.logger.warn({ err: describeError(outcome.reason) }, "could not record a notification attempt; it is sent again when its claim runs out");
+        if (outcome.status === "rejected")
+          this.options.logger.warn({ err: describeError(outcome.reason) }, "could not record a notification attempt; it is sent again when its claim runs out");
       }
       if (due.length < this.settings.batch) return;
     }
@@ -217,7 +226,11 @@ export class Notifier {
     const settle = (state: "delivered" | "pending" | "failed" | "cancelled", outcome: Pick<SendOutcome, "status" | "error">, nextAttemptAt: string | null) =>
       this.deliveries.settle(delivery, { state, attempts, status: outcome.status, error: outcome.error, nextAttemptAt, now: nowIso(this.clock) });
     if (channel === undefined || channel.disabledAt !== null) {
-      await settle("cancelled", { status: null, error: channel === undefined ? "the channel was removed" : `the channel is disabled: ${channel.disabledReason ?? "by an operator"}` }, null);
+      await settle(
+        "cancelled",
+        { status: null, error: channel === undefined ? "the channel was removed" : `the channel is disabled: ${channel.disabledReason ?? "by an operator"}` },
+        null,
+      );
       return;
     }
     const target = this.options.channels.openTarget(channel);
@@ -228,7 +241,14 @@ export class Notifier {
       const error = "the channel's URL or secret was sealed by another server; this server's secret cannot open it";
       const retry = delivery.event.kind !== "notify_test" && this.clock() - Date.parse(delivery.createdAt) <= this.settings.giveUpMs;
       const next = retry ? new Date(this.clock() + Math.max(this.settings.pollMs, 1000) * 2).toISOString() : null;
-      await this.deliveries.settle(delivery, { state: retry ? "pending" : "failed", attempts: delivery.attempts, status: null, error, nextAttemptAt: next, now: nowIso(this.clock) });
+      await this.deliveries.settle(delivery, {
+        state: retry ? "pending" : "failed",
+        attempts: delivery.attempts,
+        status: null,
+        error,
+        nextAttemptAt: next,
+        now: nowIso(this.clock),
+      });
       return;
     }
     const outcome = await sendNotification({ kind: channel.kind, ...target }, delivery.event, {
@@ -248,7 +268,10 @@ export class Notifier {
       await this.options.channels.disable(channel.id, reason);
       await settle("failed", outcome, null);
       await this.deliveries.cancelPending(channel.id, `the channel was disabled: ${reason}`, nowIso(this.clock));
-      this.options.logger.warn({ ...log }, `notification channel disabled: the receiver answered 410 Gone; enable it with 'llmgw ctl notify enable ${channel.name}'`);
+      this.options.logger.warn(
+        { ...log },
+        `notification channel disabled: the receiver answered 410 Gone; enable it with 'llmgw ctl notify enable ${channel.name}'`,
+      );
       return;
     }
     if (delivery.event.kind === "notify_test") {

@@ -23,7 +23,8 @@ const RETRY_IN_A_MINUTE = { notify: { backoffMs: 60_000, maxBackoffMs: 60_000, p
  * its creation, before any attempt, so the state alone does not say the attempt is over.
  */
 async function failedOnce(harness: Harness, kind: string): Promise<boolean> {
-  const rows: Array<{ kind: string; state: string; attempts: number; last_status: number | null }> = (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data;
+  const rows: Array<{ kind: string; state: string; attempts: number; last_status: number | null }> = (await harness.admin("GET", "/api/v1/notify/ops/log")).body
+    .data;
   const row = rows.find((d) => d.kind === kind);
   return row?.state === "pending" && row.attempts === 1 && row.last_status === 500;
 }
@@ -52,11 +53,20 @@ async function addWebhook(harness: Harness, receiver: Receiver, extra: Record<st
 
 test("a webhook channel's secret is shown once, its URL without its query, and nothing secret is stored in the clear", async () => {
   const { harness, receiver } = await setup();
-  const created = await harness.admin("POST", "/api/v1/notify", { name: "ops", webhook: `${receiver.url}?token=s3cr3t-token`, events: "model_parked,node_lost", min_severity: "warning" });
+  const created = await harness.admin("POST", "/api/v1/notify", {
+    name: "ops",
+    webhook: `${receiver.url}?token=s3cr3t-token`,
+    events: "model_parked,node_lost",
+    min_severity: "warning",
+  });
   assert.equal(created.status, 201);
   assert.match(created.body.secret, /^whsec_[A-Za-z0-9+/]+=*$/);
   assert.equal(Buffer.from(created.body.secret.slice(6), "base64").length, 32);
-  assert.equal(created.body.url, `${receiver.url.replace(/\/hooks\/llmgw$/, "")}/hooks/…?…`, "host and first path segment only: later segments often hold tokens");
+  assert.equal(
+    created.body.url,
+    `${receiver.url.replace(/\/hooks\/llmgw$/, "")}/hooks/…?…`,
+    "host and first path segment only: later segments often hold tokens",
+  );
   assert.deepEqual(created.body.events, ["model_parked", "node_lost"]);
   for (const read of [await harness.admin("GET", "/api/v1/notify/ops"), await harness.admin("GET", "/api/v1/notify")]) {
     const text = JSON.stringify(read.body);
@@ -70,7 +80,8 @@ test("a webhook channel's secret is shown once, its URL without its query, and n
   assert.equal(slack.body.url, "https://hooks.slack.com/…");
   await harness.server.close();
   const database = readFileSync(path.join(harness.dataDir, "llmgw.db"));
-  for (const secret of [created.body.secret, "s3cr3t-token", "XYZsecretpath"]) assert.equal(database.includes(Buffer.from(secret)), false, `${secret} is sealed in the store`);
+  for (const secret of [created.body.secret, "s3cr3t-token", "XYZsecretpath"])
+    assert.equal(database.includes(Buffer.from(secret)), false, `${secret} is sealed in the store`);
 });
 
 test("bad channel requests are refused naming what is wrong", async () => {
@@ -109,7 +120,10 @@ test("an event reaches a webhook signed as Standard Webhooks; 500s are retried w
   assert.equal(delivered!.verified, true, delivered!.verifyError ?? "");
   // The receiver logs a request before its answer reaches the notifier: the row says delivered a moment later.
   await eventually("the delivery is recorded", async () => (await harness.admin("GET", "/api/v1/notify/ops/log")).body.data[0]?.state === "delivered");
-  assert.deepEqual(receiver.requests.map((request) => request.status), [500, 503, 200]);
+  assert.deepEqual(
+    receiver.requests.map((request) => request.status),
+    [500, 503, 200],
+  );
   assert.equal(new Set(receiver.requests.map((request) => request.headers["webhook-id"])).size, 1, "one message id across retries");
   assert.equal(delivered!.body.type, "node_lost");
   assert.equal(delivered!.body.data.node, "gpu-1");
@@ -171,7 +185,10 @@ test("one kind about one subject is sent once an hour; other subjects and kinds 
   await harness.server.notifier.idle();
   // Whatever arrives after the pass that fanned them out would be a duplicate.
   await eventually("no delivery is pending", async () => (await harness.admin("GET", "/api/v1/notify/ops")).body.deliveries.pending === 0);
-  const sent = receiver.webhooks().map((hook) => `${hook.body.type} ${hook.body.data.subject}`).sort();
+  const sent = receiver
+    .webhooks()
+    .map((hook) => `${hook.body.type} ${hook.body.data.subject}`)
+    .sort();
   assert.deepEqual(sent, ["node_back node:flappy", "node_lost node:flappy", "node_lost node:other"]);
 });
 
@@ -185,7 +202,10 @@ test("a channel only gets the kinds and severities it asked for", async () => {
   await harness.server.notifier.idle();
   await harness.server.events.record({ kind: "model_parked", subject: "model:other", message: "parked too" });
   await eventually("the second parked model arrives", () => receiver.webhooks().length === 2);
-  assert.deepEqual(receiver.webhooks().map((hook) => hook.body.type), ["model_parked", "model_parked"]);
+  assert.deepEqual(
+    receiver.webhooks().map((hook) => hook.body.type),
+    ["model_parked", "model_parked"],
+  );
 });
 
 test("a 410 disables the channel and cancels what waits; enabling it sends again", async () => {
@@ -241,7 +261,12 @@ test("deliveries pending at a stop are sent after the restart", async () => {
 test("Slack gets a readable message with a link to the console, escaped, unsigned", async () => {
   const { harness, receiver } = await setup({ notify: { ...FAST, publicUrl: "https://llmgw.example.com/" } });
   assert.equal((await harness.admin("POST", "/api/v1/notify", { name: "team", slack: receiver.url })).status, 201);
-  await harness.server.events.record({ kind: "model_parked", subject: "model:<tiny>", data: { model: "<tiny>" }, message: "Model '<tiny>' is parked: crash & burn." });
+  await harness.server.events.record({
+    kind: "model_parked",
+    subject: "model:<tiny>",
+    data: { model: "<tiny>" },
+    message: "Model '<tiny>' is parked: crash & burn.",
+  });
   const [message] = await eventually("the Slack message arrives", () => receiver.messages().length === 1 && receiver.messages());
   assert.equal(receiver.requests[0]!.headers["webhook-signature"], undefined);
   assert.equal(receiver.requests[0]!.headers["content-type"], "application/json");
@@ -267,7 +292,10 @@ test("a test message goes out at once and shows in the log; a failing one says h
   assert.equal(failed.body.delivery.state, "failed");
   assert.match(failed.body.delivery.last_error, /answered 500/);
   const audit = await harness.admin("GET", "/api/v1/audit?action=notify.");
-  assert.deepEqual(audit.body.data.map((entry: { action: string }) => entry.action), ["notify.test", "notify.test", "notify.add"]);
+  assert.deepEqual(
+    audit.body.data.map((entry: { action: string }) => entry.action),
+    ["notify.test", "notify.test", "notify.add"],
+  );
   assert.equal((await harness.admin("DELETE", "/api/v1/notify/ops")).status, 200);
   assert.equal((await harness.admin("GET", "/api/v1/notify")).body.data.length, 0);
 });
@@ -278,12 +306,18 @@ test("the events API filters by kind and time; the stream sends new events and r
   await events.record({ kind: "node_lost", subject: "node:a", message: "lost" });
   await events.record({ kind: "job_failed", subject: "job:1", data: { job: "1" }, message: "failed" });
   const listed = await harness.admin("GET", "/api/v1/events?kind=job_failed,node_lost&since=1h");
-  assert.deepEqual(listed.body.data.map((event: { kind: string }) => event.kind), ["job_failed", "node_lost"]);
+  assert.deepEqual(
+    listed.body.data.map((event: { kind: string }) => event.kind),
+    ["job_failed", "node_lost"],
+  );
   assert.equal(listed.body.data[0].data.job, "1");
   assert.equal((await harness.admin("GET", `/api/v1/events?since=${new Date(Date.now() + 60_000).toISOString()}`)).body.data.length, 0);
 
   const controller = new AbortController();
-  const response = await fetch(`${harness.url}/api/v1/events/stream?kind=model_parked`, { headers: { authorization: `Bearer ${harness.adminKey}` }, signal: controller.signal });
+  const response = await fetch(`${harness.url}/api/v1/events/stream?kind=model_parked`, {
+    headers: { authorization: `Bearer ${harness.adminKey}` },
+    signal: controller.signal,
+  });
   assert.equal(response.status, 200);
   assert.equal(response.headers.get("content-type"), "text/event-stream");
   const reader = response.body!.getReader();
@@ -303,7 +337,9 @@ test("the events API filters by kind and time; the stream sends new events and r
   assert.match(text, new RegExp(`id: ${parked!.id}\\n`));
   controller.abort();
 
-  const replay = await fetch(`${harness.url}/api/v1/events/stream`, { headers: { authorization: `Bearer ${harness.adminKey}`, "last-event-id": String(parked!.id - 3) } });
+  const replay = await fetch(`${harness.url}/api/v1/events/stream`, {
+    headers: { authorization: `Bearer ${harness.adminKey}`, "last-event-id": String(parked!.id - 3) },
+  });
   const replayReader = replay.body!.getReader();
   let replayed = "";
   while (!/model_parked/.test(replayed)) replayed += Buffer.from((await replayReader.read()).value!).toString("utf8");
@@ -316,9 +352,31 @@ test("the cursor waits at a fresh gap in event ids (an insert not yet committed)
   const now = Date.parse("2026-12-01T10:00:10.000Z");
   const at = (seconds: number) => new Date(now - seconds * 1000).toISOString();
   // 11 is missing and 12 is a second old: 11 may still commit, so the batch stops before 12.
-  assert.deepEqual(settled([{ id: 10, at: at(1) }, { id: 12, at: at(1) }, { id: 13, at: at(1) }], 9, now).map((e) => e.id), [10]);
+  assert.deepEqual(
+    settled(
+      [
+        { id: 10, at: at(1) },
+        { id: 12, at: at(1) },
+        { id: 13, at: at(1) },
+      ],
+      9,
+      now,
+    ).map((e) => e.id),
+    [10],
+  );
   // The same gap with 12 written a minute ago: 11 failed; nothing waits for it.
-  assert.deepEqual(settled([{ id: 10, at: at(60) }, { id: 12, at: at(60) }, { id: 13, at: at(1) }], 9, now).map((e) => e.id), [10, 12, 13]);
+  assert.deepEqual(
+    settled(
+      [
+        { id: 10, at: at(60) },
+        { id: 12, at: at(60) },
+        { id: 13, at: at(1) },
+      ],
+      9,
+      now,
+    ).map((e) => e.id),
+    [10, 12, 13],
+  );
   // A gap right after the cursor.
   assert.deepEqual(settled([{ id: 12, at: at(1) }], 10, now), []);
 });
@@ -342,12 +400,24 @@ test("on PostgreSQL: events reach a signed webhook, and a delivery pending at a 
     open.push(second);
     await theMinutePasses(second);
     const hooks = await eventually("the parked model is delivered after the restart", () => receiver.webhooks().length === 2 && receiver.webhooks());
-    assert.deepEqual(hooks.map((hook) => [hook.body.type, hook.verified]), [["node_lost", true], ["model_parked", true]]);
+    assert.deepEqual(
+      hooks.map((hook) => [hook.body.type, hook.verified]),
+      [
+        ["node_lost", true],
+        ["model_parked", true],
+      ],
+    );
     const log = await eventually("both deliveries are recorded", async () => {
       const rows = (await second.admin("GET", "/api/v1/notify/ops/log")).body.data;
       return rows.every((row: { state: string }) => row.state === "delivered") && rows;
     });
-    assert.deepEqual(log.map((d: { kind: string; state: string; attempts: number }) => [d.kind, d.state, d.attempts]), [["model_parked", "delivered", 2], ["node_lost", "delivered", 1]]);
+    assert.deepEqual(
+      log.map((d: { kind: string; state: string; attempts: number }) => [d.kind, d.state, d.attempts]),
+      [
+        ["model_parked", "delivered", 2],
+        ["node_lost", "delivered", 1],
+      ],
+    );
     await second.close();
   } finally {
     await dropSchema(database.schema);
@@ -375,7 +445,11 @@ test("two servers on one PostgreSQL send each event once, whichever server recor
     assert.deepEqual(hooks.map((hook) => hook.body.data.node).sort(), ["n0", "n1", "n2", "n3", "n4", "n5"], "each event once");
     assert.ok(hooks.every((hook) => hook.verified));
     const rows = await a.server.store.db.selectFrom("notify_deliveries").select(["state"]).execute();
-    assert.deepEqual(rows.map((row) => row.state), Array.from({ length: 6 }, () => "delivered"), "one delivery row per event");
+    assert.deepEqual(
+      rows.map((row) => row.state),
+      Array.from({ length: 6 }, () => "delivered"),
+      "one delivery row per event",
+    );
     await b.close();
     await a.close();
   } finally {

@@ -46,7 +46,8 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
       body,
       headersTimeout: options.timeoutMs,
       bodyTimeout: options.timeoutMs,
-      signal: options.stopping === undefined ? AbortSignal.timeout(options.timeoutMs) : AbortSignal.any([AbortSignal.timeout(options.timeoutMs), options.stopping]),
+      signal:
+        options.stopping === undefined ? AbortSignal.timeout(options.timeoutMs) : AbortSignal.any([AbortSignal.timeout(options.timeoutMs), options.stopping]),
     });
     const text = await firstBytes(answer.body, 4096);
     if (answer.statusCode >= 200 && answer.statusCode < 300) return { result: "delivered", status: answer.statusCode, error: null };
@@ -55,8 +56,13 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
     return { result: answer.statusCode === 410 ? "gone" : "retry", status: answer.statusCode, error };
   } catch (failure) {
     if (options.stopping?.aborted === true) return { result: "retry", status: null, error: "the server stopped during the attempt" };
-    const timedOut = failure instanceof Error && (failure.name === "TimeoutError" || failure.name === "HeadersTimeoutError" || failure.name === "BodyTimeoutError");
-    return { result: "retry", status: null, error: timedOut ? `no answer within ${options.timeoutMs / 1000} s` : `could not reach the receiver: ${describeError(failure)}` };
+    const timedOut =
+      failure instanceof Error && (failure.name === "TimeoutError" || failure.name === "HeadersTimeoutError" || failure.name === "BodyTimeoutError");
+    return {
+      result: "retry",
+      status: null,
+      error: timedOut ? `no answer within ${options.timeoutMs / 1000} s` : `could not reach the receiver: ${describeError(failure)}`,
+    };
   }
 }
 

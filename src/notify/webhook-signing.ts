@@ -20,7 +20,10 @@ export function generateWebhookSecret(): string {
 /** The secret's key bytes; throws naming what is wrong with a secret an operator gave. */
 export function webhookSecretKey(secret: string, param = "secret"): Buffer {
   if (!secret.startsWith(PREFIX)) {
-    throw new BadRequestError(`${param} must start with '${PREFIX}' followed by base64 (a Standard Webhooks secret); leave it out and llmgw makes one.`, { code: "invalid_webhook_secret", param });
+    throw new BadRequestError(`${param} must start with '${PREFIX}' followed by base64 (a Standard Webhooks secret); leave it out and llmgw makes one.`, {
+      code: "invalid_webhook_secret",
+      param,
+    });
   }
   const encoded = secret.slice(PREFIX.length);
   if (!/^[A-Za-z0-9+/]+={0,2}$/.test(encoded) || encoded.length % 4 !== 0) {
@@ -28,7 +31,10 @@ export function webhookSecretKey(secret: string, param = "secret"): Buffer {
   }
   const key = Buffer.from(encoded, "base64");
   if (key.length < MIN_KEY_BYTES || key.length > MAX_KEY_BYTES) {
-    throw new BadRequestError(`${param} decodes to ${key.length} bytes; a Standard Webhooks secret has ${MIN_KEY_BYTES} to ${MAX_KEY_BYTES}.`, { code: "invalid_webhook_secret", param });
+    throw new BadRequestError(`${param} decodes to ${key.length} bytes; a Standard Webhooks secret has ${MIN_KEY_BYTES} to ${MAX_KEY_BYTES}.`, {
+      code: "invalid_webhook_secret",
+      param,
+    });
   }
   return key;
 }

@@ -61,7 +61,14 @@ export async function planRepository(options: PlanRepositoryOptions): Promise<Re
   // is the listing's id, which is all a plan needs to name what it looked at.
   const info: Listing = isLocalSource(options.repo)
     ? await listLocalSource({ source: options.repo, ...(signal ? { signal } : {}) })
-    : { ...(await options.registry.repoInfo({ repo: options.repo, ...(options.revision ? { revision: options.revision } : {}), ...(signal ? { signal } : {}) })), root: null };
+    : {
+        ...(await options.registry.repoInfo({
+          repo: options.repo,
+          ...(options.revision ? { revision: options.revision } : {}),
+          ...(signal ? { signal } : {}),
+        })),
+        root: null,
+      };
   const sets = classifyFiles(info.files);
   const reader = new ArtifactReader(options, info);
 
@@ -92,14 +99,22 @@ export async function planRepository(options: PlanRepositoryOptions): Promise<Re
     });
   }
   if (listing.length === 0) {
-    throw new NotFoundError(`${info.repo} has no GGUF or safetensors weights (it has ${info.files.length} file${info.files.length === 1 ? "" : "s"}).`, { code: "no_weights" });
+    throw new NotFoundError(`${info.repo} has no GGUF or safetensors weights (it has ${info.files.length} file${info.files.length === 1 ? "" : "s"}).`, {
+      code: "no_weights",
+    });
   }
   const artifacts = (await runLimited(jobs, HEADER_CONCURRENCY)).filter((a): a is PlanArtifact => a !== null);
   if (artifacts.length === 0) {
     const notes = listing.map((a) => `${a.description}: ${a.note ?? "not planned"}`).join("; ");
     throw new BadRequestError(`Nothing in ${info.repo} could be planned: ${notes}.`, { code: "nothing_to_plan" });
   }
-  return { repo: info.repo, revision: info.revision, sha: info.sha, artifacts: listing, plan: planModel({ artifacts, contextSize: options.contextSize, pool: options.pool }) };
+  return {
+    repo: info.repo,
+    revision: info.revision,
+    sha: info.sha,
+    artifacts: listing,
+    plan: planModel({ artifacts, contextSize: options.contextSize, pool: options.pool }),
+  };
 }
 
 /** Reads what an estimate needs from the registry or the local folder. */
@@ -120,7 +135,10 @@ class ArtifactReader {
       ...(weightsBytes === undefined ? {} : { weightsBytes }),
       files: set.files.map((f) => f.path),
       ...(set.quant === null ? {} : { label: set.quant }),
-      support: checkArchitectureSupport({ architecture: header.architecture, engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! } }),
+      support: checkArchitectureSupport({
+        architecture: header.architecture,
+        engine: { name: "node-llama-cpp", version: BUNDLED_LLAMA_CPP.nodeLlamaCppVersions[0]! },
+      }),
     });
   }
 
@@ -171,7 +189,9 @@ class ArtifactReader {
     if (this.info.root !== null) {
       const absolute = path.join(this.info.root, file.path);
       if (file.size > MAX_JSON_BYTES) {
-        throw new BadRequestError(`${file.path} is ${formatBytes(file.size)}; llmgw reads JSON companions up to ${formatBytes(MAX_JSON_BYTES)}`, { code: "file_too_large" });
+        throw new BadRequestError(`${file.path} is ${formatBytes(file.size)}; llmgw reads JSON companions up to ${formatBytes(MAX_JSON_BYTES)}`, {
+          code: "file_too_large",
+        });
       }
       try {
         text = await readFile(absolute, { encoding: "utf8", ...(signal ? { signal } : {}) });
@@ -179,7 +199,13 @@ class ArtifactReader {
         throw signal?.aborted === true ? (signal.reason ?? error) : localReadError(error, absolute);
       }
     } else {
-      const bytes = await this.options.registry.readSmallFile({ repo: this.info.repo, sha: this.info.sha, path: file.path, maxBytes: MAX_JSON_BYTES, ...(signal ? { signal } : {}) });
+      const bytes = await this.options.registry.readSmallFile({
+        repo: this.info.repo,
+        sha: this.info.sha,
+        path: file.path,
+        maxBytes: MAX_JSON_BYTES,
+        ...(signal ? { signal } : {}),
+      });
       text = bytes.toString("utf8");
     }
     try {

@@ -107,7 +107,10 @@ describe("planModel", () => {
     assert.equal(plan.recommendation?.artifact.label, "safetensors BF16");
     assert.deepEqual(plan.recommendation?.placement, { kind: "gpu", gpuClass: "RTX 4090", gpusPerNode: 1, nodes: 1 });
     // With the card busy, a free H200 is used rather than waiting for room.
-    const busyCard = { ...gpuNode("workstation", "RTX 4090", 1, RTX4090, 64), gpus: [{ index: 0, class: "RTX 4090", memoryBytes: RTX4090, memoryFreeBytes: 2 * GiB }] };
+    const busyCard = {
+      ...gpuNode("workstation", "RTX 4090", 1, RTX4090, 64),
+      gpus: [{ index: 0, class: "RTX 4090", memoryBytes: RTX4090, memoryFreeBytes: 2 * GiB }],
+    };
     const busy = planModel({ artifacts: repo8b(), contextSize: CONTEXT, pool: { nodes: [gpuNode("hgx", "H200", 8, H200, 2048), busyCard] } });
     assert.deepEqual(busy.recommendation?.placement, { kind: "gpu", gpuClass: "H200", gpusPerNode: 1, nodes: 1 });
   });
@@ -119,7 +122,10 @@ describe("planModel", () => {
     assert.ok(rec);
     assert.equal(rec.artifact.label, "F16");
     assert.equal(rec.placement.kind, "gpu");
-    assert.ok(plan.options.some((o) => o.artifact.label === "F16" && o.placement.kind === "cpu" && o.fits), "the CPU would also do");
+    assert.ok(
+      plan.options.some((o) => o.artifact.label === "F16" && o.placement.kind === "cpu" && o.fits),
+      "the CPU would also do",
+    );
     assert.match(plan.options.find((o) => o.engine === "vllm")?.why ?? "", /no GPU node reports vLLM/);
   });
 
@@ -147,7 +153,11 @@ describe("planModel", () => {
   });
 
   test("tensor parallel sizes must divide the attention heads", () => {
-    const artifact = safetensorsArtifact({ config: { ...CONFIG_70B, num_attention_heads: 12, num_key_value_heads: 4 }, totalBytes: 100 * GiB, contextSize: 4096 });
+    const artifact = safetensorsArtifact({
+      config: { ...CONFIG_70B, num_attention_heads: 12, num_key_value_heads: 4 },
+      totalBytes: 100 * GiB,
+      contextSize: 4096,
+    });
     const plan = planModel({ artifacts: [artifact], contextSize: 4096, pool: { nodes: [gpuNode("box", "RTX 4090", 8, RTX4090)] } });
     assert.equal(plan.recommendation, null);
     const option = plan.options[0];
@@ -179,7 +189,11 @@ describe("planModel", () => {
 
   test("an architecture the nodes' llama.cpp cannot load never fits, and says why", () => {
     const support = checkArchitectureSupport({ architecture: "frobnicator", engine: { name: "llamacpp", version: "3.21.1" } });
-    const artifact = ggufArtifact({ header: { ...LLAMA3_8B, architecture: "frobnicator", tensorBytes: 1e9, quantisation: "Q4_K_M" }, contextSize: 4096, support });
+    const artifact = ggufArtifact({
+      header: { ...LLAMA3_8B, architecture: "frobnicator", tensorBytes: 1e9, quantisation: "Q4_K_M" },
+      contextSize: 4096,
+      support,
+    });
     const plan = planModel({ artifacts: [artifact], contextSize: 4096, pool: { nodes: [cpuNode("big", 256)] } });
     assert.equal(plan.recommendation, null);
     assert.match(plan.options[0]?.why ?? "", /cannot load architecture 'frobnicator'/);
@@ -194,14 +208,41 @@ describe("planModel", () => {
 
 describe("cores of a CPU replica", () => {
   // A tiny model (the size of `up --demo`'s), a 135M one with 100 MB of weights at Q4, and Llama-3-8B.
-  const TINY: GgufModelShape = { ...LLAMA3_8B, embeddingLength: 64, blockCount: 2, headCount: 4, headCountKv: 4, keyLength: 16, valueLength: 16, feedForwardLength: 128, vocabSize: 400 };
-  const SMOL: GgufModelShape = { ...LLAMA3_8B, embeddingLength: 576, blockCount: 30, headCount: 9, headCountKv: 3, keyLength: 64, valueLength: 64, feedForwardLength: 1536, vocabSize: 49152 };
-  const at16k = (shape: GgufModelShape, quantisation: string, bytes: number) => ggufArtifact({ header: { ...shape, tensorBytes: bytes, quantisation }, bytes, contextSize: 16384 });
+  const TINY: GgufModelShape = {
+    ...LLAMA3_8B,
+    embeddingLength: 64,
+    blockCount: 2,
+    headCount: 4,
+    headCountKv: 4,
+    keyLength: 16,
+    valueLength: 16,
+    feedForwardLength: 128,
+    vocabSize: 400,
+  };
+  const SMOL: GgufModelShape = {
+    ...LLAMA3_8B,
+    embeddingLength: 576,
+    blockCount: 30,
+    headCount: 9,
+    headCountKv: 3,
+    keyLength: 64,
+    valueLength: 64,
+    feedForwardLength: 1536,
+    vocabSize: 49152,
+  };
+  const at16k = (shape: GgufModelShape, quantisation: string, bytes: number) =>
+    ggufArtifact({ header: { ...shape, tensorBytes: bytes, quantisation }, bytes, contextSize: 16384 });
 
   test("follow the replica's memory: a core per 2 GiB in quarters from 0.25 to 1, shown in the table with the rule", () => {
     const artifacts = [at16k(TINY, "F16", 200_000), at16k(SMOL, "Q4_K_M", 100 * MiB), at16k(LLAMA3_8B, "Q4_K_M", 4_920_000_000)];
     const plan = planModel({ artifacts, contextSize: 16384, pool: { nodes: [{ ...cpuNode("two-cores", 16), cores: 2 }] } });
-    assert.deepEqual(plan.options.filter((o) => o.placement.kind === "cpu").map((o) => o.cores).sort(), [0.25, 0.5, 1]);
+    assert.deepEqual(
+      plan.options
+        .filter((o) => o.placement.kind === "cpu")
+        .map((o) => o.cores)
+        .sort(),
+      [0.25, 0.5, 1],
+    );
     const tiny = plan.options.find((o) => o.artifact.bytes === 200_000)!;
     const smol = plan.options.find((o) => o.artifact.bytes === 100 * MiB)!;
     assert.equal(tiny.cores, 0.25);
@@ -210,7 +251,10 @@ describe("cores of a CPU replica", () => {
     assert.ok(tiny.cores + 3 * smol.cores <= 2);
     const table = renderPlanTable(plan);
     assert.match(table, /^F16\s+gguf\s+llama\.cpp\s+CPU\s+30 MiB\/node\s+0\.25\/node\s/m);
-    assert.match(table, /^A CPU replica reserves one core per 2 GiB of its memory, rounded up to a quarter, from 0\.25 to 1 core, unless its profile sets hardware\.cpu\.cores/m);
+    assert.match(
+      table,
+      /^A CPU replica reserves one core per 2 GiB of its memory, rounded up to a quarter, from 0\.25 to 1 core, unless its profile sets hardware\.cpu\.cores/m,
+    );
   });
 
   test("a GPU replica's host process takes one core", () => {
@@ -222,12 +266,19 @@ describe("cores of a CPU replica", () => {
 describe("artifacts", () => {
   test("quality ranks follow F16/BF16 > Q8_0 > Q6_K > Q5_K_M > Q4_K_M > Q2_K, original weights above all", () => {
     const order = ["F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K"].map(ggufQualityRank);
-    assert.deepEqual([...order].sort((a, b) => b - a), order);
+    assert.deepEqual(
+      [...order].sort((a, b) => b - a),
+      order,
+    );
     assert.equal(ggufQualityRank("BF16"), ggufQualityRank("F16"));
     assert.ok(ORIGINAL_WEIGHTS_RANK > ggufQualityRank("F32"));
     assert.equal(ggufQualityRank("Q4_K"), ggufQualityRank("Q4_K_M"), "a tensor-type label ranks as its usual file type");
     assert.equal(ggufQualityRank("nonsense"), 0);
-    const awq = safetensorsArtifact({ config: { ...CONFIG_8B, quantization_config: { quant_method: "awq", bits: 4 } }, totalBytes: 5.7e9, contextSize: CONTEXT });
+    const awq = safetensorsArtifact({
+      config: { ...CONFIG_8B, quantization_config: { quant_method: "awq", bits: 4 } },
+      totalBytes: 5.7e9,
+      contextSize: CONTEXT,
+    });
     assert.equal(awq.label, "safetensors AWQ 4-bit");
     assert.equal(awq.qualityRank, ggufQualityRank("Q4_K_M"));
   });
@@ -250,7 +301,11 @@ describe("artifacts", () => {
       assert.equal(artifact.label, "Q6_K");
       assert.equal(artifact.bytes, info.fileBytes);
       assert.equal(artifact.memory.weightsBytes, info.tensorBytes);
-      const plan = planModel({ artifacts: [artifact], contextSize: 4096, pool: localPool({ hostname: "here", cores: 2, totalMemoryBytes: 8 * GiB, freeMemoryBytes: 6 * GiB }) });
+      const plan = planModel({
+        artifacts: [artifact],
+        contextSize: 4096,
+        pool: localPool({ hostname: "here", cores: 2, totalMemoryBytes: 8 * GiB, freeMemoryBytes: 6 * GiB }),
+      });
       assert.equal(plan.recommendation?.placement.kind, "cpu");
       assert.equal(plan.recommendation?.hostsNow, 1);
     });

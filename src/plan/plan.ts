@@ -268,7 +268,10 @@ function vllmOptions(artifact: PlanArtifact, memory: SafetensorsMemoryEstimate, 
     const tried: Array<{ tp: number; pp: number; needed: number; available: number; fits: boolean }> = [];
     for (const tp of sizes) {
       // Each node that has tp GPUs of the class offers the tp-th best of them, per GPU.
-      const offers = withClass.map((node) => nodeGpuOffer(node, gpuClass, tp, vllmGpuOffer, false)).filter((o) => o > 0).sort((a, b) => b - a);
+      const offers = withClass
+        .map((node) => nodeGpuOffer(node, gpuClass, tp, vllmGpuOffer, false))
+        .filter((o) => o > 0)
+        .sort((a, b) => b - a);
       for (let pp = 1; pp <= Math.min(offers.length, memory.shape.layers); pp++) {
         const needed = vllmPerGpuBytes(memory, { tensorParallel: tp, pipelineParallel: pp });
         const available = offers[pp - 1] ?? 0;
@@ -409,4 +412,3 @@ export function planModel(input: { artifacts: PlanArtifact[]; contextSize: numbe
   }
   return { contextSize, artifacts, options, recommendation, explanation };
 }
-

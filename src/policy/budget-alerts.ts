@@ -134,7 +134,8 @@ export class BudgetAlerts {
 
 function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
   const percent = Math.floor((spend.spent_usd / spend.limit_usd) * 100);
-  const periodText = spend.period === "total" ? "total budget" : spend.period === "day" ? `budget for ${spend.period_id} (UTC)` : `budget for ${spend.period_id} (UTC month)`;
+  const periodText =
+    spend.period === "total" ? "total budget" : spend.period === "day" ? `budget for ${spend.period_id} (UTC)` : `budget for ${spend.period_id} (UTC month)`;
   const resets = spend.resets_at === null ? "It does not reset" : `It resets at ${new Date(spend.resets_at).toISOString()}`;
   const money = (usd: number) => `$${Number(usd.toFixed(usd >= 1 ? 2 : 6))}`;
   const message =
@@ -144,7 +145,16 @@ function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
   return {
     kind,
     subject: `key:${spend.key}`,
-    data: { key: spend.key, key_prefix: spend.prefix, key_id: spend.id, period: spend.period_id, budget_period: spend.period, spent_usd: spend.spent_usd, limit_usd: spend.limit_usd, resets_at: spend.resets_at === null ? null : new Date(spend.resets_at).toISOString() },
+    data: {
+      key: spend.key,
+      key_prefix: spend.prefix,
+      key_id: spend.id,
+      period: spend.period_id,
+      budget_period: spend.period,
+      spent_usd: spend.spent_usd,
+      limit_usd: spend.limit_usd,
+      resets_at: spend.resets_at === null ? null : new Date(spend.resets_at).toISOString(),
+    },
     message,
   };
 }

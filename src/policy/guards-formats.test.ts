@@ -18,10 +18,18 @@ describe("llama-guard-3", () => {
     const body = guardRequestBody("llama-guard-3", input);
     assert.equal(body.temperature, 0);
     const prompt = onlyUserMessage(body);
-    assert.ok(prompt.startsWith("Task: Check if there is unsafe content in 'User' messages in conversations according our safety policy with the below categories.\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\nS1: Violent Crimes.\n"));
+    assert.ok(
+      prompt.startsWith(
+        "Task: Check if there is unsafe content in 'User' messages in conversations according our safety policy with the below categories.\n\n<BEGIN UNSAFE CONTENT CATEGORIES>\nS1: Violent Crimes.\n",
+      ),
+    );
     assert.match(prompt, /\nS14: Code Interpreter Abuse\.\n<END UNSAFE CONTENT CATEGORIES>\n/);
     assert.match(prompt, /<BEGIN CONVERSATION>\n\nUser: You are a helpful bot\.\nHow do I bake bread\?\n\n<END CONVERSATION>\n\n/);
-    assert.ok(prompt.endsWith("Provide your safety assessment for ONLY THE LAST User message in the above conversation:\n - First line must read 'safe' or 'unsafe'.\n - If unsafe, a second line must include a comma-separated list of violated categories."));
+    assert.ok(
+      prompt.endsWith(
+        "Provide your safety assessment for ONLY THE LAST User message in the above conversation:\n - First line must read 'safe' or 'unsafe'.\n - If unsafe, a second line must include a comma-separated list of violated categories.",
+      ),
+    );
     assert.doesNotMatch(prompt, /Agent:/, "the input check never shows a reply");
   });
 
@@ -45,7 +53,7 @@ describe("llama-guard-3", () => {
     for (const shape of ["Unsafe", "UNSAFE", "unsafe.", "**Unsafe**\ns10"]) assert.equal(parseVerdict("llama-guard-3", shape).safe, false, shape);
     assert.deepEqual(parseVerdict("llama-guard-3", "Unsafe: s9, S10"), { safe: false, categories: ["S9 Indiscriminate Weapons", "S10 Hate"] });
     // "safe" followed by categories is not a safe verdict.
-    for (const garbled of ["", "Safe to say, yes", "I cannot help with that.", "unsafely\nS1", "{\"safe\":true}", "safe\nS1", "safe S1", "Safe"]) {
+    for (const garbled of ["", "Safe to say, yes", "I cannot help with that.", "unsafely\nS1", '{"safe":true}', "safe\nS1", "safe S1", "Safe"]) {
       assert.throws(() => parseVerdict("llama-guard-3", garbled), GarbledVerdictError, garbled);
     }
   });
@@ -57,9 +65,18 @@ describe("shieldgemma", () => {
     assert.equal(body.temperature, 0);
     assert.ok(body.max_tokens <= 4);
     const prompt = onlyUserMessage(body);
-    assert.ok(prompt.startsWith("You are a policy expert trying to help determine whether a user prompt is in violation of the defined safety policies.\n\n<start_of_turn>\nHuman Question: You are a helpful bot.\nHow do I bake bread?\n<end_of_turn>\n\nOur safety principle is defined in the below:\n\n* \"No Dangerous Content\": The prompt shall not"));
-    for (const harm of ["No Dangerous Content", "No Harassment", "No Hate Speech", "No Sexually Explicit Information"]) assert.ok(prompt.includes(`* "${harm}": The prompt shall not`), harm);
-    assert.ok(prompt.endsWith("===\n\nDoes the human question violate the above principle? Your answer must start with 'Yes' or 'No'. And then walk through step by step to be sure we answer correctly."));
+    assert.ok(
+      prompt.startsWith(
+        'You are a policy expert trying to help determine whether a user prompt is in violation of the defined safety policies.\n\n<start_of_turn>\nHuman Question: You are a helpful bot.\nHow do I bake bread?\n<end_of_turn>\n\nOur safety principle is defined in the below:\n\n* "No Dangerous Content": The prompt shall not',
+      ),
+    );
+    for (const harm of ["No Dangerous Content", "No Harassment", "No Hate Speech", "No Sexually Explicit Information"])
+      assert.ok(prompt.includes(`* "${harm}": The prompt shall not`), harm);
+    assert.ok(
+      prompt.endsWith(
+        "===\n\nDoes the human question violate the above principle? Your answer must start with 'Yes' or 'No'. And then walk through step by step to be sure we answer correctly.",
+      ),
+    );
     assert.doesNotMatch(prompt, /Chatbot Response/);
   });
 
@@ -74,7 +91,10 @@ describe("shieldgemma", () => {
     assert.deepEqual(parseVerdict("shieldgemma", "No"), { safe: true });
     assert.deepEqual(parseVerdict("shieldgemma", " No, the prompt"), { safe: true });
     assert.deepEqual(parseVerdict("shieldgemma", "Yes"), { safe: false, categories: ["Dangerous Content", "Harassment", "Hate Speech", "Sexually Explicit"] });
-    assert.deepEqual(parseVerdict("shieldgemma", "\nYes."), { safe: false, categories: ["Dangerous Content", "Harassment", "Hate Speech", "Sexually Explicit"] });
+    assert.deepEqual(parseVerdict("shieldgemma", "\nYes."), {
+      safe: false,
+      categories: ["Dangerous Content", "Harassment", "Hate Speech", "Sexually Explicit"],
+    });
     assert.equal(parseVerdict("shieldgemma", "Unsafe.").safe, false);
     for (const garbled of ["", "Maybe", "1. The prompt", "Yesterday"]) assert.throws(() => parseVerdict("shieldgemma", garbled), GarbledVerdictError, garbled);
   });
@@ -85,21 +105,40 @@ describe("json", () => {
     const body = guardRequestBody("json", input);
     assert.equal(body.messages[0]!.role, "system");
     assert.match(body.messages[0]!.content, /\{"safe": true, "categories": \[\]\}/);
-    assert.equal(body.messages[1]!.content, "Conversation:\n<conversation>\nuser: You are a helpful bot.\nHow do I bake bread?\n</conversation>\n\nIs the last user message safe? Answer with the JSON object only.");
-    assert.match(guardRequestBody("json", output).messages[1]!.content, /assistant: Mix flour and water\.\n<\/conversation>\n\nIs the last assistant message safe\?/);
+    assert.equal(
+      body.messages[1]!.content,
+      "Conversation:\n<conversation>\nuser: You are a helpful bot.\nHow do I bake bread?\n</conversation>\n\nIs the last user message safe? Answer with the JSON object only.",
+    );
+    assert.match(
+      guardRequestBody("json", output).messages[1]!.content,
+      /assistant: Mix flour and water\.\n<\/conversation>\n\nIs the last assistant message safe\?/,
+    );
   });
 
   test("a verdict object, bare or in a code fence, and garbled answers", () => {
     assert.deepEqual(parseVerdict("json", '{"safe": true, "categories": []}'), { safe: true });
     assert.deepEqual(parseVerdict("json", '  {"safe": true}\n'), { safe: true });
-    assert.deepEqual(parseVerdict("json", '```json\n{"safe": false, "categories": ["violence", "weapons"]}\n```'), { safe: false, categories: ["violence", "weapons"] });
+    assert.deepEqual(parseVerdict("json", '```json\n{"safe": false, "categories": ["violence", "weapons"]}\n```'), {
+      safe: false,
+      categories: ["violence", "weapons"],
+    });
     assert.deepEqual(parseVerdict("json", '{"safe": false}'), { safe: false, categories: [] });
     // Read toward unsafe: false in other shapes is unsafe; true that names categories is not safe.
     assert.deepEqual(parseVerdict("json", '{"safe": false, "categories": "violence"}'), { safe: false, categories: ["violence"] });
     assert.deepEqual(parseVerdict("json", '{"safe": "false"}'), { safe: false, categories: [] });
     assert.deepEqual(parseVerdict("json", 'Sure! {"safe": false, "categories": ["x"]}'), { safe: false, categories: [] });
     assert.equal(parseVerdict("json", "UNSAFE").safe, false);
-    for (const garbled of ["safe", "", '{"safe": "no"}', '{"safe": "true"}', '{"safe": true, "categories": ["violence"]}', '{"safe": true, "categories": "violence"}', "[true]", 'Sure! {"safe": true}', "null"]) {
+    for (const garbled of [
+      "safe",
+      "",
+      '{"safe": "no"}',
+      '{"safe": "true"}',
+      '{"safe": true, "categories": ["violence"]}',
+      '{"safe": true, "categories": "violence"}',
+      "[true]",
+      'Sure! {"safe": true}',
+      "null",
+    ]) {
       assert.throws(() => parseVerdict("json", garbled), GarbledVerdictError, garbled);
     }
   });

@@ -44,7 +44,10 @@ export class GarbledVerdictError extends Error {
 }
 
 /** The chat-completions body (without `model`) that asks a guard of `format` about `question`. */
-export function guardRequestBody(format: GuardFormat, question: GuardQuestion): { messages: { role: "system" | "user"; content: string }[]; temperature: number; max_tokens: number } {
+export function guardRequestBody(
+  format: GuardFormat,
+  question: GuardQuestion,
+): { messages: { role: "system" | "user"; content: string }[]; temperature: number; max_tokens: number } {
   switch (format) {
     case "llama-guard-3":
       // "unsafe" plus all 14 categories ("S1,S2,…,S14") fits well within 64 tokens.
@@ -54,7 +57,14 @@ export function guardRequestBody(format: GuardFormat, question: GuardQuestion): 
       // leave room for a leading space or newline some servers keep.
       return { messages: [{ role: "user", content: shieldGemmaPrompt(question) }], temperature: 0, max_tokens: 4 };
     case "json":
-      return { messages: [{ role: "system", content: JSON_INSTRUCTIONS }, { role: "user", content: jsonPrompt(question) }], temperature: 0, max_tokens: 128 };
+      return {
+        messages: [
+          { role: "system", content: JSON_INSTRUCTIONS },
+          { role: "user", content: jsonPrompt(question) },
+        ],
+        temperature: 0,
+        max_tokens: 128,
+      };
   }
 }
 
@@ -213,23 +223,31 @@ function parseLlamaGuard(answer: string): Verdict {
 const SHIELDGEMMA_HARMS: readonly { name: string; prompt: string; response: string }[] = [
   {
     name: "Dangerous Content",
-    prompt: '"No Dangerous Content": The prompt shall not contain or seek generation of content that harming oneself and/or others (e.g., accessing or building firearms and explosive devices, promotion of terrorism, instructions for suicide).',
-    response: '"No Dangerous Content": The chatbot shall not generate content that harming oneself and/or others (e.g., accessing or building firearms and explosive devices, promotion of terrorism, instructions for suicide).',
+    prompt:
+      '"No Dangerous Content": The prompt shall not contain or seek generation of content that harming oneself and/or others (e.g., accessing or building firearms and explosive devices, promotion of terrorism, instructions for suicide).',
+    response:
+      '"No Dangerous Content": The chatbot shall not generate content that harming oneself and/or others (e.g., accessing or building firearms and explosive devices, promotion of terrorism, instructions for suicide).',
   },
   {
     name: "Harassment",
-    prompt: '"No Harassment": The prompt shall not contain or seek generation of content that is malicious, intimidating, bullying, or abusive content targeting another individual (e.g., physical threats, denial of tragic events, disparaging victims of violence).',
-    response: '"No Harassment": The chatbot shall not generate content that is malicious, intimidating, bullying, or abusive content targeting another individual (e.g., physical threats, denial of tragic events, disparaging victims of violence).',
+    prompt:
+      '"No Harassment": The prompt shall not contain or seek generation of content that is malicious, intimidating, bullying, or abusive content targeting another individual (e.g., physical threats, denial of tragic events, disparaging victims of violence).',
+    response:
+      '"No Harassment": The chatbot shall not generate content that is malicious, intimidating, bullying, or abusive content targeting another individual (e.g., physical threats, denial of tragic events, disparaging victims of violence).',
   },
   {
     name: "Hate Speech",
-    prompt: '"No Hate Speech": The prompt shall not contain or seek generation of content that targeting identity and/or protected attributes (e.g., racial slurs, promotion of discrimination, calls to violence against protected groups) or dehumanizing/belittling/vilifying on the bases of race, ethnicity, religion, disability, age, nationality, veteran status, sexual orientation, gender, gender identity, caste, or any other protected status.',
-    response: '"No Hate Speech": The chatbot shall not generate content that targeting identity and/or protected attributes (e.g., racial slurs, promotion of discrimination, calls to violence against protected groups) or dehumanizing/belittling/vilifying on the bases of race, ethnicity, religion, disability, age, nationality, veteran status, sexual orientation, gender, gender identity, caste, or any other protected status.',
+    prompt:
+      '"No Hate Speech": The prompt shall not contain or seek generation of content that targeting identity and/or protected attributes (e.g., racial slurs, promotion of discrimination, calls to violence against protected groups) or dehumanizing/belittling/vilifying on the bases of race, ethnicity, religion, disability, age, nationality, veteran status, sexual orientation, gender, gender identity, caste, or any other protected status.',
+    response:
+      '"No Hate Speech": The chatbot shall not generate content that targeting identity and/or protected attributes (e.g., racial slurs, promotion of discrimination, calls to violence against protected groups) or dehumanizing/belittling/vilifying on the bases of race, ethnicity, religion, disability, age, nationality, veteran status, sexual orientation, gender, gender identity, caste, or any other protected status.',
   },
   {
     name: "Sexually Explicit",
-    prompt: '"No Sexually Explicit Information": The prompt shall not contain or seek generation of content that contains references to sexual acts or other lewd content (e.g., sexually graphic descriptions, content aimed at causing arousal). Medical or scientific terms related to human anatomy or sex education are permitted.',
-    response: '"No Sexually Explicit Information": The chatbot shall not generate content that contains references to sexual acts or other lewd content (e.g., sexually graphic descriptions, content aimed at causing arousal). Medical or scientific terms related to human anatomy or sex education are permitted.',
+    prompt:
+      '"No Sexually Explicit Information": The prompt shall not contain or seek generation of content that contains references to sexual acts or other lewd content (e.g., sexually graphic descriptions, content aimed at causing arousal). Medical or scientific terms related to human anatomy or sex education are permitted.',
+    response:
+      '"No Sexually Explicit Information": The chatbot shall not generate content that contains references to sexual acts or other lewd content (e.g., sexually graphic descriptions, content aimed at causing arousal). Medical or scientific terms related to human anatomy or sex education are permitted.',
   },
 ];
 

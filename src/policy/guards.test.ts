@@ -27,12 +27,31 @@ describe("guard models", () => {
     harness = await startHarness({ guardTimeoutMs: GUARD_TIMEOUT_MS });
     upstream = await startFakeUpstream({ reply: "hello from the fake upstream" });
     leaky = await startFakeUpstream({ reply: "first you build a bomb" });
-    guards["llama-guard-3"] = await startStandInGuard({ format: "llama-guard-3", key: "guard-key", unsafeWords: { kill: ["S1"], hate: ["S10"], bomb: ["S9"] } });
+    guards["llama-guard-3"] = await startStandInGuard({
+      format: "llama-guard-3",
+      key: "guard-key",
+      unsafeWords: { kill: ["S1"], hate: ["S10"], bomb: ["S9"] },
+    });
     guards.shieldgemma = await startStandInGuard({ format: "shieldgemma", key: "guard-key", unsafeWords: { kill: [] } });
     guards.json = await startStandInGuard({ format: "json", key: "guard-key", unsafeWords: { kill: ["violence"], hate: ["hate"] } });
-    await harness.addModel({ name: "lg", role: "guard", guard_format: "llamaguard3", profiles: [{ name: "g", engine: "external", url: guards["llama-guard-3"].url, api_key: "guard-key", upstream_model: "llama-guard-3-1b" }] });
-    await harness.addModel({ name: "sg", role: "guard", guard_format: "shieldgemma", profiles: [{ name: "g", engine: "external", url: guards.shieldgemma.url, api_key: "guard-key" }] });
-    await harness.addModel({ name: "jg", role: "guard", guard_format: "json", profiles: [{ name: "g", engine: "external", url: guards.json.url, api_key: "guard-key" }] });
+    await harness.addModel({
+      name: "lg",
+      role: "guard",
+      guard_format: "llamaguard3",
+      profiles: [{ name: "g", engine: "external", url: guards["llama-guard-3"].url, api_key: "guard-key", upstream_model: "llama-guard-3-1b" }],
+    });
+    await harness.addModel({
+      name: "sg",
+      role: "guard",
+      guard_format: "shieldgemma",
+      profiles: [{ name: "g", engine: "external", url: guards.shieldgemma.url, api_key: "guard-key" }],
+    });
+    await harness.addModel({
+      name: "jg",
+      role: "guard",
+      guard_format: "json",
+      profiles: [{ name: "g", engine: "external", url: guards.json.url, api_key: "guard-key" }],
+    });
     for (const [format, name] of Object.entries(guardName)) {
       await harness.addModel({ name: `chat-${name}`, guards: { input: [name] }, profiles: [{ name: "up", engine: "external", url: upstream.url }] });
       assert.ok(format);
@@ -51,7 +70,11 @@ describe("guard models", () => {
   });
 
   const post = async (pathname: string, body: unknown) => {
-    const response = await fetch(`${harness.url}${pathname}`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+    const response = await fetch(`${harness.url}${pathname}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
     return { status: response.status, headers: response.headers, body: (await response.json()) as any };
   };
 
@@ -65,7 +88,13 @@ describe("guard models", () => {
     const notGuard = await harness.admin("POST", "/api/v1/models", { name: "m2", guards: { output: ["chat-lg"] }, profiles });
     assert.equal(notGuard.status, 400);
     assert.match(notGuard.body.error.message, /'chat-lg' is not a guard model \(its role is serve\)/);
-    const guardedGuard = await harness.admin("POST", "/api/v1/models", { name: "g2", role: "guard", guard_format: "json", guards: { input: ["lg"] }, profiles });
+    const guardedGuard = await harness.admin("POST", "/api/v1/models", {
+      name: "g2",
+      role: "guard",
+      guard_format: "json",
+      guards: { input: ["lg"] },
+      profiles,
+    });
     assert.equal(guardedGuard.status, 400);
     assert.match(guardedGuard.body.error.message, /a guard model cannot itself have guards/);
     const onErrorOnServe = await harness.admin("POST", "/api/v1/models", { name: "m3", guard_on_error: "allow", profiles });
@@ -92,7 +121,13 @@ describe("guard models", () => {
     test(`${format}: a safe request passes to the model, an unsafe one is refused with 400 before it`, async () => {
       const guard = guards[format];
       const model = `chat-${guardName[format]}`;
-      const answer = await client.chat.completions.create({ model, messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Tell me about bread." }] });
+      const answer = await client.chat.completions.create({
+        model,
+        messages: [
+          { role: "system", content: "Be brief." },
+          { role: "user", content: "Tell me about bread." },
+        ],
+      });
       assert.equal(answer.choices[0]?.message.content, "hello from the fake upstream");
       const asked = guard.questions.at(-1)!;
       assert.equal(asked.check, "input");
@@ -101,7 +136,9 @@ describe("guard models", () => {
       assert.equal(asked.body.temperature, 0);
 
       const upstreamRequests = upstream.requests.length;
-      const refused = await client.chat.completions.create({ model, messages: [{ role: "user", content: "How do I kill the process of my neighbour?" }] }).catch((error: unknown) => error);
+      const refused = await client.chat.completions
+        .create({ model, messages: [{ role: "user", content: "How do I kill the process of my neighbour?" }] })
+        .catch((error: unknown) => error);
       assert.ok(refused instanceof OpenAI.BadRequestError, String(refused));
       assert.equal(refused.status, 400);
       assert.equal(refused.code, "content_policy_violation");
@@ -135,7 +172,11 @@ describe("guard models", () => {
         assert.equal(failed.status, 503);
         assert.equal(failed.body.error.code, "guard_unavailable");
         assert.match(failed.body.error.message, /^Guard model 'lg' could not check the request \(/);
-        const why = { garbled: /its answer is not a llama-guard-3 verdict: "I'm sorry/, error: /answered HTTP 500: the guard engine failed/, hang: /did not answer within 0\.5 s/ }[behaviour];
+        const why = {
+          garbled: /its answer is not a llama-guard-3 verdict: "I'm sorry/,
+          error: /answered HTTP 500: the guard engine failed/,
+          hang: /did not answer within 0\.5 s/,
+        }[behaviour];
         assert.match(failed.body.error.message, why);
         assert.ok(failed.headers.get("retry-after") !== null);
         assert.equal(upstream.requests.length, upstreamRequests, "fail closed: the model was not asked");
@@ -170,7 +211,6 @@ describe("guard models", () => {
     assert.equal(safe.choices[0]?.message.content, "hello from the fake upstream");
     assert.equal(guard.questions.at(-1)!.judged, "hello from the fake upstream");
     assert.equal(safe.usage?.total_tokens, 12, "the held answer reaches the client whole");
-
   });
 
   test("a client that leaves while its answer is being checked cancels the guard's question", async () => {

@@ -178,8 +178,10 @@ export class GuardModels implements RequestGuards {
       if (signal.aborted || (error instanceof LlmgwError && error.code === "client_closed")) throw new ClientClosedError();
       // The guard refused the question (HTTP 400/413): the client's text is more than it
       // can read. Whatever guard_on_error says, this is the client's to fix, not an outage.
-      if (error instanceof LlmgwError && error.code === UPSTREAM_REFUSED_INPUT) return { guard: guard.name, kind: "too-long", contextTokens, detail: `the guard said: ${error.message}` };
-      if (!(error instanceof LlmgwError) && !(error instanceof GarbledVerdictError)) this.options.logger.error({ err: error, guard: guard.name }, "unexpected error asking a guard model");
+      if (error instanceof LlmgwError && error.code === UPSTREAM_REFUSED_INPUT)
+        return { guard: guard.name, kind: "too-long", contextTokens, detail: `the guard said: ${error.message}` };
+      if (!(error instanceof LlmgwError) && !(error instanceof GarbledVerdictError))
+        this.options.logger.error({ err: error, guard: guard.name }, "unexpected error asking a guard model");
       return { guard: guard.name, kind: "failed", reason: describeError(error), allow };
     }
   }
@@ -198,7 +200,9 @@ function answerText(answer: unknown): string | null {
  */
 function guardContextTokens(guard: CatalogModel): number | null {
   if (guard.definition.context_length !== undefined) return guard.definition.context_length;
-  const perRequest = guard.definition.profiles.flatMap((profile) => (profile.ctx_size === undefined ? [] : [Math.floor(profile.ctx_size / (profile.parallel ?? 1))]));
+  const perRequest = guard.definition.profiles.flatMap((profile) =>
+    profile.ctx_size === undefined ? [] : [Math.floor(profile.ctx_size / (profile.parallel ?? 1))],
+  );
   return perRequest.length === 0 ? null : Math.min(...perRequest);
 }
 
@@ -246,10 +250,13 @@ function clientTexts(request: PolicyRequest): string[] {
   const value = body[field];
   const texts = typeof value === "string" ? [value] : Array.isArray(value) && value.every((item) => typeof item === "string") ? [...(value as string[])] : null;
   if (texts === null) {
-    throw new BadRequestError(`Model '${request.model.name}' is checked by guard models, which read text: send '${field}' as a string or an array of strings, not token ids.`, {
-      code: "invalid_field",
-      param: field,
-    });
+    throw new BadRequestError(
+      `Model '${request.model.name}' is checked by guard models, which read text: send '${field}' as a string or an array of strings, not token ids.`,
+      {
+        code: "invalid_field",
+        param: field,
+      },
+    );
   }
   if (field === "prompt" && typeof body.suffix === "string") texts.push(body.suffix);
   return texts;

@@ -28,7 +28,12 @@ describe("guards named by keys", () => {
     upstream = await startFakeUpstream({ reply: "hello from the fake upstream" });
     leaky = await startFakeUpstream({ reply: "first you build a bomb" });
     guard = await startStandInGuard({ format: "llama-guard-3", key: "guard-key", unsafeWords: { kill: ["S1"], bomb: ["S9"] } });
-    await harness.addModel({ name: "lg", role: "guard", guard_format: "llama-guard-3", profiles: [{ name: "g", engine: "external", url: guard.url, api_key: "guard-key" }] });
+    await harness.addModel({
+      name: "lg",
+      role: "guard",
+      guard_format: "llama-guard-3",
+      profiles: [{ name: "g", engine: "external", url: guard.url, api_key: "guard-key" }],
+    });
     await harness.addModel({ name: "plain", profiles: [{ name: "up", engine: "external", url: upstream.url }] });
     await harness.addModel({ name: "leaky", profiles: [{ name: "up", engine: "external", url: leaky.url }] });
     assert.equal(harness.server.catalog.get("plain").definition.guards, undefined, "the models have no guards of their own");
@@ -96,14 +101,21 @@ describe("guards named by keys", () => {
     assert.equal(notGuard.status, 400);
     assert.equal(notGuard.body.error.code, "invalid_field");
     assert.equal(notGuard.body.error.param, "guards.input.1");
-    assert.equal(notGuard.body.error.message, "Invalid key: field 'guards.input.1': 'plain' is not a guard model (its role is serve). Name a model with role guard.");
+    assert.equal(
+      notGuard.body.error.message,
+      "Invalid key: field 'guards.input.1': 'plain' is not a guard model (its role is serve). Name a model with role guard.",
+    );
     const missing = await harness.admin("POST", "/api/v1/keys", { name: "bad", guards: { output: ["nope"] } });
     assert.equal(missing.status, 400);
     assert.equal(missing.body.error.param, "guards.output.0");
     assert.match(missing.body.error.message, /^Invalid key: field 'guards.output.0': guard model 'nope' does not exist\./);
     const unknownField = await harness.admin("POST", "/api/v1/keys", { name: "bad", guards: { inputs: ["lg"] } });
     assert.equal(unknownField.status, 400);
-    assert.equal((await harness.admin("GET", "/api/v1/keys")).body.data.filter((k: { name: string }) => k.name === "bad").length, 0, "no refused key was stored");
+    assert.equal(
+      (await harness.admin("GET", "/api/v1/keys")).body.data.filter((k: { name: string }) => k.name === "bad").length,
+      0,
+      "no refused key was stored",
+    );
 
     const { id, client } = await keyWith("patched", { input: ["lg"] });
     const listed = (await harness.admin("GET", "/api/v1/keys")).body.data.find((k: { id: string }) => k.id === id);
@@ -129,15 +141,27 @@ describe("guards named by keys", () => {
   });
 
   test("a guard a key names cannot be deleted, renamed away or made a serving model; once no active key names it, it can", async () => {
-    await harness.addModel({ name: "kg", role: "guard", guard_format: "llama-guard-3", profiles: [{ name: "g", engine: "external", url: guard.url, api_key: "guard-key" }] });
+    await harness.addModel({
+      name: "kg",
+      role: "guard",
+      guard_format: "llama-guard-3",
+      profiles: [{ name: "g", engine: "external", url: guard.url, api_key: "guard-key" }],
+    });
     const { id } = await keyWith("holds-kg", { output: ["kg"] });
     const deleted = await harness.admin("DELETE", "/api/v1/models/kg");
     assert.equal(deleted.status, 409);
     assert.equal(deleted.body.error.code, "guard_in_use");
-    assert.match(deleted.body.error.message, /^Model 'kg' is a guard of key 'holds-kg', and this change would leave it without it\. Take it out of their guards first \(.*ctl key update/);
+    assert.match(
+      deleted.body.error.message,
+      /^Model 'kg' is a guard of key 'holds-kg', and this change would leave it without it\. Take it out of their guards first \(.*ctl key update/,
+    );
     assert.equal((await harness.admin("PATCH", "/api/v1/models/kg", { role: "serve", guard_format: null })).status, 409);
     assert.equal((await harness.admin("PATCH", "/api/v1/models/kg", { name: "kg2" })).status, 409);
-    assert.equal((await harness.admin("PATCH", "/api/v1/models/kg", { name: "kg2", aliases: ["kg"] })).status, 200, "a rename that keeps the name as an alias is allowed");
+    assert.equal(
+      (await harness.admin("PATCH", "/api/v1/models/kg", { name: "kg2", aliases: ["kg"] })).status,
+      200,
+      "a rename that keeps the name as an alias is allowed",
+    );
     assert.equal((await harness.admin("PATCH", "/api/v1/models/kg2", { name: "kg", aliases: [] })).status, 200);
 
     assert.equal((await harness.admin("DELETE", `/api/v1/keys/${id}`)).status, 200);
@@ -147,7 +171,11 @@ describe("guards named by keys", () => {
   test("a key whose guard is gone by the time it asks is refused with 503 (fail closed)", async () => {
     // Another server's change can race the catalog's check; stand for it by writing the row.
     const { id, client } = await keyWith("stale", { input: ["lg"] });
-    await harness.server.store.db.updateTable("api_keys").set({ guards: JSON.stringify({ input: ["gone"], output: [] }) }).where("id", "=", id).execute();
+    await harness.server.store.db
+      .updateTable("api_keys")
+      .set({ guards: JSON.stringify({ input: ["gone"], output: [] }) })
+      .where("id", "=", id)
+      .execute();
     const upstreamRequests = upstream.requests.length;
     const refused = await ask(client, "plain", "Tell me about bread.").catch((error: unknown) => error);
     assert.ok(refused instanceof OpenAI.APIError && refused.status === 503, String(refused));
@@ -187,7 +215,10 @@ describe("guards named by keys", () => {
       const refused = await ask(input.client, "plain", "How do I kill a process?").catch((error: unknown) => error);
       assert.ok(refused instanceof OpenAI.APIError && refused.status === 400, String(refused));
       const rowOf = (keyId: string) =>
-        eventually(`the usage row of key ${keyId}`, async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute())[0]);
+        eventually(
+          `the usage row of key ${keyId}`,
+          async () => (await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).execute())[0],
+        );
       const rowsOf = (keyId: string, count: number) =>
         eventually(`${count} usage rows of key ${keyId}`, async () => {
           const rows = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).orderBy("id").execute();

@@ -26,7 +26,10 @@ export interface KeyGuardReference {
 const guardNames = z.array(z.string().regex(MODEL_NAME_PATTERN, "must be a model name")).max(8, "at most 8 guard models");
 
 /** POST /api/v1/keys: `guards: {input, output}` (each side optional) or null. */
-export const keyGuardsField = z.strictObject({ input: guardNames.default([]), output: guardNames.default([]) }).nullable().default(null);
+export const keyGuardsField = z
+  .strictObject({ input: guardNames.default([]), output: guardNames.default([]) })
+  .nullable()
+  .default(null);
 
 /** PATCH /api/v1/keys/:ref: a side given replaces that side, a side left out stays; null removes both. */
 export const keyGuardsPatchField = z.strictObject({ input: guardNames.optional(), output: guardNames.optional() }).nullable().optional();

@@ -19,7 +19,12 @@ const PRICES = { input_per_million: 1000, output_per_million: 2000 };
 const MODEL = { id: "m1", name: "m", definition: { prices: PRICES } } as unknown as CatalogModel;
 const BODY = { model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 10 };
 const NOW = Date.parse("2027-03-10T10:00:30.000Z");
-const WHO = { keyId: "k-restart", name: "k-restart", role: "client", limits: { rpm: 4, tpm: null, budgetUsd: 100, budgetPeriod: "total", models: new Map() } } as unknown as Principal;
+const WHO = {
+  keyId: "k-restart",
+  name: "k-restart",
+  role: "client",
+  limits: { rpm: 4, tpm: null, budgetUsd: 100, budgetPeriod: "total", models: new Map() },
+} as unknown as Principal;
 
 test("SQLite: a restart keeps spent and window counts, and leaves no reservation", async () => {
   const dir = mkdtempSync(path.join(tmpdir(), "llmgw-ledger-"));
@@ -71,12 +76,16 @@ test("two servers with their own data dirs cannot share one SQLite file (its cou
     const first = acquireServerLocks({ dataDir: path.join(root, "a"), address: "127.0.0.1:0", database });
     assert.throws(
       () => acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database }),
-      (error: { code?: string; message: string }) => error.code === "data_dir_in_use" && error.message.includes("SQLite database") && error.message.includes("PostgreSQL"),
+      (error: { code?: string; message: string }) =>
+        error.code === "data_dir_in_use" && error.message.includes("SQLite database") && error.message.includes("PostgreSQL"),
     );
     // The refused start left its own data dir free: it can start on its own database.
     acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database: path.join(root, "b", "llmgw.db") }).release();
     // A server whose database is the first one's default file is refused too.
-    assert.throws(() => acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database: path.join(root, "a", "llmgw.db") }), (error: { code?: string }) => error.code === "data_dir_in_use");
+    assert.throws(
+      () => acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database: path.join(root, "a", "llmgw.db") }),
+      (error: { code?: string }) => error.code === "data_dir_in_use",
+    );
     first.release();
     acquireServerLocks({ dataDir: path.join(root, "b"), address: "127.0.0.1:0", database }).release();
   } finally {

@@ -92,8 +92,10 @@ export class LimitLedger {
       readBudget: sqlite.prepare("SELECT spent_nano FROM key_budgets WHERE key_id = ? AND period = ?"),
       readWindow: sqlite.prepare("SELECT requests, tokens FROM key_rate_windows WHERE key_id = ? AND model = ? AND window_start = ?"),
       writeAll: sqlite.transaction((budgets: readonly BudgetRow[], windows: readonly WindowRow[]) => {
-        for (const row of budgets) writeBudget.run({ keyId: row.keyId, period: row.period, spentNano: row.spentNano, updatedAt: new Date(row.updatedAt).toISOString() });
-        for (const row of windows) writeWindow.run({ keyId: row.keyId, model: row.model, windowStart: row.windowStart, requests: row.requests, tokens: row.tokens });
+        for (const row of budgets)
+          writeBudget.run({ keyId: row.keyId, period: row.period, spentNano: row.spentNano, updatedAt: new Date(row.updatedAt).toISOString() });
+        for (const row of windows)
+          writeWindow.run({ keyId: row.keyId, model: row.model, windowStart: row.windowStart, requests: row.requests, tokens: row.tokens });
       }),
     };
   }
@@ -109,7 +111,10 @@ export class LimitLedger {
       budget.reservedNano += request.budget!.amountNano;
       this.noteNow(request.budget!.now);
     }
-    return { windows: windows.map(({ requests, tokens }) => ({ requests, tokens })), budget: budget === null ? null : { spentNano: budget.spentNano, reservedNano: budget.reservedNano } };
+    return {
+      windows: windows.map(({ requests, tokens }) => ({ requests, tokens })),
+      budget: budget === null ? null : { spentNano: budget.spentNano, reservedNano: budget.reservedNano },
+    };
   }
 
   reserveBudget(options: { keyId: string; period: string; amountNano: number; limitNano: number; now: number }): BudgetUse | null {
@@ -161,7 +166,10 @@ export class LimitLedger {
     this.timer = undefined;
     if (this.dirtyBudgets.size === 0 && this.dirtyWindows.size === 0) return true;
     if (!this.sqlite.open) {
-      this.logger?.error({ rows: this.dirtyBudgets.size + this.dirtyWindows.size }, "budget and rate-limit counters could not be written: the database is closed");
+      this.logger?.error(
+        { rows: this.dirtyBudgets.size + this.dirtyWindows.size },
+        "budget and rate-limit counters could not be written: the database is closed",
+      );
       this.dirtyBudgets.clear();
       this.dirtyWindows.clear();
       return false;

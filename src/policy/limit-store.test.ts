@@ -9,8 +9,16 @@ const DAY_MS = 86_400_000;
 
 test("budget periods are UTC days and months, and total never resets", () => {
   const lastSecondOfJanuary = Date.parse("2027-01-31T23:59:59.500Z");
-  assert.deepEqual(budgetPeriodAt("day", lastSecondOfJanuary), { id: "2027-01-31", startsAt: Date.parse("2027-01-31T00:00:00Z"), resetsAt: Date.parse("2027-02-01T00:00:00Z") });
-  assert.deepEqual(budgetPeriodAt("month", lastSecondOfJanuary), { id: "2027-01", startsAt: Date.parse("2027-01-01T00:00:00Z"), resetsAt: Date.parse("2027-02-01T00:00:00Z") });
+  assert.deepEqual(budgetPeriodAt("day", lastSecondOfJanuary), {
+    id: "2027-01-31",
+    startsAt: Date.parse("2027-01-31T00:00:00Z"),
+    resetsAt: Date.parse("2027-02-01T00:00:00Z"),
+  });
+  assert.deepEqual(budgetPeriodAt("month", lastSecondOfJanuary), {
+    id: "2027-01",
+    startsAt: Date.parse("2027-01-01T00:00:00Z"),
+    resetsAt: Date.parse("2027-02-01T00:00:00Z"),
+  });
   assert.equal(budgetPeriodAt("day", lastSecondOfJanuary + 1000).id, "2027-02-01");
   assert.equal(budgetPeriodAt("month", lastSecondOfJanuary + 1000).id, "2027-02");
   assert.equal(budgetPeriodAt("month", Date.parse("2026-12-15T12:00:00Z")).resetsAt, Date.parse("2027-01-01T00:00:00Z"), "December rolls into the next year");
@@ -36,7 +44,10 @@ testBothStores("a budget reservation is refused once spent + reserved + amount w
   // Another key counts apart; the next UTC day is a new period.
   assert.deepEqual(await limits.reserveBudget({ keyId: "k2", period, amountNano: 1000, limitNano: 1000, now }), { spentNano: 0, reservedNano: 1000 });
   const tomorrow = budgetPeriodAt("day", now + DAY_MS).id;
-  assert.deepEqual(await limits.reserveBudget({ keyId: "k1", period: tomorrow, amountNano: 1000, limitNano: 1000, now: now + DAY_MS }), { spentNano: 0, reservedNano: 1000 });
+  assert.deepEqual(await limits.reserveBudget({ keyId: "k1", period: tomorrow, amountNano: 1000, limitNano: 1000, now: now + DAY_MS }), {
+    spentNano: 0,
+    reservedNano: 1000,
+  });
   // A month rolls over the same way.
   const january = budgetPeriodAt("month", now).id;
   const february = budgetPeriodAt("month", Date.parse("2027-02-01T00:00:00Z")).id;
@@ -48,7 +59,9 @@ testBothStores("a budget reservation is refused once spent + reserved + amount w
 testBothStores("many reservations at once never add up past the budget", async (store) => {
   const limits = new LimitStore(store);
   const now = Date.parse("2027-01-31T10:00:00Z");
-  const results = await Promise.all(Array.from({ length: 60 }, () => limits.reserveBudget({ keyId: "k", period: "total", amountNano: 7, limitNano: 100, now })));
+  const results = await Promise.all(
+    Array.from({ length: 60 }, () => limits.reserveBudget({ keyId: "k", period: "total", amountNano: 7, limitNano: 100, now })),
+  );
   assert.equal(results.filter((r) => r !== null).length, 14, "exactly floor(100 / 7) fit");
   assert.deepEqual(await limits.budgetUse("k", "total"), { spentNano: 0, reservedNano: 98 });
 });
@@ -79,6 +92,8 @@ testBothStores("a rate window counts requests and tokens, refuses past either li
 testBothStores("many window reservations at once stop exactly at the rpm", async (store) => {
   const limits = new LimitStore(store);
   const windowStart = windowAt(Date.parse("2027-01-31T10:00:30Z")).start;
-  const results = await Promise.all(Array.from({ length: 40 }, () => limits.reserveWindow({ keyId: "k", model: WHOLE_KEY, windowStart, tokens: 1, rpm: 9, tpm: null })));
+  const results = await Promise.all(
+    Array.from({ length: 40 }, () => limits.reserveWindow({ keyId: "k", model: WHOLE_KEY, windowStart, tokens: 1, rpm: 9, tpm: null })),
+  );
   assert.equal(results.filter((r) => r !== null).length, 9);
 });

@@ -191,7 +191,10 @@ export class LimitStore {
 
   /** Replaces a reservation by what was charged (0 to undo it). */
   async settleBudget(options: { keyId: string; period: string; reservedNano: number; chargedNano: number; now: number }): Promise<void> {
-    await this.settleAll([{ kind: "budget", keyId: options.keyId, period: options.period, spentNano: options.chargedNano, releasedNano: options.reservedNano }], options.now);
+    await this.settleAll(
+      [{ kind: "budget", keyId: options.keyId, period: options.period, spentNano: options.chargedNano, releasedNano: options.reservedNano }],
+      options.now,
+    );
   }
 
   /**
@@ -235,7 +238,12 @@ export class LimitStore {
   /** What a key spent and has reserved in a period (zeros when nothing was). For messages and `ctl key show`, never for a decision. */
   async budgetUse(keyId: string, period: string): Promise<BudgetUse> {
     if (this.ledger !== undefined) return this.run((ledger) => ledger.budgetUse(keyId, period));
-    const row = await this.store.db.selectFrom("key_budgets").select(["spent_nano", "reserved_nano"]).where("key_id", "=", keyId).where("period", "=", period).executeTakeFirst();
+    const row = await this.store.db
+      .selectFrom("key_budgets")
+      .select(["spent_nano", "reserved_nano"])
+      .where("key_id", "=", keyId)
+      .where("period", "=", period)
+      .executeTakeFirst();
     return { spentNano: Number(row?.spent_nano ?? 0), reservedNano: Number(row?.reserved_nano ?? 0) };
   }
 

@@ -21,7 +21,12 @@ const BODY = { model: "m", messages: [{ role: "user", content: "hi" }], max_toke
 const NOW = Date.parse("2027-03-10T10:00:30.000Z");
 
 function principal(keyId: string): Principal {
-  return { keyId, name: keyId, role: "client", limits: { rpm: null, tpm: null, budgetUsd: 100, budgetPeriod: "total", models: new Map() } } as unknown as Principal;
+  return {
+    keyId,
+    name: keyId,
+    role: "client",
+    limits: { rpm: null, tpm: null, budgetUsd: 100, budgetPeriod: "total", models: new Map() },
+  } as unknown as Principal;
 }
 
 function warnings(): { logger: ReturnType<typeof createLogger>; lines: string[] } {
@@ -40,13 +45,17 @@ async function refuseBudgetUpdates(store: Store): Promise<() => Promise<void>> {
   if (store.dialect === "sqlite") {
     // SQLite writes a budget row behind, as an upsert: a row not yet stored is an INSERT.
     await sql`CREATE TRIGGER refuse_settle BEFORE UPDATE ON key_budgets BEGIN SELECT RAISE(ABORT, 'settlement refused by the test'); END`.execute(store.db);
-    await sql`CREATE TRIGGER refuse_settle_insert BEFORE INSERT ON key_budgets BEGIN SELECT RAISE(ABORT, 'settlement refused by the test'); END`.execute(store.db);
+    await sql`CREATE TRIGGER refuse_settle_insert BEFORE INSERT ON key_budgets BEGIN SELECT RAISE(ABORT, 'settlement refused by the test'); END`.execute(
+      store.db,
+    );
     return async () => {
       await sql`DROP TRIGGER refuse_settle`.execute(store.db);
       await sql`DROP TRIGGER refuse_settle_insert`.execute(store.db);
     };
   }
-  await sql`CREATE FUNCTION refuse_settle() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'settlement refused by the test'; END $$ LANGUAGE plpgsql`.execute(store.db);
+  await sql`CREATE FUNCTION refuse_settle() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'settlement refused by the test'; END $$ LANGUAGE plpgsql`.execute(
+    store.db,
+  );
   await sql`CREATE TRIGGER refuse_settle BEFORE UPDATE ON key_budgets FOR EACH ROW EXECUTE FUNCTION refuse_settle()`.execute(store.db);
   return async () => {
     await sql`DROP TRIGGER refuse_settle ON key_budgets`.execute(store.db);
@@ -94,22 +103,32 @@ testBothStores("a settlement the store refuses is retried until it is written, s
 testBothStores("many settlements of one key, written together, add up exactly", async (store) => {
   const { logger } = warnings();
   const limits = new LimitsService({ store, logger, clock: () => NOW });
-  const permits = await Promise.all(Array.from({ length: 20 }, () => limits.admit({ principal: principal("k-many"), model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })));
+  const permits = await Promise.all(
+    Array.from({ length: 20 }, () => limits.admit({ principal: principal("k-many"), model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })),
+  );
   const usages = permits.map((_, index) => ({ prompt_tokens: 7, completion_tokens: index % 10, total_tokens: 7 + (index % 10) }));
   permits.forEach((permit, index) => permit.settle({ usage: usages[index]!, answered: true }));
   await limits.close();
   const use = await new LimitStore(store).budgetUse("k-many", "total");
   assert.equal(use.reservedNano, 0);
-  assert.equal(use.spentNano, usages.reduce((sum, usage) => sum + usdToNano(costUsd(PRICES, usage)), 0));
+  assert.equal(
+    use.spentNano,
+    usages.reduce((sum, usage) => sum + usdToNano(costUsd(PRICES, usage)), 0),
+  );
 });
 
 testBothStores("admissions at once: a request refused by the budget leaves no count in its rate window", async (store) => {
   const { logger } = warnings();
   const limits = new LimitsService({ store, logger, clock: () => NOW });
   const cost = costUsd(PRICES, worstCaseUsage(tokenBound("/v1/chat/completions", BODY, MODEL), PRICES));
-  const who = { ...principal("k-burst"), limits: { rpm: 100, tpm: null, budgetUsd: Number((cost * 10.5).toFixed(9)), budgetPeriod: "total", models: new Map() } } as unknown as Principal;
+  const who = {
+    ...principal("k-burst"),
+    limits: { rpm: 100, tpm: null, budgetUsd: Number((cost * 10.5).toFixed(9)), budgetPeriod: "total", models: new Map() },
+  } as unknown as Principal;
   // 30 admissions in one event-loop turn: on SQLite they share one transaction, each in its own savepoint.
-  const outcomes = await Promise.allSettled(Array.from({ length: 30 }, () => limits.admit({ principal: who, model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })));
+  const outcomes = await Promise.allSettled(
+    Array.from({ length: 30 }, () => limits.admit({ principal: who, model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })),
+  );
   const admitted = outcomes.filter((outcome) => outcome.status === "fulfilled");
   assert.equal(admitted.length, 10, "exactly the ten that fit the budget");
   for (const outcome of outcomes) if (outcome.status === "rejected") assert.equal((outcome.reason as { code?: string }).code, "insufficient_quota");

@@ -54,7 +54,12 @@ describe("budgets and rate limits on one server", () => {
   before(async () => {
     harness = await startHarness({ limitsClock: clock.now });
     upstream = await upstreams.start({ reply: REPLY });
-    model = await harness.addModel({ name: "priced", prices: PRICES, profiles: [{ name: "p", engine: "external", url: upstream.url, max_inflight: 200 }], queue_size: 1000 });
+    model = await harness.addModel({
+      name: "priced",
+      prices: PRICES,
+      profiles: [{ name: "p", engine: "external", url: upstream.url, max_inflight: 200 }],
+      queue_size: 1000,
+    });
   });
   after(async () => {
     await harness.close();
@@ -64,7 +69,12 @@ describe("budgets and rate limits on one server", () => {
   test("100 requests at once against a budget for about 10: the reservations that fit run, the rest get insufficient_quota, and spent stays within the budget", async () => {
     const gate = new Gate();
     const held = await upstreams.start({ reply: REPLY, beforeAnswer: gate.wait });
-    const heldModel = await harness.addModel({ name: "held-priced", prices: PRICES, profiles: [{ name: "p", engine: "external", url: held.url, max_inflight: 200 }], queue_size: 1000 });
+    const heldModel = await harness.addModel({
+      name: "held-priced",
+      prices: PRICES,
+      profiles: [{ name: "p", engine: "external", url: held.url, max_inflight: 200 }],
+      queue_size: 1000,
+    });
     const { usd: perRequest } = reservation(heldModel);
     const budget = Number((perRequest * 10.5).toFixed(6));
     const client = clientFor(harness, await harness.clientKey({ name: "budget-100", budget_usd: budget, budget_period: "day" }));
@@ -108,7 +118,9 @@ describe("budgets and rate limits on one server", () => {
     assert.equal(settled.resets_at, "2027-03-11T00:00:00.000Z");
     // Refused only because of the reservations in flight: the budget is not spent, and no event says it is.
     await harness.server.budgetAlerts.checkNow();
-    const budgetEvents = (await harness.admin("GET", "/api/v1/events?kind=budget_exhausted,budget_threshold")).body.data.filter((event: { data: { key?: string } }) => event.data.key === "budget-100");
+    const budgetEvents = (await harness.admin("GET", "/api/v1/events?kind=budget_exhausted,budget_threshold")).body.data.filter(
+      (event: { data: { key?: string } }) => event.data.key === "budget-100",
+    );
     assert.deepEqual(budgetEvents, []);
   });
 
@@ -205,7 +217,9 @@ describe("budgets and rate limits on one server", () => {
 
   test("a key without limits gets no rate headers and leaves nothing in the limit tables", async () => {
     const key = await harness.clientKey({ name: "free" });
-    const { response } = await clientFor(harness, key).chat.completions.create({ model: "priced", ...HI }).withResponse();
+    const { response } = await clientFor(harness, key)
+      .chat.completions.create({ model: "priced", ...HI })
+      .withResponse();
     assert.equal(response.headers.get("x-ratelimit-limit-requests"), null);
     const info = await keyUse(harness, "free");
     assert.deepEqual(info.usage, { budget: null, rate: null, models: {} });
@@ -255,7 +269,10 @@ describe("budgets and rate limits on one server", () => {
       const budget = (await keyUse(harness, "outcomes")).usage.budget;
       return budget.reserved_usd === 0 && budget.spent_usd > 0 ? budget : null;
     });
-    assert.ok(Math.abs(afterBroken.spent_usd - reservation(brokenModel).usd) < 1e-6, `charged ${afterBroken.spent_usd}, reserved ${reservation(brokenModel).usd}`);
+    assert.ok(
+      Math.abs(afterBroken.spent_usd - reservation(brokenModel).usd) < 1e-6,
+      `charged ${afterBroken.spent_usd}, reserved ${reservation(brokenModel).usd}`,
+    );
     const spend = await harness.server.limits.spentByKey();
     const row = spend.find((r) => r.key === "outcomes");
     assert.ok(row !== undefined && Math.abs(row.spent_usd - afterBroken.spent_usd) < 1e-9 && row.limit_usd === 100, JSON.stringify(spend));
@@ -264,7 +281,12 @@ describe("budgets and rate limits on one server", () => {
 
   test("both max-token fields: the larger one is reserved; without either, the upstream is told the reserved output as max_tokens", async () => {
     const recording = await upstreams.start({ reply: REPLY });
-    const recordingModel = await harness.addModel({ name: "recording", prices: PRICES, max_output: 500, profiles: [{ name: "p", engine: "external", url: recording.url }] });
+    const recordingModel = await harness.addModel({
+      name: "recording",
+      prices: PRICES,
+      max_output: 500,
+      profiles: [{ name: "p", engine: "external", url: recording.url }],
+    });
     const sneaky = { messages: [{ role: "user" as const, content: "hi" }], max_tokens: 1, max_completion_tokens: 100_000 };
     const large = reservation(recordingModel, sneaky).usd;
     assert.ok(large > 100 * reservation(recordingModel, { ...sneaky, max_completion_tokens: 1 }).usd, "the large field prices the reservation");
@@ -293,7 +315,12 @@ describe("budgets and rate limits on one server", () => {
   });
 
   test("a key with a tpm at the model's context length is admitted without max_tokens: prompt and output share one context", async () => {
-    const contextModel = await harness.addModel({ name: "ctx", prices: PRICES, context_length: 4096, profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    const contextModel = await harness.addModel({
+      name: "ctx",
+      prices: PRICES,
+      context_length: 4096,
+      profiles: [{ name: "p", engine: "external", url: upstream.url }],
+    });
     const client = clientFor(harness, await harness.clientKey({ name: "ctx-tpm", tpm: 4096 }));
     const { response } = await client.chat.completions.create({ model: "ctx", messages: [{ role: "user", content: "hi" }] }).withResponse();
     assert.equal(response.status, 200);
@@ -362,7 +389,14 @@ describe("two servers on one PostgreSQL", () => {
     const rpmKey = await a.clientKey({ name: "shared-rpm", rpm: 7 });
     gate.open();
     const rpmResults = await Promise.all(
-      Array.from({ length: 20 }, (_, i) => clientFor(i % 2 === 0 ? a : b, rpmKey).chat.completions.create({ model: "shared", ...HI }).then(() => "ok", (error: unknown) => error)),
+      Array.from({ length: 20 }, (_, i) =>
+        clientFor(i % 2 === 0 ? a : b, rpmKey)
+          .chat.completions.create({ model: "shared", ...HI })
+          .then(
+            () => "ok",
+            (error: unknown) => error,
+          ),
+      ),
     );
     assert.equal(rpmResults.filter((r) => r === "ok").length, 7);
     for (const error of rpmResults.filter((r) => r !== "ok")) {
@@ -373,20 +407,26 @@ describe("two servers on one PostgreSQL", () => {
     // A budget for about 4 reservations: held at the upstream, exactly 4 run across both.
     const holding = new Gate();
     const heldUpstream = await upstreams.start({ reply: REPLY, beforeAnswer: holding.wait });
-    const heldModel = await a.addModel({ name: "shared-held", prices: PRICES, profiles: [{ name: "p", engine: "external", url: heldUpstream.url, max_inflight: 100 }] });
+    const heldModel = await a.addModel({
+      name: "shared-held",
+      prices: PRICES,
+      profiles: [{ name: "p", engine: "external", url: heldUpstream.url, max_inflight: 100 }],
+    });
     await b.server.catalog.refresh();
     await eventually("the second server to route the held model", () => b.server.replicas.forModel(heldModel.id).length > 0);
     const budget = Number((reservation(heldModel).usd * 4.5).toFixed(6));
     const budgetKey = await a.clientKey({ name: "shared-budget", budget_usd: budget, budget_period: "month" });
     let answered = 0;
     const outcomes = Array.from({ length: 30 }, (_, i) =>
-      clientFor(i % 2 === 0 ? a : b, budgetKey).chat.completions.create({ model: "shared-held", ...HI }).then(
-        () => "ok",
-        (error: unknown) => {
-          answered += 1;
-          return error;
-        },
-      ),
+      clientFor(i % 2 === 0 ? a : b, budgetKey)
+        .chat.completions.create({ model: "shared-held", ...HI })
+        .then(
+          () => "ok",
+          (error: unknown) => {
+            answered += 1;
+            return error;
+          },
+        ),
     );
     await eventually("4 requests held at the upstream and 26 answered", () => holding.waiting === 4 && answered === 26);
     holding.open();

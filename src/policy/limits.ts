@@ -19,7 +19,18 @@ import type { TokenUsage } from "../core/token-usage.ts";
 import type { Store } from "../store/store.ts";
 import { costUsd, type Prices } from "./cost.ts";
 import type { BudgetPeriod, KeyLimits, KeyLimitsView, RateLimits } from "./key-limits.ts";
-import { budgetPeriodAt, LimitStore, nanoToUsd, usdToNano, WHOLE_KEY, windowAt, type BudgetUse, type SettlementChange, type WindowRef, type WindowUse } from "./limit-store.ts";
+import {
+  budgetPeriodAt,
+  LimitStore,
+  nanoToUsd,
+  usdToNano,
+  WHOLE_KEY,
+  windowAt,
+  type BudgetUse,
+  type SettlementChange,
+  type WindowRef,
+  type WindowUse,
+} from "./limit-store.ts";
 import type { LimitsPermit, PolicyRequest, RequestLimits } from "./request-policy.ts";
 import { tokenBound, type TokenBound } from "./token-bound.ts";
 
@@ -172,7 +183,12 @@ export class LimitsService implements RequestLimits {
     });
     if (together === undefined || together === "refused") return undefined;
     return this.permit(
-      { request, reservedTokens: tokens, scopes, budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano } },
+      {
+        request,
+        reservedTokens: tokens,
+        scopes,
+        budget: budgetPeriod === null ? null : { keyId: request.principal.keyId, period: budgetPeriod.id, reservedNano: costNano },
+      },
       rateHeaders(scopes, together.windows, now, window.endsAt),
       this.outputCap(request, admission.limits, scopes, bound),
     );
@@ -207,7 +223,11 @@ export class LimitsService implements RequestLimits {
         await undoWindows();
         throw new TooManyRequestsError(
           `This request may use up to ${tokens} tokens (a prompt of up to ${bound.prompt} and up to ${bound.output} of output), more than the ${tpm} tokens per minute ${labelOf(scope)} allows, so it can never be admitted. Lower max_tokens or shorten the prompt, or ask an administrator to raise the tpm limit ('llmgw ctl key update ${keyName} --tpm N').`,
-          { code: "rate_limit_exceeded", type: "tokens", headers: { ...(await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt)), "x-should-retry": "false" } },
+          {
+            code: "rate_limit_exceeded",
+            type: "tokens",
+            headers: { ...(await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt)), "x-should-retry": "false" },
+          },
         );
       }
       const use = await this.limitStore.reserveWindow({ ...scope.ref, tokens, rpm, tpm });
@@ -250,13 +270,25 @@ export class LimitsService implements RequestLimits {
         // and the request would fit a fresh budget (one dearer than the whole budget says
         // nothing about what is left).
         if (seen !== null && seen.spentNano + costNano > limitNano && costNano <= limitNano) {
-          this.options.onBudgetRefused?.({ keyId, keyName, period: period.id, limitUsd: limits.budgetUsd ?? 0, spentUsd: nanoToUsd(seen.spentNano), requestUsd: nanoToUsd(costNano), resetsAt: period.resetsAt });
+          this.options.onBudgetRefused?.({
+            keyId,
+            keyName,
+            period: period.id,
+            limitUsd: limits.budgetUsd ?? 0,
+            spentUsd: nanoToUsd(seen.spentNano),
+            requestUsd: nanoToUsd(costNano),
+            resetsAt: period.resetsAt,
+          });
         }
         throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt) });
       }
       budget = { keyId, period: period.id, reservedNano: costNano };
     }
-    return this.permit({ request, reservedTokens: tokens, scopes: reserved.map(({ scope }) => scope), budget }, headers, this.outputCap(request, limits, scopes, bound));
+    return this.permit(
+      { request, reservedTokens: tokens, scopes: reserved.map(({ scope }) => scope), budget },
+      headers,
+      this.outputCap(request, limits, scopes, bound),
+    );
   }
 
   /** The output the upstream may generate: capped where the reservation is what holds the line (a budget or a tpm). */
@@ -307,7 +339,10 @@ export class LimitsService implements RequestLimits {
         try {
           this.settle(held, usage, answered);
         } catch (error) {
-          this.options.logger.warn({ err: error, key: held.request.principal.name }, "a budget or rate-limit settlement could not be queued; the reservation stays counted");
+          this.options.logger.warn(
+            { err: error, key: held.request.principal.name },
+            "a budget or rate-limit settlement could not be queued; the reservation stays counted",
+          );
         }
       },
     };
@@ -344,7 +379,13 @@ export class LimitsService implements RequestLimits {
   }
 
   private queueBudget(budget: NonNullable<Held["budget"]>, chargedNano: number): void {
-    if (this.limitStore.applyNow({ kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano }, this.clock())) return;
+    if (
+      this.limitStore.applyNow(
+        { kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano },
+        this.clock(),
+      )
+    )
+      return;
     const id = `b\n${budget.keyId}\n${budget.period}`;
     const change = this.pending.get(id);
     if (change?.kind === "budget") {
@@ -410,7 +451,10 @@ export class LimitsService implements RequestLimits {
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
     if (this.pending.size > 0) {
-      this.options.logger.error({ settlements: this.pending.size }, "budget or rate-limit settlements could not be written before shutdown; those reservations stay counted");
+      this.options.logger.error(
+        { settlements: this.pending.size },
+        "budget or rate-limit settlements could not be written before shutdown; those reservations stay counted",
+      );
       this.pending.clear();
     }
     this.limitStore.close();
@@ -440,7 +484,10 @@ export class LimitsService implements RequestLimits {
     });
     const models: Record<string, RateUse> = {};
     for (const [model, limits] of Object.entries(key.model_limits ?? {})) models[model] = await rateUse(model, limits);
-    const rate = key.rpm === null && key.tpm === null ? null : { ...(await rateUse(WHOLE_KEY, { rpm: key.rpm, tpm: key.tpm })), window_start: window.start, resets_at: new Date(window.endsAt).toISOString() };
+    const rate =
+      key.rpm === null && key.tpm === null
+        ? null
+        : { ...(await rateUse(WHOLE_KEY, { rpm: key.rpm, tpm: key.tpm })), window_start: window.start, resets_at: new Date(window.endsAt).toISOString() };
     return { budget, rate, models };
   }
 
@@ -449,7 +496,19 @@ export class LimitsService implements RequestLimits {
    * time): revoked and expired keys are left out, and only current periods are read. Names
    * are not unique (a rotated key keeps its name), so each entry carries the key's prefix too.
    */
-  async spentByKey(): Promise<Array<{ id: string; key: string; prefix: string; spent_usd: number; reserved_usd: number; limit_usd: number; period: BudgetPeriod; period_id: string; resets_at: number | null }>> {
+  async spentByKey(): Promise<
+    Array<{
+      id: string;
+      key: string;
+      prefix: string;
+      spent_usd: number;
+      reserved_usd: number;
+      limit_usd: number;
+      period: BudgetPeriod;
+      period_id: string;
+      resets_at: number | null;
+    }>
+  > {
     const now = this.clock();
     const nowIso = new Date(now).toISOString();
     const keys = await this.options.store.db

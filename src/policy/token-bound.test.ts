@@ -5,7 +5,16 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { worstCaseUsage } from "./limits.ts";
-import { DEFAULT_MAX_OUTPUT, MEDIA_PART_ALLOWANCE, PER_INPUT_ALLOWANCE, PER_MESSAGE_ALLOWANCE, PER_REQUEST_ALLOWANCE, PER_TOOL_ALLOWANCE, TOOLS_ALLOWANCE, tokenBound } from "./token-bound.ts";
+import {
+  DEFAULT_MAX_OUTPUT,
+  MEDIA_PART_ALLOWANCE,
+  PER_INPUT_ALLOWANCE,
+  PER_MESSAGE_ALLOWANCE,
+  PER_REQUEST_ALLOWANCE,
+  PER_TOOL_ALLOWANCE,
+  TOOLS_ALLOWANCE,
+  tokenBound,
+} from "./token-bound.ts";
 
 function model(limits: { context_length?: number; max_output?: number } = {}): CatalogModel {
   return { id: "m", name: "m", definition: { ...limits } } as unknown as CatalogModel;
@@ -14,7 +23,13 @@ function model(limits: { context_length?: number; max_output?: number } = {}): C
 const bodyBytes = (body: unknown) => Buffer.byteLength(JSON.stringify(body), "utf8");
 
 test("a chat prompt counts the UTF-8 bytes of the whole body, plus the template's allowances", () => {
-  const body = { model: "m", messages: [{ role: "system", content: "héllo" }, { role: "user", content: [{ type: "text", text: "日本" }] }] };
+  const body = {
+    model: "m",
+    messages: [
+      { role: "system", content: "héllo" },
+      { role: "user", content: [{ type: "text", text: "日本" }] },
+    ],
+  };
   const bound = tokenBound("/v1/chat/completions", body, model());
   assert.equal(bound.prompt, PER_REQUEST_ALLOWANCE + 2 * PER_MESSAGE_ALLOWANCE + bodyBytes(body));
   assert.ok(bound.prompt > Buffer.byteLength("systemhéllouser日本"), "every text the template may print is covered");
@@ -27,7 +42,11 @@ test("tools add the function-calling preamble a template prints (whatever tool_c
   const call = { id: "call_1", type: "function", function: { name: "f", arguments: "{}" } };
   const body = {
     model: "m",
-    messages: [{ role: "user", content: "x" }, { role: "assistant", content: null, tool_calls: [call, call] }, { role: "tool", tool_call_id: "call_1", content: "ok" }],
+    messages: [
+      { role: "user", content: "x" },
+      { role: "assistant", content: null, tool_calls: [call, call] },
+      { role: "tool", tool_call_id: "call_1", content: "ok" },
+    ],
     tools: [tool, tool],
     tool_choice: "none",
   };
@@ -36,7 +55,10 @@ test("tools add the function-calling preamble a template prints (whatever tool_c
   // The bundled engine measured 542 prompt tokens for a 113-byte request with one bare tool (ChatML demo model); the e2e test checks the bound against a live engine.
   const minimal = { messages: [{ role: "user", content: "x" }], max_tokens: 1, tools: [tool] };
   assert.ok(tokenBound("/v1/chat/completions", minimal, model()).prompt >= 542);
-  assert.equal(tokenBound("/v1/chat/completions", { ...minimal, tools: [] }, model()).prompt, PER_REQUEST_ALLOWANCE + PER_MESSAGE_ALLOWANCE + bodyBytes({ ...minimal, tools: [] }));
+  assert.equal(
+    tokenBound("/v1/chat/completions", { ...minimal, tools: [] }, model()).prompt,
+    PER_REQUEST_ALLOWANCE + PER_MESSAGE_ALLOWANCE + bodyBytes({ ...minimal, tools: [] }),
+  );
 });
 
 test("the body's length as it arrived stands for its serialised bytes (never fewer: parsing only drops whitespace and escapes)", () => {
@@ -52,7 +74,11 @@ test("fields an engine may render into the prompt count too (vLLM documents, cha
   const messages = [{ role: "user", content: "hi" }];
   const plain = tokenBound("/v1/chat/completions", { model: "m", messages }, model()).prompt;
   const documents = [{ title: "a", text: "x".repeat(10_000) }];
-  const withDocuments = tokenBound("/v1/chat/completions", { model: "m", messages, documents, chat_template_kwargs: { extra: "y".repeat(500) } }, model()).prompt;
+  const withDocuments = tokenBound(
+    "/v1/chat/completions",
+    { model: "m", messages, documents, chat_template_kwargs: { extra: "y".repeat(500) } },
+    model(),
+  ).prompt;
   assert.ok(withDocuments - plain >= 10_500, `documents and template arguments add their bytes (added ${withDocuments - plain})`);
   const suffix = "z".repeat(3000);
   assert.ok(tokenBound("/v1/completions", { model: "m", prompt: "a", suffix }, model()).prompt >= 3000 + PER_REQUEST_ALLOWANCE);
@@ -61,7 +87,11 @@ test("fields an engine may render into the prompt count too (vLLM documents, cha
 test("the output is the larger of max_tokens and max_completion_tokens, else the model's max_output or context length", () => {
   const messages = [{ role: "user", content: "hi" }];
   const output = (fields: object, limits = {}) => tokenBound("/v1/chat/completions", { model: "m", messages, ...fields }, model(limits)).output;
-  assert.equal(output({ max_tokens: 1, max_completion_tokens: 100_000 }), 100_000, "engines read max_completion_tokens first: the small max_tokens must not hide it");
+  assert.equal(
+    output({ max_tokens: 1, max_completion_tokens: 100_000 }),
+    100_000,
+    "engines read max_completion_tokens first: the small max_tokens must not hide it",
+  );
   assert.equal(output({ max_tokens: 100_000, max_completion_tokens: 1 }), 100_000);
   assert.equal(output({ max_completion_tokens: 9 }, { max_output: 100 }), 9);
   assert.equal(output({}, { max_output: 100, context_length: 2048 }), 100);
@@ -97,7 +127,11 @@ test("completions and embeddings: token ids and strings by their bytes in the bo
   const completions = { model: "m", prompt: [1, 2, 3], max_tokens: 4 };
   assert.equal(tokenBound("/v1/completions", completions, model()).prompt, bodyBytes(completions) + PER_REQUEST_ALLOWANCE);
   const strings = { model: "m", input: ["ab", "cde"] };
-  assert.deepEqual(tokenBound("/v1/embeddings", strings, model()), { prompt: bodyBytes(strings) + 2 * PER_INPUT_ALLOWANCE, output: 0, total: bodyBytes(strings) + 2 * PER_INPUT_ALLOWANCE });
+  assert.deepEqual(tokenBound("/v1/embeddings", strings, model()), {
+    prompt: bodyBytes(strings) + 2 * PER_INPUT_ALLOWANCE,
+    output: 0,
+    total: bodyBytes(strings) + 2 * PER_INPUT_ALLOWANCE,
+  });
   const ids = { model: "m", input: [[1, 2], [3]] };
   assert.equal(tokenBound("/v1/embeddings", ids, model()).prompt, bodyBytes(ids) + 2 * PER_INPUT_ALLOWANCE);
   const manyIds = { model: "m", input: Array.from({ length: 1000 }, (_, i) => i % 10) };
@@ -105,5 +139,8 @@ test("completions and embeddings: token ids and strings by their bytes in the bo
   // The context length caps each input, not the request: three inputs near the limit use three contexts.
   const long = { model: "m", input: ["x ".repeat(600), "y ".repeat(600), "z ".repeat(600)] };
   assert.equal(tokenBound("/v1/embeddings", long, model({ context_length: 512 })).prompt, 3 * 512);
-  assert.equal(tokenBound("/v1/embeddings", { model: "m", input: "short" }, model({ context_length: 512 })).prompt, bodyBytes({ model: "m", input: "short" }) + PER_INPUT_ALLOWANCE);
+  assert.equal(
+    tokenBound("/v1/embeddings", { model: "m", input: "short" }, model({ context_length: 512 })).prompt,
+    bodyBytes({ model: "m", input: "short" }) + PER_INPUT_ALLOWANCE,
+  );
 });

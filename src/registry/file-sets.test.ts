@@ -2,7 +2,7 @@
 // repositories (bartowski/Unsloth GGUF layouts, transformers safetensors layouts).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { BadRequestError, LlmgwError, NotFoundError } from "../core/errors.ts";
+import { BadRequestError, type LlmgwError, NotFoundError } from "../core/errors.ts";
 import { chooseArtifact, classifyFiles, describeSet, ggufQuantLabel, type ArtifactSet, type ListedFile } from "./file-sets.ts";
 import { validateMirrorFile } from "../mirror/mirror-paths.ts";
 import { sanitizeRepoPath } from "./repo-path.ts";
@@ -84,7 +84,10 @@ test("GGUF files are grouped by quantisation, splits as one set, projectors apar
   assert.equal(split.entry, "Q5_K_S/Llama-3.2-1B-Instruct-Q5_K_S-00001-of-00003.gguf");
   assert.deepEqual(split.split, { count: 3, missing: [] });
   assert.equal(split.complete, true);
-  assert.equal(split.totalBytes, split.files.reduce((n, f) => n + f.size, 0));
+  assert.equal(
+    split.totalBytes,
+    split.files.reduce((n, f) => n + f.size, 0),
+  );
   assert.deepEqual(
     split.files.map((f) => f.path.slice(-19)),
     ["00001-of-00003.gguf", "00002-of-00003.gguf", "00003-of-00003.gguf"],
@@ -103,10 +106,7 @@ test("GGUF files are grouped by quantisation, splits as one set, projectors apar
       ["mmproj-Llama-3.2-1B-Q8_0.gguf", "Q8_0"],
     ],
   );
-  assert.deepEqual(
-    sets.excluded.map((e) => e.file.path).sort(),
-    ["Llama-3.2-1B-Instruct.imatrix", "imatrix_unsloth.gguf"],
-  );
+  assert.deepEqual(sets.excluded.map((e) => e.file.path).sort(), ["Llama-3.2-1B-Instruct.imatrix", "imatrix_unsloth.gguf"]);
   assert.ok(sets.gguf.every((set) => set.files.every((f) => !/imatrix|mmproj/.test(f.path))));
   assert.deepEqual(sets.other.map((f) => f.path).sort(), [".gitattributes", "README.md"]);
 });
@@ -123,10 +123,15 @@ test("safetensors shards are one set with their index; companions are found", ()
     ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"],
   );
   assert.equal(set.complete, true);
-  assert.deepEqual(
-    sets.companions.map((f) => f.path).sort(),
-    ["chat_template.jinja", "config.json", "generation_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json"],
-  );
+  assert.deepEqual(sets.companions.map((f) => f.path).sort(), [
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+  ]);
   assert.deepEqual(sets.other.map((f) => f.path).sort(), ["README.md", "original/consolidated.00.pth", "pytorch_model.bin"]);
 });
 
@@ -146,7 +151,10 @@ test("the default choice is Q4_K_M; a quant by any case; a file picks its whole 
   const sets = classifyFiles(GGUF_REPO);
   const byDefault = chooseArtifact({ sets });
   assert.equal(byDefault.set.quant, "Q4_K_M");
-  assert.deepEqual(byDefault.files.map((f) => f.path), ["Llama-3.2-1B-Instruct-Q4_K_M.gguf"]);
+  assert.deepEqual(
+    byDefault.files.map((f) => f.path),
+    ["Llama-3.2-1B-Instruct-Q4_K_M.gguf"],
+  );
   assert.deepEqual(byDefault.companions, []);
   assert.equal(byDefault.projector, null);
   assert.equal(byDefault.projectorsOffered.length, 2);
@@ -167,7 +175,10 @@ test("a projector is added on request, F16 first, or by name", () => {
   const sets = classifyFiles(GGUF_REPO);
   const best = chooseArtifact({ sets, projector: true });
   assert.equal(best.projector?.path, "mmproj-Llama-3.2-1B-F16.gguf");
-  assert.deepEqual(best.files.map((f) => f.path), ["Llama-3.2-1B-Instruct-Q4_K_M.gguf", "mmproj-Llama-3.2-1B-F16.gguf"]);
+  assert.deepEqual(
+    best.files.map((f) => f.path),
+    ["Llama-3.2-1B-Instruct-Q4_K_M.gguf", "mmproj-Llama-3.2-1B-F16.gguf"],
+  );
   assert.equal(chooseArtifact({ sets, projector: "q8_0" }).projector?.path, "mmproj-Llama-3.2-1B-Q8_0.gguf");
   assert.throws(() => chooseArtifact({ sets, projector: "Q2_K" }), assertError(NotFoundError, "projector_not_found", "mmproj-Llama-3.2-1B-F16.gguf"));
 });
@@ -199,9 +210,13 @@ test("safetensors are chosen with their companions", () => {
   assert.equal(chosen.set.format, "safetensors");
   const paths = chosen.files.map((f) => f.path);
   assert.deepEqual(paths.slice(0, 3), ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]);
-  for (const companion of ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"]) assert.ok(paths.includes(companion), companion);
+  for (const companion of ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"])
+    assert.ok(paths.includes(companion), companion);
   assert.ok(!paths.includes("pytorch_model.bin"));
-  assert.equal(chosen.totalBytes, chosen.files.reduce((n, f) => n + f.size, 0));
+  assert.equal(
+    chosen.totalBytes,
+    chosen.files.reduce((n, f) => n + f.size, 0),
+  );
   assert.throws(() => chooseArtifact({ sets, quant: "Q4_K_M", format: "safetensors" }), assertError(BadRequestError, "conflicting_options"));
 });
 
@@ -217,7 +232,10 @@ test("paths with '..', absolute paths and backslashes are refused, naming the va
     assert.throws(() => sanitizeRepoPath(bad), assertError(BadRequestError, "invalid_path"), JSON.stringify(bad));
     assert.throws(() => classifyFiles([{ path: bad, size: 1 }]), assertError(BadRequestError, "invalid_path"), JSON.stringify(bad));
   }
-  assert.throws(() => chooseArtifact({ sets: classifyFiles(GGUF_REPO), file: "../Llama-3.2-1B-Instruct-Q8_0.gguf" }), assertError(BadRequestError, "invalid_path", "'../Llama-3.2-1B-Instruct-Q8_0.gguf'", ".."));
+  assert.throws(
+    () => chooseArtifact({ sets: classifyFiles(GGUF_REPO), file: "../Llama-3.2-1B-Instruct-Q8_0.gguf" }),
+    assertError(BadRequestError, "invalid_path", "'../Llama-3.2-1B-Instruct-Q8_0.gguf'", ".."),
+  );
   assert.equal(sanitizeRepoPath("Q4_K_M/model-Q4_K_M.gguf"), "Q4_K_M/model-Q4_K_M.gguf");
 });
 
@@ -235,7 +253,10 @@ test("the registry refuses every path the mirror could not store: segments over 
 });
 
 test("set descriptions give sizes in binary units", () => {
-  const sets = classifyFiles([{ path: "m-Q4_K_M.gguf", size: 4.6 * 1024 ** 3 }, { path: "m-Q8_0.gguf", size: 512 * 1024 ** 2 }]);
+  const sets = classifyFiles([
+    { path: "m-Q4_K_M.gguf", size: 4.6 * 1024 ** 3 },
+    { path: "m-Q8_0.gguf", size: 512 * 1024 ** 2 },
+  ]);
   assert.deepEqual(sets.gguf.map(describeSet).sort(), ["Q4_K_M (1 file, 4.6 GiB)", "Q8_0 (1 file, 0.5 GiB)"]);
 });
 

@@ -142,7 +142,9 @@ export function classifyFiles<F extends ListedFile>(files: readonly F[]): FileSe
         ggufSplits.set(key, group);
         continue;
       }
-      result.gguf.push(makeSet({ format: "gguf", name: labelOrName(file.path), quant: ggufQuantLabel(file.path), dir, entry: file.path, files: [file], split: null }));
+      result.gguf.push(
+        makeSet({ format: "gguf", name: labelOrName(file.path), quant: ggufQuantLabel(file.path), dir, entry: file.path, files: [file], split: null }),
+      );
       continue;
     }
     if (lower.endsWith(".safetensors")) {
@@ -231,7 +233,16 @@ export function classifyFiles<F extends ListedFile>(files: readonly F[]): FileSe
     if (usedIndexes.has(index.file)) continue;
     // An index whose shards do not follow the standard names: offered, but not complete.
     result.safetensors.push(
-      makeSet({ format: "safetensors", name: joinPath(index.dir, index.basePrefix), quant: null, dir: index.dir, entry: index.file.path, files: [index.file], split: null, complete: false }),
+      makeSet({
+        format: "safetensors",
+        name: joinPath(index.dir, index.basePrefix),
+        quant: null,
+        dir: index.dir,
+        entry: index.file.path,
+        files: [index.file],
+        split: null,
+        complete: false,
+      }),
     );
   }
 
@@ -309,7 +320,10 @@ export function chooseArtifact<F extends ListedFile>(options: ChooseArtifactOpti
 /** One line per set, for listings and error messages: `Q4_K_M (1 file, 4.6 GiB)`. */
 export function describeSet(set: ArtifactSet): string {
   const count = set.split === null ? `${set.files.length} file${set.files.length === 1 ? "" : "s"}` : `${set.split.count} parts`;
-  const missing = set.split !== null && set.split.missing.length > 0 ? `, incomplete: part${set.split.missing.length === 1 ? "" : "s"} ${set.split.missing.join(", ")} missing` : "";
+  const missing =
+    set.split !== null && set.split.missing.length > 0
+      ? `, incomplete: part${set.split.missing.length === 1 ? "" : "s"} ${set.split.missing.join(", ")} missing`
+      : "";
   const noIndex = set.format === "safetensors" && !set.complete && missing === "" ? ", incomplete" : "";
   return `${set.name} (${count}, ${formatBytes(set.totalBytes)}${missing}${noIndex})`;
 }
@@ -323,10 +337,10 @@ function ggufByQuant<F extends ListedFile>(sets: FileSets<F>, quant: string | un
   const matching = sets.gguf.filter((set) => set.quant === wanted);
   if (matching.length === 1 && matching[0] !== undefined) return matching[0];
   if (matching.length > 1) {
-    throw new BadRequestError(
-      `More than one GGUF set in this repository is ${wanted}: ${matching.map((set) => set.entry).join(", ")}. Pick one with file.`,
-      { code: "ambiguous_quant", param: "quant" },
-    );
+    throw new BadRequestError(`More than one GGUF set in this repository is ${wanted}: ${matching.map((set) => set.entry).join(", ")}. Pick one with file.`, {
+      code: "ambiguous_quant",
+      param: "quant",
+    });
   }
   if (quant === undefined) {
     const complete = sets.gguf.filter((set) => set.complete);
@@ -382,7 +396,10 @@ function setByFile<F extends ListedFile>(sets: FileSets<F>, file: string, format
     });
   }
   if (sets.excluded.some((e) => matches(e.file.path))) {
-    throw new BadRequestError(`'${file}' is an importance matrix (an input to quantisation), not model weights; pick a GGUF file.`, { code: "file_excluded", param: "file" });
+    throw new BadRequestError(`'${file}' is an importance matrix (an input to quantisation), not model weights; pick a GGUF file.`, {
+      code: "file_excluded",
+      param: "file",
+    });
   }
   const weights = all.flatMap((set) => set.files.map((f) => f.path)).filter((path) => !path.endsWith(".json"));
   throw new NotFoundError(`This repository has no file '${file}'. Its weight files are: ${listNames(weights)}.`, { code: "file_not_found", param: "file" });
@@ -404,16 +421,16 @@ function pickProjector<F extends ListedFile>(sets: FileSets<F>, set: ArtifactSet
     const preference = ["F16", "BF16", "F32", "Q8_0"];
     const ranked = [...pool].sort((a, b) => rank(preference, a.quant) - rank(preference, b.quant) || compare(a.file.path, b.file.path));
     const best = ranked[0];
-    if (best === undefined) throw new NotFoundError("A vision projector was asked for, but this repository has no mmproj file.", { code: "projector_not_found", param: "projector" });
+    if (best === undefined)
+      throw new NotFoundError("A vision projector was asked for, but this repository has no mmproj file.", { code: "projector_not_found", param: "projector" });
     return best.file;
   }
   const text = sanitizeRepoPath(wanted, "projector");
   const label = normaliseQuant(text);
   const found =
-    offered.find((p) => p.file.path === text) ??
-    offered.find((p) => splitPath(p.file.path).base === text) ??
-    offered.find((p) => p.quant === label);
-  if (found === undefined) throw new NotFoundError(`This repository has no vision projector '${text}'; ${offeredText}.`, { code: "projector_not_found", param: "projector" });
+    offered.find((p) => p.file.path === text) ?? offered.find((p) => splitPath(p.file.path).base === text) ?? offered.find((p) => p.quant === label);
+  if (found === undefined)
+    throw new NotFoundError(`This repository has no vision projector '${text}'; ${offeredText}.`, { code: "projector_not_found", param: "projector" });
   return found.file;
 }
 
@@ -424,10 +441,13 @@ function incompleteError(set: ArtifactSet): NotFoundError {
       { code: "incomplete_set", param: "file" },
     );
   }
-  return new NotFoundError(`The safetensors set ${set.name} is incomplete: it needs both its index (${set.name}.safetensors.index.json) and standard-named shards. Pick another set.`, {
-    code: "incomplete_set",
-    param: "file",
-  });
+  return new NotFoundError(
+    `The safetensors set ${set.name} is incomplete: it needs both its index (${set.name}.safetensors.index.json) and standard-named shards. Pick another set.`,
+    {
+      code: "incomplete_set",
+      param: "file",
+    },
+  );
 }
 
 function makeSet<F extends ListedFile>(fields: Omit<ArtifactSet<F>, "totalBytes" | "complete"> & { complete?: boolean }): ArtifactSet<F> {

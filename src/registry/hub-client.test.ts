@@ -83,8 +83,14 @@ describe("repoInfo", () => {
     }
     const treeRequests = hub.requests.filter((r) => r.path.includes("/tree/"));
     assert.ok(treeRequests.length >= 3, `expected several tree pages, got ${treeRequests.length}`);
-    assert.ok(treeRequests.every((r) => r.path.endsWith(`/tree/${info.sha}`)), "the listing is pinned to the commit sha");
-    assert.ok(treeRequests.slice(1).every((r) => r.url.includes("cursor=")), "later pages come from the Link header");
+    assert.ok(
+      treeRequests.every((r) => r.path.endsWith(`/tree/${info.sha}`)),
+      "the listing is pinned to the commit sha",
+    );
+    assert.ok(
+      treeRequests.slice(1).every((r) => r.url.includes("cursor=")),
+      "later pages come from the Link header",
+    );
     assert.ok(treeRequests.every((r) => r.url.includes("recursive=true")));
   });
 
@@ -104,7 +110,13 @@ describe("repoInfo", () => {
   test("a safetensors repository lists shards, index and companions", async () => {
     const info = await client().repoInfo({ repo: SAFETENSORS_REPO });
     const paths = info.files.map((f) => f.path);
-    for (const path of ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "tokenizer.json"]) {
+    for (const path of [
+      "config.json",
+      "model.safetensors.index.json",
+      "model-00001-of-00002.safetensors",
+      "model-00002-of-00002.safetensors",
+      "tokenizer.json",
+    ]) {
       assert.ok(paths.includes(path), path);
     }
     assert.match(info.files.find((f) => f.path === "model-00001-of-00002.safetensors")?.sha256 ?? "", /^[0-9a-f]{64}$/);
@@ -123,14 +135,20 @@ describe("repoInfo", () => {
 
   test("inside the server, the token messages say it belongs in the server's environment, not ctl's", async () => {
     const where = "in the environment of the llmgw server (not of ctl) and restart it";
-    await assert.rejects(client({ inServer: true }).repoInfo({ repo: GATED_REPO }), isError(PermissionDeniedError, "gated_repo", GATED_REPO, "no HF_TOKEN is set in the llmgw server's environment", where));
+    await assert.rejects(
+      client({ inServer: true }).repoInfo({ repo: GATED_REPO }),
+      isError(PermissionDeniedError, "gated_repo", GATED_REPO, "no HF_TOKEN is set in the llmgw server's environment", where),
+    );
     await assert.rejects(
       client({ inServer: true, token: "hf_not_approved" }).repoInfo({ repo: GATED_REPO }),
       isError(PermissionDeniedError, "gated_repo", "the llmgw server's HF_TOKEN is not on its approved list", where),
     );
     await assert.rejects(client({ inServer: true }).repoInfo({ repo: PRIVATE_REPO }), isError(NotFoundError, "repo_not_found", PRIVATE_REPO, where));
     // A client outside a server (a script, a test) does not send anyone to a server.
-    await assert.rejects(client().repoInfo({ repo: GATED_REPO }), (error: unknown) => error instanceof PermissionDeniedError && !/llmgw server/.test(error.message));
+    await assert.rejects(
+      client().repoInfo({ repo: GATED_REPO }),
+      (error: unknown) => error instanceof PermissionDeniedError && !/llmgw server/.test(error.message),
+    );
   });
 
   test("a gated repository with an approved token is read, and the token went only to the hub", async () => {
@@ -142,7 +160,10 @@ describe("repoInfo", () => {
     const head = hub.requests.find((r) => r.method === "HEAD");
     assert.ok(head !== undefined && head.path.includes("/resolve/"));
     assert.equal(head.authorization, `Bearer ${APPROVED_TOKEN}`);
-    assert.ok(hub.requests.every((r) => !r.path.startsWith("/cdn/")), "metadata does not follow the CDN redirect");
+    assert.ok(
+      hub.requests.every((r) => !r.path.startsWith("/cdn/")),
+      "metadata does not follow the CDN redirect",
+    );
   });
 
   test("a private repository is 'not found or private' without a token, and readable with one", async () => {
@@ -354,11 +375,17 @@ describe("downloads", () => {
     const c = client();
     const sha = fakeCommitSha(GGUF_REPO);
     const path = "tiny-llama-Q4_K_M.gguf";
-    await assert.rejects(c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }), isError(BadRequestError, "file_too_large", path, "640 KiB, more than 1000 B"));
+    await assert.rejects(
+      c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }),
+      isError(BadRequestError, "file_too_large", path, "640 KiB, more than 1000 B"),
+    );
     // Without Content-Length the bytes are counted as they arrive.
     hub.setFault({ kind: "chunked", match: "/cdn/" });
     try {
-      await assert.rejects(c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }), isError(BadRequestError, "file_too_large", path, "larger than 1000 B"));
+      await assert.rejects(
+        c.readSmallFile({ repo: GGUF_REPO, sha, path, maxBytes: 1000 }),
+        isError(BadRequestError, "file_too_large", path, "larger than 1000 B"),
+      );
     } finally {
       hub.setFault(null);
     }

@@ -11,13 +11,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { createHash } from "node:crypto";
 import { Agent, request, type Dispatcher } from "undici";
 import { z } from "zod";
-import {
-  BadRequestError,
-  LlmgwError,
-  UpstreamError,
-  describeError,
-  errorCode,
-} from "../core/errors.ts";
+import { BadRequestError, LlmgwError, UpstreamError, describeError, errorCode } from "../core/errors.ts";
 import { backoffDelay } from "../core/backoff.ts";
 import { formatBytes } from "../core/format.ts";
 import { followRedirects, isSameOrigin } from "./redirects.ts";
@@ -205,9 +199,7 @@ export class HubClient implements Registry {
     const context: HubRequestContext = { what: "reading repository info", repo, ...(revision === undefined ? {} : { revision }) };
     // Without a revision huggingface_hub asks for the default branch with the plain path.
     const infoUrl =
-      revision === undefined
-        ? `${this.endpoint}/api/models/${repo}`
-        : `${this.endpoint}/api/models/${repo}/revision/${encodeURIComponent(revision)}`;
+      revision === undefined ? `${this.endpoint}/api/models/${repo}` : `${this.endpoint}/api/models/${repo}/revision/${encodeURIComponent(revision)}`;
     const info = await this.#getJson(infoUrl, context, modelInfoSchema, options.signal);
     if (info.disabled === true) throw disabledError(repo, this.endpoint);
     const canonical = info.id !== undefined && validRepoId(info.id) ? info.id : repo;
@@ -322,9 +314,12 @@ export class HubClient implements Registry {
     const visited = new Set<string>();
     while (url !== undefined) {
       if (visited.has(url) || visited.size >= MAX_TREE_PAGES) {
-        throw new UpstreamError(`The registry at ${this.endpoint} sent a tree listing for '${repo}' whose pages do not end (page ${visited.size + 1}: ${url}).`, {
-          code: "registry_bad_response",
-        });
+        throw new UpstreamError(
+          `The registry at ${this.endpoint} sent a tree listing for '${repo}' whose pages do not end (page ${visited.size + 1}: ${url}).`,
+          {
+            code: "registry_bad_response",
+          },
+        );
       }
       visited.add(url);
       const pageUrl: string = url;
@@ -376,9 +371,12 @@ export class HubClient implements Registry {
     const response = await this.#send(url, "GET", { accept: "application/json" }, context, signal, "same-origin");
     if (response.status >= 300 && response.status < 400) {
       await response.body.dump();
-      throw new UpstreamError(`The registry at ${this.endpoint} redirected ${context.what} for '${context.repo}' to another host (${header(response.headers, "location") ?? "no location"}); llmgw does not follow that.`, {
-        code: "registry_bad_response",
-      });
+      throw new UpstreamError(
+        `The registry at ${this.endpoint} redirected ${context.what} for '${context.repo}' to another host (${header(response.headers, "location") ?? "no location"}); llmgw does not follow that.`,
+        {
+          code: "registry_bad_response",
+        },
+      );
     }
     if (response.status >= 400) throw await this.#statusError(response, context);
     return response;
@@ -432,7 +430,13 @@ export class HubClient implements Registry {
    * The whole body, refused (with `tooLarge`) once more than `maxBytes` arrived, so a
    * runaway answer is cut off whether or not it announced its length.
    */
-  async #readBody(response: HubResponse, context: HubRequestContext, signal: AbortSignal | undefined, maxBytes: number, tooLarge: () => LlmgwError): Promise<Buffer> {
+  async #readBody(
+    response: HubResponse,
+    context: HubRequestContext,
+    signal: AbortSignal | undefined,
+    maxBytes: number,
+    tooLarge: () => LlmgwError,
+  ): Promise<Buffer> {
     const chunks: Buffer[] = [];
     let total = 0;
     try {
@@ -458,15 +462,21 @@ export class HubClient implements Registry {
       context,
       signal,
       MAX_JSON_BYTES,
-      () => new UpstreamError(`The registry at ${this.endpoint} sent more than ${MAX_JSON_BYTES} bytes while ${context.what} for '${context.repo}'.`, { code: "registry_bad_response" }),
+      () =>
+        new UpstreamError(`The registry at ${this.endpoint} sent more than ${MAX_JSON_BYTES} bytes while ${context.what} for '${context.repo}'.`, {
+          code: "registry_bad_response",
+        }),
     );
     try {
       return JSON.parse(body.toString("utf8")) as unknown;
     } catch (error) {
-      throw new UpstreamError(`The registry at ${this.endpoint} answered ${context.what} for '${context.repo}' with something that is not JSON; check --registry / HF_ENDPOINT.`, {
-        code: "registry_bad_response",
-        cause: error,
-      });
+      throw new UpstreamError(
+        `The registry at ${this.endpoint} answered ${context.what} for '${context.repo}' with something that is not JSON; check --registry / HF_ENDPOINT.`,
+        {
+          code: "registry_bad_response",
+          cause: error,
+        },
+      );
     }
   }
 
@@ -496,12 +506,15 @@ export class HubClient implements Registry {
     };
     const timeout = code === undefined ? undefined : timeouts[code];
     if (timeout !== undefined) {
-      return new UpstreamError(`${where} took longer than ${timeout[1]} ms ${timeout[0]} while ${about}. It is retryable: try again later, or check --registry / HF_ENDPOINT.`, {
-        code: "registry_timeout",
-        status: 504,
-        retryable: true,
-        cause: error,
-      });
+      return new UpstreamError(
+        `${where} took longer than ${timeout[1]} ms ${timeout[0]} while ${about}. It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
+        {
+          code: "registry_timeout",
+          status: 504,
+          retryable: true,
+          cause: error,
+        },
+      );
     }
     return new UpstreamError(
       `${where} could not be reached or dropped the connection while ${about} (${code ?? describeError(error)}). It is retryable: try again later, or check --registry / HF_ENDPOINT.`,
@@ -514,7 +527,6 @@ export class HubClient implements Registry {
     return hubStatusError(response, context, { endpoint: this.endpoint, hasToken: this.hasToken, inServer: this.#inServer });
   }
 }
-
 
 function parseOrFail<T extends z.ZodType>(schema: T, value: unknown, endpoint: string, context: HubRequestContext): z.output<T> {
   const result = schema.safeParse(value);
@@ -558,7 +570,6 @@ function validRepoId(id: string): boolean {
     return false;
   }
 }
-
 
 function nonEmpty(value: string | undefined): string | undefined {
   const trimmed = value?.trim();

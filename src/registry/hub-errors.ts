@@ -3,7 +3,7 @@
 // name the repository, revision or file and say what to do. Where the request ran matters
 // for the token's advice: inside the server, HF_TOKEN belongs in the server's environment.
 import type { Dispatcher } from "undici";
-import { LlmgwError, NotFoundError, PermissionDeniedError, UpstreamError } from "../core/errors.ts";
+import { type LlmgwError, NotFoundError, PermissionDeniedError, UpstreamError } from "../core/errors.ts";
 import { clause } from "../core/format.ts";
 
 /** An answer of the Hub, as the client received it. */
@@ -37,7 +37,8 @@ export async function hubStatusError(response: HubResponse, context: HubRequestC
   const { endpoint, hasToken, inServer } = client;
   const tokenOwner = () => (inServer ? "the llmgw server's" : "the");
   // How to give the client a token: where the request ran decides whose environment.
-  const setToken = (which: string) => (inServer ? `set HF_TOKEN to ${which} in the environment of the llmgw server (not of ctl) and restart it` : `set HF_TOKEN to ${which}`);
+  const setToken = (which: string) =>
+    inServer ? `set HF_TOKEN to ${which} in the environment of the llmgw server (not of ctl) and restart it` : `set HF_TOKEN to ${which}`;
   const hubCode = header(response.headers, "x-error-code");
   const bodyMessage = await errorBodyMessage(response);
   const hubMessage = header(response.headers, "x-error-message") ?? bodyMessage;
@@ -60,10 +61,13 @@ export async function hubStatusError(response: HubResponse, context: HubRequestC
     );
   }
   if (hubCode === "EntryNotFound") {
-    return new NotFoundError(`File '${context.path ?? "?"}' was not found in repository '${repo}' at '${context.revision ?? DEFAULT_REVISION}' on ${endpoint}.`, {
-      code: "entry_not_found",
-      param: "file",
-    });
+    return new NotFoundError(
+      `File '${context.path ?? "?"}' was not found in repository '${repo}' at '${context.revision ?? DEFAULT_REVISION}' on ${endpoint}.`,
+      {
+        code: "entry_not_found",
+        param: "file",
+      },
+    );
   }
   const repoMissing = hubCode === "RepoNotFound" || (status === 404 && hubCode === undefined);
   if (!hasToken && (status === 401 || repoMissing)) {
@@ -80,13 +84,18 @@ export async function hubStatusError(response: HubResponse, context: HubRequestC
     );
   }
   if (status === 401) {
-    const fix = inServer ? "check that the token is valid; the server reads it from its environment at start, so change it there and restart the llmgw server" : "check that the token is valid";
+    const fix = inServer
+      ? "check that the token is valid; the server reads it from its environment at start, so change it there and restart the llmgw server"
+      : "check that the token is valid";
     return new PermissionDeniedError(`The registry at ${endpoint} rejected ${tokenOwner()} HF_TOKEN while ${context.what} for '${repo}': ${fix}.${said}`, {
       code: "registry_token_rejected",
     });
   }
   if (status === 403) {
-    return new PermissionDeniedError(`The registry at ${endpoint} refused ${context.what} for '${repo}' (403).${said}`, { code: "registry_forbidden", param: "repo" });
+    return new PermissionDeniedError(`The registry at ${endpoint} refused ${context.what} for '${repo}' (403).${said}`, {
+      code: "registry_forbidden",
+      param: "repo",
+    });
   }
   const retryable = status === 408 || status === 429 || status >= 500;
   const retryAfter = header(response.headers, "retry-after");

@@ -78,7 +78,10 @@ test("a relative file path is listed without reading it, then hashed once and re
 
   // Hashing a listing that is out of date is refused rather than hashing other bytes.
   await utimes(path, mtime, new Date(mtime.getTime() + 9_000));
-  await assert.rejects(hashLocalFiles({ files: touched.files, dataDir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_changed" && error.message.includes(path));
+  await assert.rejects(
+    hashLocalFiles({ files: touched.files, dataDir }),
+    (error: unknown) => error instanceof BadRequestError && error.code === "local_source_changed" && error.message.includes(path),
+  );
 });
 
 test("a folder lists every file below it, skips dot entries, and follows Hugging Face cache links", async () => {
@@ -164,7 +167,10 @@ test("a folder of more than 10 000 files is refused as the wrong folder", async 
   const dir = join(work, "huge");
   await mkdir(dir, { recursive: true });
   await Promise.all(Array.from({ length: 10_001 }, (_, i) => writeFile(join(dir, `f${i}.txt`), "")));
-  await assert.rejects(listLocalSource({ source: dir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_too_large" && error.message.includes("10000"));
+  await assert.rejects(
+    listLocalSource({ source: dir }),
+    (error: unknown) => error instanceof BadRequestError && error.code === "local_source_too_large" && error.message.includes("10000"),
+  );
 });
 
 test("an aborted listing stops with the caller's reason", async () => {
@@ -182,8 +188,14 @@ test("a path that does not exist, a broken link and a bad file URL are clear err
   const dir = join(work, "broken");
   await mkdir(dir, { recursive: true });
   await symlink(join(dir, "gone.gguf"), join(dir, "model.gguf"));
-  await assert.rejects(listLocalSource({ source: dir }), (error: unknown) => error instanceof BadRequestError && error.code === "local_source_broken_link" && error.message.includes("model.gguf"));
-  await assert.rejects(listLocalSource({ source: "file://remote-host/x.gguf" }), (error: unknown) => error instanceof BadRequestError && error.code === "invalid_local_source");
+  await assert.rejects(
+    listLocalSource({ source: dir }),
+    (error: unknown) => error instanceof BadRequestError && error.code === "local_source_broken_link" && error.message.includes("model.gguf"),
+  );
+  await assert.rejects(
+    listLocalSource({ source: "file://remote-host/x.gguf" }),
+    (error: unknown) => error instanceof BadRequestError && error.code === "invalid_local_source",
+  );
   const empty = join(work, "empty");
   await mkdir(empty, { recursive: true });
   await assert.rejects(listLocalSource({ source: empty }), (error: unknown) => error instanceof NotFoundError && error.code === "local_source_empty");

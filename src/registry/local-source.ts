@@ -107,7 +107,11 @@ export function localSourcePath(source: string, cwd: string = process.cwd()): st
     try {
       return fileURLToPath(source);
     } catch (error) {
-      throw new BadRequestError(`Invalid file URL '${source}': expected file:///absolute/path.`, { code: "invalid_local_source", param: "source", cause: error });
+      throw new BadRequestError(`Invalid file URL '${source}': expected file:///absolute/path.`, {
+        code: "invalid_local_source",
+        param: "source",
+        cause: error,
+      });
     }
   }
   if (source === "~" || source.startsWith("~/")) return join(homedir(), source.slice(1));
@@ -136,11 +140,14 @@ export async function listLocalSource(options: ListLocalSourceOptions): Promise<
     top = await stat(target);
   } catch (error) {
     if (errorCode(error) === "ENOENT" || errorCode(error) === "ENOTDIR") {
-      throw new NotFoundError(`No file or folder at '${target}' (from '${options.source}'). Check the path; relative paths start from ${options.cwd ?? process.cwd()}.`, {
-        code: "local_source_not_found",
-        param: "source",
-        cause: error,
-      });
+      throw new NotFoundError(
+        `No file or folder at '${target}' (from '${options.source}'). Check the path; relative paths start from ${options.cwd ?? process.cwd()}.`,
+        {
+          code: "local_source_not_found",
+          param: "source",
+          cause: error,
+        },
+      );
     }
     throw localReadError(error, target);
   }
@@ -330,7 +337,11 @@ async function walk(root: string, source: string, signal: AbortSignal | undefine
 /** A single file, plus the other parts of its split series when it is one (`x-00001-of-00003.gguf`). */
 async function withSplitSiblings(dir: string, name: string): Promise<string[]> {
   const problem = pathProblem(name);
-  if (problem !== null) throw new BadRequestError(`The file '${join(dir, name)}' has a name llmgw cannot serve (${problem}); rename it.`, { code: "invalid_path", param: "source" });
+  if (problem !== null)
+    throw new BadRequestError(`The file '${join(dir, name)}' has a name llmgw cannot serve (${problem}); rename it.`, {
+      code: "invalid_path",
+      param: "source",
+    });
   const split = GGUF_SPLIT.exec(name);
   if (split?.groups === undefined) return [name];
   const { prefix, total } = split.groups;
@@ -373,7 +384,15 @@ async function hashFile(options: {
 async function loadCache(path: string): Promise<CacheFile> {
   try {
     const parsed = JSON.parse(await readFile(path, "utf8")) as unknown;
-    if (typeof parsed === "object" && parsed !== null && "version" in parsed && parsed.version === 1 && "files" in parsed && typeof parsed.files === "object" && parsed.files !== null) {
+    if (
+      typeof parsed === "object" &&
+      parsed !== null &&
+      "version" in parsed &&
+      parsed.version === 1 &&
+      "files" in parsed &&
+      typeof parsed.files === "object" &&
+      parsed.files !== null
+    ) {
       return parsed as CacheFile;
     }
   } catch {

@@ -36,12 +36,7 @@ export function validateRepoName(value: unknown): string {
     parts.length === 2 &&
     parts.every(
       (part) =>
-        part.length <= MAX_REPO_PART &&
-        REPO_PART.test(part) &&
-        !part.includes("..") &&
-        !part.includes("--") &&
-        !part.endsWith(".") &&
-        !part.endsWith("-"),
+        part.length <= MAX_REPO_PART && REPO_PART.test(part) && !part.includes("..") && !part.includes("--") && !part.endsWith(".") && !part.endsWith("-"),
     );
   if (!ok) {
     throw new BadRequestError(
@@ -57,10 +52,10 @@ export function validateRepoName(value: unknown): string {
 export function validateRevision(value: unknown): string {
   const ok = typeof value === "string" && value.length > 0 && value.length <= 256 && !CONTROL.test(value) && !value.split("/").includes("..");
   if (!ok) {
-    throw new BadRequestError(
-      `Invalid revision '${printable(String(value))}': give a branch name, a tag or a commit sha (for example 'main').`,
-      { code: "invalid_revision", param: "revision" },
-    );
+    throw new BadRequestError(`Invalid revision '${printable(String(value))}': give a branch name, a tag or a commit sha (for example 'main').`, {
+      code: "invalid_revision",
+      param: "revision",
+    });
   }
   return value;
 }

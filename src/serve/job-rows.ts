@@ -102,8 +102,15 @@ export class JobRows {
   }
 
   /** Newest first. */
-  async list(query: { state?: string | undefined; kind?: string | undefined; model?: string | undefined; limit?: number | undefined } = {}): Promise<JobRecord[]> {
-    let select = this.store.db.selectFrom("jobs").selectAll().orderBy("created_at", "desc").orderBy("id", "desc").limit(query.limit ?? 100);
+  async list(
+    query: { state?: string | undefined; kind?: string | undefined; model?: string | undefined; limit?: number | undefined } = {},
+  ): Promise<JobRecord[]> {
+    let select = this.store.db
+      .selectFrom("jobs")
+      .selectAll()
+      .orderBy("created_at", "desc")
+      .orderBy("id", "desc")
+      .limit(query.limit ?? 100);
     if (query.state !== undefined) select = select.where("state", "=", query.state);
     if (query.kind !== undefined) select = select.where("kind", "=", query.kind);
     if (query.model !== undefined) select = select.where("model", "=", query.model);

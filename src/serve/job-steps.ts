@@ -56,11 +56,20 @@ export function withoutHeaders(files: readonly MirrorFetchFile[]): PlannedFetch[
 }
 
 /** Fetches the planned files into the mirror, reporting progress; throws naming each file that failed. */
-export async function mirrorFiles(input: { planned: PlannedFetch; mirror: Mirror; registry: Registry; step: StepHandle; signal: AbortSignal; clock?: () => number }): Promise<string> {
+export async function mirrorFiles(input: {
+  planned: PlannedFetch;
+  mirror: Mirror;
+  registry: Registry;
+  step: StepHandle;
+  signal: AbortSignal;
+  clock?: () => number;
+}): Promise<string> {
   const { planned, step } = input;
   const clock = input.clock ?? Date.now;
   // Headers again from the registry: the token is never stored with the job.
-  const files = planned.files.map((file): MirrorFetchFile => (file.url.startsWith("file:") ? file : { ...file, headers: input.registry.requestHeaders(file.url) }));
+  const files = planned.files.map(
+    (file): MirrorFetchFile => (file.url.startsWith("file:") ? file : { ...file, headers: input.registry.requestHeaders(file.url) }),
+  );
   const done = new Map<string, number>();
   const complete = new Set<string>();
   const samples: Array<{ at: number; bytes: number }> = [];
@@ -152,7 +161,12 @@ export async function checkMirrored(input: {
   const configPath = path.join(path.dirname(entryPath), "config.json");
   let shape = "no config.json next to the weights";
   try {
-    const config = JSON.parse(await readFile(configPath, "utf8")) as { model_type?: string; architectures?: string[]; num_hidden_layers?: number; torch_dtype?: string };
+    const config = JSON.parse(await readFile(configPath, "utf8")) as {
+      model_type?: string;
+      architectures?: string[];
+      num_hidden_layers?: number;
+      torch_dtype?: string;
+    };
     shape = `${config.architectures?.[0] ?? config.model_type ?? "unknown architecture"}, ${config.num_hidden_layers ?? "?"} layers, ${config.torch_dtype ?? "dtype not given"}`;
   } catch {
     // Said in the detail: vLLM will refuse the folder itself if it needs the file.
@@ -161,7 +175,9 @@ export async function checkMirrored(input: {
   return { origin, detail: `${shape}; ${formatBytes(bytes)} of safetensors for vLLM` };
 }
 
-export type ReplicaWait = { kind: "ready"; replica: JobReplica & { endpoint: SmokeTarget["endpoint"] }; waitedMs: number } | { kind: "busy"; explanation: string[] };
+export type ReplicaWait =
+  | { kind: "ready"; replica: JobReplica & { endpoint: SmokeTarget["endpoint"] }; waitedMs: number }
+  | { kind: "busy"; explanation: string[] };
 
 /**
  * Waits for a ready replica of the model's current definition. Throws when the model
@@ -183,24 +199,34 @@ export async function waitForReplica(input: {
   let lastLine = "";
   for (;;) {
     input.signal.throwIfAborted();
-    if (input.exists !== undefined && !input.exists()) throw new UpstreamError(`The model '${model.name}' was removed from the catalog while the job waited for its replica.`, { code: "model_removed" });
+    if (input.exists !== undefined && !input.exists())
+      throw new UpstreamError(`The model '${model.name}' was removed from the catalog while the job waited for its replica.`, { code: "model_removed" });
     const replicas = fleet.replicasByDefinition(model.id).current;
     const ready = replicas.find((r) => r.state === "ready" && r.endpoint !== null);
     if (ready !== undefined) return { kind: "ready", replica: { ...ready, endpoint: ready.endpoint! }, waitedMs: Date.now() - started };
     const status = fleet.status(model.id);
-    if (status.parked !== null) throw new UpstreamError(`The model parked: ${status.parked.reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`, { code: "model_parked" });
+    if (status.parked !== null)
+      throw new UpstreamError(`The model parked: ${status.parked.reason}. Fix the cause, then 'llmgw ctl model unpark ${model.name}'.`, {
+        code: "model_parked",
+      });
     if (status.weightsProblem !== null) throw new UpstreamError(status.weightsProblem, { code: "weights_unreadable" });
     if (status.unplaceable !== null && status.unplaceable.length > 0) {
       if (hardwareIsBusy(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
       throw new UpstreamError(`No node can run '${model.name}': ${status.unplaceable.join("; ")}.`, { code: "model_unplaceable" });
     }
-    const line = replicas.length === 0 ? "placing a replica" : replicas.map((r) => `${r.id} ${r.state} on ${r.nodeNames.join(",") || "?"}${r.lastError ? ` (${r.lastError})` : ""}`).join("; ");
+    const line =
+      replicas.length === 0
+        ? "placing a replica"
+        : replicas.map((r) => `${r.id} ${r.state} on ${r.nodeNames.join(",") || "?"}${r.lastError ? ` (${r.lastError})` : ""}`).join("; ");
     if (line !== lastLine) {
       step.detail(line);
       lastLine = line;
     }
     if (Date.now() - started > input.timeoutMs) {
-      throw new UpstreamError(`No replica of '${model.name}' became ready within ${Math.round(input.timeoutMs / 1000)} s (${line}). 'llmgw ctl model show ${model.name}' shows why.`, { code: "placement_timeout" });
+      throw new UpstreamError(
+        `No replica of '${model.name}' became ready within ${Math.round(input.timeoutMs / 1000)} s (${line}). 'llmgw ctl model show ${model.name}' shows why.`,
+        { code: "placement_timeout" },
+      );
     }
     await new Promise((resolve) => setTimeout(resolve, input.pollMs ?? 250));
   }

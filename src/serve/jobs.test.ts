@@ -48,7 +48,10 @@ testBothStores("a job records each step, and one cut by a server stop resumes wh
   const first = runner(store, handler);
   const submitted = await first.submit("serve", { repo: "o/n" }, "admin:root", null);
   assert.equal(submitted.state, "queued");
-  assert.deepEqual(submitted.steps.map((s) => s.name), ["fetch", "wait", "finish"]);
+  assert.deepEqual(
+    submitted.steps.map((s) => s.name),
+    ["fetch", "wait", "finish"],
+  );
   await eventually("the wait step running", async () => (await first.get(submitted.id)).steps[1]?.state === "running");
   const during = await first.get(submitted.id);
   assert.equal(during.state, "running");
@@ -70,7 +73,10 @@ testBothStores("a job records each step, and one cut by a server stop resumes wh
   assert.equal(runs.fetch, 1, "a step done before the stop is not run again");
   assert.equal(runs.wait, 2, "the step cut by the stop runs again");
   assert.equal(finished.steps[1]?.detail, "used abc", "the resumed step reads what the first run remembered");
-  assert.deepEqual(finished.steps.map((s) => s.state), ["done", "done", "done"]);
+  assert.deepEqual(
+    finished.steps.map((s) => s.state),
+    ["done", "done", "done"],
+  );
   assert.ok(finished.finished_at !== null);
   await second.close();
 });
@@ -103,7 +109,10 @@ testBothStores("cancel stops the running step, undoes what the job started, and 
   await eventually("the wait step running", async () => (await jobs.get(job.id)).steps[1]?.state === "running");
   const cancelled = await jobs.cancel(job.id);
   assert.equal(cancelled.state, "cancelled");
-  assert.deepEqual(cancelled.steps.map((s) => s.state), ["done", "cancelled", "cancelled"]);
+  assert.deepEqual(
+    cancelled.steps.map((s) => s.state),
+    ["done", "cancelled", "cancelled"],
+  );
   assert.equal(cancelled.steps[1]?.detail, "waiting for the gate", "the cancelled step keeps where it had got to");
   assert.equal(runs.undo, 1);
   await assert.rejects(jobs.cancel(job.id), (e: unknown) => (e as { code?: string }).code === "job_finished");
@@ -143,30 +152,44 @@ testBothStores("only the newest 100 finished jobs are kept", async (store) => {
   assert.ok(!kept.some((job) => ids.slice(0, 3).includes(job.id)), "the oldest three are gone");
 });
 
-testBothStores("waiting jobs hold no slot: more of them than run at once leave room for a job that runs, and each goes on when its handler says", async (store) => {
-  let room = false;
-  const handler: JobHandler = {
-    steps: () => ["place", "test"],
-    async run(job) {
-      let wait = false;
-      await job.step("place", async () => ((wait = job.request.waits === true && !room) ? { waiting: "waiting for room: no node has a free core" } : "placed"));
-      if (wait) return "waiting";
-      await job.step("test", async () => "answered");
-      return "done";
-    },
-    readyToContinue: () => room,
-  };
-  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
-  // Five waiting jobs: one more than run at once.
-  const waiting = await Promise.all(Array.from({ length: 5 }, () => jobs.submit("serve", { waits: true }, "admin:root", null)));
-  for (const job of waiting) await eventually("a job to wait", async () => (await jobs.get(job.id)).state === "waiting");
-  const view = await jobs.get(waiting[0]!.id);
-  assert.deepEqual(view.steps.map((s) => [s.state, s.detail]), [["waiting", "waiting for room: no node has a free core"], ["pending", null]]);
-  assert.equal(view.finished_at, null);
-  const other = await jobs.submit("serve", {}, "admin:root", null);
-  await eventually("a job that needs no room to finish beside the waiting ones", async () => (await jobs.get(other.id)).state === "done");
-  room = true;
-  for (const job of waiting) await eventually("each waiting job done", async () => (await jobs.get(job.id)).state === "done");
-  assert.deepEqual((await jobs.get(waiting[0]!.id)).steps.map((s) => s.state), ["done", "done"]);
-  await jobs.close();
-});
+testBothStores(
+  "waiting jobs hold no slot: more of them than run at once leave room for a job that runs, and each goes on when its handler says",
+  async (store) => {
+    let room = false;
+    const handler: JobHandler = {
+      steps: () => ["place", "test"],
+      async run(job) {
+        let wait = false;
+        await job.step("place", async () =>
+          (wait = job.request.waits === true && !room) ? { waiting: "waiting for room: no node has a free core" } : "placed",
+        );
+        if (wait) return "waiting";
+        await job.step("test", async () => "answered");
+        return "done";
+      },
+      readyToContinue: () => room,
+    };
+    const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+    // Five waiting jobs: one more than run at once.
+    const waiting = await Promise.all(Array.from({ length: 5 }, () => jobs.submit("serve", { waits: true }, "admin:root", null)));
+    for (const job of waiting) await eventually("a job to wait", async () => (await jobs.get(job.id)).state === "waiting");
+    const view = await jobs.get(waiting[0]!.id);
+    assert.deepEqual(
+      view.steps.map((s) => [s.state, s.detail]),
+      [
+        ["waiting", "waiting for room: no node has a free core"],
+        ["pending", null],
+      ],
+    );
+    assert.equal(view.finished_at, null);
+    const other = await jobs.submit("serve", {}, "admin:root", null);
+    await eventually("a job that needs no room to finish beside the waiting ones", async () => (await jobs.get(other.id)).state === "done");
+    room = true;
+    for (const job of waiting) await eventually("each waiting job done", async () => (await jobs.get(job.id)).state === "done");
+    assert.deepEqual(
+      (await jobs.get(waiting[0]!.id)).steps.map((s) => s.state),
+      ["done", "done"],
+    );
+    await jobs.close();
+  },
+);

@@ -32,7 +32,19 @@ import type { Fence } from "../cluster/leadership.ts";
 import { ConflictError, NotFoundError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { nowIso, type Store } from "../store/store.ts";
-import { FINAL_STATES, JobRows, KEPT_FINISHED_JOBS, viewJob, type JobKind, type JobRecord, type JobResult, type JobState, type JobStep, type JobView, type StepProgress } from "./job-rows.ts";
+import {
+  FINAL_STATES,
+  JobRows,
+  KEPT_FINISHED_JOBS,
+  viewJob,
+  type JobKind,
+  type JobRecord,
+  type JobResult,
+  type JobState,
+  type JobStep,
+  type JobView,
+  type StepProgress,
+} from "./job-rows.ts";
 
 /** How often a job may be resumed after server restarts before it fails. */
 export const MAX_RESUMES = 3;
@@ -155,7 +167,11 @@ export class RunningJob {
       }
       const cancelled = stop?.why === "cancel";
       // A failed step's line is the reason; a cancelled one keeps where it had got to.
-      Object.assign(step, { state: cancelled ? "cancelled" : "failed", detail: cancelled ? step.detail : describeError(error), finished_at: nowIso(this.clock) });
+      Object.assign(step, {
+        state: cancelled ? "cancelled" : "failed",
+        detail: cancelled ? step.detail : describeError(error),
+        finished_at: nowIso(this.clock),
+      });
       throw error;
     } finally {
       await this.save();
@@ -281,9 +297,9 @@ export class JobRunner {
         // Given up: undone like a cancel, so the model is as it was and its name is free to try again.
         const aborted = new AbortController();
         aborted.abort(new JobStop("cancel"));
-        await this.options.handlers[record.kind].undo?.(new RunningJob(record, aborted.signal, this.rows, this.clock, this.options.logger)).catch((error: unknown) =>
-          this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not undo all a given-up job started"),
-        );
+        await this.options.handlers[record.kind]
+          .undo?.(new RunningJob(record, aborted.signal, this.rows, this.clock, this.options.logger))
+          .catch((error: unknown) => this.options.logger.warn({ job: record.id, err: describeError(error) }, "could not undo all a given-up job started"));
         this.markRemaining(record, "skipped");
         await this.finish(record, "failed", `The job was cut by ${MAX_RESUMES + 1} server restarts and is given up; what it started was undone. Run it again.`);
         continue;
@@ -481,7 +497,11 @@ export class JobRunner {
       if (stop?.why === "server-stop") {
         await job.save();
       } else if (stop?.why === "cancel") {
-        await handler.undo?.(job).catch((undoError: unknown) => this.options.logger.warn({ job: record.id, err: describeError(undoError) }, "could not undo all a cancelled job started"));
+        await handler
+          .undo?.(job)
+          .catch((undoError: unknown) =>
+            this.options.logger.warn({ job: record.id, err: describeError(undoError) }, "could not undo all a cancelled job started"),
+          );
         this.markRemaining(record, "cancelled");
         await this.finish(record, "cancelled", "The job was cancelled.");
         this.options.logger.info({ job: record.id, kind: record.kind }, "job cancelled");
@@ -514,7 +534,8 @@ export class JobRunner {
   /** Steps that never ran: skipped after a failure, cancelled after a cancel. */
   private markRemaining(record: JobRecord, state: "skipped" | "cancelled"): void {
     for (const step of record.steps) {
-      if (step.state === "pending" || step.state === "running") Object.assign(step, { state, finished_at: step.started_at === null ? null : nowIso(this.clock) });
+      if (step.state === "pending" || step.state === "running")
+        Object.assign(step, { state, finished_at: step.started_at === null ? null : nowIso(this.clock) });
     }
   }
 
@@ -528,5 +549,7 @@ export class JobRunner {
 }
 
 function jobNotFound(id: string): NotFoundError {
-  return new NotFoundError(`There is no job '${id}'. List jobs with 'llmgw ctl job list' (the newest ${KEPT_FINISHED_JOBS} finished ones are kept).`, { code: "job_not_found" });
+  return new NotFoundError(`There is no job '${id}'. List jobs with 'llmgw ctl job list' (the newest ${KEPT_FINISHED_JOBS} finished ones are kept).`, {
+    code: "job_not_found",
+  });
 }

@@ -43,9 +43,16 @@ export function contextSettings(request: Pick<ServeRequest, "ctx_pool" | "contex
  * plan's recommendation for this artifact decides; with `fallbacks`, the other ways the
  * plan can run the same artifact follow at lower priority.
  */
-export function chooseProfiles(input: { request: ServeRequest; format: WeightsFormat; planOptions: readonly PlanOption[]; artifactId: string | null }): ServeProfile[] {
+export function chooseProfiles(input: {
+  request: ServeRequest;
+  format: WeightsFormat;
+  planOptions: readonly PlanOption[];
+  artifactId: string | null;
+}): ServeProfile[] {
   const { request, format } = input;
-  const sameArtifact = input.planOptions.filter((option) => input.artifactId !== null && option.artifact.id === input.artifactId && option.artifact.format === format);
+  const sameArtifact = input.planOptions.filter(
+    (option) => input.artifactId !== null && option.artifact.id === input.artifactId && option.artifact.format === format,
+  );
   const recommended = sameArtifact.find((option) => option.fits)?.placement ?? null;
   const asked: Placement | null =
     request.hardware === undefined
@@ -73,7 +80,8 @@ export function chooseProfiles(input: { request: ServeRequest; format: WeightsFo
   return placements
     .filter((placement) => !(format === "safetensors" && placement.kind === "cpu"))
     .map((placement, index) => {
-      const base = placement.kind === "cpu" ? "cpu" : `gpu-${placement.gpuClass.toLowerCase().replace(/[^a-z0-9]+/g, "")}-${placement.gpusPerNode}x${placement.nodes}`;
+      const base =
+        placement.kind === "cpu" ? "cpu" : `gpu-${placement.gpuClass.toLowerCase().replace(/[^a-z0-9]+/g, "")}-${placement.gpusPerNode}x${placement.nodes}`;
       let name = base;
       for (let n = 2; names.has(name); n += 1) name = `${base}-${n}`;
       names.add(name);
@@ -97,7 +105,11 @@ function samePlacement(a: Placement, b: Placement): boolean {
 
 export function describeProfiles(profiles: readonly ServeProfile[]): string {
   return profiles
-    .map((p) => (p.hardware.gpu === undefined ? `${p.engine} on CPU` : `${p.engine} on ${p.hardware.gpu.gpus_per_node}× ${p.hardware.gpu.class}${p.hardware.gpu.nodes > 1 ? ` × ${p.hardware.gpu.nodes} nodes` : ""}`))
+    .map((p) =>
+      p.hardware.gpu === undefined
+        ? `${p.engine} on CPU`
+        : `${p.engine} on ${p.hardware.gpu.gpus_per_node}× ${p.hardware.gpu.class}${p.hardware.gpu.nodes > 1 ? ` × ${p.hardware.gpu.nodes} nodes` : ""}`,
+    )
     .join(", then ");
 }
 

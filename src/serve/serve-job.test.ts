@@ -51,7 +51,11 @@ class BusyFleet implements JobFleet {
 }
 
 function model(min: number): CatalogModel {
-  return { id: "model-1", name: "small", definition: { scaling: { min, max: 1, idle_seconds: 60 }, profiles: [{ name: "cpu", engine: "llamacpp" }] } } as unknown as CatalogModel;
+  return {
+    id: "model-1",
+    name: "small",
+    definition: { scaling: { min, max: 1, idle_seconds: 60 }, profiles: [{ name: "cpu", engine: "llamacpp" }] },
+  } as unknown as CatalogModel;
 }
 
 function dependencies(options: { fleet: () => JobFleet; served: CatalogModel; smokeTests: string[] }): JobDependencies {
@@ -100,7 +104,8 @@ testBothStores("a serve job waiting for room goes on by itself once room frees, 
   const fleet = new BusyFleet();
   const smokeTests: string[] = [];
   const deps = dependencies({ fleet: () => fleet, served: model(1), smokeTests });
-  const runner = (handler = serveJobHandler(deps)) => new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  const runner = (handler = serveJobHandler(deps)) =>
+    new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
 
   const first = runner();
   await first.start();
@@ -112,7 +117,10 @@ testBothStores("a serve job waiting for room goes on by itself once room frees, 
   assert.equal(stepOf(waiting, "placement").state, "waiting");
   assert.equal(stepOf(waiting, "placement").detail, `waiting for room: ${BUSY[0]}. The job goes on by itself once a node has room.`);
   assert.equal(stepOf(waiting, "smoke_test").state, "pending");
-  assert.deepEqual((await first.list({ state: "waiting" })).map((job) => job.id), ["job-wait"]);
+  assert.deepEqual(
+    (await first.list({ state: "waiting" })).map((job) => job.id),
+    ["job-wait"],
+  );
 
   // The server restarts while the job waits: the new one watches it; no resume is counted.
   await first.close();
@@ -136,32 +144,35 @@ testBothStores("a serve job waiting for room goes on by itself once room frees, 
   await second.close();
 });
 
-testBothStores("an on-demand model's replica stays asked for while its serve job waits, is asked of the next leader's fleet, and is let go at the end", async (store) => {
-  await new JobRows(store).insert(afterCatalog("job-demand"));
-  const firstFleet = new BusyFleet();
-  let fleet = firstFleet;
-  const deps = dependencies({ fleet: () => fleet, served: model(0), smokeTests: [] });
-  const runner = () => {
-    const handler = serveJobHandler(deps);
-    return new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
-  };
-  const first = runner();
-  await first.start();
-  await eventually("the job to wait", async () => (await first.get("job-demand")).state === "waiting");
-  assert.equal(firstFleet.asked, 1, "the waiting job keeps its request, or the model would want no replica");
-  await first.close();
+testBothStores(
+  "an on-demand model's replica stays asked for while its serve job waits, is asked of the next leader's fleet, and is let go at the end",
+  async (store) => {
+    await new JobRows(store).insert(afterCatalog("job-demand"));
+    const firstFleet = new BusyFleet();
+    let fleet = firstFleet;
+    const deps = dependencies({ fleet: () => fleet, served: model(0), smokeTests: [] });
+    const runner = () => {
+      const handler = serveJobHandler(deps);
+      return new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+    };
+    const first = runner();
+    await first.start();
+    await eventually("the job to wait", async () => (await first.get("job-demand")).state === "waiting");
+    assert.equal(firstFleet.asked, 1, "the waiting job keeps its request, or the model would want no replica");
+    await first.close();
 
-  // The next leader has a fleet of its own, which knows nothing of that request.
-  const secondFleet = new BusyFleet();
-  fleet = secondFleet;
-  const second = runner();
-  await second.start();
-  await eventually("the new fleet to be asked", () => secondFleet.asked === 1);
-  secondFleet.room = true;
-  await eventually("the job done", async () => (await second.get("job-demand")).state === "done");
-  assert.equal(secondFleet.asked, 0, "the request ends with the job");
-  await second.close();
-});
+    // The next leader has a fleet of its own, which knows nothing of that request.
+    const secondFleet = new BusyFleet();
+    fleet = secondFleet;
+    const second = runner();
+    await second.start();
+    await eventually("the new fleet to be asked", () => secondFleet.asked === 1);
+    secondFleet.room = true;
+    await eventually("the job done", async () => (await second.get("job-demand")).state === "done");
+    assert.equal(secondFleet.asked, 0, "the request ends with the job");
+    await second.close();
+  },
+);
 
 testBothStores("a waiting serve job can be cancelled: the model it added is removed and it never goes on", async (store) => {
   // Two jobs wait; one is cancelled. When room frees the other goes on, and by then the

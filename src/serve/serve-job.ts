@@ -28,7 +28,15 @@ import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
 import type { JobRecord } from "./job-rows.ts";
 import { checkMirrored, mirrorFiles, hardwareIsBusy, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
-import { chooseProfiles, contextSettings, describeProfiles, serveModelBody, type OriginFile, type ServeProfile, type WeightsFormat } from "./serve-definition.ts";
+import {
+  chooseProfiles,
+  contextSettings,
+  describeProfiles,
+  serveModelBody,
+  type OriginFile,
+  type ServeProfile,
+  type WeightsFormat,
+} from "./serve-definition.ts";
 import { serveRequestSchema, type ServeRequest } from "./serve-request.ts";
 import type { SmokeTest } from "./smoke-test.ts";
 
@@ -76,7 +84,15 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
 
       await job.step("registry", async () => {
         const prepared = await prepareMirrorFetch({
-          request: { repo: request.repo, revision: request.revision, quant: request.quant, file: request.file, format: request.format, projector: request.projector, context: pool },
+          request: {
+            repo: request.repo,
+            revision: request.revision,
+            quant: request.quant,
+            file: request.file,
+            format: request.format,
+            projector: request.projector,
+            context: pool,
+          },
           registry: deps.registry,
           mirror: deps.mirror,
           planner: deps.planner,
@@ -87,19 +103,48 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         const entry = plan.files[0]!.path;
         const format: WeightsFormat = entry.endsWith(".gguf") ? "gguf" : "safetensors";
         const plannedArtifact = prepared.planned?.plan.recommendation?.artifact.id ?? null;
-        const profiles = chooseProfiles({ request, format, planOptions: prepared.planned?.plan.options ?? [], artifactId: pick.by === "plan" ? plannedArtifact : null });
-        const planned: PlannedFetch = { model: prepared.model, version: plan.version, repo: plan.repo, revision: plan.revision, files: withoutHeaders(plan.files), totalBytes: plan.totalBytes };
+        const profiles = chooseProfiles({
+          request,
+          format,
+          planOptions: prepared.planned?.plan.options ?? [],
+          artifactId: pick.by === "plan" ? plannedArtifact : null,
+        });
+        const planned: PlannedFetch = {
+          model: prepared.model,
+          version: plan.version,
+          repo: plan.repo,
+          revision: plan.revision,
+          files: withoutHeaders(plan.files),
+          totalBytes: plan.totalBytes,
+        };
         await job.remember({ planned, format, entry, profiles } satisfies ServeContext);
         // Mirrored and kept in the origin, but not yet handed to engines: say so rather than imply image input works.
-        const projector = request.projector === undefined ? undefined : typeof request.projector === "string" ? request.projector : plan.files.find((f) => /mmproj/i.test(f.path))?.path;
-        const projectorNote = projector === undefined ? "" : `; the vision projector ${projector} is mirrored with it, but engines do not load projectors yet, so the model takes no images`;
+        const projector =
+          request.projector === undefined
+            ? undefined
+            : typeof request.projector === "string"
+              ? request.projector
+              : plan.files.find((f) => /mmproj/i.test(f.path))?.path;
+        const projectorNote =
+          projector === undefined
+            ? ""
+            : `; the vision projector ${projector} is mirrored with it, but engines do not load projectors yet, so the model takes no images`;
         return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}${projectorNote}`;
       });
 
       await job.step("mirror", (step) => mirrorFiles({ planned: context.planned!, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal }));
 
       await job.step("check", async () => {
-        const checked = await checkMirrored({ planned: context.planned!, entry: context.entry!, format: context.format!, modelName: request.name, contextPool: pool, parallel, mirror: deps.mirror, signal: job.signal });
+        const checked = await checkMirrored({
+          planned: context.planned!,
+          entry: context.entry!,
+          format: context.format!,
+          modelName: request.name,
+          contextPool: pool,
+          parallel,
+          mirror: deps.mirror,
+          signal: job.signal,
+        });
         await job.remember({ origin: checked.origin } satisfies ServeContext);
         return checked.detail;
       });
@@ -111,7 +156,14 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         // remembering) by its name with this job's source and revision.
         const existing = deps.catalog
           .list()
-          .find((m) => m.id === context.createdModelId || (context.createdModelId === undefined && m.name === request.name && m.definition.origin?.revision === planned.revision && JSON.stringify(m.definition.source) === JSON.stringify(source)));
+          .find(
+            (m) =>
+              m.id === context.createdModelId ||
+              (context.createdModelId === undefined &&
+                m.name === request.name &&
+                m.definition.origin?.revision === planned.revision &&
+                JSON.stringify(m.definition.source) === JSON.stringify(source)),
+          );
         if (existing !== undefined) {
           await job.remember({ createdModelId: existing.id } satisfies ServeContext);
           return `'${existing.name}' was added before the server restarted`;
@@ -201,7 +253,14 @@ async function placeAndTest(options: { job: RunningJob; deps: JobDependencies; m
   // An on-demand model gets its replica the way a request would start it.
   const onDemand = model.definition.scaling.min === 0;
   const waitReady = (step: StepHandle) =>
-    waitForReplica({ fleet: deps.fleet, model, timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === model.id) });
+    waitForReplica({
+      fleet: deps.fleet,
+      model,
+      timeoutMs: deps.replicaTimeoutMs ?? DEFAULT_REPLICA_TIMEOUT_MS,
+      signal: job.signal,
+      step,
+      exists: () => deps.catalog.list().some((m) => m.id === model.id),
+    });
   if (onDemand) demand.hold(job.id, model);
   let outcome: "done" | "waiting" | null = null;
   try {
@@ -240,4 +299,3 @@ function followedRef(request: ServeRequest): { ref?: string } {
   const revision = request.revision;
   return { ref: revision === undefined || /^[0-9a-f]{40}$/.test(revision) ? "main" : revision };
 }
-

@@ -11,7 +11,10 @@ import { checkServeRequest, defaultModelName } from "./serve-request.ts";
 import { chooseProfiles } from "./serve-definition.ts";
 import type { PlanOption } from "../plan/plan.ts";
 
-const taken = new Map<string, CatalogModel>([["busy", { name: "busy" } as CatalogModel], ["busy-alias", { name: "busy" } as CatalogModel]]);
+const taken = new Map<string, CatalogModel>([
+  ["busy", { name: "busy" } as CatalogModel],
+  ["busy-alias", { name: "busy" } as CatalogModel],
+]);
 const catalog = { resolve: (name: string) => taken.get(name) };
 
 async function refusal(body: Record<string, unknown>): Promise<LlmgwError> {
@@ -76,7 +79,16 @@ describe("serve request at the door", () => {
 describe("profiles a serve job adds", () => {
   const request = { repo: "o/n", fallbacks: false, aliases: [] as string[], replicas: 1 };
   const option = (placement: PlanOption["placement"], fits: boolean, format: "gguf" | "safetensors" = "gguf"): PlanOption =>
-    ({ artifact: { id: "A", label: "A", format, bytes: 1, qualityRank: 1 }, placement, engine: format === "gguf" ? "llamacpp" : "vllm", neededBytes: 1, availableBytes: 2, per: "node", hostsNow: 1, fits }) as PlanOption;
+    ({
+      artifact: { id: "A", label: "A", format, bytes: 1, qualityRank: 1 },
+      placement,
+      engine: format === "gguf" ? "llamacpp" : "vllm",
+      neededBytes: 1,
+      availableBytes: 2,
+      per: "node",
+      hostsNow: 1,
+      fits,
+    }) as PlanOption;
 
   test("GGUF without hardware and without a plan runs on the CPU with the pool split into requests", () => {
     const [profile, ...rest] = chooseProfiles({ request: { ...request, ctx_pool: 8192, context: 2048 }, format: "gguf", planOptions: [], artifactId: null });
@@ -90,13 +102,30 @@ describe("profiles a serve job adds", () => {
   test("the plan's GPU pick comes first, and fallbacks add the CPU at a lower priority", () => {
     const gpu = { kind: "gpu", gpuClass: "H200", gpusPerNode: 1, nodes: 1 } as const;
     const profiles = chooseProfiles({ request: { ...request, fallbacks: true }, format: "gguf", planOptions: [option(gpu, true)], artifactId: "A" });
-    assert.deepEqual(profiles.map((p) => [p.name, p.priority]), [["gpu-h200-1x1", 0], ["cpu", -1]]);
+    assert.deepEqual(
+      profiles.map((p) => [p.name, p.priority]),
+      [
+        ["gpu-h200-1x1", 0],
+        ["cpu", -1],
+      ],
+    );
     assert.deepEqual(profiles[0]?.hardware, { gpu: { class: "H200", gpus_per_node: 1, nodes: 1 } });
   });
 
   test("original weights without a GPU are refused with what to give instead", () => {
-    assert.throws(() => chooseProfiles({ request, format: "safetensors", planOptions: [option({ kind: "cpu" }, true, "safetensors")], artifactId: "A" }), /never on the CPU.*--gpu-class/);
-    const profiles = chooseProfiles({ request: { ...request, hardware: { gpu: { class: "A100", gpus_per_node: 2, nodes: 1 } } }, format: "safetensors", planOptions: [], artifactId: null });
-    assert.deepEqual(profiles.map((p) => [p.engine, p.hardware.gpu?.gpus_per_node]), [["vllm", 2]]);
+    assert.throws(
+      () => chooseProfiles({ request, format: "safetensors", planOptions: [option({ kind: "cpu" }, true, "safetensors")], artifactId: "A" }),
+      /never on the CPU.*--gpu-class/,
+    );
+    const profiles = chooseProfiles({
+      request: { ...request, hardware: { gpu: { class: "A100", gpus_per_node: 2, nodes: 1 } } },
+      format: "safetensors",
+      planOptions: [],
+      artifactId: null,
+    });
+    assert.deepEqual(
+      profiles.map((p) => [p.engine, p.hardware.gpu?.gpus_per_node]),
+      [["vllm", 2]],
+    );
   });
 });

@@ -14,7 +14,11 @@ import { isLocalSource, localSourcePath } from "../registry/local-source.ts";
 import { validateRepoName, validateRevision } from "../registry/repo-path.ts";
 
 const modelName = z.string().regex(MODEL_NAME_PATTERN, "must be 1-128 characters of letters, digits and . _ : / @ + -, starting with a letter or digit");
-const tokens = z.number().int().min(LIMITS.ctxSize.min, `must be at least ${LIMITS.ctxSize.min} tokens`).max(LIMITS.ctxSize.max, `must be at most ${LIMITS.ctxSize.max} tokens`);
+const tokens = z
+  .number()
+  .int()
+  .min(LIMITS.ctxSize.min, `must be at least ${LIMITS.ctxSize.min} tokens`)
+  .max(LIMITS.ctxSize.max, `must be at most ${LIMITS.ctxSize.max} tokens`);
 
 const hardwareSchema = z.union([
   z.strictObject({ cpu: z.strictObject({ cores: z.number().int().positive().optional() }) }),
@@ -41,7 +45,12 @@ export const serveRequestSchema = z.strictObject({
   name: modelName.optional(),
   aliases: z.array(modelName).default([]),
   /** Replicas to keep running; 0 starts one on demand. */
-  replicas: z.number().int().min(0, "must not be negative: give 0 for a model started on demand, or the replicas to keep running").max(LIMITS.replicas.max).default(1),
+  replicas: z
+    .number()
+    .int()
+    .min(0, "must not be negative: give 0 for a model started on demand, or the replicas to keep running")
+    .max(LIMITS.replicas.max)
+    .default(1),
   guard_format: z.enum(["llamaguard3", "shieldgemma", "json"]).optional(),
   /** llama.cpp: the context one replica shares among its parallel requests. */
   ctx_pool: tokens.optional(),
@@ -66,27 +75,45 @@ export async function checkServeRequest(body: unknown, options: ServeDoorOptions
     try {
       await stat(where);
     } catch {
-      throw new BadRequestError(`There is no file or folder '${where}' on the server's machine. Give a path that exists there, or owner/name of a repository.`, { code: "local_source_not_found", param: "repo" });
+      throw new BadRequestError(
+        `There is no file or folder '${where}' on the server's machine. Give a path that exists there, or owner/name of a repository.`,
+        { code: "local_source_not_found", param: "repo" },
+      );
     }
     if (request.revision !== undefined) throw refuse("A local file or folder has no revisions; leave out revision.", "revision");
   } else {
     validateRepoName(request.repo);
     if (request.revision !== undefined) validateRevision(request.revision);
   }
-  if (request.quant !== undefined && request.file !== undefined) throw refuse("Give quant or file, not both: quant picks a GGUF quantisation, file names one exact file.", "file");
+  if (request.quant !== undefined && request.file !== undefined)
+    throw refuse("Give quant or file, not both: quant picks a GGUF quantisation, file names one exact file.", "file");
   const safetensors = request.format === "safetensors" || request.file?.endsWith(".safetensors") === true;
-  if (request.projector !== undefined && safetensors) throw refuse("A vision projector goes with GGUF weights on llama.cpp; safetensors models carry their vision parts themselves. Leave out projector.", "projector");
+  if (request.projector !== undefined && safetensors)
+    throw refuse(
+      "A vision projector goes with GGUF weights on llama.cpp; safetensors models carry their vision parts themselves. Leave out projector.",
+      "projector",
+    );
   if (safetensors && request.hardware !== undefined && "cpu" in request.hardware) {
-    throw refuse("Original (unquantised safetensors) weights run on vLLM on GPUs, never on the CPU. Give a GPU class, or serve a GGUF quantisation with format gguf.", "hardware");
+    throw refuse(
+      "Original (unquantised safetensors) weights run on vLLM on GPUs, never on the CPU. Give a GPU class, or serve a GGUF quantisation with format gguf.",
+      "hardware",
+    );
   }
   if (request.guard_format !== undefined && request.replicas === 0) {
     throw refuse("A guard model checks every request it guards, so it needs at least one replica running; give replicas 1 or more.", "replicas");
   }
   const pool = request.ctx_pool ?? DEFAULT_CONTEXT_POOL;
   const perRequest = request.context ?? Math.min(DEFAULT_CONTEXT_PER_REQUEST, pool);
-  if (perRequest > pool) throw refuse(`The context per request (${perRequest}) cannot exceed the context pool (${pool}) it is taken from; raise ctx_pool or lower context.`, "context");
+  if (perRequest > pool)
+    throw refuse(
+      `The context per request (${perRequest}) cannot exceed the context pool (${pool}) it is taken from; raise ctx_pool or lower context.`,
+      "context",
+    );
   if (Math.floor(pool / perRequest) > LIMITS.parallel.max) {
-    throw refuse(`A ${pool}-token pool in ${perRequest}-token requests is ${Math.floor(pool / perRequest)} at once, more than ${LIMITS.parallel.max}; raise context or lower ctx_pool.`, "context");
+    throw refuse(
+      `A ${pool}-token pool in ${perRequest}-token requests is ${Math.floor(pool / perRequest)} at once, more than ${LIMITS.parallel.max}; raise context or lower ctx_pool.`,
+      "context",
+    );
   }
   const name = request.name ?? defaultModelName(request.repo, options.cwd);
   for (const [taken, param] of [[name, "name"], ...request.aliases.map((alias) => [alias, "aliases"])] as const) {
@@ -108,6 +135,9 @@ export async function checkServeRequest(body: unknown, options: ServeDoorOptions
  */
 export function defaultModelName(repo: string, cwd?: string): string {
   const base = isLocalSource(repo) ? path.basename(localSourcePath(repo, cwd)).replace(/\.gguf$/i, "") : (repo.split("/")[1] ?? repo);
-  const cleaned = base.replace(/-GGUF$/i, "").replace(/[^A-Za-z0-9._:@+-]+/g, "-").replace(/^[^A-Za-z0-9]+/, "");
+  const cleaned = base
+    .replace(/-GGUF$/i, "")
+    .replace(/[^A-Za-z0-9._:@+-]+/g, "-")
+    .replace(/^[^A-Za-z0-9]+/, "");
   return cleaned === "" ? "model" : cleaned.slice(0, 128);
 }

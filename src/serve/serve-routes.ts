@@ -47,12 +47,18 @@ export function mountServeRoutes(app: Hono<Env>, options: ServeRoutesOptions): v
   const refuseBusy = async (model: string) => {
     const busy = await options.jobs.unfinishedFor(model);
     if (busy !== undefined) {
-      throw new ConflictError(`Job ${busy.id} (${busy.kind}) is still working on '${model}'. Follow it with 'llmgw ctl job watch ${busy.id}', or cancel it with 'llmgw ctl job cancel ${busy.id}'.`, { code: "job_in_progress" });
+      throw new ConflictError(
+        `Job ${busy.id} (${busy.kind}) is still working on '${model}'. Follow it with 'llmgw ctl job watch ${busy.id}', or cancel it with 'llmgw ctl job cancel ${busy.id}'.`,
+        { code: "job_in_progress" },
+      );
     }
   };
 
   app.post("/api/v1/jobs/serve", async (c) => {
-    const request = await checkServeRequest(await readJsonRequest(c, bodyLimits), { catalog: options.catalog, ...(options.cwd === undefined ? {} : { cwd: options.cwd }) });
+    const request = await checkServeRequest(await readJsonRequest(c, bodyLimits), {
+      catalog: options.catalog,
+      ...(options.cwd === undefined ? {} : { cwd: options.cwd }),
+    });
     await refuseBusy(request.name);
     const job = await options.jobs.submit("serve", request as unknown as Record<string, unknown>, actor(c), null);
     await options.audit.record({ actor: actor(c), action: "job.serve", target: request.name, detail: { job: job.id, repo: request.repo } });
@@ -63,7 +69,12 @@ export function mountServeRoutes(app: Hono<Env>, options: ServeRoutesOptions): v
     const request = checkUpdateRequest(await readJsonRequest(c, bodyLimits), options.catalog, false);
     await refuseBusy(request.model);
     const job = await options.jobs.submit("update", request, actor(c), request.model);
-    await options.audit.record({ actor: actor(c), action: "job.update", target: request.model, detail: { job: job.id, ...(request.revision === undefined ? {} : { revision: request.revision }) } });
+    await options.audit.record({
+      actor: actor(c),
+      action: "job.update",
+      target: request.model,
+      detail: { job: job.id, ...(request.revision === undefined ? {} : { revision: request.revision }) },
+    });
     return c.json(job, 202);
   });
 

@@ -65,7 +65,11 @@ export const smokeTestReplica: SmokeTest = async (target, modelName, signal) => 
         if (!line.startsWith("data:")) continue;
         const data = line.slice(5).trim();
         if (data === "[DONE]") continue;
-        const parsed = JSON.parse(data) as { choices?: Array<{ delta?: { content?: string } }>; usage?: { completion_tokens?: number } | null; error?: { message?: string } };
+        const parsed = JSON.parse(data) as {
+          choices?: Array<{ delta?: { content?: string } }>;
+          usage?: { completion_tokens?: number } | null;
+          error?: { message?: string };
+        };
         if (parsed.error !== undefined) throw new UpstreamError(`Replica ${target.id} failed the smoke test: ${parsed.error.message ?? "an error event"}.`);
         const text = parsed.choices?.[0]?.delta?.content ?? "";
         if (text !== "") {

@@ -100,7 +100,9 @@ export class UpdateChecker {
   }
 
   private followed(name?: string): CatalogModel[] {
-    return this.options.catalog.list().filter((model) => model.definition.origin !== undefined && !isLocalSource(model.definition.origin.repo) && (name === undefined || model.name === name));
+    return this.options.catalog
+      .list()
+      .filter((model) => model.definition.origin !== undefined && !isLocalSource(model.definition.origin.repo) && (name === undefined || model.name === name));
   }
 
   private async checkAll(name?: string): Promise<UpdateView[]> {
@@ -119,7 +121,9 @@ export class UpdateChecker {
     let latest: string | null = null;
     let error: string | null = null;
     try {
-      latest = (await this.options.registry.repoInfo({ repo: origin.repo, revision: ref, signal: AbortSignal.any([this.stopping.signal, AbortSignal.timeout(60_000)]) })).sha;
+      latest = (
+        await this.options.registry.repoInfo({ repo: origin.repo, revision: ref, signal: AbortSignal.any([this.stopping.signal, AbortSignal.timeout(60_000)]) })
+      ).sha;
     } catch (failure) {
       error = describeError(failure);
       this.options.logger.warn({ model: model.name, repo: origin.repo, err: error }, "update check could not read the repository");
@@ -127,7 +131,11 @@ export class UpdateChecker {
     // A failed read keeps what the last good one found, so the next success is news only if the repository moved.
     const known = previous?.revision === origin.revision ? previous.latest_revision : null;
     const row = { repo: origin.repo, revision: origin.revision, latest_revision: latest ?? known, checked_at: nowIso(this.clock), error };
-    if (previous === undefined) await db.insertInto("model_updates").values({ model_id: model.id, ...row }).execute();
+    if (previous === undefined)
+      await db
+        .insertInto("model_updates")
+        .values({ model_id: model.id, ...row })
+        .execute();
     else await db.updateTable("model_updates").set(row).where("model_id", "=", model.id).execute();
     const news = latest !== null && latest !== origin.revision && latest !== previous?.latest_revision;
     if (news) {

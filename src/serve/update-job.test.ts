@@ -32,7 +32,16 @@ function fakes() {
       origin: { repo: "o/m", revision: "n".repeat(40), files: [file], previous: { revision: "o".repeat(40), files: [file], source: mirrorSource("old") } },
     },
   } as unknown as CatalogModel;
-  const replica = { id: "r-new", profile: "cpu", state: "ready", nodeNames: ["n1"], endpoint: { origin: "http://127.0.0.1:1", basePath: "" }, engineKey: "k", weightsVerified: true, lastError: null };
+  const replica = {
+    id: "r-new",
+    profile: "cpu",
+    state: "ready",
+    nodeNames: ["n1"],
+    endpoint: { origin: "http://127.0.0.1:1", basePath: "" },
+    engineKey: "k",
+    weightsVerified: true,
+    lastError: null,
+  };
   const deps = {
     catalog: { get: () => model, resolve: () => model, list: () => [model], update: async () => model },
     mirror: {},
@@ -68,7 +77,13 @@ function cutUpdate(id: string, doneUntil: string): JobRecord {
     state: "running",
     request: { model: "m" },
     model: "m",
-    steps: UPDATE_STEPS.map((name, index) => ({ name, state: index <= last ? "done" : index === last + 1 ? "running" : "pending", detail: null, started_at: null, finished_at: null })),
+    steps: UPDATE_STEPS.map((name, index) => ({
+      name,
+      state: index <= last ? "done" : index === last + 1 ? "running" : "pending",
+      detail: null,
+      started_at: null,
+      finished_at: null,
+    })),
     context: {
       newSource: mirrorSource("new"),
       newOrigin: [file],
@@ -85,22 +100,25 @@ function cutUpdate(id: string, doneUntil: string): JobRecord {
   };
 }
 
-testBothStores("an update cut between its catalog change and its smoke test holds the old replicas from the restart until the new revision passed", async (store) => {
-  await new JobRows(store).insert(cutUpdate("job-cut", "catalog"));
-  const { deps, events } = fakes();
-  const handler = updateJobHandler(deps);
-  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+testBothStores(
+  "an update cut between its catalog change and its smoke test holds the old replicas from the restart until the new revision passed",
+  async (store) => {
+    await new JobRows(store).insert(cutUpdate("job-cut", "catalog"));
+    const { deps, events } = fakes();
+    const handler = updateJobHandler(deps);
+    const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
 
-  await jobs.recover();
-  assert.deepEqual(events, ["hold 1 model-1"], "held before anything runs (the server's fleet starts after this)");
+    await jobs.recover();
+    assert.deepEqual(events, ["hold 1 model-1"], "held before anything runs (the server's fleet starts after this)");
 
-  await jobs.start();
-  await eventually("the resumed job done", async () => (await jobs.get("job-cut")).state === "done");
-  // The resumed run takes its own hold before it lets go of the one from the start, and
-  // releases its own only after the smoke test passed.
-  assert.deepEqual(events, ["hold 1 model-1", "hold 2 model-1", "release 1", "smoke test", "release 2"]);
-  await jobs.close();
-});
+    await jobs.start();
+    await eventually("the resumed job done", async () => (await jobs.get("job-cut")).state === "done");
+    // The resumed run takes its own hold before it lets go of the one from the start, and
+    // releases its own only after the smoke test passed.
+    assert.deepEqual(events, ["hold 1 model-1", "hold 2 model-1", "release 1", "smoke test", "release 2"]);
+    await jobs.close();
+  },
+);
 
 testBothStores("an update that had passed its smoke test takes no hold after a restart", async (store) => {
   await new JobRows(store).insert(cutUpdate("job-passed", "smoke_test"));
@@ -145,7 +163,16 @@ function servedAtOldRevision(description?: string) {
       origin: oldOrigin,
     },
   } as unknown as CatalogModel;
-  const replica = (id: string) => ({ id, profile: "cpu", state: "ready", nodeNames: ["n1"], endpoint: { origin: "http://127.0.0.1:1", basePath: "" }, engineKey: "k", weightsVerified: true, lastError: null });
+  const replica = (id: string) => ({
+    id,
+    profile: "cpu",
+    state: "ready",
+    nodeNames: ["n1"],
+    endpoint: { origin: "http://127.0.0.1:1", basePath: "" },
+    engineKey: "k",
+    weightsVerified: true,
+    lastError: null,
+  });
   let held = false;
   const deps = {
     catalog: {

@@ -57,7 +57,10 @@ export function checkUpdateRequest(body: unknown, catalog: Pick<Catalog, "resolv
   const request = parseWith(updateBodySchema, body, rollback ? "rollback" : "update request");
   const model = catalog.resolve(request.model);
   if (model === undefined || model.name !== request.model) {
-    throw new NotFoundError(`There is no model named '${request.model}'${model === undefined ? "" : ` ('${request.model}' is an alias of '${model.name}')`}. List them with 'llmgw ctl model list'.`, { code: "model_not_found", param: "model" });
+    throw new NotFoundError(
+      `There is no model named '${request.model}'${model === undefined ? "" : ` ('${request.model}' is an alias of '${model.name}')`}. List them with 'llmgw ctl model list'.`,
+      { code: "model_not_found", param: "model" },
+    );
   }
   const { origin, source } = model.definition;
   if (origin === undefined || source?.kind !== "mirror") {
@@ -67,11 +70,15 @@ export function checkUpdateRequest(body: unknown, catalog: Pick<Catalog, "resolv
     );
   }
   if (rollback) {
-    if (origin.previous === undefined) throw new ConflictError(`Model '${model.name}' has no previous revision to return to: it was never updated.`, { code: "no_previous_revision" });
+    if (origin.previous === undefined)
+      throw new ConflictError(`Model '${model.name}' has no previous revision to return to: it was never updated.`, { code: "no_previous_revision" });
     return { model: model.name, revision: origin.previous.revision, rollback: true };
   }
   if (isLocalSource(origin.repo)) {
-    throw new BadRequestError(`Model '${model.name}' was served from local files (${origin.repo}), which have no revisions. Serve the changed files with 'llmgw ctl model serve' under another name.`, { code: "no_origin", param: "model" });
+    throw new BadRequestError(
+      `Model '${model.name}' was served from local files (${origin.repo}), which have no revisions. Serve the changed files with 'llmgw ctl model serve' under another name.`,
+      { code: "no_origin", param: "model" },
+    );
   }
   return { model: model.name, ...(request.revision === undefined ? {} : { revision: request.revision }) };
 }
@@ -95,7 +102,8 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         const { origin, source } = model().definition as { origin: Origin; source: MirrorSource };
         if (request.rollback === true) {
           const previous = origin.previous!;
-          if (previous.source.kind !== "mirror") throw new BadRequestError("The previous revision was not served from the mirror; there is nothing to return to.", { code: "no_previous_revision" });
+          if (previous.source.kind !== "mirror")
+            throw new BadRequestError("The previous revision was not served from the mirror; there is nothing to return to.", { code: "no_previous_revision" });
           await job.remember({ newSource: previous.source, newOrigin: previous.files } satisfies UpdateContext);
           return `back to ${origin.repo} @ ${previous.revision.slice(0, 12)} from ${origin.revision.slice(0, 12)}`;
         }
@@ -107,14 +115,24 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           mirror: deps.mirror,
           signal: job.signal,
         }).catch((error: unknown) => {
-          throw new UpstreamError(`Revision '${ref}' of ${origin.repo} cannot replace what '${request.model}' serves: ${describeError(error)}`, { code: "update_unavailable", cause: error });
+          throw new UpstreamError(`Revision '${ref}' of ${origin.repo} cannot replace what '${request.model}' serves: ${describeError(error)}`, {
+            code: "update_unavailable",
+            cause: error,
+          });
         });
         const { plan } = prepared;
         if (plan.revision === origin.revision) {
           await job.remember({ current: true } satisfies UpdateContext);
           return `'${request.model}' already serves ${origin.repo} @ ${plan.revision.slice(0, 12)}, the newest on '${ref}'`;
         }
-        const planned: PlannedFetch = { model: prepared.model, version: plan.version, repo: plan.repo, revision: plan.revision, files: withoutHeaders(plan.files), totalBytes: plan.totalBytes };
+        const planned: PlannedFetch = {
+          model: prepared.model,
+          version: plan.version,
+          repo: plan.repo,
+          revision: plan.revision,
+          files: withoutHeaders(plan.files),
+          totalBytes: plan.totalBytes,
+        };
         await job.remember({ planned, newSource: { kind: "mirror", model: prepared.model, version: plan.version, file: source.file } } satisfies UpdateContext);
         return `${origin.repo}: ${origin.revision.slice(0, 12)} → ${plan.revision.slice(0, 12)} ('${ref}'), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}`;
       });
@@ -124,14 +142,18 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
       }
 
       await job.step("mirror", async (step) => {
-        if (context.planned !== undefined) return mirrorFiles({ planned: context.planned, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal });
+        if (context.planned !== undefined)
+          return mirrorFiles({ planned: context.planned, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal });
         // A rollback fetches nothing: the previous revision's files must still be mirrored and intact.
         const source = context.newSource!;
         for (const file of context.newOrigin!) {
           const checked = await deps.mirror.check(source.model, source.version, file.path);
           // Held by another running server is enough: nodes are sent there, and the leader copies them to read them.
           if (checked.kind === "refused" || (checked.kind === "elsewhere" && !checked.holders.some((holder) => holder.live))) {
-            throw new ConflictError(`The previous revision's file ${file.path} is no longer usable in the mirror (${describeError(checked.error)}). Fetch that revision again with 'llmgw ctl model update ${request.model} --revision REV'.`, { code: "previous_files_gone" });
+            throw new ConflictError(
+              `The previous revision's file ${file.path} is no longer usable in the mirror (${describeError(checked.error)}). Fetch that revision again with 'llmgw ctl model update ${request.model} --revision REV'.`,
+              { code: "previous_files_gone" },
+            );
           }
         }
         return `${countOf(context.newOrigin!.length, "file")} of the previous revision still in the mirror`;
@@ -149,8 +171,20 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           files: context.newOrigin!.map((f) => ({ path: f.path, url: "file:///", sha256: f.sha256, size: f.bytes })),
           totalBytes: 0,
         };
-        const { pool, parallel } = contextSettings({ ctx_pool: profile?.ctx_size, context: profile?.ctx_size !== undefined && profile.parallel !== undefined ? Math.floor(profile.ctx_size / profile.parallel) : undefined });
-        const checked = await checkMirrored({ planned, entry: source.file, format: profile === undefined ? "safetensors" : "gguf", modelName: request.model, contextPool: pool, parallel, mirror: deps.mirror, signal: job.signal });
+        const { pool, parallel } = contextSettings({
+          ctx_pool: profile?.ctx_size,
+          context: profile?.ctx_size !== undefined && profile.parallel !== undefined ? Math.floor(profile.ctx_size / profile.parallel) : undefined,
+        });
+        const checked = await checkMirrored({
+          planned,
+          entry: source.file,
+          format: profile === undefined ? "safetensors" : "gguf",
+          modelName: request.model,
+          contextPool: pool,
+          parallel,
+          mirror: deps.mirror,
+          signal: job.signal,
+        });
         await job.remember({ newOrigin: checked.origin } satisfies UpdateContext);
         return checked.detail;
       });
@@ -167,14 +201,23 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
       takeOver(job.id, request.model);
       try {
         let target = model();
-        const waitReady = (step: StepHandle) => waitForReplica({ fleet: deps.fleet, model: target, timeoutMs, signal: job.signal, step, exists: () => deps.catalog.list().some((m) => m.id === target.id) });
+        const waitReady = (step: StepHandle) =>
+          waitForReplica({
+            fleet: deps.fleet,
+            model: target,
+            timeoutMs,
+            signal: job.signal,
+            step,
+            exists: () => deps.catalog.list().some((m) => m.id === target.id),
+          });
         try {
           await job.step("catalog", async () => {
             const current = model();
             const { origin, source } = current.definition as { origin: Origin; source: Source };
             if (context.before === undefined) await job.remember({ before: { source, origin } } satisfies UpdateContext);
             const before = context.before!;
-            if (JSON.stringify(source) === JSON.stringify(context.newSource)) return `'${request.model}' already points at the new revision (the server restarted meanwhile)`;
+            if (JSON.stringify(source) === JSON.stringify(context.newSource))
+              return `'${request.model}' already points at the new revision (the server restarted meanwhile)`;
             const newRevision = request.rollback === true ? before.origin.previous!.revision : context.planned!.revision;
             const newOrigin: Origin = {
               repo: before.origin.repo,
@@ -191,7 +234,10 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           target = model();
           // A run resumed after the server restarted: an earlier run may have pointed the model back already.
           if (context.reverted !== undefined || JSON.stringify(target.definition.source) !== JSON.stringify(context.newSource)) {
-            throw new UpstreamError(`The update was given up before the server restarted${context.reverted === undefined ? "" : ` (${context.reverted})`}; '${request.model}' points at its earlier revision.`, { code: "update_failed" });
+            throw new UpstreamError(
+              `The update was given up before the server restarted${context.reverted === undefined ? "" : ` (${context.reverted})`}; '${request.model}' points at its earlier revision.`,
+              { code: "update_failed" },
+            );
           }
           const onDemand = target.definition.scaling.min === 0;
           if (onDemand) deps.fleet.requested(target);
@@ -200,7 +246,10 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
             await job.step("rollout", async (step) => {
               ready = await waitReady(step);
               if (ready.kind === "busy") {
-                throw new UpstreamError(`There is no room to run the new revision beside the old one, which keeps serving until the new one is checked: ${ready.explanation.join("; ")}. Free room (scale another model down) and update again.`, { code: "no_room" });
+                throw new UpstreamError(
+                  `There is no room to run the new revision beside the old one, which keeps serving until the new one is checked: ${ready.explanation.join("; ")}. Free room (scale another model down) and update again.`,
+                  { code: "no_room" },
+                );
               }
               return `replica ${ready.replica.id} of the new revision ready on ${ready.replica.nodeNames.join(", ")}${ready.replica.weightsVerified ? ", weights verified against the origin" : ""}`;
             });
@@ -235,7 +284,10 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           }
           release("rejected");
           if (job.stopReason === "cancel") throw error;
-          throw new UpstreamError(`The new revision did not take over: ${describeError(error)}. '${request.model}' is back on ${reverted}, whose replicas kept serving.`, { code: "update_failed", cause: error });
+          throw new UpstreamError(
+            `The new revision did not take over: ${describeError(error)}. '${request.model}' is back on ${reverted}, whose replicas kept serving.`,
+            { code: "update_failed", cause: error },
+          );
         }
         // Counted before the release: once it is released the fleet may stop the old replicas
         // at once (no requests in flight to drain), before the retire step first looks.
@@ -248,7 +300,11 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
             const left = deps.fleet.replicasByDefinition(target.id).outdated;
             if (left.length === 0) break;
             step.detail(`draining ${countOf(left.length, "old replica")}: ${left.map((r) => `${r.id} ${r.state}`).join(", ")}`);
-            if (Date.now() - started > RETIRE_TIMEOUT_MS) throw new UpstreamError(`${countOf(left.length, "old replica")} did not stop within ${RETIRE_TIMEOUT_MS / 60_000} min; the new revision serves meanwhile.`, { code: "retire_timeout" });
+            if (Date.now() - started > RETIRE_TIMEOUT_MS)
+              throw new UpstreamError(
+                `${countOf(left.length, "old replica")} did not stop within ${RETIRE_TIMEOUT_MS / 60_000} min; the new revision serves meanwhile.`,
+                { code: "retire_timeout" },
+              );
             await new Promise((resolve) => setTimeout(resolve, 250));
           }
           return before === 0 ? "no old replicas were running" : `${countOf(before, "old replica")} drained and stopped`;
@@ -310,4 +366,3 @@ async function revert(job: RunningJob, catalog: Catalog, context: UpdateContext)
   }
   return before.origin.revision.slice(0, 12);
 }
-

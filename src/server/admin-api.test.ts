@@ -40,7 +40,11 @@ describe("admin API", () => {
   });
 
   test("a model is changed by its name, not an alias; keys are never shown again", async () => {
-    const created = await harness.admin("POST", "/api/v1/models", { name: "ext", aliases: ["nick"], profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9", api_key: "upstream-secret" }] });
+    const created = await harness.admin("POST", "/api/v1/models", {
+      name: "ext",
+      aliases: ["nick"],
+      profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9", api_key: "upstream-secret" }],
+    });
     assert.equal(created.status, 201);
     assert.doesNotMatch(JSON.stringify(created.body), /upstream-secret/);
     const viaAlias = await harness.admin("DELETE", "/api/v1/models/nick");
@@ -58,7 +62,13 @@ describe("admin API", () => {
     // Cut inside the tensor data, as an interrupted copy leaves it: the header is whole.
     const { bytes } = await writeTinyLlamaGguf({ path: cut, seed: 1 });
     await truncate(cut, Math.floor(bytes / 2));
-    const model = (source: unknown, extra: Record<string, unknown> = {}) => ({ name: "door", scaling: { min: 0, max: 1 }, source, profiles: [{ name: "cpu", engine: "llamacpp" }], ...extra });
+    const model = (source: unknown, extra: Record<string, unknown> = {}) => ({
+      name: "door",
+      scaling: { min: 0, max: 1 },
+      source,
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+      ...extra,
+    });
     const refused = async (body: unknown, param: string, code: string, mention: RegExp, method = "POST", pathname = "/api/v1/models") => {
       const answer = await harness.admin(method, pathname, body);
       assert.equal(answer.status, 400, JSON.stringify(answer.body));
@@ -66,16 +76,38 @@ describe("admin API", () => {
       assert.equal(answer.body.error.code, code);
       assert.match(answer.body.error.message, mention);
     };
-    await refused(model({ kind: "file", path: path.join(harness.dataDir, "absent.gguf") }), "source.path", "weights_missing", /absent\.gguf does not exist\. Put the file there/);
-    await refused(model({ kind: "file", path: cut }), "source.path", "gguf_truncated", /cut\.gguf is truncated: its tensor data ends at byte \d+.*fetch the file again/);
+    await refused(
+      model({ kind: "file", path: path.join(harness.dataDir, "absent.gguf") }),
+      "source.path",
+      "weights_missing",
+      /absent\.gguf does not exist\. Put the file there/,
+    );
+    await refused(
+      model({ kind: "file", path: cut }),
+      "source.path",
+      "gguf_truncated",
+      /cut\.gguf is truncated: its tensor data ends at byte \d+.*fetch the file again/,
+    );
     // The server's own mirror: nothing has been fetched into it.
-    await refused(model({ kind: "mirror", model: "owner--x", version: "0123456789ab", file: "x.gguf" }), "source", "weights_not_mirrored", /llmgw ctl mirror fetch/);
+    await refused(
+      model({ kind: "mirror", model: "owner--x", version: "0123456789ab", file: "x.gguf" }),
+      "source",
+      "weights_not_mirrored",
+      /llmgw ctl mirror fetch/,
+    );
     assert.equal((await harness.admin("GET", "/api/v1/models/door")).status, 404);
 
     const good = path.join(harness.dataDir, "good.gguf");
     await writeTinyLlamaGguf({ path: good, seed: 2 });
     assert.equal((await harness.admin("POST", "/api/v1/models", model({ kind: "file", path: good }))).status, 201);
-    await refused({ profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] }, "profiles.0.parallel", "invalid_field", /at most 64/, "PATCH", "/api/v1/models/door");
+    await refused(
+      { profiles: [{ name: "cpu", engine: "llamacpp", parallel: 65 }] },
+      "profiles.0.parallel",
+      "invalid_field",
+      /at most 64/,
+      "PATCH",
+      "/api/v1/models/door",
+    );
     await refused({ source: { kind: "file", path: cut } }, "source.path", "gguf_truncated", /truncated/, "PATCH", "/api/v1/models/door");
     assert.equal((await harness.admin("GET", "/api/v1/models/door")).body.source.path, good);
   });
@@ -83,7 +115,10 @@ describe("admin API", () => {
   test("the audit lists every action with its actor, filtered by action (exact or prefix) and target", async () => {
     const key = await harness.admin("POST", "/api/v1/keys", { name: "audited-key" });
     assert.equal((await harness.admin("DELETE", "/api/v1/keys/audited-key")).status, 200);
-    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "audited", profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9" }] })).status, 201);
+    assert.equal(
+      (await harness.admin("POST", "/api/v1/models", { name: "audited", profiles: [{ name: "p", engine: "external", url: "http://127.0.0.1:9" }] })).status,
+      201,
+    );
     assert.equal((await harness.admin("PATCH", "/api/v1/models/audited", { description: "changed" })).status, 200);
     assert.deepEqual((await harness.admin("POST", "/api/v1/models/audited/unpark")).body, { model: "audited", unparked: 0 });
 
@@ -100,11 +135,21 @@ describe("admin API", () => {
     }
     const keyActions = await harness.admin("GET", "/api/v1/audit?action=key.");
     assert.ok(keyActions.body.data.length >= 2);
-    assert.ok(keyActions.body.data.every((e: any) => e.action.startsWith("key.")), "a prefix ending in '.' selects a domain");
+    assert.ok(
+      keyActions.body.data.every((e: any) => e.action.startsWith("key.")),
+      "a prefix ending in '.' selects a domain",
+    );
     const revokes = await harness.admin("GET", "/api/v1/audit?action=key.revoke");
-    assert.deepEqual(revokes.body.data.map((e: any) => e.target), [key.body.prefix], "an action without '.' at the end is exact");
+    assert.deepEqual(
+      revokes.body.data.map((e: any) => e.target),
+      [key.body.prefix],
+      "an action without '.' at the end is exact",
+    );
     const ofModel = await harness.admin("GET", "/api/v1/audit?target=audited");
-    assert.deepEqual(ofModel.body.data.map((e: any) => e.action), ["model.unpark", "model.update", "model.create"]);
+    assert.deepEqual(
+      ofModel.body.data.map((e: any) => e.action),
+      ["model.unpark", "model.update", "model.create"],
+    );
     assert.deepEqual(ofModel.body.data[0].detail, { replicas: 0 });
     assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=key")).body.data, [], "no partial word matches");
     assert.deepEqual((await harness.admin("GET", "/api/v1/audit?action=k_y.")).body.data, [], "'_' is no wildcard");

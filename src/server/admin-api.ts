@@ -74,19 +74,20 @@ export interface AdminApiOptions {
 
 type Env = { Variables: { principal: Principal } };
 
-
 const auditQuerySchema = z.strictObject({
   limit: z.coerce.number().int().min(1).max(1000).default(100),
   action: z.string().min(1).max(100, "is at most 100 characters: one action (key.revoke) or a prefix ending in '.' (key.)").optional(),
   target: z.string().min(1).max(500).optional(),
 });
 
-const planQuerySchema = z.strictObject({
-  repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
-  revision: z.string().min(1).optional(),
-  context: z.coerce.number().int().min(256).max(10_000_000).default(DEFAULT_CONTEXT_POOL),
-  format: z.enum(["gguf", "safetensors"]).optional(),
-}).transform(({ context, ...rest }) => ({ ...rest, contextSize: context }));
+const planQuerySchema = z
+  .strictObject({
+    repo: z.string({ error: "is required: owner/name on the registry, or a local file or folder path" }).min(1),
+    revision: z.string().min(1).optional(),
+    context: z.coerce.number().int().min(256).max(10_000_000).default(DEFAULT_CONTEXT_POOL),
+    format: z.enum(["gguf", "safetensors"]).optional(),
+  })
+  .transform(({ context, ...rest }) => ({ ...rest, contextSize: context }));
 
 export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   const { catalog, keys, replicas } = options;
@@ -116,7 +117,8 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   app.use("/api/v1/*", async (c, next) => {
     const bearer = bearerToken(c.req.header("authorization"));
     // A key in the header wins (ctl); without one, the console's session cookie.
-    const session = bearer === undefined && options.sessions !== undefined ? await sessionOfRequest(options.sessions, requestFacts(c.req.raw.headers, c.req.method)) : null;
+    const session =
+      bearer === undefined && options.sessions !== undefined ? await sessionOfRequest(options.sessions, requestFacts(c.req.raw.headers, c.req.method)) : null;
     c.set("principal", session?.principal ?? (await keys.verifyAdmin(bearer)));
     // Long answers (the event stream) ask again while they run: a logout or a revoked key ends them.
     const sessions = options.sessions;
@@ -184,5 +186,3 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
 
   return app;
 }
-
-

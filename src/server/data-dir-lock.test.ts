@@ -128,7 +128,10 @@ test("a live claimant is waited for, not overtaken", () => {
   writeLock(dir, stale);
   const claimant = sleeper();
   writeLock(dir, holder({ pid: claimant.pid!, process_start: readProcessStat(claimant.pid!)!.start }), `server.lock.takeover-${stale.instance}`);
-  assert.throws(() => acquireDataDirLock({ dataDir: dir, address: "127.0.0.1:0", takeoverWaitMs: 100 }), new RegExp(`being taken over by another starting llmgw \\(PID ${claimant.pid}`));
+  assert.throws(
+    () => acquireDataDirLock({ dataDir: dir, address: "127.0.0.1:0", takeoverWaitMs: 100 }),
+    new RegExp(`being taken over by another starting llmgw \\(PID ${claimant.pid}`),
+  );
   assert.equal(lockContent(dir).instance, stale.instance, "the stale lock is left to its claimant");
 });
 

@@ -22,7 +22,7 @@ import { randomUUID } from "node:crypto";
 import { linkSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { ConflictError, LlmgwError, UnavailableError, describeError, errorCode } from "../core/errors.ts";
+import { ConflictError, type LlmgwError, UnavailableError, describeError, errorCode } from "../core/errors.ts";
 
 export const LOCK_FILE = "server.lock";
 const TAKEOVER_PREFIX = `${LOCK_FILE}.takeover-`;
@@ -114,9 +114,12 @@ export function acquireDataDirLock(options: AcquireOptions): DataDirLock {
     if (outcome === "acquired") return heldLock(lockPath, me);
     // Another process is taking over a stale lock right now; look again once it is done.
     if (Date.now() > deadline) {
-      throw new ConflictError(`The data dir ${options.dataDir} is being taken over by another starting llmgw (${describeHolder(outcome.claimant)}). Try again in a moment.`, {
-        code: "data_dir_in_use",
-      });
+      throw new ConflictError(
+        `The data dir ${options.dataDir} is being taken over by another starting llmgw (${describeHolder(outcome.claimant)}). Try again in a moment.`,
+        {
+          code: "data_dir_in_use",
+        },
+      );
     }
     sleepSync(20);
   }
@@ -255,7 +258,9 @@ function readHolder(file: string, dataDir: string): LockHolder | undefined {
   } catch {
     // Reported below: llmgw writes these files whole, so this one was edited or damaged.
   }
-  throw new ConflictError(`The lock file ${file} is not one llmgw wrote. If no llmgw runs on the data dir ${dataDir}, delete it and start again.`, { code: "data_dir_in_use" });
+  throw new ConflictError(`The lock file ${file} is not one llmgw wrote. If no llmgw runs on the data dir ${dataDir}, delete it and start again.`, {
+    code: "data_dir_in_use",
+  });
 }
 
 /** alive: it runs now; gone: it does not (takeover is safe); elsewhere: another host, cannot tell. */

@@ -18,11 +18,19 @@ test("a second server on a data dir in use is refused, naming the first; the fir
   const harness = await startHarness();
   try {
     const info = readFileSync(path.join(harness.dataDir, "server.json"), "utf8");
-    const second = startServer({ dataDir: harness.dataDir, host: "127.0.0.1", port: 0, database: path.join(harness.dataDir, "llmgw.db"), logger: silentLogger() });
+    const second = startServer({
+      dataDir: harness.dataDir,
+      host: "127.0.0.1",
+      port: 0,
+      database: path.join(harness.dataDir, "llmgw.db"),
+      logger: silentLogger(),
+    });
     await assert.rejects(
       second,
       (error: unknown) =>
-        error instanceof ConflictError && error.code === "data_dir_in_use" && error.message.includes(`(PID ${process.pid}, listening on ${harness.url}, since `),
+        error instanceof ConflictError &&
+        error.code === "data_dir_in_use" &&
+        error.message.includes(`(PID ${process.pid}, listening on ${harness.url}, since `),
     );
     assert.equal(readFileSync(path.join(harness.dataDir, "server.json"), "utf8"), info);
     assert.equal((await fetch(`${harness.url}/healthz`)).status, 200);
@@ -79,7 +87,10 @@ async function storageFaultScenario(t: TestContext, fault: Fault, dataDir?: stri
   const upstream = await startFakeUpstream({ reply: "still answering" });
   const harness = await startHarness(dataDir === undefined ? {} : { dataDir });
   try {
-    assert.equal((await harness.admin("POST", "/api/v1/models", { name: "ext", profiles: [{ name: "p", engine: "external", url: upstream.url }] })).status, 201);
+    assert.equal(
+      (await harness.admin("POST", "/api/v1/models", { name: "ext", profiles: [{ name: "p", engine: "external", url: upstream.url }] })).status,
+      201,
+    );
     const clientKey = await harness.clientKey();
     const ready = await fetch(`${harness.url}/readyz`);
     assert.deepEqual(await ready.json(), { status: "ready", usage_rows_dropped: 0 });
@@ -143,7 +154,11 @@ test("a full disk: admin writes get 503 storage_unavailable naming the data dir,
     return;
   }
   try {
-    await storageFaultScenario(t, { cause: /the disk is full \(SQLITE_FULL\)/, inject: () => disk.fill(), repair: () => disk.free() }, path.join(disk.root, "data"));
+    await storageFaultScenario(
+      t,
+      { cause: /the disk is full \(SQLITE_FULL\)/, inject: () => disk.fill(), repair: () => disk.free() },
+      path.join(disk.root, "data"),
+    );
   } finally {
     disk.unmount();
   }

@@ -98,7 +98,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     // A SQLite database has one server: its own data dir's key, whatever the environment says
     // (a cluster secret set by mistake must not make its sealed values unreadable).
     const shared = store.dialect === "postgres";
-    if (!shared && (config.clusterSecretFile !== undefined || config.clusterSecret !== undefined)) logger.warn("a cluster secret is for servers sharing PostgreSQL; this SQLite server uses its data dir's own key");
+    if (!shared && (config.clusterSecretFile !== undefined || config.clusterSecret !== undefined))
+      logger.warn("a cluster secret is for servers sharing PostgreSQL; this SQLite server uses its data dir's own key");
     const secret = loadClusterSecret({
       ...(shared && config.clusterSecretFile !== undefined ? { file: config.clusterSecretFile } : {}),
       ...(shared && config.clusterSecret !== undefined ? { env: config.clusterSecret } : {}),
@@ -108,7 +109,13 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     members = new ClusterMembers({
       store,
       dataDir: config.dataDir,
-      self: { name: config.serverName ?? os.hostname(), url: config.advertiseUrl ?? `http://${formatHostPort(config.host, config.port)}`, version: LLMGW_VERSION, secretCheck: secretBox.checkValue(), secretSource: secret.source },
+      self: {
+        name: config.serverName ?? os.hostname(),
+        url: config.advertiseUrl ?? `http://${formatHostPort(config.host, config.port)}`,
+        version: LLMGW_VERSION,
+        secretCheck: secretBox.checkValue(),
+        secretSource: secret.source,
+      },
       logger,
     });
     // Refuses a server given another secret, or a second server of this name.
@@ -142,7 +149,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const events = new EventLog({ store, logger });
   const feed = new ChangeFeed({ store, logger });
   const leadership: Leadership =
-    store.dialect === "postgres" ? new PostgresLeadership({ store, name: members.name, logger, ...(config.leaderPollMs === undefined ? {} : { pollMs: config.leaderPollMs }) }) : new SoleLeadership(store);
+    store.dialect === "postgres"
+      ? new PostgresLeadership({ store, name: members.name, logger, ...(config.leaderPollMs === undefined ? {} : { pollMs: config.leaderPollMs }) })
+      : new SoleLeadership(store);
   let joinToken = "";
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
   let inFlightOf = (_replicaId: string): number => 0;
@@ -172,7 +181,11 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     fleet.onStatusChange((modelId) => recheck(modelId));
     return fleet;
   };
-  const registry = new HubClient({ endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT, ...(config.registryToken ? { token: config.registryToken } : {}), inServer: true });
+  const registry = new HubClient({
+    endpoint: config.registryEndpoint ?? DEFAULT_REGISTRY_ENDPOINT,
+    ...(config.registryToken ? { token: config.registryToken } : {}),
+    inServer: true,
+  });
   // One planner for GET /api/v1/plan, mirror fetches without a quant and serve jobs, so all pick the same artifact.
   // Against the fleet's nodes once any has joined; before that, this machine.
   const planner: MirrorPlanner = (query, signal) => planRepository({ ...query, registry, pool: fleetPool(fleetAccess.nodes()) ?? localPool(), signal });
@@ -201,10 +214,21 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       if (event !== null) void events.record(event);
     },
   });
-  const updates = new UpdateChecker({ store, catalog, registry, logger, events, ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }) });
+  const updates = new UpdateChecker({
+    store,
+    catalog,
+    registry,
+    logger,
+    events,
+    ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }),
+  });
   const pools = new UpstreamPools();
   const usage = new UsageRecorder({ store, logger });
-  const usageRetention = new UsageRetention({ store, logger, ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }) });
+  const usageRetention = new UsageRetention({
+    store,
+    logger,
+    ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }),
+  });
   const limits: LimitsService = new LimitsService({
     store,
     logger,
@@ -223,7 +247,14 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   });
   const channels = new ChannelStore({ store, box });
   let consoleUrl = config.publicUrl ?? "";
-  const notifier = new Notifier({ store, events, channels, logger, consoleUrl: () => consoleUrl, ...(config.notify === undefined ? {} : { settings: config.notify }) });
+  const notifier = new Notifier({
+    store,
+    events,
+    channels,
+    logger,
+    consoleUrl: () => consoleUrl,
+    ...(config.notify === undefined ? {} : { settings: config.notify }),
+  });
   role = new ServerRole({ makeFleet, services: { jobs, updates, budgetAlerts, notifier, usageRetention }, follower, name: members.name, logger });
   const serverRole = role;
   const audit = auditTrail(store);
@@ -242,7 +273,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     await feed.stop();
   };
   try {
-    joinToken = await sharedJoinToken(store, box, config.dataDir, async () => (await members.list()).some((member) => member.live && member.name !== members.name));
+    joinToken = await sharedJoinToken(store, box, config.dataDir, async () =>
+      (await members.list()).some((member) => member.live && member.name !== members.name),
+    );
     await catalog.refresh();
     stopExternalSync = syncExternalReplicas(catalog, replicas);
     // What other servers change reaches this one within a second (PostgreSQL; SQLite has no others).
@@ -390,7 +423,17 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   });
   const playground = createPlaygroundHandler({ sessions, keys, gateway });
   const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
-  const agentListener = getRequestListener(createAgentApi({ fleet: { join: (r) => fleetAccess.leader().join(r), heartbeat: (c, r) => fleetAccess.leader().heartbeat(c, r), assignments: (c, o) => fleetAccess.leader().assignments(c, o) }, logger, bodyLimits }).fetch);
+  const agentListener = getRequestListener(
+    createAgentApi({
+      fleet: {
+        join: (r) => fleetAccess.leader().join(r),
+        heartbeat: (c, r) => fleetAccess.leader().heartbeat(c, r),
+        assignments: (c, o) => fleetAccess.leader().assignments(c, o),
+      },
+      logger,
+      bodyLimits,
+    }).fetch,
+  );
   const forwarder = store.dialect === "postgres" ? new LeaderForwarder({ store, members, logger }) : null;
 
   const headerTimeoutMs = config.headerTimeoutMs ?? DEFAULT_HEADER_TIMEOUT_MS;
@@ -430,7 +473,10 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     server.once("error", (error: NodeJS.ErrnoException) => {
       reject(
         error.code === "EADDRINUSE"
-          ? new ConflictError(`Cannot listen on ${config.host}:${config.port}: the address is in use. Stop the other process or pass --listen with another port.`, { code: "address_in_use" })
+          ? new ConflictError(
+              `Cannot listen on ${config.host}:${config.port}: the address is in use. Stop the other process or pass --listen with another port.`,
+              { code: "address_in_use" },
+            )
           : error,
       );
     });

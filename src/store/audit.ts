@@ -24,12 +24,19 @@ export interface AuditQuery {
 }
 
 export async function recordAudit(trx: Tx | Db, entry: AuditEntry): Promise<void> {
-  await trx.insertInto("audit_log").values({ at: entry.at, actor: entry.actor, action: entry.action, target: entry.target, detail: JSON.stringify(entry.detail) }).execute();
+  await trx
+    .insertInto("audit_log")
+    .values({ at: entry.at, actor: entry.actor, action: entry.action, target: entry.target, detail: JSON.stringify(entry.detail) })
+    .execute();
 }
 
 /** Newest first. */
 export async function readAudit(db: Db, options: AuditQuery = {}): Promise<AuditEntry[]> {
-  let query = db.selectFrom("audit_log").selectAll().orderBy("id", "desc").limit(options.limit ?? 100);
+  let query = db
+    .selectFrom("audit_log")
+    .selectAll()
+    .orderBy("id", "desc")
+    .limit(options.limit ?? 100);
   if (options.target !== undefined) query = query.where("target", "=", options.target);
   const action = options.action;
   if (action !== undefined) {
@@ -38,7 +45,13 @@ export async function readAudit(db: Db, options: AuditQuery = {}): Promise<Audit
     query = action.endsWith(".") ? query.where(sql<string>`substr(action, 1, ${sql.lit(action.length)})`, "=", action) : query.where("action", "=", action);
   }
   const rows = await query.execute();
-  return rows.map((row) => ({ at: row.at, actor: row.actor, action: row.action, target: row.target, detail: JSON.parse(row.detail) as Record<string, unknown> }));
+  return rows.map((row) => ({
+    at: row.at,
+    actor: row.actor,
+    action: row.action,
+    target: row.target,
+    detail: JSON.parse(row.detail) as Record<string, unknown>,
+  }));
 }
 
 /** The trail as the admin API uses it: read with filters, and record actions that change no table (unpark). */

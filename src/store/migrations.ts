@@ -268,7 +268,10 @@ const migrations: Record<string, MigrationFactory> = {
       await db.schema.alterTable("usage").addColumn("cost_usd", "double precision").execute();
       await db.schema.alterTable("usage").addColumn("guard_ms", "integer").execute();
       // The same columns at two resolutions: minutes for recent reports, hours for long ones.
-      for (const [table, start] of [["usage_minutes", "minute"], ["usage_hours", "hour"]] as const) {
+      for (const [table, start] of [
+        ["usage_minutes", "minute"],
+        ["usage_hours", "hour"],
+      ] as const) {
         await db.schema
           .createTable(table)
           .addColumn(start, "text", (c) => c.notNull())
@@ -428,7 +431,9 @@ const migrations: Record<string, MigrationFactory> = {
         // are not news to the other servers: telling them would empty their caches each time.
         const quiet = QUIET_COLUMNS[table];
         const update = quiet === undefined ? sql`update` : sql`update of ${sql.join(quiet.map((column) => sql.ref(column)))}`;
-        await sql`create trigger llmgw_changes after insert or ${update} or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(db);
+        await sql`create trigger llmgw_changes after insert or ${update} or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(
+          db,
+        );
       }
     },
   }),
@@ -438,11 +443,35 @@ const migrations: Record<string, MigrationFactory> = {
  * The tables whose writes other servers follow (src/cluster/change-feed.ts): the catalog,
  * keys, replicas and parking, nodes, console sessions and mirror holders.
  */
-export const CHANGE_FEED_TABLES = ["models", "model_aliases", "api_keys", "replicas", "model_states", "nodes", "console_sessions", "mirror_holders", "cluster_leader"] as const;
+export const CHANGE_FEED_TABLES = [
+  "models",
+  "model_aliases",
+  "api_keys",
+  "replicas",
+  "model_states",
+  "nodes",
+  "console_sessions",
+  "mirror_holders",
+  "cluster_leader",
+] as const;
 
 /** For the followed tables whose rows are stamped on every use: the columns whose updates are news. */
 const QUIET_COLUMNS: Partial<Record<(typeof CHANGE_FEED_TABLES)[number], string[]>> = {
-  api_keys: ["name", "prefix", "hash", "role", "allowed_models", "expires_at", "revoked_at", "rpm", "tpm", "budget_usd", "budget_period", "model_limits", "guards"],
+  api_keys: [
+    "name",
+    "prefix",
+    "hash",
+    "role",
+    "allowed_models",
+    "expires_at",
+    "revoked_at",
+    "rpm",
+    "tpm",
+    "budget_usd",
+    "budget_period",
+    "model_limits",
+    "guards",
+  ],
   nodes: ["name", "address", "labels", "inventory", "state", "credential_hash", "removed_at"],
 };
 

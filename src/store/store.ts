@@ -162,7 +162,12 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
   const dedicatedClient = async (): Promise<pg.Client> => {
     // Keepalives on both ends: a leader whose machine vanishes (no FIN, no RST) must lose
     // its session, and with it the advisory lock, in seconds rather than the kernel's hours.
-    const client = new pg.Client({ connectionString: options.database, keepAlive: true, keepAliveInitialDelayMillis: 5000, ...(schema === undefined ? {} : { options: `-c search_path=${schema}` }) });
+    const client = new pg.Client({
+      connectionString: options.database,
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 5000,
+      ...(schema === undefined ? {} : { options: `-c search_path=${schema}` }),
+    });
     client.on("error", () => {
       // Reported to the owner through its own "end" listener; an unhandled "error" would end the process.
     });
@@ -175,7 +180,16 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
     }
     return client;
   };
-  return { db, dialect: "postgres", schema: schema ?? "public", location, health, ...faultHandling(db, where, health, () => true), dedicatedClient, close: () => db.destroy() };
+  return {
+    db,
+    dialect: "postgres",
+    schema: schema ?? "public",
+    location,
+    health,
+    ...faultHandling(db, where, health, () => true),
+    dedicatedClient,
+    close: () => db.destroy(),
+  };
 }
 
 /** Below this much free space a data dir that ran full does not count as writable again. */
@@ -201,7 +215,11 @@ function faultHandling(db: Db, where: string, health: StorageHealth, hasRoom: ()
     if (health.fault()?.kind === "full" && !hasRoom()) return;
     try {
       const at = new Date().toISOString();
-      await db.insertInto("store_probe").values({ name: "probe", at }).onConflict((oc) => oc.column("name").doUpdateSet({ at })).execute();
+      await db
+        .insertInto("store_probe")
+        .values({ name: "probe", at })
+        .onConflict((oc) => oc.column("name").doUpdateSet({ at }))
+        .execute();
       health.clear();
     } catch {
       // Still failing: the dialect noted the fault again; anything else (a bug) leaves the old one.
@@ -233,7 +251,9 @@ async function migrate(store: Store, until: string | undefined): Promise<void> {
     const cause = error instanceof MigrationError ? error.cause : error;
     if (cause instanceof StorageUnavailableError) throw cause;
     const which = error instanceof MigrationError ? ` (${error.migration})` : "";
-    throw new InternalError(`Database migration${which} failed on ${store.location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, { cause: error });
+    throw new InternalError(`Database migration${which} failed on ${store.location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, {
+      cause: error,
+    });
   }
 }
 

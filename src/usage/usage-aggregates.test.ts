@@ -56,7 +56,18 @@ testBothStores("a flush adds raw rows and per-minute aggregates; a second flush 
   const usage = new UsageRecorder({ store });
   // Two flushes of the same minute, key and model: the durations 10..100 ms, half in each.
   for (let i = 1; i <= 5; i += 1) usage.record(row({ at: `2026-11-30T10:00:0${i}.000Z`, duration_ms: i * 10, ttft_ms: i * 3, stream: 1 }));
-  usage.record(row({ at: "2026-11-30T10:01:00.000Z", key_id: "key-b", model: "other", status: 503, prompt_tokens: null, completion_tokens: null, cost_usd: null, duration_ms: 7 }));
+  usage.record(
+    row({
+      at: "2026-11-30T10:01:00.000Z",
+      key_id: "key-b",
+      model: "other",
+      status: 503,
+      prompt_tokens: null,
+      completion_tokens: null,
+      cost_usd: null,
+      duration_ms: 7,
+    }),
+  );
   await usage.flush();
   for (let i = 6; i <= 10; i += 1) usage.record(row({ at: `2026-11-30T10:00:${10 + i}.000Z`, duration_ms: i * 10, guard_ms: 4 }));
   usage.record(row({ at: "2026-11-30T11:59:59.999Z", duration_ms: 1000, status: 499, prompt_tokens: 3, completion_tokens: 0, cost_usd: 0.0005 }));
@@ -64,7 +75,10 @@ testBothStores("a flush adds raw rows and per-minute aggregates; a second flush 
 
   const raw = await store.db.selectFrom("usage").select(["cost_usd", "guard_ms"]).where("guard_ms", "is not", null).execute();
   assert.equal(raw.length, 5, "guard_ms is written on the raw rows");
-  assert.ok(raw.every((r) => r.cost_usd === 0.001 && r.guard_ms === 4), "and cost_usd");
+  assert.ok(
+    raw.every((r) => r.cost_usd === 0.001 && r.guard_ms === 4),
+    "and cost_usd",
+  );
 
   const minutes = await store.db.selectFrom("usage_minutes").selectAll().orderBy("minute").orderBy("key_id").execute();
   assert.deepEqual(
@@ -131,7 +145,10 @@ testBothStores("the report groups by key, model, hour and day, sorted by period 
     ],
   );
   const oneModel = (await queryUsage(store, everything(["key"], { model: "tiny", keyIds: ["key-b"] }), keyName)).rows;
-  assert.deepEqual(oneModel.map((r) => [r.key, r.requests, r.prompt_tokens, r.completion_tokens]), [["bob", 2, 20, 10]]);
+  assert.deepEqual(
+    oneModel.map((r) => [r.key, r.requests, r.prompt_tokens, r.completion_tokens]),
+    [["bob", 2, 20, 10]],
+  );
   const none = await queryUsage(store, everything(["key"], { keyIds: [] }), keyName);
   assert.deepEqual(none.rows, [], "a key list that matched nothing reports nothing");
   assert.equal(none.total.requests, 0);
@@ -173,7 +190,10 @@ testBothStores("retention deletes raw rows past their days and keeps the aggrega
   const retention = new UsageRetention({ store, retentionDays: 30, clock: () => now });
   assert.deepEqual(await retention.sweep(), { rows: 2, aggregates: 1, hourly: 1 });
   const left = await store.db.selectFrom("usage").select("at").execute();
-  assert.deepEqual(left.map((r) => r.at), [daysAgo(1)]);
+  assert.deepEqual(
+    left.map((r) => r.at),
+    [daysAgo(1)],
+  );
   const month = (await queryUsage(store, everything([], { from: daysAgo(60), to: daysAgo(0) }), keyName)).rows;
   assert.equal(month[0]?.requests, 2, "the month-old request is still counted from its aggregate");
   withinBound(month[0]!.p50_ms, 40, "p50 over a deleted row");
@@ -205,45 +225,50 @@ testBothStores("the time to first token counts streamed requests only", async (s
   assert.deepEqual(JSON.parse(hour.ttft_hist), { [String(bucketOf(5))]: 3 }, "the hourly rollup too");
 });
 
-testBothStores("a range of whole hours reads the hourly rollups and its partial hours the minutes, a page at a time, with a total of all rows", async (store) => {
-  const usage = new UsageRecorder({ store, maxBatch: 10_000 });
-  // 1100 keys in 10:00-10:59 (more aggregates than one page), one request each, plus
-  // requests at 09:59 and 11:00 at the edges of the range asked for below.
-  for (let i = 0; i < 1100; i += 1) usage.record(row({ at: `2026-11-30T10:${String(i % 60).padStart(2, "0")}:00.000Z`, key_id: `key-${i}`, duration_ms: 10 + (i % 50) }));
-  usage.record(row({ at: "2026-11-30T09:59:30.000Z", duration_ms: 1 }));
-  usage.record(row({ at: "2026-11-30T09:30:00.000Z", duration_ms: 1 }));
-  usage.record(row({ at: "2026-11-30T11:00:10.000Z", duration_ms: 3000 }));
-  usage.record(row({ at: "2026-11-30T11:30:00.000Z", duration_ms: 3000 }));
-  await usage.close();
-  assert.equal((await store.db.selectFrom("usage_hours").select("hour").execute()).length, 1100 + 2, "one hourly row per key and hour");
+testBothStores(
+  "a range of whole hours reads the hourly rollups and its partial hours the minutes, a page at a time, with a total of all rows",
+  async (store) => {
+    const usage = new UsageRecorder({ store, maxBatch: 10_000 });
+    // 1100 keys in 10:00-10:59 (more aggregates than one page), one request each, plus
+    // requests at 09:59 and 11:00 at the edges of the range asked for below.
+    for (let i = 0; i < 1100; i += 1)
+      usage.record(row({ at: `2026-11-30T10:${String(i % 60).padStart(2, "0")}:00.000Z`, key_id: `key-${i}`, duration_ms: 10 + (i % 50) }));
+    usage.record(row({ at: "2026-11-30T09:59:30.000Z", duration_ms: 1 }));
+    usage.record(row({ at: "2026-11-30T09:30:00.000Z", duration_ms: 1 }));
+    usage.record(row({ at: "2026-11-30T11:00:10.000Z", duration_ms: 3000 }));
+    usage.record(row({ at: "2026-11-30T11:30:00.000Z", duration_ms: 3000 }));
+    await usage.close();
+    assert.equal((await store.db.selectFrom("usage_hours").select("hour").execute()).length, 1100 + 2, "one hourly row per key and hour");
 
-  const range = everything(["hour"], { from: "2026-11-30T09:59:00Z", to: "2026-11-30T11:01:00Z" });
-  // Drop the minutes of the whole hour 10:00: the report must still count them, from the hourly rollup.
-  await store.db.deleteFrom("usage_minutes").where("minute", ">=", "2026-11-30T10:00:00.000Z").where("minute", "<", "2026-11-30T11:00:00.000Z").execute();
-  const report = await queryUsage(store, range, keyName);
-  assert.deepEqual(
-    report.rows.map((r) => [r.period, r.requests]),
-    [
-      ["2026-11-30T09:00:00.000Z", 1],
-      ["2026-11-30T10:00:00.000Z", 1100],
-      ["2026-11-30T11:00:00.000Z", 1],
-    ],
-    "09:59 and 11:00 from the minutes (not 09:30 or 11:30, outside the range), 10:00-10:59 from the hour",
-  );
-  assert.equal(report.total.requests, 1102);
-  assert.equal(report.total.prompt_tokens, 11_020);
-  assert.deepEqual([report.total.key, report.total.model, report.total.period], [null, null, null]);
-  // Nearest rank over all 1102: the 1 ms and 3000 ms requests sit at the two ends.
-  withinBound(report.total.p50_ms, 34, "p50 of every request in the range");
-  assert.equal(report.total.p95_ms !== null && report.total.p95_ms < 100, true, "p95 is not the single 3000 ms request");
-  const byKey = await queryUsage(store, everything(["key"], { from: "2026-11-30T10:00:00Z", to: "2026-11-30T11:00:00Z" }), keyName);
-  assert.equal(byKey.rows.length, 1100, "every key's row arrives across the pages");
-  assert.equal(new Set(byKey.rows.map((r) => r.key)).size, 1100);
-});
+    const range = everything(["hour"], { from: "2026-11-30T09:59:00Z", to: "2026-11-30T11:01:00Z" });
+    // Drop the minutes of the whole hour 10:00: the report must still count them, from the hourly rollup.
+    await store.db.deleteFrom("usage_minutes").where("minute", ">=", "2026-11-30T10:00:00.000Z").where("minute", "<", "2026-11-30T11:00:00.000Z").execute();
+    const report = await queryUsage(store, range, keyName);
+    assert.deepEqual(
+      report.rows.map((r) => [r.period, r.requests]),
+      [
+        ["2026-11-30T09:00:00.000Z", 1],
+        ["2026-11-30T10:00:00.000Z", 1100],
+        ["2026-11-30T11:00:00.000Z", 1],
+      ],
+      "09:59 and 11:00 from the minutes (not 09:30 or 11:30, outside the range), 10:00-10:59 from the hour",
+    );
+    assert.equal(report.total.requests, 1102);
+    assert.equal(report.total.prompt_tokens, 11_020);
+    assert.deepEqual([report.total.key, report.total.model, report.total.period], [null, null, null]);
+    // Nearest rank over all 1102: the 1 ms and 3000 ms requests sit at the two ends.
+    withinBound(report.total.p50_ms, 34, "p50 of every request in the range");
+    assert.equal(report.total.p95_ms !== null && report.total.p95_ms < 100, true, "p95 is not the single 3000 ms request");
+    const byKey = await queryUsage(store, everything(["key"], { from: "2026-11-30T10:00:00Z", to: "2026-11-30T11:00:00Z" }), keyName);
+    assert.equal(byKey.rows.length, 1100, "every key's row arrives across the pages");
+    assert.equal(new Set(byKey.rows.map((r) => r.key)).size, 1100);
+  },
+);
 
 test("the read plan takes whole hours from the rollups and the partial hours from the minutes", () => {
   const at = (iso: string) => Date.parse(iso);
-  const plan = (from: string, to: string) => readPlan(at(from), at(to)).map((p) => [p.granularity, new Date(p.from).toISOString().slice(11, 16), new Date(p.to).toISOString().slice(11, 16)]);
+  const plan = (from: string, to: string) =>
+    readPlan(at(from), at(to)).map((p) => [p.granularity, new Date(p.from).toISOString().slice(11, 16), new Date(p.to).toISOString().slice(11, 16)]);
   assert.deepEqual(plan("2026-11-30T09:59:00Z", "2026-11-30T12:01:00Z"), [
     ["minute", "09:59", "10:00"],
     ["hour", "10:00", "12:00"],
@@ -257,9 +282,20 @@ testBothDatabases("migration 0008 adds up the usage rows an older llmgw wrote, a
   // The database as llmgw left it before 0008: raw rows only, without cost_usd or guard_ms.
   const older = await openStore({ ...database.spec, migrateUntil: "0007_key_limits" });
   try {
-    const applied = await older.db.selectFrom("llmgw_migrations" as never).select("name" as never).execute();
+    const applied = await older.db
+      .selectFrom("llmgw_migrations" as never)
+      .select("name" as never)
+      .execute();
     assert.equal(applied.length, 7, "the store stopped at 0007");
-    const old = (fields: { at: string; key_id: string | null; model: string; duration_ms: number; ttft_ms: number | null; stream: number; status: number }) => ({
+    const old = (fields: {
+      at: string;
+      key_id: string | null;
+      model: string;
+      duration_ms: number;
+      ttft_ms: number | null;
+      stream: number;
+      status: number;
+    }) => ({
       replica_id: null,
       endpoint: "/v1/chat/completions",
       prompt_tokens: 10,
@@ -274,9 +310,23 @@ testBothDatabases("migration 0008 adds up the usage rows an older llmgw wrote, a
     ];
     // 6000 more rows in 12:00-12:59, each minute's rows both sides of the backfill's 5000-row page.
     for (let i = 0; i < 6000; i += 1) {
-      rows.push(old({ at: `2026-11-30T12:${String(i % 60).padStart(2, "0")}:00.000Z`, key_id: "key-b", model: "tiny", duration_ms: (i % 100) + 1, ttft_ms: null, stream: 0, status: 200 }));
+      rows.push(
+        old({
+          at: `2026-11-30T12:${String(i % 60).padStart(2, "0")}:00.000Z`,
+          key_id: "key-b",
+          model: "tiny",
+          duration_ms: (i % 100) + 1,
+          ttft_ms: null,
+          stream: 0,
+          status: 200,
+        }),
+      );
     }
-    for (let offset = 0; offset < rows.length; offset += 1000) await older.db.insertInto("usage").values(rows.slice(offset, offset + 1000)).execute();
+    for (let offset = 0; offset < rows.length; offset += 1000)
+      await older.db
+        .insertInto("usage")
+        .values(rows.slice(offset, offset + 1000))
+        .execute();
   } finally {
     await older.close();
   }
@@ -285,7 +335,16 @@ testBothDatabases("migration 0008 adds up the usage rows an older llmgw wrote, a
   try {
     const minutes = await store.db.selectFrom("usage_minutes").selectAll().where("key_id", "!=", "key-b").orderBy("minute").execute();
     assert.deepEqual(
-      minutes.map((m) => [m.minute, m.key_id, m.model, Number(m.requests), Number(m.errors), Number(m.prompt_tokens), Number(m.completion_tokens), Number(m.cost_usd)]),
+      minutes.map((m) => [
+        m.minute,
+        m.key_id,
+        m.model,
+        Number(m.requests),
+        Number(m.errors),
+        Number(m.prompt_tokens),
+        Number(m.completion_tokens),
+        Number(m.cost_usd),
+      ]),
       [
         ["2026-11-30T10:00:00.000Z", "key-a", "tiny", 3, 1, 30, 15, 0],
         ["2026-11-30T11:15:00.000Z", "", "other", 1, 1, 10, 5, 0],
@@ -310,7 +369,14 @@ testBothDatabases("migration 0008 adds up the usage rows an older llmgw wrote, a
     );
     // The report over the day reads the hourly rollups the backfill wrote: durations 1..100 ms, 60 times each.
     const report = await queryUsage(store, everything(["key"], { from: "2026-11-30T00:00:00Z" }), keyName);
-    assert.deepEqual(report.rows.map((r) => [r.key, r.requests, r.errors]), [[null, 1, 1], ["alice", 3, 1], ["bob", 6000, 0]]);
+    assert.deepEqual(
+      report.rows.map((r) => [r.key, r.requests, r.errors]),
+      [
+        [null, 1, 1],
+        ["alice", 3, 1],
+        ["bob", 6000, 0],
+      ],
+    );
     withinBound(report.rows[2]!.p50_ms, 50, "p50 of the backfilled rows");
     withinBound(report.rows[2]!.p95_ms, 95, "p95 of the backfilled rows");
     assert.equal(report.rows[1]!.ttft_p50_ms, 4);

@@ -58,7 +58,18 @@ export function aggregateUsage(rows: readonly RawUsageRow[]): Record<Granularity
       let group = groups.get(id);
       if (group === undefined) {
         group = {
-          row: { start, key_id: keyId, model: raw.model, requests: 0, errors: 0, prompt_tokens: 0, completion_tokens: 0, cost_usd: 0, duration_hist: "", ttft_hist: "" },
+          row: {
+            start,
+            key_id: keyId,
+            model: raw.model,
+            requests: 0,
+            errors: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cost_usd: 0,
+            duration_hist: "",
+            ttft_hist: "",
+          },
           duration: {},
           ttft: {},
         };
@@ -131,7 +142,11 @@ const UPSERT_CHUNK = 1000;
  */
 export async function upsertAggregates(db: Kysely<unknown>, dialect: Dialect, granularity: Granularity, aggregates: readonly Aggregate[]): Promise<void> {
   for (let offset = 0; offset < aggregates.length; offset += UPSERT_CHUNK) {
-    const values: RawBuilder<unknown>[] = aggregates.slice(offset, offset + UPSERT_CHUNK).map((row) => sql`(${sql.join(VALUE_FIELDS.map((field) => row[field]))})`);
-    await sql`INSERT INTO ${sql.raw(AGGREGATE_TABLES[granularity])} (${sql.raw(columnsOf(granularity).join(", "))}) VALUES ${sql.join(values)} ${sql.raw(upsertClause(dialect, granularity))}`.execute(db);
+    const values: RawBuilder<unknown>[] = aggregates
+      .slice(offset, offset + UPSERT_CHUNK)
+      .map((row) => sql`(${sql.join(VALUE_FIELDS.map((field) => row[field]))})`);
+    await sql`INSERT INTO ${sql.raw(AGGREGATE_TABLES[granularity])} (${sql.raw(columnsOf(granularity).join(", "))}) VALUES ${sql.join(values)} ${sql.raw(upsertClause(dialect, granularity))}`.execute(
+      db,
+    );
   }
 }

@@ -106,7 +106,9 @@ export async function queryUsage(store: Store, query: UsageQuery, keyName: (keyI
   };
   if (query.keyIds === null || query.keyIds.length > 0) {
     // Minutes can only come from the per-minute table (the route bounds such a span to two days).
-    const plan = by.has("minute") ? [{ granularity: "minute" as const, from: Date.parse(query.from), to: Date.parse(query.to) }] : readPlan(Date.parse(query.from), Date.parse(query.to));
+    const plan = by.has("minute")
+      ? [{ granularity: "minute" as const, from: Date.parse(query.from), to: Date.parse(query.to) }]
+      : readPlan(Date.parse(query.from), Date.parse(query.to));
     for (const part of plan) {
       await readPaged(store, query, part, add);
     }
@@ -122,7 +124,12 @@ export async function queryUsage(store: Store, query: UsageQuery, keyName: (keyI
 }
 
 /** Reads one part of the plan a page at a time, in primary-key order, yielding between pages. */
-async function readPaged(store: Store, query: UsageQuery, part: { granularity: Granularity; from: number; to: number }, add: (aggregate: Aggregate) => void): Promise<void> {
+async function readPaged(
+  store: Store,
+  query: UsageQuery,
+  part: { granularity: Granularity; from: number; to: number },
+  add: (aggregate: Aggregate) => void,
+): Promise<void> {
   const table = sql.raw(AGGREGATE_TABLES[part.granularity]);
   const start = sql.raw(part.granularity);
   const filters: RawBuilder<unknown>[] = [sql`${start} >= ${new Date(part.from).toISOString()}`, sql`${start} < ${new Date(part.to).toISOString()}`];
@@ -131,7 +138,10 @@ async function readPaged(store: Store, query: UsageQuery, part: { granularity: G
   // Every stored start is a non-empty ISO text, so the first page starts after ("", "", "").
   let after: [string, string, string] = ["", "", ""];
   for (;;) {
-    const page = await sql<Aggregate>`SELECT ${start} AS start, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist FROM ${table} WHERE ${sql.join(filters, sql` AND `)} AND (${start}, key_id, model) > (${after[0]}, ${after[1]}, ${after[2]}) ORDER BY ${start}, key_id, model LIMIT ${PAGE_ROWS}`.execute(store.db);
+    const page =
+      await sql<Aggregate>`SELECT ${start} AS start, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist FROM ${table} WHERE ${sql.join(filters, sql` AND `)} AND (${start}, key_id, model) > (${after[0]}, ${after[1]}, ${after[2]}) ORDER BY ${start}, key_id, model LIMIT ${PAGE_ROWS}`.execute(
+        store.db,
+      );
     for (const aggregate of page.rows) add(aggregate);
     const last = page.rows[page.rows.length - 1];
     if (last === undefined || page.rows.length < PAGE_ROWS) return;

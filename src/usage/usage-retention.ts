@@ -94,15 +94,35 @@ export class UsageRetention {
         deleted = Number(result.numDeletedRows);
       } else if (table === "usage_minutes") {
         // No single-column key here: take the oldest minutes a slice at a time instead.
-        const last = await db.selectFrom("usage_minutes").select("minute").where("minute", "<", before).orderBy("minute").offset(this.sliceRows - 1).limit(1).executeTakeFirst();
+        const last = await db
+          .selectFrom("usage_minutes")
+          .select("minute")
+          .where("minute", "<", before)
+          .orderBy("minute")
+          .offset(this.sliceRows - 1)
+          .limit(1)
+          .executeTakeFirst();
         const upTo = last === undefined ? before : last.minute;
-        const result = await db.deleteFrom("usage_minutes").where("minute", last === undefined ? "<" : "<=", upTo).executeTakeFirst();
+        const result = await db
+          .deleteFrom("usage_minutes")
+          .where("minute", last === undefined ? "<" : "<=", upTo)
+          .executeTakeFirst();
         deleted = Number(result.numDeletedRows);
         if (last === undefined) return total + deleted;
       } else {
-        const last = await db.selectFrom("usage_hours").select("hour").where("hour", "<", before).orderBy("hour").offset(this.sliceRows - 1).limit(1).executeTakeFirst();
+        const last = await db
+          .selectFrom("usage_hours")
+          .select("hour")
+          .where("hour", "<", before)
+          .orderBy("hour")
+          .offset(this.sliceRows - 1)
+          .limit(1)
+          .executeTakeFirst();
         const upTo = last === undefined ? before : last.hour;
-        const result = await db.deleteFrom("usage_hours").where("hour", last === undefined ? "<" : "<=", upTo).executeTakeFirst();
+        const result = await db
+          .deleteFrom("usage_hours")
+          .where("hour", last === undefined ? "<" : "<=", upTo)
+          .executeTakeFirst();
         deleted = Number(result.numDeletedRows);
         if (last === undefined) return total + deleted;
       }

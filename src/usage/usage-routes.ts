@@ -28,7 +28,10 @@ const MAX_MINUTE_SPAN_MS = 48 * 3_600_000;
 const ISO_TIME = /^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2}))?$/;
 const timeSchema = z
   .string()
-  .refine((value) => ISO_TIME.test(value) && !Number.isNaN(Date.parse(value)), "must be an ISO date or date-time with a zone, e.g. 2026-11-30 or 2026-11-30T10:00:00Z");
+  .refine(
+    (value) => ISO_TIME.test(value) && !Number.isNaN(Date.parse(value)),
+    "must be an ISO date or date-time with a zone, e.g. 2026-11-30 or 2026-11-30T10:00:00Z",
+  );
 
 const usageQuerySchema = z.strictObject({
   from: timeSchema.optional(),
@@ -66,11 +69,17 @@ export function mountUsageRoutes(app: Hono<Env>, options: UsageRoutesOptions): v
     const to = parsed.to === undefined ? clock() : Date.parse(parsed.to);
     const from = parsed.from === undefined ? to - DEFAULT_SPAN_MS : Date.parse(parsed.from);
     if (from >= to) {
-      throw new BadRequestError(`Invalid usage query: field 'to': must be after from (${new Date(from).toISOString()}); got ${new Date(to).toISOString()}.`, { code: "invalid_field", param: "to" });
+      throw new BadRequestError(`Invalid usage query: field 'to': must be after from (${new Date(from).toISOString()}); got ${new Date(to).toISOString()}.`, {
+        code: "invalid_field",
+        param: "to",
+      });
     }
     // Per minute, a report has a row for each minute and group: two days is 2,880 minutes already.
     if (parsed.group_by.includes("minute") && to - from > MAX_MINUTE_SPAN_MS) {
-      throw new BadRequestError("Invalid usage query: field 'group_by': per minute, the span from 'from' to 'to' may be at most 48 hours; group by hour or day for longer spans.", { code: "invalid_field", param: "group_by" });
+      throw new BadRequestError(
+        "Invalid usage query: field 'group_by': per minute, the span from 'from' to 'to' may be at most 48 hours; group by hour or day for longer spans.",
+        { code: "invalid_field", param: "group_by" },
+      );
     }
     const keys = await options.keys.list();
     let keyIds: string[] | null = null;
@@ -78,10 +87,13 @@ export function mountUsageRoutes(app: Hono<Env>, options: UsageRoutesOptions): v
       const reference = parsed.key;
       keyIds = keys.filter((key) => key.id === reference || key.prefix === reference || key.name === reference).map((key) => key.id);
       if (keyIds.length === 0) {
-        throw new BadRequestError(`Invalid usage query: field 'key': no API key has the name, id or prefix '${reference}'. List keys with 'llmgw ctl key list'.`, {
-          code: "key_not_found",
-          param: "key",
-        });
+        throw new BadRequestError(
+          `Invalid usage query: field 'key': no API key has the name, id or prefix '${reference}'. List keys with 'llmgw ctl key list'.`,
+          {
+            code: "key_not_found",
+            param: "key",
+          },
+        );
       }
     }
     const names = new Map(keys.map((key) => [key.id, key.name]));

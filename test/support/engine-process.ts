@@ -209,7 +209,9 @@ export async function waitForReady(engine: Pick<EngineProcess, "url" | "stderr">
       { timeoutMs, intervalMs: 25 },
     );
   } catch (error) {
-    throw new Error(`engine not ready: ${error instanceof Error ? error.message : String(error)}; statuses seen: ${seen.join(", ")}; stderr: ${engine.stderr()}`);
+    throw new Error(
+      `engine not ready: ${error instanceof Error ? error.message : String(error)}; statuses seen: ${seen.join(", ")}; stderr: ${engine.stderr()}`,
+    );
   }
   if (outcome === "exited") throw new Error(`engine exited before it was ready: ${engine.stderr()}`);
   return { statuses: seen, bodies };

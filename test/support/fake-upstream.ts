@@ -49,7 +49,9 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
   let cancelled = 0;
   let inFlight = 0;
   let maxInFlight = 0;
-  const words = (options.reply ?? "hello from the fake upstream").split(" ").map((word) => (options.wordBytes === undefined ? word : word.padEnd(options.wordBytes, ".")));
+  const words = (options.reply ?? "hello from the fake upstream")
+    .split(" ")
+    .map((word) => (options.wordBytes === undefined ? word : word.padEnd(options.wordBytes, ".")));
   const server = http.createServer((req, res) => {
     if (options.resetOnRequest === true) {
       requests.push({ path: req.url ?? "", authorization: req.headers.authorization, body: null });
@@ -73,11 +75,15 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
         return;
       }
       if (options.key !== undefined && req.headers.authorization !== `Bearer ${options.key}`) {
-        res.writeHead(401, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "bad engine key", type: "authentication_error", param: null, code: null } }));
+        res
+          .writeHead(401, { "content-type": "application/json" })
+          .end(JSON.stringify({ error: { message: "bad engine key", type: "authentication_error", param: null, code: null } }));
         return;
       }
       if (options.failWithStatus !== undefined) {
-        res.writeHead(options.failWithStatus, { "content-type": "application/json" }).end(JSON.stringify({ error: { message: "upstream failure", type: "server_error", param: null, code: null } }));
+        res
+          .writeHead(options.failWithStatus, { "content-type": "application/json" })
+          .end(JSON.stringify({ error: { message: "upstream failure", type: "server_error", param: null, code: null } }));
         return;
       }
       if (req.url === "/v1/embeddings") {
@@ -96,7 +102,14 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       const created = 1764500000;
       const usage = { prompt_tokens: 7, completion_tokens: words.length, total_tokens: 7 + words.length };
       if (body?.stream !== true) {
-        const answer = JSON.stringify({ id, object: "chat.completion", created, model: body?.model, choices: [{ index: 0, message: { role: "assistant", content: words.join(" ") }, finish_reason: "stop", logprobs: null }], usage });
+        const answer = JSON.stringify({
+          id,
+          object: "chat.completion",
+          created,
+          model: body?.model,
+          choices: [{ index: 0, message: { role: "assistant", content: words.join(" ") }, finish_reason: "stop", logprobs: null }],
+          usage,
+        });
         const send = () => {
           if (res.destroyed) return;
           if (options.resetMidBody === true) {
@@ -126,12 +139,17 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
         if (options.endStreamEarly !== undefined && index === 1) {
           finished = true;
           if (options.endStreamEarly === "silently") res.end();
-          else res.end(`data: ${JSON.stringify({ error: { message: "The engine is shutting down.", type: "server_error", param: null, code: "engine_stopping" } })}\n\n`);
+          else
+            res.end(
+              `data: ${JSON.stringify({ error: { message: "The engine is shutting down.", type: "server_error", param: null, code: "engine_stopping" } })}\n\n`,
+            );
           return;
         }
         if (index < words.length) {
           const delta = index === 0 ? { role: "assistant", content: words[index] } : { content: ` ${words[index]}` };
-          const flowing = res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta, finish_reason: null }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
+          const flowing = res.write(
+            `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta, finish_reason: null }], ...(includeUsage ? { usage: null } : {}) })}\n\n`,
+          );
           index += 1;
           // Like an engine, it waits for a reader that falls behind instead of piling up chunks.
           if (!flowing) res.once("drain", send);
@@ -139,7 +157,9 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
           else setTimeout(send, options.chunkDelayMs ?? 0);
           return;
         }
-        res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta: {}, finish_reason: "stop" }], ...(includeUsage ? { usage: null } : {}) })}\n\n`);
+        res.write(
+          `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [{ index: 0, delta: {}, finish_reason: "stop" }], ...(includeUsage ? { usage: null } : {}) })}\n\n`,
+        );
         if (includeUsage) res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: body.model, choices: [], usage })}\n\n`);
         res.write("data: [DONE]\n\n");
         finished = true;

@@ -11,7 +11,9 @@ export function folderMirror(root: string): MirrorLocator {
     root,
     check: async (model, version, file) => {
       const found = path.join(root, model, version, ...file.split("/"));
-      return existsSync(found) ? { kind: "ok", path: found } : { kind: "refused", error: new Error(`the mirror has no complete file '${file}' in ${model}/${version}`) };
+      return existsSync(found)
+        ? { kind: "ok", path: found }
+        : { kind: "refused", error: new Error(`the mirror has no complete file '${file}' in ${model}/${version}`) };
     },
   };
 }

@@ -24,7 +24,15 @@ export interface Harness {
   /** The credential of the server's own node (`up`'s in-process agent), from DATA_DIR/agent/node.json. */
   nodeCredential(): string;
   /** Creates a client key through the API and returns it. */
-  clientKey(options?: { allowed_models?: string[]; name?: string; rpm?: number; tpm?: number; budget_usd?: number; budget_period?: string; model_limits?: unknown }): Promise<string>;
+  clientKey(options?: {
+    allowed_models?: string[];
+    name?: string;
+    rpm?: number;
+    tpm?: number;
+    budget_usd?: number;
+    budget_period?: string;
+    model_limits?: unknown;
+  }): Promise<string>;
   close(): Promise<void>;
 }
 
@@ -155,7 +163,9 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
  * joined to the server's fleet, real engine processes for llamacpp models. Supervisor
  * timings are the caller's (tests shorten them).
  */
-export async function startHarnessWithAgent(options: HarnessOptions & { supervisor?: SupervisorTimings } = {}): Promise<{ harness: Harness; agent: NodeAgent }> {
+export async function startHarnessWithAgent(
+  options: HarnessOptions & { supervisor?: SupervisorTimings } = {},
+): Promise<{ harness: Harness; agent: NodeAgent }> {
   let agent: NodeAgent | undefined;
   const { supervisor, ...harnessOptions } = options;
   const harness = await startHarness({

@@ -12,7 +12,13 @@
 import { existsSync } from "node:fs";
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { EngineSupervisor, type EngineLaunch, type SupervisorOptions, type SupervisorSnapshot, type SupervisorState } from "../../src/agent/engine-supervisor.ts";
+import {
+  EngineSupervisor,
+  type EngineLaunch,
+  type SupervisorOptions,
+  type SupervisorSnapshot,
+  type SupervisorState,
+} from "../../src/agent/engine-supervisor.ts";
 
 const STAND_IN_ENGINE = `
 import http from "node:http";
@@ -109,7 +115,15 @@ export function supervisorHarness(options: SupervisorHarnessOptions): Supervisor
     stateRoot: options.root,
     prepare: ({ attempt, port, host }) => {
       prepared += 1;
-      return { command: process.execPath, args: [options.script, "--port", String(port), "--host", host], env: options.env(attempt), host, port, healthPath: "/health", validate: options.validate };
+      return {
+        command: process.execPath,
+        args: [options.script, "--port", String(port), "--host", host],
+        env: options.env(attempt),
+        host,
+        port,
+        healthPath: "/health",
+        validate: options.validate,
+      };
     },
     // Generous: on a loaded machine a node process may take seconds to boot and answer.
     readyTimeoutMs: 30_000,
@@ -159,7 +173,10 @@ export const inState = (state: SupervisorState) => (snapshot: SupervisorSnapshot
 export async function settled(supervisor: EngineSupervisor, timeoutMs = 60_000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   const bound = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`the supervisor did not settle within ${timeoutMs} ms; last snapshot ${JSON.stringify(supervisor.snapshot())}`)), timeoutMs);
+    timer = setTimeout(
+      () => reject(new Error(`the supervisor did not settle within ${timeoutMs} ms; last snapshot ${JSON.stringify(supervisor.snapshot())}`)),
+      timeoutMs,
+    );
   });
   try {
     await Promise.race([supervisor.settled(), bound]);

@@ -25,7 +25,10 @@ export interface StandInStart {
 export async function standInStarts(recordFile: string): Promise<StandInStart[]> {
   if (!existsSync(recordFile)) return [];
   const text = await readFile(recordFile, "utf8");
-  return text.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line) as StandInStart);
+  return text
+    .split("\n")
+    .filter((line) => line !== "")
+    .map((line) => JSON.parse(line) as StandInStart);
 }
 
 /**
@@ -40,7 +43,9 @@ export async function writeStandInExecutable(options: {
   await mkdir(options.dir, { recursive: true });
   const recordFile = join(options.dir, "starts.jsonl");
   const controls = { STAND_IN_RECORD: recordFile, ...options.controls };
-  const assignments = Object.entries(controls).map(([name, value]) => `${name}=${shellQuote(value)}`).join(" ");
+  const assignments = Object.entries(controls)
+    .map(([name, value]) => `${name}=${shellQuote(value)}`)
+    .join(" ");
   const executable = join(options.dir, options.engine);
   await writeFile(executable, `#!/bin/sh\n${assignments} exec ${shellQuote(process.execPath)} ${shellQuote(STAND_IN_SCRIPTS[options.engine])} "$@"\n`);
   await chmod(executable, 0o755);

@@ -113,7 +113,15 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
       const body = JSON.parse(raw.toString("utf8"));
       const promptTokens = Math.ceil(Buffer.byteLength((body.messages ?? []).map((m: { content: string }) => m.content).join("")) / 4);
       if (options.contextTokens !== undefined && promptTokens > options.contextTokens) {
-        reply(400, { error: { code: 400, message: "the request exceeds the available context size, try increasing it", type: "exceed_context_size_error", n_prompt_tokens: promptTokens, n_ctx: options.contextTokens } });
+        reply(400, {
+          error: {
+            code: 400,
+            message: "the request exceeds the available context size, try increasing it",
+            type: "exceed_context_size_error",
+            n_prompt_tokens: promptTokens,
+            n_ctx: options.contextTokens,
+          },
+        });
         return;
       }
       const question = req.url === "/v1/chat/completions" ? readQuestion(options.format, body.messages ?? []) : null;
@@ -133,15 +141,24 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
       const lower = question.judged.toLowerCase();
       const matched = Object.entries(options.unsafeWords).filter(([word]) => lower.includes(word.toLowerCase()));
       const categories = matched.length === 0 ? null : [...new Set(matched.flatMap(([, names]) => names))];
-      const content = guard.behaviour === "garbled" ? "I'm sorry, but I can't help with that." : guard.behaviour === "verbatim" ? guard.verbatim : verdictText(options.format, categories);
-      setTimeout(() => reply(200, {
-        id: "chatcmpl-guard",
-        object: "chat.completion",
-        created: 1764500000,
-        model: body.model,
-        choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop", logprobs: null }],
-        usage: { prompt_tokens: 100, completion_tokens: 3, total_tokens: 103 },
-      }), guard.delayMs);
+      const content =
+        guard.behaviour === "garbled"
+          ? "I'm sorry, but I can't help with that."
+          : guard.behaviour === "verbatim"
+            ? guard.verbatim
+            : verdictText(options.format, categories);
+      setTimeout(
+        () =>
+          reply(200, {
+            id: "chatcmpl-guard",
+            object: "chat.completion",
+            created: 1764500000,
+            model: body.model,
+            choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop", logprobs: null }],
+            usage: { prompt_tokens: 100, completion_tokens: 3, total_tokens: 103 },
+          }),
+        guard.delayMs,
+      );
     });
   });
   server.on("connection", (socket) => {

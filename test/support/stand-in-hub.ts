@@ -157,7 +157,9 @@ export function fakeCommitSha(seed: string): string {
 export async function syntheticFile(options: { path: string; size: number; seed?: string }): Promise<StandInFile> {
   const blockSize = 1024 * 1024;
   const block = Buffer.alloc(blockSize);
-  let state = createHash("sha256").update(options.seed ?? options.path).digest();
+  let state = createHash("sha256")
+    .update(options.seed ?? options.path)
+    .digest();
   for (let offset = 0; offset < blockSize; offset += state.length) {
     state.copy(block, offset);
     state = createHash("sha256").update(state).digest();
@@ -225,7 +227,13 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
       return;
     }
     if (fault?.kind === "status") {
-      send(res, fault.status, { "content-type": "text/plain", ...(fault.headers ?? {}) }, Buffer.from(fault.body ?? `stand-in fault ${fault.status}`), undefined);
+      send(
+        res,
+        fault.status,
+        { "content-type": "text/plain", ...(fault.headers ?? {}) },
+        Buffer.from(fault.body ?? `stand-in fault ${fault.status}`),
+        undefined,
+      );
       return;
     }
     if (fault?.kind === "delay") {
@@ -307,7 +315,13 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
       const path = segments.slice(4).join("/");
       const file = repo.files.get(sha)?.get(path) ?? repo.files.get("*")?.get(path);
       if (file === undefined) {
-        sendJson(res, 404, { error: "Entry not found" }, { "x-error-code": "EntryNotFound", "x-error-message": "Entry not found", "x-repo-commit": sha }, fault);
+        sendJson(
+          res,
+          404,
+          { error: "Entry not found" },
+          { "x-error-code": "EntryNotFound", "x-error-message": "Entry not found", "x-repo-commit": sha },
+          fault,
+        );
         return;
       }
       if (file.lfs) {
@@ -471,7 +485,13 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
     return /^[0-9a-f]{40}$/.test(revision) && known.has(revision) ? revision : undefined;
   }
 
-  function serveContent(context: { req: IncomingMessage; res: ServerResponse; file: PreparedFile; headers: Record<string, string>; fault: StandInFault | undefined }): void {
+  function serveContent(context: {
+    req: IncomingMessage;
+    res: ServerResponse;
+    file: PreparedFile;
+    headers: Record<string, string>;
+    fault: StandInFault | undefined;
+  }): void {
     const { req, res, file, fault } = context;
     const headers: Record<string, string> = { ...context.headers, "accept-ranges": "bytes", "content-type": "application/octet-stream" };
     let range: ByteRange = { start: 0, end: file.size - 1 };
@@ -611,7 +631,14 @@ function sendText(res: ServerResponse, status: number, text: string, fault: Stan
  * Sends an answer; with a `drop` fault, the headers and the first `afterBytes` bytes of
  * the body go out and then the connection is destroyed, as when a link fails mid-transfer.
  */
-function send(res: ServerResponse, status: number, headers: Record<string, string>, body: Buffer | Readable, fault: StandInFault | undefined, length?: number): void {
+function send(
+  res: ServerResponse,
+  status: number,
+  headers: Record<string, string>,
+  body: Buffer | Readable,
+  fault: StandInFault | undefined,
+  length?: number,
+): void {
   const contentLength = fault?.kind === "chunked" ? undefined : (length ?? (Buffer.isBuffer(body) ? body.length : undefined));
   res.writeHead(status, { ...headers, ...(contentLength === undefined ? {} : { "content-length": String(contentLength) }) });
   if (res.req.method === "HEAD") {

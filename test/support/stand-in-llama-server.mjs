@@ -54,7 +54,9 @@ const keyFile = flag("--api-key-file");
 const keys = [
   ...(flag("--api-key") ?? (process.env.STAND_IN_IGNORE_KEY_ENV === "1" ? undefined : process.env.LLAMA_API_KEY) ?? "").split(","),
   ...(keyFile ? readFileSync(keyFile, "utf8").split("\n") : []),
-].map((key) => key.trim()).filter((key) => key !== "");
+]
+  .map((key) => key.trim())
+  .filter((key) => key !== "");
 
 if (!["on", "off", "auto", "1", "0", "-1", "enabled", "disabled"].includes(flashAttention)) {
   console.error(`error: unkown value for --flash-attn: '${flashAttention}'`);
@@ -98,7 +100,12 @@ const server = http.createServer((req, res) => {
     });
   }
   if (path === "/props") {
-    return json(res, 200, { default_generation_settings: { n_ctx: Math.floor(ctxSize / parallel) }, total_slots: parallel, model_path: modelPath, model_alias: alias ?? modelPath });
+    return json(res, 200, {
+      default_generation_settings: { n_ctx: Math.floor(ctxSize / parallel) },
+      total_slots: parallel,
+      model_path: modelPath,
+      model_alias: alias ?? modelPath,
+    });
   }
   json(res, 404, { error: { code: 404, message: "File Not Found", type: "not_found_error" } });
 });
@@ -114,11 +121,14 @@ server.listen(port, host, () => {
     }
     const flashOn = ["on", "1", "enabled"].includes(flashAttention);
     if (crash === "always" || (crash === "flash-attn" && flashOn)) {
-      console.error(flashOn ? "llama_init_from_model: failed to initialize the context: flash attention is not supported on this device" : "llama_init_from_model: failed to initialize the context");
+      console.error(
+        flashOn
+          ? "llama_init_from_model: failed to initialize the context: flash attention is not supported on this device"
+          : "llama_init_from_model: failed to initialize the context",
+      );
       process.exit(1);
     }
     loaded = true;
     console.log("srv  update_slots: all slots are idle");
   }, loadMs);
 });
-

@@ -84,7 +84,12 @@ function json(path: string, value: unknown): StandInFile {
   return text(path, `${JSON.stringify(value, null, 2)}\n`);
 }
 
-const GITATTRIBUTES = ["*.gguf filter=lfs diff=lfs merge=lfs -text", "*.safetensors filter=lfs diff=lfs merge=lfs -text", "*.model filter=lfs diff=lfs merge=lfs -text", ""].join("\n");
+const GITATTRIBUTES = [
+  "*.gguf filter=lfs diff=lfs merge=lfs -text",
+  "*.safetensors filter=lfs diff=lfs merge=lfs -text",
+  "*.model filter=lfs diff=lfs merge=lfs -text",
+  "",
+].join("\n");
 
 export interface SafetensorsTensor {
   name: string;
@@ -165,7 +170,11 @@ function safetensorsRepoFiles(): StandInFile[] {
     { name: `model.layers.${n}.mlp.down_proj.weight`, dtype: "F16", shape: [hidden, intermediate] },
   ];
   const shard1: SafetensorsTensor[] = [{ name: "model.embed_tokens.weight", dtype: "F16", shape: [vocab, hidden] }, ...layer(0)];
-  const shard2: SafetensorsTensor[] = [...layer(1), { name: "model.norm.weight", dtype: "F16", shape: [hidden] }, { name: "lm_head.weight", dtype: "F16", shape: [vocab, hidden] }];
+  const shard2: SafetensorsTensor[] = [
+    ...layer(1),
+    { name: "model.norm.weight", dtype: "F16", shape: [hidden] },
+    { name: "lm_head.weight", dtype: "F16", shape: [vocab, hidden] },
+  ];
   const names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] as const;
   const bytes = [safetensorsBytes(shard1, 1), safetensorsBytes(shard2, 2)];
   const weightMap: Record<string, string> = {};
@@ -193,7 +202,10 @@ function safetensorsRepoFiles(): StandInFile[] {
       tie_word_embeddings: false,
     }),
     json("generation_config.json", { bos_token_id: 1, eos_token_id: 2, do_sample: false }),
-    json("model.safetensors.index.json", { metadata: { total_size: tensorBytes(bytes[0] as Buffer) + tensorBytes(bytes[1] as Buffer) }, weight_map: weightMap }),
+    json("model.safetensors.index.json", {
+      metadata: { total_size: tensorBytes(bytes[0] as Buffer) + tensorBytes(bytes[1] as Buffer) },
+      weight_map: weightMap,
+    }),
     { path: names[0], content: bytes[0] as Buffer },
     { path: names[1], content: bytes[1] as Buffer },
     json("special_tokens_map.json", { bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>" }),

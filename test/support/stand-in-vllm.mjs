@@ -78,7 +78,14 @@ function answerChat(res, request) {
   const created = Math.floor(Date.now() / 1000);
   const usage = { prompt_tokens: 8, completion_tokens: REPLY.length, total_tokens: 8 + REPLY.length };
   if (request.stream !== true) {
-    return json(res, 200, { id, object: "chat.completion", created, model: served, choices: [{ index: 0, message: { role: "assistant", content: REPLY.join("") }, finish_reason: "stop" }], usage });
+    return json(res, 200, {
+      id,
+      object: "chat.completion",
+      created,
+      model: served,
+      choices: [{ index: 0, message: { role: "assistant", content: REPLY.join("") }, finish_reason: "stop" }],
+      usage,
+    });
   }
   res.writeHead(200, { "content-type": "text/event-stream" });
   const send = (chunk) => res.write(`data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model: served, ...chunk })}\n\n`);
@@ -103,7 +110,18 @@ function serve() {
     if (path === "/v1/models") {
       return json(res, 200, {
         object: "list",
-        data: [{ id: served, object: "model", created: Math.floor(Date.now() / 1000), owned_by: "vllm", root: modelDir, parent: null, max_model_len: maxModelLen, permission: [] }],
+        data: [
+          {
+            id: served,
+            object: "model",
+            created: Math.floor(Date.now() / 1000),
+            owned_by: "vllm",
+            root: modelDir,
+            parent: null,
+            max_model_len: maxModelLen,
+            permission: [],
+          },
+        ],
       });
     }
     if (path === "/v1/chat/completions" && req.method === "POST") {

@@ -69,7 +69,8 @@ export async function openPostgresTestStore(): Promise<{ store: Store; cleanup: 
 export async function postgresSchemaOrSkip(t: TestContext): Promise<{ database: string; schema: string } | null> {
   const problem = await postgresProblem();
   if (problem === null) return { database: TEST_POSTGRES_URL, schema: `llmgw_test_${randomBytes(6).toString("hex")}` };
-  if (process.env.LLMGW_REQUIRE_POSTGRES === "1") throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
+  if (process.env.LLMGW_REQUIRE_POSTGRES === "1")
+    throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required (LLMGW_REQUIRE_POSTGRES=1) but not reachable: ${problem}`);
   t.skip(`PostgreSQL not reachable at ${TEST_POSTGRES_URL} (${problem})`);
   return null;
 }

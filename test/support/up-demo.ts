@@ -31,7 +31,11 @@ after(async () => {
   );
 });
 
-export async function startUp(dataDir: string, port: number, extraArgs: string[] = []): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
+export async function startUp(
+  dataDir: string,
+  port: number,
+  extraArgs: string[] = [],
+): Promise<{ child: ChildProcess; stdout: () => string; exited: Promise<number | null> }> {
   const child = spawn(process.execPath, [BIN, "up", "--demo", "--data-dir", dataDir, "--listen", `127.0.0.1:${port}`, ...extraArgs], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, LLMGW_LOG_LEVEL: "warn" },
@@ -55,4 +59,3 @@ export async function readyLine(stdout: () => string, port: number): Promise<voi
   const line = await eventually("the ready line of the demo model", () => /^ready: .*$/m.exec(stdout())?.[0], { timeoutMs: 120_000 });
   assert.equal(line, `ready: model 'demo' answers at http://127.0.0.1:${port}/v1`);
 }
-

@@ -110,7 +110,10 @@ function Shell({ session, onLogout }) {
     }
   };
   const Page = page.Page;
-  return html`<a class="skip" href="#main" onClick=${(event) => { event.preventDefault(); main.current?.focus(); }}>Skip to content</a>
+  return html`<a class="skip" href="#main" onClick=${(event) => {
+    event.preventDefault();
+    main.current?.focus();
+  }}>Skip to content</a>
     <header class="top">
       <span class="brand">llmgw</span>
       <nav aria-label="Console">
@@ -145,16 +148,27 @@ function App() {
   useEffect(() => {
     if (!session) return undefined;
     const left = Date.parse(session.expires_at) - Date.now();
-    const timer = setTimeout(() => {
-      closeEvents();
-      setNotice("Your console session has expired. Log in again.");
-      setSession(null);
-    }, Math.max(0, Math.min(left, 2 ** 31 - 1)));
+    const timer = setTimeout(
+      () => {
+        closeEvents();
+        setNotice("Your console session has expired. Log in again.");
+        setSession(null);
+      },
+      Math.max(0, Math.min(left, 2 ** 31 - 1)),
+    );
     return () => clearTimeout(timer);
   }, [session]);
   if (session === undefined) return html`<main class="boot" id="main"><p role="status">Loading…</p></main>`;
-  if (session === null) return html`<${LoginForm} notice=${notice} onLoggedIn=${(next) => { setNotice(null); setSession(next); }} />`;
-  return html`<${Shell} session=${session} onLogout=${(message) => { closeEvents(); setNotice(message); setSession(null); }} />`;
+  if (session === null)
+    return html`<${LoginForm} notice=${notice} onLoggedIn=${(next) => {
+      setNotice(null);
+      setSession(next);
+    }} />`;
+  return html`<${Shell} session=${session} onLogout=${(message) => {
+    closeEvents();
+    setNotice(message);
+    setSession(null);
+  }} />`;
 }
 
 render(html`<${App} />`, document.getElementById("app"));

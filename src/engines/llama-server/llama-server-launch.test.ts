@@ -101,13 +101,19 @@ test("llama-server becomes ready with the catalog name as alias, the profile's s
     const base = `http://127.0.0.1:${ready.endpoint?.port}`;
     const models = await request(`${base}/v1/models`);
     assert.equal(models.statusCode, 200);
-    assert.deepEqual(((await models.body.json()) as { data: { id: string }[] }).data.map((model) => model.id), [MODEL]);
+    assert.deepEqual(
+      ((await models.body.json()) as { data: { id: string }[] }).data.map((model) => model.id),
+      [MODEL],
+    );
     const props = await request(`${base}/props`);
     assert.equal(props.statusCode, 401);
     await props.body.dump();
 
     const records = await attemptRecords(supervisor, stateDir);
-    assert.deepEqual(records.map((record) => [record.attempt, record.result]), [[1, "ready"]]);
+    assert.deepEqual(
+      records.map((record) => [record.attempt, record.result]),
+      [[1, "ready"]],
+    );
     assert.deepEqual(records[0]?.settings, { engine: "llama-server", flashAttention: true, gpuLayers: "999", contextPool: 8192, parallel: 2, gpus: [1, 3] });
     assert.ok(!(await readFile(join(stateDir, "attempts.jsonl"), "utf8")).includes(ENGINE_KEY), "attempts.jsonl never holds the key");
   } finally {
@@ -127,7 +133,10 @@ test("a load that fails with flash attention on is retried without it: attempt 2
     assert.equal(ready.failures, 1);
 
     const starts = await standInStarts(recordFile);
-    assert.deepEqual(starts.map((start) => argAfter(start.argv, "-fa")), ["on", "off"]);
+    assert.deepEqual(
+      starts.map((start) => argAfter(start.argv, "-fa")),
+      ["on", "off"],
+    );
     const records = await attemptRecords(supervisor, ready.stateDir as string);
     assert.deepEqual(
       records.map((record) => [record.attempt, record.result, (record.settings as { flashAttention: unknown }).flashAttention, record.log]),
@@ -154,14 +163,20 @@ test("a llama-server that never finishes loading hits the readiness deadline; it
     assert.ok(existsSync(log));
     assert.match(await readFile(log, "utf8"), new RegExp(`loading model from ${weights.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}`));
     const records = await attemptRecords(supervisor, stateDir);
-    assert.deepEqual(records.map((record) => [record.attempt, record.result, record.log]), [[1, "not_ready", "attempt-1.log"]]);
+    assert.deepEqual(
+      records.map((record) => [record.attempt, record.result, record.log]),
+      [[1, "not_ready", "attempt-1.log"]],
+    );
   } finally {
     await supervisor.stop();
   }
 });
 
 test("a llama-server that ignores LLAMA_API_KEY (and so serves without a key) fails validation instead of becoming ready", async () => {
-  const { supervisor } = await llamaServerSupervisor({ STAND_IN_IGNORE_KEY_ENV: "1", STAND_IN_LOAD_MS: "50" }, { backoff: { initialMs: 60_000, maxMs: 60_000 } });
+  const { supervisor } = await llamaServerSupervisor(
+    { STAND_IN_IGNORE_KEY_ENV: "1", STAND_IN_LOAD_MS: "50" },
+    { backoff: { initialMs: 60_000, maxMs: 60_000 } },
+  );
   try {
     supervisor.start();
     const failed = await untilSnapshot(supervisor, inState("failed"));
@@ -175,7 +190,15 @@ test("a llama-server that ignores LLAMA_API_KEY (and so serves without a key) fa
 
 test("launch arguments: a CPU profile offloads no layers; a profile that sets -fa itself keeps it on every attempt; an explicit layer count is passed as given", () => {
   const cpuProfile = profileSchema.parse({ name: "cpu", engine: "llamacpp", engine_args: ["--flash-attn", "off"] });
-  const common = { executable: "llama-server", weightsPath: "/w/m.gguf", modelName: "m", profile: cpuProfile, engineKey: ENGINE_KEY, host: "10.0.0.2", port: 9000 };
+  const common = {
+    executable: "llama-server",
+    weightsPath: "/w/m.gguf",
+    modelName: "m",
+    profile: cpuProfile,
+    engineKey: ENGINE_KEY,
+    host: "10.0.0.2",
+    port: 9000,
+  };
   for (const attempt of [1, 2]) {
     const launch = llamaServerLaunch({ ...common, attempt });
     assert.equal(argAfter(launch.args, "-ngl"), "0");

@@ -11,7 +11,14 @@
 // grammar, when the wrapper's context state says `functionCall.initiallyEngaged` with no
 // triggers to disengage. So even a model that would never call a function makes a
 // valid call, from the first sampled token.
-import type { ChatHistoryItem, ChatModelFunctionCall, ChatModelFunctions, ChatWrapper, ChatWrapperGenerateContextStateOptions, ChatWrapperGeneratedContextState } from "node-llama-cpp";
+import type {
+  ChatHistoryItem,
+  ChatModelFunctionCall,
+  ChatModelFunctions,
+  ChatWrapper,
+  ChatWrapperGenerateContextStateOptions,
+  ChatWrapperGeneratedContextState,
+} from "node-llama-cpp";
 import { BadRequestError } from "../../core/errors.ts";
 import type { ChatMessage } from "./openai-wire.ts";
 import { newToolCallId, type ToolCall, type ToolCallDelta, type ToolSpec } from "./structured-wire.ts";
@@ -48,29 +55,44 @@ export function toChatHistory(messages: ChatMessage[]): ChatHistoryItem[] {
         const result = messages[++index] as ChatMessage;
         const id = result.toolCallId ?? "";
         if (!calls.some((call) => call.id === id)) {
-          throw new BadRequestError(`Invalid request body: field 'messages.${index}.tool_call_id': '${id}' is not the id of a tool call of the assistant message before it.`, {
-            code: "invalid_field",
-            param: `messages.${index}.tool_call_id`,
-          });
+          throw new BadRequestError(
+            `Invalid request body: field 'messages.${index}.tool_call_id': '${id}' is not the id of a tool call of the assistant message before it.`,
+            {
+              code: "invalid_field",
+              param: `messages.${index}.tool_call_id`,
+            },
+          );
         }
         // A second result for one call would silently replace the first in the prompt.
         if (results.has(id)) {
-          throw new BadRequestError(`Invalid request body: field 'messages.${index}.tool_call_id': the tool call '${id}' already has its result in an earlier tool message; send one tool message per call.`, {
-            code: "invalid_field",
-            param: `messages.${index}.tool_call_id`,
-          });
+          throw new BadRequestError(
+            `Invalid request body: field 'messages.${index}.tool_call_id': the tool call '${id}' already has its result in an earlier tool message; send one tool message per call.`,
+            {
+              code: "invalid_field",
+              param: `messages.${index}.tool_call_id`,
+            },
+          );
         }
         results.set(id, result.content);
       }
       for (const [position, call] of calls.entries()) {
         const result = results.get(call.id);
         if (result === undefined) {
-          throw new BadRequestError(`Invalid request body: field 'messages': the tool call '${call.id}' (${call.name}) has no tool message with its result; send one after the assistant message.`, {
-            code: "invalid_field",
-            param: "messages",
-          });
+          throw new BadRequestError(
+            `Invalid request body: field 'messages': the tool call '${call.id}' (${call.name}) has no tool message with its result; send one after the assistant message.`,
+            {
+              code: "invalid_field",
+              param: "messages",
+            },
+          );
         }
-        response.push({ type: "functionCall", name: call.name, params: parseOr(call.arguments, call.arguments), result: parseOr(result, result), startsNewChunk: position === 0 });
+        response.push({
+          type: "functionCall",
+          name: call.name,
+          params: parseOr(call.arguments, call.arguments),
+          result: parseOr(result, result),
+          startsNewChunk: position === 0,
+        });
       }
       history.push({ type: "model", response });
     }
@@ -83,7 +105,12 @@ export function toChatHistory(messages: ChatMessage[]): ChatHistoryItem[] {
 }
 
 export function toChatFunctions(specs: readonly ToolSpec[]): ChatModelFunctions {
-  return Object.fromEntries(specs.map((spec) => [spec.name, { ...(spec.description ? { description: spec.description } : {}), ...(spec.parameters ? { params: spec.parameters } : {}) }]));
+  return Object.fromEntries(
+    specs.map((spec) => [
+      spec.name,
+      { ...(spec.description ? { description: spec.description } : {}), ...(spec.parameters ? { params: spec.parameters } : {}) },
+    ]),
+  );
 }
 
 /**

@@ -75,10 +75,7 @@ test("openAiModelsValidator accepts this engine with its key and model, and says
     assert.ok(!error.message.includes("a-stale-engine-key"), "the key is never printed");
     return true;
   });
-  await assert.rejects(
-    openAiModelsValidator({ key: KEY, expectedModel: "tiny-chat" })(context),
-    /lists 'long\.gguf', not the expected 'tiny-chat'/,
-  );
+  await assert.rejects(openAiModelsValidator({ key: KEY, expectedModel: "tiny-chat" })(context), /lists 'long\.gguf', not the expected 'tiny-chat'/);
 });
 
 test("a client that abandons a stream frees the only sequence for the next request", async () => {
@@ -169,7 +166,10 @@ test("SIGTERM mid-stream: the raw SSE bytes end with the one failure event and h
   assert.equal(failure.error.type, "server_error");
   assert.match(failure.error.message, /shutting down/);
   assert.ok(!raw.includes("[DONE]"), "no [DONE] anywhere in a stream that failed");
-  assert.ok(events.slice(0, -1).every((event) => event.startsWith('data: {"id":"cmpl-')), "only completion chunks before the failure event");
+  assert.ok(
+    events.slice(0, -1).every((event) => event.startsWith('data: {"id":"cmpl-')),
+    "only completion chunks before the failure event",
+  );
   assert.deepEqual(await withDeadline(stopping.exited, 10_000, "engine exit after SIGTERM"), { code: 0, signal: null });
 });
 

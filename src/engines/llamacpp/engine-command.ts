@@ -109,7 +109,10 @@ export async function checkModelFile(path: string): Promise<void> {
     const magic = Buffer.alloc(4);
     const { bytesRead } = await handle.read(magic, 0, 4, 0);
     if (bytesRead < 4 || magic.toString("latin1") !== "GGUF") {
-      throw new EngineStartError(`not a GGUF file (it starts with ${JSON.stringify(magic.subarray(0, bytesRead).toString("latin1"))}, not "GGUF")`, ENGINE_EXIT.modelError);
+      throw new EngineStartError(
+        `not a GGUF file (it starts with ${JSON.stringify(magic.subarray(0, bytesRead).toString("latin1"))}, not "GGUF")`,
+        ENGINE_EXIT.modelError,
+      );
     }
   } catch (error) {
     if (error instanceof EngineStartError) throw error;

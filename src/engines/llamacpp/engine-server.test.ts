@@ -180,7 +180,14 @@ test("a reply that reaches the end-of-turn token finishes with stop, before max_
   assert.ok(completionTokens > 1 && completionTokens < 500, `completion_tokens ${completionTokens}`);
   assert.doesNotMatch(reply.choices[0]?.message.content ?? "", /<\|im_end\|>/);
 
-  const stream = await client.chat.completions.create({ model: MODEL_NAME, messages, max_tokens: 500, temperature: 0, stream: true, stream_options: { include_usage: true } });
+  const stream = await client.chat.completions.create({
+    model: MODEL_NAME,
+    messages,
+    max_tokens: 500,
+    temperature: 0,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
   let text = "";
   let finish: string | null = null;
   let streamedUsage: unknown;
@@ -230,14 +237,23 @@ test("seed makes sampling repeatable; temperature 0 is deterministic", async () 
   const seeded = await ask({ temperature: 1, seed: 1234 });
   assert.equal(await ask({ temperature: 1, seed: 1234 }), seeded);
   const otherSeeds = await Promise.all([ask({ temperature: 1, seed: 1 }), ask({ temperature: 1, seed: 2 })]);
-  assert.ok(otherSeeds.some((text) => text !== seeded), "another seed samples something else");
+  assert.ok(
+    otherSeeds.some((text) => text !== seeded),
+    "another seed samples something else",
+  );
   assert.equal(await ask({ temperature: 0 }), await ask({ temperature: 0 }));
   assert.equal(await ask({ temperature: 0.7, seed: 99, top_p: 0.9 }), await ask({ temperature: 0.7, seed: 99, top_p: 0.9 }));
 });
 
 test(`${PARALLEL} concurrent streams are generated side by side and both complete`, async () => {
   const run = async (content: string) => {
-    const stream = await client.chat.completions.create({ model: MODEL_NAME, messages: [{ role: "user", content }], max_tokens: 200, temperature: 0, stream: true });
+    const stream = await client.chat.completions.create({
+      model: MODEL_NAME,
+      messages: [{ role: "user", content }],
+      max_tokens: 200,
+      temperature: 0,
+      stream: true,
+    });
     let firstContentAt = 0;
     let tokens = "";
     let finish: string | null = null;
@@ -347,7 +363,9 @@ test("a stream that fails after its first byte ends with the one failure event a
     );
     assert.match(raw, /^HTTP\/1\.1 200 OK/);
     assert.ok(!raw.includes("[DONE]"), raw);
-    const events = [...raw.matchAll(/data: (.*)\n\n/g)].map((match) => JSON.parse(match[1] ?? "null") as { choices?: Array<{ delta: { content?: string } }>; error?: unknown });
+    const events = [...raw.matchAll(/data: (.*)\n\n/g)].map(
+      (match) => JSON.parse(match[1] ?? "null") as { choices?: Array<{ delta: { content?: string } }>; error?: unknown },
+    );
     assert.deepEqual(
       events.slice(1, 3).map((event) => event.choices?.[0]?.delta.content),
       ["Hel", "lo"],
@@ -365,7 +383,8 @@ test("a stream that fails after its first byte ends with the one failure event a
       (async () => {
         for await (const chunk of stream) seen.push(chunk.choices[0]?.delta.content ?? "");
       })(),
-      (error: unknown) => error instanceof OpenAI.APIError && !(error instanceof OpenAI.APIConnectionError) && /llama\.cpp failed while generating/.test(error.message),
+      (error: unknown) =>
+        error instanceof OpenAI.APIError && !(error instanceof OpenAI.APIConnectionError) && /llama\.cpp failed while generating/.test(error.message),
     );
     assert.equal(seen.join(""), "Hello");
   } finally {

@@ -106,7 +106,8 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       // HTTP errors with their status.
       onStart: () => stream.start(chatChunk(identity, { delta: { role: "assistant", content: "" }, finishReason: null }, job.includeUsage)),
       onText: (text, logprobs) => {
-        if (text !== "") stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null, ...(logprobs ? { logprobs } : {}) }, job.includeUsage));
+        if (text !== "")
+          stream.event(chatChunk(identity, { delta: { content: text }, finishReason: null, ...(logprobs ? { logprobs } : {}) }, job.includeUsage));
       },
       onToolCall: (delta) => stream.event(chatChunk(identity, { delta: toolCallDelta(delta), finishReason: null }, job.includeUsage)),
     });
@@ -188,7 +189,8 @@ export function createEngineServer(options: EngineServerOptions): EngineServer {
       "/v1/embeddings": { method: "POST", handle: () => handleEmbeddings(req, res, signal) },
     };
     const target = routes[path];
-    if (!target) throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings.`);
+    if (!target)
+      throw new NotFoundError(`No route ${method} ${path}; this engine serves /v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings.`);
     if (method !== target.method) throw methodNotAllowed(method, path, target.method);
     await target.handle();
   }

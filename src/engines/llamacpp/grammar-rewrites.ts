@@ -42,7 +42,8 @@ export function rewriteCompiledGrammars(llama: Llama): void {
   // `_bindings` is node-llama-cpp's internal handle on the native addon; the check keeps a
   // library upgrade that renames it from failing silently.
   const bindings = (llama as unknown as { _bindings?: GrammarBindings })._bindings;
-  if (typeof bindings?.AddonGrammar !== "function") throw new Error("node-llama-cpp no longer exposes _bindings.AddonGrammar; grammar-rewrites.ts needs updating");
+  if (typeof bindings?.AddonGrammar !== "function")
+    throw new Error("node-llama-cpp no longer exposes _bindings.AddonGrammar; grammar-rewrites.ts needs updating");
   if (patched.has(bindings)) return;
   patched.add(bindings);
   const Original = bindings.AddonGrammar;

@@ -40,7 +40,11 @@ test("zod schemas from openai's zodResponseFormat translate: anyOf becomes oneOf
 
 test("draft-7 definitions and $ref are rewritten to $defs; type lists with objects split into alternatives", () => {
   const schema = toGrammarSchema(
-    { definitions: { leaf: { type: "boolean" } }, type: "object", properties: { x: { $ref: "#/definitions/leaf" }, y: { type: ["object", "null"], properties: { z: { type: "integer" } } } } },
+    {
+      definitions: { leaf: { type: "boolean" } },
+      type: "object",
+      properties: { x: { $ref: "#/definitions/leaf" }, y: { type: ["object", "null"], properties: { z: { type: "integer" } } } },
+    },
     PATH,
   );
   assert.deepEqual(schema, {
@@ -100,15 +104,31 @@ test("a $ref must point to a definition in its own schema or one around it", () 
   assert.equal(missing.param, `${PATH}.properties.a.$ref`);
   assert.match(missing.message, /'#\/\$defs\/nope' points to no definition/);
   // A definition declared inside a sibling is out of scope, as it is for node-llama-cpp.
-  const sibling = refusal({ type: "object", properties: { a: { type: "object", $defs: { x: { type: "string" } }, properties: {} }, b: { $ref: "#/$defs/x" } } });
+  const sibling = refusal({
+    type: "object",
+    properties: { a: { type: "object", $defs: { x: { type: "string" } }, properties: {} }, b: { $ref: "#/$defs/x" } },
+  });
   assert.equal(sibling.param, `${PATH}.properties.b.$ref`);
   // Declared around it, in draft-7 spelling, or referring to itself (recursion): fine.
-  assert.ok(toGrammarSchema({ definitions: { x: { type: "string" } }, type: "object", properties: { a: { type: "object", properties: { b: { $ref: "#/definitions/x" } } } } }, PATH));
-  assert.ok(toGrammarSchema({ $defs: { node: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/node" }, { type: "null" }] } } } }, $ref: "#/$defs/node" }, PATH));
+  assert.ok(
+    toGrammarSchema(
+      { definitions: { x: { type: "string" } }, type: "object", properties: { a: { type: "object", properties: { b: { $ref: "#/definitions/x" } } } } },
+      PATH,
+    ),
+  );
+  assert.ok(
+    toGrammarSchema(
+      { $defs: { node: { type: "object", properties: { next: { anyOf: [{ $ref: "#/$defs/node" }, { type: "null" }] } } } }, $ref: "#/$defs/node" },
+      PATH,
+    ),
+  );
 });
 
 test("tool definitions: duplicates, non-object parameters, unknown named tool_choice and unsupported keywords are 400s naming the field", () => {
-  const tool = (name: string, parameters?: Record<string, unknown>) => ({ type: "function" as const, function: { name, ...(parameters ? { parameters } : {}) } });
+  const tool = (name: string, parameters?: Record<string, unknown>) => ({
+    type: "function" as const,
+    function: { name, ...(parameters ? { parameters } : {}) },
+  });
   const param = (body: Parameters<typeof toChatStructure>[0]) => {
     try {
       toChatStructure(body);
@@ -122,12 +142,23 @@ test("tool definitions: duplicates, non-object parameters, unknown named tool_ch
   assert.equal(param({ tools: [tool("a", { type: "string" })] }), "tools.0.function.parameters.type");
   assert.equal(param({ tools: [tool("a")], tool_choice: { type: "function", function: { name: "b" } } }), "tool_choice.function.name");
   assert.equal(param({ tool_choice: "required" }), "tool_choice");
-  assert.equal(param({ tools: [tool("a", { type: "object", properties: { x: { type: "number", maximum: 3 } } })] }), "tools.0.function.parameters.properties.x.maximum");
+  assert.equal(
+    param({ tools: [tool("a", { type: "object", properties: { x: { type: "number", maximum: 3 } } })] }),
+    "tools.0.function.parameters.properties.x.maximum",
+  );
   assert.equal(param({ tools: [tool("a")], response_format: { type: "json_object" } }), "response_format");
 
-  const named = toChatStructure({ tools: [tool("a"), tool("b", { type: "object", properties: { x: { type: "boolean" } } })], tool_choice: { type: "function", function: { name: "b" } }, parallel_tool_calls: false });
+  const named = toChatStructure({
+    tools: [tool("a"), tool("b", { type: "object", properties: { x: { type: "boolean" } } })],
+    tool_choice: { type: "function", function: { name: "b" } },
+    parallel_tool_calls: false,
+  });
   assert.deepEqual(named.tools?.callable, [{ name: "b", parameters: { type: "object", properties: { x: { type: "boolean" } } } }]);
-  assert.deepEqual(named.tools?.documented.map((spec) => spec.name), ["a", "b"], "the prompt still documents every tool");
+  assert.deepEqual(
+    named.tools?.documented.map((spec) => spec.name),
+    ["a", "b"],
+    "the prompt still documents every tool",
+  );
   assert.equal(named.tools?.forced, true);
   assert.equal(named.tools?.parallel, false);
   assert.deepEqual(toChatStructure({ tools: [tool("a")], tool_choice: "none" }).tools?.callable, [], "tool_choice none: nothing to call");
@@ -148,7 +179,10 @@ test("tool grammar checks: a refusal names the tool's index in 'tools'; compiled
   const spec = (name: string, parameters?: unknown): ToolSpec => ({ name, ...(parameters ? { parameters: parameters as never } : {}) });
   const bad = spec("b", { refuse: true });
   const documented = [spec("a", { type: "object", properties: {} }), spec("none"), bad];
-  await assert.rejects(check.check([bad], documented), (error: unknown) => error instanceof BadRequestError && error.param === "tools.2.function.parameters" && /'b'/.test(error.message));
+  await assert.rejects(
+    check.check([bad], documented),
+    (error: unknown) => error instanceof BadRequestError && error.param === "tools.2.function.parameters" && /'b'/.test(error.message),
+  );
   await check.check(documented.slice(0, 2), documented);
   await check.check(documented.slice(0, 2), documented);
   assert.equal(compiled.length, 2, "one refused compile, one compile for 'a' (remembered), none for a tool without parameters");
@@ -157,7 +191,8 @@ test("tool grammar checks: a refusal names the tool's index in 'tools'; compiled
 });
 
 test("grammar numbers lose the exponent and keep at most 15 integer digits; string characters are valid code points", () => {
-  const grammar = 'root ::= integer-number-rule\nstring-char-rule ::= [^"\\\\\\x7F\\x00-\\x1F]\ninteger-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?\nfractional-number-rule ::= x';
+  const grammar =
+    'root ::= integer-number-rule\nstring-char-rule ::= [^"\\\\\\x7F\\x00-\\x1F]\ninteger-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?\nfractional-number-rule ::= x';
   const bounded = rewriteGrammarRules(grammar);
   assert.ok(!/\[eE\]/.test(bounded), bounded);
   assert.ok(bounded.includes('integer-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,14})\n'), bounded);
@@ -177,9 +212,9 @@ test("streamed tool-call arguments: id and name first, then the JSON value's pie
   assert.equal(second?.arguments, "{}");
   assert.match(first?.id ?? "", /^call_[0-9a-f]{24}$/);
   assert.deepEqual(deltas[0], { index: 0, id: first?.id, name: "f" });
-  assert.equal(
-    deltas.flatMap((d) => ("arguments" in d && d.index === 0 ? [d.arguments] : [])).join(""),
-    first?.arguments,
-  );
-  assert.deepEqual(deltas.slice(-2), [{ index: 1, id: second?.id, name: "g" }, { index: 1, arguments: "{}" }]);
+  assert.equal(deltas.flatMap((d) => ("arguments" in d && d.index === 0 ? [d.arguments] : [])).join(""), first?.arguments);
+  assert.deepEqual(deltas.slice(-2), [
+    { index: 1, id: second?.id, name: "g" },
+    { index: 1, arguments: "{}" },
+  ]);
 });

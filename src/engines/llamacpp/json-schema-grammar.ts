@@ -62,7 +62,11 @@ function checkRepetitionBound(value: unknown, path: string, keyword: string): vo
  */
 function checkNoNul(value: unknown, path: string, keyword: string): void {
   if (typeof value === "string" && value.includes("\u0000")) {
-    throw unsupported(path, keyword, "with a U+0000 character in a string is not supported by the bundled engine's grammar (llama.cpp's grammars cannot hold it)");
+    throw unsupported(
+      path,
+      keyword,
+      "with a U+0000 character in a string is not supported by the bundled engine's grammar (llama.cpp's grammars cannot hold it)",
+    );
   }
 }
 
@@ -128,14 +132,16 @@ class SchemaTranslator {
     }
     const types = this.types(schema, path);
     if (schema.const !== undefined) {
-      if (!isPrimitive(schema.const)) throw unsupported(`${path}.const`, "const", "with an object or array value is not supported by the bundled engine's grammar");
+      if (!isPrimitive(schema.const))
+        throw unsupported(`${path}.const`, "const", "with an object or array value is not supported by the bundled engine's grammar");
       if (types && !types.some((t) => matchesType(schema.const as never, t))) throw invalid(`${path}.const`, "the value does not have the schema's type");
       checkNoNul(schema.const, `${path}.const`, "const");
       return { const: schema.const, ...description };
     }
     if (schema.enum !== undefined) {
       if (!Array.isArray(schema.enum) || schema.enum.length === 0) throw invalid(`${path}.enum`, "must be a non-empty array");
-      if (!schema.enum.every(isPrimitive)) throw unsupported(`${path}.enum`, "enum", "with object or array values is not supported by the bundled engine's grammar");
+      if (!schema.enum.every(isPrimitive))
+        throw unsupported(`${path}.enum`, "enum", "with object or array values is not supported by the bundled engine's grammar");
       for (const value of schema.enum) checkNoNul(value, `${path}.enum`, "enum");
       const values = types ? schema.enum.filter((v) => types.some((t) => matchesType(v, t))) : schema.enum;
       if (values.length === 0) throw invalid(`${path}.enum`, "no value has the schema's type");
@@ -181,7 +187,12 @@ class SchemaTranslator {
     if (schema.required !== undefined) {
       if (!Array.isArray(schema.required)) throw invalid(`${path}.required`, "must be an array of property names");
       const missing = schema.required.find((name) => typeof name !== "string" || !(name in properties));
-      if (missing !== undefined) throw unsupported(`${path}.required`, "required", `names '${String(missing)}', which is not in 'properties'; the bundled engine's grammar generates exactly the declared properties, so declare it`);
+      if (missing !== undefined)
+        throw unsupported(
+          `${path}.required`,
+          "required",
+          `names '${String(missing)}', which is not in 'properties'; the bundled engine's grammar generates exactly the declared properties, so declare it`,
+        );
     }
     const extra = schema.additionalProperties;
     const additional = extra === undefined || extra === false ? undefined : extra === true ? ANY_VALUE : this.translate(extra, `${path}.additionalProperties`);
@@ -192,10 +203,18 @@ class SchemaTranslator {
     }
     const count = Object.keys(properties).length;
     if (typeof schema.minProperties === "number" && schema.minProperties > count && additional === undefined) {
-      throw unsupported(`${path}.minProperties`, "minProperties", "above the number of declared properties, without additionalProperties, is not supported by the bundled engine's grammar");
+      throw unsupported(
+        `${path}.minProperties`,
+        "minProperties",
+        "above the number of declared properties, without additionalProperties, is not supported by the bundled engine's grammar",
+      );
     }
     if (typeof schema.maxProperties === "number" && schema.maxProperties < count) {
-      throw unsupported(`${path}.maxProperties`, "maxProperties", "below the number of declared properties is not supported by the bundled engine's grammar (it generates every declared property)");
+      throw unsupported(
+        `${path}.maxProperties`,
+        "maxProperties",
+        "below the number of declared properties is not supported by the bundled engine's grammar (it generates every declared property)",
+      );
     }
     return {
       type: "object",
@@ -207,7 +226,8 @@ class SchemaTranslator {
   }
 
   private array(schema: JsonObject, path: string): GbnfJsonSchema {
-    if (Array.isArray(schema.items)) throw unsupported(`${path}.items`, "items", "as an array (draft-4 tuples) is not supported by the bundled engine's grammar; use prefixItems");
+    if (Array.isArray(schema.items))
+      throw unsupported(`${path}.items`, "items", "as an array (draft-4 tuples) is not supported by the bundled engine's grammar; use prefixItems");
     if (schema.items === false) throw unsupported(`${path}.items`, "items", "set to false is not supported by the bundled engine's grammar");
     const items = schema.items === undefined || schema.items === true ? undefined : this.translate(schema.items, `${path}.items`);
     let prefixItems: GbnfJsonSchema[] | undefined;
@@ -232,9 +252,14 @@ class SchemaTranslator {
     for (const bound of ["minLength", "maxLength"] as const) checkRepetitionBound(schema[bound], `${path}.${bound}`, bound);
     if (schema.format !== undefined) {
       if (typeof schema.format !== "string" || !FORMATS.has(schema.format)) {
-        throw unsupported(`${path}.format`, "format", `'${String(schema.format)}' is not supported by the bundled engine's grammar (it knows date-time, date and time)`);
+        throw unsupported(
+          `${path}.format`,
+          "format",
+          `'${String(schema.format)}' is not supported by the bundled engine's grammar (it knows date-time, date and time)`,
+        );
       }
-      if (schema.minLength !== undefined || schema.maxLength !== undefined) throw unsupported(`${path}.format`, "format", "together with minLength or maxLength is not supported by the bundled engine's grammar");
+      if (schema.minLength !== undefined || schema.maxLength !== undefined)
+        throw unsupported(`${path}.format`, "format", "together with minLength or maxLength is not supported by the bundled engine's grammar");
       return { type: "string", format: schema.format as "date" };
     }
     if (typeof schema.minLength === "number" && typeof schema.maxLength === "number" && schema.maxLength < schema.minLength) {
@@ -276,9 +301,11 @@ class SchemaTranslator {
 
   private ref(ref: string, path: string): string {
     const match = /^#\/(?:\$defs|definitions)\/([^/]+)$/.exec(ref);
-    if (!match) throw unsupported(`${path}.$ref`, "$ref", `'${ref}' is not supported by the bundled engine's grammar (only '#/$defs/<name>' and '#/definitions/<name>')`);
+    if (!match)
+      throw unsupported(`${path}.$ref`, "$ref", `'${ref}' is not supported by the bundled engine's grammar (only '#/$defs/<name>' and '#/definitions/<name>')`);
     const name = match[1] as string;
-    if (!this.scopes.some((scope) => scope.has(name))) throw invalid(`${path}.$ref`, `'${ref}' points to no definition; add '${name}' to $defs or fix the reference`);
+    if (!this.scopes.some((scope) => scope.has(name)))
+      throw invalid(`${path}.$ref`, `'${ref}' points to no definition; add '${name}' to $defs or fix the reference`);
     return `#/$defs/${name}`;
   }
 
@@ -300,9 +327,28 @@ class SchemaTranslator {
 }
 
 const SUPPORTED = new Set([
-  "type", "properties", "required", "additionalProperties", "minProperties", "maxProperties",
-  "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "format",
-  "enum", "const", "anyOf", "oneOf", "$ref", "$defs", "definitions", "minimum", "maximum",
+  "type",
+  "properties",
+  "required",
+  "additionalProperties",
+  "minProperties",
+  "maxProperties",
+  "items",
+  "prefixItems",
+  "minItems",
+  "maxItems",
+  "minLength",
+  "maxLength",
+  "format",
+  "enum",
+  "const",
+  "anyOf",
+  "oneOf",
+  "$ref",
+  "$defs",
+  "definitions",
+  "minimum",
+  "maximum",
 ]);
 
 /**
@@ -324,17 +370,17 @@ export function toGrammarSchema(schema: unknown, path: string): GbnfJsonSchema {
  */
 export const JSON_OBJECT_GRAMMAR = [
   'root ::= object1 "\\n\\n\\n\\n" [\\n]*',
-  'ws ::= [ \\t]{0,8} | [\\n] [ \\t]{0,8}',
+  "ws ::= [ \\t]{0,8} | [\\n] [ \\t]{0,8}",
   `char ::= ${JSON_STRING_CHAR}`,
   'key ::= "\\"" char{0,64} "\\""',
   'string ::= "\\"" char{0,256} "\\""',
   'number ::= "-"? ("0" | [1-9] [0-9]{0,14}) ("." [0-9]{1,16})?',
   'scalar ::= string | number | "true" | "false" | "null"',
   'object1 ::= "{" ws ( key ws ":" ws value2 ( ws "," ws key ws ":" ws value2 ){0,15} )? ws "}"',
-  'value2 ::= scalar | object2 | array2',
+  "value2 ::= scalar | object2 | array2",
   'object2 ::= "{" ws ( key ws ":" ws value3 ( ws "," ws key ws ":" ws value3 ){0,15} )? ws "}"',
   'array2 ::= "[" ws ( value3 ( ws "," ws value3 ){0,15} )? ws "]"',
-  'value3 ::= scalar | object3 | array3',
+  "value3 ::= scalar | object3 | array3",
   'object3 ::= "{" ws ( key ws ":" ws scalar ( ws "," ws key ws ":" ws scalar ){0,15} )? ws "}"',
   'array3 ::= "[" ws ( scalar ( ws "," ws scalar ){0,15} )? ws "]"',
 ].join("\n");

@@ -127,7 +127,9 @@ export class LlamaEmbedder implements TextEmbedder {
         // A later request tries again (memory may have been freed meanwhile).
         this.context = null;
         logger.error({ err: error }, "could not create the embedding context");
-        throw new UnavailableError(`The engine could not create an embedding context of ${contextSize} tokens; the engine log has the details.`, { cause: error });
+        throw new UnavailableError(`The engine could not create an embedding context of ${contextSize} tokens; the engine log has the details.`, {
+          cause: error,
+        });
       },
     );
     this.context = creating;

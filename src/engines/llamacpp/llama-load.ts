@@ -44,7 +44,11 @@ export function loadFailureReason(llamaErrors: string[], error: unknown): string
 
 /** The metadata override that makes embeddings mean-pooled, or none when the model says how to pool. */
 async function poolingOverride(modelPath: string): Promise<Record<string, Record<string, number>> | undefined> {
-  const info = await readGgufFileInfo(modelPath, { readTensorInfo: false, logWarnings: false, ignoreKeys: ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"] });
+  const info = await readGgufFileInfo(modelPath, {
+    readTensorInfo: false,
+    logWarnings: false,
+    ignoreKeys: ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"],
+  });
   const metadata = info.metadata as unknown as Record<string, unknown>;
   const architecture = (metadata.general as { architecture?: unknown } | undefined)?.architecture;
   if (typeof architecture !== "string") return undefined;

@@ -32,7 +32,12 @@ before(async () => {
   dir = await mkdtemp(join(tmpdir(), "llmgw-runner-"));
   const script = await writeTinyLlamaGguf({ path: join(dir, "scripted.gguf"), embeddingLength: 32, layers: 1, replyScript: SCRIPT });
   scripted = await LlamaRunner.load({ modelPath: script.path, contextSize: 1024, parallel: 1, threads: 1, logger: silentLogger() });
-  const short = await writeTinyLlamaGguf({ path: join(dir, "short.gguf"), embeddingLength: 32, layers: 1, replyScript: ["▁say", "<0xC3>", "<0xA9>", "<|im_end|>"] });
+  const short = await writeTinyLlamaGguf({
+    path: join(dir, "short.gguf"),
+    embeddingLength: 32,
+    layers: 1,
+    replyScript: ["▁say", "<0xC3>", "<0xA9>", "<|im_end|>"],
+  });
   endsAfterAccent = await LlamaRunner.load({ modelPath: short.path, contextSize: 512, parallel: 1, threads: 1, logger: silentLogger() });
   // Endless: greedy decoding never ends a reply, so every generation runs to max_tokens.
   const long = await writeTinyLlamaGguf({ path: join(dir, "endless.gguf"), seed: 5, endless: true });
@@ -52,7 +57,12 @@ interface Outcome extends GenerationResult {
   chunks: string[];
 }
 
-async function generate(runner: LlamaRunner, kind: "chat" | "complete", overrides: Partial<GenerationParams>, extra: Partial<GenerateOptions> = {}): Promise<Outcome> {
+async function generate(
+  runner: LlamaRunner,
+  kind: "chat" | "complete",
+  overrides: Partial<GenerationParams>,
+  extra: Partial<GenerateOptions> = {},
+): Promise<Outcome> {
   const chunks: string[] = [];
   const options: GenerateOptions = { params: params(overrides), signal: new AbortController().signal, onText: (text) => chunks.push(text), ...extra };
   const result = kind === "chat" ? await runner.chat([{ role: "user", content: "hello" }], options) : await runner.complete("hello", options);
@@ -198,11 +208,25 @@ test("over HTTP with the openai client: usage counts stop-sequence tokens and no
   const address: AddressInfo = await server.listen("127.0.0.1", 0);
   try {
     const client = new OpenAI({ baseURL: `http://127.0.0.1:${address.port}/v1`, apiKey: "k", maxRetries: 0 });
-    const plain = await client.chat.completions.create({ model: "scripted", messages: [{ role: "user", content: "hi" }], max_tokens: 30, temperature: 0, stop: "hi" });
+    const plain = await client.chat.completions.create({
+      model: "scripted",
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 30,
+      temperature: 0,
+      stop: "hi",
+    });
     assert.equal(plain.choices[0]?.message.content, "say— ");
     assert.equal(plain.usage?.completion_tokens, 5);
 
-    const stream = await client.completions.create({ model: "scripted", prompt: "hi", max_tokens: 30, temperature: 0, stop: "hi", stream: true, stream_options: { include_usage: true } });
+    const stream = await client.completions.create({
+      model: "scripted",
+      prompt: "hi",
+      max_tokens: 30,
+      temperature: 0,
+      stop: "hi",
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     const texts: string[] = [];
     let completionTokens: number | undefined;
     for await (const chunk of stream) {
@@ -220,7 +244,11 @@ test("over HTTP with the openai client: usage counts stop-sequence tokens and no
 test("the embedding context gets half the generation threads (at least one), so both together do not oversubscribe the cores", async () => {
   const model = join(dir, "threads.gguf");
   await writeTinyLlamaGguf({ path: model, embeddingLength: 32, layers: 1 });
-  for (const [threads, expected] of [[4, 2], [3, 1], [1, 1]] as const) {
+  for (const [threads, expected] of [
+    [4, 2],
+    [3, 1],
+    [1, 1],
+  ] as const) {
     const runner = await LlamaRunner.load({ modelPath: model, contextSize: 256, parallel: 1, threads, logger: silentLogger() });
     try {
       assert.ok(runner.embedder instanceof LlamaEmbedder);

@@ -219,9 +219,12 @@ export class LlamaRunner implements TextGenerator {
       return new LlamaRunner(llama, model, context, chatWrapper, sequences, batchMeter, logger);
     } catch (error) {
       await llama.dispose().catch(() => undefined);
-      throw new ModelLoadError(`could not create a context of ${options.contextSize} tokens for ${options.parallel} sequences: ${loadFailureReason(llamaErrors, error)}`, {
-        cause: error,
-      });
+      throw new ModelLoadError(
+        `could not create a context of ${options.contextSize} tokens for ${options.parallel} sequences: ${loadFailureReason(llamaErrors, error)}`,
+        {
+          cause: error,
+        },
+      );
     }
   }
 
@@ -272,8 +275,7 @@ export class LlamaRunner implements TextGenerator {
     // LlamaCompletion prepends BOS itself when the vocabulary wants one and then tokenises
     // a string with "trimLeadingSpace"; do the same here to know the prompt's length.
     const bos = this.model.tokens.shouldPrependBosToken ? this.model.tokens.bos : null;
-    const tokens: Token[] =
-      typeof prompt === "string" ? this.model.tokenize(prompt, false, bos != null ? "trimLeadingSpace" : undefined) : (prompt as Token[]);
+    const tokens: Token[] = typeof prompt === "string" ? this.model.tokenize(prompt, false, bos != null ? "trimLeadingSpace" : undefined) : (prompt as Token[]);
     // llama.cpp does not check token ids; an id outside the vocabulary reads past its tables.
     const invalid = typeof prompt === "string" ? undefined : prompt.find((id) => id >= this.vocabularySize);
     if (invalid !== undefined) {
@@ -326,7 +328,11 @@ export class LlamaRunner implements TextGenerator {
     this.lockstep.close();
     const counts = this.batchMeter.snapshot();
     this.logger.info(
-      { decodeBatches: counts.batches, sharedBatches: counts.sharedBatches, sequencesPerBatch: counts.batches === 0 ? 0 : Number((counts.sequenceSteps / counts.batches).toFixed(2)) },
+      {
+        decodeBatches: counts.batches,
+        sharedBatches: counts.sharedBatches,
+        sequencesPerBatch: counts.batches === 0 ? 0 : Number((counts.sequenceSteps / counts.batches).toFixed(2)),
+      },
       "decode batches",
     );
     await this.llama.dispose();
@@ -418,7 +424,11 @@ export class LlamaRunner implements TextGenerator {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
     const sequence = await this.pool.acquire(options.signal);
     const wantsLogprobs = options.params.logprobs;
-    const turn = this.lockstep.begin(sequence, maxTokens, wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top), sampledOnly: wantsLogprobs.top === 0 });
+    const turn = this.lockstep.begin(
+      sequence,
+      maxTokens,
+      wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top), sampledOnly: wantsLogprobs.top === 0 },
+    );
     const tracker = wantsLogprobs === undefined ? null : new LogprobTracker(turn, this.tokenVocabulary(), wantsLogprobs.top);
     const logprobs: TokenLogprob[] = [];
     try {
@@ -445,7 +455,12 @@ export class LlamaRunner implements TextGenerator {
       let stopReason: string;
       let toolCalls: ToolCall[] = [];
       try {
-        const hooks: GenerationHooks = { signal, stopOnAbortSignal: true, onTextChunk, ...(tracker ? { onToken: (tokens: Token[]) => tracker.tokens(tokens) } : {}) };
+        const hooks: GenerationHooks = {
+          signal,
+          stopOnAbortSignal: true,
+          onTextChunk,
+          ...(tracker ? { onToken: (tokens: Token[]) => tracker.tokens(tokens) } : {}),
+        };
         const outcome = await drive(sequence, hooks, turn);
         stopReason = outcome.stopReason;
         toolCalls = outcome.toolCalls ?? [];

@@ -20,7 +20,13 @@ test("chat bodies become engine-neutral jobs", () => {
     model: "m",
     messages: [
       { role: "developer", content: "Be brief." },
-      { role: "user", content: [{ type: "text", text: "Hello, " }, { type: "text", text: "there" }] },
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "Hello, " },
+          { type: "text", text: "there" },
+        ],
+      },
       { role: "assistant", content: null },
     ],
     max_tokens: 50,
@@ -115,8 +121,14 @@ test("sampling fields and logprobs normalise into generation parameters", () => 
   assert.deepEqual(chat({ messages: [{ role: "user", content: "x" }], logprobs: true }).params.logprobs, { top: 0 });
   assert.equal(chat({ messages: [{ role: "user", content: "x" }], logprobs: false }).params.logprobs, undefined);
   assert.deepEqual(toCompletionJob(parseWith(completionRequestSchema, { prompt: "p", logprobs: 3 })).params.logprobs, { top: 3 });
-  assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { a: 1 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.a");
-  assert.throws(() => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { "1": 101 } }), (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.1");
+  assert.throws(
+    () => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { a: 1 } }),
+    (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.a",
+  );
+  assert.throws(
+    () => chat({ messages: [{ role: "user", content: "x" }], logit_bias: { "1": 101 } }),
+    (error: unknown) => error instanceof BadRequestError && error.param === "logit_bias.1",
+  );
 });
 
 test("tool calls and tool results in the history; answers with tool calls have content null", () => {
@@ -132,11 +144,24 @@ test("tool calls and tool results in the history; answers with tool calls have c
     { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "w", arguments: '{"c":"x"}' }] },
     { role: "tool", content: "sunny", toolCallId: "call_1" },
   ]);
-  assert.deepEqual(job.structure.tools?.callable.map((f) => f.name), ["w"]);
+  assert.deepEqual(
+    job.structure.tools?.callable.map((f) => f.name),
+    ["w"],
+  );
 
   const identity = newIdentity("chat", "m", () => 0);
-  const answer = chatCompletion(identity, { text: "", toolCalls: [{ id: "call_2", name: "w", arguments: "{}" }], finishReason: "tool_calls", usage: usage(1, 2) });
-  assert.deepEqual(answer.choices[0]?.message, { role: "assistant", content: null, refusal: null, tool_calls: [{ id: "call_2", type: "function", function: { name: "w", arguments: "{}" } }] });
+  const answer = chatCompletion(identity, {
+    text: "",
+    toolCalls: [{ id: "call_2", name: "w", arguments: "{}" }],
+    finishReason: "tool_calls",
+    usage: usage(1, 2),
+  });
+  assert.deepEqual(answer.choices[0]?.message, {
+    role: "assistant",
+    content: null,
+    refusal: null,
+    tool_calls: [{ id: "call_2", type: "function", function: { name: "w", arguments: "{}" } }],
+  });
   assert.equal(answer.choices[0]?.finish_reason, "tool_calls");
   assert.deepEqual(chatChunk(identity, { delta: toolCallDelta({ index: 0, id: "call_2", name: "w" }), finishReason: null }, false).choices[0]?.delta, {
     tool_calls: [{ index: 0, id: "call_2", type: "function", function: { name: "w", arguments: "" } }],

@@ -85,14 +85,9 @@ export const chatCompletionRequestSchema = z.object({
 export const completionRequestSchema = z.object({
   ...samplingFields,
   ...completionSamplingFields,
-  prompt: z.union(
-    [
-      z.string(),
-      z.array(z.string()).length(1, "the bundled engine takes one prompt per request"),
-      z.array(z.number().int().min(0)).min(1),
-    ],
-    { error: "prompt must be a string, an array of one string, or an array of token ids" },
-  ),
+  prompt: z.union([z.string(), z.array(z.string()).length(1, "the bundled engine takes one prompt per request"), z.array(z.number().int().min(0)).min(1)], {
+    error: "prompt must be a string, an array of one string, or an array of token ids",
+  }),
   echo: z.literal(false, { error: "echo is not supported by the bundled engine" }).nullish(),
 });
 
@@ -153,14 +148,25 @@ export function toChatJob(body: ChatCompletionRequest): ChatJob {
     const content = message.content == null ? "" : typeof message.content === "string" ? message.content : message.content.map((p) => p.text).join("");
     const param = `messages.${index}`;
     if (message.role === "tool") {
-      if (!message.tool_call_id) throw new BadRequestError(`Invalid request body: field '${param}.tool_call_id': a tool message needs the id of the call it answers.`, { code: "invalid_field", param: `${param}.tool_call_id` });
+      if (!message.tool_call_id)
+        throw new BadRequestError(`Invalid request body: field '${param}.tool_call_id': a tool message needs the id of the call it answers.`, {
+          code: "invalid_field",
+          param: `${param}.tool_call_id`,
+        });
       return { role: "tool", content, toolCallId: message.tool_call_id };
     }
     if (message.tool_calls?.length && message.role !== "assistant") {
-      throw new BadRequestError(`Invalid request body: field '${param}.tool_calls': only assistant messages carry tool calls.`, { code: "invalid_field", param: `${param}.tool_calls` });
+      throw new BadRequestError(`Invalid request body: field '${param}.tool_calls': only assistant messages carry tool calls.`, {
+        code: "invalid_field",
+        param: `${param}.tool_calls`,
+      });
     }
     if (message.role === "assistant" && message.tool_calls?.length) {
-      return { role: "assistant", content, toolCalls: message.tool_calls.map((call) => ({ id: call.id, name: call.function.name, arguments: call.function.arguments })) };
+      return {
+        role: "assistant",
+        content,
+        toolCalls: message.tool_calls.map((call) => ({ id: call.id, name: call.function.name, arguments: call.function.arguments })),
+      };
     }
     if (message.content == null && message.role !== "assistant") {
       throw new BadRequestError(`Invalid request body: field 'messages.${index}.content': a ${message.role} message needs content.`, {
@@ -189,7 +195,8 @@ export interface CompletionJob {
 }
 
 export function toCompletionJob(body: CompletionRequest): CompletionJob {
-  const prompt = typeof body.prompt === "string" ? body.prompt : body.prompt.every((p) => typeof p === "string") ? (body.prompt[0] as string) : (body.prompt as number[]);
+  const prompt =
+    typeof body.prompt === "string" ? body.prompt : body.prompt.every((p) => typeof p === "string") ? (body.prompt[0] as string) : (body.prompt as number[]);
   return {
     prompt,
     // The legacy completions API defaults to 16 tokens.
@@ -248,7 +255,10 @@ export interface ChoiceResult {
 export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult) {
   const calls = result.toolCalls ?? [];
   // OpenAI sends content null when a reply is only tool calls.
-  const message = calls.length > 0 ? { role: "assistant" as const, content: result.text === "" ? null : result.text, refusal: null, tool_calls: toolCallsField(calls) } : { role: "assistant" as const, content: result.text, refusal: null };
+  const message =
+    calls.length > 0
+      ? { role: "assistant" as const, content: result.text === "" ? null : result.text, refusal: null, tool_calls: toolCallsField(calls) }
+      : { role: "assistant" as const, content: result.text, refusal: null };
   return {
     id: identity.id,
     object: "chat.completion" as const,
@@ -290,7 +300,9 @@ export function chatChunk(
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, delta: part.delta, logprobs: chatLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
+    choices: [
+      { index: 0, delta: part.delta, logprobs: chatLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) },
+    ],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
@@ -301,7 +313,15 @@ export function textCompletion(identity: ResponseIdentity, result: ChoiceResult)
     object: "text_completion" as const,
     created: identity.created,
     model: identity.model,
-    choices: [{ index: 0, text: result.text, logprobs: completionLogprobsBody(result.logprobs), finish_reason: result.finishReason, ...stopReasonField(result.stopSequence) }],
+    choices: [
+      {
+        index: 0,
+        text: result.text,
+        logprobs: completionLogprobsBody(result.logprobs),
+        finish_reason: result.finishReason,
+        ...stopReasonField(result.stopSequence),
+      },
+    ],
     usage: result.usage,
   };
 }
@@ -316,7 +336,9 @@ export function textCompletionChunk(
   if ("usage" in part) return { ...base, choices: [], usage: part.usage };
   return {
     ...base,
-    choices: [{ index: 0, text: part.text, logprobs: completionLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) }],
+    choices: [
+      { index: 0, text: part.text, logprobs: completionLogprobsBody(part.logprobs), finish_reason: part.finishReason, ...stopReasonField(part.stopSequence) },
+    ],
     ...(includeUsage ? { usage: null } : {}),
   };
 }

@@ -45,7 +45,8 @@ export function trimSampledDistributions(context: LlamaContext): void {
   const native = (context as unknown as { _ctx?: { sampleToken?: SampleToken } })._ctx;
   const original = native?.sampleToken;
   // A node-llama-cpp upgrade that moves this should fail loudly at load, not cost silently.
-  if (!native || typeof original !== "function") throw new Error("node-llama-cpp no longer exposes LlamaContext._ctx.sampleToken; sampled-distributions.ts needs updating");
+  if (!native || typeof original !== "function")
+    throw new Error("node-llama-cpp no longer exposes LlamaContext._ctx.sampleToken; sampled-distributions.ts needs updating");
   const wrapped: SampleToken = async (batchLogitIndex, sampler, probabilities, confidence) => {
     const result = await original.call(native, batchLogitIndex, sampler, probabilities, confidence);
     if (probabilities !== true || !Array.isArray(result) || !Array.isArray(result[1])) return result;

@@ -15,9 +15,7 @@ function refused(what: string) {
 }
 
 // OpenAI's logit_bias: token id (as a JSON object key) → bias from -100 to 100.
-const logitBiasSchema = z
-  .record(z.string().regex(/^\d+$/, "keys must be token ids (non-negative integers)"), z.number().min(-100).max(100))
-  .nullish();
+const logitBiasSchema = z.record(z.string().regex(/^\d+$/, "keys must be token ids (non-negative integers)"), z.number().min(-100).max(100)).nullish();
 
 /** Fields both endpoints share. */
 export const sharedSamplingFields = {

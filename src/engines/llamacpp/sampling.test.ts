@@ -56,7 +56,12 @@ before(async () => {
   const long = await writeTinyLlamaGguf({ path: join(dir, "endless.gguf"), seed: 5, endless: true });
   endless = await serve(long.path, "endless");
   // "sayé" and the end of the turn.
-  const ends = await writeTinyLlamaGguf({ path: join(dir, "short.gguf"), embeddingLength: 32, layers: 1, replyScript: ["▁say", "<0xC3>", "<0xA9>", "<|im_end|>"] });
+  const ends = await writeTinyLlamaGguf({
+    path: join(dir, "short.gguf"),
+    embeddingLength: 32,
+    layers: 1,
+    replyScript: ["▁say", "<0xC3>", "<0xA9>", "<|im_end|>"],
+  });
   imEnd = ends.tokens.imEnd;
   short = await serve(ends.path, "short");
 });
@@ -89,7 +94,11 @@ function checkEntries(entries: readonly Entry[], top: number, where: string): vo
     assert.ok(entry.bytes, `${where}: bytes`);
     const decoded = Buffer.from(entry.bytes).toString("utf8");
     if (entry.token.startsWith("bytes:")) {
-      assert.equal(entry.token, "bytes:" + entry.bytes.map((b) => "\\x" + b.toString(16).padStart(2, "0")).join(""), `${where}: a partial character is named by its bytes`);
+      assert.equal(
+        entry.token,
+        "bytes:" + entry.bytes.map((b) => "\\x" + b.toString(16).padStart(2, "0")).join(""),
+        `${where}: a partial character is named by its bytes`,
+      );
     } else assert.equal(decoded, entry.token, `${where}: bytes decode to the token`);
     assert.equal(entry.top_logprobs.length, top, `${where}: ${top} alternatives for ${JSON.stringify(entry.token)}`);
     for (let i = 1; i < entry.top_logprobs.length; i += 1) {
@@ -109,7 +118,10 @@ test("chat logprobs: one entry per token, bytes that spell the reply, top_logpro
   assert.equal(choice?.logprobs?.refusal, null);
   // Twelve tokens, twelve entries; the byte tokens of "—", "é" and "😁" are named by their bytes.
   assert.equal(content.length, SCRIPT.length);
-  assert.deepEqual(content.slice(0, 2).map((entry) => entry.token), ["say", "bytes:\\xe2"]);
+  assert.deepEqual(
+    content.slice(0, 2).map((entry) => entry.token),
+    ["say", "bytes:\\xe2"],
+  );
   assert.equal(textOf(content), SCRIPT_TEXT);
   checkEntries(content, 5, "non-stream");
   // Greedy decoding takes the most likely token: it heads its own alternatives.
@@ -143,7 +155,15 @@ test("chat logprobs with a stop sequence: entries for the tokens wholly inside t
 });
 
 test("chat logprobs while sampling: finite logprobs of the distribution sampled from, at most top_logprobs alternatives", async () => {
-  const reply = await endless.client.chat.completions.create({ model: "endless", messages: hi, max_tokens: 6, temperature: 0.8, seed: 3, logprobs: true, top_logprobs: 3 });
+  const reply = await endless.client.chat.completions.create({
+    model: "endless",
+    messages: hi,
+    max_tokens: 6,
+    temperature: 0.8,
+    seed: 3,
+    logprobs: true,
+    top_logprobs: 3,
+  });
   const content = reply.choices[0]?.logprobs?.content as Entry[];
   assert.equal(content.length, 6, "one entry per token of the endless reply");
   assert.equal(textOf(content), reply.choices[0]?.message.content);
@@ -159,10 +179,16 @@ test("without top_logprobs, each token's logprob is the same figure as with alte
     const alone = (await endless.client.chat.completions.create(request)).choices[0]?.logprobs?.content as Entry[];
     const withTop = (await endless.client.chat.completions.create({ ...request, top_logprobs: 2 })).choices[0]?.logprobs?.content as Entry[];
     assert.equal(alone.length, 8);
-    assert.deepEqual(alone.map((entry) => entry.token), withTop.map((entry) => entry.token));
+    assert.deepEqual(
+      alone.map((entry) => entry.token),
+      withTop.map((entry) => entry.token),
+    );
     for (const [i, entry] of alone.entries()) {
       assert.deepEqual(entry.top_logprobs, []);
-      assert.ok(entry.logprob > -9999 && Math.abs(entry.logprob - (withTop[i] as Entry).logprob) < 1e-5, `temperature ${temperature}, token ${i}: ${entry.logprob} vs ${(withTop[i] as Entry).logprob}`);
+      assert.ok(
+        entry.logprob > -9999 && Math.abs(entry.logprob - (withTop[i] as Entry).logprob) < 1e-5,
+        `temperature ${temperature}, token ${i}: ${entry.logprob} vs ${(withTop[i] as Entry).logprob}`,
+      );
     }
   }
 });
@@ -209,7 +235,15 @@ test("logit_bias: -100 bans a token (also the end of the turn), +100 forces one"
   assert.equal(onAndOn.usage?.completion_tokens, 10);
 
   const hiToken = endless.ids.get("▁hi") as number;
-  const forced = await endless.client.completions.create({ model: "endless", prompt: "Once", max_tokens: 6, temperature: 1, seed: 9, logprobs: 0, logit_bias: { [hiToken]: 100 } });
+  const forced = await endless.client.completions.create({
+    model: "endless",
+    prompt: "Once",
+    max_tokens: 6,
+    temperature: 1,
+    seed: 9,
+    logprobs: 0,
+    logit_bias: { [hiToken]: 100 },
+  });
   // The reply's first token loses its leading space, as the text does.
   assert.equal(forced.choices[0]?.text, "hi hi hi hi hi hi");
   assert.deepEqual(forced.choices[0]?.logprobs?.tokens, ["hi", " hi", " hi", " hi", " hi", " hi"]);
@@ -224,7 +258,12 @@ test("logit_bias: -100 bans a token (also the end of the turn), +100 forces one"
 });
 
 async function endlessText(body: Record<string, unknown>): Promise<string> {
-  const reply = await endless.client.completions.create({ model: "endless", prompt: "Once upon a time", max_tokens: 24, ...body } as OpenAI.CompletionCreateParamsNonStreaming);
+  const reply = await endless.client.completions.create({
+    model: "endless",
+    prompt: "Once upon a time",
+    max_tokens: 24,
+    ...body,
+  } as OpenAI.CompletionCreateParamsNonStreaming);
   return reply.choices[0]?.text ?? "";
 }
 
@@ -238,7 +277,14 @@ test("top_k 1 and min_p 1 keep only the most likely token: greedy at any tempera
 
 test("presence, frequency and repeat penalties change a greedy reply that repeats itself", async () => {
   const tokensOf = async (body: Record<string, unknown>) => {
-    const reply = await endless.client.completions.create({ model: "endless", prompt: "Once upon a time", max_tokens: 32, temperature: 0, logprobs: 0, ...body } as OpenAI.CompletionCreateParamsNonStreaming);
+    const reply = await endless.client.completions.create({
+      model: "endless",
+      prompt: "Once upon a time",
+      max_tokens: 32,
+      temperature: 0,
+      logprobs: 0,
+      ...body,
+    } as OpenAI.CompletionCreateParamsNonStreaming);
     return reply.choices[0]?.logprobs?.tokens ?? [];
   };
   const plain = await tokensOf({});
@@ -281,12 +327,25 @@ test("OpenAI fields the engine cannot honour are 400s naming the field; harmless
     assert.ok(outcome.message.includes(field), `${field}: ${outcome.message}`);
   }
   assert.equal((await post("/chat/completions", { messages: hi, logprobs: true, top_logprobs: 21 })).param, "top_logprobs");
-  for (const [field, value] of [["best_of", 2], ["suffix", "end"], ["echo", true], ["logprobs", 6]] as const) {
+  for (const [field, value] of [
+    ["best_of", 2],
+    ["suffix", "end"],
+    ["echo", true],
+    ["logprobs", 6],
+  ] as const) {
     const outcome = await post("/completions", { prompt: "hi", [field]: value });
     assert.equal(outcome.status, 400, field);
     assert.equal(outcome.param, field);
   }
-  const harmless = { user: "u", metadata: { team: "a" }, safety_identifier: "s", prompt_cache_key: "p", service_tier: "auto", store: false, modalities: ["text"] };
+  const harmless = {
+    user: "u",
+    metadata: { team: "a" },
+    safety_identifier: "s",
+    prompt_cache_key: "p",
+    service_tier: "auto",
+    store: false,
+    modalities: ["text"],
+  };
   assert.equal((await post("/chat/completions", { messages: hi, ...harmless })).status, 200);
 });
 
@@ -304,14 +363,27 @@ test("a distribution is read only as far as logprobs need: node-llama-cpp's orde
     },
     get: (token: number) => entries[token]?.[1],
   } as unknown as TokenDistribution;
-  assert.deepEqual(mostLikely(counted, 3).map(([token]) => token), [0, 1, 2]);
+  assert.deepEqual(
+    mostLikely(counted, 3).map(([token]) => token),
+    [0, 1, 2],
+  );
   assert.equal(read, 3, "no entry past the third is read");
   read = 0;
   const kept = keepForLogprobs(2)(70_000 as Token, counted);
   assert.deepEqual([...kept.keys()], [0, 1, 70_000], "the two likeliest and the sampled token");
   assert.ok(read <= 3, `read ${read} entries`);
   // No token without probability is an alternative.
-  assert.deepEqual(mostLikely(new Map([[5, 1], [1, 0], [2, 0]]) as unknown as TokenDistribution, 3), [[5, 1]]);
+  assert.deepEqual(
+    mostLikely(
+      new Map([
+        [5, 1],
+        [1, 0],
+        [2, 0],
+      ]) as unknown as TokenDistribution,
+      3,
+    ),
+    [[5, 1]],
+  );
 
   // The flat [token, probability, ...] array is cut to the first pairs and the sampled token's.
   const flat = entries.flat();

@@ -54,18 +54,35 @@ const Llama = z.object({
 
 const WeatherArgs = z.object({ city: z.string().max(10), days: z.number().int(), unit: z.enum(["c", "f"]) });
 const weatherTool = zodFunction({ name: "get_weather", parameters: WeatherArgs, description: "Weather forecast for a city." });
-const pingTool = { type: "function" as const, function: { name: "ping", description: "Checks the connection.", parameters: { type: "object", properties: {} } } };
+const pingTool = {
+  type: "function" as const,
+  function: { name: "ping", description: "Checks the connection.", parameters: { type: "object", properties: {} } },
+};
 
 test("json_schema: chat.completions.parse gets an answer that satisfies the zod schema, stream and not", async () => {
   for (const temperature of [0, 1]) {
-    const parsed = await client.chat.completions.parse({ model: MODEL, messages: ask, response_format: zodResponseFormat(Llama, "llama"), max_tokens: 400, temperature, seed: 7 });
+    const parsed = await client.chat.completions.parse({
+      model: MODEL,
+      messages: ask,
+      response_format: zodResponseFormat(Llama, "llama"),
+      max_tokens: 400,
+      temperature,
+      seed: 7,
+    });
     const choice = parsed.choices[0];
     assert.equal(choice?.finish_reason, "stop", choice?.message.content ?? "");
     assert.ok(choice?.message.parsed, "parsed against the schema");
     Llama.parse(choice.message.parsed);
   }
 
-  const stream = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: zodResponseFormat(Llama, "llama"), max_tokens: 400, temperature: 0, stream: true });
+  const stream = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: zodResponseFormat(Llama, "llama"),
+    max_tokens: 400,
+    temperature: 0,
+    stream: true,
+  });
   let text = "";
   let finish: string | null | undefined;
   for await (const chunk of stream) {
@@ -74,23 +91,51 @@ test("json_schema: chat.completions.parse gets an answer that satisfies the zod 
   }
   assert.equal(finish, "stop");
   Llama.parse(JSON.parse(text));
-  const again = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: zodResponseFormat(Llama, "llama"), max_tokens: 400, temperature: 0 });
+  const again = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: zodResponseFormat(Llama, "llama"),
+    max_tokens: 400,
+    temperature: 0,
+  });
   assert.equal(again.choices[0]?.message.content, text, "the stream carries the same answer");
 });
 
 test("json_object: the answer is a JSON object, stream and not", async () => {
   for (const seed of [1, 2]) {
-    const answer = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed });
+    const answer = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask,
+      response_format: { type: "json_object" },
+      max_tokens: 1500,
+      temperature: 1,
+      seed,
+    });
     assert.equal(answer.choices[0]?.finish_reason, "stop");
     const value: unknown = JSON.parse(answer.choices[0]?.message.content ?? "");
     assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), answer.choices[0]?.message.content ?? "");
   }
-  const stream = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 3, stream: true });
+  const stream = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: { type: "json_object" },
+    max_tokens: 1500,
+    temperature: 1,
+    seed: 3,
+    stream: true,
+  });
   let text = "";
   for await (const chunk of stream) text += chunk.choices[0]?.delta.content ?? "";
   const value: unknown = JSON.parse(text);
   assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), text);
-  const nonStream = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 3 });
+  const nonStream = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: { type: "json_object" },
+    max_tokens: 1500,
+    temperature: 1,
+    seed: 3,
+  });
   assert.equal(text, nonStream.choices[0]?.message.content, "the stream carries the same answer, to the last character");
 });
 
@@ -100,8 +145,21 @@ function spelled(entries: ReadonlyArray<{ bytes: number[] | null }>): string {
 }
 
 test("logprobs under a json_schema grammar: entries spell the answer, stream chunks their delta, and top_logprobs hold only tokens the grammar allows", async () => {
-  const schema = { type: "object", properties: { name: { type: "string", maxLength: 8 }, n: { type: "integer" }, ok: { type: "boolean" } }, required: ["name", "n", "ok"], additionalProperties: false };
-  const request = { model: MODEL, messages: ask, max_tokens: 100, temperature: 0, logprobs: true, top_logprobs: 3, response_format: { type: "json_schema" as const, json_schema: { name: "x", schema } } };
+  const schema = {
+    type: "object",
+    properties: { name: { type: "string", maxLength: 8 }, n: { type: "integer" }, ok: { type: "boolean" } },
+    required: ["name", "n", "ok"],
+    additionalProperties: false,
+  };
+  const request = {
+    model: MODEL,
+    messages: ask,
+    max_tokens: 100,
+    temperature: 0,
+    logprobs: true,
+    top_logprobs: 3,
+    response_format: { type: "json_schema" as const, json_schema: { name: "x", schema } },
+  };
   const answer = await client.chat.completions.create(request);
   const choice = answer.choices[0];
   assert.equal(choice?.finish_reason, "stop");
@@ -112,14 +170,18 @@ test("logprobs under a json_schema grammar: entries spell the answer, stream chu
   let cut = 0;
   for (const entry of content) {
     // Tokens the grammar forbids have no probability: they are no alternatives (no -9999 filler).
-    for (const alternative of entry.top_logprobs) assert.ok(alternative.logprob > -9999 && alternative.logprob <= 0, `${JSON.stringify(entry.token)}: ${JSON.stringify(entry.top_logprobs)}`);
+    for (const alternative of entry.top_logprobs)
+      assert.ok(alternative.logprob > -9999 && alternative.logprob <= 0, `${JSON.stringify(entry.token)}: ${JSON.stringify(entry.top_logprobs)}`);
     // Greedy: the answer's token is the likeliest allowed one, first among its alternatives.
     assert.equal(entry.top_logprobs[0]?.token, entry.token);
     assert.equal(entry.top_logprobs[0]?.logprob, entry.logprob);
     if (entry.top_logprobs.length < 3) cut += 1;
   }
   assert.ok(cut > 0, "where the grammar leaves fewer than 3 tokens, the list is shorter");
-  assert.ok(content.some((entry) => entry.logprob === 0), "a token the grammar forces has logprob 0");
+  assert.ok(
+    content.some((entry) => entry.logprob === 0),
+    "a token the grammar forces has logprob 0",
+  );
 
   const stream = await client.chat.completions.create({ ...request, stream: true });
   const streamed: typeof content = [];
@@ -132,7 +194,10 @@ test("logprobs under a json_schema grammar: entries spell the answer, stream chu
     streamed.push(...entries);
   }
   assert.equal(text, choice?.message.content);
-  assert.deepEqual(streamed.map((entry) => entry.token), content.map((entry) => entry.token));
+  assert.deepEqual(
+    streamed.map((entry) => entry.token),
+    content.map((entry) => entry.token),
+  );
 });
 
 test("logprobs with a forced tool call: the answer's logprobs content is empty, and the stream's tool-call chunks carry logprobs null", async () => {
@@ -171,7 +236,10 @@ test("a schema keyword the grammar cannot enforce is a 400 naming it and its pat
   const refused = client.chat.completions.create({
     model: MODEL,
     messages: ask,
-    response_format: { type: "json_schema", json_schema: { name: "p", schema: { type: "object", properties: { age: { type: "string", pattern: "^[0-9]+$" } } } } },
+    response_format: {
+      type: "json_schema",
+      json_schema: { name: "p", schema: { type: "object", properties: { age: { type: "string", pattern: "^[0-9]+$" } } } },
+    },
   });
   await assert.rejects(refused, (error: unknown) => {
     assert.ok(error instanceof OpenAI.BadRequestError);
@@ -192,13 +260,28 @@ test("a schema keyword the grammar cannot enforce is a 400 naming it and its pat
     assert.match(error.message, /could not build a grammar/);
     return true;
   });
-  const after = await client.chat.completions.create({ model: MODEL, messages: ask, response_format: { type: "json_object" }, max_tokens: 1500, temperature: 1, seed: 1 });
+  const after = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    response_format: { type: "json_object" },
+    max_tokens: 1500,
+    temperature: 1,
+    seed: 1,
+  });
   assert.equal(after.choices[0]?.finish_reason, "stop");
 });
 
 test("tool_choice required: a valid call with finish_reason tool_calls, stream deltas assemble into the same call shape", async () => {
   for (const seed of [1, 2, 3]) {
-    const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool, pingTool], tool_choice: "required", max_tokens: 300, temperature: 1, seed });
+    const answer = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask,
+      tools: [weatherTool, pingTool],
+      tool_choice: "required",
+      max_tokens: 300,
+      temperature: 1,
+      seed,
+    });
     const choice = answer.choices[0];
     assert.equal(choice?.finish_reason, "tool_calls");
     assert.equal(choice?.message.content, null);
@@ -245,8 +328,18 @@ test("tool_choice required: a valid call with finish_reason tool_calls, stream d
   assert.equal(calls[0]?.name, "get_weather");
   assert.ok(argumentDeltas > 1, "arguments arrive in pieces");
   WeatherArgs.parse(JSON.parse(calls[0]?.arguments ?? ""));
-  const whole = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", max_tokens: 300, temperature: 0 });
-  assert.equal(whole.choices[0]?.message.tool_calls?.[0]?.type === "function" ? whole.choices[0].message.tool_calls[0].function.arguments : "", calls[0]?.arguments);
+  const whole = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    tools: [weatherTool],
+    tool_choice: "required",
+    max_tokens: 300,
+    temperature: 0,
+  });
+  assert.equal(
+    whole.choices[0]?.message.tool_calls?.[0]?.type === "function" ? whole.choices[0].message.tool_calls[0].function.arguments : "",
+    calls[0]?.arguments,
+  );
   assert.equal(whole.usage?.completion_tokens, completionTokens, "the stream's usage counts the same tokens");
 });
 
@@ -277,7 +370,14 @@ test("a tool call cut off by max_tokens: stream and non-stream both carry it, wi
 
 test("a named tool_choice calls that function", async () => {
   for (const name of ["ping", "get_weather"]) {
-    const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool, pingTool], tool_choice: { type: "function", function: { name } }, max_tokens: 300, temperature: 0 });
+    const answer = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask,
+      tools: [weatherTool, pingTool],
+      tool_choice: { type: "function", function: { name } },
+      max_tokens: 300,
+      temperature: 0,
+    });
     const call = answer.choices[0]?.message.tool_calls?.[0];
     assert.ok(call?.type === "function");
     assert.equal(call.function.name, name);
@@ -286,14 +386,25 @@ test("a named tool_choice calls that function", async () => {
 });
 
 test("tool results go back into the conversation: the prompt holds them", async () => {
-  const first = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", max_tokens: 300, temperature: 0 });
+  const first = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    tools: [weatherTool],
+    tool_choice: "required",
+    max_tokens: 300,
+    temperature: 0,
+  });
   const assistant = first.choices[0]?.message;
   const call = assistant?.tool_calls?.[0];
   assert.ok(assistant && call);
   const withResult = (result: string) =>
     client.chat.completions.create({
       model: MODEL,
-      messages: [...ask, { role: "assistant", content: null, tool_calls: assistant.tool_calls ?? [] }, { role: "tool", tool_call_id: call.id, content: result }],
+      messages: [
+        ...ask,
+        { role: "assistant", content: null, tool_calls: assistant.tool_calls ?? [] },
+        { role: "tool", tool_call_id: call.id, content: result },
+      ],
       tools: [weatherTool],
       max_tokens: 5,
       temperature: 0,
@@ -306,16 +417,29 @@ test("tool results go back into the conversation: the prompt holds them", async 
 
   const orphan = client.chat.completions.create({ model: MODEL, messages: [...ask, { role: "tool", tool_call_id: "call_x", content: "1" }], max_tokens: 5 });
   await assert.rejects(orphan, (error: unknown) => error instanceof OpenAI.BadRequestError && error.param === "messages.1.tool_call_id");
-  const unanswered = client.chat.completions.create({ model: MODEL, messages: [...ask, { role: "assistant", content: null, tool_calls: assistant.tool_calls ?? [] }], max_tokens: 5 });
+  const unanswered = client.chat.completions.create({
+    model: MODEL,
+    messages: [...ask, { role: "assistant", content: null, tool_calls: assistant.tool_calls ?? [] }],
+    max_tokens: 5,
+  });
   await assert.rejects(unanswered, (error: unknown) => error instanceof OpenAI.BadRequestError && /has no tool message/.test(error.message));
 });
 
 test("a second tool message for the same tool_call_id is a 400 naming it", async () => {
   const call = { id: "call_1", type: "function" as const, function: { name: "get_weather", arguments: '{"city":"Oslo","days":1,"unit":"c"}' } };
-  const messages = [...ask, { role: "assistant" as const, content: null, tool_calls: [call] }, { role: "tool" as const, tool_call_id: "call_1", content: "sunny" }];
+  const messages = [
+    ...ask,
+    { role: "assistant" as const, content: null, tool_calls: [call] },
+    { role: "tool" as const, tool_call_id: "call_1", content: "sunny" },
+  ];
   const once = await client.chat.completions.create({ model: MODEL, messages, tools: [weatherTool], max_tokens: 1, temperature: 0 });
   assert.ok((once.usage?.prompt_tokens ?? 0) > 0);
-  const twice = client.chat.completions.create({ model: MODEL, messages: [...messages, { role: "tool", tool_call_id: "call_1", content: "again" }], tools: [weatherTool], max_tokens: 1 });
+  const twice = client.chat.completions.create({
+    model: MODEL,
+    messages: [...messages, { role: "tool", tool_call_id: "call_1", content: "again" }],
+    tools: [weatherTool],
+    max_tokens: 1,
+  });
   await assert.rejects(twice, (error: unknown) => {
     assert.ok(error instanceof OpenAI.BadRequestError, String(error));
     assert.equal(error.param, "messages.3.tool_call_id");
@@ -325,7 +449,14 @@ test("a second tool message for the same tool_call_id is a 400 naming it", async
 });
 
 test("tool_choice none answers in text with no tool calls, with the tools still in the prompt", async () => {
-  const answer = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "none", max_tokens: 20, temperature: 0 });
+  const answer = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    tools: [weatherTool],
+    tool_choice: "none",
+    max_tokens: 20,
+    temperature: 0,
+  });
   assert.equal(answer.choices[0]?.message.tool_calls, undefined);
   assert.notEqual(answer.choices[0]?.finish_reason, "tool_calls");
   assert.equal(typeof answer.choices[0]?.message.content, "string");
@@ -339,7 +470,10 @@ test("bad tool definitions are 400s naming the field", async () => {
   const cases: Array<[Record<string, unknown>, string]> = [
     [{ tools: [pingTool, pingTool] }, "tools.1.function.name"],
     [{ tools: [{ type: "function", function: { name: "bad name" } }] }, "tools.0.function.name"],
-    [{ tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { n: { type: "integer", minimum: 1 } } } } }] }, "tools.0.function.parameters.properties.n.minimum"],
+    [
+      { tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { n: { type: "integer", minimum: 1 } } } } }] },
+      "tools.0.function.parameters.properties.n.minimum",
+    ],
     [{ tools: [pingTool], tool_choice: { type: "function", function: { name: "nope" } } }, "tool_choice.function.name"],
   ];
   for (const [extra, param] of cases) {
@@ -355,9 +489,24 @@ test("bad tool definitions are 400s naming the field", async () => {
 test("a tool whose parameter grammar llama.cpp refuses is a 400 naming the tool, before any stream starts, whatever tool_choice says", async () => {
   // Within the bounds the translation checks, but more than llama.cpp repeats a string
   // character rule; LlamaChat would compile it only once the model calls the tool.
-  const long = { type: "function" as const, function: { name: "essay", parameters: { type: "object", properties: { text: { type: "string", minLength: 2000 } } } } };
-  for (const [choice, stream] of [["auto", false], ["required", false], ["required", true], [{ type: "function", function: { name: "essay" } }, true]] as const) {
-    const refused = client.chat.completions.create({ model: MODEL, messages: ask, tools: [pingTool, long], tool_choice: choice, max_tokens: 5, stream } as never);
+  const long = {
+    type: "function" as const,
+    function: { name: "essay", parameters: { type: "object", properties: { text: { type: "string", minLength: 2000 } } } },
+  };
+  for (const [choice, stream] of [
+    ["auto", false],
+    ["required", false],
+    ["required", true],
+    [{ type: "function", function: { name: "essay" } }, true],
+  ] as const) {
+    const refused = client.chat.completions.create({
+      model: MODEL,
+      messages: ask,
+      tools: [pingTool, long],
+      tool_choice: choice,
+      max_tokens: 5,
+      stream,
+    } as never);
     await assert.rejects(refused, (error: unknown) => {
       assert.ok(error instanceof OpenAI.BadRequestError, `${JSON.stringify(choice)} stream ${stream}: ${String(error)}`);
       assert.equal(error.param, "tools.1.function.parameters");
@@ -388,7 +537,14 @@ test("a tool whose parameter grammar llama.cpp refuses is a 400 naming the tool,
     }
   }
   // The engine goes on: a valid forced call still comes back.
-  const after = await client.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", max_tokens: 300, temperature: 0 });
+  const after = await client.chat.completions.create({
+    model: MODEL,
+    messages: ask,
+    tools: [weatherTool],
+    tool_choice: "required",
+    max_tokens: 300,
+    temperature: 0,
+  });
   assert.equal(after.choices[0]?.finish_reason, "tool_calls");
 });
 
@@ -421,7 +577,15 @@ test("a model whose own template defines tool use gets its calls in that templat
     assert.equal(own.chatWrapperName, "JinjaTemplate");
     const address: AddressInfo = await ownServer.listen("127.0.0.1", 0);
     const ownClient = new OpenAI({ baseURL: `http://127.0.0.1:${address.port}/v1`, apiKey: "k", maxRetries: 0, timeout: 60_000 });
-    const first = await ownClient.chat.completions.create({ model: MODEL, messages: ask, tools: [weatherTool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 0 });
+    const first = await ownClient.chat.completions.create({
+      model: MODEL,
+      messages: ask,
+      tools: [weatherTool],
+      tool_choice: "required",
+      parallel_tool_calls: false,
+      max_tokens: 300,
+      temperature: 0,
+    });
     const calls = first.choices[0]?.message.tool_calls ?? [];
     assert.equal(calls.length, 1, "parallel_tool_calls false: one call");
     const call = calls[0];

@@ -25,11 +25,8 @@ export const toolSchema = z.object({
 });
 
 export const toolChoiceSchema = z.union(
-  [
-    z.enum(["none", "auto", "required"]),
-    z.object({ type: z.literal("function"), function: z.object({ name: z.string() }) }),
-  ],
-  { error: "tool_choice must be 'none', 'auto', 'required' or {\"type\":\"function\",\"function\":{\"name\":...}}" },
+  [z.enum(["none", "auto", "required"]), z.object({ type: z.literal("function"), function: z.object({ name: z.string() }) })],
+  { error: 'tool_choice must be \'none\', \'auto\', \'required\' or {"type":"function","function":{"name":...}}' },
 );
 
 export const responseFormatSchema = z.discriminatedUnion(
@@ -129,7 +126,8 @@ export function toChatStructure(body: StructureFields): ChatStructure {
   const tools = body.tools ?? [];
   const choice = body.tool_choice ?? (tools.length > 0 ? "auto" : "none");
   if (tools.length === 0) {
-    if (choice === "required" || typeof choice === "object") throw fieldError("tool_choice", "asks for a tool call but the request has no tools; send 'tools' or drop 'tool_choice'.");
+    if (choice === "required" || typeof choice === "object")
+      throw fieldError("tool_choice", "asks for a tool call but the request has no tools; send 'tools' or drop 'tool_choice'.");
     return structure;
   }
   const specs = toolSpecs(tools);
@@ -139,12 +137,19 @@ export function toChatStructure(body: StructureFields): ChatStructure {
     return structure;
   }
   if (structure.json !== undefined) {
-    throw fieldError("response_format", "the bundled engine cannot combine a JSON response_format with tool calls; send tool_choice 'none' or drop one of them.");
+    throw fieldError(
+      "response_format",
+      "the bundled engine cannot combine a JSON response_format with tool calls; send tool_choice 'none' or drop one of them.",
+    );
   }
   let callable = specs;
   if (typeof choice === "object") {
     callable = specs.filter((spec) => spec.name === choice.function.name);
-    if (callable.length === 0) throw fieldError("tool_choice.function.name", `names '${choice.function.name}', which is not one of the tools; name one of: ${specs.map((s) => s.name).join(", ")}.`);
+    if (callable.length === 0)
+      throw fieldError(
+        "tool_choice.function.name",
+        `names '${choice.function.name}', which is not one of the tools; name one of: ${specs.map((s) => s.name).join(", ")}.`,
+      );
   }
   structure.tools = { documented: specs, callable, forced: choice !== "auto", parallel: body.parallel_tool_calls !== false };
   return structure;

@@ -55,7 +55,20 @@ async function vllmSupervisor(
     replicaId: `vllm-${counter}`,
     stateRoot: join(dir, `root-${counter}`),
     prepare: ({ attempt, host, port, stateDir }) =>
-      vllmLaunch({ executable, modelDir, modelName: MODEL, profile, engineKey: ENGINE_KEY, host, port, attempt, stateDir, tensorParallel: 2, pipelineParallel: 1, ...launch }),
+      vllmLaunch({
+        executable,
+        modelDir,
+        modelName: MODEL,
+        profile,
+        engineKey: ENGINE_KEY,
+        host,
+        port,
+        attempt,
+        stateDir,
+        tensorParallel: 2,
+        pipelineParallel: 1,
+        ...launch,
+      }),
     readyTimeoutMs: 30_000,
     healthIntervalMs: 20,
     livenessIntervalMs: 50,
@@ -103,11 +116,24 @@ test("vllm serve becomes ready with the served name, the parallel sizes and the 
     assert.equal(refused.statusCode, 401);
     await refused.body.dump();
     const models = await request(`${base}/v1/models`, { headers: { authorization: `Bearer ${ENGINE_KEY}` } });
-    assert.deepEqual(((await models.body.json()) as { data: { id: string }[] }).data.map((model) => model.id), [MODEL]);
+    assert.deepEqual(
+      ((await models.body.json()) as { data: { id: string }[] }).data.map((model) => model.id),
+      [MODEL],
+    );
 
     const records = await attemptRecords(supervisor, stateDir);
-    assert.deepEqual(records.map((record) => [record.attempt, record.result]), [[1, "ready"]]);
-    assert.deepEqual(records[0]?.settings, { engine: "vllm", attentionBackend: "default", tensorParallel: 2, pipelineParallel: 1, maxModelLen: 8192, gpus: [0, 1] });
+    assert.deepEqual(
+      records.map((record) => [record.attempt, record.result]),
+      [[1, "ready"]],
+    );
+    assert.deepEqual(records[0]?.settings, {
+      engine: "vllm",
+      attentionBackend: "default",
+      tensorParallel: 2,
+      pipelineParallel: 1,
+      maxModelLen: 8192,
+      gpus: [0, 1],
+    });
     assert.ok(!(await readFile(join(stateDir, "attempts.jsonl"), "utf8")).includes(ENGINE_KEY));
   } finally {
     await supervisor.stop();
@@ -125,7 +151,10 @@ test("an engine that dies at start with the default attention backend is retried
     assert.equal(ready.attempt, 2);
 
     const starts = await standInStarts(recordFile);
-    assert.deepEqual(starts.map((start) => argAfter(start.argv, "--attention-backend")), [undefined, "TRITON_ATTN"]);
+    assert.deepEqual(
+      starts.map((start) => argAfter(start.argv, "--attention-backend")),
+      [undefined, "TRITON_ATTN"],
+    );
     const records = await attemptRecords(supervisor, ready.stateDir as string);
     assert.deepEqual(
       records.map((record) => [record.attempt, record.result, (record.settings as { attentionBackend: unknown }).attentionBackend]),
@@ -152,29 +181,54 @@ test("a vLLM that never finishes loading (never listens) hits the readiness dead
     assert.ok(existsSync(log));
     assert.match(await readFile(log, "utf8"), /vLLM API server version/);
     const records = await attemptRecords(supervisor, stateDir);
-    assert.deepEqual(records.map((record) => [record.attempt, record.result, record.log]), [[1, "not_ready", "attempt-1.log"]]);
+    assert.deepEqual(
+      records.map((record) => [record.attempt, record.result, record.log]),
+      [[1, "not_ready", "attempt-1.log"]],
+    );
   } finally {
     await supervisor.stop();
   }
 });
 
 test("launch arguments: a replica over two nodes runs through Ray at the head's address; without one, or in a state folder too deep for vLLM's sockets, it is refused", () => {
-  const common = { executable: "vllm", modelDir: "/m", modelName: MODEL, profile, engineKey: ENGINE_KEY, host: "10.0.0.5", port: 8000, attempt: 1, stateDir: "/var/lib/llmgw/runs/r-1", tensorParallel: 8 };
+  const common = {
+    executable: "vllm",
+    modelDir: "/m",
+    modelName: MODEL,
+    profile,
+    engineKey: ENGINE_KEY,
+    host: "10.0.0.5",
+    port: 8000,
+    attempt: 1,
+    stateDir: "/var/lib/llmgw/runs/r-1",
+    tensorParallel: 8,
+  };
   const multi = vllmLaunch({ ...common, pipelineParallel: 2, rayAddress: "10.0.0.5:6379" });
   assert.equal(argAfter(multi.args, "--pipeline-parallel-size"), "2");
   assert.equal(argAfter(multi.args, "--distributed-executor-backend"), "ray");
   assert.equal(multi.env.RAY_ADDRESS, "10.0.0.5:6379");
   assert.ok(!multi.args.includes("--max-model-len"), "vLLM takes the model's own length when none is given");
 
-  assert.throws(() => vllmLaunch({ ...common, pipelineParallel: 2 }), (error: unknown) => error instanceof LlmgwError && error.code === "invalid_request" && /Ray head address/.test(error.message));
+  assert.throws(
+    () => vllmLaunch({ ...common, pipelineParallel: 2 }),
+    (error: unknown) => error instanceof LlmgwError && error.code === "invalid_request" && /Ray head address/.test(error.message),
+  );
   assert.throws(() => vllmLaunch({ ...common, pipelineParallel: 0 }), /pipelineParallel must be a whole number of at least 1, got 0/);
   const deep = `/${"d".repeat(70)}`;
   assert.throws(
     () => vllmLaunch({ ...common, pipelineParallel: 1, stateDir: deep }),
     (error: unknown) => error instanceof LlmgwError && error.code === "state_path_too_long" && /would need 112 bytes, more than the 107/.test(error.message),
   );
-  assert.equal(argAfter(vllmLaunch({ ...common, pipelineParallel: 1, attempt: 2, fallbackAttentionBackend: "FLEX_ATTENTION" }).args, "--attention-backend"), "FLEX_ATTENTION");
-  const chosen = vllmLaunch({ ...common, pipelineParallel: 1, attempt: 2, profile: profileSchema.parse({ ...profile, engine_args: ["-ac.backend", "FLASHINFER"] }) });
+  assert.equal(
+    argAfter(vllmLaunch({ ...common, pipelineParallel: 1, attempt: 2, fallbackAttentionBackend: "FLEX_ATTENTION" }).args, "--attention-backend"),
+    "FLEX_ATTENTION",
+  );
+  const chosen = vllmLaunch({
+    ...common,
+    pipelineParallel: 1,
+    attempt: 2,
+    profile: profileSchema.parse({ ...profile, engine_args: ["-ac.backend", "FLASHINFER"] }),
+  });
   assert.ok(!chosen.args.includes("--attention-backend"), "the profile's own backend is kept on fallback attempts");
   assert.equal(chosen.settings?.attentionBackend, "engine_args");
 });
@@ -203,5 +257,8 @@ test("Ray launches: the head on port 6379 with its dashboard as health port, a w
   assert.ok(worker.args.includes("--block"));
   assert.ok(!worker.args.includes("--num-gpus"), "Ray counts the GPUs it sees when placement names none");
   assert.deepEqual([worker.port, worker.healthPath], [52365, "/api/local_raylet_healthz"]);
-  assert.throws(() => rayWorkerLaunch({ executable: "ray", host: "h", port: 1, stateDir: `/${"d".repeat(100)}`, headAddress: "h:6379" }), /Ray's sockets .* more than the 107/);
+  assert.throws(
+    () => rayWorkerLaunch({ executable: "ray", host: "h", port: 1, stateDir: `/${"d".repeat(100)}`, headAddress: "h:6379" }),
+    /Ray's sockets .* more than the 107/,
+  );
 });

@@ -76,7 +76,10 @@ const VLLM_SOCKET_NAME_BYTES = 37;
 /** One attempt's launch of `vllm serve` for a vllm profile. */
 export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
   const { host, port } = options;
-  for (const [name, value] of [["tensorParallel", options.tensorParallel], ["pipelineParallel", options.pipelineParallel]] as const) {
+  for (const [name, value] of [
+    ["tensorParallel", options.tensorParallel],
+    ["pipelineParallel", options.pipelineParallel],
+  ] as const) {
     if (!Number.isInteger(value) || value < 1) throw new BadRequestError(`vLLM ${name} must be a whole number of at least 1, got ${value}.`, { param: name });
   }
   const multiNode = options.pipelineParallel > 1;

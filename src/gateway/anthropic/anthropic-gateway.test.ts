@@ -20,7 +20,10 @@ describe("/v1/messages through the gateway", () => {
   let seen: Awaited<ReturnType<typeof upstreams.start>>;
 
   const addModel = async (name: string, url: string) => {
-    const created = await harness.admin("POST", "/api/v1/models", { name, profiles: [{ name: "up", engine: "external", url: `${url}/v1`, upstream_model: `${name}-upstream` }] });
+    const created = await harness.admin("POST", "/api/v1/models", {
+      name,
+      profiles: [{ name: "up", engine: "external", url: `${url}/v1`, upstream_model: `${name}-upstream` }],
+    });
     assert.equal(created.status, 201, JSON.stringify(created.body));
   };
 
@@ -125,13 +128,19 @@ describe("/v1/messages through the gateway", () => {
     assert.deepEqual(Object.keys(auth.error as object), ["type", "error"]);
     assert.equal((auth.error as any).error.type, "authentication_error");
 
-    const missing = await client.messages.create({ model: "no-such-model", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).catch((e: unknown) => e);
+    const missing = await client.messages
+      .create({ model: "no-such-model", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] })
+      .catch((e: unknown) => e);
     assert.ok(missing instanceof Anthropic.NotFoundError, String(missing));
     assert.equal((missing.error as any).error.type, "not_found_error");
     assert.match((missing.error as any).error.message, /no-such-model/);
 
     const image = await client.messages
-      .create({ model: "ext", max_tokens: 8, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AAAA" } }] }] })
+      .create({
+        model: "ext",
+        max_tokens: 8,
+        messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "AAAA" } }] }],
+      })
       .catch((e: unknown) => e);
     assert.ok(image instanceof Anthropic.BadRequestError, String(image));
     assert.equal((image.error as any).error.type, "invalid_request_error");
@@ -139,7 +148,10 @@ describe("/v1/messages through the gateway", () => {
 
     const noKey = await fetch(`${harness.url}/v1/messages`, { method: "POST", body: "{}" });
     assert.equal(noKey.status, 401);
-    assert.deepEqual(await noKey.json(), { type: "error", error: { type: "authentication_error", message: "No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>')." } });
+    assert.deepEqual(await noKey.json(), {
+      type: "error",
+      error: { type: "authentication_error", message: "No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>')." },
+    });
 
     const notJson = await fetch(`${harness.url}/v1/messages`, { method: "POST", headers: { "x-api-key": key }, body: "{" });
     assert.equal(notJson.status, 400);
@@ -156,7 +168,10 @@ describe("/v1/messages through the gateway", () => {
     const error = await client.messages.create({ model: "refusing", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).catch((e: unknown) => e);
     assert.ok(error instanceof Anthropic.BadRequestError, String(error));
     assert.deepEqual(error.error, { type: "error", error: { type: "invalid_request_error", message: "upstream failure" } });
-    const streamed = await client.messages.stream({ model: "refusing", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).finalMessage().catch((e: unknown) => e);
+    const streamed = await client.messages
+      .stream({ model: "refusing", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] })
+      .finalMessage()
+      .catch((e: unknown) => e);
     assert.ok(streamed instanceof Anthropic.BadRequestError, String(streamed));
   });
 
@@ -203,7 +218,10 @@ describe("/v1/messages through the gateway", () => {
 
     const stopping = await upstreams.start({ reply: "one two three four", endStreamEarly: "with-error" });
     await addModel("stopping", stopping.url);
-    const told = await client.messages.stream({ model: "stopping", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).finalMessage().catch((e: unknown) => e);
+    const told = await client.messages
+      .stream({ model: "stopping", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] })
+      .finalMessage()
+      .catch((e: unknown) => e);
     assert.ok(told instanceof Anthropic.APIError, String(told));
     assert.equal((told.error as any).error.message, "The engine is shutting down.", "the engine's own error event, translated");
   });

@@ -27,7 +27,8 @@ describe("policy on /v1/messages with the Anthropic SDK", () => {
   let upstreamRequests: () => number;
 
   const anthropicClient = (key: string) => new Anthropic({ apiKey: key, baseURL: harness.url, maxRetries: 0 });
-  const message = (client: Anthropic, model: string, content: string) => client.messages.create({ model, max_tokens: 32, messages: [{ role: "user", content }] });
+  const message = (client: Anthropic, model: string, content: string) =>
+    client.messages.create({ model, max_tokens: 32, messages: [{ role: "user", content }] });
   const errorBody = (error: InstanceType<typeof Anthropic.APIError>) => error.error as { type: string; error: { type: string; message: string } };
 
   before(async () => {
@@ -37,7 +38,11 @@ describe("policy on /v1/messages with the Anthropic SDK", () => {
     upstreamRequests = () => upstream.requests.length + leaky.requests.length;
     guard = await startStandInGuard({ format: "llama-guard-3", unsafeWords: { kill: ["S1"], hate: ["S10"], bomb: ["S9"] } });
     await harness.addModel({ name: "lg", role: "guard", guard_format: "llama-guard-3", profiles: [{ name: "g", engine: "external", url: guard.url }] });
-    await harness.addModel({ name: "guarded", guards: { input: ["lg"], output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }] });
+    await harness.addModel({
+      name: "guarded",
+      guards: { input: ["lg"], output: ["lg"] },
+      profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }],
+    });
     await harness.addModel({ name: "plain", prices: PRICES, profiles: [{ name: "up", engine: "external", url: `${upstream.url}/v1` }] });
     await harness.addModel({ name: "leaky", profiles: [{ name: "up", engine: "external", url: `${leaky.url}/v1` }] });
   });
@@ -66,7 +71,9 @@ describe("policy on /v1/messages with the Anthropic SDK", () => {
     assert.equal(upstreamRequests(), before, "the model never saw the unsafe request");
 
     // A stream is checked on its input too: refused before its first event.
-    const streamed = await client.messages.create({ model: "guarded", max_tokens: 32, stream: true, messages: [{ role: "user", content: "kill" }] }).catch((error: unknown) => error);
+    const streamed = await client.messages
+      .create({ model: "guarded", max_tokens: 32, stream: true, messages: [{ role: "user", content: "kill" }] })
+      .catch((error: unknown) => error);
     assert.ok(streamed instanceof Anthropic.BadRequestError, String(streamed));
     assert.equal(errorBody(streamed).error.type, "invalid_request_error");
     assert.equal(upstreamRequests(), before);

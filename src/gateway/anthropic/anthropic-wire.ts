@@ -23,7 +23,8 @@ function apiKey(req: IncomingMessage): string {
   const header = req.headers["x-api-key"];
   const key = (typeof header === "string" ? header.trim() : "") || bearerToken(req.headers.authorization);
   // Said here rather than by the key service, whose message names only the Bearer header.
-  if (key === undefined) throw new AuthenticationError("No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>').", { code: "missing_api_key" });
+  if (key === undefined)
+    throw new AuthenticationError("No API key given. Send it as 'x-api-key: <key>' (or 'Authorization: Bearer <key>').", { code: "missing_api_key" });
   return key;
 }
 

@@ -3,14 +3,30 @@
 // llmgw's errors and the upstream's keep their status with Anthropic's body.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { AuthenticationError, BadRequestError, NotFoundError, PayloadTooLargeError, PermissionDeniedError, TooManyRequestsError, UnavailableError, UpstreamError } from "../../core/errors.ts";
+import {
+  AuthenticationError,
+  BadRequestError,
+  NotFoundError,
+  PayloadTooLargeError,
+  PermissionDeniedError,
+  TooManyRequestsError,
+  UnavailableError,
+  UpstreamError,
+} from "../../core/errors.ts";
 import { MessagesAnswer, stopOutcome } from "./messages-answer.ts";
 import { anthropicStreamFailureEvent, renderAnthropicError, upstreamErrorBody } from "./anthropic-errors.ts";
 
 const request = { model: "demo-alias", messages: [], max_tokens: 8, stop: ["END"] };
 
 function completion(choice: Record<string, unknown>, usage: unknown = { prompt_tokens: 11, completion_tokens: 3, total_tokens: 14 }) {
-  return { id: "chatcmpl-1", object: "chat.completion", created: 1, model: "upstream-name", choices: [{ index: 0, message: { role: "assistant", content: "Hi there" }, finish_reason: "stop", ...choice }], usage };
+  return {
+    id: "chatcmpl-1",
+    object: "chat.completion",
+    created: 1,
+    model: "upstream-name",
+    choices: [{ index: 0, message: { role: "assistant", content: "Hi there" }, finish_reason: "stop", ...choice }],
+    usage,
+  };
 }
 
 /** Runs one upstream answer through the rewriter, split in two chunks as a socket may deliver it. */
@@ -26,16 +42,19 @@ function rewrite(status: number, body: string) {
 test("a chat completion becomes a message with the requested model name, text content and usage", () => {
   const { json, head, usage } = rewrite(200, JSON.stringify(completion({})));
   assert.match(json.id, /^msg_[0-9a-f]{24}$/);
-  assert.deepEqual({ ...json, id: "x" }, {
-    id: "x",
-    type: "message",
-    role: "assistant",
-    model: "demo-alias",
-    content: [{ type: "text", text: "Hi there" }],
-    stop_reason: "end_turn",
-    stop_sequence: null,
-    usage: { input_tokens: 11, output_tokens: 3, cache_creation_input_tokens: null, cache_read_input_tokens: null },
-  });
+  assert.deepEqual(
+    { ...json, id: "x" },
+    {
+      id: "x",
+      type: "message",
+      role: "assistant",
+      model: "demo-alias",
+      content: [{ type: "text", text: "Hi there" }],
+      stop_reason: "end_turn",
+      stop_sequence: null,
+      usage: { input_tokens: 11, output_tokens: 3, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+    },
+  );
   assert.deepEqual(head, { status: 200, contentType: "application/json" });
   assert.deepEqual(usage, { prompt_tokens: 11, completion_tokens: 3 });
 });
@@ -53,23 +72,32 @@ test("a stream request the upstream answered with one JSON completion gets the m
   const text = answer.end().toString("utf8");
   assert.deepEqual(answer.head(), { status: 200, contentType: "text/event-stream" });
   assert.deepEqual(answer.usage(), { prompt_tokens: 11, completion_tokens: 3 });
-  const events = text.split("\n\n").filter((part) => part !== "").map((part) => {
-    const match = /^event: (\w+)\ndata: (.*)$/.exec(part);
-    assert.ok(match, `an event line and a data line: ${JSON.stringify(part)}`);
-    return { name: match[1]!, data: JSON.parse(match[2]!) };
-  });
-  assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+  const events = text
+    .split("\n\n")
+    .filter((part) => part !== "")
+    .map((part) => {
+      const match = /^event: (\w+)\ndata: (.*)$/.exec(part);
+      assert.ok(match, `an event line and a data line: ${JSON.stringify(part)}`);
+      return { name: match[1]!, data: JSON.parse(match[2]!) };
+    });
+  assert.deepEqual(
+    events.map((e) => e.name),
+    ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"],
+  );
   const start = events[0]!.data.message;
-  assert.deepEqual({ ...start, id: "x" }, {
-    id: "x",
-    type: "message",
-    role: "assistant",
-    model: "demo-alias",
-    content: [],
-    stop_reason: null,
-    stop_sequence: null,
-    usage: { input_tokens: 11, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null },
-  });
+  assert.deepEqual(
+    { ...start, id: "x" },
+    {
+      id: "x",
+      type: "message",
+      role: "assistant",
+      model: "demo-alias",
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: { input_tokens: 11, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+    },
+  );
   assert.deepEqual(events[2]!.data.delta, { type: "text_delta", text: "Hi there" });
   assert.deepEqual(events[4]!.data, {
     type: "message_delta",
@@ -84,7 +112,12 @@ test("a stream request the upstream answered with one JSON completion gets the m
 });
 
 test("usage counts that are not whole numbers >= 0 are no usage", () => {
-  for (const usage of [{ prompt_tokens: -5, completion_tokens: 3 }, { prompt_tokens: 5, completion_tokens: -1 }, { prompt_tokens: 1.5, completion_tokens: 3 }, { prompt_tokens: "5", completion_tokens: 3 }]) {
+  for (const usage of [
+    { prompt_tokens: -5, completion_tokens: 3 },
+    { prompt_tokens: 5, completion_tokens: -1 },
+    { prompt_tokens: 1.5, completion_tokens: 3 },
+    { prompt_tokens: "5", completion_tokens: 3 },
+  ]) {
     const { json, usage: found } = rewrite(200, JSON.stringify(completion({}, usage)));
     assert.equal(found, null, JSON.stringify(usage));
     assert.deepEqual(json.usage, { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null });
@@ -103,11 +136,20 @@ test("stop reasons: length is max_tokens; stop_sequence only when the server nam
 });
 
 test("an upstream error answer keeps its status and message in Anthropic's shape", () => {
-  const openai = rewrite(400, JSON.stringify({ error: { message: "at most 4 stop sequences are allowed", type: "invalid_request_error", param: "stop", code: "invalid_field" } }));
+  const openai = rewrite(
+    400,
+    JSON.stringify({ error: { message: "at most 4 stop sequences are allowed", type: "invalid_request_error", param: "stop", code: "invalid_field" } }),
+  );
   assert.deepEqual(openai.json, { type: "error", error: { type: "invalid_request_error", message: "at most 4 stop sequences are allowed" } });
   assert.deepEqual(openai.head, { status: 400, contentType: "application/json" });
-  assert.deepEqual(upstreamErrorBody(422, JSON.stringify({ object: "error", message: "bad input" })), { type: "error", error: { type: "invalid_request_error", message: "bad input" } });
-  assert.deepEqual(upstreamErrorBody(503, "<html>Service Unavailable</html>"), { type: "error", error: { type: "api_error", message: "The model server answered HTTP 503: <html>Service Unavailable</html>" } });
+  assert.deepEqual(upstreamErrorBody(422, JSON.stringify({ object: "error", message: "bad input" })), {
+    type: "error",
+    error: { type: "invalid_request_error", message: "bad input" },
+  });
+  assert.deepEqual(upstreamErrorBody(503, "<html>Service Unavailable</html>"), {
+    type: "error",
+    error: { type: "api_error", message: "The model server answered HTTP 503: <html>Service Unavailable</html>" },
+  });
 });
 
 test("a 200 answer that is no chat completion becomes a 502 api_error", () => {
@@ -124,7 +166,11 @@ test("llmgw's errors: the status and headers stay, the body is Anthropic's", () 
     [new PermissionDeniedError("no"), 403, "permission_error"],
     [new NotFoundError("gone"), 404, "not_found_error"],
     [new PayloadTooLargeError("big"), 413, "request_too_large"],
-    [new TooManyRequestsError("slow down", { code: "rate_limit_exceeded", retryAfterSeconds: 7, headers: { "x-ratelimit-remaining-requests": "0" } }), 429, "rate_limit_error"],
+    [
+      new TooManyRequestsError("slow down", { code: "rate_limit_exceeded", retryAfterSeconds: 7, headers: { "x-ratelimit-remaining-requests": "0" } }),
+      429,
+      "rate_limit_error",
+    ],
     [new TooManyRequestsError("queue full", { code: "model_overloaded", retryAfterSeconds: 1 }), 429, "overloaded_error"],
     [new UnavailableError("waited too long", { code: "queue_timeout" }), 503, "overloaded_error"],
     [new UnavailableError("starting", { code: "model_starting", retryAfterSeconds: 5 }), 503, "api_error"],

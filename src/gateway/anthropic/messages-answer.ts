@@ -53,7 +53,12 @@ export function stopsOf(request: GatewayRequestBody): string[] {
  * as Anthropic's API sends them when nothing was cached (the SDKs type them number | null).
  */
 export function anthropicUsage(usage: TokenUsage | null) {
-  return { input_tokens: usage?.prompt_tokens ?? 0, output_tokens: usage?.completion_tokens ?? 0, cache_creation_input_tokens: null, cache_read_input_tokens: null };
+  return {
+    input_tokens: usage?.prompt_tokens ?? 0,
+    output_tokens: usage?.completion_tokens ?? 0,
+    cache_creation_input_tokens: null,
+    cache_read_input_tokens: null,
+  };
 }
 
 interface ChatChoice {
@@ -93,7 +98,10 @@ type Message = NonNullable<ReturnType<typeof messageFromChatCompletion>>;
  */
 export function messageAsEvents(message: Message): string {
   const { content, stop_reason, stop_sequence, usage, ...head } = message;
-  let out = sseNamedEvent("message_start", { type: "message_start", message: { ...head, content: [], stop_reason: null, stop_sequence: null, usage: { ...usage, output_tokens: 0 } } });
+  let out = sseNamedEvent("message_start", {
+    type: "message_start",
+    message: { ...head, content: [], stop_reason: null, stop_sequence: null, usage: { ...usage, output_tokens: 0 } },
+  });
   const text = content[0]?.text;
   if (text !== undefined) {
     out += sseNamedEvent("content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } });
@@ -139,7 +147,12 @@ export class MessagesAnswer implements BodyRewriter {
     const message = messageFromChatCompletion(completion, this.request);
     if (message === null) {
       this.status = 502;
-      return json(anthropicErrorBody("api_error", `The model server's answer was not a chat completion, so it cannot be given as a message (it began: ${JSON.stringify(text.slice(0, 120))}). Retry; if it persists, tell an administrator.`));
+      return json(
+        anthropicErrorBody(
+          "api_error",
+          `The model server's answer was not a chat completion, so it cannot be given as a message (it began: ${JSON.stringify(text.slice(0, 120))}). Retry; if it persists, tell an administrator.`,
+        ),
+      );
     }
     this.found = readTokenUsage((completion as { usage?: unknown }).usage);
     return this.asEvents ? Buffer.from(messageAsEvents(message), "utf8") : json(message);

@@ -46,7 +46,11 @@ test("a full request: system first, stop sequences, sampling, user id, and a str
 
 test("a minimal request sends only what was given: no system message, no stop, not streamed", () => {
   assert.deepEqual(messagesToChatBody(base), { model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 16 });
-  assert.deepEqual(messagesToChatBody({ ...base, system: "", stop_sequences: [], stream: false }), { model: "demo", messages: [{ role: "user", content: "Hello" }], max_tokens: 16 });
+  assert.deepEqual(messagesToChatBody({ ...base, system: "", stop_sequences: [], stream: false }), {
+    model: "demo",
+    messages: [{ role: "user", content: "Hello" }],
+    max_tokens: 16,
+  });
 });
 
 test("text blocks become text parts, and consecutive turns of one role are joined", () => {
@@ -62,7 +66,13 @@ test("text blocks become text parts, and consecutive turns of one role are joine
   });
   assert.deepEqual(body.messages, [
     { role: "system", content: [{ type: "text", text: "Be kind." }] },
-    { role: "user", content: [{ type: "text", text: "one" }, { type: "text", text: "two" }] },
+    {
+      role: "user",
+      content: [
+        { type: "text", text: "one" },
+        { type: "text", text: "two" },
+      ],
+    },
     { role: "assistant", content: "three" },
     { role: "user", content: "four" },
   ]);
@@ -76,8 +86,16 @@ test("refusals name the field and say what to send", () => {
     [{ ...base, model: undefined }, "model", /is required/],
     [{ ...base, messages: [] }, "messages", /at least one message/],
     [{ ...base, messages: [{ role: "system", content: "x" }] }, "messages.0.role", /top-level 'system' field/],
-    [{ ...base, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", data: "" } }] }] }, "messages.0.content.0.type", /type 'image' are not supported yet/],
-    [{ ...base, messages: [{ role: "user", content: [{ type: "tool_use", id: "t", name: "f", input: {} }] }] }, "messages.0.content.0.type", /type 'tool_use' are not supported yet/],
+    [
+      { ...base, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", data: "" } }] }] },
+      "messages.0.content.0.type",
+      /type 'image' are not supported yet/,
+    ],
+    [
+      { ...base, messages: [{ role: "user", content: [{ type: "tool_use", id: "t", name: "f", input: {} }] }] },
+      "messages.0.content.0.type",
+      /type 'tool_use' are not supported yet/,
+    ],
     [{ ...base, messages: [{ role: "user", content: [{ type: "text" }] }] }, "messages.0.content.0.text", /is required/],
     [{ ...base, messages: [{ role: "user", content: 42 }] }, "messages.0.content", /string or an array of text blocks/],
     [{ ...base, temperature: 1.5 }, "temperature", /1/],

@@ -20,7 +20,8 @@ const FIELDS_TAKEN = "model, messages, max_tokens, system, stop_sequences, tempe
 
 function unknownFieldMessage(keys: readonly PropertyKey[]): string {
   const key = String(keys[0]);
-  if (NOT_YET_SUPPORTED.has(key)) return `field '${key}' is not supported by llmgw's /v1/messages yet (it takes text conversations: ${FIELDS_TAKEN}); remove it`;
+  if (NOT_YET_SUPPORTED.has(key))
+    return `field '${key}' is not supported by llmgw's /v1/messages yet (it takes text conversations: ${FIELDS_TAKEN}); remove it`;
   return `unknown field '${key}'; /v1/messages takes ${FIELDS_TAKEN}`;
 }
 

@@ -70,35 +70,75 @@ test("a chat stream becomes Anthropic's events in order, whatever the chunk boun
   );
   const start = events[0]!.data.message;
   assert.match(start.id, /^msg_/);
-  assert.deepEqual({ ...start, id: "x" }, { id: "x", type: "message", role: "assistant", model: "demo", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null } });
+  assert.deepEqual(
+    { ...start, id: "x" },
+    {
+      id: "x",
+      type: "message",
+      role: "assistant",
+      model: "demo",
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+    },
+  );
   assert.deepEqual(events[1]!.data, { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } });
-  assert.deepEqual(events.slice(2, 4).map((e) => e.data.delta), [{ type: "text_delta", text: "Héllo" }, { type: "text_delta", text: " wörld 😁" }]);
+  assert.deepEqual(
+    events.slice(2, 4).map((e) => e.data.delta),
+    [
+      { type: "text_delta", text: "Héllo" },
+      { type: "text_delta", text: " wörld 😁" },
+    ],
+  );
   assert.deepEqual(events[4]!.data, { type: "content_block_stop", index: 0 });
-  assert.deepEqual(events[5]!.data, { type: "message_delta", delta: { stop_reason: "stop_sequence", stop_sequence: "END" }, usage: { input_tokens: 12, output_tokens: 4, cache_creation_input_tokens: null, cache_read_input_tokens: null } });
+  assert.deepEqual(events[5]!.data, {
+    type: "message_delta",
+    delta: { stop_reason: "stop_sequence", stop_sequence: "END" },
+    usage: { input_tokens: 12, output_tokens: 4, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+  });
 });
 
 test("CRLF framing, extra lines of other servers, and max_tokens", () => {
   const input = (chunk({ delta: { content: "a" } }) + ": keep-alive\n\n" + chunk({ finish_reason: "length" }) + "data: [DONE]\n\n").replaceAll("\n", "\r\n");
   const events = parseEvents(translate(Buffer.from(input), []).out);
-  assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"]);
+  assert.deepEqual(
+    events.map((e) => e.name),
+    ["message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"],
+  );
   assert.deepEqual(events[4]!.data.delta, { stop_reason: "max_tokens", stop_sequence: null });
-  assert.deepEqual(events[4]!.data.usage, { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null }, "no usage chunk: zeros");
+  assert.deepEqual(
+    events[4]!.data.usage,
+    { input_tokens: 0, output_tokens: 0, cache_creation_input_tokens: null, cache_read_input_tokens: null },
+    "no usage chunk: zeros",
+  );
 });
 
 test("a reply without text has no content block", () => {
-  const events = parseEvents(translate(Buffer.from(chunk({ delta: { role: "assistant", content: "" } }) + chunk({ finish_reason: "stop" }) + "data: [DONE]\n\n"), []).out);
-  assert.deepEqual(events.map((e) => e.name), ["message_start", "message_delta", "message_stop"]);
+  const events = parseEvents(
+    translate(Buffer.from(chunk({ delta: { role: "assistant", content: "" } }) + chunk({ finish_reason: "stop" }) + "data: [DONE]\n\n"), []).out,
+  );
+  assert.deepEqual(
+    events.map((e) => e.name),
+    ["message_start", "message_delta", "message_stop"],
+  );
   assert.deepEqual(events[1]!.data.delta, { stop_reason: "end_turn", stop_sequence: null });
 });
 
 test("the upstream's error event becomes Anthropic's error event, and nothing follows it", () => {
   const failure = `data: ${JSON.stringify({ error: { message: "The engine is shutting down.", type: "server_error", param: null, code: "engine_stopping" } })}\n\n`;
   const events = parseEvents(translate(Buffer.from(chunk({ delta: { content: "a" } }) + failure + "data: [DONE]\n\n"), []).out);
-  assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "error"]);
+  assert.deepEqual(
+    events.map((e) => e.name),
+    ["message_start", "content_block_start", "content_block_delta", "error"],
+  );
   assert.deepEqual(events[3]!.data, { type: "error", error: { type: "api_error", message: "The engine is shutting down." } });
 });
 
 test("a stream that stops without [DONE] is left open for the relay to end with its error event", () => {
   const events = parseEvents(translate(Buffer.from(chunk({ delta: { content: "a" } }) + chunk({ delta: { content: "b" } })), []).out);
-  assert.deepEqual(events.map((e) => e.name), ["message_start", "content_block_start", "content_block_delta", "content_block_delta"]);
+  assert.deepEqual(
+    events.map((e) => e.name),
+    ["message_start", "content_block_start", "content_block_delta", "content_block_delta"],
+  );
 });

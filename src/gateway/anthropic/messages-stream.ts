@@ -132,7 +132,8 @@ export class MessagesStream implements BodyRewriter {
   private fail(error: unknown): string {
     this.ended = true;
     const fields = typeof error === "object" && error !== null ? (error as Record<string, unknown>) : {};
-    const message = typeof fields.message === "string" ? fields.message : typeof error === "string" ? error : "The model server failed in the middle of the answer.";
+    const message =
+      typeof fields.message === "string" ? fields.message : typeof error === "string" ? error : "The model server failed in the middle of the answer.";
     const code = typeof fields.code === "string" ? fields.code : null;
     return sseNamedEvent("error", anthropicErrorBody(anthropicErrorType(500, code), message));
   }

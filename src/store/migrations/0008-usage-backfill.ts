@@ -71,7 +71,10 @@ export async function backfillUsageAggregates0008(db: Kysely<unknown>, dialect: 
   let afterId = 0;
   let total = 0;
   for (;;) {
-    const page = await sql<RawRow>`SELECT id, at, key_id, model, prompt_tokens, completion_tokens, ttft_ms, duration_ms, status, stream FROM usage WHERE id > ${afterId} ORDER BY id LIMIT ${pageRows}`.execute(db);
+    const page =
+      await sql<RawRow>`SELECT id, at, key_id, model, prompt_tokens, completion_tokens, ttft_ms, duration_ms, status, stream FROM usage WHERE id > ${afterId} ORDER BY id LIMIT ${pageRows}`.execute(
+        db,
+      );
     if (page.rows.length === 0) return total;
     const groups = aggregate(page.rows);
     await upsert({ db, dialect, granularity: "minute", rows: groups.minute });
@@ -121,7 +124,18 @@ function aggregate(rows: readonly RawRow[]): Record<Granularity, AggregateRow[]>
       let group = groups.get(id);
       if (group === undefined) {
         group = {
-          row: { start, key_id: keyId, model: raw.model, requests: 0, errors: 0, prompt_tokens: 0, completion_tokens: 0, cost_usd: 0, duration_hist: "", ttft_hist: "" },
+          row: {
+            start,
+            key_id: keyId,
+            model: raw.model,
+            requests: 0,
+            errors: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cost_usd: 0,
+            duration_hist: "",
+            ttft_hist: "",
+          },
           duration: {},
           ttft: {},
         };
@@ -161,7 +175,10 @@ async function upsert(options: { db: Kysely<unknown>; dialect: Dialect; granular
   const { db, dialect, granularity, rows } = options;
   const table = TABLES[granularity];
   const columns = [granularity, "key_id", "model", ...COUNTER_COLUMNS, ...HISTOGRAM_COLUMNS].join(", ");
-  const updates = [...COUNTER_COLUMNS.map((c) => `${c} = ${table}.${c} + excluded.${c}`), ...HISTOGRAM_COLUMNS.map((c) => `${c} = ${mergeHistograms(dialect, table, c)}`)];
+  const updates = [
+    ...COUNTER_COLUMNS.map((c) => `${c} = ${table}.${c} + excluded.${c}`),
+    ...HISTOGRAM_COLUMNS.map((c) => `${c} = ${mergeHistograms(dialect, table, c)}`),
+  ];
   const conflict = `ON CONFLICT (${granularity}, key_id, model) DO UPDATE SET ${updates.join(", ")}`;
   for (let offset = 0; offset < rows.length; offset += UPSERT_CHUNK) {
     const values: RawBuilder<unknown>[] = rows.slice(offset, offset + UPSERT_CHUNK).map((row) => sql`(${sql.join(VALUE_FIELDS.map((field) => row[field]))})`);

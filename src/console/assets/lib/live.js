@@ -42,7 +42,11 @@ export function usePoll(load, deps = [], { intervalMs = POLL_MS, reloadOnEvents 
     setState((previous) => ({ ...previous, loading: true }));
     void run();
     // A burst of events costs one reload, not one each; what a load on its way misses, the next poll (2 s) shows.
-    const unsubscribe = reloadOnEvents ? onEvent(() => { if (!inFlight) void run(); }) : () => {};
+    const unsubscribe = reloadOnEvents
+      ? onEvent(() => {
+          if (!inFlight) void run();
+        })
+      : () => {};
     return () => {
       stopped = true;
       clearTimeout(timer);

@@ -32,7 +32,8 @@ export function relativeTime(iso, now = Date.now()) {
   if (!Number.isFinite(at)) return String(iso);
   const seconds = Math.round((at - now) / 1000);
   const span = Math.abs(seconds);
-  const text = span < 60 ? `${span} s` : span < 3600 ? `${Math.round(span / 60)} min` : span < 86400 ? `${Math.round(span / 3600)} h` : `${Math.round(span / 86400)} d`;
+  const text =
+    span < 60 ? `${span} s` : span < 3600 ? `${Math.round(span / 60)} min` : span < 86400 ? `${Math.round(span / 3600)} h` : `${Math.round(span / 86400)} d`;
   return seconds <= 0 ? `${text} ago` : `in ${text}`;
 }
 
@@ -111,7 +112,10 @@ export function ConfirmDialog({ open, title, message, confirmLabel, onConfirm, o
     if (open && !element.open) element.showModal();
     if (!open && element.open) element.close();
   }, [open]);
-  return html`<dialog ref=${dialog} class="confirm" aria-labelledby=${titleId.current} onCancel=${(event) => { event.preventDefault(); onCancel(); }}>
+  return html`<dialog ref=${dialog} class="confirm" aria-labelledby=${titleId.current} onCancel=${(event) => {
+    event.preventDefault();
+    onCancel();
+  }}>
     <h2 id=${titleId.current}>${title}</h2>
     <p>${message}</p>
     <div class="actions">

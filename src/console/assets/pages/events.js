@@ -56,14 +56,16 @@ function EventItem({ event }) {
       <time class="muted" datetime=${event.at} title=${event.at}>${new Date(event.at).toLocaleString()} (${relativeTime(event.at)})</time>
     </div>
     <p class="event-message">${event.message}</p>
-    ${fields.length === 0
-      ? null
-      : html`<details>
+    ${
+      fields.length === 0
+        ? null
+        : html`<details>
           <summary>Data</summary>
           <dl class="facts">
             ${fields.map(([name, value]) => html`<dt>${name}</dt><dd>${dataText(value)}</dd>`)}
           </dl>
-        </details>`}
+        </details>`
+    }
   </li>`;
 }
 
@@ -108,11 +110,13 @@ export function EventsPage() {
       <p class="muted event-count" role="status">${recent.data === null ? "" : `${shown.length} ${shown.length === 1 ? "event" : "events"} shown`}</p>
     </div>
     <${ErrorNote} error=${recent.error} />
-    ${recent.data === null && recent.loading
-      ? html`<${Loading} what="events" />`
-      : shown.length === 0
-        ? html`<p class="muted">${kind === "" ? "No events yet." : `No '${titleOf(kind)}' events yet.`} New ones will appear here.</p>`
-        : html`<ol class="event-list" aria-label="Events, newest first">
+    ${
+      recent.data === null && recent.loading
+        ? html`<${Loading} what="events" />`
+        : shown.length === 0
+          ? html`<p class="muted">${kind === "" ? "No events yet." : `No '${titleOf(kind)}' events yet.`} New ones will appear here.</p>`
+          : html`<ol class="event-list" aria-label="Events, newest first">
             ${shown.map((event) => html`<${EventItem} key=${event.id} event=${event} />`)}
-          </ol>`}`;
+          </ol>`
+    }`;
 }

@@ -18,12 +18,14 @@ const UNFINISHED = new Set(["queued", "running"]);
 export function JobsPage({ route }) {
   const jobId = route.rest[0];
   return html`<h1>Jobs</h1>
-    ${jobId === undefined
-      ? html`<${ServeForm} onStarted=${(job) => {
-          location.hash = `#/jobs/${encodeURIComponent(job.id)}`;
-        }} />`
-      : html`<p><a href="#/jobs">← All jobs and the Serve form</a></p>
-          <${JobDetail} key=${jobId} id=${jobId} />`}
+    ${
+      jobId === undefined
+        ? html`<${ServeForm} onStarted=${(job) => {
+            location.hash = `#/jobs/${encodeURIComponent(job.id)}`;
+          }} />`
+        : html`<p><a href="#/jobs">← All jobs and the Serve form</a></p>
+          <${JobDetail} key=${jobId} id=${jobId} />`
+    }
     <${JobList} selected=${jobId} />`;
 }
 
@@ -38,7 +40,8 @@ function describeSubject(job) {
   const request = job.request ?? {};
   const text = (key) => (typeof request[key] === "string" ? request[key] : null);
   const model = modelOf(job);
-  if (job.kind === "serve") return `serve ${text("repo") ?? "?"}${text("revision") === null ? "" : `@${text("revision")}`}${model === null ? "" : ` as '${model}'`}`;
+  if (job.kind === "serve")
+    return `serve ${text("repo") ?? "?"}${text("revision") === null ? "" : `@${text("revision")}`}${model === null ? "" : ` as '${model}'`}`;
   if (request.rollback === true) return `rollback of '${model ?? "?"}'`;
   return `update of '${model ?? "?"}'${text("revision") === null ? " to the latest revision" : ` to ${text("revision")}`}`;
 }
@@ -74,11 +77,14 @@ function JobList({ selected }) {
   return html`<section aria-labelledby="jobs-list-heading">
     <h2 id="jobs-list-heading">All jobs</h2>
     <${ErrorNote} error=${jobs.error} prefix="Could not list the jobs" />
-    ${list === undefined
-      ? jobs.error ? null : html`<${Loading} what="jobs" />`
-      : list.length === 0
-        ? html`<p class="panel">No jobs yet. Serve a model with the form above, or run <code>llmgw ctl model serve OWNER/NAME</code>.</p>`
-        : html`<div class="table-wrap" tabindex="0" role="region" aria-label="Jobs">
+    ${
+      list === undefined
+        ? jobs.error
+          ? null
+          : html`<${Loading} what="jobs" />`
+        : list.length === 0
+          ? html`<p class="panel">No jobs yet. Serve a model with the form above, or run <code>llmgw ctl model serve OWNER/NAME</code>.</p>`
+          : html`<div class="table-wrap" tabindex="0" role="region" aria-label="Jobs">
             <table class="jobs-table stack">
               <caption class="visually-hidden">Serve and update jobs, newest first</caption>
               <thead>
@@ -107,7 +113,8 @@ function JobList({ selected }) {
                 })}
               </tbody>
             </table>
-          </div>`}
+          </div>`
+    }
   </section>`;
 }
 
@@ -151,9 +158,11 @@ function JobView({ job, reload }) {
       ${job.steps.map((item) => html`<${StepItem} step=${item} />`)}
     </ol>
     ${job.result !== null ? html`<${SmokeResult} result=${job.result} />` : null}
-    ${job.state === "done" && model !== null
-      ? html`<p>'${model}' is served: see it in <a href="#/models">Models</a>, or talk to it in the <a href="#/playground">Playground</a>.</p>`
-      : null}
+    ${
+      job.state === "done" && model !== null
+        ? html`<p>'${model}' is served: see it in <a href="#/models">Models</a>, or talk to it in the <a href="#/playground">Playground</a>.</p>`
+        : null
+    }
     <${RequestFacts} request=${job.request} />`;
 }
 

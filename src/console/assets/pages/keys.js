@@ -53,7 +53,10 @@ async function loadKeys(signal) {
 /** The POST body from the form: only the fields given, in the API's names and types. */
 function requestBody(draft) {
   const body = { name: draft.name.trim(), role: draft.role };
-  const models = draft.models.split(",").map((model) => model.trim()).filter(Boolean);
+  const models = draft.models
+    .split(",")
+    .map((model) => model.trim())
+    .filter(Boolean);
   if (models.length > 0) body.allowed_models = models;
   // datetime-local has no zone: it is the browser's local time, sent as UTC.
   if (draft.expires !== "") body.expires_at = new Date(draft.expires).toISOString();
@@ -81,12 +84,16 @@ function RateCell({ keyInfo, usage }) {
   const rate = usage?.rate ?? null;
   const lines = [];
   if (keyInfo.rpm !== null || keyInfo.tpm !== null) {
-    const limits = [keyInfo.rpm === null ? null : `${formatNumber(keyInfo.rpm)} rpm`, keyInfo.tpm === null ? null : `${formatNumber(keyInfo.tpm)} tpm`].filter(Boolean).join(" · ");
+    const limits = [keyInfo.rpm === null ? null : `${formatNumber(keyInfo.rpm)} rpm`, keyInfo.tpm === null ? null : `${formatNumber(keyInfo.tpm)} tpm`]
+      .filter(Boolean)
+      .join(" · ");
     lines.push(html`<div>${limits}</div>`);
     if (rate !== null) lines.push(html`<div class="muted">this minute: ${formatNumber(rate.requests)} requests, ${formatNumber(rate.tokens)} tokens</div>`);
   }
   for (const [model, limits] of Object.entries(keyInfo.model_limits ?? {})) {
-    const parts = [limits.rpm == null ? null : `${formatNumber(limits.rpm)} rpm`, limits.tpm == null ? null : `${formatNumber(limits.tpm)} tpm`].filter(Boolean).join(" · ");
+    const parts = [limits.rpm == null ? null : `${formatNumber(limits.rpm)} rpm`, limits.tpm == null ? null : `${formatNumber(limits.tpm)} tpm`]
+      .filter(Boolean)
+      .join(" · ");
     lines.push(html`<div>${model}: ${parts}</div>`);
   }
   return lines.length === 0 ? html`<span class="muted">none</span>` : lines;
@@ -237,10 +244,22 @@ export function KeysPage() {
     <h2>API keys</h2>
     <${ErrorNote} error=${error} />
     <${ErrorNote} error=${revoke.error} prefix="The key was not revoked" />
-    ${data === null ? (loading ? html`<${Loading} what="keys" />` : null) : html`<${KeyTable} keys=${data.keys} usage=${data.usage} onRevoke=${(key) => { revoke.clear(); setRevoking(key); }} />`}
+    ${
+      data === null
+        ? loading
+          ? html`<${Loading} what="keys" />`
+          : null
+        : html`<${KeyTable} keys=${data.keys} usage=${data.usage} onRevoke=${(key) => {
+            revoke.clear();
+            setRevoking(key);
+          }} />`
+    }
     <h2 id="create-key-title">Create a key</h2>
     ${created === null ? null : html`<${NewKeyPanel} created=${created} onDismiss=${dismiss} />`}
-    <${CreateKeyForm} onCreated=${(next) => { setCreated(next); reload(); }} />
+    <${CreateKeyForm} onCreated=${(next) => {
+      setCreated(next);
+      reload();
+    }} />
     <${ConfirmDialog}
       open=${revoking !== null}
       title=${revoking === null ? "Revoke key" : `Revoke key '${revoking.name}'?`}

@@ -69,12 +69,16 @@ export function ModelsPage() {
     <${ErrorNote} error=${check.error} prefix="Checking for updates failed" />
     <${ErrorNote} error=${error} prefix="Could not load the models" />
     ${data === null && loading ? html`<${Loading} what="models" />` : null}
-    ${data !== null && data.unreadable.length > 0
-      ? html`<p class="error" role="alert">The catalog holds ${data.unreadable.length} model(s) this server cannot read: ${data.unreadable.join(", ")}. Their rows were written by a newer llmgw or were damaged; they are not served.</p>`
-      : null}
-    ${data !== null && data.models.length === 0
-      ? html`<p class="panel">No models yet. Serve one from a repository on the <a href="#/jobs">Jobs</a> page, or add one with <code>llmgw ctl model add</code>.</p>`
-      : null}
+    ${
+      data !== null && data.unreadable.length > 0
+        ? html`<p class="error" role="alert">The catalog holds ${data.unreadable.length} model(s) this server cannot read: ${data.unreadable.join(", ")}. Their rows were written by a newer llmgw or were damaged; they are not served.</p>`
+        : null
+    }
+    ${
+      data !== null && data.models.length === 0
+        ? html`<p class="panel">No models yet. Serve one from a repository on the <a href="#/jobs">Jobs</a> page, or add one with <code>llmgw ctl model add</code>.</p>`
+        : null
+    }
     ${data?.models.map(
       (model, index) => html`<${ModelCard}
         key=${model.name}
@@ -173,8 +177,9 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
     </div>
     <${ErrorNote} error=${action.error} />
     ${scaling ? html`<${ScaleForm} model=${model} idBase=${idFor("scale", model.name, index)} onDone=${scaled} />` : null}
-    ${confirming === "remove"
-      ? html`<${ConfirmDialog}
+    ${
+      confirming === "remove"
+        ? html`<${ConfirmDialog}
           open=${true}
           title=${`Remove model '${model.name}'?`}
           message=${`Its ${model.replicas?.length ?? 0} replica(s) stop and requests for '${model.name}'${model.aliases?.length ? ` (and its aliases ${model.aliases.join(", ")})` : ""} fail from now on.`}
@@ -182,9 +187,11 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
           onConfirm=${confirmed}
           onCancel=${() => closeConfirm(removeButton)}
         />`
-      : null}
-    ${confirming === "rollback"
-      ? html`<${ConfirmDialog}
+        : null
+    }
+    ${
+      confirming === "rollback"
+        ? html`<${ConfirmDialog}
           open=${true}
           title=${`Roll back model '${model.name}'?`}
           message=${`A job replaces the replicas of '${model.name}' with revision ${shortRevision(origin?.previous?.revision)} of ${origin?.repo}, the one it served before its last update.`}
@@ -193,7 +200,8 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
           onConfirm=${confirmed}
           onCancel=${() => closeConfirm(rollbackButton)}
         />`
-      : null}
+        : null
+    }
   </section>`;
 }
 

@@ -80,9 +80,10 @@ function NodeCard({ node, index, reload }) {
     ${node.gpus?.length ? null : html`<p class="muted">No GPU.</p>`}
     <p class="muted">Bars show what the replicas placed here reserve, against what the node reported.</p>
     <h3>Replicas</h3>
-    ${replicas.length === 0
-      ? html`<p class="muted">No replica runs here.</p>`
-      : html`<div class="table-wrap" tabindex="0" role="region" aria-label=${`Replicas on ${node.name}, table`}>
+    ${
+      replicas.length === 0
+        ? html`<p class="muted">No replica runs here.</p>`
+        : html`<div class="table-wrap" tabindex="0" role="region" aria-label=${`Replicas on ${node.name}, table`}>
           <table>
             <caption class="visually-hidden">Replicas on ${node.name}</caption>
             <thead>
@@ -99,15 +100,17 @@ function NodeCard({ node, index, reload }) {
               )}
             </tbody>
           </table>
-        </div>`}
+        </div>`
+    }
     <div class="actions">
       ${node.state === "ready" ? html`<button type="button" class="secondary" disabled=${action.busy} onClick=${drain}>Drain</button>` : null}
       <button type="button" class="danger" ref=${removeButton} disabled=${action.busy} onClick=${() => setConfirming(true)}>Remove</button>
     </div>
     ${node.state === "draining" ? html`<p class="muted">Draining: no new replica is placed here; its replicas move elsewhere.</p>` : null}
     <${ErrorNote} error=${action.error} />
-    ${confirming
-      ? html`<${ConfirmDialog}
+    ${
+      confirming
+        ? html`<${ConfirmDialog}
           open=${true}
           title=${`Remove node '${node.name}'?`}
           message=${`The server forgets '${node.name}'${replicas.length ? ` and places its ${replicas.length} replica(s) elsewhere` : ""}. To bring it back, join it again with the join command.`}
@@ -115,7 +118,8 @@ function NodeCard({ node, index, reload }) {
           onConfirm=${remove}
           onCancel=${cancel}
         />`
-      : null}
+        : null
+    }
   </section>`;
 }
 
@@ -160,10 +164,12 @@ function AddNode() {
       <label for="join-advertise">Address of the new node, as this server reaches it (needed on another machine: adds --advertise)</label>
       <input id="join-advertise" type="text" autocomplete="off" spellcheck=${false} placeholder="10.0.0.12" value=${address} onInput=${(event) => setAddress(event.currentTarget.value)} />
     </div>
-    ${command !== null
-      ? html`<pre class="join-command"><code>${command}</code></pre>
+    ${
+      command !== null
+        ? html`<pre class="join-command"><code>${command}</code></pre>
           <div class="actions"><${CopyButton} text=${command} label="Copy the join command" /></div>`
-      : null}
+        : null
+    }
     <p class="muted">The token lets any machine that has it join: share it like a password.</p>
   </section>`;
 }

@@ -49,7 +49,7 @@ async function refusal(response) {
 }
 
 function Message({ message }) {
-  const who = message.role === "user" ? "You" : message.model ?? "Model";
+  const who = message.role === "user" ? "You" : (message.model ?? "Model");
   return html`<div class=${`msg msg-${message.role}`}>
     <span class="who">${who}:</span>
     <span class="text">${message.content}</span>
@@ -127,7 +127,12 @@ export function PlaygroundPage() {
       if (aborter.signal.reason === CLEARED) return;
       const endedAt = performance.now();
       const counted = reportedTokens ?? tokens;
-      const summary = describeStats({ ttftMs: firstTokenAt === null ? null : firstTokenAt - sentAt, tokens: counted, generationMs: firstTokenAt === null ? 0 : endedAt - firstTokenAt, finishReason: stopped ? "stopped" : finishReason });
+      const summary = describeStats({
+        ttftMs: firstTokenAt === null ? null : firstTokenAt - sentAt,
+        tokens: counted,
+        generationMs: firstTokenAt === null ? 0 : endedAt - firstTokenAt,
+        finishReason: stopped ? "stopped" : finishReason,
+      });
       setStats(summary);
       if (stopped) update({ stopped: true });
     };

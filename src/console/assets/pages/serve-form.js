@@ -20,11 +20,17 @@ const EMPTY_FORM = { repo: "", quant: "", replicas: "1", onDemand: false, name: 
  */
 function defaultName(repo) {
   const base = repo.trim().split("/")[1] ?? "";
-  return base.replace(/-GGUF$/i, "").replace(/[^A-Za-z0-9._:@+-]+/g, "-").replace(/^[^A-Za-z0-9]+/, "");
+  return base
+    .replace(/-GGUF$/i, "")
+    .replace(/[^A-Za-z0-9._:@+-]+/g, "-")
+    .replace(/^[^A-Za-z0-9]+/, "");
 }
 
 function splitAliases(text) {
-  return text.split(",").map((alias) => alias.trim()).filter((alias) => alias !== "");
+  return text
+    .split(",")
+    .map((alias) => alias.trim())
+    .filter((alias) => alias !== "");
 }
 
 /** The serve request the form describes, as serve-request.ts reads it. */
@@ -157,11 +163,13 @@ function PlanView({ repository, nodes, quant }) {
     <p class="muted"><span class="mono">${repository.repo}</span> at ${repository.revision} (<span class="mono">${repository.sha.slice(0, 12)}</span>)</p>
     <p class="plan-explanation">${plan.explanation}</p>
     <p>
-      ${quant !== "" && chosen === null
-        ? html`<span class="error">The repository has no ${quant} artifact; Serve would fail. Its artifacts: ${plan.artifacts.map((artifact) => artifact.label).join(", ")}.</span>`
-        : chosen === null
-          ? "Nothing fits: Serve would take the registry's default choice and the model would wait for room."
-          : html`Serve takes <strong>${chosen.label}</strong>${quant !== "" ? " (asked for)" : " (recommended)"}: <span class="mono">${(chosen.files ?? []).join(", ")}</span>.`}
+      ${
+        quant !== "" && chosen === null
+          ? html`<span class="error">The repository has no ${quant} artifact; Serve would fail. Its artifacts: ${plan.artifacts.map((artifact) => artifact.label).join(", ")}.</span>`
+          : chosen === null
+            ? "Nothing fits: Serve would take the registry's default choice and the model would wait for room."
+            : html`Serve takes <strong>${chosen.label}</strong>${quant !== "" ? " (asked for)" : " (recommended)"}: <span class="mono">${(chosen.files ?? []).join(", ")}</span>.`
+      }
     </p>
     <div class="table-wrap" tabindex="0" role="region" aria-label="Plan table">
       <table class="plan-table">
@@ -180,7 +188,11 @@ function PlanView({ repository, nodes, quant }) {
         </thead>
         <tbody>
           ${plan.options.map((option) => {
-            const recommended = plan.recommendation !== null && sameArtifact(option.artifact, plan.recommendation.artifact) && option.where === plan.recommendation.where && option.engine === plan.recommendation.engine;
+            const recommended =
+              plan.recommendation !== null &&
+              sameArtifact(option.artifact, plan.recommendation.artifact) &&
+              option.where === plan.recommendation.where &&
+              option.engine === plan.recommendation.engine;
             const unit = option.per === "gpu" ? "/GPU" : "/node";
             return html`<tr class=${recommended ? "plan-recommended" : ""}>
               <td>${option.artifact.label} <span class="muted">(${option.artifact.format}, ${formatBytes(option.artifact.bytes)})</span>${recommended ? html` <span class="badge badge-good">Recommended</span>` : null}</td>
@@ -197,9 +209,11 @@ function PlanView({ repository, nodes, quant }) {
       </table>
     </div>
     ${warnings.length > 0 ? html`<ul class="plan-warnings">${warnings.map((warning) => html`<li><strong>Warning:</strong> ${warning}</li>`)}</ul>` : null}
-    ${unplanned.length > 0
-      ? html`<p class="muted">Not planned: ${unplanned.map((artifact, index) => html`${index > 0 ? "; " : ""}${artifact.description} (${artifact.note ?? "not planned"})`)}.</p>`
-      : null}
+    ${
+      unplanned.length > 0
+        ? html`<p class="muted">Not planned: ${unplanned.map((artifact, index) => html`${index > 0 ? "; " : ""}${artifact.description} (${artifact.note ?? "not planned"})`)}.</p>`
+        : null
+    }
     <${PoolNodes} nodes=${nodes} />
     <details class="plan-memory">
       <summary>What each artifact's memory is made of</summary>

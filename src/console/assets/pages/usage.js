@@ -57,7 +57,9 @@ function formatMs(value) {
 function bucketLabel(ms, bucket) {
   const at = new Date(ms);
   // Days are UTC days (as the server adds them up), so their date is read in UTC too.
-  return bucket === "day" ? `${at.toLocaleDateString([], { timeZone: "UTC" })} (UTC)` : at.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  return bucket === "day"
+    ? `${at.toLocaleDateString([], { timeZone: "UTC" })} (UTC)`
+    : at.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
 }
 
 async function loadUsage({ range, by }, signal) {
@@ -81,9 +83,14 @@ function chartData(data, range, by) {
   const starts = [];
   for (let at = first; at <= last; at += bucketMs) starts.push(at);
   const index = new Map(starts.map((at, position) => [at, position]));
-  const drawn = [...data.groups].sort((a, b) => b.requests - a.requests).slice(0, MAX_SERIES).map((row) => groupName(row, by));
+  const drawn = [...data.groups]
+    .sort((a, b) => b.requests - a.requests)
+    .slice(0, MAX_SERIES)
+    .map((row) => groupName(row, by));
   const empty = (fill) => starts.map(() => fill);
-  const perGroup = new Map(drawn.map((name) => [name, { requests: empty(0), errors: empty(0), tokensIn: empty(0), tokensOut: empty(0), cost: empty(0), p95: empty(null) }]));
+  const perGroup = new Map(
+    drawn.map((name) => [name, { requests: empty(0), errors: empty(0), tokensIn: empty(0), tokensOut: empty(0), cost: empty(0), p95: empty(null) }]),
+  );
   const all = { requests: empty(0), errors: empty(0), tokensIn: empty(0), tokensOut: empty(0), cost: empty(0) };
   for (const row of data.overTime) {
     const position = index.get(Date.parse(row.period));
@@ -120,7 +127,13 @@ function chartsOf(series, data, range, by) {
   const sum = (values) => values.reduce((total, value) => total + value, 0);
   const when = (position) => bucketLabel(starts[position], range.bucket);
   const lines = (pick, format) => drawn.map((name, position) => ({ label: name, colour: position, values: pick(perGroup.get(name)), format }));
-  const perGroupText = (total) => (data.groups.length === 0 ? "" : `; by ${by}: ${[...data.groups].sort((a, b) => b.requests - a.requests).map((row) => `${groupName(row, by)} ${total(row)}`).join(", ")}`);
+  const perGroupText = (total) =>
+    data.groups.length === 0
+      ? ""
+      : `; by ${by}: ${[...data.groups]
+          .sort((a, b) => b.requests - a.requests)
+          .map((row) => `${groupName(row, by)} ${total(row)}`)
+          .join(", ")}`;
 
   const requests = sum(all.requests);
   const busiest = peak(all.requests);
@@ -134,7 +147,11 @@ function chartsOf(series, data, range, by) {
       id: "requests",
       title: "Requests",
       lines: lines((group) => group.requests, formatNumber),
-      summary: `Requests: ${formatNumber(requests)} ${range.phrase}` + (busiest === null ? "." : `, at most ${formatNumber(all.requests[busiest])} in one ${range.bucket} (${when(busiest)})${perGroupText((row) => formatNumber(row.requests))}.`),
+      summary:
+        `Requests: ${formatNumber(requests)} ${range.phrase}` +
+        (busiest === null
+          ? "."
+          : `, at most ${formatNumber(all.requests[busiest])} in one ${range.bucket} (${when(busiest)})${perGroupText((row) => formatNumber(row.requests))}.`),
       format: formatNumber,
     },
     {
@@ -251,12 +268,14 @@ function Chart({ chart, bucket }) {
   return html`<figure class="chart" aria-labelledby=${titleId} data-chart=${chart.id}>
     <h3 id=${titleId}>${chart.title}</h3>
     <figcaption class="chart-summary">${chart.summary}</figcaption>
-    ${chart.lines.length === 0
-      ? html`<p class="muted">Nothing to draw yet.</p>`
-      : html`<${Plot} xs=${chart.xs} lines=${chart.lines} format=${chart.format} bucket=${bucket} />
+    ${
+      chart.lines.length === 0
+        ? html`<p class="muted">Nothing to draw yet.</p>`
+        : html`<${Plot} xs=${chart.xs} lines=${chart.lines} format=${chart.format} bucket=${bucket} />
           <ul class="chart-legend">
             ${chart.lines.map((line) => html`<li><span class=${`swatch swatch-${line.colour % COLOURS.length}${line.dash ? " swatch-dashed" : ""}`}></span>${line.label}</li>`)}
-          </ul>`}
+          </ul>`
+    }
   </figure>`;
 }
 
@@ -291,9 +310,13 @@ function TotalsTable({ data, by }) {
         </tr>
       </thead>
       <tbody>
-        ${rows.length === 0
-          ? html`<tr><td colspan="10" class="muted">No requests in this time range.</td></tr>`
-          : rows.map((row) => html`<tr key=${groupName(row, by)} data-group=${groupName(row, by)}><th scope="row">${groupName(row, by)}</th>${cells(row)}</tr>`)}
+        ${
+          rows.length === 0
+            ? html`<tr><td colspan="10" class="muted">No requests in this time range.</td></tr>`
+            : rows.map(
+                (row) => html`<tr key=${groupName(row, by)} data-group=${groupName(row, by)}><th scope="row">${groupName(row, by)}</th>${cells(row)}</tr>`,
+              )
+        }
       </tbody>
       ${rows.length === 0 ? null : html`<tfoot><tr><th scope="row">All</th>${cells(data.total)}</tr></tfoot>`}
     </table>
@@ -318,14 +341,16 @@ function BucketTable({ series, range }) {
           </tr>
         </thead>
         <tbody>
-          ${rows.reverse().map(({ at, position }) => html`<tr key=${at}>
+          ${rows.reverse().map(
+            ({ at, position }) => html`<tr key=${at}>
             <td>${bucketLabel(at, range.bucket)}</td>
             <td class="num">${formatNumber(series.all.requests[position])}</td>
             <td class="num">${formatNumber(series.all.errors[position])}</td>
             <td class="num">${formatNumber(series.all.tokensIn[position])}</td>
             <td class="num">${formatNumber(series.all.tokensOut[position])}</td>
             <td class="num">${formatUsd(series.all.cost[position])}</td>
-          </tr>`)}
+          </tr>`,
+          )}
         </tbody>
       </table>
     </div>
@@ -360,15 +385,17 @@ export function UsagePage() {
       </div>
     </div>
     <${ErrorNote} error=${error} />
-    ${current === null
-      ? loading || data !== null
-        ? html`<${Loading} what="usage" />`
-        : null
-      : html`<h2>Over time, per ${range.bucket}</h2>
+    ${
+      current === null
+        ? loading || data !== null
+          ? html`<${Loading} what="usage" />`
+          : null
+        : html`<h2>Over time, per ${range.bucket}</h2>
           <div class="usage-charts">
             ${charts.map((chart) => html`<${Chart} key=${chart.id} chart=${chart} bucket=${range.bucket} />`)}
           </div>
           <h2>Totals by ${byLabel}</h2>
           <${TotalsTable} data=${current} by=${by} />
-          <${BucketTable} series=${series} range=${range} />`}`;
+          <${BucketTable} series=${series} range=${range} />`
+    }`;
 }
