@@ -27,6 +27,11 @@ import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
 import { postgresProblem } from "./support/stores.ts";
 import { LIMITS_CLOCK_ENV } from "../src/policy/limits-clock.ts";
+import type { ClusterView } from "../src/cluster/cluster-routes.ts";
+import type { StoredEvent } from "../src/events/event-log.ts";
+import type { modelHealthView, NodeView } from "../src/fleet/fleet-views.ts";
+import type { MirrorFileView } from "../src/mirror/mirror.ts";
+import type { JobStep } from "../src/serve/job-rows.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -153,7 +158,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     startAgent("n2", ["b", "a"]);
     await eventually(
       "two ready nodes",
-      async () => ((await call("a", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2,
+      async () => ((await call("a", "GET", "/api/v1/nodes")).body.data as NodeView[]).filter((n) => n.state === "ready").length === 2,
     );
   });
 
@@ -184,11 +189,11 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
 
   test("both servers list the cluster: names, addresses, versions, who leads", async () => {
     for (const name of ["a", "b"]) {
-      const view = (await call(name, "GET", "/api/v1/cluster")).body;
+      const view: ClusterView = (await call(name, "GET", "/api/v1/cluster")).body;
       assert.equal(view.self, name);
-      assert.equal(view.leader.name, "a");
+      assert.equal(view.leader!.name, "a");
       assert.deepEqual(
-        view.servers.map((s: any) => [s.name, s.url, s.live, s.leader]),
+        view.servers.map((s) => [s.name, s.url, s.live, s.leader]),
         [
           ["a", urlOf("a"), true, true],
           ["b", urlOf("b"), true, false],
@@ -234,7 +239,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     assert.ok(serveLine, fetched.stdout);
     const [, version, ...parts] = serveLine[1]!.split("/");
     const file = parts.join("/");
-    const listed = ((await call("b", "GET", "/api/v1/mirror?model=mirrored")).body.data as any[]).map((f) => [f.file, f.state, f.holders]);
+    const listed = ((await call("b", "GET", "/api/v1/mirror?model=mirrored")).body.data as MirrorFileView[]).map((f) => [f.file, f.state, f.holders]);
     assert.deepEqual(listed, [[file, "complete", ["a"]]], "a holds the bytes, as b sees it");
 
     // n2 asks b first; b has no bytes of it and redirects to a.
@@ -259,12 +264,12 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     const health = await eventually(
       "mirrored ready on both nodes",
       async () => {
-        const shown = (await call("b", "GET", "/api/v1/models/mirrored/health")).body;
+        const shown: ReturnType<typeof modelHealthView> = (await call("b", "GET", "/api/v1/models/mirrored/health")).body;
         return shown.ready === 2 ? shown : undefined;
       },
       { timeoutMs: 120_000 },
     );
-    assert.deepEqual(health.replicas.map((r: any) => [r.nodes[0], r.weights_verified]).sort(), [
+    assert.deepEqual(health.replicas.map((r) => [r.nodes[0], r.weights_verified]).sort(), [
       ["n1", true],
       ["n2", true],
     ]);
@@ -278,7 +283,7 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     const job = (await call("a", "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "served", quant: "Q4_K_M" })).body;
     assert.ok(typeof job.id === "string", JSON.stringify(job));
     await eventually("the job at its mirror step on a", async () =>
-      ((await call("a", "GET", `/api/v1/jobs/${job.id}`)).body.steps as any[]).some((s) => s.name === "mirror" && s.state === "running"),
+      ((await call("a", "GET", `/api/v1/jobs/${job.id}`)).body.steps as JobStep[]).some((s) => s.name === "mirror" && s.state === "running"),
     );
 
     // Clients that retry as the SDK does (2 retries, on connection errors, 408, 409, 429 and
@@ -352,12 +357,12 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     // The agents reach b now and their nodes were never lost.
     await eventually(
       "both nodes ready through b",
-      async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).filter((n) => n.state === "ready").length === 2,
+      async () => ((await call("b", "GET", "/api/v1/nodes")).body.data as NodeView[]).filter((n) => n.state === "ready").length === 2,
     );
-    const lost = (await call("b", "GET", "/api/v1/events?kind=node_lost")).body.data as any[];
+    const lost = (await call("b", "GET", "/api/v1/events?kind=node_lost")).body.data as StoredEvent[];
     assert.deepEqual(lost, [], "no node was taken for lost while its agent switched servers");
     await eventually("the agents' heartbeats to reach b", async () =>
-      ((await call("b", "GET", "/api/v1/nodes")).body.data as any[]).every((n) => n.last_heartbeat > aGoneAt),
+      ((await call("b", "GET", "/api/v1/nodes")).body.data as NodeView[]).every((n) => n.last_heartbeat > aGoneAt),
     );
 
     const before = answered;
@@ -370,9 +375,9 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
     stop = true;
     await Promise.all(clients);
     assert.deepEqual(failures.map(String), [], "no request failed for a client that retries");
-    const cluster = (await call("b", "GET", "/api/v1/cluster")).body;
+    const cluster: ClusterView = (await call("b", "GET", "/api/v1/cluster")).body;
     assert.deepEqual(
-      cluster.servers.map((s: any) => [s.name, s.live, s.leader]),
+      cluster.servers.map((s) => [s.name, s.live, s.leader]),
       [
         ["a", false, false],
         ["b", true, true],

@@ -7,6 +7,7 @@
 // drops the download and then hangs) shows its progress and is cancelled from the page,
 // and the server's own messages appear for a bad repository, a taken name and a job that
 // fails. axe-core and screenshots at 1280×800 and 390×844.
+// biome-ignore-all lint/performance/useDomNodeTextContent: these are Playwright locators, not DOM nodes; innerText() is what the user sees (rendered, with table cells and hidden text laid out), which textContent() is not.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser, Page } from "playwright-core";
@@ -19,7 +20,6 @@ import {
   openConsole,
   screenshot,
   startConsoleUp,
-  type ConsolePage,
   type ConsoleUp,
 } from "./support/console-browser.ts";
 import { eventually } from "./support/eventually.ts";

@@ -5,6 +5,7 @@
 // is open shows there without a reload. Every page passes axe-core and is photographed at
 // 1280×800 and at phone width. The registry is a closed port, so a serve job fails at once
 // (as it does when the Hub is unreachable) and records a job_failed event.
+// biome-ignore-all lint/performance/useDomNodeTextContent: these are Playwright locators, not DOM nodes; innerText() is what the user sees (rendered, with table cells and hidden text laid out), which textContent() is not.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser, Page } from "playwright-core";
@@ -21,6 +22,17 @@ import {
   type ConsoleUp,
 } from "./support/console-browser.ts";
 import { eventually } from "./support/eventually.ts";
+import type { StoredEvent } from "../src/events/event-log.ts";
+import type { ModelHealth } from "../src/fleet/model-health.ts";
+import type { ApiKeyInfo } from "../src/keys/key-service.ts";
+import type { KeyLimitsUse } from "../src/policy/limits.ts";
+import type { JobView } from "../src/serve/job-rows.ts";
+import type { UsageReportRow } from "../src/usage/usage-query.ts";
+
+/** A list answer of the admin API. */
+interface ListOf<T> {
+  data: T[];
+}
 
 const PHONE = { width: 390, height: 844 };
 const CHATS = 3;
@@ -43,14 +55,15 @@ describe("the Keys, Usage and Events pages", () => {
     await browser?.close();
   });
 
-  async function call(path: string, init: { method?: string; body?: unknown; key?: string } = {}): Promise<{ status: number; body: any }> {
+  /** Calls the API (with the admin key unless told another); `Body` is the answer's shape as the route sends it. */
+  async function call<Body = unknown>(path: string, init: { method?: string; body?: unknown; key?: string } = {}): Promise<{ status: number; body: Body }> {
     const response = await fetch(`${up.url}${path}`, {
       method: init.method ?? "GET",
       headers: { authorization: `Bearer ${init.key ?? up.adminKey}`, ...(init.body === undefined ? {} : { "content-type": "application/json" }) },
       body: init.body === undefined ? undefined : JSON.stringify(init.body),
     });
     const text = await response.text();
-    return { status: response.status, body: text === "" ? null : JSON.parse(text) };
+    return { status: response.status, body: (text === "" ? null : JSON.parse(text)) as Body };
   }
 
   /** Whether `text` is anywhere the page keeps things: its document, its storage or its address. */
@@ -88,7 +101,7 @@ describe("the Keys, Usage and Events pages", () => {
     assert.equal(models.status, 200, "the key shown works on the /v1 API");
 
     // The list shows the key as the API has it: its limits, and a budget bar of what it spent.
-    const listed = (await call("/api/v1/keys")).body.data.find((candidate: { name: string }) => candidate.name === name);
+    const listed = (await call<ListOf<ApiKeyInfo>>("/api/v1/keys")).body.data.find((candidate) => candidate.name === name);
     assert.ok(listed, "GET /api/v1/keys lists the new key");
     assert.deepEqual(
       [listed.role, listed.allowed_models, listed.budget_usd, listed.budget_period, listed.rpm, listed.tpm],
@@ -103,7 +116,7 @@ describe("the Keys, Usage and Events pages", () => {
     assert.equal(await row.locator(".key-name").innerText(), name, "the name is shown as typed");
     assert.equal(await row.locator(".key-name i").count(), 0, "markup in the name is not markup on the page");
     const budgetBar = row.getByRole("meter", { name: `Budget of key '${name}' spent` });
-    const spent = (await call(`/api/v1/keys/${listed.id}`)).body.usage.budget.spent_usd;
+    const spent = (await call<ApiKeyInfo & { usage: KeyLimitsUse | null }>(`/api/v1/keys/${listed.id}`)).body.usage!.budget!.spent_usd;
     assert.equal(await budgetBar.getAttribute("aria-valuetext"), `$${spent.toFixed(4)} of $5.00`);
     assert.equal(await pageHas(page, key), true, "the key is on the page while its panel is open");
     await assertAccessible(page, "Keys with a new key shown");
@@ -124,7 +137,7 @@ describe("the Keys, Usage and Events pages", () => {
     await dialog.getByRole("button", { name: "Revoke key" }).click();
     await row.locator(".badge", { hasText: "revoked" }).waitFor({ timeout: 20_000 });
     assert.equal(await row.getByRole("button", { name: /Revoke/ }).count(), 0, "a revoked key has no revoke button");
-    const revoked = (await call(`/api/v1/keys/${listed.id}`)).body;
+    const revoked = (await call<ApiKeyInfo>(`/api/v1/keys/${listed.id}`)).body;
     assert.ok(revoked.revoked_at !== null, "the API has the key revoked");
     assert.equal((await call("/v1/models", { key })).status, 401, "the revoked key is refused");
 
@@ -137,7 +150,7 @@ describe("the Keys, Usage and Events pages", () => {
     await eventually(
       "the demo model to be ready",
       async () => {
-        const demo = (await call("/api/v1/models")).body.data.find((model: { name: string }) => model.name === "demo");
+        const demo = (await call<ListOf<{ name: string; health: ModelHealth }>>("/api/v1/models")).body.data.find((model) => model.name === "demo");
         if (demo?.health?.state === "ready" && demo.health.ready >= 1) return true;
         throw new Error(`demo is ${JSON.stringify(demo?.health)}`);
       },
@@ -147,7 +160,7 @@ describe("the Keys, Usage and Events pages", () => {
     await page.getByRole("heading", { level: 2, name: "Totals by model" }).waitFor({ timeout: 20_000 });
     const lastHour = () => `from=${encodeURIComponent(new Date(Date.now() - 3_600_000).toISOString())}`;
     const demoRequests = async () =>
-      (await call(`/api/v1/usage?${lastHour()}&group_by=model`)).body.data.find((row: { model: string }) => row.model === "demo")?.requests ?? 0;
+      (await call<ListOf<UsageReportRow>>(`/api/v1/usage?${lastHour()}&group_by=model`)).body.data.find((row) => row.model === "demo")?.requests ?? 0;
     const before = await demoRequests();
     for (let sent = 0; sent < CHATS; sent += 1) {
       const chat = await call("/v1/chat/completions", {
@@ -165,7 +178,7 @@ describe("the Keys, Usage and Events pages", () => {
       timeoutMs: 30_000,
       intervalMs: 250,
     });
-    const perMinute = (await call(`/api/v1/usage?${lastHour()}&group_by=minute`)).body.data as Array<{ requests: number }>;
+    const perMinute = (await call<ListOf<UsageReportRow>>(`/api/v1/usage?${lastHour()}&group_by=minute`)).body.data;
     const busiestMinute = Math.max(...perMinute.map((row) => row.requests));
     const requestsChart = page.getByRole("figure", { name: "Requests" });
     const summary = await eventually(
@@ -188,7 +201,7 @@ describe("the Keys, Usage and Events pages", () => {
     // By key: the chats were made with the admin key, named 'admin'.
     await page.getByLabel("By", { exact: true }).selectOption("key");
     await page.getByRole("heading", { level: 2, name: "Totals by key" }).waitFor({ timeout: 20_000 });
-    const adminUsage = (await call(`/api/v1/usage?${lastHour()}&group_by=key`)).body.data.find((row: { key: string }) => row.key === "admin");
+    const adminUsage = (await call<ListOf<UsageReportRow>>(`/api/v1/usage?${lastHour()}&group_by=key`)).body.data.find((row) => row.key === "admin")!;
     const adminRow = page.locator('table.usage-totals tr[data-group="admin"]');
     await eventually("the Usage table by key", async () => (await adminRow.locator("td").first().innerText()) === String(adminUsage.requests), {
       timeoutMs: 20_000,
@@ -211,14 +224,14 @@ describe("the Keys, Usage and Events pages", () => {
     const listReads = /\/api\/v1\/events\?/;
     await page.route(listReads, () => undefined);
 
-    const job = await call("/api/v1/jobs/serve", { method: "POST", body: { repo: "nobody/no-such-model-GGUF" } });
+    const job = await call<JobView>("/api/v1/jobs/serve", { method: "POST", body: { repo: "nobody/no-such-model-GGUF" } });
     assert.equal(job.status, 202, JSON.stringify(job.body));
     const item = page.locator("li.event", { hasText: `job:${job.body.id}` });
     await item.waitFor({ timeout: 60_000 });
     assert.equal(await page.evaluate(() => (globalThis as unknown as { notReloaded?: boolean }).notReloaded), true, "the event came without a reload");
     await page.unroute(listReads);
 
-    const event = (await call("/api/v1/events?kind=job_failed")).body.data.find((candidate: { subject: string }) => candidate.subject === `job:${job.body.id}`);
+    const event = (await call<ListOf<StoredEvent>>("/api/v1/events?kind=job_failed")).body.data.find((candidate) => candidate.subject === `job:${job.body.id}`);
     assert.ok(event, "the API has the job_failed event");
     assert.equal(await item.getAttribute("data-kind"), "job_failed");
     assert.equal(await item.locator(".event-title").innerText(), "Job failed");
@@ -228,7 +241,7 @@ describe("the Keys, Usage and Events pages", () => {
 
     // Newest first: the job's event is above any older one.
     const firstId = await page.locator("li.event").first().getAttribute("data-event-id");
-    assert.equal(Number(firstId), Math.max(...(await call("/api/v1/events")).body.data.map((candidate: { id: number }) => candidate.id)));
+    assert.equal(Number(firstId), Math.max(...(await call<ListOf<StoredEvent>>("/api/v1/events")).body.data.map((candidate) => candidate.id)));
 
     await page.getByLabel("Kind", { exact: true }).selectOption("node_lost");
     await item.waitFor({ state: "detached" });

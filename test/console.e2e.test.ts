@@ -4,6 +4,7 @@
 // that the browser keeps no key; escaping of what a user types; stopping an answer; every
 // page at 1280×800 and at phone width (axe-core, no sideways scrolling); visible keyboard
 // focus; a lost connection shown and recovered; logging out.
+// biome-ignore-all lint/performance/useDomNodeTextContent: these are Playwright locators, not DOM nodes; innerText() is what the user sees (rendered, with table cells and hidden text laid out), which textContent() is not.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import type { Browser } from "playwright-core";

@@ -218,7 +218,9 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
     count(decoded.usage);
     const first = decoded.data[0]!.embedding;
     assert.equal(first.length, dimensions);
-    first.forEach((value, index) => assert.ok(Math.abs(value - floats.data[0]!.embedding[index]!) < 1e-6));
+    first.forEach((value, index) => {
+      assert.ok(Math.abs(value - floats.data[0]!.embedding[index]!) < 1e-6);
+    });
 
     const tokens = await client.embeddings.create({ model: "demo", input: [[1, 2, 3]], encoding_format: "float" });
     count(tokens.usage);
@@ -286,9 +288,9 @@ describe("the bundled engine's OpenAI surface through llmgw up --demo", { timeou
       content.map((entry) => entry.token),
       "a stream carries the same tokens as the answer",
     );
-    streamed.forEach((entry, index) =>
-      assert.ok(Math.abs(entry.logprob - content[index]!.logprob) < 1e-3, `token ${index}: ${entry.logprob} ≈ ${content[index]!.logprob}`),
-    );
+    streamed.forEach((entry, index) => {
+      assert.ok(Math.abs(entry.logprob - content[index]!.logprob) < 1e-3, `token ${index}: ${entry.logprob} ≈ ${content[index]!.logprob}`);
+    });
 
     const completion = await client.completions.create({ model: "demo", prompt: "Once upon", max_tokens: 4, temperature: 0, logprobs: 2 });
     count(completion.usage);

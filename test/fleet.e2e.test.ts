@@ -20,10 +20,18 @@ import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { eventually } from "./support/eventually.ts";
 import { spawnLlmgw, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { writeStandInExecutable } from "./support/stand-in-executables.ts";
+import type { RenderedError } from "../src/core/errors.ts";
+import type { StoredEvent } from "../src/events/event-log.ts";
+import type { modelHealthView, NodeView } from "../src/fleet/fleet-views.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const GiB = 1024 ** 3;
+
+/** A model's health as GET /api/v1/models/:name/health shows it. */
+type HealthView = ReturnType<typeof modelHealthView>;
+/** The OpenAI-shaped error body every refusal carries. */
+type ErrorBody = RenderedError["body"];
 
 type Running = LlmgwProcess;
 const llmgw = spawnLlmgw;
@@ -53,12 +61,12 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   };
   const ctl = (args: string[]) =>
     run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
-  const health = async (model: string) => (await admin("GET", `/api/v1/models/${model}/health`)).body;
-  const nodes = async () => (await admin("GET", "/api/v1/nodes")).body.data as any[];
+  const health = async (model: string): Promise<HealthView> => (await admin("GET", `/api/v1/models/${model}/health`)).body;
+  const nodes = async () => (await admin("GET", "/api/v1/nodes")).body.data as NodeView[];
   /** The events of one kind about one subject, once there is one (they are recorded without being awaited). */
   const eventsAbout = (kind: string, subject: string) =>
     eventually(`a ${kind} event about ${subject}`, async () => {
-      const found = ((await admin("GET", `/api/v1/events?kind=${kind}`)).body.data as any[]).filter((e) => e.subject === subject);
+      const found = ((await admin("GET", `/api/v1/events?kind=${kind}`)).body.data as StoredEvent[]).filter((e) => e.subject === subject);
       return found.length > 0 ? found : undefined;
     });
 
@@ -171,15 +179,15 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       const h = await health("tiny");
       return h.ready === 2 ? h : undefined;
     });
-    assert.deepEqual(tiny.replicas.map((r: any) => r.nodes.join(",")).sort(), ["cpu-a", "gpu-80"], "the two replicas of one model go to different nodes");
+    assert.deepEqual(tiny.replicas.map((r) => r.nodes.join(",")).sort(), ["cpu-a", "gpu-80"], "the two replicas of one model go to different nodes");
     const small = await eventually("gpu-small ready", async () => ((await health("gpu-small")).ready === 1 ? health("gpu-small") : undefined));
-    assert.deepEqual(small.replicas[0].nodes, ["gpu-24"]);
+    assert.deepEqual(small.replicas[0]!.nodes, ["gpu-24"]);
     const big = await eventually("big ready", async () => ((await health("big")).ready === 1 ? health("big") : undefined));
-    assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
-    const gpu80 = (await admin("GET", "/api/v1/nodes/gpu-80")).body;
+    assert.deepEqual(big.replicas[0]!.nodes, ["gpu-80"]);
+    const gpu80: NodeView = (await admin("GET", "/api/v1/nodes/gpu-80")).body;
     assert.deepEqual(
-      gpu80.gpus.map((g: any) => g.replica),
-      [big.replicas[0].id, big.replicas[0].id],
+      gpu80.gpus.map((g) => g.replica),
+      [big.replicas[0]!.id, big.replicas[0]!.id],
       "both H100s belong to big",
     );
 
@@ -201,12 +209,12 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     }
     const big2 = await eventually("big2 unplaceable", async () => ((await health("big2")).state === "unplaceable" ? health("big2") : undefined));
     assert.deepEqual(
-      big2.placement.filter((line: string) => !line.startsWith("pp-")),
+      big2.placement!.filter((line: string) => !line.startsWith("pp-")),
       ["cpu-a: no vllm engine", "gpu-24: no vllm engine", "gpu-80: 0 of 2 H100 GPUs free, needs 1"],
     );
-    assert.match(big2.placement.find((line: string) => line.startsWith("pp-1"))!, /no H100 GPU/);
+    assert.match(big2.placement!.find((line: string) => line.startsWith("pp-1"))!, /no H100 GPU/);
     const huge = await eventually("huge unplaceable", async () => ((await health("huge")).state === "unplaceable" ? health("huge") : undefined));
-    assert.match(huge.placement.find((line: string) => line.startsWith("gpu-80"))!, /2 H100 GPUs?.*needs 4/);
+    assert.match(huge.placement!.find((line: string) => line.startsWith("gpu-80"))!, /2 H100 GPUs?.*needs 4/);
     const shown = await ctl(["model", "show", "huge"]);
     assert.match(shown.stdout, /placement: no node can take a replica:\n {2}cpu-a: no vllm engine/);
 
@@ -230,8 +238,8 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       201,
     );
     const spanning = await eventually("spanning ready", async () => ((await health("spanning")).ready === 1 ? health("spanning") : undefined));
-    assert.deepEqual([...spanning.replicas[0].nodes].sort(), ["pp-1", "pp-2"]);
-    const [head, worker] = spanning.replicas[0].nodes as string[];
+    assert.deepEqual([...spanning.replicas[0]!.nodes].sort(), ["pp-1", "pp-2"]);
+    const [head, worker] = spanning.replicas[0]!.nodes as string[];
 
     const rayStarts = (await readFile(standIns.rayRecord, "utf8"))
       .trim()
@@ -252,7 +260,7 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.ok(head !== worker);
     const pp = (await nodes()).filter((n) => n.name.startsWith("pp-"));
     assert.ok(
-      pp.every((n) => n.gpus[0].replica === spanning.replicas[0].id),
+      pp.every((n) => n.gpus[0]!.replica === spanning.replicas[0]!.id),
       "each node's A100 belongs to the replica",
     );
     await admin("DELETE", "/api/v1/models/spanning");
@@ -263,7 +271,7 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
 
   test("kill -9 of an agent: its node is lost, its replica runs elsewhere, and the model answers throughout", async () => {
     const before = await health("tiny");
-    const onA = before.replicas.find((r: any) => r.nodes[0] === "cpu-a");
+    const onA = before.replicas.find((r) => r.nodes[0] === "cpu-a");
     assert.ok(onA, "a replica of tiny runs on cpu-a");
     const client = new OpenAI({ apiKey: adminKey, baseURL: `${url}/v1`, maxRetries: 0 });
     agents.get("cpu-a")!.child.kill("SIGKILL");
@@ -282,18 +290,18 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     assert.ok(lost);
     assert.ok(answered >= 1, "the model answered while its other node was being lost");
     const events = await eventsAbout("node_lost", "node:cpu-a");
-    assert.match(events[0].message, /Node 'cpu-a' sent no heartbeat/);
-    assert.equal(events[0].data.node, "cpu-a");
+    assert.match(events[0]!.message, /Node 'cpu-a' sent no heartbeat/);
+    assert.equal(events[0]!.data.node, "cpu-a");
 
     const replaced = await eventually(
       "tiny back to two ready replicas without cpu-a",
       async () => {
         const h = await health("tiny");
-        return h.ready === 2 && h.replicas.every((r: any) => r.nodes[0] !== "cpu-a") ? h : undefined;
+        return h.ready === 2 && h.replicas.every((r) => r.nodes[0] !== "cpu-a") ? h : undefined;
       },
       { timeoutMs: 60_000 },
     );
-    assert.ok(!replaced.replicas.some((r: any) => r.id === onA.id), "the replica on the lost node was replaced, not kept");
+    assert.ok(!replaced.replicas.some((r) => r.id === onA.id), "the replica on the lost node was replaced, not kept");
 
     // The agent comes back with the same data dir: the node is ready again, with nothing to run.
     const again = startAgent("cpu-a", { cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] });
@@ -324,8 +332,8 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const ready = await eventually("mirrored ready", async () => ((await health("mirrored")).ready === 1 ? health("mirrored") : undefined), {
       timeoutMs: 90_000,
     });
-    assert.equal(ready.replicas[0].weights_verified, true, "the node verified the mirror's sha256 before the start");
-    const node = ready.replicas[0].nodes[0] as string;
+    assert.equal(ready.replicas[0]!.weights_verified, true, "the node verified the mirror's sha256 before the start");
+    const node = ready.replicas[0]!.nodes[0] as string;
     const cached = path.join(root, `agent-${node}`, "weights", "mirrored", version!, ...file);
     assert.equal(
       createHash("sha256").update(readFileSync(cached)).digest("hex"),
@@ -356,9 +364,9 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
     const parked = await eventually("crashy parked", async () => ((await health("crashy")).state === "parked" ? health("crashy") : undefined), {
       timeoutMs: 120_000,
     });
-    assert.equal(parked.replicas[0].failures, 5);
-    assert.match(parked.parked.reason, /Parked after 5 failures/);
-    assert.match(parked.parked.reason, /no-such-option/);
+    assert.equal(parked.replicas[0]!.failures, 5);
+    assert.match(parked.parked!.reason, /Parked after 5 failures/);
+    assert.match(parked.parked!.reason, /no-such-option/);
     const shown = await ctl(["model", "show", "crashy"]);
     assert.match(shown.stdout, /unpark with 'llmgw ctl model unpark crashy'/);
     await admin("DELETE", "/api/v1/models/crashy");
@@ -386,11 +394,11 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       const h = await health("guarded");
       return h.replicas[0]?.last_error?.includes("sha256") ? h : undefined;
     });
-    assert.match(refused.replicas[0].last_error, new RegExp(sha256));
-    assert.equal(refused.replicas[0].weights_verified, false);
+    assert.match(refused.replicas[0]!.last_error!, new RegExp(sha256));
+    assert.equal(refused.replicas[0]!.weights_verified, false);
     assert.equal(refused.ready, 0);
-    const runsDir = path.join(root, `agent-${refused.replicas[0].nodes[0]}`, "runs");
-    const logs = run("sh", ["-c", `ls ${runsDir}/${refused.replicas[0].id}-*/ 2>/dev/null || true`]);
+    const runsDir = path.join(root, `agent-${refused.replicas[0]!.nodes[0]}`, "runs");
+    const logs = run("sh", ["-c", `ls ${runsDir}/${refused.replicas[0]!.id}-*/ 2>/dev/null || true`]);
     assert.doesNotMatch((await logs).stdout, /attempt-1\.log/, "no engine was started on the altered weights");
     await admin("DELETE", "/api/v1/models/guarded");
   });
@@ -425,7 +433,7 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       }),
     });
     assert.equal(copied.status, 403);
-    assert.match(((await copied.json()) as any).error.message, /belongs to node 'gpu-24', not 'impostor'/);
+    assert.match(((await copied.json()) as ErrorBody).error.message, /belongs to node 'gpu-24', not 'impostor'/);
 
     const impossible = await fetch(`${url}/agent/v1/heartbeat`, {
       method: "POST",
@@ -438,24 +446,24 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       }),
     });
     assert.equal(impossible.status, 400);
-    assert.equal(((await impossible.json()) as any).error.code, "invalid_inventory");
+    assert.equal(((await impossible.json()) as ErrorBody).error.code, "invalid_inventory");
 
     const gpu24 = agents.get("gpu-24")!;
     await ctl(["node", "remove", "gpu-24"]);
     await eventually("the removed node's agent to be refused", () => /was removed from the fleet/.test(gpu24.output()));
     const afterRemove = await fetch(`${url}/agent/v1/assignments?wait_ms=0`, { headers: { authorization: `Bearer ${credential}` } });
     assert.equal(afterRemove.status, 401);
-    assert.equal(((await afterRemove.json()) as any).error.code, "node_removed");
+    assert.equal(((await afterRemove.json()) as ErrorBody).error.code, "node_removed");
     // The removed node's engine stops: it is no longer among any node's assignments, and gpu-small is unplaceable.
     await eventually("gpu-small unplaceable without gpu-24", async () => (await health("gpu-small")).state === "unplaceable");
-    const [unplaceable] = await eventsAbout("replica_unplaceable", "model:gpu-small");
+    const unplaceable = (await eventsAbout("replica_unplaceable", "model:gpu-small"))[0]!;
     assert.equal(unplaceable.data.model, "gpu-small");
     assert.ok(Array.isArray(unplaceable.data.explanation) && unplaceable.data.explanation.length > 0, JSON.stringify(unplaceable.data));
   });
   test("drain: replicas move to another node and stop there only once their successors are ready; one with nowhere to go keeps serving", async () => {
     const before = await health("tiny");
     assert.ok(
-      before.replicas.every((r: any) => r.nodes[0] === "gpu-80"),
+      before.replicas.every((r) => r.nodes[0] === "gpu-80"),
       "after cpu-a was lost, both replicas of tiny run on gpu-80",
     );
     const drained = await ctl(["node", "drain", "gpu-80"]);
@@ -464,16 +472,16 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
       "tiny ready on cpu-a only",
       async () => {
         const h = await health("tiny");
-        return h.ready === 2 && h.replicas.length === 2 && h.replicas.every((r: any) => r.nodes[0] === "cpu-a") ? h : undefined;
+        return h.ready === 2 && h.replicas.length === 2 && h.replicas.every((r) => r.nodes[0] === "cpu-a") ? h : undefined;
       },
       { timeoutMs: 90_000 },
     );
-    assert.ok(moved.replicas.every((r: any) => !before.replicas.some((old: any) => old.id === r.id)));
+    assert.ok(moved.replicas.every((r) => !before.replicas.some((old) => old.id === r.id)));
     // big needs two H100s, and only gpu-80 has them: it stays where it is rather than stop.
     const big = await health("big");
     assert.equal(big.ready, 1);
-    assert.deepEqual(big.replicas[0].nodes, ["gpu-80"]);
-    assert.equal((await nodes()).find((n) => n.name === "gpu-80").state, "draining");
+    assert.deepEqual(big.replicas[0]!.nodes, ["gpu-80"]);
+    assert.equal((await nodes()).find((n) => n.name === "gpu-80")!.state, "draining");
     // gpu-small stayed unplaceable through every pass of the drain: it was announced once, when it started.
     assert.equal((await health("gpu-small")).state, "unplaceable");
     assert.equal((await eventsAbout("replica_unplaceable", "model:gpu-small")).length, 1);

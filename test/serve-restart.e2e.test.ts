@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { findFreePort } from "../src/agent/free-port.ts";
+import type { JobView } from "../src/serve/job-rows.ts";
 import { eventually } from "./support/eventually.ts";
 import { startStandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
@@ -40,20 +41,21 @@ test("a serve job cut by kill -9 during the mirror step resumes on the next star
     const url = `http://127.0.0.1:${port}`;
     await eventually("the first server listening", () => first.output().includes("listening on"), { timeoutMs: 120_000 });
     const adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
-    const admin = async (method: string, pathname: string, body?: unknown) => {
+    const admin = async <Body>(method: string, pathname: string, body?: unknown) => {
       const response = await fetch(url + pathname, {
         method,
         headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
         body: body === undefined ? undefined : JSON.stringify(body),
       });
-      return { status: response.status, body: (await response.json()) as any };
+      return { status: response.status, body: (await response.json()) as Body };
     };
-    const started = await admin("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q8_0", name: "survivor", ctx_pool: 2048, context: 1024 });
+    const started = await admin<JobView>("POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, quant: "Q8_0", name: "survivor", ctx_pool: 2048, context: 1024 });
     assert.equal(started.status, 202, JSON.stringify(started.body));
-    const id = started.body.id as string;
+    const id = started.body.id;
     await eventually(
       "the mirror step running with its download open",
-      async () => (await admin("GET", `/api/v1/jobs/${id}`)).body.steps[1].state === "running" && hub.requests.some((r) => r.path.startsWith("/cdn/")),
+      async () =>
+        (await admin<JobView>("GET", `/api/v1/jobs/${id}`)).body.steps[1]!.state === "running" && hub.requests.some((r) => r.path.startsWith("/cdn/")),
     );
 
     first.child.kill("SIGKILL");
@@ -65,17 +67,17 @@ test("a serve job cut by kill -9 during the mirror step resumes on the next star
     const finished = await eventually(
       "the resumed job finished",
       async () => {
-        const job = (await admin("GET", `/api/v1/jobs/${id}`)).body;
+        const job = (await admin<JobView>("GET", `/api/v1/jobs/${id}`)).body;
         return job.state === "running" || job.state === "queued" ? undefined : job;
       },
       { timeoutMs: 180_000 },
     );
     assert.equal(finished.state, "done", JSON.stringify(finished));
     assert.equal(finished.resumed, 1);
-    assert.ok(finished.result.tokens_per_second > 0);
+    assert.ok(finished.result!.tokens_per_second > 0);
     assert.match(second.output(), /resuming a job cut by a server stop/);
 
-    const key = (await admin("POST", "/api/v1/keys", { name: "app" })).body.key as string;
+    const key = (await admin<{ key: string }>("POST", "/api/v1/keys", { name: "app" })).body.key;
     const answer = await fetch(`${url}/v1/chat/completions`, {
       method: "POST",
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },

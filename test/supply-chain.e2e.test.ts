@@ -12,7 +12,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
 import { followFetch } from "../src/cli/ctl-mirror.ts";
-import { LlmgwError } from "../src/core/errors.ts";
+import { LlmgwError, type RenderedError } from "../src/core/errors.ts";
 import { silentLogger } from "../src/core/log.ts";
 import { startLocalNode } from "../src/agent/local-node.ts";
 import { readAudit } from "../src/store/audit.ts";
@@ -83,7 +83,7 @@ describe("weights supply chain", () => {
     assert.equal((await fetch(url)).status, 401, "the mirror refuses callers without a credential");
     const withAdminKey = await fetch(url, { headers: { authorization: `Bearer ${harness.adminKey}` } });
     assert.equal(withAdminKey.status, 401, "an admin key is not a node credential");
-    assert.equal(((await withAdminKey.json()) as any).error.code, "invalid_node_credential");
+    assert.equal(((await withAdminKey.json()) as RenderedError["body"]).error.code, "invalid_node_credential");
 
     await ctl(["model", "add", "tiny", "--mirror", serveLine[1]!, "--ctx-size", "1024", "--parallel", "1"]);
     const client = new OpenAI({ apiKey: harness.adminKey, baseURL: `${harness.url}/v1`, maxRetries: 0 });

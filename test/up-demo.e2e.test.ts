@@ -5,7 +5,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -39,6 +39,71 @@ function readmeSdkExample(): { script: string; shell: string } {
   assert.ok(script !== undefined && shell !== undefined, "README.md has the hello.mjs example and the lines to run it");
   return { script, shell };
 }
+
+/** The quick start's shell lines (README.md, "Quick start"), without their comments. */
+function readmeQuickStart(): string[] {
+  const readme = readFileSync(path.join(ROOT, "README.md"), "utf8");
+  const block = /## Quick start[\s\S]*?```sh\n([\s\S]*?)```/.exec(readme)?.[1];
+  assert.ok(block !== undefined, "README.md has a quick start block");
+  return block
+    .split("\n")
+    .map((line) => line.replace(/#.*$/, "").trim())
+    .filter((line) => line !== "");
+}
+
+test("the quick start runs as written: `npm link` puts an llmgw on PATH that runs the compiled dist/", { timeout: 180_000 }, () => {
+  assert.deepEqual(readmeQuickStart(), ["npm ci", "npm link", "llmgw up --demo"], "this test runs the quick start's commands; change it with them");
+  // A fresh HOME and a global folder of its own, so the link touches nothing of the machine's.
+  const home = mkdtempSync(path.join(tmpdir(), "llmgw-quick-start-"));
+  try {
+    const prefix = path.join(home, "prefix");
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      HOME: home,
+      NPM_CONFIG_PREFIX: prefix,
+      npm_config_update_notifier: "false",
+      npm_config_fund: "false",
+      npm_config_audit: "false",
+    };
+    delete env.LLMGW_FROM_SOURCE;
+    // `npm ci` already ran (this suite runs from it); `npm link` runs `prepare`, which finds
+    // dist/ current (`npm test` built it) and compiles nothing.
+    const link = spawnSync("npm", ["link"], { cwd: ROOT, env, encoding: "utf8", timeout: 150_000 });
+    assert.equal(link.status, 0, `npm link failed:\n${link.stdout}${link.stderr}`);
+    assert.doesNotMatch(`${link.stdout}${link.stderr}`, /compiling src/, "dist/ was current, so npm link compiled nothing");
+    const bin = path.join(prefix, "bin");
+    const version = spawnSync("llmgw", ["--version"], { env: { ...env, PATH: `${bin}${path.delimiter}${env.PATH ?? ""}` }, encoding: "utf8", timeout: 30_000 });
+    assert.equal(version.status, 0, `llmgw --version failed: ${version.stderr}`);
+    const { version: packageVersion } = JSON.parse(readFileSync(path.join(ROOT, "package.json"), "utf8")) as { version: string };
+    assert.equal(version.stdout.trim(), packageVersion);
+  } finally {
+    rmSync(home, { recursive: true, force: true });
+  }
+});
+
+test("without dist/ and without tsx, llmgw says to build instead of failing on an import", () => {
+  // A copy of the entry point in a folder with neither dist/ nor node_modules: what an
+  // install that skipped its build step looks like.
+  const folder = mkdtempSync(path.join(tmpdir(), "llmgw-no-build-"));
+  try {
+    mkdirSync(path.join(folder, "bin"));
+    writeFileSync(path.join(folder, "bin", "llmgw.js"), readFileSync(BIN));
+    const { LLMGW_FROM_SOURCE: _fromSource, ...env } = process.env;
+    const run = spawnSync(process.execPath, [path.join(folder, "bin", "llmgw.js"), "--version"], { cwd: folder, env, encoding: "utf8", timeout: 30_000 });
+    assert.equal(run.status, 1);
+    assert.match(run.stderr, /dist\/ is missing \(the compiled JavaScript\): run `npm run build`/);
+    const forced = spawnSync(process.execPath, [path.join(folder, "bin", "llmgw.js"), "--version"], {
+      cwd: folder,
+      env: { ...env, LLMGW_FROM_SOURCE: "1" },
+      encoding: "utf8",
+      timeout: 30_000,
+    });
+    assert.equal(forced.status, 1);
+    assert.match(forced.stderr, /LLMGW_FROM_SOURCE=1 runs the TypeScript sources through tsx, a dev dependency that is not installed here/);
+  } finally {
+    rmSync(folder, { recursive: true, force: true });
+  }
+});
 
 test("llmgw up --demo answers the openai client and leaves no engine behind", { timeout: 240_000 }, async (t) => {
   const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-e2e-"));

@@ -29,8 +29,8 @@ export interface EngineProcess {
   readonly child: ChildProcess;
   readonly url: string;
   stderr(): string;
-  /** POSTs JSON to the engine with its key; returns the status and the parsed answer. */
-  post(path: string, body: unknown): Promise<{ status: number; body: any }>;
+  /** POSTs JSON to the engine with its key; returns the status and the parsed answer, of the shape the caller expects. */
+  post<T = unknown>(path: string, body: unknown): Promise<{ status: number; body: T }>;
   /** SIGTERM, then waits for the exit. */
   stop(): Promise<void>;
 }
@@ -51,13 +51,13 @@ export async function startEngineProcess(options: { label: string; entry: string
     child,
     url,
     stderr: () => stderr,
-    post: async (path, body) => {
+    post: async <T>(path: string, body: unknown) => {
       const response = await fetch(`${url}${path}`, {
         method: "POST",
         headers: { authorization: `Bearer ${ENGINE_KEY}`, "content-type": "application/json" },
         body: JSON.stringify(body),
       });
-      return { status: response.status, body: await response.json() };
+      return { status: response.status, body: (await response.json()) as T };
     },
     stop: async () => {
       if (child.exitCode !== null || child.signalCode !== null) return;

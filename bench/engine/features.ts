@@ -106,9 +106,15 @@ function noteSchema(tokens: number) {
   };
 }
 
+/** What the bench reads of a chat completion (or of an error answer, where both are absent). */
+interface ChatAnswer {
+  usage?: { completion_tokens: number };
+  choices?: Array<{ message: { content: string | null } }>;
+}
+
 async function timeChat(engine: EngineProcess, options: Options, kind: "plain" | "json_schema"): Promise<{ count: number; seconds: number }> {
   const started = performance.now();
-  const { status, body } = await engine.post("/v1/chat/completions", {
+  const { status, body } = await engine.post<ChatAnswer>("/v1/chat/completions", {
     messages: [{ role: "user", content: PROMPT }],
     max_tokens: options.tokens,
     temperature: 0,
@@ -117,8 +123,9 @@ async function timeChat(engine: EngineProcess, options: Options, kind: "plain" |
   const seconds = (performance.now() - started) / 1000;
   if (status !== 200 || body.usage?.completion_tokens !== options.tokens)
     throw new Error(`the ${kind} chat answered ${status}: ${JSON.stringify(body).slice(0, 500)}`);
-  if (kind === "json_schema" && !String(body.choices[0].message.content).startsWith('{"text"')) {
-    throw new Error(`the json_schema answer does not follow the schema: ${String(body.choices[0].message.content).slice(0, 200)}`);
+  const content = String(body.choices?.[0]?.message.content);
+  if (kind === "json_schema" && !content.startsWith('{"text"')) {
+    throw new Error(`the json_schema answer does not follow the schema: ${content.slice(0, 200)}`);
   }
   return { count: body.usage.completion_tokens, seconds };
 }
@@ -127,7 +134,7 @@ async function timeEmbeddings(engine: EngineProcess, texts: string[], kind: "emb
   const started = performance.now();
   const requests = kind === "embed_batch" ? [texts] : texts.map((text) => [text]);
   for (const input of requests) {
-    const { status, body } = await engine.post("/v1/embeddings", { input });
+    const { status, body } = await engine.post<{ data?: unknown[] }>("/v1/embeddings", { input });
     if (status !== 200 || body.data?.length !== input.length) throw new Error(`embeddings answered ${status}: ${JSON.stringify(body).slice(0, 500)}`);
   }
   return { count: texts.length, seconds: (performance.now() - started) / 1000 };
@@ -189,7 +196,7 @@ async function main(): Promise<void> {
       batchRatio: pairedRatio("embed_batch", "embed_single"),
     };
     process.stdout.write(
-      [
+      `${[
         "",
         "| measure | figure |",
         "|---|--:|",
@@ -200,7 +207,7 @@ async function main(): Promise<void> {
         `| embeddings, one request per text (inputs/s) | ${rows.singleInputsPerSecond.toFixed(1)} |`,
         `| one request ÷ one per text | ${rows.batchRatio.toFixed(2)} |`,
         "",
-      ].join("\n") + "\n",
+      ].join("\n")}\n`,
     );
     if (leftOut > 0)
       process.stdout.write(`${leftOut} of ${samples.length} samples left out: other processes kept more than ${options.maxOtherCores} cores busy\n`);
@@ -210,7 +217,7 @@ async function main(): Promise<void> {
     const file = path.join(options.out, `engine-features-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
     writeFileSync(
       file,
-      JSON.stringify(
+      `${JSON.stringify(
         {
           bench: "engine-features",
           at: new Date().toISOString(),
@@ -227,7 +234,7 @@ async function main(): Promise<void> {
         },
         null,
         2,
-      ) + "\n",
+      )}\n`,
     );
     process.stdout.write(`wrote ${path.relative(ROOT, file)}\n`);
   } finally {

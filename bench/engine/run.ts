@@ -135,10 +135,12 @@ class EngineTarget {
     const started = performance.now();
     const answers = await Promise.all(
       prompts(this.level).map(async (prompt) => {
-        const { status, body } = (await this.engine.post("/v1/completions", { model: "bench", prompt, max_tokens: maxTokens, temperature: 0 })) as {
-          status: number;
-          body: { usage?: { completion_tokens: number } };
-        };
+        const { status, body } = await this.engine.post<{ usage?: { completion_tokens: number } }>("/v1/completions", {
+          model: "bench",
+          prompt,
+          max_tokens: maxTokens,
+          temperature: 0,
+        });
         if (status !== 200 || body.usage?.completion_tokens !== maxTokens) throw new Error(`the engine answered ${status}: ${JSON.stringify(body)}`);
         return body.usage.completion_tokens;
       }),
@@ -333,7 +335,7 @@ async function main(): Promise<void> {
     const file = path.join(options.out, `engine-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
     writeFileSync(
       file,
-      JSON.stringify(
+      `${JSON.stringify(
         {
           bench: "engine",
           at: new Date().toISOString(),
@@ -350,7 +352,7 @@ async function main(): Promise<void> {
         },
         null,
         2,
-      ) + "\n",
+      )}\n`,
     );
     process.stdout.write(`wrote ${path.relative(ROOT, file)}\n`);
   } finally {

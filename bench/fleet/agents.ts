@@ -458,8 +458,8 @@ function renderTable(results: StoreResult[]): string {
   ]);
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
   const line = (row: string[]) =>
-    "| " + row.map((text, column) => (column === 0 ? text.padEnd(widths[column]!) : text.padStart(widths[column]!))).join(" | ") + " |";
-  const rule = "|" + widths.map((width, column) => (column === 0 ? "-".repeat(width + 2) : "-".repeat(width + 1) + ":")).join("|") + "|";
+    `| ${row.map((text, column) => (column === 0 ? text.padEnd(widths[column]!) : text.padStart(widths[column]!))).join(" | ")} |`;
+  const rule = `|${widths.map((width, column) => (column === 0 ? "-".repeat(width + 2) : `${"-".repeat(width + 1)}:`)).join("|")}|`;
   return [line(header), rule, ...rows.map(line)].join("\n");
 }
 
@@ -506,7 +506,7 @@ async function main(): Promise<void> {
     process.exit(1);
   }
   rmSync(temp, { recursive: true, force: true });
-  process.stdout.write("\n" + renderTable(results) + "\n\n" + renderGoals(results, options) + "\n");
+  process.stdout.write(`\n${renderTable(results)}\n\n${renderGoals(results, options)}\n`);
   for (const r of results) {
     if (r.errors.length > 0) log(`${r.store}: ${r.errors.length} protocol errors, e.g. ${r.errors[0]}`);
     if (r.otherLost > 0 || r.lostDuringWindow > 0)

@@ -81,7 +81,7 @@ export function writeReport(options: { dir: string; name: string; stamp: string;
   const file = path.join(options.dir, `${options.name}-${options.stamp}.json`);
   writeFileSync(
     file,
-    JSON.stringify({ benchmark: options.name, date: new Date().toISOString(), commit: gitDescribe(), machine: machine(), ...options.report }, null, 2) + "\n",
+    `${JSON.stringify({ benchmark: options.name, date: new Date().toISOString(), commit: gitDescribe(), machine: machine(), ...options.report }, null, 2)}\n`,
   );
   return file;
 }

@@ -197,6 +197,6 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     expectedBytes: null,
   });
   const { latenciesMs: _omitted, ...summary } = result;
-  process.stdout.write(JSON.stringify(summary, null, 2) + "\n");
+  process.stdout.write(`${JSON.stringify(summary, null, 2)}\n`);
   process.exit(result.errors > 0 ? 1 : 0);
 }

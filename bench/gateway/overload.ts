@@ -197,7 +197,7 @@ async function main(): Promise<void> {
     const [base, admitted, unbounded] = results as [PhaseResult, PhaseResult, PhaseResult];
     const ratio = admitted.p99Ms / base.p99Ms;
     const pass = ratio <= 2 && admitted.other === 0 && base.other === 0;
-    process.stdout.write("\n" + renderTable(results, base.p99Ms) + "\n\n");
+    process.stdout.write(`\n${renderTable(results, base.p99Ms)}\n\n`);
     process.stdout.write(
       `${pass ? "PASS" : "MISS"} overload: admitted p99 / slots-only p99 = ${admitted.p99Ms.toFixed(1)} / ${base.p99Ms.toFixed(1)} ms = ${ratio.toFixed(2)} (goal ≤ 2), ` +
         `${admitted.rejected429} answered 429, ${admitted.other} other statuses (goal 0)\n` +
@@ -207,7 +207,7 @@ async function main(): Promise<void> {
     const file = path.join(options.out, `overload-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
     writeFileSync(
       file,
-      JSON.stringify(
+      `${JSON.stringify(
         {
           benchmark: "overload",
           date: new Date().toISOString(),
@@ -219,7 +219,7 @@ async function main(): Promise<void> {
         },
         null,
         2,
-      ) + "\n",
+      )}\n`,
     );
     log(
       `wrote ${path.relative(process.cwd(), file)} (load average now ${os
@@ -252,8 +252,8 @@ function renderTable(results: PhaseResult[], baseP99: number): string {
   ]);
   const header = ["phase", "model", "clients", "answered", "p50 ms", "p99 ms", "p99 / slots-only", "429", "other"];
   const widths = header.map((title, i) => Math.max(title.length, ...rows.map((row) => row[i]!.length)));
-  const line = (row: string[]) => "| " + row.map((cell, i) => (i < 2 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join(" | ") + " |";
-  return [line(header), "|" + widths.map((w, i) => (i < 2 ? "-".repeat(w + 2) : "-".repeat(w + 1) + ":")).join("|") + "|", ...rows.map(line)].join("\n");
+  const line = (row: string[]) => `| ${row.map((cell, i) => (i < 2 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join(" | ")} |`;
+  return [line(header), `|${widths.map((w, i) => (i < 2 ? "-".repeat(w + 2) : `${"-".repeat(w + 1)}:`)).join("|")}|`, ...rows.map(line)].join("\n");
 }
 
 function log(line: string): void {

@@ -80,7 +80,7 @@ export function summarizeProfile(profile: CpuProfile, options: { top?: number; s
   const busyUs = totalUs - idleUs;
   const pct = (us: number) => `${((100 * us) / busyUs).toFixed(1).padStart(5)}%`;
   const ms = (us: number) =>
-    `${(us / 1000).toFixed(0).padStart(7)} ms` + (options.requests === undefined ? "" : ` ${(us / options.requests).toFixed(1).padStart(6)} µs/req`);
+    `${(us / 1000).toFixed(0).padStart(7)} ms${options.requests === undefined ? "" : ` ${(us / options.requests).toFixed(1).padStart(6)} µs/req`}`;
 
   // Inclusive time: each node's self time plus its subtree's.
   const inclusive = new Map<number, number>();
@@ -144,9 +144,9 @@ const numberFlag = (name: string): number | undefined => {
   return index === -1 ? undefined : Number(process.argv[index + 1]);
 };
 process.stdout.write(
-  summarizeProfile(JSON.parse(readFileSync(file, "utf8")) as CpuProfile, {
+  `${summarizeProfile(JSON.parse(readFileSync(file, "utf8")) as CpuProfile, {
     top: numberFlag("--top"),
     skipS: numberFlag("--skip"),
     requests: numberFlag("--requests"),
-  }) + "\n",
+  })}\n`,
 );

@@ -519,7 +519,7 @@ async function main(): Promise<void> {
 
     const elapsedS = (performance.now() - began) / 1000;
     const errors = cells.reduce((sum, cell) => sum + cell.errors, 0);
-    process.stdout.write("\n" + renderTable(cells) + "\n\n" + renderGoals(goals) + "\n");
+    process.stdout.write(`\n${renderTable(cells)}\n\n${renderGoals(goals)}\n`);
 
     const machine = {
       cpus: os.cpus().length,
@@ -545,7 +545,7 @@ async function main(): Promise<void> {
       metricsCounted,
       windows,
     };
-    writeFileSync(file, JSON.stringify(report, null, 2) + "\n");
+    writeFileSync(file, `${JSON.stringify(report, null, 2)}\n`);
     log(
       `${errors === 0 ? "no errors" : `${errors} ERRORS: this run is not a valid measurement`}; ${cells.reduce((sum, cell) => sum + cell.requests, 0)} requests measured in ${elapsedS.toFixed(0)} s (load average now ${machine.loadAverageAtEnd.join(" ")})`,
     );
@@ -602,8 +602,8 @@ function renderTable(cells: CellResult[]): string {
   const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => row[column]!.length)));
   const right = new Set([1, 3, 4, 5, 6, 7, 8]);
   const line = (row: string[]) =>
-    "| " + row.map((text, column) => (right.has(column) ? text.padStart(widths[column]!) : text.padEnd(widths[column]!))).join(" | ") + " |";
-  const rule = "|" + widths.map((width, column) => (right.has(column) ? "-".repeat(width + 1) + ":" : "-".repeat(width + 2))).join("|") + "|";
+    `| ${row.map((text, column) => (right.has(column) ? text.padStart(widths[column]!) : text.padEnd(widths[column]!))).join(" | ")} |`;
+  const rule = `|${widths.map((width, column) => (right.has(column) ? `${"-".repeat(width + 1)}:` : "-".repeat(width + 2))).join("|")}|`;
   return [line(header), rule, ...rows.map(line)].join("\n");
 }
 

@@ -175,7 +175,7 @@ async function main(): Promise<void> {
     const file = path.join(options.out, `mirror-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
     writeFileSync(
       file,
-      JSON.stringify(
+      `${JSON.stringify(
         {
           bench: "mirror",
           at: new Date().toISOString(),
@@ -192,7 +192,7 @@ async function main(): Promise<void> {
         },
         null,
         2,
-      ) + "\n",
+      )}\n`,
     );
     process.stdout.write(`wrote ${path.relative(ROOT, file)}\n`);
 

@@ -32,7 +32,10 @@ try {
     "INSERT INTO usage_minutes (minute, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
   );
   let seed = 1;
-  const random = () => (seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31;
+  const random = () => {
+    seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31;
+    return seed / 2 ** 31;
+  };
   // The hourly rollups hold what the recorder would have added up from the same minutes.
   const insertHour = sqlite.prepare(
     "INSERT INTO usage_hours (hour, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

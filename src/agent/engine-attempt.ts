@@ -13,7 +13,7 @@ import { LlmgwError, describeError, errorCode } from "../core/errors.ts";
 import { formatHost } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import { createAttemptLog, logTail, recordedSettings, type AttemptLogFile, type AttemptRecorder } from "./attempt-log.ts";
-import { awaitReadiness, watchLiveness, type HealthTarget } from "./engine-health.ts";
+import { awaitReadiness, watchLiveness, type HealthTarget, type Readiness } from "./engine-health.ts";
 import { buildEngineEnv } from "./engine-env.ts";
 import { assertPortFree, findFreePort } from "./free-port.ts";
 import { spawnGroupLeader, terminateGroup, type ExitInfo, type GroupLeader } from "./process-groups.ts";
@@ -156,7 +156,7 @@ async function awaitReady(running: Running & { launch: EngineLaunch }): Promise<
   // Not AbortSignal.timeout: its timer would outlive a stopped attempt.
   const deadline = new AbortController();
   const deadlineTimer = setTimeout(() => deadline.abort(), readyTimeoutMs);
-  let readiness;
+  let readiness: Readiness;
   try {
     readiness = await awaitReadiness({
       target,

@@ -126,7 +126,7 @@ test("becomes ready with an endpoint, in an offline environment below a fresh st
     assert.equal(record?.attempt, 1);
     assert.equal(record?.result, "ready");
     assert.equal(record?.log, "attempt-1.log");
-    assert.equal((record?.settings as { command?: string }).command, process.execPath);
+    assert.equal((record?.settings as { command?: string } | undefined)?.command, process.execPath);
     assert.match(await readFile(join(stateDir, "attempt-1.log"), "utf8"), /fake engine listening/);
 
     const pid = ready.pid;

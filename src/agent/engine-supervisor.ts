@@ -94,7 +94,7 @@ export class EngineSupervisor {
    * (starting, ready, failed, parked); throws a ConflictError while stopping.
    */
   start(): void {
-    if (this.stopping) {
+    if (this.stopping !== null) {
       throw new ConflictError(`The engine supervisor of replica ${this.options.replicaId} is stopping; await stop() before start().`, {
         code: "supervisor_stopping",
       });
@@ -105,7 +105,7 @@ export class EngineSupervisor {
 
   /** Leaves the parked state: forgets the failures and starts a new run (new state folder). Returns false when not parked. */
   unpark(): boolean {
-    if (this.snap.state !== "parked" || this.stopping) return false;
+    if (this.snap.state !== "parked" || this.stopping !== null) return false;
     if (this.run) releaseRun(this.run);
     this.run = null;
     this.loop = null;
@@ -118,7 +118,7 @@ export class EngineSupervisor {
    * when it is gone. Cancels a start in progress or a pending retry. Safe to call twice.
    */
   stop(): Promise<void> {
-    if (this.stopping) return this.stopping;
+    if (this.stopping !== null) return this.stopping;
     const run = this.run;
     if (!run) return Promise.resolve();
     this.stopping = (async () => {

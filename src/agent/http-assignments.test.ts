@@ -84,13 +84,20 @@ class StandInServer {
       json(this.failure.status, { error: { message: this.failure.message, type: "server_error", param: null, code: this.failure.code } });
       return;
     }
-    if (pathname === "/agent/v1/join") return json(200, { nodeId: "node-1", name: "node-a", credential: CREDENTIAL });
+    if (pathname === "/agent/v1/join") {
+      json(200, { nodeId: "node-1", name: "node-a", credential: CREDENTIAL });
+      return;
+    }
     if (req.headers.authorization !== `Bearer ${CREDENTIAL}`) {
-      return json(401, {
+      json(401, {
         error: { message: "This node credential is not valid.", type: "authentication_error", param: null, code: "invalid_node_credential" },
       });
+      return;
     }
-    if (pathname === "/agent/v1/heartbeat") return json(200, { nodeId: "node-1", state: "ready", assignmentsVersion: "v1", heartbeatIntervalMs: 5000 });
+    if (pathname === "/agent/v1/heartbeat") {
+      json(200, { nodeId: "node-1", state: "ready", assignmentsVersion: "v1", heartbeatIntervalMs: 5000 });
+      return;
+    }
     if (pathname === "/agent/v1/assignments") {
       if (!this.holdPolls) json(200, { version: "v1", assignments: [] });
       return;

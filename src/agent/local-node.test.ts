@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import type { RenderedError } from "../core/errors.ts";
 import { startHarnessWithAgent, type Harness } from "../../test/support/server-harness.ts";
 import type { NodeAgent } from "./node-agent.ts";
 import { processIsGone } from "../../test/support/engine-process.ts";
@@ -65,7 +66,7 @@ describe("local node", () => {
       body: JSON.stringify({ model: "broken", messages: [{ role: "user", content: "x" }] }),
     });
     assert.equal(response.status, 503);
-    const error = ((await response.json()) as any).error;
+    const error = ((await response.json()) as RenderedError["body"]).error;
     assert.equal(error.code, "model_failed");
     assert.doesNotMatch(error.message, /broken\.gguf/, "a client key is not shown the server's paths");
 
@@ -106,7 +107,7 @@ describe("local node", () => {
       body: JSON.stringify({ model: "crashing", messages: [{ role: "user", content: "x" }] }),
     });
     assert.equal(response.status, 503);
-    assert.equal(((await response.json()) as any).error.code, "model_parked");
+    assert.equal(((await response.json()) as RenderedError["body"]).error.code, "model_parked");
 
     // Any change to the definition ends parking: the parked replica goes and a fresh one
     // (new id, new run folder) tries again, even though nothing about how the engine runs changed.

@@ -53,7 +53,7 @@ export function writeNodeIdentity(dataDir: string, identity: NodeIdentity): void
   const file = path.join(dataDir, NODE_IDENTITY_FILE);
   const scratch = `${file}.${process.pid}.new`;
   try {
-    writeFileSync(scratch, JSON.stringify(identity, null, 2) + "\n", { mode: 0o600 });
+    writeFileSync(scratch, `${JSON.stringify(identity, null, 2)}\n`, { mode: 0o600 });
     chmodSync(scratch, 0o600);
     renameSync(scratch, file);
   } finally {

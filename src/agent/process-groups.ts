@@ -12,7 +12,7 @@
 // hook; the bundled `llmgw engine` therefore watches its parent and shuts down when the
 // agent is gone (engines/llamacpp/engine-command.ts). An external engine without such a
 // watch survives it, and the next agent start finds its port taken and reports it.
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import type { FileHandle } from "node:fs/promises";
 import type { Logger } from "../core/log.ts";
@@ -95,7 +95,7 @@ export interface SpawnGroupOptions {
  * when the process could not be started.
  */
 export async function spawnGroupLeader(options: SpawnGroupOptions): Promise<GroupLeader> {
-  let child;
+  let child: ChildProcess;
   try {
     child = spawn(options.command, options.args, {
       cwd: options.cwd,

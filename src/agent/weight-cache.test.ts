@@ -188,7 +188,7 @@ describe("weight cache", () => {
       assert.equal(path.dirname(paths[1]!), path.dirname(paths[2]!));
       for (const [index, file] of files.entries()) {
         assert.ok((await readFile(paths[index]!)).equals(published.get(file.file)!.content), file.file);
-        assert.equal(existsSync(paths[index]! + ".partial"), false);
+        assert.equal(existsSync(`${paths[index]!}.partial`), false);
       }
       const seen = server.requests.slice(before);
       assert.equal(seen.length, 3);
@@ -302,7 +302,7 @@ describe("weight cache", () => {
       assert.match(error.message, new RegExp(`has sha256 ${good.sha256}, but the server published ${wrong}`));
       const final = path.join(root, MODEL, VERSION, ...good.file.split("/"));
       assert.equal(existsSync(final), false);
-      assert.equal(existsSync(final + ".partial"), false);
+      assert.equal(existsSync(`${final}.partial`), false);
     } finally {
       await cache.close();
     }

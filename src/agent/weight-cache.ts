@@ -19,6 +19,7 @@
 //
 // One agent per cache folder: two processes fetching into the same root would write the
 // same partial files.
+import type { Dirent } from "node:fs";
 import { lstat, mkdir, readdir, realpath, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Dispatcher } from "undici";
@@ -427,7 +428,7 @@ async function folders(dir: string): Promise<string[]> {
 async function filesBelow(base: string): Promise<Array<{ relative: string; bytes: number }>> {
   const found: Array<{ relative: string; bytes: number }> = [];
   const walk = async (dir: string, prefix: string): Promise<void> => {
-    let entries;
+    let entries: Dirent[];
     try {
       entries = await readdir(dir, { withFileTypes: true });
     } catch {

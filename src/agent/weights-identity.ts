@@ -10,6 +10,7 @@
 // bytes were changed and whose mtime was put back (`touch -d`, `utimes`) still shows a new
 // ctime. The memo is kept in memory and, when `memoFile` is given, in a JSON file written
 // atomically, so an agent restart does not re-hash the node's weights either.
+import type { BigIntStats } from "node:fs";
 import { lstat, mkdir, readFile, readlink, rename, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { BadRequestError, describeError, errorCode } from "../core/errors.ts";
@@ -194,7 +195,7 @@ export class WeightsIdentity {
 
   /** The file's stamp after the checks that need no reading: there, a regular file, not a link, the published size. */
   async #stampOf(file: string, expected: ExpectedWeightsFile): Promise<IdentityStamp> {
-    let info;
+    let info: BigIntStats;
     try {
       info = await lstat(file, { bigint: true });
     } catch (error) {

@@ -11,7 +11,7 @@
 // local agent runs `checkWeightsFile` before every engine start, so a file that changed
 // after it was accepted (removed, replaced by a truncated copy) fails the start with the
 // same reason and parks the model with it, instead of failing inside llama.cpp.
-import { constants } from "node:fs";
+import { constants, type Stats } from "node:fs";
 import { access, lstat, readlink, realpath } from "node:fs/promises";
 import path from "node:path";
 import { BadRequestError, LlmgwError, NotFoundError, describeError, errorCode } from "../core/errors.ts";
@@ -164,7 +164,7 @@ export async function checkWeightsFile(options: CheckWeightsFileOptions): Promis
   const refuse = (message: string, code: string, cause?: unknown) => new BadRequestError(message, { code, param, ...(cause === undefined ? {} : { cause }) });
   const weights = `The weights of model '${modelName}'`;
 
-  let info;
+  let info: Stats;
   try {
     info = await lstat(file);
   } catch (error) {

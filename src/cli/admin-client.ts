@@ -7,7 +7,7 @@
 // both ways to give the right one.
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import { request } from "undici";
+import { request, type Dispatcher } from "undici";
 import { AuthenticationError, LlmgwError, UpstreamError } from "../core/errors.ts";
 import { ADMIN_KEY_FILE, SERVER_INFO_FILE } from "../core/data-dir.ts";
 import { DEFAULT_LISTEN, resolveDataDir } from "./config.ts";
@@ -50,8 +50,8 @@ export class AdminClient {
     return new AdminClient(baseUrl, key, { file, dataDirFrom });
   }
 
-  async call<T = any>(method: string, pathname: string, body?: unknown): Promise<T> {
-    let response;
+  async call<T = unknown>(method: string, pathname: string, body?: unknown): Promise<T> {
+    let response: Dispatcher.ResponseData;
     try {
       response = await request(this.baseUrl + pathname, {
         method: method as "GET",
@@ -91,7 +91,7 @@ export class AdminClient {
 
   /** A long-lived GET (server-sent events): its body as it arrives; errors as `call` gives them. */
   async stream(pathname: string, headers: Record<string, string> = {}): Promise<AsyncIterable<Buffer>> {
-    let response;
+    let response: Dispatcher.ResponseData;
     try {
       response = await request(this.baseUrl + pathname, {
         method: "GET",

@@ -55,12 +55,12 @@ function scriptedClient(script: Array<JobView | Error>): Pick<AdminClient, "call
   let next = 0;
   return {
     calls,
-    call: async (method: string, pathname: string) => {
+    call: async <T>(method: string, pathname: string): Promise<T> => {
       calls.push(`${method} ${pathname}`);
       const answer = script[Math.min(next, script.length - 1)]!;
       next += 1;
       if (answer instanceof Error) throw answer;
-      return structuredClone(answer) as any;
+      return structuredClone(answer) as T;
     },
   };
 }

@@ -164,6 +164,7 @@ class ProgressLine {
 export function describeStep(step: JobStep): string {
   const text = step.detail ?? (step.state === "running" ? "running" : step.state);
   // A smoke test's detail quotes the model's reply: no control character reaches the terminal.
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: it matches control characters so that they are escaped before the text reaches a terminal.
   const shown = oneLine(text).replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
   return `${STEP_MARKS[step.state]} ${step.name.padEnd(STEP_NAME_WIDTH)}${shown}`;
 }
@@ -228,10 +229,10 @@ export async function followStartedJob(options: {
     return;
   }
   if (!wantsJson(command)) process.stdout.write(`Started job ${started.id}: ${describeJobSubject(started)}. Ctrl-C stops following, not the job.\n`);
-  await followAndReport(helpers, command, options.client, started.id);
+  await followAndReport(command, options.client, started.id);
 }
 
-async function followAndReport(helpers: CtlHelpers, command: Command, client: Pick<AdminClient, "call">, jobId: string): Promise<void> {
+async function followAndReport(command: Command, client: Pick<AdminClient, "call">, jobId: string): Promise<void> {
   const json = wantsJson(command);
   const job = await followJob(client, jobId, { draw: !json, ...(json ? { out: (line: string) => void process.stderr.write(`${line}\n`) } : {}) });
   const end = describeJobEnd(job);
@@ -288,7 +289,7 @@ export function registerJobCommands(ctl: Command, helpers: CtlHelpers): void {
     .description("Follow a job until it ends: its steps, the mirror's progress and the smoke test's reply; exits non-zero when it fails or is cancelled")
     .option("--json", "print the final job as JSON (step lines go to stderr)")
     .action(async (id: string, _options: Options, command: Command) => {
-      await followAndReport(helpers, command, connect(command), id);
+      await followAndReport(command, connect(command), id);
     });
   withExamples(job.command("cancel <id>"), "llmgw ctl job cancel 0c9d2f3e")
     .description(

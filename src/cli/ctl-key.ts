@@ -84,7 +84,7 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
       }
       const name = positionalName ?? options.name;
       if (typeof name !== "string") throw new BadRequestError("Name the key: llmgw ctl key create NAME (or --name NAME).");
-      const created = await connect(command).call("POST", "/api/v1/keys", {
+      const created = await connect(command).call<KeyView & { key: string }>("POST", "/api/v1/keys", {
         name,
         role: options.admin === true ? "admin" : "client",
         ...(typeof options.models === "string"
@@ -153,7 +153,7 @@ export function registerKeyCommands(ctl: Command, { connect, print }: CtlHelpers
     .description("Revoke a key by id, prefix or name; applies to its next request")
     .option("--json", "print JSON")
     .action(async (ref: string, _options: Options, command: Command) => {
-      const revoked = await connect(command).call("DELETE", `/api/v1/keys/${encodeURIComponent(ref)}`);
+      const revoked = await connect(command).call<KeyView>("DELETE", `/api/v1/keys/${encodeURIComponent(ref)}`);
       print(command, revoked, () => `Revoked key '${revoked.name}' (${revoked.prefix}…).`);
     });
 }

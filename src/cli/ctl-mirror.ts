@@ -10,10 +10,42 @@ import type { Command } from "commander";
 import { UpstreamError } from "../core/errors.ts";
 import { formatBytes } from "../gguf/memory-estimate.ts";
 import { absoluteRepoArgument } from "./local-paths.ts";
+import type { MirrorDiskUsage, MirrorFileView } from "../mirror/mirror-types.ts";
 import type { AdminClient } from "./admin-client.ts";
 import { parsePositiveInt } from "./config.ts";
 import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
+
+/** The answer to POST /api/v1/mirror: the fetch the server started (mirror-routes.ts). */
+interface StartedFetch {
+  model: string;
+  version: string;
+  repo: string;
+  revision: string;
+  set: string;
+  picked: { by: string; artifact: string; reason: string };
+  files: { path: string; size: number; sha256: string | null }[];
+  totalBytes: number;
+  progress: string;
+}
+
+/** The answer to GET /api/v1/mirror: the files, and the mirror's disk use. */
+interface MirrorListing {
+  data: MirrorFileView[];
+  disk: MirrorDiskUsage;
+}
+
+interface DeletedFiles {
+  model: string;
+  version: string;
+  files: number;
+  bytes: number;
+}
+
+/** The answer to DELETE /api/v1/mirror/:model/:version; `forced` and `usedBy` when catalog models used it. */
+interface DeletedVersion {
+  deleted: (DeletedFiles & { forced?: undefined }) | (DeletedFiles & { forced: true; usedBy: string[] });
+}
 
 export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const mirror = ctl.command("mirror").description("The weights mirror: files fetched from the registry and verified");
@@ -31,7 +63,7 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .option("--json", "print JSON")
     .action(async (repo: string, options: Options, command: Command) => {
       const client = connect(command);
-      const started = await client.call("POST", "/api/v1/mirror", {
+      const started = await client.call<StartedFetch>("POST", "/api/v1/mirror", {
         // The server resolves paths on its own machine: send this shell's paths absolute.
         repo: absoluteRepoArgument(repo),
         ...pick(options, ["quant", "file", "format", "revision", "model"]),
@@ -50,7 +82,7 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
       if (!json) process.stdout.write(`${describePick(started.picked)}\n`);
       const followed = await followFetch(client, started, { draw: !json });
       print(command, followed.files, () => describeFetchOutcome(started, followed, serveCommandFor(repo, options)));
-      if (followed.state === "interrupted" || followed.files.some((f: any) => f.state === "failed")) process.exitCode = 1;
+      if (followed.state === "interrupted" || followed.files.some((f) => f.state === "failed")) process.exitCode = 1;
     });
   withExamples(mirror.command("list"), "llmgw ctl mirror list --model tiny")
     .description("Mirrored files by model and version, with their state, and the mirror's disk use")
@@ -58,14 +90,14 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .option("--json", "print JSON")
     .action(async (options: Options, command: Command) => {
       const query = typeof options.model === "string" ? `?model=${encodeURIComponent(options.model)}` : "";
-      const result = await connect(command).call("GET", `/api/v1/mirror${query}`);
+      const result = await connect(command).call<MirrorListing>("GET", `/api/v1/mirror${query}`);
       print(command, result, () => {
         if (result.data.length === 0) return "The mirror is empty. Fetch with 'llmgw ctl mirror fetch OWNER/NAME'.";
         // Where the bytes are only matters with several servers: the column shows when a server keeps holder rows.
-        const clustered = result.data.some((f: any) => Array.isArray(f.holders) && f.holders.length > 0);
+        const clustered = result.data.some((f) => Array.isArray(f.holders) && f.holders.length > 0);
         const table = renderTable(
           ["MODEL", "VERSION", "FILE", "STATE", "DONE", "SIZE", ...(clustered ? ["HOLDERS"] : []), "ERROR"],
-          result.data.map((f: any) => [
+          result.data.map((f) => [
             f.model,
             f.version,
             f.file,
@@ -86,7 +118,7 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .action(async (modelName: string | undefined, version: string | undefined, _options: Options, command: Command) => {
       const client = connect(command);
       const json = command.optsWithGlobals().json === true;
-      const started = await client.call("POST", "/api/v1/mirror/verify", {
+      const started = await client.call<VerificationRun>("POST", "/api/v1/mirror/verify", {
         ...(modelName === undefined ? {} : { model: modelName }),
         ...(version === undefined ? {} : { version }),
       });
@@ -118,7 +150,10 @@ export function registerMirrorCommands(ctl: Command, { connect, print }: CtlHelp
     .option("--json", "print JSON")
     .action(async (modelName: string, version: string, options: Options, command: Command) => {
       const query = options.force === true ? "?force=true" : "";
-      const result = await connect(command).call("DELETE", `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`);
+      const result = await connect(command).call<DeletedVersion>(
+        "DELETE",
+        `/api/v1/mirror/${encodeURIComponent(modelName)}/${encodeURIComponent(version)}${query}`,
+      );
       const { deleted } = result;
       const forced =
         deleted.forced === true
@@ -163,7 +198,7 @@ export interface FollowFetchOptions {
  */
 export interface FollowedFetch {
   state: "settled" | "interrupted";
-  files: any[];
+  files: MirrorFileView[];
 }
 
 /**
@@ -183,7 +218,7 @@ export async function followFetch(
   const appearBy = Date.now() + appearTimeoutMs;
   let lastLine = 0;
   for (;;) {
-    const { data } = await client.call<{ data: any[] }>("GET", `/api/v1/mirror?model=${encodeURIComponent(started.model)}`);
+    const { data } = await client.call<{ data: MirrorFileView[] }>("GET", `/api/v1/mirror?model=${encodeURIComponent(started.model)}`);
     const files = data.filter((f) => f.version === started.version && wanted.has(f.file));
     const done = files.reduce((sum, f) => sum + f.bytesDone, 0);
     const total = files.reduce((sum, f) => sum + (f.bytesTotal ?? 0), 0);

@@ -13,7 +13,7 @@ import { parsePositiveInt } from "./config.ts";
 import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } from "./ctl-common.ts";
 import { type JobView, followStartedJob } from "./ctl-job.ts";
 import { modelFromFlags, patchFromArgument, serveBodyFromFlags } from "./ctl-model-flags.ts";
-import { renderModelHealth } from "./ctl-node.ts";
+import { type ModelHealthView, renderModelHealth } from "./ctl-node.ts";
 import { absoluteRepoArgument } from "./local-paths.ts";
 import { renderTable } from "./output.ts";
 
@@ -32,6 +32,23 @@ interface ModelOrigin {
   revision: string;
   files: OriginFile[];
   previous?: { revision: string; files: OriginFile[]; source: unknown };
+}
+
+/** What ctl reads of a model as the admin API shows it (GET, POST and PATCH /api/v1/models). */
+interface ModelView {
+  name: string;
+  aliases: string[];
+  profiles: Array<{ engine: string }>;
+  health: { state: string; ready: number; replicas: number; reason: string | null };
+}
+
+/** The answer to GET /api/v1/plan: a repository's artifacts and the plan for them. */
+interface RepositoryPlan {
+  repo: string;
+  revision: string;
+  sha: string;
+  artifacts: Array<{ description: string; planned: boolean; note?: string }>;
+  plan: ModelPlan;
 }
 
 interface UpdateCheck {
@@ -53,7 +70,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .description("Models with their aliases, engines, state and ready replicas")
     .option("--json", "print JSON")
     .action(async (_options: Options, command: Command) => {
-      const { data } = await connect(command).call<{ data: any[] }>("GET", "/api/v1/models");
+      const { data } = await connect(command).call<{ data: ModelView[] }>("GET", "/api/v1/models");
       print(command, data, () =>
         data.length === 0
           ? "No models yet. Serve one with 'llmgw ctl model serve OWNER/NAME', or add one with 'llmgw ctl model add NAME --gguf FILE' or '--external URL'."
@@ -62,7 +79,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
               data.map((m) => [
                 m.name,
                 m.aliases.join(",") || null,
-                m.profiles.map((p: any) => p.engine).join(","),
+                m.profiles.map((p) => p.engine).join(","),
                 m.health.state,
                 `${m.health.ready}/${m.health.replicas}`,
                 m.health.reason,
@@ -79,12 +96,15 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .action(async (name: string, _options: Options, command: Command) => {
       const client = connect(command);
       if (wantsJson(command)) {
-        process.stdout.write(JSON.stringify(await client.call("GET", path(name)), null, 2) + "\n");
+        process.stdout.write(`${JSON.stringify(await client.call("GET", path(name)), null, 2)}\n`);
         return;
       }
-      const [health, shown] = await Promise.all([client.call("GET", path(name, "/health")), client.call<{ origin?: ModelOrigin }>("GET", path(name))]);
+      const [health, shown] = await Promise.all([
+        client.call<ModelHealthView>("GET", path(name, "/health")),
+        client.call<{ origin?: ModelOrigin }>("GET", path(name)),
+      ]);
       const origin = shown.origin === undefined ? [] : ["", renderOrigin(name, shown.origin)];
-      process.stdout.write([renderModelHealth(health), ...origin].join("\n") + "\n");
+      process.stdout.write(`${[renderModelHealth(health), ...origin].join("\n")}\n`);
     });
 
   withExamples(
@@ -105,7 +125,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .option("--definition <file>", "JSON model definition ('-' for stdin); a relative source.path is relative to that file")
     .option("--json", "print JSON")
     .action(async (name: string | undefined, options: Options, command: Command) => {
-      const created = await connect(command).call("POST", "/api/v1/models", modelFromFlags(name, options));
+      const created = await connect(command).call<ModelView>("POST", "/api/v1/models", modelFromFlags(name, options));
       print(command, created, () => `Added model '${created.name}' (${created.health.state}${created.health.reason ? `: ${created.health.reason}` : ""}).`);
     });
 
@@ -118,7 +138,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .requiredOption("--patch <json>", "JSON object, or @file to read one")
     .option("--json", "print JSON")
     .action(async (name: string, options: Options, command: Command) => {
-      const updated = await connect(command).call("PATCH", path(name), patchFromArgument(String(options.patch)));
+      const updated = await connect(command).call<ModelView>("PATCH", path(name), patchFromArgument(String(options.patch)));
       print(command, updated, () => `Changed model '${updated.name}'.`);
     });
 
@@ -209,7 +229,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
         const count = parsePositiveInt(replicas!, "replicas", { allowZero: true });
         scaling = { min: count, max: count };
       }
-      const updated = await client.call("PATCH", path(name), { scaling });
+      const updated = await client.call<ModelView>("PATCH", path(name), { scaling });
       print(command, updated, () =>
         onDemand
           ? `'${updated.name}' runs on demand: a replica starts at the first request (up to ${countOf(scaling.max, "replica")}) and stops when idle.`
@@ -221,7 +241,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .description("Remove a model; its replicas stop")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
-      const removed = await connect(command).call("DELETE", path(name));
+      const removed = await connect(command).call<{ deleted: string }>("DELETE", path(name));
       print(command, removed, () => `Removed model '${name}'.`);
     });
 
@@ -229,7 +249,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .description("Start a parked model again after fixing what made it fail")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
-      const result = await connect(command).call("POST", path(name, "/unpark"));
+      const result = await connect(command).call<{ model: string; unparked: number }>("POST", path(name, "/unpark"));
       print(command, result, () => `Unparked ${countOf(result.unparked, "replica")} of '${name}'.`);
     });
 
@@ -244,7 +264,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       const query = new URLSearchParams({ repo: absoluteRepoArgument(repo), context: String(options.context) });
       if (typeof options.format === "string") query.set("format", options.format);
       if (typeof options.revision === "string") query.set("revision", options.revision);
-      const result = await connect(command).call("GET", `/api/v1/plan?${query}`);
+      const result = await connect(command).call<RepositoryPlan>("GET", `/api/v1/plan?${query}`);
       print(command, result, () => renderRepositoryPlan(result));
     });
 }
@@ -287,13 +307,7 @@ function renderUpdateChecks(checks: UpdateCheck[]): string {
   return checks.some((c) => c.update_available) ? `${table}\n\nUpdate with 'llmgw ctl model update NAME'.` : table;
 }
 
-function renderRepositoryPlan(result: {
-  repo: string;
-  revision: string;
-  sha: string;
-  artifacts: Array<{ description: string; planned: boolean; note?: string }>;
-  plan: ModelPlan;
-}): string {
+function renderRepositoryPlan(result: RepositoryPlan): string {
   const lines = [`${result.repo} @ ${result.revision} (${result.sha.slice(0, 12)}), context ${result.plan.contextSize} tokens`, ""];
   const skipped = result.artifacts.filter((a) => !a.planned);
   lines.push(renderPlanTable(result.plan));

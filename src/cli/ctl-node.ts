@@ -20,6 +20,27 @@ export interface NodeView {
   replicas: Array<{ id: string; model: string; state: string; profile: string }>;
 }
 
+/** What ctl reads of a model's health (GET /api/v1/models/:name/health, fleet-views.ts). */
+export interface ModelHealthView {
+  model: string;
+  state: string;
+  reason: string | null;
+  summary: string;
+  parked: { at: string; reason: string } | null;
+  placement: string[] | null;
+  weights_problem: string | null;
+  replicas: Array<{
+    id: string;
+    state: string;
+    nodes: string[];
+    profile: string;
+    attempt: number;
+    failures: number;
+    weights_verified: boolean;
+    last_error: string | null;
+  }>;
+}
+
 export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelpers): void {
   const node = ctl.command("node").description("Nodes of the fleet: the machines agents run on");
   withExamples(node.command("list"), "llmgw ctl node list")
@@ -134,18 +155,18 @@ export function describeUndrain(n: Pick<NodeView, "name" | "state">): string {
 }
 
 /** `ctl model show NAME`: the model's health as the fleet sees it. */
-export function renderModelHealth(health: any): string {
+export function renderModelHealth(health: ModelHealthView): string {
   const lines = [`model ${health.model}: ${health.state}${health.reason ? ` (${health.reason})` : ""}`, `replicas: ${health.summary}`];
   if (health.parked)
     lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
-  if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line: string) => `  ${line}`));
+  if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line) => `  ${line}`));
   if (health.weights_problem) lines.push(`weights: ${health.weights_problem}`);
   if (health.replicas.length > 0) {
     lines.push(
       "",
       renderTable(
         ["REPLICA", "STATE", "NODES", "PROFILE", "ATTEMPT", "FAILURES", "WEIGHTS", "LAST ERROR"],
-        health.replicas.map((r: any) => [
+        health.replicas.map((r) => [
           r.id,
           r.state,
           r.nodes.join(","),

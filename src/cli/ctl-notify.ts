@@ -136,7 +136,7 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
     .description("Remove a channel and its delivery log")
     .option("--json", "print JSON")
     .action(async (name: string, _options: Options, command: Command) => {
-      const removed = await connect(command).call("DELETE", path(name));
+      const removed = await connect(command).call<{ removed: string }>("DELETE", path(name));
       print(command, removed, () => `Removed channel '${name}'.`);
     });
   withExamples(notify.command("test [name]"), "llmgw ctl notify test ops", "llmgw ctl notify test")
@@ -188,7 +188,7 @@ export function registerNotifyCommands(ctl: Command, { connect, print }: CtlHelp
       if (options.follow === true) {
         if (options.since !== undefined || options.limit !== undefined)
           throw new BadRequestError("--follow prints events from now on; --since and --limit are for listing past events. Run one, then the other.");
-        await followEvents(client, query, (event) => process.stdout.write((wantsJson(command) ? JSON.stringify(event) : eventLine(event)) + "\n"));
+        await followEvents(client, query, (event) => process.stdout.write(`${wantsJson(command) ? JSON.stringify(event) : eventLine(event)}\n`));
         return;
       }
       if (typeof options.since === "string") query.set("since", options.since);
@@ -213,8 +213,7 @@ async function followEvents(client: AdminClient, query: URLSearchParams, print: 
       let buffered = "";
       for await (const chunk of stream) {
         buffered += decoder.decode(chunk, { stream: true });
-        let end: number;
-        while ((end = buffered.indexOf("\n\n")) >= 0) {
+        for (let end = buffered.indexOf("\n\n"); end >= 0; end = buffered.indexOf("\n\n")) {
           const lines = buffered.slice(0, end).split("\n");
           buffered = buffered.slice(end + 2);
           const data = lines

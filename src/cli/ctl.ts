@@ -4,6 +4,7 @@
 // connection flags and the replicas command, and hands the rest to ctl-model.ts,
 // ctl-key.ts, ctl-job.ts, ctl-mirror.ts and ctl-node.ts.
 import type { Command } from "commander";
+import type { ReplicaView } from "../fleet/replica-table.ts";
 import { AdminClient, type AdminConnectionFlags } from "./admin-client.ts";
 import { type CtlHelpers, type CtlOptions as Options, wantsJson, withExamples } from "./ctl-common.ts";
 import { registerJobCommands } from "./ctl-job.ts";
@@ -27,7 +28,7 @@ export function registerCtl(program: Command): void {
   const helpers: CtlHelpers = {
     connect: (command) => AdminClient.fromFlags(command.optsWithGlobals() as AdminConnectionFlags),
     print: (command, json, human) => {
-      process.stdout.write((wantsJson(command) ? JSON.stringify(json, null, 2) : human()) + "\n");
+      process.stdout.write(`${wantsJson(command) ? JSON.stringify(json, null, 2) : human()}\n`);
     },
   };
   const { connect, print } = helpers;
@@ -45,7 +46,7 @@ export function registerCtl(program: Command): void {
     .description("Replicas and their states")
     .option("--json", "print JSON")
     .action(async (_options: Options, command: Command) => {
-      const { data } = await connect(command).call<{ data: any[] }>("GET", "/api/v1/replicas");
+      const { data } = await connect(command).call<{ data: ReplicaView[] }>("GET", "/api/v1/replicas");
       print(command, data, () =>
         renderTable(
           ["MODEL", "PROFILE", "ENGINE", "STATE", "ATTEMPT", "FAILURES", "ENDPOINT", "LAST ERROR"],

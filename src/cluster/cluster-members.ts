@@ -188,6 +188,6 @@ function dataDirId(dataDir: string): string {
   }
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   const id = randomUUID();
-  writeFileSync(file, id + "\n", { mode: 0o600 });
+  writeFileSync(file, `${id}\n`, { mode: 0o600 });
   return id;
 }

@@ -8,13 +8,13 @@ import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import type { Context, Hono } from "hono";
+import type { Context, Env, Hono } from "hono";
 import { deleteCookie, setCookie } from "hono/cookie";
 import { parse as parseCookies } from "hono/utils/cookie";
 import { BadRequestError, LlmgwError, PermissionDeniedError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Principal } from "../keys/key-service.ts";
-import { SESSION_COOKIE, type ConsoleSessions } from "./console-sessions.ts";
+import { SESSION_COOKIE, type ConsoleSession, type ConsoleSessions } from "./console-sessions.ts";
 
 // One folder whether this runs from src/ (tsx) or dist/ (compiled): the assets ship in src/.
 const ASSETS_DIR = fileURLToPath(new URL("../../src/console/assets/", import.meta.url));
@@ -99,7 +99,7 @@ export interface ConsoleRoutesOptions {
 }
 
 /** The page, its assets and the session endpoints. Mount before the admin API's auth step: logging in needs no session. */
-export function mountConsoleRoutes(app: Hono<any>, options: ConsoleRoutesOptions): void {
+export function mountConsoleRoutes<E extends Env>(app: Hono<E>, options: ConsoleRoutesOptions): void {
   const { sessions } = options;
   const serve = async (c: Context, name: string) => {
     const asset = await readAsset(name);
@@ -122,7 +122,7 @@ export function mountConsoleRoutes(app: Hono<any>, options: ConsoleRoutesOptions
     if (key !== undefined && typeof key !== "string") {
       throw new BadRequestError("Invalid login: field 'key': must be the admin key as a string.", { code: "invalid_field", param: "key" });
     }
-    let session;
+    let session: { token: string } & ConsoleSession;
     try {
       session = await sessions.login(key);
     } catch (error) {

@@ -15,7 +15,7 @@ export function writeAdminKeyFile(dataDir: string, key: string): string {
   const file = path.join(dataDir, ADMIN_KEY_FILE);
   const scratch = `${file}.${process.pid}.new`;
   try {
-    writeFileSync(scratch, key + "\n", { mode: 0o600 });
+    writeFileSync(scratch, `${key}\n`, { mode: 0o600 });
     chmodSync(scratch, 0o600);
     renameSync(scratch, file);
   } finally {

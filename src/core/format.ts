@@ -21,6 +21,7 @@ export function formatHost(host: string): string {
 /** User text for an error message: at most 200 characters, control characters escaped. */
 export function printable(text: string): string {
   const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: it matches control characters so that user text is escaped before it goes into a message.
   return shown.replace(/[\u0000-\u001f\u007f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 }
 

@@ -39,7 +39,7 @@ export class SecretBox {
     const key = randomBytes(32);
     const scratch = `${file}.${process.pid}.new`;
     try {
-      writeFileSync(scratch, key.toString("base64") + "\n", { mode: 0o600 });
+      writeFileSync(scratch, `${key.toString("base64")}\n`, { mode: 0o600 });
       chmodSync(scratch, 0o600);
       renameSync(scratch, file);
     } finally {

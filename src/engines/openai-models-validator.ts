@@ -4,7 +4,7 @@
 // what tells the supervisor that the server on the port is the engine this attempt
 // started, as it was configured (DESIGN.md "Engine supervision": "then validate what it
 // reports"); a launch names it as its `validate`.
-import { Agent, request } from "undici";
+import { Agent, request, type Dispatcher } from "undici";
 import { LlmgwError, describeError, errorCode } from "../core/errors.ts";
 import { formatHost, printable } from "../core/format.ts";
 import type { EngineValidator } from "../agent/supervisor-options.ts";
@@ -43,7 +43,7 @@ export function openAiModelsValidator(options: OpenAiModelsValidatorOptions): En
     const timeout = new AbortController();
     const timer = setTimeout(() => timeout.abort(), timeoutMs);
     try {
-      let response;
+      let response: Dispatcher.ResponseData;
       try {
         response = await request(url, {
           method: "GET",

@@ -5,7 +5,7 @@
 // 15 s keeps proxies from closing it. A reader that falls MAX_QUEUED events behind is
 // disconnected (it reconnects with Last-Event-ID and reads on from the table) rather than
 // buffered in the server's memory.
-import type { Context, Hono } from "hono";
+import type { Context, Env, Hono } from "hono";
 import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { BadRequestError, parseWith } from "../core/errors.ts";
@@ -72,7 +72,7 @@ function wire(event: StoredEvent): string {
   return JSON.stringify(event);
 }
 
-export function mountEventsRoutes(app: Hono<any>, options: EventsRoutesOptions): void {
+export function mountEventsRoutes<E extends Env>(app: Hono<E>, options: EventsRoutesOptions): void {
   const { events, follower } = options;
 
   app.get("/api/v1/events", async (c) => {

@@ -57,7 +57,7 @@ export function writeJoinToken(dataDir: string, token: string): string {
   const file = path.join(dataDir, JOIN_TOKEN_FILE);
   const scratch = `${file}.${process.pid}.new`;
   try {
-    writeFileSync(scratch, token + "\n", { mode: 0o600 });
+    writeFileSync(scratch, `${token}\n`, { mode: 0o600 });
     chmodSync(scratch, 0o600);
     renameSync(scratch, file);
   } finally {

@@ -150,7 +150,10 @@ export function placeReplicas(input: PlacementInput): PlacementResult {
 
 function addTo(index: Map<string, Set<number>>, key: string, order: number): void {
   let orders = index.get(key);
-  if (orders === undefined) index.set(key, (orders = new Set()));
+  if (orders === undefined) {
+    orders = new Set();
+    index.set(key, orders);
+  }
   orders.add(order);
 }
 
@@ -240,8 +243,8 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
       gpusLeft = freeOfClass - perNode;
     }
     fittingNodes++;
-    score.sameModel = withModel !== undefined && withModel.has(i) ? 1 : 0;
-    score.uncached = withWeights !== undefined && withWeights.has(i) ? 0 : 1;
+    score.sameModel = withModel?.has(i) ? 1 : 0;
+    score.uncached = withWeights?.has(i) ? 0 : 1;
     score.gpusLeft = gpusLeft;
     score.memoryLeft = node.freeMemory - needs.memoryBytes;
     if (nodesWanted > 1) {

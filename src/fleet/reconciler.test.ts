@@ -85,7 +85,10 @@ function input(parts: Partial<ReconcileInput> & Pick<ReconcileInput, "models" | 
     weightsKeyOf: () => null,
     cachedWeights: () => new Set(),
     place: placeReplicas,
-    newReplicaId: () => `new-${(next += 1)}`,
+    newReplicaId: () => {
+      next += 1;
+      return `new-${next}`;
+    },
     ...parts,
   };
 }

@@ -16,6 +16,7 @@ import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { silentLogger } from "../core/log.ts";
+import type { RenderedError } from "../core/errors.ts";
 import { ReplicaTable } from "../fleet/replica-table.ts";
 import { StorageUnavailableError } from "../store/storage-fault.ts";
 import { Gateway } from "./gateway.ts";
@@ -157,7 +158,7 @@ describe("gateway under faults", () => {
     assert.equal(row.prompt_tokens, 7);
     assert.equal(row.stream, 1);
     // A client that asks gets the usage chunk as the upstream sent it.
-    let usage;
+    let usage: OpenAI.CompletionUsage | undefined;
     for await (const chunk of await client.chat.completions.create({ model: "counted", messages: hi, stream: true, stream_options: { include_usage: true } }))
       usage = chunk.usage ?? usage;
     assert.equal(usage?.completion_tokens, 4);
@@ -229,7 +230,7 @@ describe("gateway under faults", () => {
       body: `{"model":"deep-alias","messages":[{"role":"user","content":"hi"}],"extra":${nested}}`,
     });
     assert.equal(response.status, 400);
-    assert.equal(((await response.json()) as any).error.code, "json_too_deep");
+    assert.equal(((await response.json()) as RenderedError["body"]).error.code, "json_too_deep");
     const answer = await client.chat.completions.create({ model: "deep-alias", messages: hi, stream: true });
     for await (const _chunk of answer) {
       // drained

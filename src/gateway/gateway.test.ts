@@ -7,6 +7,7 @@ import OpenAI from "openai";
 import path from "node:path";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { findFreePort } from "../agent/free-port.ts";
+import type { RenderedError } from "../core/errors.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
@@ -153,7 +154,7 @@ describe("gateway", () => {
         stream_options: { include_usage: true },
       });
       let text = "";
-      let usage;
+      let usage: OpenAI.CompletionUsage | undefined;
       for await (const chunk of stream) {
         text += chunk.choices[0]?.delta.content ?? "";
         if (chunk.usage) usage = chunk.usage;
@@ -311,10 +312,10 @@ describe("gateway", () => {
       fetch(`${harness.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body });
     const malformed = await post("{not json");
     assert.equal(malformed.status, 400);
-    assert.equal(((await malformed.json()) as any).error.code, "invalid_json");
+    assert.equal(((await malformed.json()) as RenderedError["body"]).error.code, "invalid_json");
     const huge = await post(JSON.stringify({ model: "ext", messages: [{ role: "user", content: "x".repeat(70 * 1024) }] }));
     assert.equal(huge.status, 413);
-    assert.match(((await huge.json()) as any).error.message, /larger than 64 KiB/);
+    assert.match(((await huge.json()) as RenderedError["body"]).error.message, /larger than 64 KiB/);
     const unknown = await fetch(`${harness.url}/v1/images/generations`, { method: "POST", headers: { authorization: `Bearer ${key}` }, body: "{}" });
     assert.equal(unknown.status, 404);
   });
@@ -346,7 +347,7 @@ describe("gateway", () => {
     // On demand, but no node has joined this server to start it on.
     assert.equal(response.status, 503);
     assert.equal(response.headers.get("retry-after"), "30");
-    const error = ((await response.json()) as any).error;
+    const error = ((await response.json()) as RenderedError["body"]).error;
     assert.equal(error.code, "model_unplaceable");
     assert.match(error.message, /cannot run now: no node can take a replica/);
   });
@@ -365,7 +366,7 @@ describe("gateway", () => {
       const found = await countRows();
       return found.length > 0 ? found : undefined;
     });
-    const last = rows.at(-1) as any;
+    const last = rows.at(-1);
     assert.ok(last, "a usage row was written");
     assert.equal(last.prompt_tokens, 7);
     assert.equal(last.completion_tokens, 5);

@@ -12,7 +12,14 @@ import { startStandInGuard, type StandInGuard } from "../../test/support/stand-i
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
 import { costUsd } from "../policy/cost.ts";
+import type { RenderedError } from "../core/errors.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
+
+/** Anthropic's error body, as /v1/messages answers a refusal or a failure. */
+interface AnthropicErrorBody {
+  type: "error";
+  error: { type: string; message: string };
+}
 
 test("the rule: known tokens are charged; a replica's 2xx answer or part of one keeps the reservation; its error answer or nothing costs nothing", () => {
   const usage = { prompt_tokens: 3, completion_tokens: 2 };
@@ -115,7 +122,7 @@ describe("what a request costs as it ends", () => {
       const key = await harness.clientKey({ name, budget_usd: 100 });
       const response = await post("/v1/chat/completions", key, { model: `fails-${status}`, ...HI });
       assert.equal(response.status, status);
-      assert.equal(((await response.json()) as any).error.message, "upstream failure", "the upstream's own answer");
+      assert.equal(((await response.json()) as RenderedError["body"]).error.message, "upstream failure", "the upstream's own answer");
       assert.equal(await settledSpend(name), 0);
     });
   }
@@ -128,7 +135,7 @@ describe("what a request costs as it ends", () => {
       body: JSON.stringify({ model: "leaky", ...HI }),
     });
     assert.equal(response.status, 400);
-    const refusal = (await response.json()) as any;
+    const refusal = (await response.json()) as AnthropicErrorBody;
     assert.equal(refusal.type, "error");
     assert.match(refusal.error.message, /Refused by guard model 'lg'/);
     // The fake upstream reports 7 prompt tokens and one completion token per word of its reply.
@@ -145,7 +152,7 @@ describe("what a request costs as it ends", () => {
       body: JSON.stringify({ model: "broken", ...HI }),
     });
     assert.equal(response.status, 502);
-    assert.equal(((await response.json()) as any).type, "error");
+    assert.equal(((await response.json()) as AnthropicErrorBody).type, "error");
     assert.equal(await settledSpend("held-broken"), 0);
     const row = await eventually("the usage row", async () => {
       const rows = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", created.body.id).execute();

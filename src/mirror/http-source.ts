@@ -182,6 +182,7 @@ async function errorText(body: Readable): Promise<string | undefined> {
       }
     }
     const text = Buffer.concat(chunks).toString("utf8").trim().slice(0, 300);
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: it matches control characters so that they are stripped from an untrusted server's error text.
     return text === "" ? undefined : text.replace(/[\u0000-\u001f\u007f]/g, " ");
   } catch {
     return undefined;

@@ -40,7 +40,7 @@ export interface MirrorFileHandlerOptions {
 
 /** True when a request URL is for the mirror's file server. */
 export function isMirrorFileRequest(url: string | undefined): boolean {
-  return url !== undefined && url.startsWith(MIRROR_FILES_PREFIX);
+  return url?.startsWith(MIRROR_FILES_PREFIX) === true;
 }
 
 /**
@@ -216,7 +216,7 @@ export function parseMirrorPath(url: string): { model: string; version: string; 
   const [model = "", version = "", ...fileSegments] = segments;
   validateSegment(model, "model");
   validateSegment(version, "version");
-  fileSegments.forEach((segment, index) => validateSegment(segment, `file segment ${index + 1}`));
+  for (const [index, segment] of fileSegments.entries()) validateSegment(segment, `file segment ${index + 1}`);
   const file = fileSegments.join("/");
   validateMirrorFile(file);
   return { model, version, file };

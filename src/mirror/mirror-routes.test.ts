@@ -12,7 +12,7 @@ import { mkdtemp, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Hono } from "hono";
-import { AuthenticationError, renderError } from "../core/errors.ts";
+import { AuthenticationError, renderError, type RenderedError } from "../core/errors.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { HubClient } from "../registry/hub-client.ts";
 import type { Registry, RepoInfo } from "../registry/types.ts";
@@ -25,6 +25,8 @@ import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
 import { readAudit } from "../store/audit.ts";
 import { Mirror } from "./mirror.ts";
+import type { MirrorDiskUsage, MirrorFileView } from "./mirror-types.ts";
+import type { VerifyRunView } from "./verify-runs.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { catalogModelsUsing } from "./mirror-users.ts";
 import { planMirrorFetch } from "./mirror-plan.ts";
@@ -67,7 +69,7 @@ async function tempDir(): Promise<string> {
   return dir;
 }
 
-function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry, extra: Partial<MirrorRoutesOptions> = {}): Hono<MirrorRoutesEnv> {
+function adminApp(mirror: Mirror, reader: Registry = registry, extra: Partial<MirrorRoutesOptions> = {}): Hono<MirrorRoutesEnv> {
   const app = new Hono<MirrorRoutesEnv>();
   app.onError((error, c) => {
     const rendered = renderError(error);
@@ -83,14 +85,44 @@ function adminApp(mirror: Mirror, dataDir: string, reader: Registry = registry, 
   return app;
 }
 
-async function json(response: Response): Promise<Record<string, any>> {
-  return (await response.json()) as Record<string, any>;
+/** An error answer, in OpenAI's shape. */
+type ErrorAnswer = RenderedError["body"];
+
+/** GET /api/v1/mirror: the files, a summary per version, and the disk use. */
+interface Listing {
+  data: MirrorFileView[];
+  versions: Array<{ model: string; version: string; state: string }>;
+  disk: MirrorDiskUsage;
+}
+
+/** POST /api/v1/mirror: the fetch the route started. */
+interface StartedFetch {
+  model: string;
+  version: string;
+  revision: string;
+  set: string;
+  picked: { by: string; artifact: string; reason: string };
+  files: Array<{ path: string; size: number; sha256: string | null }>;
+  progress: string;
+}
+
+/** DELETE /api/v1/mirror/:model/:version; `forced` and `usedBy` when catalog models used it. */
+interface Deleted {
+  deleted: { model: string; version: string; files: number; bytes: number; forced?: true; usedBy?: string[] };
+}
+
+/** POST /api/v1/mirror/verify: the run, and where to follow it. */
+type VerifyAnswer = VerifyRunView & { progress: string };
+
+/** The parsed JSON body of an answer, of the shape the test expects. */
+async function json<T>(response: Response): Promise<T> {
+  return (await response.json()) as T;
 }
 
 /** The listing once the model's first version is in `state`. */
-function versionIn(app: Hono<MirrorRoutesEnv>, model: string, state: string): Promise<Record<string, any>> {
+function versionIn(app: Hono<MirrorRoutesEnv>, model: string, state: string): Promise<Listing> {
   return eventually(`the version of ${model} to be ${state}`, async () => {
-    const body = await json(await app.request(`/api/v1/mirror?model=${encodeURIComponent(model)}`));
+    const body = await json<Listing>(await app.request(`/api/v1/mirror?model=${encodeURIComponent(model)}`));
     return body.versions?.[0]?.state === state ? body : false;
   });
 }
@@ -99,17 +131,17 @@ describe("admin routes", () => {
   testBothStores("POST mirrors the chosen artifact in the background; GET shows progress and disk use; DELETE removes it", async (store) => {
     const dataDir = await tempDir();
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror"), retries: 0 });
-    const app = adminApp(mirror, dataDir);
+    const app = adminApp(mirror);
     try {
       hub.setFault({ kind: "delay", ms: 300, match: "/cdn/" });
       const started = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO, quant: "Q2_K" }) });
       assert.equal(started.status, 202);
-      const plan = await json(started);
+      const plan = await json<StartedFetch>(started);
       assert.equal(plan.model, MODEL);
       assert.equal(plan.version, info.shortSha);
       assert.equal(plan.revision, info.sha);
       assert.deepEqual(
-        plan.files.map((f: { path: string }) => f.path),
+        plan.files.map((f) => f.path),
         ["Q2_K/tiny-llama-Q2_K-00001-of-00002.gguf", "Q2_K/tiny-llama-Q2_K-00002-of-00002.gguf"],
       );
       assert.equal(plan.progress, `/api/v1/mirror?model=${MODEL}`);
@@ -117,7 +149,7 @@ describe("admin routes", () => {
       // Deleting while it fetches is refused.
       const busy = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
       assert.equal(busy.status, 409);
-      assert.equal((await json(busy)).error.code, "mirror_version_busy");
+      assert.equal((await json<ErrorAnswer>(busy)).error.code, "mirror_version_busy");
 
       const listing = await versionIn(app, MODEL, "complete");
       hub.setFault(null);
@@ -147,10 +179,10 @@ describe("admin routes", () => {
 
       const deleted = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
       assert.equal(deleted.status, 200);
-      assert.deepEqual((await json(deleted)).deleted, { model: MODEL, version: info.shortSha, files: 2, bytes: 655392 * 2 });
+      assert.deepEqual((await json<Deleted>(deleted)).deleted, { model: MODEL, version: info.shortSha, files: 2, bytes: 655392 * 2 });
       const again = await app.request(`/api/v1/mirror/${MODEL}/${info.shortSha}`, { method: "DELETE" });
       assert.equal(again.status, 404);
-      assert.equal((await json(await app.request("/api/v1/mirror"))).data.length, 0);
+      assert.equal((await json<Listing>(await app.request("/api/v1/mirror"))).data.length, 0);
     } finally {
       hub.setFault(null);
       await mirror.close();
@@ -163,11 +195,11 @@ describe("admin routes", () => {
     const content = randomBytes(100_000);
     await writeFile(path.join(source, "my-model-Q4_K_M.gguf"), content);
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    const app = adminApp(mirror, dataDir);
+    const app = adminApp(mirror);
     try {
       const started = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model" }) });
       assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-      const plan = await json(started);
+      const plan = await json<StartedFetch>(started);
       assert.equal(plan.model, "my-model");
       await versionIn(app, "my-model", "complete");
       const file = await mirror.pathFor("my-model", plan.version, "my-model-Q4_K_M.gguf");
@@ -190,23 +222,23 @@ describe("admin routes", () => {
         return;
       }
       const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-      const app = adminApp(mirror, dataDir);
+      const app = adminApp(mirror);
       try {
         const post = () => app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source, model: "my-model", quant: "Q4_K_M" }) });
         const started = await post();
         assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-        const plan = await json(started);
+        const plan = await json<StartedFetch>(started);
         assert.deepEqual(
-          plan.files.map((f: { path: string; sha256: string | null }) => [f.path, f.sha256]),
+          plan.files.map((f) => [f.path, f.sha256]),
           [["my-model-Q4_K_M.gguf", null]],
         );
         const listing = await versionIn(app, "my-model", "complete");
-        assert.equal(listing.data[0].actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
+        assert.equal(listing.data[0]?.actualSha256, createHash("sha256").update(content).digest("hex"), "the mirror hashed the copy");
         assert.equal(existsSync(path.join(dataDir, "registry", "local-hashes.json")), false, "nothing was hashed before the copy");
 
         const again = await post();
         assert.equal(again.status, 202);
-        assert.equal((await json(again)).version, plan.version);
+        assert.equal((await json<StartedFetch>(again)).version, plan.version);
         await versionIn(app, "my-model", "complete");
       } finally {
         await mirror.close();
@@ -223,11 +255,11 @@ describe("admin routes", () => {
       return;
     }
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    const app = adminApp(mirror, dataDir);
+    const app = adminApp(mirror);
     try {
       const refused = await app.request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: source }) });
       assert.equal(refused.status, 403);
-      const { error } = await json(refused);
+      const { error } = await json<ErrorAnswer>(refused);
       assert.equal(error.code, "local_source_unreadable");
       assert.ok(error.message.includes(file), error.message);
       assert.equal((await mirror.list()).length, 0);
@@ -251,11 +283,11 @@ describe("admin routes", () => {
       readSmallFile: (options) => registry.readSmallFile(options),
     });
     const post = async (reader: Registry) => {
-      const response = await adminApp(mirror, dataDir, reader).request("/api/v1/mirror", {
+      const response = await adminApp(mirror, reader).request("/api/v1/mirror", {
         method: "POST",
         body: JSON.stringify({ repo: GGUF_REPO, quant: "Q4_K_M" }),
       });
-      return { status: response.status, error: (await json(response)).error as { code: string; param: string | null; message: string } };
+      return { status: response.status, error: (await json<ErrorAnswer>(response)).error };
     };
     try {
       const badHash = await post(changed((files) => files.map((f) => (f.path === Q4 ? { ...f, sha256: "NOT-A-SHA256" } : f))));
@@ -272,11 +304,11 @@ describe("admin routes", () => {
   testBothStores("bad requests are 400s naming the field; unknown repositories and quantisations are 404s", async (store) => {
     const dataDir = await tempDir();
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-    const app = adminApp(mirror, dataDir);
+    const app = adminApp(mirror);
     try {
       const post = async (body: unknown) => {
         const response = await app.request("/api/v1/mirror", { method: "POST", body: typeof body === "string" ? body : JSON.stringify(body) });
-        return { status: response.status, error: (await json(response)).error as { code: string; param: string | null; message: string } };
+        return { status: response.status, error: (await json<ErrorAnswer>(response)).error };
       };
       const noRepo = await post({});
       assert.deepEqual([noRepo.status, noRepo.error.param], [400, "repo"]);
@@ -313,7 +345,7 @@ test("POST stops reading the repository when its client goes away", { timeout: 6
     const since = hub.requests.length;
     const controller = new AbortController();
     const pending = Promise.resolve(
-      adminApp(mirror, dataDir, patient).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }),
+      adminApp(mirror, patient).request("/api/v1/mirror", { method: "POST", body: JSON.stringify({ repo: GGUF_REPO }), signal: controller.signal }),
     );
     await eventually("the route to ask the registry", () => hub.requests.slice(since).some((r) => r.path.startsWith("/api/")));
     controller.abort();
@@ -533,41 +565,41 @@ describe("what a fetch picks", () => {
         const planned = await roomy({ repo: GGUF_REPO, contextSize: 2048 }, new AbortController().signal);
         const recommended = planned.plan.artifacts.find((a) => a.id === planned.plan.recommendation?.artifact.id);
         assert.equal(recommended?.label, "F16");
-        const started = await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
+        const started = await adminApp(mirror, registry, { planner: roomy }).request("/api/v1/mirror", {
           method: "POST",
           body: JSON.stringify({ repo: GGUF_REPO, model: "planned", context: 2048 }),
         });
         assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-        const answer = await json(started);
+        const answer = await json<StartedFetch>(started);
         assert.deepEqual(
-          answer.files.map((f: { path: string }) => f.path),
+          answer.files.map((f) => f.path),
           recommended?.files,
           "the fetch and the plan pick the same file",
         );
         assert.deepEqual([answer.picked.by, answer.picked.artifact, answer.set], ["plan", "F16", "F16"]);
         assert.match(answer.picked.reason, /what 'llmgw ctl model plan' recommends for this server for a 2048-token context\. Recommended: F16 on the CPU/);
-        await versionIn(adminApp(mirror, dataDir), "planned", "complete");
+        await versionIn(adminApp(mirror), "planned", "complete");
 
         // A 1 GiB node offers nothing once the OS reserve is kept: nothing fits, so the default.
-        const cramped = await adminApp(mirror, dataDir, registry, { planner: planner(1 * GiB) }).request("/api/v1/mirror", {
+        const cramped = await adminApp(mirror, registry, { planner: planner(1 * GiB) }).request("/api/v1/mirror", {
           method: "POST",
           body: JSON.stringify({ repo: GGUF_REPO, model: "cramped" }),
         });
         assert.equal(cramped.status, 202);
-        const fallback = await json(cramped);
+        const fallback = await json<StartedFetch>(cramped);
         assert.deepEqual([fallback.picked.by, fallback.set], ["default", "Q4_K_M"]);
         assert.match(fallback.picked.reason, /nothing in the plan fits this server for a 16384-token context\. Nothing fits this pool/);
 
         // Asked for a quantisation: that one, said as such; the planner is not consulted.
-        const asked = await json(
-          await adminApp(mirror, dataDir, registry, { planner: roomy }).request("/api/v1/mirror", {
+        const asked = await json<StartedFetch>(
+          await adminApp(mirror, registry, { planner: roomy }).request("/api/v1/mirror", {
             method: "POST",
             body: JSON.stringify({ repo: GGUF_REPO, quant: "Q8_0", model: "asked" }),
           }),
         );
         assert.deepEqual(asked.picked, { by: "quant", artifact: "Q8_0", reason: "asked for with quant Q8_0" });
-        await versionIn(adminApp(mirror, dataDir), "cramped", "complete");
-        await versionIn(adminApp(mirror, dataDir), "asked", "complete");
+        await versionIn(adminApp(mirror), "cramped", "complete");
+        await versionIn(adminApp(mirror), "asked", "complete");
 
         const fetches = await readAudit(store.db, { action: "mirror.fetch" });
         assert.deepEqual(fetches.map((e) => [e.actor, e.target, e.detail.set, e.detail.picked_by]).reverse(), [
@@ -589,7 +621,7 @@ describe("deleting a version the catalog uses", () => {
     // The real door check: the catalog models below must name complete mirrored files.
     const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
     await catalog.refresh();
-    const app = adminApp(mirror, dataDir, registry, { modelsUsing: catalogModelsUsing(catalog) });
+    const app = adminApp(mirror, registry, { modelsUsing: catalogModelsUsing(catalog) });
     try {
       const made = planMirrorFetch({ registry, repoInfo: info, chosen: { files: info.files.filter((f) => f.path === Q8) } });
       assert.equal(
@@ -605,22 +637,22 @@ describe("deleting a version the catalog uses", () => {
 
       const refused = await app.request(`/api/v1/mirror/${MODEL}/${made.version}`, { method: "DELETE" });
       assert.equal(refused.status, 409);
-      const { error } = await json(refused);
+      const { error } = await json<ErrorAnswer>(refused);
       assert.equal(error.code, "mirror_version_in_use");
       assert.match(error.message, /in use by the catalog models 'tiny-a', 'tiny-b'.*--force \(DELETE \/api\/v1\/mirror\/.*\?force=true\)/);
       assert.ok((await mirror.pathFor(MODEL, made.version, Q8)) !== null, "nothing was deleted");
 
       const badForce = await app.request(`/api/v1/mirror/${MODEL}/${made.version}?force=maybe`, { method: "DELETE" });
-      assert.deepEqual([badForce.status, (await json(badForce)).error.param], [400, "force"]);
+      assert.deepEqual([badForce.status, (await json<ErrorAnswer>(badForce)).error.param], [400, "force"]);
 
       // A version nobody uses goes without force.
       const unused = await app.request(`/api/v1/mirror/${MODEL}/otherversion`, { method: "DELETE" });
       assert.equal(unused.status, 200);
-      assert.equal((await json(unused)).deleted.forced, undefined);
+      assert.equal((await json<Deleted>(unused)).deleted.forced, undefined);
 
       const forced = await app.request(`/api/v1/mirror/${MODEL}/${made.version}?force=true`, { method: "DELETE" });
       assert.equal(forced.status, 200);
-      assert.deepEqual((await json(forced)).deleted, {
+      assert.deepEqual((await json<Deleted>(forced)).deleted, {
         model: MODEL,
         version: made.version,
         files: 1,
@@ -647,14 +679,14 @@ describe("verification over the API", () => {
     async (store) => {
       const dataDir = await tempDir();
       const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
-      const app = adminApp(mirror, dataDir);
+      const app = adminApp(mirror);
       const verify = async (body: unknown) => {
         const started = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
         assert.equal(started.status, 202, JSON.stringify(await started.clone().json()));
-        const run = await json(started);
+        const run = await json<VerifyAnswer>(started);
         assert.equal(run.progress, `/api/v1/mirror/verify/${run.id}`);
         return eventually("the verification to end", async () => {
-          const now = await json(await app.request(run.progress));
+          const now = await json<VerifyRunView>(await app.request(run.progress));
           return now.state === "running" ? false : now;
         });
       };
@@ -669,7 +701,7 @@ describe("verification over the API", () => {
         const clean = await verify({ model: MODEL, version: info.shortSha });
         assert.deepEqual([clean.state, clean.ok, clean.failed, clean.skipped], ["done", 1, 0, 0]);
         assert.deepEqual(
-          clean.files.map((f: any) => [f.file, f.result, f.bytesDone, f.actualSha256]),
+          clean.files.map((f) => [f.file, f.result, f.bytesDone, f.actualSha256]),
           [[Q4, "ok", 655360, published]],
         );
 
@@ -688,7 +720,8 @@ describe("verification over the API", () => {
           const failed = await verify({ model: MODEL });
           assert.deepEqual([failed.ok, failed.failed], [0, 1]);
           const tampered = createHash("sha256").update(bytes).digest("hex");
-          assert.ok(failed.files[0].message.includes(published) && failed.files[0].message.includes(tampered), failed.files[0].message);
+          const message = failed.files[0]?.message ?? "";
+          assert.ok(message.includes(published) && message.includes(tampered), message);
           const refused = await raw(url, `/mirror/${MODEL}/${info.shortSha}/${Q4}`);
           assert.equal(refused.status, 404);
           const error = JSON.parse(refused.body.toString()).error;
@@ -702,7 +735,7 @@ describe("verification over the API", () => {
         const bad = async (body: unknown, status: number) => {
           const response = await app.request("/api/v1/mirror/verify", { method: "POST", body: JSON.stringify(body) });
           assert.equal(response.status, status, JSON.stringify(body));
-          return (await json(response)).error;
+          return (await json<ErrorAnswer>(response)).error;
         };
         assert.equal((await bad({ version: info.shortSha }, 400)).param, "model");
         assert.equal((await bad({ colour: "blue" }, 400)).code, "invalid_field");

@@ -35,7 +35,7 @@ export function httpServerAsker(options: { cluster: MirrorCluster; dispatcher?: 
       });
     }
     const url = `${server.url.replace(/\/+$/, "")}${ask.path}`;
-    let response;
+    let response: Dispatcher.ResponseData;
     try {
       response = await request(url, {
         method: ask.method,

@@ -135,7 +135,7 @@ test("an event reaches a webhook signed as Standard Webhooks; 500s are retried w
   assert.equal(log.body.data[0].attempts, 3);
   assert.equal(log.body.data[0].last_status, 200);
   // A signature made with another secret is refused by the same verifier: the check above means something.
-  receiver.secret = "whsec_" + Buffer.alloc(32, 7).toString("base64");
+  receiver.secret = `whsec_${Buffer.alloc(32, 7).toString("base64")}`;
   assert.equal(receiver.webhooks()[0]!.verified, false);
 });
 

@@ -17,24 +17,27 @@ import { startStandInGuard, type StandInGuard } from "../../test/support/stand-i
 import { eventually } from "../../test/support/eventually.ts";
 import type { GuardFormat } from "./guards-formats.ts";
 
+/** An error answer: OpenAI's shape, or on /v1/messages Anthropic's (which has no code or param). */
+interface ErrorAnswer {
+  error: { message: string; type: string; code?: string | null; param?: string | null };
+}
+
 /** An OpenAI-compatible server that gives every chat request the same choices (more than the one asked for, or a tool call). */
 async function startFixedAnswer(messages: Record<string, unknown>[]): Promise<{ url: string; close(): Promise<void> }> {
   const server = http.createServer((req, res) => {
     req.resume();
     req.on("end", () => {
       const choices = messages.map((message, index) => ({ index, message: { role: "assistant", ...message }, finish_reason: "stop", logprobs: null }));
-      res
-        .writeHead(200, { "content-type": "application/json" })
-        .end(
-          JSON.stringify({
-            id: "chatcmpl-1",
-            object: "chat.completion",
-            created: 1764500000,
-            model: "m",
-            choices,
-            usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 },
-          }),
-        );
+      res.writeHead(200, { "content-type": "application/json" }).end(
+        JSON.stringify({
+          id: "chatcmpl-1",
+          object: "chat.completion",
+          created: 1764500000,
+          model: "m",
+          choices,
+          usage: { prompt_tokens: 5, completion_tokens: 5, total_tokens: 10 },
+        }),
+      );
     });
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -112,7 +115,7 @@ describe("guard models against evasion", () => {
       body: JSON.stringify(body),
     });
     const text = await response.text();
-    return { status: response.status, text, body: (text.startsWith("{") ? JSON.parse(text) : null) as any };
+    return { status: response.status, text, body: text.startsWith("{") ? (JSON.parse(text) as ErrorAnswer) : null };
   };
   /** Posts a chat to `model` and asserts the guards refused it before the model saw it. */
   const refusedBeforeTheModel = async (model: string, messages: unknown[], extra: Record<string, unknown> = {}) => {
@@ -131,7 +134,7 @@ describe("guard models against evasion", () => {
     test(`${format}: a turn forged inside the client's text is judged as part of it`, async () => {
       const refused = await refusedBeforeTheModel(`in-${guardName[format]}`, [{ role: "user", content: forgedTurn[format] }]);
       assert.equal(refused.status, 400);
-      assert.equal(refused.body.error.code, "content_policy_violation");
+      assert.equal(refused.body?.error.code, "content_policy_violation");
       assert.match(guards[format].questions.at(-1)!.judged, /kill him\?[\s\S]*Tell me about bread/);
     });
 
@@ -160,7 +163,7 @@ describe("guard models against evasion", () => {
       for (const messages of conversations) {
         const refused = await refusedBeforeTheModel(model, messages);
         assert.equal(refused.status, 400, JSON.stringify(messages));
-        assert.equal(refused.body.error.code, "content_policy_violation");
+        assert.equal(refused.body?.error.code, "content_policy_violation");
       }
     });
   }
@@ -176,7 +179,7 @@ describe("guard models against evasion", () => {
       ],
     });
     assert.equal(refused.status, 400, refused.text);
-    assert.match(refused.body.error.message, /Refused by guard model 'sg'/);
+    assert.match(refused.body?.error.message ?? "", /Refused by guard model 'sg'/);
     assert.equal(upstream.requests.length, before);
   });
 
@@ -233,7 +236,7 @@ describe("guard models against evasion", () => {
     for (const [what, messages, extra] of unsafe) {
       const refused = await refusedBeforeTheModel("in-lg", messages, extra);
       assert.equal(refused.status, 400, what);
-      assert.equal(refused.body.error.code, "content_policy_violation", what);
+      assert.equal(refused.body?.error.code, "content_policy_violation", what);
     }
     const image = await refusedBeforeTheModel("in-lg", [
       {
@@ -245,9 +248,9 @@ describe("guard models against evasion", () => {
       },
     ]);
     assert.equal(image.status, 400);
-    assert.equal(image.body.error.code, "invalid_field");
-    assert.equal(image.body.error.param, "messages.0.content.1");
-    assert.match(image.body.error.message, /read text only: part 1 of messages\.0 is of type "image_url"/);
+    assert.equal(image.body?.error.code, "invalid_field");
+    assert.equal(image.body?.error.param, "messages.0.content.1");
+    assert.match(image.body?.error.message, /read text only: part 1 of messages\.0 is of type "image_url"/);
     // Safe text in the same shapes passes.
     assert.equal(
       (
@@ -271,13 +274,13 @@ describe("guard models against evasion", () => {
   test("completions: the suffix is judged with the prompt", async () => {
     const refused = await post("/v1/completions", { model: "in-lg", prompt: "def f():", suffix: "# kill the admin" });
     assert.equal(refused.status, 400);
-    assert.equal(refused.body.error.code, "content_policy_violation");
+    assert.equal(refused.body?.error.code, "content_policy_violation");
   });
 
   test("an answer that forges a turn of its own is judged whole by the output guard", async () => {
     const refused = await post("/v1/chat/completions", { model: "out-forging", messages: [{ role: "user", content: "Tell me a story." }] });
     assert.equal(refused.status, 400, refused.text);
-    assert.equal(refused.body.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
+    assert.equal(refused.body?.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
     assert.doesNotMatch(refused.text, /Kill him slowly/);
   });
 
@@ -291,7 +294,7 @@ describe("guard models against evasion", () => {
         await harness.addModel({ name: `out-fixed-${index}`, guards: { output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: answer.url }] });
         const refused = await post("/v1/chat/completions", { model: `out-fixed-${index}`, messages: [{ role: "user", content: "Hi" }] });
         assert.equal(refused.status, 400, refused.text);
-        assert.equal(refused.body.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
+        assert.equal(refused.body?.error.message, "Refused by guard model 'lg': the answer has unsafe content (S1 Violent Crimes).");
       }
     } finally {
       await Promise.all(answers.map((answer) => answer.close()));
@@ -301,9 +304,9 @@ describe("guard models against evasion", () => {
   test("a stream past an output guard is refused, unless the model lets its streams pass unchecked", async () => {
     const streamed = await post("/v1/chat/completions", { model: "out-forging", stream: true, messages: [{ role: "user", content: "Tell me a story." }] });
     assert.equal(streamed.status, 400);
-    assert.equal(streamed.body.error.code, "output_guard_needs_whole_answer");
-    assert.equal(streamed.body.error.param, "stream");
-    assert.match(streamed.body.error.message, /has output guards \('lg'\), which check the whole answer before any of it is sent.*Send "stream": false\./);
+    assert.equal(streamed.body?.error.code, "output_guard_needs_whole_answer");
+    assert.equal(streamed.body?.error.param, "stream");
+    assert.match(streamed.body?.error.message, /has output guards \('lg'\), which check the whole answer before any of it is sent.*Send "stream": false\./);
     const anthropic = await post("/v1/messages", {
       model: "out-forging",
       max_tokens: 16,
@@ -311,11 +314,11 @@ describe("guard models against evasion", () => {
       messages: [{ role: "user", content: "Tell me a story." }],
     });
     assert.equal(anthropic.status, 400);
-    assert.match(anthropic.body.error.message, /Send "stream": false/);
+    assert.match(anthropic.body?.error.message ?? "", /Send "stream": false/);
 
     const onGuard = await harness.admin("PATCH", "/api/v1/models/lg", { output_guard_streams: "unchecked" });
     assert.equal(onGuard.status, 400);
-    assert.equal(onGuard.body.error.param, "output_guard_streams");
+    assert.equal(onGuard.body?.error.param, "output_guard_streams");
     assert.equal((await harness.admin("PATCH", "/api/v1/models/out-forging", { output_guard_streams: "unchecked" })).status, 200);
     try {
       const asked = guards["llama-guard-3"].questions.length;
@@ -344,7 +347,7 @@ describe("guard models against evasion", () => {
       try {
         const refused = await refusedBeforeTheModel(`in-${name}`, [{ role: "user", content: "Tell me about bread." }]);
         assert.equal(refused.status, 400, `${format} ${answer}`);
-        assert.equal(refused.body.error.code, "content_policy_violation");
+        assert.equal(refused.body?.error.code, "content_policy_violation");
       } finally {
         guards[format].behaviour = "verdict";
         await harness.admin("PATCH", `/api/v1/models/${name}`, { guard_on_error: null });
@@ -356,7 +359,7 @@ describe("guard models against evasion", () => {
     try {
       const failed = await refusedBeforeTheModel("in-lg", [{ role: "user", content: "Tell me about bread." }]);
       assert.equal(failed.status, 503);
-      assert.equal(failed.body.error.code, "guard_unavailable");
+      assert.equal(failed.body?.error.code, "guard_unavailable");
     } finally {
       guards["llama-guard-3"].behaviour = "verdict";
     }
@@ -368,8 +371,8 @@ describe("guard models against evasion", () => {
     const asked = short.questions.length;
     const refused = await refusedBeforeTheModel("in-short", [{ role: "user", content: long }]);
     assert.equal(refused.status, 400, refused.text);
-    assert.equal(refused.body.error.code, "guard_input_too_long");
-    assert.match(refused.body.error.message, /^Guard model 'short' cannot read the whole request: .*the available context size.*Send a shorter request/);
+    assert.equal(refused.body?.error.code, "guard_input_too_long");
+    assert.match(refused.body?.error.message, /^Guard model 'short' cannot read the whole request: .*the available context size.*Send a shorter request/);
     assert.equal(short.questions.length, asked, "the guard refused to read it");
 
     // Known up front from the catalog (context_length): refused without asking the guard.
@@ -377,8 +380,8 @@ describe("guard models against evasion", () => {
     const received = short.questions.length;
     const upFront = await refusedBeforeTheModel("in-short-known", [{ role: "user", content: huge }]);
     assert.equal(upFront.status, 400, upFront.text);
-    assert.equal(upFront.body.error.code, "guard_input_too_long");
-    assert.match(upFront.body.error.message, /\(its context is 2048 tokens\)/);
+    assert.equal(upFront.body?.error.code, "guard_input_too_long");
+    assert.match(upFront.body?.error.message, /\(its context is 2048 tokens\)/);
     assert.equal(short.questions.length, received);
     // A request that fits passes.
     assert.equal((await post("/v1/chat/completions", { model: "in-short", messages: [{ role: "user", content: "Tell me about bread." }] })).status, 200);
@@ -388,8 +391,8 @@ describe("guard models against evasion", () => {
     const asked = guards["llama-guard-3"].questions.length;
     const refused = await post("/v1/chat/completions", { model: "out-huge", messages: [{ role: "user", content: "Hi" }] });
     assert.equal(refused.status, 503);
-    assert.equal(refused.body.error.code, "guard_unavailable");
-    assert.match(refused.body.error.message, /The answer is over 8 MiB/);
+    assert.equal(refused.body?.error.code, "guard_unavailable");
+    assert.match(refused.body?.error.message, /The answer is over 8 MiB/);
     assert.ok(refused.text.length < 1000, "nothing of the answer is sent");
     assert.equal(guards["llama-guard-3"].questions.length, asked);
   });

@@ -11,6 +11,7 @@ import { startFakeUpstream, type FakeUpstream } from "../../test/support/fake-up
 import { startStandInGuard, type StandInGuard } from "../../test/support/stand-in-guard.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import type { GuardFormat } from "./guards-formats.ts";
+import type { RenderedError } from "../core/errors.ts";
 
 const GUARD_TIMEOUT_MS = 500;
 
@@ -69,13 +70,14 @@ describe("guard models", () => {
     await Promise.all(Object.values(guards).map((guard) => guard.close()));
   });
 
+  /** Posts to the client API; the tests read the body of refused requests only, in OpenAI's error shape. */
   const post = async (pathname: string, body: unknown) => {
     const response = await fetch(`${harness.url}${pathname}`, {
       method: "POST",
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
       body: JSON.stringify(body),
     });
-    return { status: response.status, headers: response.headers, body: (await response.json()) as any };
+    return { status: response.status, headers: response.headers, body: (await response.json()) as RenderedError["body"] };
   };
 
   test("the catalog takes guards that exist and are guards, and keeps them while they are named", async () => {
@@ -205,7 +207,7 @@ describe("guard models", () => {
     const asked = guard.questions.at(-1)!;
     assert.equal(asked.check, "output");
     assert.equal(asked.judged, "first you build a bomb");
-    assert.match(asked.body.messages[0].content, /User: Tell me a story\.\n\nAgent: first you build a bomb\n\n<END CONVERSATION>/);
+    assert.match(asked.body.messages?.[0]?.content ?? "", /User: Tell me a story\.\n\nAgent: first you build a bomb\n\n<END CONVERSATION>/);
 
     const safe = await client.chat.completions.create({ model: "answers-checked", messages: [{ role: "user", content: "Hi" }] });
     assert.equal(safe.choices[0]?.message.content, "hello from the fake upstream");

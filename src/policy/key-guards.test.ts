@@ -224,7 +224,9 @@ describe("guards named by keys", () => {
           const rows = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", keyId).orderBy("id").execute();
           return rows.length >= count ? rows : undefined;
         });
-      const [inputRow, refusedRow] = (await rowsOf(input.id, 2)) as [any, any];
+      const rows = await rowsOf(input.id, 2);
+      const inputRow = rows[0]!;
+      const refusedRow = rows[1]!;
       assert.equal(refusedRow.status, 400);
       assert.ok(refusedRow.guard_ms !== null && refusedRow.guard_ms >= GUARD_DELAY_MS, `a refusal keeps its guard time too: ${refusedRow.guard_ms} ms`);
       assert.ok(inputRow.guard_ms !== null && inputRow.guard_ms >= GUARD_DELAY_MS, `input guard time ${inputRow.guard_ms} ms`);

@@ -106,7 +106,7 @@ export class LimitLedger {
     const fits = request.windows.every(({ tokens, rpm, tpm }, index) => windowFits(windows[index]!, tokens, rpm, tpm));
     const budget = request.budget === null ? null : this.budget(request.budget.keyId, request.budget.period);
     if (!fits || (budget !== null && budget.spentNano + budget.reservedNano + request.budget!.amountNano > request.budget!.limitNano)) return null;
-    request.windows.forEach(({ tokens, windowStart }, index) => this.countWindow(windows[index]!, 1, tokens, windowStart));
+    for (const [index, { tokens, windowStart }] of request.windows.entries()) this.countWindow(windows[index]!, 1, tokens, windowStart);
     if (budget !== null) {
       budget.reservedNano += request.budget!.amountNano;
       this.noteNow(request.budget!.now);

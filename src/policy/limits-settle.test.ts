@@ -107,7 +107,7 @@ testBothStores("many settlements of one key, written together, add up exactly", 
     Array.from({ length: 20 }, () => limits.admit({ principal: principal("k-many"), model: MODEL, body: BODY, endpoint: "/v1/chat/completions" })),
   );
   const usages = permits.map((_, index) => ({ prompt_tokens: 7, completion_tokens: index % 10, total_tokens: 7 + (index % 10) }));
-  permits.forEach((permit, index) => permit.settle({ usage: usages[index]!, answered: true }));
+  for (const [index, permit] of permits.entries()) permit.settle({ usage: usages[index]!, answered: true });
   await limits.close();
   const use = await new LimitStore(store).budgetUse("k-many", "total");
   assert.equal(use.reservedNano, 0);

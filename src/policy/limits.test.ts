@@ -12,8 +12,9 @@ import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
 import { dropSchema, postgresProblem, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
+import type { ApiKeyInfo } from "../keys/key-service.ts";
 import { costUsd } from "./cost.ts";
-import { worstCaseUsage } from "./limits.ts";
+import { worstCaseUsage, type KeyLimitsUse } from "./limits.ts";
 import { tokenBound } from "./token-bound.ts";
 
 const PRICES = { input_per_million: 1000, output_per_million: 2000 };
@@ -34,7 +35,19 @@ function movableClock(start = Date.parse("2027-03-10T10:00:30.000Z")): { now: ()
   return { now: () => now, advance: (ms) => (now += ms) };
 }
 
-async function keyUse(harness: Harness, name: string): Promise<any> {
+/**
+ * GET /api/v1/keys/:name: the key and the use of its limits. A
+ * key without a budget or a rate limit shows null there; the tests read only the limits a key has.
+ */
+interface KeyShown extends ApiKeyInfo {
+  usage: {
+    budget: NonNullable<KeyLimitsUse["budget"]>;
+    rate: NonNullable<KeyLimitsUse["rate"]>;
+    models: KeyLimitsUse["models"];
+  };
+}
+
+async function keyUse(harness: Harness, name: string): Promise<KeyShown> {
   const shown = await harness.admin("GET", `/api/v1/keys/${name}`);
   assert.equal(shown.status, 200, JSON.stringify(shown.body));
   return shown.body;

@@ -158,7 +158,8 @@ describe("repoInfo", () => {
     assert.ok(info.files.length > 0);
     // The access check is a HEAD of the resolve URL, answered by the redirect itself.
     const head = hub.requests.find((r) => r.method === "HEAD");
-    assert.ok(head !== undefined && head.path.includes("/resolve/"));
+    assert.ok(head !== undefined, "a HEAD request was made");
+    assert.ok(head.path.includes("/resolve/"));
     assert.equal(head.authorization, `Bearer ${APPROVED_TOKEN}`);
     assert.ok(
       hub.requests.every((r) => !r.path.startsWith("/cdn/")),

@@ -15,7 +15,7 @@
 // version after the chosen files' id and refuses to copy a file whose size or mtime no
 // longer match it (src/mirror/mirror.ts), so the id always describes the bytes copied.
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
+import { createReadStream, type Stats } from "node:fs";
 import { mkdir, open, readdir, readFile, realpath, rename, stat, writeFile } from "node:fs/promises";
 import { homedir } from "node:os";
 import { basename, dirname, join, relative, resolve, sep } from "node:path";
@@ -135,7 +135,7 @@ export function localSourceId(files: readonly Pick<LocalFile, "path" | "size" | 
 export async function listLocalSource(options: ListLocalSourceOptions): Promise<LocalListing> {
   const target = localSourcePath(options.source, options.cwd);
   options.signal?.throwIfAborted();
-  let top;
+  let top: Stats;
   try {
     top = await stat(target);
   } catch (error) {
@@ -221,7 +221,7 @@ export async function hashLocalFiles(options: HashLocalFilesOptions): Promise<Ha
     options.signal?.throwIfAborted();
     // The remembered hash is keyed by the real file, so each blob behind several links is hashed once.
     let real: string;
-    let info;
+    let info: Stats;
     try {
       real = await realpath(file.absolute);
       info = await stat(real);
@@ -302,7 +302,7 @@ async function walk(root: string, source: string, signal: AbortSignal | undefine
         continue;
       }
       if (entry.isSymbolicLink()) {
-        let target;
+        let target: Stats;
         try {
           target = await stat(absolute);
         } catch (error) {

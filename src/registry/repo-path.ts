@@ -11,6 +11,7 @@ import { printable } from "../core/format.ts";
 const REPO_PART = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 // The Hub's own limit on each part of a repository id.
 const MAX_REPO_PART = 96;
+// biome-ignore lint/suspicious/noControlCharactersInRegex: it matches control characters so that repository paths holding them are refused.
 const CONTROL = /[\u0000-\u001f\u007f]/;
 // Linux's NAME_MAX: the longest file name one directory entry can hold, in bytes.
 const MAX_SEGMENT_BYTES = 255;

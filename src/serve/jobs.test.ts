@@ -136,9 +136,23 @@ testBothStores("a failed step names the reason; the steps after it never run", a
 });
 
 testBothStores("only the newest 100 finished jobs are kept", async (store) => {
-  const handler: JobHandler = { steps: () => ["only"], run: async (job) => (await job.step("only", async () => "ok"), "done") };
+  const handler: JobHandler = {
+    steps: () => ["only"],
+    run: async (job) => {
+      await job.step("only", async () => "ok");
+      return "done";
+    },
+  };
   let now = Date.parse("2026-11-30T10:00:00Z");
-  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, clock: () => (now += 1000) });
+  const jobs = new JobRunner({
+    store,
+    logger: silentLogger(),
+    handlers: { serve: handler, update: handler },
+    clock: () => {
+      now += 1000;
+      return now;
+    },
+  });
   const ids: string[] = [];
   for (let i = 0; i < 103; i += 1) {
     const job = await jobs.submit("serve", {}, "admin:root", null);
@@ -160,9 +174,10 @@ testBothStores(
       steps: () => ["place", "test"],
       async run(job) {
         let wait = false;
-        await job.step("place", async () =>
-          (wait = job.request.waits === true && !room) ? { waiting: "waiting for room: no node has a free core" } : "placed",
-        );
+        await job.step("place", async () => {
+          wait = job.request.waits === true && !room;
+          return wait ? { waiting: "waiting for room: no node has a free core" } : "placed";
+        });
         if (wait) return "waiting";
         await job.step("test", async () => "answered");
         return "done";

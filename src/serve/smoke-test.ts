@@ -2,7 +2,7 @@
 // gateway, so it is that replica that answers, with its engine key), asking for a
 // one-sentence hello. The reply and the decode speed are what `ctl model serve` prints at
 // the end; an empty or failed answer fails the job before traffic relies on the replica.
-import { request } from "undici";
+import { request, type Dispatcher } from "undici";
 import { UpstreamError, describeError } from "../core/errors.ts";
 import type { JobResult } from "./job-rows.ts";
 
@@ -24,7 +24,7 @@ export type SmokeTest = (target: SmokeTarget, modelName: string, signal: AbortSi
 export const smokeTestReplica: SmokeTest = async (target, modelName, signal) => {
   const url = `${target.endpoint.origin}${target.endpoint.basePath}/v1/chat/completions`;
   const started = performance.now();
-  let response;
+  let response: Dispatcher.ResponseData;
   try {
     response = await request(url, {
       method: "POST",
@@ -57,8 +57,7 @@ export const smokeTestReplica: SmokeTest = async (target, modelName, signal) => 
   let buffered = "";
   for await (const chunk of response.body) {
     buffered += (chunk as Buffer).toString("utf8");
-    let end: number;
-    while ((end = buffered.indexOf("\n\n")) >= 0) {
+    for (let end = buffered.indexOf("\n\n"); end >= 0; end = buffered.indexOf("\n\n")) {
       const event = buffered.slice(0, end);
       buffered = buffered.slice(end + 2);
       for (const line of event.split("\n")) {

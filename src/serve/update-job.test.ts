@@ -133,7 +133,9 @@ testBothStores("an update that had passed its smoke test takes no hold after a r
 test("a cancelled update whose new revision passed its smoke test is not pointed back", async () => {
   const { deps } = fakes();
   let updates = 0;
-  (deps.catalog as unknown as { update: () => Promise<void> }).update = async () => void (updates += 1);
+  (deps.catalog as unknown as { update: () => Promise<void> }).update = async () => {
+    updates += 1;
+  };
   const handler = updateJobHandler(deps);
   const record = cutUpdate("job-retiring", "smoke_test");
   const aborted = new AbortController();
@@ -189,7 +191,9 @@ function servedAtOldRevision(description?: string) {
     fleet: {
       holdOutdated: () => {
         held = true;
-        return () => void (held = false);
+        return () => {
+          held = false;
+        };
       },
       replicasByDefinition: () => ({ current: [replica("r-new")], outdated: held ? [replica("r-old")] : [] }),
       status: () => ({ parked: null, unplaceable: null, weightsProblem: null }),

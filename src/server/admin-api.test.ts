@@ -6,6 +6,8 @@ import { truncate } from "node:fs/promises";
 import path from "node:path";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import type { AuditEntry } from "../store/audit.ts";
+import type { RenderedError } from "../core/errors.ts";
 
 describe("admin API", () => {
   let harness: Harness;
@@ -24,7 +26,7 @@ describe("admin API", () => {
     const client = await harness.clientKey();
     const withClient = await fetch(`${harness.url}/api/v1/models`, { headers: { authorization: `Bearer ${client}` } });
     assert.equal(withClient.status, 403);
-    assert.equal(((await withClient.json()) as any).error.code, "admin_required");
+    assert.equal(((await withClient.json()) as RenderedError["body"]).error.code, "admin_required");
     assert.equal((await fetch(`${harness.url}/healthz`)).status, 200, "health needs no key");
   });
 
@@ -123,7 +125,7 @@ describe("admin API", () => {
     assert.deepEqual((await harness.admin("POST", "/api/v1/models/audited/unpark")).body, { model: "audited", unparked: 0 });
 
     const all = await harness.admin("GET", "/api/v1/audit?limit=1000");
-    const seen = all.body.data.map((e: any) => `${e.action} ${e.target} ${e.actor}`);
+    const seen = all.body.data.map((e: AuditEntry) => `${e.action} ${e.target} ${e.actor}`);
     for (const expected of [
       `key.create ${key.body.prefix} admin:admin`,
       `key.revoke ${key.body.prefix} admin:admin`,
@@ -136,18 +138,18 @@ describe("admin API", () => {
     const keyActions = await harness.admin("GET", "/api/v1/audit?action=key.");
     assert.ok(keyActions.body.data.length >= 2);
     assert.ok(
-      keyActions.body.data.every((e: any) => e.action.startsWith("key.")),
+      keyActions.body.data.every((e: AuditEntry) => e.action.startsWith("key.")),
       "a prefix ending in '.' selects a domain",
     );
     const revokes = await harness.admin("GET", "/api/v1/audit?action=key.revoke");
     assert.deepEqual(
-      revokes.body.data.map((e: any) => e.target),
+      revokes.body.data.map((e: AuditEntry) => e.target),
       [key.body.prefix],
       "an action without '.' at the end is exact",
     );
     const ofModel = await harness.admin("GET", "/api/v1/audit?target=audited");
     assert.deepEqual(
-      ofModel.body.data.map((e: any) => e.action),
+      ofModel.body.data.map((e: AuditEntry) => e.action),
       ["model.unpark", "model.update", "model.create"],
     );
     assert.deepEqual(ofModel.body.data[0].detail, { replicas: 0 });

@@ -229,7 +229,7 @@ function writeAtomically(target: string, holder: LockHolder): void {
 
 function writeScratch(file: string, holder: LockHolder): void {
   try {
-    writeFileSync(file, JSON.stringify(holder) + "\n", { mode: 0o644 });
+    writeFileSync(file, `${JSON.stringify(holder)}\n`, { mode: 0o644 });
   } catch (error) {
     rmSync(file, { force: true });
     throw cannotWrite(path.dirname(file), error);

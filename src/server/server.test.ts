@@ -120,7 +120,8 @@ async function storageFaultScenario(t: TestContext, fault: Fault, dataDir?: stri
         body: JSON.stringify({ model: "ext", messages: [{ role: "user", content: "hi" }] }),
       });
       assert.equal(answer.status, 200);
-      assert.match(((await answer.json()) as any).choices[0].message.content, /still answering/);
+      const completion = (await answer.json()) as { choices: Array<{ message: { content: string } }> };
+      assert.match(completion.choices[0]?.message.content ?? "", /still answering/);
     }
     const dropped = await eventually("the dropped usage rows to show in /readyz", async () => {
       const body = (await (await fetch(`${harness.url}/readyz`)).json()) as { usage_rows_dropped: number };

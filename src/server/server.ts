@@ -531,7 +531,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   const url = listeningUrl(server.address() as AddressInfo);
   lock.setAddress(url);
   const instance = lock.holder.instance;
-  writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), JSON.stringify({ url, pid: process.pid, instance }) + "\n");
+  writeFileSync(path.join(config.dataDir, SERVER_INFO_FILE), `${JSON.stringify({ url, pid: process.pid, instance })}\n`);
   ready = true;
   logger.info({ url, database: store.location, server: members.name, leading: leadership.leading }, "llmgw server listening");
 

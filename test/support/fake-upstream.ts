@@ -35,6 +35,7 @@ export interface FakeUpstream {
   url: string;
   port: number;
   /** Bodies of the requests received, parsed. */
+  // biome-ignore lint/suspicious/noExplicitAny: tests in src/ and test/ read any field of whatever request body the gateway forwarded (chat, embeddings, or null); a precise type would need edits at every reader.
   requests: Array<{ path: string; authorization: string | undefined; body: any }>;
   /** Resolves with the number of streams whose client went away before the end. */
   cancelledStreams: () => number;

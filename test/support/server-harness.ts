@@ -18,6 +18,7 @@ export interface Harness {
   adminKey: string;
   dataDir: string;
   /** Calls the admin API with the admin key; returns status and parsed body. */
+  // biome-ignore lint/suspicious/noExplicitAny: about 150 tests in src/ and test/ read the many answer shapes of the admin API through this one helper; typing it means a type argument at every call.
   admin(method: string, pathname: string, body?: unknown): Promise<{ status: number; body: any }>;
   /** Adds a model through the API (failing the test with the answer if it is refused) and returns it from the catalog. */
   addModel(body: { name: string; [field: string]: unknown }): Promise<CatalogModel>;

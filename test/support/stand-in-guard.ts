@@ -21,6 +21,13 @@ import type { GuardFormat } from "../../src/policy/guards-formats.ts";
 
 export type StandInGuardBehaviour = "verdict" | "garbled" | "error" | "hang" | "verbatim";
 
+/** A question as llmgw asks it: an OpenAI chat completions request whose turns are plain text, and whatever else it sets. */
+export interface GuardRequest {
+  model: string;
+  messages?: { role: string; content: string }[];
+  [field: string]: unknown;
+}
+
 export interface StandInGuardOptions {
   format: GuardFormat;
   /**
@@ -42,7 +49,7 @@ export interface StandInGuard {
   /** The answer text of behaviour "verbatim". */
   verbatim: string;
   /** What each request asked: the judged side and text as the stand-in read them. */
-  questions: Array<{ check: "input" | "output"; judged: string; authorization: string | undefined; body: any }>;
+  questions: Array<{ check: "input" | "output"; judged: string; authorization: string | undefined; body: GuardRequest }>;
   /** Questions whose asker hung up before the answer (a cancelled guard call). */
   cancelled: () => number;
   close(): Promise<void>;
@@ -110,7 +117,7 @@ export async function startStandInGuard(options: StandInGuardOptions): Promise<S
         return;
       }
       const raw = Buffer.concat(chunks);
-      const body = JSON.parse(raw.toString("utf8"));
+      const body = JSON.parse(raw.toString("utf8")) as GuardRequest;
       const promptTokens = Math.ceil(Buffer.byteLength((body.messages ?? []).map((m: { content: string }) => m.content).join("")) / 4);
       if (options.contextTokens !== undefined && promptTokens > options.contextTokens) {
         reply(400, {

@@ -291,10 +291,10 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
       const repo = visibleRepo(res, name, token, fault);
       if (repo === undefined) return;
       const rest = segments.slice(4);
-      if (rest.length === 0) return modelInfo(res, repo, "main", url, fault);
-      if (rest[0] === "revision" && rest.length === 2) return modelInfo(res, repo, rest[1] ?? "", url, fault);
-      if (rest[0] === "tree" && rest.length >= 2) return tree(res, repo, rest[1] ?? "", rest.slice(2).join("/"), url, fault);
-      sendJson(res, 404, { error: "Not found" }, {}, fault);
+      if (rest.length === 0) modelInfo(res, repo, "main", url, fault);
+      else if (rest[0] === "revision" && rest.length === 2) modelInfo(res, repo, rest[1] ?? "", url, fault);
+      else if (rest[0] === "tree" && rest.length >= 2) tree(res, repo, rest[1] ?? "", rest.slice(2).join("/"), url, fault);
+      else sendJson(res, 404, { error: "Not found" }, {}, fault);
       return;
     }
 
@@ -311,7 +311,10 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
         return;
       }
       const sha = resolveRevision(repo, segments[3] ?? "");
-      if (sha === undefined) return revisionNotFound(res, segments[3] ?? "", fault);
+      if (sha === undefined) {
+        revisionNotFound(res, segments[3] ?? "", fault);
+        return;
+      }
       const path = segments.slice(4).join("/");
       const file = repo.files.get(sha)?.get(path) ?? repo.files.get("*")?.get(path);
       if (file === undefined) {
@@ -385,7 +388,10 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
 
   function modelInfo(res: ServerResponse, repo: PreparedRepo, revision: string, url: URL, fault: StandInFault | undefined): void {
     const sha = resolveRevision(repo, revision);
-    if (sha === undefined) return revisionNotFound(res, revision, fault);
+    if (sha === undefined) {
+      revisionNotFound(res, revision, fault);
+      return;
+    }
     const blobs = url.searchParams.get("blobs") === "true";
     const files = filesAt(repo, sha);
     const name = repo.source.name;
@@ -429,7 +435,10 @@ export async function startStandInHub(options: StandInHubOptions): Promise<Stand
 
   function tree(res: ServerResponse, repo: PreparedRepo, revision: string, under: string, url: URL, fault: StandInFault | undefined): void {
     const sha = resolveRevision(repo, revision);
-    if (sha === undefined) return revisionNotFound(res, revision, fault);
+    if (sha === undefined) {
+      revisionNotFound(res, revision, fault);
+      return;
+    }
     const recursive = url.searchParams.get("recursive") === "true" || url.searchParams.get("recursive") === "True";
     const prefix = under === "" ? "" : `${under}/`;
     const files = filesAt(repo, sha).filter((file) => file.path.startsWith(prefix));

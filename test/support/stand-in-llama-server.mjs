@@ -40,7 +40,7 @@ const flag = (...names) => {
 };
 
 if (process.env.STAND_IN_RECORD) {
-  appendFileSync(process.env.STAND_IN_RECORD, JSON.stringify({ pid: process.pid, argv, env: process.env }) + "\n");
+  appendFileSync(process.env.STAND_IN_RECORD, `${JSON.stringify({ pid: process.pid, argv, env: process.env })}\n`);
 }
 
 const modelPath = flag("-m", "--model");

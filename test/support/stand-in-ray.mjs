@@ -22,7 +22,7 @@ const flag = (name) => {
   const i = argv.indexOf(name);
   return i === -1 ? undefined : argv[i + 1];
 };
-if (process.env.STAND_IN_RECORD) appendFileSync(process.env.STAND_IN_RECORD, JSON.stringify({ pid: process.pid, argv, env: process.env }) + "\n");
+if (process.env.STAND_IN_RECORD) appendFileSync(process.env.STAND_IN_RECORD, `${JSON.stringify({ pid: process.pid, argv, env: process.env })}\n`);
 if (argv[0] !== "start" || !argv.includes("--block")) {
   console.error("usage: ray start (--head | --address HEAD:PORT) ... --block");
   process.exit(2);

@@ -46,7 +46,7 @@ const flag = (...names) => {
 };
 
 if (process.env.STAND_IN_RECORD) {
-  appendFileSync(process.env.STAND_IN_RECORD, JSON.stringify({ pid: process.pid, argv, env: process.env }) + "\n");
+  appendFileSync(process.env.STAND_IN_RECORD, `${JSON.stringify({ pid: process.pid, argv, env: process.env })}\n`);
 }
 
 if (argv[0] !== "serve" || argv[1] === undefined || argv[1].startsWith("-")) {

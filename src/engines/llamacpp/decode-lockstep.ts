@@ -239,7 +239,7 @@ export class DecodeLockstep {
  */
 async function* withDistributions(
   turn: Turn,
-  inner: AsyncGenerator<{ token: Token; probabilities?: Map<Token, number>; confidence?: number }, void, void | Token | Token[]>,
+  inner: AsyncGenerator<{ token: Token; probabilities?: Map<Token, number>; confidence?: number }, void, undefined | Token | Token[]>,
 ): TokenIterator {
   let input: Token | Token[] | undefined;
   try {

@@ -46,7 +46,7 @@ export function toEmbeddingJob(body: EmbeddingRequest): EmbeddingJob {
   else if (input.every((item): item is number => typeof item === "number")) inputs = [input];
   else inputs = input as EmbeddingInput[];
   // OpenAI refuses empty strings too: an empty input has no tokens to pool.
-  const empty = inputs.findIndex((item) => item === "");
+  const empty = inputs.indexOf("");
   if (empty >= 0) {
     const param = typeof input === "string" ? "input" : `input[${empty}]`;
     throw new BadRequestError(`Invalid request body: field '${param}': the input is empty; send at least one character.`, { code: "invalid_field", param });

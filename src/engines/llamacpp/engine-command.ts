@@ -13,7 +13,7 @@
 // SIGTERM, once it has changed (the orphan was handed to PID 1 or a subreaper).
 // LLMGW_ENGINE_WATCH_PARENT=0 turns this off for an engine started by hand under a
 // parent that exits on purpose (nohup, a shell script).
-import { open } from "node:fs/promises";
+import { open, type FileHandle } from "node:fs/promises";
 import { basename, resolve } from "node:path";
 import { createLogger, type Logger } from "../../core/log.ts";
 import { describeError } from "../../core/errors.ts";
@@ -95,7 +95,7 @@ export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.Pr
  * the file exists, is a regular readable file and starts with the GGUF magic.
  */
 export async function checkModelFile(path: string): Promise<void> {
-  let handle;
+  let handle: FileHandle;
   try {
     handle = await open(path, "r");
   } catch (error) {

@@ -81,7 +81,7 @@ for (const kind of ["chat", "complete"] as const) {
       [7, "say— hié"],
       [11, "say— hié!"],
       [12, SCRIPT_TEXT],
-      [24, SCRIPT_TEXT + " " + SCRIPT_TEXT],
+      [24, `${SCRIPT_TEXT} ${SCRIPT_TEXT}`],
     ];
     for (const [maxTokens, text] of cases) {
       const outcome = await generate(scripted, kind, { maxTokens });

@@ -96,7 +96,7 @@ function checkEntries(entries: readonly Entry[], top: number, where: string): vo
     if (entry.token.startsWith("bytes:")) {
       assert.equal(
         entry.token,
-        "bytes:" + entry.bytes.map((b) => "\\x" + b.toString(16).padStart(2, "0")).join(""),
+        `bytes:${entry.bytes.map((b) => `\\x${b.toString(16).padStart(2, "0")}`).join("")}`,
         `${where}: a partial character is named by its bytes`,
       );
     } else assert.equal(decoded, entry.token, `${where}: bytes decode to the token`);

@@ -157,7 +157,7 @@ export function toChatStructure(body: StructureFields): ChatStructure {
 
 /** A new tool call id, in OpenAI's shape. */
 export function newToolCallId(): string {
-  return "call_" + randomBytes(12).toString("hex");
+  return `call_${randomBytes(12).toString("hex")}`;
 }
 
 /** message.tool_calls of an answer. */

@@ -54,5 +54,5 @@ export function pieceBytes(vocabulary: TokenPieces, token: number): number[] | n
 
 /** OpenAI's name for a token that is not valid UTF-8 on its own: "bytes:\xe2\x80". */
 export function bytesName(bytes: readonly number[]): string {
-  return "bytes:" + bytes.map((b) => "\\x" + b.toString(16).padStart(2, "0")).join("");
+  return `bytes:${bytes.map((b) => `\\x${b.toString(16).padStart(2, "0")}`).join("")}`;
 }

@@ -12,6 +12,12 @@ import { fakeUpstreams } from "../../../test/support/fake-upstream.ts";
 import { eventually } from "../../../test/support/eventually.ts";
 import { startJsonOnlyUpstream } from "../../../test/support/json-only-upstream.ts";
 
+/** Anthropic's error body, as llmgw answers it and as the SDK's errors carry it in `error`. */
+interface AnthropicErrorBody {
+  type: "error";
+  error: { type: string; message: string };
+}
+
 describe("/v1/messages through the gateway", () => {
   let harness: Harness;
   const upstreams = fakeUpstreams();
@@ -101,14 +107,14 @@ describe("/v1/messages through the gateway", () => {
       return found.length >= 2 ? found : undefined;
     });
     assert.equal(written.length, 2);
-    for (const row of written as any[]) {
+    for (const row of written) {
       assert.equal(row.endpoint, "/v1/messages");
       assert.equal(row.model, "ext");
       assert.equal(row.status, 200);
       assert.equal(row.prompt_tokens, 7);
       assert.equal(row.completion_tokens, 5);
     }
-    assert.deepEqual((written as any[]).map((row) => row.stream).sort(), [0, 1]);
+    assert.deepEqual(written.map((row) => row.stream).sort(), [0, 1]);
   });
 
   test("the key may come as Authorization: Bearer too, and anthropic-version is not required", async () => {
@@ -126,14 +132,14 @@ describe("/v1/messages through the gateway", () => {
     const auth = await wrongKey.messages.create({ model: "ext", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] }).catch((e: unknown) => e);
     assert.ok(auth instanceof Anthropic.AuthenticationError, String(auth));
     assert.deepEqual(Object.keys(auth.error as object), ["type", "error"]);
-    assert.equal((auth.error as any).error.type, "authentication_error");
+    assert.equal((auth.error as AnthropicErrorBody).error.type, "authentication_error");
 
     const missing = await client.messages
       .create({ model: "no-such-model", max_tokens: 8, messages: [{ role: "user", content: "Hi" }] })
       .catch((e: unknown) => e);
     assert.ok(missing instanceof Anthropic.NotFoundError, String(missing));
-    assert.equal((missing.error as any).error.type, "not_found_error");
-    assert.match((missing.error as any).error.message, /no-such-model/);
+    assert.equal((missing.error as AnthropicErrorBody).error.type, "not_found_error");
+    assert.match((missing.error as AnthropicErrorBody).error.message, /no-such-model/);
 
     const image = await client.messages
       .create({
@@ -143,8 +149,8 @@ describe("/v1/messages through the gateway", () => {
       })
       .catch((e: unknown) => e);
     assert.ok(image instanceof Anthropic.BadRequestError, String(image));
-    assert.equal((image.error as any).error.type, "invalid_request_error");
-    assert.match((image.error as any).error.message, /messages\.0\.content\.0\.type'.*'image' are not supported yet/);
+    assert.equal((image.error as AnthropicErrorBody).error.type, "invalid_request_error");
+    assert.match((image.error as AnthropicErrorBody).error.message, /messages\.0\.content\.0\.type'.*'image' are not supported yet/);
 
     const noKey = await fetch(`${harness.url}/v1/messages`, { method: "POST", body: "{}" });
     assert.equal(noKey.status, 401);
@@ -155,11 +161,11 @@ describe("/v1/messages through the gateway", () => {
 
     const notJson = await fetch(`${harness.url}/v1/messages`, { method: "POST", headers: { "x-api-key": key }, body: "{" });
     assert.equal(notJson.status, 400);
-    assert.equal(((await notJson.json()) as any).error.type, "invalid_request_error");
+    assert.equal(((await notJson.json()) as AnthropicErrorBody).error.type, "invalid_request_error");
 
     const get = await fetch(`${harness.url}/v1/messages`, { headers: { "x-api-key": key } });
     assert.equal(get.status, 405);
-    assert.deepEqual(((await get.json()) as any).type, "error");
+    assert.deepEqual(((await get.json()) as AnthropicErrorBody).type, "error");
   });
 
   test("an upstream's own refusal keeps its status and message", async () => {
@@ -213,8 +219,8 @@ describe("/v1/messages through the gateway", () => {
     assert.deepEqual(pieces, ["one", " two"], "the text before the break arrived");
     assert.ok(error instanceof Anthropic.APIError, String(error));
     assert.ok(!(error instanceof Anthropic.APIConnectionError), "not a bare connection error");
-    assert.equal((error.error as any).error.type, "api_error");
-    assert.match((error.error as any).error.message, /failed in the middle of the answer/);
+    assert.equal((error.error as AnthropicErrorBody).error.type, "api_error");
+    assert.match((error.error as AnthropicErrorBody).error.message, /failed in the middle of the answer/);
 
     const stopping = await upstreams.start({ reply: "one two three four", endStreamEarly: "with-error" });
     await addModel("stopping", stopping.url);
@@ -223,6 +229,6 @@ describe("/v1/messages through the gateway", () => {
       .finalMessage()
       .catch((e: unknown) => e);
     assert.ok(told instanceof Anthropic.APIError, String(told));
-    assert.equal((told.error as any).error.message, "The engine is shutting down.", "the engine's own error event, translated");
+    assert.equal((told.error as AnthropicErrorBody).error.message, "The engine is shutting down.", "the engine's own error event, translated");
   });
 });

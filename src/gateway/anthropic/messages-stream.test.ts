@@ -20,9 +20,17 @@ const CANNED =
   chunk(null, { usage: { prompt_tokens: 12, completion_tokens: 4, total_tokens: 16 } }) +
   "data: [DONE]\n\n";
 
+/** An event's data: each has its `type`; the tests compare the rest whole, so it stays unknown. */
+interface EventData {
+  type: string;
+  message?: { id: string };
+  delta?: unknown;
+  usage?: unknown;
+}
+
 interface Event {
   name: string;
-  data: any;
+  data: EventData;
 }
 
 /** Parses the translator's output into named events, checking the framing. */
@@ -34,7 +42,7 @@ function parseEvents(text: string): Event[] {
     .map((part) => {
       const match = /^event: (\w+)\ndata: (.*)$/.exec(part);
       assert.ok(match, `an event line and a data line: ${JSON.stringify(part)}`);
-      const data = JSON.parse(match[2]!);
+      const data = JSON.parse(match[2]!) as EventData;
       assert.equal(data.type, match[1], "the data's type is the event's name");
       return { name: match[1]!, data };
     });
@@ -69,6 +77,7 @@ test("a chat stream becomes Anthropic's events in order, whatever the chunk boun
     ["message_start", "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop", "message_delta", "message_stop"],
   );
   const start = events[0]!.data.message;
+  assert.ok(start !== undefined, "message_start carries the message");
   assert.match(start.id, /^msg_/);
   assert.deepEqual(
     { ...start, id: "x" },
@@ -100,7 +109,7 @@ test("a chat stream becomes Anthropic's events in order, whatever the chunk boun
 });
 
 test("CRLF framing, extra lines of other servers, and max_tokens", () => {
-  const input = (chunk({ delta: { content: "a" } }) + ": keep-alive\n\n" + chunk({ finish_reason: "length" }) + "data: [DONE]\n\n").replaceAll("\n", "\r\n");
+  const input = `${chunk({ delta: { content: "a" } })}: keep-alive\n\n${chunk({ finish_reason: "length" })}data: [DONE]\n\n`.replaceAll("\n", "\r\n");
   const events = parseEvents(translate(Buffer.from(input), []).out);
   assert.deepEqual(
     events.map((e) => e.name),
@@ -116,7 +125,7 @@ test("CRLF framing, extra lines of other servers, and max_tokens", () => {
 
 test("a reply without text has no content block", () => {
   const events = parseEvents(
-    translate(Buffer.from(chunk({ delta: { role: "assistant", content: "" } }) + chunk({ finish_reason: "stop" }) + "data: [DONE]\n\n"), []).out,
+    translate(Buffer.from(`${chunk({ delta: { role: "assistant", content: "" } })}${chunk({ finish_reason: "stop" })}data: [DONE]\n\n`), []).out,
   );
   assert.deepEqual(
     events.map((e) => e.name),
@@ -127,7 +136,7 @@ test("a reply without text has no content block", () => {
 
 test("the upstream's error event becomes Anthropic's error event, and nothing follows it", () => {
   const failure = `data: ${JSON.stringify({ error: { message: "The engine is shutting down.", type: "server_error", param: null, code: "engine_stopping" } })}\n\n`;
-  const events = parseEvents(translate(Buffer.from(chunk({ delta: { content: "a" } }) + failure + "data: [DONE]\n\n"), []).out);
+  const events = parseEvents(translate(Buffer.from(`${chunk({ delta: { content: "a" } })}${failure}data: [DONE]\n\n`), []).out);
   assert.deepEqual(
     events.map((e) => e.name),
     ["message_start", "content_block_start", "content_block_delta", "error"],

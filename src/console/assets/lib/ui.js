@@ -105,7 +105,10 @@ export function ConfirmDialog({ open, title, message, confirmLabel, onConfirm, o
   const dialog = useRef(null);
   // Each dialog names itself by its own heading, so several on one page stay apart.
   const titleId = useRef(null);
-  titleId.current ??= `confirm-title-${(dialogCount += 1)}`;
+  if (titleId.current === null) {
+    dialogCount += 1;
+    titleId.current = `confirm-title-${dialogCount}`;
+  }
   useEffect(() => {
     const element = dialog.current;
     if (!element) return;

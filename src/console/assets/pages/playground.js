@@ -21,8 +21,7 @@ async function readEventStream(body, onData) {
     const { value, done } = await reader.read();
     if (done) break;
     buffer += decoder.decode(value, { stream: true });
-    let boundary;
-    while ((boundary = buffer.search(/\r?\n\r?\n/)) !== -1) {
+    for (let boundary = buffer.search(/\r?\n\r?\n/); boundary !== -1; boundary = buffer.search(/\r?\n\r?\n/)) {
       const block = buffer.slice(0, boundary);
       buffer = buffer.slice(boundary).replace(/^\r?\n\r?\n/, "");
       const data = block
@@ -109,7 +108,8 @@ export function PlaygroundPage() {
     if (content === "" || model === "" || streaming) return;
     const history = [...conversation.map(({ role, content: said }) => ({ role, content: said })), { role: "user", content }];
     // Updates go to this answer by its id: a Clear while it streams leaves nothing to update.
-    const answer = { id: (nextAnswerId += 1), role: "assistant", content: "", model };
+    nextAnswerId += 1;
+    const answer = { id: nextAnswerId, role: "assistant", content: "", model };
     setConversation([...history, answer]);
     setText("");
     setError(null);
@@ -196,7 +196,10 @@ export function PlaygroundPage() {
   };
   const onKeyDown = (event) => {
     // Enter sends, Shift+Enter makes a new line: what chat boxes do.
-    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) send(event);
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      // send() catches its own failures and shows them on the page, so nothing waits for it here.
+      void send(event);
+    }
   };
 
   return html`<h1>Playground</h1>
