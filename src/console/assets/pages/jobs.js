@@ -2,7 +2,8 @@
 // followed live. `#/jobs` is the "Serve a model" form (serve-form.js) and the list of jobs;
 // `#/jobs/ID` is one job with its steps (state, detail line, time), the mirror step's
 // progress (bytes as a bar, speed, time left, files), the smoke test's reply and tokens/s,
-// the error when it failed, and Cancel while it is queued or running. The page polls the
+// the error when it failed, and Cancel while it is queued, running or waiting for room (a
+// waiting job goes on by itself once a node has room, src/serve/jobs.ts). The page polls the
 // job (and reloads at once on any event) rather than waiting for the job's end event,
 // because steps change without events.
 import { html, useEffect, useRef, useState } from "../vendor/preact-htm.js";
@@ -13,7 +14,7 @@ import { ServeForm } from "./serve-form.js";
 
 /** A job being followed is polled this often: the mirror's bar and the steps move quickly. */
 const JOB_POLL_MS = 1000;
-const UNFINISHED = new Set(["queued", "running"]);
+const UNFINISHED = new Set(["queued", "running", "waiting"]);
 
 export function JobsPage({ route }) {
   const jobId = route.rest[0];
@@ -52,7 +53,7 @@ function describeSubject(job) {
  */
 function currentStep(job) {
   const inState = (state) => job.steps.find((step) => step.state === state);
-  return inState("running") ?? inState("failed") ?? inState("cancelled") ?? [...job.steps].reverse().find((step) => step.state === "done");
+  return inState("running") ?? inState("waiting") ?? inState("failed") ?? inState("cancelled") ?? [...job.steps].reverse().find((step) => step.state === "done");
 }
 
 /** "42 s", "3 min 05 s", "1 h 04 min". */
@@ -140,7 +141,7 @@ function JobView({ job, reload }) {
       <p class="job-subject">${describeSubject(job)}</p>
       <p role="status" class="job-state">
         <${StateBadge} state=${job.state} />
-        ${" "}${running ? (step ? `at step ${step.name}` : "waiting to start") : job.state === "done" ? "finished" : job.state === "waiting" ? "in the catalog, waiting for room on a node" : `ended ${job.state}`}
+        ${" "}${job.state === "waiting" ? "in the catalog, waiting for room on a node; it goes on by itself once a node has room" : running ? (step ? `at step ${step.name}` : "waiting to start") : job.state === "done" ? "finished" : `ended ${job.state}`}
       </p>
       <dl class="facts">
         <dt>Kind</dt><dd>${job.kind}</dd>
