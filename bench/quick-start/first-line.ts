@@ -41,7 +41,7 @@ async function oneRound(): Promise<Round> {
   const { LLMGW_DATA_DIR: _dataDir, LLMGW_FROM_SOURCE: _fromSource, ...env } = process.env;
   const started = performance.now();
   const child = spawn(process.execPath, [BIN, "up", "--demo", "--listen", `127.0.0.1:${port}`], {
-    env: { ...env, HOME: home },
+    env: { ...env, HOME: home, LLMGW_LOG_LEVEL: "warn" },
     stdio: ["ignore", "pipe", "inherit"],
   });
   let out = "";

@@ -13,7 +13,7 @@ import { startServer, type RunningServer, type ServerParts } from "../server/ser
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize } from "../core/byte-size.ts";
-import { limitsClockFromEnv } from "../policy/limits-clock.ts";
+import { LIMITS_CLOCK_ENV, limitsClockFromEnv } from "../policy/limits-clock.ts";
 import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
 export interface ServerCommandOptions {
@@ -84,6 +84,12 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
     },
     withAgent,
   );
+
+  const frozenLimitsClock = process.env[LIMITS_CLOCK_ENV];
+  if (frozenLimitsClock !== undefined && frozenLimitsClock !== "") {
+    // A test knob left set on a real server would keep every budget and rate window from resetting.
+    logger.warn({ at: frozenLimitsClock }, `${LIMITS_CLOCK_ENV} is set: budgets and rate windows stand still at that time (for tests only; unset it)`);
+  }
 
   // Before anything says the server is up: whoever reads "listening" and then signals it
   // (a supervisor, a test) must get the orderly stop, not the default death by signal.

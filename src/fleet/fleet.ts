@@ -1,20 +1,21 @@
-// The fleet on the server: nodes (node-registry.ts), replica records (replica-rows.ts,
-// the store's rows are the truth), the reconciler (reconciler.ts decides, this applies),
-// parking (parked-models.ts), and the agent protocol (agent-protocol.ts) that nodes call
-// over /agent/v1 (`llmgw agent`) or in-process (`llmgw up`). It feeds the gateway's
-// ReplicaTable from the records (record-projections.ts), so routing never waits on the store.
+// The fleet on the server: nodes (node-registry.ts), replica records (replica-records.ts
+// keeps them in step with their rows in replica-rows.ts, which are the truth), the
+// reconciler (reconciler.ts decides, this applies), parking (parked-models.ts), and the
+// agent protocol (agent-protocol.ts) that nodes call over /agent/v1 (`llmgw agent`) or
+// in-process (`llmgw up`). The records feed the gateway's ReplicaTable
+// (record-projections.ts), so routing never waits on the store.
 //
 // Every change (catalog, a node joining, back or lost, a replica's report) asks for a
 // reconciliation; they run one at a time, and a 1 s tick runs one too (it notices lost
 // nodes). Agents long-poll their assignments by version (assignment-versions.ts). Also
 // here: each model's weights (weights-knowledge.ts), on-demand demand (demand.ts), drains
-// before a stop (drain.ts), and an update's hold on a model's old replicas
-// (outdated-holds.ts) with its replicas split by definition (model-replicas.ts).
+// before a stop (drain.ts, kept with the records), and an update's hold on a model's old
+// replicas (outdated-holds.ts) with its replicas split by definition (model-replicas.ts).
 import { randomBytes } from "node:crypto";
 import { BadRequestError, describeError } from "../core/errors.ts";
-import { countOf, formatHost } from "../core/format.ts";
+import { countOf } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest, ReplicaReport } from "./agent-protocol.ts";
+import type { Assignment, AssignmentSet, Assignments, HeartbeatReply, HeartbeatReport, JoinReply, JoinRequest } from "./agent-protocol.ts";
 import { EventLog } from "../events/event-log.ts";
 import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
@@ -23,26 +24,25 @@ import { Drains } from "./drain.ts";
 import { fingerprintOf, replicasByDefinition, type ReplicasByDefinition } from "./model-replicas.ts";
 import { OutdatedHolds } from "./outdated-holds.ts";
 import { ParkedModels } from "./parked-models.ts";
-import { assignmentOf, tableEntryOf, workersReady } from "./record-projections.ts";
+import { assignmentOf } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { placeReplicas } from "./placement.ts";
 import { reconcile, type ReconcileDecision } from "./reconciler.ts";
 import { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
+import { ReplicaRecords } from "./replica-records.ts";
 import { ReplicaRows, type ReplicaRecord } from "./replica-rows.ts";
-import type { ReplicaState } from "./replica-table.ts";
 
 export { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
 
 export class Fleet implements Assignments {
   readonly nodes: NodeRegistry;
   private readonly rows: ReplicaRows;
-  private readonly records = new Map<string, ReplicaRecord>();
+  private readonly records: ReplicaRecords;
   private readonly parked: ParkedModels;
   private unplaceable = new Map<string, string[]>();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
-  private readonly drains: Drains;
   private readonly holds = new OutdatedHolds();
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
@@ -77,12 +77,6 @@ export class Fleet implements Assignments {
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.demand = new Demand(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
-    this.drains = new Drains({
-      inFlight: (replicaId) => options.inFlight?.(replicaId) ?? 0,
-      clock: this.clock,
-      timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
-      logger: options.logger,
-    });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
     this.rows = new ReplicaRows({
       store: options.store,
@@ -90,6 +84,22 @@ export class Fleet implements Assignments {
       logger: options.logger,
       clock: this.clock,
       ...(options.fence === undefined ? {} : { fence: options.fence }),
+    });
+    this.records = new ReplicaRecords({
+      rows: this.rows,
+      replicas: options.replicas,
+      versions: this.versions,
+      drains: new Drains({
+        inFlight: (replicaId) => options.inFlight?.(replicaId) ?? 0,
+        clock: this.clock,
+        timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
+        logger: options.logger,
+      }),
+      holds: this.holds,
+      logger: options.logger,
+      modelById: (modelId) => this.modelById(modelId),
+      reconcile: () => this.schedule(),
+      onParked: (record, node) => void this.park(record, node),
     });
   }
 
@@ -111,8 +121,7 @@ export class Fleet implements Assignments {
         record.endpoint = null;
         record.weightsVerified = false;
       }
-      this.records.set(record.id, record);
-      this.publish(record);
+      this.records.restore(record);
       // An on-demand replica that ran before the restart stays wanted until it is idle.
       if (record.desired === "run") {
         this.demand.keep(record.modelId);
@@ -169,22 +178,22 @@ export class Fleet implements Assignments {
       if (index < 0) continue;
       if (index > 0) {
         // A worker of a replica over several nodes: its Ray worker's state tells the head when to start vLLM.
-        this.recordWorker(record, node.id, reported.get(record.id)?.state ?? "absent");
+        this.records.recordWorker(record, node.id, reported.get(record.id)?.state ?? "absent");
         continue;
       }
       const replica = reported.get(record.id);
       if (replica === undefined) {
         // Told to stop and no longer on the node: done.
-        if (record.desired === "stop") this.forget(record);
+        if (record.desired === "stop") this.records.forget(record);
         // The agent started again (after kill -9, say): its engines went with the last one,
         // so nothing is routed to them until it reports the replica running again.
-        else if (restarted && record.state !== "parked" && record.state !== "placed") this.unconfirm(record);
+        else if (restarted && record.state !== "parked" && record.state !== "placed") this.records.unconfirm(record);
         continue;
       }
-      if (record.desired === "stop" && replica.state === "stopped") this.forget(record);
-      else this.applyReport(record, replica, node);
+      if (record.desired === "stop" && replica.state === "stopped") this.records.forget(record);
+      else this.records.applyReport(record, replica, node);
     }
-    this.finishDrains();
+    this.records.finishDrains();
     return { nodeId: node.id, state: node.state, assignmentsVersion: this.versions.of(node.id), heartbeatIntervalMs: this.settings.heartbeatIntervalMs };
   }
 
@@ -231,7 +240,7 @@ export class Fleet implements Assignments {
     const changed = () => {
       // Taken before start (a restarted server's unfinished update): start publishes and reconciles with it.
       if (this.timer === undefined) return;
-      for (const record of ofModel()) this.publish(record);
+      for (const record of ofModel()) this.records.publish(record);
       this.schedule();
     };
     const release = this.holds.hold(
@@ -243,7 +252,7 @@ export class Fleet implements Assignments {
     return (outcome = "passed") => {
       const model = this.modelById(modelId);
       const unwanted = (r: ReplicaRecord) => this.holds.unproven(modelId, r.id) && (model === undefined || r.fingerprint !== fingerprintOf(model, r.profile));
-      if (outcome === "rejected") for (const record of ofModel().filter(unwanted)) this.markStopping(record);
+      if (outcome === "rejected") for (const record of ofModel().filter(unwanted)) this.records.markStopping(record);
       release();
     };
   }
@@ -277,7 +286,7 @@ export class Fleet implements Assignments {
         { model: model.name, idleSeconds: model.definition.scaling.idle_seconds, replicas: replicas.length },
         "stopping idle on-demand replicas",
       );
-      for (const record of replicas) this.markStopping(record);
+      for (const record of replicas) this.records.markStopping(record);
     }
   }
 
@@ -363,7 +372,7 @@ export class Fleet implements Assignments {
       this.versions.bump(node.id);
     }
     this.stopIdle();
-    this.finishDrains();
+    this.records.finishDrains();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
       this.lastFlush = this.clock();
       void this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -406,12 +415,12 @@ export class Fleet implements Assignments {
       const nodes = record.nodeIds.map((nodeId) => this.nodes.get(nodeId));
       const lost = nodes.some((node) => node === undefined || node.state === "lost");
       // A draining replica stays desired "run" until it is drained: the reconciler names it again.
-      if (this.drains.has(id) && !lost) continue;
+      if (this.records.draining(id) && !lost) continue;
       this.options.logger.info({ replica: id, why }, "stopping replica");
       // A lost or removed node cannot confirm the stop (nor serve a drain); if it comes back,
       // its agent stops the engine because the replica is no longer among its assignments.
-      if (lost) this.forget(record);
-      else this.markStopping(record);
+      if (lost) this.records.forget(record);
+      else this.records.markStopping(record);
     }
     for (const replica of decision.create) {
       const record: ReplicaRecord = {
@@ -436,9 +445,7 @@ export class Fleet implements Assignments {
         readyAt: null,
         weightsVerified: false,
       };
-      this.records.set(record.id, record);
-      this.rows.save(record);
-      this.publish(record);
+      this.records.add(record);
       const names = replica.nodeIds.map((id) => this.nodes.get(id)?.name ?? id).join(", ");
       this.options.logger.info({ replica: record.id, model: this.modelById(record.modelId)?.name, profile: record.profile, nodes: names }, "replica placed");
       for (const nodeId of replica.nodeIds) this.versions.bump(nodeId);
@@ -459,50 +466,6 @@ export class Fleet implements Assignments {
     );
     this.unplaceable = decision.unplaceable;
     for (const modelId of changed) this.statusListener?.(modelId);
-  }
-
-  // --- Records --------------------------------------------------------------------------
-
-  private recordWorker(record: ReplicaRecord, nodeId: string, state: string): void {
-    const before = workersReady(record);
-    record.workerStates = { ...record.workerStates, [nodeId]: state };
-    if (workersReady(record) !== before) this.versions.bump(record.nodeIds[0]!);
-  }
-
-  private applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
-    if (report.endpoint !== null && report.endpoint.host !== node.address) {
-      // The gateway sends the engine key there: only to the address the node joined with.
-      this.options.logger.warn(
-        { node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address },
-        "a replica's endpoint is not on its node's address; ignored",
-      );
-      report = { ...report, endpoint: null, state: report.state === "ready" ? "starting" : report.state };
-    }
-    if (record.nodeIds.length > 1 && (report.rayAddress ?? null) !== (record.rayAddress ?? null)) {
-      // The head's Ray address is news for the workers (a restarted head has a new one).
-      record.rayAddress = report.rayAddress ?? null;
-      for (const nodeId of record.nodeIds.slice(1)) this.versions.bump(nodeId);
-    }
-    // A draining replica is still running on its node, but must not be routed to again.
-    const state: ReplicaState = (record.desired === "stop" || this.drains.has(record.id)) && report.state !== "stopped" ? "stopping" : report.state;
-    const next = {
-      state,
-      endpoint: report.endpoint === null ? null : { origin: `http://${formatHost(report.endpoint.host)}:${report.endpoint.port}`, basePath: "" },
-      attempt: report.attempt,
-      failures: report.failures,
-      lastError: report.lastError,
-      startedAt: report.startedAt === null ? null : new Date(report.startedAt).toISOString(),
-      readyAt: report.readyAt === null ? null : new Date(report.readyAt).toISOString(),
-      weightsVerified: report.weightsVerified,
-    };
-    const changed = (Object.keys(next) as (keyof typeof next)[]).some((key) => JSON.stringify(record[key]) !== JSON.stringify(next[key]));
-    if (!changed) return;
-    const wasParked = record.state === "parked";
-    Object.assign(record, next);
-    this.rows.save(record);
-    this.publish(record);
-    if (state === "parked" && !wasParked && record.desired === "run") void this.park(record, node);
-    if (state === "ready" || state === "parked" || state === "failed") this.schedule();
   }
 
   private async park(record: ReplicaRecord, node: FleetNode): Promise<void> {
@@ -529,7 +492,7 @@ export class Fleet implements Assignments {
     let count = 0;
     for (const record of this.records.values()) {
       if (record.modelId === modelId && record.state === "parked" && record.desired === "run") {
-        this.markStopping(record);
+        this.records.markStopping(record);
         count += 1;
       }
     }
@@ -543,66 +506,6 @@ export class Fleet implements Assignments {
         message: `Model '${model.name}' is no longer parked; its replicas are started again.`,
       });
     return count;
-  }
-
-  private unconfirm(record: ReplicaRecord): void {
-    record.state = "placed";
-    record.endpoint = null;
-    record.readyAt = null;
-    this.rows.save(record);
-    this.publish(record);
-  }
-
-  /**
-   * Stops the replica. One the gateway has requests at is drained first (drain.ts): it
-   * leaves routing now, and its node keeps running it (desired "run") until `finishDrains`
-   * calls this again with `drained`.
-   */
-  private markStopping(record: ReplicaRecord, drained = false): void {
-    if (record.desired === "stop") return;
-    if (!drained && this.drains.begin(record.id, this.modelById(record.modelId)?.name ?? record.modelId)) {
-      // "stopping" in the record too: the reconciler no longer counts it as serving.
-      if (record.state === "stopping") return;
-      record.state = "stopping";
-      this.rows.save(record);
-      this.publish(record);
-      return;
-    }
-    record.desired = "stop";
-    record.state = "stopping";
-    this.rows.save(record);
-    this.publish(record);
-    for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
-  }
-
-  /** Stops the drained replicas whose requests are done or whose drain deadline passed. */
-  private finishDrains(): void {
-    for (const id of this.drains.takeDone()) {
-      const record = this.records.get(id);
-      if (record !== undefined) this.markStopping(record, true);
-    }
-  }
-
-  private forget(record: ReplicaRecord): void {
-    this.drains.end(record.id);
-    this.records.delete(record.id);
-    this.rows.delete(record.id);
-    this.options.replicas.remove(record.id);
-    for (const nodeId of record.nodeIds) this.versions.bump(nodeId);
-  }
-
-  /** Puts the record into the gateway's table: a stopping replica stays visible but takes no requests. */
-  private publish(record: ReplicaRecord): void {
-    const leaving = record.desired === "stop" || this.drains.has(record.id);
-    const model = this.modelById(record.modelId);
-    // While an update checks a held model's new replicas, clients stay on the old ones.
-    const unproven = model !== undefined && this.holds.unproven(model.id, record.id) && record.fingerprint === fingerprintOf(model, record.profile);
-    if ((record.unproven ?? false) !== unproven) {
-      // Other servers route from the rows: they must keep out of it too.
-      record.unproven = unproven;
-      this.rows.save(record);
-    }
-    this.options.replicas.upsert(tableEntryOf(record, model, this.options.replicas.get(record.id), leaving, unproven));
   }
 
   private modelById(modelId: string): CatalogModel | undefined {

@@ -5,32 +5,22 @@
 // period. A refusal undoes what was already reserved and answers 429, with the
 // x-ratelimit-* headers OpenAI sends. The permit settles once, when the request ends:
 // the reservation becomes the actual cost and tokens. On PostgreSQL it is written a few ms
-// later in a batch (see `pending`), retried until the store takes it; on SQLite the
+// later in a batch (limit-settlements.ts), retried until the store takes it; on SQLite the
 // counters live in memory (limit-ledger.ts), so it applies at once and is written behind.
 //
 // A key without limits costs nothing here: its Principal carries no limits, and admission
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
 // by the key service), so a change made on this server applies to the next request, and
 // one made on another server within 5 s.
-import { Backoff } from "../core/backoff.ts";
 import { TooManyRequestsError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import type { Store } from "../store/store.ts";
 import { costUsd, type Prices } from "./cost.ts";
 import type { BudgetPeriod, KeyLimits, KeyLimitsView, RateLimits } from "./key-limits.ts";
-import {
-  budgetPeriodAt,
-  LimitStore,
-  nanoToUsd,
-  usdToNano,
-  WHOLE_KEY,
-  windowAt,
-  type BudgetUse,
-  type SettlementChange,
-  type WindowRef,
-  type WindowUse,
-} from "./limit-store.ts";
+import { budgetPeriodAt, LimitStore, nanoToUsd, usdToNano, WHOLE_KEY, windowAt, type BudgetUse, type WindowUse } from "./limit-store.ts";
+import { SettlementQueue, type ReservedBudget } from "./limit-settlements.ts";
+import { labelOf, rateHeaders, rateScopes, type RateScope } from "./rate-scopes.ts";
 import type { LimitsPermit, PolicyRequest, RequestLimits } from "./request-policy.ts";
 import { tokenBound, type TokenBound } from "./token-bound.ts";
 
@@ -77,15 +67,6 @@ interface RateUse {
   tokens: number;
 }
 
-/** One rate scope a request is counted in: the whole key, or one model for it. */
-interface Scope {
-  ref: WindowRef;
-  limits: RateLimits;
-  /** The key's name, and the model's when the scope is one model's (messages only, built when needed). */
-  keyName: string;
-  model: string | null;
-}
-
 const UNLIMITED: LimitsPermit = { headers: {}, maxOutputTokens: null, settle: () => undefined };
 
 /** What a permit holds until it settles. */
@@ -93,8 +74,8 @@ interface Held {
   request: PolicyRequest;
   reservedTokens: number;
   /** The rate scopes it counted in (their windows settle). */
-  scopes: readonly Scope[];
-  budget: { keyId: string; period: string; reservedNano: number } | null;
+  scopes: readonly RateScope[];
+  budget: ReservedBudget | null;
 }
 
 /** A request's admission, worked out once (LimitsService.admissionOf). */
@@ -105,37 +86,21 @@ interface Admission {
   costNano: number;
   now: number;
   window: { start: string; endsAt: number };
-  scopes: Scope[];
+  scopes: RateScope[];
   /** The budget period the request counts in; null: no budget, or nothing to charge. */
   budgetPeriod: ReturnType<typeof budgetPeriodAt> | null;
   budgetLimitNano: number;
 }
 
-/** How soon queued settlements are written, and how long a failed write waits at most before it is tried again. */
-const SETTLE_DELAY_MS = 5;
-const RETRY_FIRST_MS = 100;
-const RETRY_MAX_MS = 5000;
-
 export class LimitsService implements RequestLimits {
   private readonly limitStore: LimitStore;
   private readonly clock: () => number;
-  /**
-   * PostgreSQL: settlements not yet written, summed per row (budget period or rate window).
-   * They are written together a few ms after the first one is queued, one statement per row.
-   * (SQLite applies them to its in-memory counters at once: LimitStore.applyNow.) A settlement only gives back part of a reservation (or adds
-   * what a request used beyond it), so writing it a few ms late holds a reservation a few
-   * ms longer than needed: conservative, never lets a request past a limit. A write that
-   * fails stays queued and is tried again with backoff, so a store hiccup does not leak
-   * reservations for good.
-   */
-  private pending = new Map<string, SettlementChange>();
-  private timer: NodeJS.Timeout | undefined;
-  private writing: Promise<void> = Promise.resolve();
-  private readonly retryBackoff = new Backoff({ baseMs: RETRY_FIRST_MS, maxMs: RETRY_MAX_MS });
+  private readonly settlements: SettlementQueue;
 
   constructor(private readonly options: LimitsServiceOptions) {
     this.limitStore = new LimitStore(options.store, options.logger);
     this.clock = options.clock ?? Date.now;
+    this.settlements = new SettlementQueue({ limitStore: this.limitStore, logger: options.logger, clock: this.clock });
   }
 
   /**
@@ -196,7 +161,7 @@ export class LimitsService implements RequestLimits {
 
   /** One atomic statement per limit, in order; a refusal undoes what was counted before it. */
   private async reserveStepByStep(admission: Admission): Promise<LimitsPermit> {
-    const reserved: Array<{ scope: Scope; use: WindowUse }> = [];
+    const reserved: Array<{ scope: RateScope; use: WindowUse }> = [];
     let undone = false;
     // Undoes the windows counted so far, at most once, whichever path gets here first.
     const undoWindows = async () => {
@@ -213,7 +178,7 @@ export class LimitsService implements RequestLimits {
     }
   }
 
-  private async reserve(admission: Admission, reserved: Array<{ scope: Scope; use: WindowUse }>, undoWindows: () => Promise<void>): Promise<LimitsPermit> {
+  private async reserve(admission: Admission, reserved: Array<{ scope: RateScope; use: WindowUse }>, undoWindows: () => Promise<void>): Promise<LimitsPermit> {
     const { request, limits, bound, costNano, now, window, scopes } = admission;
     const tokens = bound.total;
     const keyName = request.principal.name;
@@ -292,7 +257,7 @@ export class LimitsService implements RequestLimits {
   }
 
   /** The output the upstream may generate: capped where the reservation is what holds the line (a budget or a tpm). */
-  private outputCap(request: PolicyRequest, limits: KeyLimits, scopes: readonly Scope[], bound: TokenBound): number | null {
+  private outputCap(request: PolicyRequest, limits: KeyLimits, scopes: readonly RateScope[], bound: TokenBound): number | null {
     const capsOutput = request.endpoint !== "/v1/embeddings" && (limits.budgetUsd !== null || scopes.some(({ limits: l }) => l.tpm !== null));
     return capsOutput ? bound.output : null;
   }
@@ -303,14 +268,14 @@ export class LimitsService implements RequestLimits {
    * request). A scope whose count cannot be read is left out rather than failing the refusal.
    */
   private async refusalHeaders(
-    scopes: readonly Scope[],
-    reserved: ReadonlyArray<{ scope: Scope; use: WindowUse }>,
+    scopes: readonly RateScope[],
+    reserved: ReadonlyArray<{ scope: RateScope; use: WindowUse }>,
     tokens: number,
     now: number,
     endsAt: number,
-    refused?: { scope: Scope; use: WindowUse },
+    refused?: { scope: RateScope; use: WindowUse },
   ): Promise<Record<string, string>> {
-    const counted: Array<{ scope: Scope; use: WindowUse }> = [];
+    const counted: Array<{ scope: RateScope; use: WindowUse }> = [];
     for (const scope of scopes) {
       const mine = reserved.find((r) => r.scope === scope);
       if (mine !== undefined) counted.push({ scope, use: { requests: mine.use.requests - 1, tokens: mine.use.tokens - tokens } });
@@ -353,7 +318,7 @@ export class LimitsService implements RequestLimits {
     // No usage and no answer: nothing ran, nothing is owed. Answered without counts: the
     // reservation is the best bound there is, so it stands.
     const tokens = usage !== null ? usage.prompt_tokens + usage.completion_tokens : answered ? held.reservedTokens : 0;
-    for (const scope of held.scopes) this.queueWindow(scope.ref, tokens - held.reservedTokens);
+    for (const scope of held.scopes) this.settlements.window(scope.ref, tokens - held.reservedTokens);
     if (held.budget === null) return;
     const chargedNano = usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
     if (chargedNano > held.budget.reservedNano) {
@@ -365,98 +330,17 @@ export class LimitsService implements RequestLimits {
         "a request cost more than its reservation; the budget is charged what it used",
       );
     }
-    this.queueBudget(held.budget, chargedNano);
+    this.settlements.budget(held.budget, chargedNano);
   }
 
-  private queueWindow(ref: WindowRef, tokens: number): void {
-    if (tokens === 0) return;
-    if (this.limitStore.applyNow({ kind: "window", keyId: ref.keyId, model: ref.model, windowStart: ref.windowStart, tokens }, this.clock())) return;
-    const id = `w\n${ref.keyId}\n${ref.model}\n${ref.windowStart}`;
-    const change = this.pending.get(id);
-    if (change?.kind === "window") change.tokens += tokens;
-    else this.pending.set(id, { kind: "window", ...ref, tokens });
-    this.scheduleFlush();
-  }
-
-  private queueBudget(budget: NonNullable<Held["budget"]>, chargedNano: number): void {
-    if (
-      this.limitStore.applyNow(
-        { kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano },
-        this.clock(),
-      )
-    )
-      return;
-    const id = `b\n${budget.keyId}\n${budget.period}`;
-    const change = this.pending.get(id);
-    if (change?.kind === "budget") {
-      change.spentNano += chargedNano;
-      change.releasedNano += budget.reservedNano;
-    } else this.pending.set(id, { kind: "budget", keyId: budget.keyId, period: budget.period, spentNano: chargedNano, releasedNano: budget.reservedNano });
-    this.scheduleFlush();
-  }
-
-  private scheduleFlush(): void {
-    if (this.timer !== undefined) return;
-    this.timer = setTimeout(() => void this.flushSettlements(), this.retryBackoff.delayMs > 0 ? this.retryBackoff.delayMs : SETTLE_DELAY_MS);
-    this.timer.unref();
-  }
-
-  /** Writes the queued settlements; what fails goes back in the queue, tried again with backoff. */
+  /** Writes the queued settlements now (limit-settlements.ts); what fails is tried again with backoff. */
   flushSettlements(): Promise<void> {
-    if (this.timer !== undefined) {
-      clearTimeout(this.timer);
-      this.timer = undefined;
-    }
-    this.writing = this.writing.then(async () => {
-      if (this.pending.size === 0) return;
-      const batch = this.pending;
-      this.pending = new Map();
-      const { failed, error } = await this.limitStore.settleAll([...batch.values()], this.clock());
-      if (failed.length === 0) {
-        this.retryBackoff.succeeded();
-        return;
-      }
-      // Put the failures back, merged with what was queued meanwhile (the sums add up).
-      for (const change of failed) {
-        if (change.kind === "window") this.queueWindowChange(change);
-        else this.queueBudgetChange(change);
-      }
-      const retryInMs = this.retryBackoff.failed();
-      this.options.logger.warn(
-        { err: error, settlements: failed.length, retry_in_ms: retryInMs },
-        "writing budget or rate-limit settlements failed; the reservations stay counted until a retry succeeds",
-      );
-      if (this.timer !== undefined) clearTimeout(this.timer);
-      this.timer = undefined;
-      this.scheduleFlush();
-    });
-    return this.writing;
+    return this.settlements.flush();
   }
 
-  private queueWindowChange(change: Extract<SettlementChange, { kind: "window" }>): void {
-    this.queueWindow({ keyId: change.keyId, model: change.model, windowStart: change.windowStart }, change.tokens);
-  }
-
-  private queueBudgetChange(change: Extract<SettlementChange, { kind: "budget" }>): void {
-    this.queueBudget({ keyId: change.keyId, period: change.period, reservedNano: change.releasedNano }, change.spentNano);
-  }
-
-  /** Writes the settlements still queued (before the store closes); one more try for any that failed, then they are logged as lost. */
+  /** Writes the settlements still queued, then closes the store side. */
   async close(): Promise<void> {
-    await this.flushSettlements();
-    if (this.pending.size > 0) {
-      this.retryBackoff.succeeded();
-      await this.flushSettlements();
-    }
-    if (this.timer !== undefined) clearTimeout(this.timer);
-    this.timer = undefined;
-    if (this.pending.size > 0) {
-      this.options.logger.error(
-        { settlements: this.pending.size },
-        "budget or rate-limit settlements could not be written before shutdown; those reservations stay counted",
-      );
-      this.pending.clear();
-    }
+    await this.settlements.close();
     this.limitStore.close();
   }
 
@@ -554,70 +438,6 @@ export function worstCaseUsage(bound: TokenBound, prices: Prices | undefined): T
   }
   const prompt = Math.min(bound.prompt, bound.total);
   return { prompt_tokens: prompt, completion_tokens: Math.min(bound.output, bound.total - prompt) };
-}
-
-/** How a scope is named in messages. */
-function labelOf(scope: Scope): string {
-  return scope.model === null ? `for key '${scope.keyName}'` : `for key '${scope.keyName}' on model '${scope.model}'`;
-}
-
-function rateScopes(request: PolicyRequest, limits: KeyLimits, windowStart: string): Scope[] {
-  const keyId = request.principal.keyId;
-  const scopes: Scope[] = [];
-  if (limits.rpm !== null || limits.tpm !== null) {
-    scopes.push({ ref: { keyId, model: WHOLE_KEY, windowStart }, limits, keyName: request.principal.name, model: null });
-  }
-  const ofModel = limits.models.get(request.model.name);
-  if (ofModel !== undefined) {
-    scopes.push({ ref: { keyId, model: request.model.name, windowStart }, limits: ofModel, keyName: request.principal.name, model: request.model.name });
-  }
-  return scopes;
-}
-
-/**
- * OpenAI's rate-limit headers, for the scope with the least left of each kind (the key's
- * own, or the model's for this key). Only for keys with rpm or tpm.
- */
-function rateHeaders(scopes: readonly Scope[], uses: readonly WindowUse[], now: number, endsAt: number): Record<string, string> {
-  // Written out rather than looped over the two kinds: it runs for every request of a
-  // limited key, and the gateway benchmark counts every µs of it.
-  let requestsLimit = -1;
-  let requestsLeft = 0;
-  let tokensLimit = -1;
-  let tokensLeft = 0;
-  for (let index = 0; index < scopes.length; index += 1) {
-    const { rpm, tpm } = scopes[index]!.limits;
-    const use = uses[index]!;
-    if (rpm !== null) {
-      const left = Math.max(0, rpm - use.requests);
-      if (requestsLimit === -1 || left < requestsLeft) [requestsLimit, requestsLeft] = [rpm, left];
-    }
-    if (tpm !== null) {
-      const left = Math.max(0, tpm - use.tokens);
-      if (tokensLimit === -1 || left < tokensLeft) [tokensLimit, tokensLeft] = [tpm, left];
-    }
-  }
-  const headers: Record<string, string> = {};
-  if (requestsLimit === -1 && tokensLimit === -1) return headers;
-  const reset = openAiDuration(endsAt - now);
-  if (requestsLimit !== -1) {
-    headers["x-ratelimit-limit-requests"] = String(requestsLimit);
-    headers["x-ratelimit-remaining-requests"] = String(requestsLeft);
-    headers["x-ratelimit-reset-requests"] = reset;
-  }
-  if (tokensLimit !== -1) {
-    headers["x-ratelimit-limit-tokens"] = String(tokensLimit);
-    headers["x-ratelimit-remaining-tokens"] = String(tokensLeft);
-    headers["x-ratelimit-reset-tokens"] = reset;
-  }
-  return headers;
-}
-
-/** A wait the way OpenAI writes it (Go's durations): "850ms", "12s", "1m0s". Whole seconds above one, rounded up. */
-export function openAiDuration(ms: number): string {
-  if (ms < 1000) return `${Math.max(0, Math.ceil(ms))}ms`;
-  const seconds = Math.ceil(ms / 1000);
-  return seconds < 60 ? `${seconds}s` : `${Math.floor(seconds / 60)}m${seconds % 60}s`;
 }
 
 function budgetRefusal(options: {

@@ -53,7 +53,9 @@ function describeSubject(job) {
  */
 function currentStep(job) {
   const inState = (state) => job.steps.find((step) => step.state === state);
-  return inState("running") ?? inState("waiting") ?? inState("failed") ?? inState("cancelled") ?? [...job.steps].reverse().find((step) => step.state === "done");
+  return (
+    inState("running") ?? inState("waiting") ?? inState("failed") ?? inState("cancelled") ?? [...job.steps].reverse().find((step) => step.state === "done")
+  );
 }
 
 /** "42 s", "3 min 05 s", "1 h 04 min". */
