@@ -4,6 +4,8 @@
 # it. CI runs this before the tests (.ci/run), after scripts/provision.sh installed haproxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian installs haproxy in /usr/sbin, which a user's PATH may lack.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 command -v haproxy >/dev/null 2>&1 || { echo "check-load-balancer: FAILED: haproxy is not installed; run scripts/provision.sh (as root) or apt-get install -y haproxy" >&2; exit 1; }
 echo "check-load-balancer: $(haproxy -v 2>&1 | head -n 1)"

@@ -33,6 +33,9 @@ say() { printf 'provision: %s\n' "$*"; }
 # tool:package pairs, in the order of the table above.
 wanted=(haproxy:haproxy chromium:chromium promtool:prometheus amtool:prometheus-alertmanager)
 
+# Debian puts haproxy in /usr/sbin, which a user's PATH often lacks: look there too (the
+# tests do the same, test/support/tools.ts).
+export PATH="$PATH:/usr/sbin:/sbin"
 have_tool() {
   case "$1" in
     # The console tests take CHROMIUM_PATH first, then Debian's /usr/bin/chromium.
@@ -59,7 +62,10 @@ if [ ${#missing_packages[@]} -gt 0 ]; then
   if (apt_install provision "${missing_packages[@]}"); then
     for pair in "${wanted[@]}"; do
       tool=${pair%%:*}
-      have_tool "$tool" || { say "FAILED: Debian's ${pair#*:} is installed but $tool is not on PATH" >&2; exit 1; }
+      if ! have_tool "$tool"; then
+        say "Debian's ${pair#*:} is installed but $tool is not on PATH: the tests that use it will fail" >&2
+        [ "$strict" = 1 ] && exit 1
+      fi
     done
   else
     say "could not install ${missing_packages[*]}: the tests that use ${missing_tools[*]} will fail until you run, as root: apt-get update && apt-get install -y --no-install-recommends ${missing_packages[*]}" >&2
@@ -86,8 +92,10 @@ postgres_answers() {
     client.on("error", () => {});
     try { await client.connect(); await client.query("select 1"); await client.end(); process.exit(0); }
     catch (error) { console.error(error instanceof Error ? error.message : String(error)); process.exit(1); }
-  ' "$postgres_url" 2>/dev/null
+  ' "$postgres_url" 2>"$postgres_error"
 }
+postgres_error=$(mktemp)
+trap 'rm -f "$postgres_error"' EXIT
 if postgres_answers; then
   say "PostgreSQL answers at ${postgres_url%%\?*}"
 else
@@ -100,9 +108,9 @@ else
   if postgres_answers; then
     say "PostgreSQL started; it answers at ${postgres_url%%\?*}"
   elif [ "${LLMGW_REQUIRE_POSTGRES:-}" = 1 ]; then
-    say "FAILED: PostgreSQL does not answer at ${postgres_url%%\?*}, and LLMGW_REQUIRE_POSTGRES=1 requires its store tests to run. Start PostgreSQL (Debian: apt-get install postgresql, then pg_ctlcluster <version> main start) with trust auth for the postgres role on 127.0.0.1 and a database named test, or point LLMGW_TEST_POSTGRES at one." >&2
+    say "FAILED: PostgreSQL does not answer at ${postgres_url%%\?*} ($(head -c 300 "$postgres_error")), and LLMGW_REQUIRE_POSTGRES=1 requires its store tests to run. Start PostgreSQL (Debian: apt-get install postgresql, then pg_ctlcluster <version> main start) with trust auth for the postgres role on 127.0.0.1 and a database named test, or point LLMGW_TEST_POSTGRES at one." >&2
     exit 1
   else
-    say "PostgreSQL does not answer at ${postgres_url%%\?*}: its store tests will be skipped (set LLMGW_TEST_POSTGRES to use another server)"
+    say "PostgreSQL does not answer at ${postgres_url%%\?*} ($(head -c 300 "$postgres_error")): its store tests will be skipped (set LLMGW_TEST_POSTGRES to use another server)"
   fi
 fi

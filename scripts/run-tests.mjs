@@ -21,6 +21,7 @@ const unit = [
   "src/catalog/weights-check.test.ts",
   "src/cli/local-paths.test.ts",
   "src/cli/ctl-job.test.ts",
+  "src/cli/admin-client.test.ts",
   "src/cli/ctl-node.test.ts",
   "src/keys/key-service.test.ts",
   "src/gguf/header.test.ts",

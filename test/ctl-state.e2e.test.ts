@@ -68,7 +68,7 @@ describe("ctl against a server started with its own data dir", () => {
     assert.doesNotMatch(stdout, /standby|leader: none/);
   });
 
-  test("a drained node is undrained: ready again, and the change is audited", async () => {
+  test("a drained node is undrained: ready again, and the change is audited; a node not draining is refused", async () => {
     const { body } = await harness.admin("GET", "/api/v1/nodes/join-token");
     const joined = await fetch(`${harness.url}/agent/v1/join`, {
       method: "POST",
@@ -95,6 +95,18 @@ describe("ctl against a server started with its own data dir", () => {
     assert.equal(await state(), "ready");
     const audit = (await harness.admin("GET", "/api/v1/audit?action=node.undrain")).body;
     assert.equal(audit?.data?.[0]?.target, "cpu-01", JSON.stringify(audit));
+
+    // Undrained already: nothing to undrain, so a 409 that says so, no audit entry, and ctl fails with it.
+    const again = await harness.admin("POST", "/api/v1/nodes/cpu-01/undrain");
+    assert.equal(again.status, 409, JSON.stringify(again.body));
+    assert.equal(again.body?.error?.code, "node_not_draining");
+    const notDraining = await ctlFails(withDataDir(["node", "undrain", "cpu-01"]));
+    assert.equal(notDraining.code, 1);
+    assert.equal(notDraining.stdout, "");
+    assert.match(notDraining.stderr, /Node 'cpu-01' is not draining \(it is ready\); there is nothing to undrain\./);
+    assert.equal(await state(), "ready");
+    const auditAfter = (await harness.admin("GET", "/api/v1/audit?action=node.undrain")).body;
+    assert.equal(auditAfter?.data?.length, audit?.data?.length, `a refused undrain is not audited: ${JSON.stringify(auditAfter)}`);
 
     const unknown = await ctlFails(withDataDir(["node", "undrain", "cpu-99"]));
     assert.equal(unknown.code, 1);

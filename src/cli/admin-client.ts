@@ -38,7 +38,7 @@ export class AdminClient {
     const given = flags.key ?? process.env.LLMGW_KEY;
     if (given !== undefined) return new AdminClient(baseUrl, given);
     const file = path.join(dataDir, ADMIN_KEY_FILE);
-    const key = readKeyFile(dataDir);
+    const key = readKeyFile(file);
     if (key === undefined) {
       throw new AuthenticationError(
         `No admin key: there is no ${file} (data dir ${dataDir}: ${dataDirFrom}). ` +
@@ -127,13 +127,28 @@ function readServerUrl(dataDir: string): string | undefined {
   }
 }
 
-function readKeyFile(dataDir: string): string | undefined {
+/**
+ * The key in a data dir's admin.key; undefined when there is no such file (or it is empty).
+ * A file that is there but cannot be read (the server ran as root and wrote it 0600) is its
+ * own error: "there is no admin.key, pass --data-dir" would send the user to the flag they
+ * already gave.
+ */
+function readKeyFile(file: string): string | undefined {
+  let text: string;
   try {
-    const key = readFileSync(path.join(dataDir, ADMIN_KEY_FILE), "utf8").trim();
-    return key === "" ? undefined : key;
-  } catch {
-    return undefined;
+    text = readFileSync(file, "utf8");
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    // ENOTDIR: the data dir is a file, so there is no admin.key in it either.
+    if (code === "ENOENT" || code === "ENOTDIR") return undefined;
+    throw new AuthenticationError(
+      `No admin key: ${file} exists but cannot be read (${code ?? (error as Error).message}). ` +
+        "Run ctl as the user that runs the server, or pass the admin key with --key or LLMGW_KEY.",
+      { code: "admin_key_unreadable", cause: error },
+    );
   }
+  const key = text.trim();
+  return key === "" ? undefined : key;
 }
 
 function safeJson(text: string): unknown {

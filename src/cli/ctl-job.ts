@@ -293,7 +293,7 @@ export function registerJobCommands(ctl: Command, helpers: CtlHelpers): void {
     });
   withExamples(job.command("cancel <id>"), "llmgw ctl job cancel 0c9d2f3e")
     .description(
-      "Stop a queued or running job and undo what it started (a serve job's model is removed, an update returns to the revision it served); files already verified stay in the mirror",
+      "Stop a queued, running or waiting job and undo what it started: a serve job removes the model it added to the catalog (a waiting one's model included), which stops its replicas; an update returns the model to the revision it served, unless the new one already passed its smoke test. Files already verified stay in the mirror",
     )
     .option("--json", "print JSON")
     .action(async (id: string, _options: Options, command: Command) => {

@@ -310,7 +310,7 @@ export class Fleet implements Assignments {
     return node;
   }
 
-  /** Ends an operator's drain: the node takes new replicas again (a lost one once it is back). */
+  /** Ends an operator's drain: the node takes new replicas again (a lost one once it is back); one not draining is refused (409). */
   async undrain(name: string): Promise<FleetNode> {
     const node = this.nodes.byName(name);
     this.nodes.endDrain(node);

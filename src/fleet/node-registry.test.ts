@@ -107,7 +107,7 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
   }
 });
 
-testBothDatabases("an undrained node is ready again, and a lost one that was draining comes back ready", async (database) => {
+testBothDatabases("an undrained node is ready again, a lost one that was draining comes back ready, and one not draining is refused", async (database) => {
   let now = 1_000_000;
   const store = await database.open();
   try {
@@ -115,17 +115,28 @@ testBothDatabases("an undrained node is ready again, and a lost one that was dra
     await registry.load();
     await registry.join({ joinToken: TOKEN, name: "here", address: "10.0.0.1", inventory, labels: {} });
     await registry.join({ joinToken: TOKEN, name: "away", address: "10.0.0.2", inventory, labels: {} });
+    await registry.join({ joinToken: TOKEN, name: "gone", address: "10.0.0.3", inventory, labels: {} });
+    assert.throws(
+      () => registry.endDrain(registry.byName("here")),
+      refusedWith("node_not_draining", /^Node 'here' is not draining \(it is ready\); there is nothing to undrain\.$/),
+    );
+    assert.equal(registry.byName("here").state, "ready");
     registry.setState(registry.byName("here"), "draining");
     registry.setState(registry.byName("away"), "draining");
     now += 20_000;
     registry.heartbeat(registry.byName("here"), { address: "10.0.0.1", inventory, labels: {} });
     assert.deepEqual(
       registry.expire(15_000).map((n) => n.name),
-      ["away"],
+      ["away", "gone"],
+    );
+    assert.throws(
+      () => registry.endDrain(registry.byName("gone")),
+      refusedWith("node_not_draining", /^Node 'gone' is not draining \(it is lost\); there is nothing to undrain\.$/),
     );
 
     registry.endDrain(registry.byName("here"));
     assert.equal(registry.byName("here").state, "ready");
+    assert.throws(() => registry.endDrain(registry.byName("here")), refusedWith("node_not_draining"), "a second undrain finds no drain");
     const away = registry.byName("away");
     registry.endDrain(away);
     assert.equal(away.state, "lost", "still lost until its agent is back");

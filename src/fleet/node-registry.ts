@@ -211,9 +211,13 @@ export class NodeRegistry {
 
   /**
    * Ends an operator's drain (`ctl node undrain`): a draining node is ready again, and a lost
-   * one that was draining comes back ready. A node that was not draining stays as it is.
+   * one that was draining comes back ready. A node that was not draining is refused, so that
+   * nothing claims (or audits) a drain that was never there.
    */
   endDrain(node: FleetNode): void {
+    if (!node.draining) {
+      throw new ConflictError(`Node '${node.name}' is not draining (it is ${node.state}); there is nothing to undrain.`, { code: "node_not_draining" });
+    }
     node.draining = false;
     if (node.state === "draining") node.state = "ready";
     this.heartbeatDirty.add(node.id);

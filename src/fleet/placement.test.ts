@@ -4,7 +4,7 @@ import { profileSchema } from "../catalog/model-schema.ts";
 import type { GgufModelShape } from "../gguf/memory-estimate.ts";
 import type { EngineName, NodeState, PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
 import { normalizeGpuClass } from "./gpu-class.ts";
-import { NO_NODES_EXPLANATION, placeReplicas } from "./placement.ts";
+import { NO_NODES_EXPLANATION, placeReplicas, waitsForRoom } from "./placement.ts";
 import { replicaNeeds } from "./replica-needs.ts";
 import { LLAMA3_8B } from "../../test/support/model-shapes.ts";
 
@@ -110,6 +110,35 @@ describe("CPU replicas", () => {
     assert.deepEqual(explanationOf(result, "cores"), ["a: 2 of 4 cores free, needs 3"]);
   });
 
+  test("a node short even when empty says what it has in all; only room its replicas use says free, and only that waits", () => {
+    // A 2-core, 4 GiB node (2 GiB after the reserve), as a small machine reports itself.
+    const small = node("a", { cores: 2, memoryGiB: 4 });
+    const impossible = placeReplicas({ nodes: [small], requests: [request("cores", cpu(1, 4)), request("mem", cpu(8, 1))] });
+    assert.deepEqual(explanationOf(impossible, "cores"), ["a: has 2 cores in all, needs 4"]);
+    assert.deepEqual(explanationOf(impossible, "mem"), ["a: has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 8.0 GiB"]);
+    assert.equal(waitsForRoom(explanationOf(impossible, "cores")), false, "no replica stopping gives the node more cores");
+    assert.equal(waitsForRoom(explanationOf(impossible, "mem")), false, "no replica stopping gives the node more memory");
+
+    // The same node with its cores taken: a stop there makes room.
+    const busy = placeReplicas({ nodes: [node("a", { cores: 2, memoryGiB: 4, used: { memoryGiB: 0.5, cores: 2 } })], requests: [request("m", cpu(1, 2))] });
+    assert.deepEqual(explanationOf(busy, "m"), ["a: 0 of 2 cores free, needs 2"]);
+    assert.equal(waitsForRoom(explanationOf(busy, "m")), true);
+
+    // Memory taken, but too few cores in all: what no wait cures comes first.
+    const both = placeReplicas({ nodes: [node("a", { cores: 2, memoryGiB: 16, used: { memoryGiB: 13 } })], requests: [request("m", cpu(4, 4))] });
+    assert.deepEqual(explanationOf(both, "m"), ["a: has 2 cores in all, needs 4"]);
+    assert.equal(waitsForRoom(explanationOf(both, "m")), false);
+
+    // One node that could free room is enough to wait for; a node named like the word is not.
+    const fleet = placeReplicas({
+      nodes: [node("free", { cores: 2, memoryGiB: 4 }), node("b", { cores: 8, used: { cores: 6 } })],
+      requests: [request("m", cpu(1, 4))],
+    });
+    assert.deepEqual(explanationOf(fleet, "m"), ["b: 2 of 8 cores free, needs 4", "free: has 2 cores in all, needs 4"]);
+    assert.equal(waitsForRoom(explanationOf(fleet, "m")), true);
+    assert.equal(waitsForRoom(["free: has 2 cores in all, needs 4"]), false);
+  });
+
   test("fractional cores: small replicas share a node's cores while their sum stays within them, and explanations print the fractions", () => {
     // A 2-core node, as `up` reports on a small machine, already running a quarter-core replica.
     const nodes = [node("small", { memoryGiB: 16, cores: 2, used: { memoryGiB: 0.1, cores: 0.25 } })];
@@ -185,7 +214,7 @@ describe("options in order of preference", () => {
     ];
     const result = placeReplicas({ nodes: small, requests: [request("m1", options)] });
     assert.deepEqual(explanationOf(result, "m1"), [
-      "a: gpu: no H100 GPU (has no GPUs); cpu: 14.0 GiB free, needs 20.0 GiB",
+      "a: gpu: no H100 GPU (has no GPUs); cpu: has 14.0 GiB in all (16.0 GiB less 2.0 GiB kept for the system), needs 20.0 GiB",
       "b: gpu: no H100 GPU (has 2× A100); cpu: no llama.cpp engine",
     ]);
   });
@@ -322,7 +351,17 @@ describe("GPU replicas", () => {
     // 4 GiB less the 2 GiB reserve leaves 2 GiB; ask for 3.
     const hungry = placeReplicas({ nodes: [twoH100("a", { memoryGiB: 4 })], requests: [request("m2", { ...gpu("H100", 40), memoryBytes: 3 * GiB })] });
     assert.deepEqual(where(result), { m1: "a" });
-    assert.deepEqual(explanationOf(hungry, "m2"), ["a: 2.0 GiB free, needs 3.0 GiB"]);
+    assert.deepEqual(explanationOf(hungry, "m2"), ["a: has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 3.0 GiB"]);
+  });
+
+  test("GPUs taken on a node whose host memory is short even when empty: the memory is named, not the GPUs", () => {
+    const nodes = [twoH100("a", { memoryGiB: 4, used: { gpus: [0, 1] } })];
+    const result = placeReplicas({ nodes, requests: [request("m", { ...gpu("H100", 40), memoryBytes: 3 * GiB })] });
+    assert.deepEqual(explanationOf(result, "m"), ["a: has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 3.0 GiB"]);
+    assert.equal(waitsForRoom(explanationOf(result, "m")), false);
+    const busy = placeReplicas({ nodes: [twoH100("a", { used: { gpus: [0, 1] } })], requests: [request("m", gpu("H100", 40))] });
+    assert.deepEqual(explanationOf(busy, "m"), ["a: 0 of 2 H100 GPUs free, needs 1"]);
+    assert.equal(waitsForRoom(explanationOf(busy, "m")), true);
   });
 
   test("pipeline parallel takes distinct nodes, the head first, preferring those with the weights", () => {
@@ -360,15 +399,19 @@ describe("engines and node states", () => {
       "server: no RTX4090 GPU (has no GPUs)",
       "vllm-only: no llama-server engine (the bundled llama.cpp runs on the CPU only)",
     ]);
-    assert.deepEqual(explanationOf(result, "vllm-cpu"), ["bundled: no vllm engine", "server: no vllm engine", "vllm-only: 57.6 GiB free, needs 70.0 GiB"]);
+    assert.deepEqual(explanationOf(result, "vllm-cpu"), [
+      "bundled: no vllm engine",
+      "server: no vllm engine",
+      "vllm-only: has 57.6 GiB in all (64.0 GiB less 6.4 GiB kept for the system), needs 70.0 GiB",
+    ]);
   });
 
   test("lost and draining nodes take nothing and are named; lines are sorted by node name", () => {
     const nodes = [node("c"), node("b", { state: "draining", memoryGiB: 512 }), node("a", { state: "lost", memoryGiB: 512 })];
-    const result = placeReplicas({ nodes, requests: [request("small", cpu(4)), request("large", cpu(20))] });
+    const result = placeReplicas({ nodes, requests: [request("small", cpu(4)), request("large", cpu(12))] });
     assert.deepEqual(where(result), { small: "c" });
     // c: 14 GiB free less the 4 GiB the first request took.
-    assert.deepEqual(explanationOf(result, "large"), ["a: lost", "b: draining", "c: 10.0 GiB free, needs 20.0 GiB"]);
+    assert.deepEqual(explanationOf(result, "large"), ["a: lost", "b: draining", "c: 10.0 GiB free, needs 12.0 GiB"]);
   });
 
   test("with no nodes at all, one line says how to start one", () => {

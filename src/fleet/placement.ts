@@ -26,8 +26,12 @@
 //   then the best fit (least free memory left; for GPUs the fewest free GPUs of the class
 //   left, then the least memory), then the node's name. GPUs within a node: the smallest
 //   that fit, then the lowest index.
-// - An explanation gives each node's first shortfall per option, in the order engine, GPU
-//   class, GPU count, GPU memory, free GPUs, memory, cores.
+// - An explanation gives each node's first shortfall per option: first what the node lacks
+//   even when empty (engine, GPU class, GPU count, GPU memory, memory in all after its
+//   reserve, cores in all), then what others use now (free GPUs, free memory, free cores).
+//   Only the second kind says "free, needs" (ROOM_TAKEN): room that can free, which
+//   `waitsForRoom` finds, so a serve job waits for it rather than failing, and never waits
+//   for room no node has.
 //
 // Cost: one scan of the nodes per option tried, comparing numbers precomputed per node (free
 // memory, cores, engines as bits, GPUs with their offers) and looking the request's model
@@ -47,6 +51,20 @@ export interface PlacementInput {
   requests: PlacementRequest[];
 }
 
+/**
+ * What every explanation line of a shortfall that room freeing cures contains, and no other
+ * line does (node and profile names hold no spaces or commas).
+ */
+export const ROOM_TAKEN = " free, needs ";
+
+/**
+ * Whether some node of an explanation has what the replica needs but others use it now:
+ * the replica fits once a replica there stops, so it is worth waiting for.
+ */
+export function waitsForRoom(explanation: readonly string[]): boolean {
+  return explanation.some((line) => line.includes(ROOM_TAKEN));
+}
+
 export const NO_NODES_EXPLANATION = "no nodes have joined; start one with 'llmgw agent --server URL --join-token TOKEN'";
 
 interface WorkGpu {
@@ -63,6 +81,8 @@ interface WorkGpu {
 interface WorkNode {
   node: PlacementNode;
   ready: boolean;
+  /** The node's memory less the reserve: what its replicas may use when it runs none. */
+  memoryForReplicas: number;
   freeMemory: number;
   freeCores: number;
   /** Sorted by memory, then index, so the first that fit are the smallest. */
@@ -176,10 +196,12 @@ function workNode(node: PlacementNode): WorkNode {
     .sort((a, b) => a.memoryBytes - b.memoryBytes || a.index - b.index);
   let engines = 0;
   for (const e of inventory.engines) engines |= ENGINE_BITS[e.engine] ?? 0;
+  const memoryForReplicas = inventory.memoryBytes - cpuReserveBytes(inventory.memoryBytes);
   return {
     node,
     ready: node.state === "ready",
-    freeMemory: inventory.memoryBytes - cpuReserveBytes(inventory.memoryBytes) - used.memoryBytes,
+    memoryForReplicas,
+    freeMemory: memoryForReplicas - used.memoryBytes,
     freeCores: inventory.cores - used.cores,
     gpus,
     order: 0,
@@ -339,11 +361,11 @@ function shortfall(node: WorkNode, text: OptionText): string {
     if (needs.engine === "vllm") return "no vllm engine";
     return gpu === undefined ? "no llama.cpp engine" : "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
   }
+  // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
+  let big = 0;
+  let bigFree = 0;
   if (gpu !== undefined) {
-    // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
     let ofClass = 0;
-    let big = 0;
-    let bigFree = 0;
     let smallest: WorkGpu | null = null;
     let largest: WorkGpu | null = null;
     for (const g of node.gpus) {
@@ -373,11 +395,18 @@ function shortfall(node: WorkNode, text: OptionText): string {
       return `${offer} ${basis}, needs ${text.perGpu} per GPU`;
     }
     if (big < gpu.perNode) return `only ${big} of ${ofClass} ${gpuClass} GPUs ${big === 1 ? "offers" : "offer"} ${text.perGpu}, needs ${gpu.perNode}`;
-    if (bigFree < gpu.perNode) return `${bigFree} of ${big} ${gpuClass} ${big === 1 ? "GPU" : "GPUs"} free, needs ${gpu.perNode}`;
   }
-  if (node.freeMemory < needs.memoryBytes) return `${freeMemoryText(node)} free, needs ${text.memory}`;
-  if (node.freeCores < needs.cores)
-    return `${formatCores(Math.max(0, node.freeCores))} of ${node.node.inventory.cores} cores free, needs ${formatCores(needs.cores)}`;
+  // What the node lacks even with no replicas on it: no wait can cure that, so no "free".
+  const { memoryBytes, cores } = node.node.inventory;
+  if (node.memoryForReplicas < needs.memoryBytes) {
+    const reserve = formatBytes(memoryBytes - node.memoryForReplicas);
+    return `has ${formatBytes(Math.max(0, node.memoryForReplicas))} in all (${formatBytes(memoryBytes)} less ${reserve} kept for the system), needs ${text.memory}`;
+  }
+  if (cores < needs.cores) return `has ${countOf(cores, "core")} in all, needs ${formatCores(needs.cores)}`;
+  // The node has it all, but its replicas use some: room frees when one stops.
+  if (gpu !== undefined && bigFree < gpu.perNode) return `${bigFree} of ${big} ${gpuClass} ${big === 1 ? "GPU" : "GPUs"}${ROOM_TAKEN}${gpu.perNode}`;
+  if (node.freeMemory < needs.memoryBytes) return `${freeMemoryText(node)}${ROOM_TAKEN}${text.memory}`;
+  if (node.freeCores < needs.cores) return `${formatCores(Math.max(0, node.freeCores))} of ${cores} cores${ROOM_TAKEN}${formatCores(needs.cores)}`;
   // The node has room; only a replica spanning several nodes gets here, short of nodes.
   const nodes = gpu?.nodes ?? 1;
   return `has room, but the replica spans ${nodes} nodes and ${text.fittingNodes === 1 ? "only this one has" : `only ${text.fittingNodes} have`} room`;

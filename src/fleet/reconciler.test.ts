@@ -201,7 +201,7 @@ test("a successor that would not fit even in the old replica's room leaves the o
     }),
   );
   assert.deepEqual(decision.stop, [], "a bad edit does not take the working replica down");
-  assert.deepEqual(decision.unplaceable.get(changed.id), ["x: 2.0 GiB free, needs 7.0 GiB"]);
+  assert.deepEqual(decision.unplaceable.get(changed.id), ["x: has 6.0 GiB in all (8.0 GiB less 2.0 GiB kept for the system), needs 7.0 GiB"]);
 });
 
 test("a replica being stopped holds its room until its node confirms; on a lost node it is forgotten", () => {
@@ -267,5 +267,5 @@ test("scaling down stops the replicas that do not serve first; a parked model ge
 test("a model no node can take says what each node lacks", () => {
   const m = model("a", { min: 1, max: 1 });
   const decision = reconcile(input({ models: [m], nodes: [node("small", 4), node("gone", 64, "lost")] }));
-  assert.deepEqual(decision.unplaceable.get(m.id), ["gone: lost", "small: 2.0 GiB free, needs 4.0 GiB"]);
+  assert.deepEqual(decision.unplaceable.get(m.id), ["gone: lost", "small: has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 4.0 GiB"]);
 });

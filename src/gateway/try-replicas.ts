@@ -147,12 +147,17 @@ export async function tryReplicas<T>(deps: ReplicaDependencies, request: Replica
         upstream.body.resume();
         upstream.body.on("error", ignore);
         lease.release();
-        deps.logger?.warn({ model: model.name, replica: replica.id, status }, "replica did not answer; trying another");
-        lastFailure = refusedUs
-          ? authRefused(replicaLabel(model, replica), status)
-          : new UpstreamError(`Replica ${replicaLabel(model, replica)} answered HTTP ${status}.`, { code: "upstream_error", retryable: true });
+        deps.logger?.warn(
+          { model: model.name, replica: replica.id, status },
+          mayRetry ? "replica did not answer; trying another" : "replica refused llmgw's credentials",
+        );
+        // A retried 408/409/429/5xx is not kept as the request's failure: when no other replica
+        // turns up after all, the model's own state (its health, or its removal) says more
+        // than one replica's busy answer. A refusal of our credentials is kept: it names the
+        // profile whose key is wrong.
+        if (refusedUs) lastFailure = authRefused(replicaLabel(model, replica), status);
         if (mayRetry) continue;
-        throw lastFailure;
+        throw lastFailure ?? authRefused(replicaLabel(model, replica), status);
       }
       let answered: T | FailedBeforeAnswer;
       try {

@@ -23,8 +23,12 @@ export const FINAL_STATES: ReadonlySet<JobState> = new Set(["done", "failed", "c
  * itself later). What `ctl` follows a job to: a wait for room may take hours.
  */
 export const FINISHED_STATES: ReadonlySet<JobState> = new Set([...FINAL_STATES, "waiting"]);
-/** Jobs the leader's runner owns: it runs the first two and watches the waiting ones. */
-const UNFINISHED_STATES: JobState[] = ["queued", "running", "waiting"];
+/**
+ * Jobs the leader's runner owns: it runs the queued and running ones and watches the
+ * waiting ones. Before waiting jobs went on by themselves, `waiting` was a final state and
+ * such rows have a finished_at: those ended then, and are never picked up again.
+ */
+const RUN_STATES: JobState[] = ["queued", "running"];
 
 /** How far a step that moves bytes (the mirror) has come. */
 export interface StepProgress {
@@ -119,11 +123,16 @@ export class JobRows {
 
   /** Jobs a stopped server (or the last leader) left queued, running or waiting for room. */
   async unfinished(): Promise<JobRecord[]> {
-    const rows = await this.store.db.selectFrom("jobs").selectAll().where("state", "in", UNFINISHED_STATES).orderBy("created_at").execute();
+    const rows = await this.store.db
+      .selectFrom("jobs")
+      .selectAll()
+      .where((eb) => eb.or([eb("state", "in", RUN_STATES), eb.and([eb("state", "=", "waiting"), eb("finished_at", "is", null)])]))
+      .orderBy("created_at")
+      .execute();
     return rows.map(fromRow);
   }
 
-  /** Deletes finished jobs beyond the newest `keep`. */
+  /** Deletes finished jobs beyond the newest `keep`; a job without a finished_at (a waiting one included) is never deleted. */
   async prune(keep = KEPT_FINISHED_JOBS): Promise<number> {
     const kept = await this.store.db
       .selectFrom("jobs")
@@ -134,7 +143,7 @@ export class JobRows {
       .limit(1)
       .executeTakeFirst();
     if (kept?.finished_at == null) return 0;
-    const result = await this.store.db.deleteFrom("jobs").where("finished_at", "<", kept.finished_at).executeTakeFirst();
+    const result = await this.store.db.deleteFrom("jobs").where("finished_at", "is not", null).where("finished_at", "<", kept.finished_at).executeTakeFirst();
     return Number(result.numDeletedRows);
   }
 }

@@ -13,6 +13,7 @@ import { estimateGgufMemory } from "../gguf/memory-estimate.ts";
 import type { Mirror, MirrorFetchFile } from "../mirror/mirror.ts";
 import type { Registry } from "../registry/types.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
+import { waitsForRoom } from "../fleet/placement.ts";
 import type { StepHandle } from "./jobs.ts";
 import type { OriginFile, WeightsFormat } from "./serve-definition.ts";
 import type { SmokeTarget } from "./smoke-test.ts";
@@ -182,7 +183,8 @@ export type ReplicaWait =
 /**
  * Waits for a ready replica of the model's current definition. Throws when the model
  * parks (with why), when no node could ever take it (with the placement explanation), or
- * at the deadline; resolves `busy` when nodes have the hardware but it is taken.
+ * at the deadline; resolves `busy` when a node has the hardware but others use it now
+ * (fleet/placement.ts `waitsForRoom`): then the model waits for room rather than failing.
  */
 export async function waitForReplica(input: {
   fleet: JobFleet;
@@ -211,7 +213,7 @@ export async function waitForReplica(input: {
       });
     if (status.weightsProblem !== null) throw new UpstreamError(status.weightsProblem, { code: "weights_unreadable" });
     if (status.unplaceable !== null && status.unplaceable.length > 0) {
-      if (hardwareIsBusy(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
+      if (waitsForRoom(status.unplaceable)) return { kind: "busy", explanation: status.unplaceable };
       throw new UpstreamError(`No node can run '${model.name}': ${status.unplaceable.join("; ")}.`, { code: "model_unplaceable" });
     }
     const line =
@@ -230,14 +232,4 @@ export async function waitForReplica(input: {
     }
     await new Promise((resolve) => setTimeout(resolve, input.pollMs ?? 250));
   }
-}
-
-/**
- * Whether some node has the hardware the replica needs but others use it now: the
- * placement explanation (fleet/placement.ts `shortfall`) says "free" exactly when a node
- * has the GPUs, memory or cores in total but not free. Then the model waits for room
- * rather than failing: it starts when a replica elsewhere stops.
- */
-export function hardwareIsBusy(explanation: readonly string[]): boolean {
-  return explanation.some((line) => /\bfree\b/.test(line));
 }

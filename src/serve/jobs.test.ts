@@ -7,7 +7,7 @@ import { silentLogger } from "../core/log.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
-import { JobRows } from "./job-rows.ts";
+import { JobRows, type JobRecord } from "./job-rows.ts";
 import { JobRunner, MAX_RESUMES, type JobHandler } from "./jobs.ts";
 
 /** A handler whose second step waits on a gate (or the job's signal), counting how often each step body runs. */
@@ -208,3 +208,62 @@ testBothStores(
     await jobs.close();
   },
 );
+
+/** A serve job's row as a test leaves it: one step, in `state`, finished at `finishedAt`. */
+function jobRow(id: string, state: JobRecord["state"], finishedAt: string | null, createdAt = "2026-11-30T10:00:00.000Z"): JobRecord {
+  return {
+    id,
+    kind: "serve",
+    state,
+    request: { name: id },
+    model: id,
+    steps: [{ name: "place", state: state === "waiting" ? "waiting" : "done", detail: null, started_at: createdAt, finished_at: finishedAt }],
+    context: {},
+    error: null,
+    result: null,
+    resumed: 0,
+    created_by: "admin:root",
+    created_at: createdAt,
+    updated_at: createdAt,
+    finished_at: finishedAt,
+  };
+}
+
+testBothStores("a `waiting` row the previous version finished is not picked up again, cancelled or pruned as waiting", async (store) => {
+  const rows = new JobRows(store);
+  // Before waiting jobs went on by themselves, `waiting` was a final state with a finished_at.
+  await rows.insert(jobRow("job-old", "waiting", "2026-11-30T10:05:00.000Z"));
+  await rows.insert(jobRow("job-new", "waiting", null));
+  const asked: string[] = [];
+  let undone = 0;
+  const handler: JobHandler = {
+    steps: () => ["place"],
+    run: async () => "waiting",
+    readyToContinue: (record) => {
+      asked.push(record.id);
+      return false;
+    },
+    undo: async () => {
+      undone += 1;
+    },
+  };
+  assert.deepEqual(
+    (await rows.unfinished()).map((job) => job.id),
+    ["job-new"],
+  );
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  await jobs.recover();
+  await jobs.start();
+  await eventually("the current waiting job to be looked at twice", () => asked.filter((id) => id === "job-new").length >= 2);
+  assert.ok(!asked.includes("job-old"), "the old row is not watched");
+  assert.equal(await jobs.unfinishedFor("job-old"), undefined, "nor does it hold its model's name");
+  await assert.rejects(jobs.cancel("job-old"), (e: unknown) => (e as { code?: string }).code === "job_finished");
+  assert.equal(undone, 0, "cancelling it would remove a model that may have been served since");
+  assert.equal((await jobs.get("job-old")).state, "waiting");
+  await jobs.close();
+
+  // Pruning keeps the newest finished jobs; a waiting job (no finished_at) is never among those deleted.
+  for (let i = 0; i < 3; i += 1) await rows.insert(jobRow(`job-done-${i}`, "done", `2026-11-30T11:0${i}:00.000Z`));
+  assert.equal(await rows.prune(1), 3, "the two older done jobs and the old waiting row");
+  assert.deepEqual((await rows.list()).map((job) => job.id).sort(), ["job-done-2", "job-new"]);
+});

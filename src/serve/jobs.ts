@@ -359,7 +359,10 @@ export class JobRunner {
   async cancel(id: string): Promise<JobView> {
     const record = await this.rows.get(id);
     if (record === null) throw jobNotFound(id);
-    if (FINAL_STATES.has(record.state)) {
+    // A finished_at with another state: a `waiting` row from before waiting jobs went on
+    // by themselves, which ended then (job-rows.ts); undoing it now would remove a model
+    // that may have been served since.
+    if (FINAL_STATES.has(record.state) || record.finished_at !== null) {
       throw new ConflictError(`Job ${id} already finished (${record.state}); there is nothing to cancel.`, { code: "job_finished" });
     }
     const run = this.running.get(id);
@@ -531,10 +534,13 @@ export class JobRunner {
     await this.finish(record, "cancelled", "The job was cancelled.");
   }
 
-  /** Steps that never ran: skipped after a failure, cancelled after a cancel. */
+  /**
+   * Steps that never ended: skipped after a failure, cancelled after a cancel. A step
+   * waiting for room is one of them, like a running one: it is where the job stopped.
+   */
   private markRemaining(record: JobRecord, state: "skipped" | "cancelled"): void {
     for (const step of record.steps) {
-      if (step.state === "pending" || step.state === "running")
+      if (step.state === "pending" || step.state === "running" || step.state === "waiting")
         Object.assign(step, { state, finished_at: step.started_at === null ? null : nowIso(this.clock) });
     }
   }

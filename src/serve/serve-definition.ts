@@ -123,6 +123,21 @@ export function servedDescription(origin: { repo: string; revision: string; file
   return `Served from ${origin.repo} at ${origin.revision.slice(0, 12)} (${formatBytes(bytes)}).`;
 }
 
+/**
+ * Whether a description is one `servedDescription` wrote for this repository, at any
+ * revision. An update compares with this rather than with the description of the origin
+ * it replaces: a model an older llmgw updated kept the description of its first revision
+ * while its origin moved on, and an exact match would leave that stale text for ever.
+ */
+export function isServedDescription(description: string | undefined, repo: string): boolean {
+  if (description === undefined) return false;
+  const prefix = `Served from ${repo} at `;
+  if (!description.startsWith(prefix)) return false;
+  // The rest is what servedDescription writes after the repository: a revision of at most
+  // twelve characters and the size as formatBytes prints it.
+  return /^[^\s()]{1,12} \(\d+(?:\.\d)? (?:B|KiB|MiB|GiB)\)\.$/.test(description.slice(prefix.length));
+}
+
 /** The body `Catalog.create` takes for a served repository. */
 export function serveModelBody(input: {
   request: ServeRequest & { name: string };

@@ -10,6 +10,8 @@ import { silentLogger } from "../core/log.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
+import { placeReplicas } from "../fleet/placement.ts";
+import { currentStep } from "../cli/ctl-job.ts";
 import { JobRows, type JobRecord } from "./job-rows.ts";
 import type { JobFleet, JobReplica } from "./job-steps.ts";
 import { JobRunner } from "./jobs.ts";
@@ -191,6 +193,13 @@ testBothStores("a waiting serve job can be cancelled: the model it added is remo
   assert.equal(fleet.asked, 2);
   const cancelled = await jobs.cancel("job-cancel");
   assert.equal(cancelled.state, "cancelled");
+  // Where it stopped: its placement step is cancelled, not left waiting, and ctl's STEP names it.
+  assert.deepEqual(
+    cancelled.steps.map((step) => [step.name, step.state]),
+    [...SERVE_STEPS.slice(0, 4).map((name) => [name, "done"]), ["placement", "cancelled"], ["smoke_test", "cancelled"]],
+  );
+  assert.ok(cancelled.steps.find((step) => step.name === "placement")?.finished_at, "the placement step it waited at ended with the job");
+  assert.equal(currentStep(cancelled)?.name, "placement");
   assert.deepEqual(removed, ["small"]);
   assert.equal(fleet.asked, 1, "the cancelled job's on-demand request ends with it");
   fleet.room = true;
@@ -198,5 +207,71 @@ testBothStores("a waiting serve job can be cancelled: the model it added is remo
   assert.equal((await jobs.get("job-cancel")).state, "cancelled");
   assert.deepEqual(smokeTests, ["r-1"], "only the job that was not cancelled ran its smoke test");
   assert.equal(fleet.asked, 0);
+  await jobs.close();
+});
+
+testBothStores("a serve job asking for more cores than any node has fails with the placement explanation rather than waiting for ever", async (store) => {
+  await new JobRows(store).insert(afterCatalog("job-too-big"));
+  // The real placement's words for a 2-core, 4 GiB node and a replica that wants 4 cores.
+  const { unplaceable } = placeReplicas({
+    nodes: [
+      {
+        id: "n-local",
+        name: "local",
+        state: "ready",
+        inventory: { cores: 2, memoryBytes: 4 * 1024 ** 3, gpus: [], engines: [{ engine: "llamacpp", version: "test" }] },
+        labels: {},
+        used: { memoryBytes: 0, cores: 0, gpus: [] },
+        models: new Set(),
+        cachedWeights: new Set(),
+      },
+    ],
+    requests: [
+      {
+        key: "r",
+        modelId: "model-1",
+        modelName: "small",
+        options: [{ profile: "cpu", needs: { engine: "llamacpp", memoryBytes: 1024 ** 3, cores: 4 } }],
+        weightsKey: null,
+      },
+    ],
+  });
+  const explanation = unplaceable[0]!.explanation;
+  assert.deepEqual(explanation, ["local: has 2 cores in all, needs 4"]);
+  const fleet = new BusyFleet();
+  fleet.status = () => ({ parked: null, unplaceable: explanation, weightsProblem: null });
+  const deps = dependencies({ fleet: () => fleet, served: model(1), smokeTests: [] });
+  const handler = serveJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  await jobs.start();
+  const failed = await eventually("the job to end", async () => {
+    const job = await jobs.get("job-too-big");
+    return job.state === "failed" || job.state === "waiting" ? job : undefined;
+  });
+  assert.equal(failed.state, "failed", "no room can ever free for it");
+  assert.match(failed.error ?? "", /^No node can run 'small': local: has 2 cores in all, needs 4\./);
+  assert.equal(stepOf(failed, "placement").state, "failed");
+  assert.equal(stepOf(failed, "smoke_test").state, "skipped");
+  await jobs.close();
+});
+
+testBothStores("a serve job whose model is removed while it waits fails at its placement step, saying so", async (store) => {
+  await new JobRows(store).insert(afterCatalog("job-removed"));
+  const fleet = new BusyFleet();
+  const deps = dependencies({ fleet: () => fleet, served: model(1), smokeTests: [] });
+  const handler = serveJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+  await jobs.start();
+  await eventually("the job to wait", async () => (await jobs.get("job-removed")).state === "waiting");
+  (deps.catalog as unknown as { list: () => CatalogModel[] }).list = () => [];
+  const failed = await eventually("the job to fail", async () => {
+    const job = await jobs.get("job-removed");
+    return job.state === "failed" ? job : undefined;
+  });
+  assert.match(failed.error ?? "", /^The model 'small' this job added was removed from the catalog while the job ran/);
+  assert.equal(stepOf(failed, "placement").state, "failed");
+  assert.equal(stepOf(failed, "placement").detail, failed.error);
+  assert.equal(stepOf(failed, "smoke_test").state, "skipped");
+  assert.equal(currentStep(failed)?.name, "placement");
   await jobs.close();
 });

@@ -25,8 +25,9 @@ import { isLocalSource } from "../registry/local-source.ts";
 import type { Registry } from "../registry/types.ts";
 import type { MirrorPlanner } from "../mirror/artifact-choice.ts";
 import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
+import { waitsForRoom } from "../fleet/placement.ts";
 import type { JobRecord } from "./job-rows.ts";
-import { checkMirrored, mirrorFiles, hardwareIsBusy, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
+import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import {
   chooseProfiles,
@@ -182,7 +183,16 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       });
 
       const model = deps.catalog.list().find((m) => m.id === context.createdModelId);
-      if (model === undefined) throw new Error(`The model '${request.name}' this job added is gone from the catalog; it was removed while the job ran.`);
+      if (model === undefined) {
+        // Removed while the job waited for room (or between its steps): the step the job is
+        // at fails with why, so the job names where it stopped.
+        const removed = new UpstreamError(
+          `The model '${request.name}' this job added was removed from the catalog while the job ran; serve it again if it is still wanted.`,
+          { code: "model_removed" },
+        );
+        await job.step(job.stepState("placement") === "done" ? "smoke_test" : "placement", () => Promise.reject(removed));
+        throw removed;
+      }
       try {
         return await placeAndTest({ job, deps, model, demand });
       } catch (error) {
@@ -205,7 +215,7 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
       const { unplaceable } = deps.fleet.status(model.id);
       // Room freed (the replica is placed, or about to be), or the model cannot wait any
       // more (parked, a weights problem, no node with the hardware left): the run says which.
-      return unplaceable === null || !hardwareIsBusy(unplaceable);
+      return unplaceable === null || !waitsForRoom(unplaceable);
     },
     async undo(job: RunningJob) {
       demand.release(job.id);

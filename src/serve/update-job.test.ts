@@ -14,7 +14,7 @@ import { JobRows, type JobRecord } from "./job-rows.ts";
 import { JobRunner } from "./jobs.ts";
 import type { JobDependencies } from "./serve-job.ts";
 import { UPDATE_STEPS, updateJobHandler } from "./update-job.ts";
-import { servedDescription } from "./serve-definition.ts";
+import { isServedDescription, servedDescription } from "./serve-definition.ts";
 
 const mirrorSource = (version: string) => ({ kind: "mirror" as const, model: "o--m", version, file: "m.gguf" });
 const file = { path: "m.gguf", sha256: "a".repeat(64), bytes: 10 };
@@ -236,4 +236,26 @@ testBothStores("a description someone wrote is kept through an update", async (s
   assert.equal(model.definition.description, "Our support bot.");
   assert.equal(model.definition.origin?.revision, "n".repeat(40));
   await jobs.close();
+});
+
+testBothStores("a served description that names an older revision than its origin follows the update", async (store) => {
+  // An older llmgw updated the model without rewriting its description: it still names the
+  // first revision served, while the origin names the one the model is on now.
+  await new JobRows(store).insert(checkedUpdate("job-stale"));
+  const { deps, model } = servedAtOldRevision(`Served from o/m at ${"f".repeat(12)} (4.6 GiB).`);
+  const handler = updateJobHandler(deps);
+  const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler } });
+  await jobs.start();
+  await eventually("the job done", async () => (await jobs.get("job-stale")).state === "done");
+  assert.equal(model.definition.description, `Served from o/m at ${"n".repeat(12)} (10 B).`);
+  await jobs.close();
+});
+
+test("only a description serving wrote for the model's repository counts as served", () => {
+  assert.equal(isServedDescription(`Served from o/m at ${"f".repeat(12)} (512 MiB).`, "o/m"), true);
+  assert.equal(isServedDescription("Served from o/m at abc (10 B).", "o/m"), true);
+  assert.equal(isServedDescription("Served from o/m at abc (10 B). Our support bot.", "o/m"), false);
+  assert.equal(isServedDescription("Served from other/m at abc (10 B).", "o/m"), false);
+  assert.equal(isServedDescription("Our support bot.", "o/m"), false);
+  assert.equal(isServedDescription(undefined, "o/m"), false);
 });

@@ -21,7 +21,7 @@ import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
 import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type PlannedFetch } from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import { DEFAULT_REPLICA_TIMEOUT_MS, type JobDependencies } from "./serve-job.ts";
-import { contextSettings, servedDescription, type OriginFile } from "./serve-definition.ts";
+import { contextSettings, isServedDescription, servedDescription, type OriginFile } from "./serve-definition.ts";
 
 export const UPDATE_STEPS = ["registry", "mirror", "check", "catalog", "rollout", "smoke_test", "retire"] as const;
 
@@ -227,7 +227,7 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
               previous: { revision: before.origin.revision, files: before.origin.files, source: before.source },
             };
             // The description serving wrote names the revision: it follows, unless someone rewrote it.
-            const description = current.definition.description === servedDescription(before.origin) ? { description: servedDescription(newOrigin) } : {};
+            const description = isServedDescription(current.definition.description, before.origin.repo) ? { description: servedDescription(newOrigin) } : {};
             await deps.catalog.update(request.model, { source: context.newSource, origin: newOrigin, ...description }, job.actor);
             return `'${request.model}' now points at ${newRevision.slice(0, 12)}; its old replicas keep serving until a new one passes the smoke test`;
           });
@@ -361,7 +361,7 @@ async function revert(job: RunningJob, catalog: Catalog, context: UpdateContext)
   if (before === undefined || current === undefined) return current?.definition.origin?.revision.slice(0, 12) ?? "its earlier revision";
   if (JSON.stringify(current.definition.source) === JSON.stringify(context.newSource)) {
     const { origin, description } = current.definition;
-    const revertDescription = origin !== undefined && description === servedDescription(origin) ? { description: servedDescription(before.origin) } : {};
+    const revertDescription = origin !== undefined && isServedDescription(description, origin.repo) ? { description: servedDescription(before.origin) } : {};
     await catalog.update(name, { source: before.source, origin: before.origin, ...revertDescription }, job.actor);
   }
   return before.origin.revision.slice(0, 12);

@@ -11,7 +11,7 @@ test("a missing tool is named, with the command that installs it", () => {
   const empty = mkdtempSync(path.join(tmpdir(), "llmgw-tools-"));
   try {
     assert.throws(
-      () => findTool(HAPROXY, { PATH: empty }),
+      () => findTool(HAPROXY, { PATH: empty }, []),
       (error: Error) => {
         assert.match(error.message, /^HAProxy is not installed \(looked for haproxy on PATH\)/);
         assert.match(error.message, /apt-get install -y haproxy/);
@@ -37,6 +37,8 @@ test("a tool is found on PATH, and an environment variable naming it wins", () =
     writeFileSync(notExecutable, "");
     const tool: OutsideTool = { name: "Fake", candidates: ["fake-tool"], debianPackage: "fake", envVariable: "FAKE_PATH" };
     assert.equal(findTool(tool, { PATH: `/nonexistent:${dir}` }), onPath);
+    // Not on PATH, but in a system folder (Debian's /usr/sbin for haproxy): found there.
+    assert.equal(findTool(tool, { PATH: "/nonexistent" }, [dir]), onPath);
     assert.equal(findTool(tool, { PATH: dir, FAKE_PATH: named }), named);
     // A file that cannot be run is not the tool.
     const plain: OutsideTool = { name: "Plain", candidates: [notExecutable], debianPackage: "plain", envVariable: "PLAIN_PATH" };

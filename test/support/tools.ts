@@ -34,16 +34,23 @@ function isExecutable(file: string): boolean {
   }
 }
 
-/** The executable's path, or an Error whose message says what is missing and how to install it. */
-export function findTool(tool: OutsideTool, env: NodeJS.ProcessEnv = process.env): string {
+/** Where Debian installs system programs (haproxy among them), which a user's PATH may lack. */
+const SYSTEM_DIRS = ["/usr/sbin", "/sbin"];
+
+/**
+ * The executable's path, or an Error whose message says what is missing and how to install
+ * it. Names are looked up on PATH, then in `systemDirs`.
+ */
+export function findTool(tool: OutsideTool, env: NodeJS.ProcessEnv = process.env, systemDirs: readonly string[] = SYSTEM_DIRS): string {
   const fromEnv = tool.envVariable === undefined ? undefined : env[tool.envVariable];
   const tried: string[] = [];
   const candidates = fromEnv !== undefined && fromEnv !== "" ? [fromEnv, ...tool.candidates] : tool.candidates;
-  const searchPath = (env.PATH ?? "").split(path.delimiter).filter((dir) => dir !== "");
+  const onPath = (env.PATH ?? "").split(path.delimiter).filter((dir) => dir !== "");
+  const searchPath = [...onPath, ...systemDirs.filter((dir) => !onPath.includes(dir))];
   for (const candidate of candidates) {
     const files = candidate.includes("/") ? [candidate] : searchPath.map((dir) => path.join(dir, candidate));
     for (const file of files) if (isExecutable(file)) return file;
-    tried.push(candidate.includes("/") ? candidate : `${candidate} on PATH`);
+    tried.push(candidate.includes("/") ? candidate : `${candidate} on PATH${systemDirs.length > 0 ? ` and in ${systemDirs.join(", ")}` : ""}`);
   }
   const orEnv = tool.envVariable === undefined ? "" : `, or set ${tool.envVariable} to its executable`;
   throw new Error(

@@ -214,6 +214,16 @@ function RequestFacts({ request }) {
     <dl class="facts">${entries.map(([key, value]) => html`<dt>${key}</dt><dd class="mono">${show(value)}</dd>`)}</dl>`;
 }
 
+/** What cancelling undoes (the handlers' undo, serve/serve-job.ts and serve/update-job.ts), said before the user confirms. */
+function cancelUndoes(job) {
+  const model = modelOf(job);
+  const kept = "Files already verified stay in the mirror.";
+  if (job.kind === "serve" && job.state === "waiting")
+    return `'${model ?? "?"}' is in the catalog, waiting for room: cancelling removes that model from the catalog. ${kept}`;
+  if (job.kind === "serve") return `The model this job added to the catalog, if it got that far, is removed. ${kept}`;
+  return `'${model ?? "?"}' returns to the revision it served, unless the new one already passed its smoke test. ${kept}`;
+}
+
 function CancelJob({ job, onDone }) {
   const [asking, setAsking] = useState(false);
   const cancel = useAction();
@@ -230,7 +240,7 @@ function CancelJob({ job, onDone }) {
     <${ConfirmDialog}
       open=${asking}
       title="Cancel the job?"
-      message=${`Cancel job ${job.id} (${describeSubject(job)})?`}
+      message=${`Cancel job ${job.id} (${describeSubject(job)})? ${cancelUndoes(job)}`}
       confirmLabel="Cancel job"
       onConfirm=${confirm}
       onCancel=${() => setAsking(false)}
