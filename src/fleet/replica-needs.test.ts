@@ -4,7 +4,7 @@ import { profileSchema } from "../catalog/model-schema.ts";
 import { LlmgwError } from "../core/errors.ts";
 import { estimateGgufMemory, llamaCppPerGpuBytes } from "../gguf/memory-estimate.ts";
 import { replicaNeeds } from "./replica-needs.ts";
-import { LLAMA3_8B } from "../../test/support/model-shapes.ts";
+import { LLAMA3_8B, SMOL_135M, TINY_LLAMA } from "../../test/support/model-shapes.ts";
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -39,34 +39,10 @@ test("a CPU replica's cores follow its memory: a core per 2 GiB in quarters, fro
   assert.equal(cores(40 * GiB, { cores: 1 }), 1);
   // From the estimate: the tiny model `up --demo` serves takes a quarter; a 135M model at Q4
   // (100 MB of weights) with the default 16k pool's KV cache takes a half; an 8B one a whole core.
-  const tiny = {
-    ...LLAMA3_8B,
-    embeddingLength: 64,
-    blockCount: 2,
-    headCount: 4,
-    headCountKv: 4,
-    keyLength: 16,
-    valueLength: 16,
-    feedForwardLength: 128,
-    vocabSize: 400,
-    tensorBytes: 200_000,
-  };
-  const smol = {
-    ...LLAMA3_8B,
-    embeddingLength: 576,
-    blockCount: 30,
-    headCount: 9,
-    headCountKv: 3,
-    keyLength: 64,
-    valueLength: 64,
-    feedForwardLength: 1536,
-    vocabSize: 49152,
-    tensorBytes: 100 * MiB,
-  };
   const fromHeader = (header: typeof LLAMA3_8B) => replicaNeeds({ profile: profile({ engine: "llamacpp" }), weightsBytes: header.tensorBytes, header }).cores;
-  assert.deepEqual([fromHeader(tiny), fromHeader(smol), fromHeader(LLAMA3_8B)], [0.25, 0.5, 1]);
+  assert.deepEqual([fromHeader(TINY_LLAMA), fromHeader(SMOL_135M), fromHeader(LLAMA3_8B)], [0.25, 0.5, 1]);
   // A 2-core node holds the demo and three such 100 MB models with room to spare.
-  assert.ok(fromHeader(tiny) + 3 * fromHeader(smol) <= 2);
+  assert.ok(fromHeader(TINY_LLAMA) + 3 * fromHeader(SMOL_135M) <= 2);
   // A GPU replica's host process keeps its whole core.
   assert.equal(replicaNeeds({ profile: profile({ engine: "llamacpp", hardware: { gpu: { class: "RTX4090" } } }), weightsBytes: 1e6 }).cores, 1);
 });

@@ -8,6 +8,7 @@ import { ggufArtifact, ggufQualityRank, safetensorsArtifact, ORIGINAL_WEIGHTS_RA
 import { localPool } from "./local-pool.ts";
 import { renderPlanTable } from "./render.ts";
 import type { GgufModelShape } from "../gguf/memory-estimate.ts";
+import { SMOL_135M, TINY_LLAMA } from "../../test/support/model-shapes.ts";
 import { readGgufHeader } from "../gguf/header.ts";
 import { checkArchitectureSupport } from "../gguf/llama-support.ts";
 import { llamaMetadata, llamaTensors, writeGgufFixture } from "../../test/support/gguf-fixture.ts";
@@ -208,33 +209,11 @@ describe("planModel", () => {
 
 describe("cores of a CPU replica", () => {
   // A tiny model (the size of `up --demo`'s), a 135M one with 100 MB of weights at Q4, and Llama-3-8B.
-  const TINY: GgufModelShape = {
-    ...LLAMA3_8B,
-    embeddingLength: 64,
-    blockCount: 2,
-    headCount: 4,
-    headCountKv: 4,
-    keyLength: 16,
-    valueLength: 16,
-    feedForwardLength: 128,
-    vocabSize: 400,
-  };
-  const SMOL: GgufModelShape = {
-    ...LLAMA3_8B,
-    embeddingLength: 576,
-    blockCount: 30,
-    headCount: 9,
-    headCountKv: 3,
-    keyLength: 64,
-    valueLength: 64,
-    feedForwardLength: 1536,
-    vocabSize: 49152,
-  };
   const at16k = (shape: GgufModelShape, quantisation: string, bytes: number) =>
     ggufArtifact({ header: { ...shape, tensorBytes: bytes, quantisation }, bytes, contextSize: 16384 });
 
   test("follow the replica's memory: a core per 2 GiB in quarters from 0.25 to 1, shown in the table with the rule", () => {
-    const artifacts = [at16k(TINY, "F16", 200_000), at16k(SMOL, "Q4_K_M", 100 * MiB), at16k(LLAMA3_8B, "Q4_K_M", 4_920_000_000)];
+    const artifacts = [at16k(TINY_LLAMA, "F16", 200_000), at16k(SMOL_135M, "Q4_K_M", 100 * MiB), at16k(LLAMA3_8B, "Q4_K_M", 4_920_000_000)];
     const plan = planModel({ artifacts, contextSize: 16384, pool: { nodes: [{ ...cpuNode("two-cores", 16), cores: 2 }] } });
     assert.deepEqual(
       plan.options

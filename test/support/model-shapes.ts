@@ -15,3 +15,31 @@ export const LLAMA3_8B: GgufModelShape = {
   vocabSize: 128256,
   tensorBytes: 4_920_734_720,
 };
+
+/** A llama the size of `up --demo`'s generated model: 2 layers of 64, a 400-token vocabulary, 200 kB of tensors. */
+export const TINY_LLAMA: GgufModelShape = {
+  ...LLAMA3_8B,
+  embeddingLength: 64,
+  blockCount: 2,
+  headCount: 4,
+  headCountKv: 4,
+  keyLength: 16,
+  valueLength: 16,
+  feedForwardLength: 128,
+  vocabSize: 400,
+  tensorBytes: 200_000,
+};
+
+/** A 135M model of SmolLM's shape (30 layers of 576, 3 KV heads) at Q4: 100 MiB of tensors. */
+export const SMOL_135M: GgufModelShape = {
+  ...LLAMA3_8B,
+  embeddingLength: 576,
+  blockCount: 30,
+  headCount: 9,
+  headCountKv: 3,
+  keyLength: 64,
+  valueLength: 64,
+  feedForwardLength: 1536,
+  vocabSize: 49152,
+  tensorBytes: 100 * 1024 * 1024,
+};
