@@ -11,8 +11,8 @@
 // reaches the other server is a latency, measured in bench/cluster/change-feed.ts.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -21,8 +21,8 @@ import OpenAI from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { eventually } from "./support/eventually.ts";
-import { findTool, HAPROXY } from "./support/tools.ts";
-import { createTestDatabase, listeningUrl, spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
+import { startBalancer as startTheBalancer, type Balancer } from "./support/balancer.ts";
+import { createTestDatabase, listeningUrl, spawnClusterAgent, spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO } from "./support/stand-in-repos.ts";
 import { postgresProblem } from "./support/stores.ts";
@@ -49,32 +49,12 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
   let hub: StandInHub;
   let adminKey = "";
   let modelFile = "";
-  let balancer: { child: ChildProcess; url: string } | undefined;
+  let balancer: Balancer | undefined;
 
   /** HAProxy with deploy/haproxy/haproxy.cfg, listening on a free port, in front of a and b. */
   const startBalancer = async () => {
-    const port = await findFreePort("127.0.0.1");
-    const example = readFileSync(fileURLToPath(new URL("../deploy/haproxy/haproxy.cfg", import.meta.url)), "utf8");
-    const config = example
-      .replace(/^ {4}bind :8700$/m, `    bind 127.0.0.1:${port}`)
-      .replace(/^ {4}server llmgw-a .*$/m, `    server llmgw-a ${new URL(urlOf("a")).host} check`)
-      .replace(/^ {4}server llmgw-b .*$/m, `    server llmgw-b ${new URL(urlOf("b")).host} check`);
-    assert.ok(config.includes(`bind 127.0.0.1:${port}`) && config.includes(new URL(urlOf("b")).host), "the example config has the lines this test replaces");
-    const file = path.join(root, "haproxy.cfg");
-    writeFileSync(file, config);
-    const child = spawn(findTool(HAPROXY), ["-f", file, "-db"], { stdio: ["ignore", "ignore", "pipe"] });
-    let errors = "";
-    child.stderr!.on("data", (chunk: Buffer) => (errors += chunk.toString()));
-    child.on("exit", (code) => {
-      if (code !== 0 && code !== null) errors += `\n(haproxy exited with ${code})`;
-    });
-    const url = `http://127.0.0.1:${port}`;
-    await eventually("HAProxy to answer", async () => {
-      if (child.exitCode !== null) throw new Error(`haproxy exited: ${errors}`);
-      return (await fetch(`${url}/healthz`)).status === 200;
-    });
-    balancer = { child, url };
-    return url;
+    balancer = await startTheBalancer(root, { a: urlOf("a"), b: urlOf("b") });
+    return balancer.url;
   };
 
   const startServer = async (name: string, extra: string[] = [], env: Record<string, string> = {}) => {
@@ -119,24 +99,12 @@ describe("two servers on one PostgreSQL", { timeout: 900_000 }, () => {
   const ctl = (name: string, args: string[]) =>
     run(process.execPath, [BIN, "ctl", "--server", urlOf(name), "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   const startAgent = (name: string, order: string[]) => {
-    const dir = path.join(root, `agent-${name}`);
-    mkdirSync(dir, { recursive: true });
-    const inventory = path.join(dir, "inventory.json");
-    writeFileSync(inventory, JSON.stringify({ cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] }));
-    const joinToken = readFileSync(path.join(servers.get("a")!.dir, "join.token"), "utf8").trim();
-    const agent = spawnLlmgw([
-      "agent",
-      "--server",
-      order.map(urlOf).join(","),
-      "--join-token",
-      joinToken,
-      "--name",
+    const agent = spawnClusterAgent({
       name,
-      "--data-dir",
-      dir,
-      "--inventory",
-      inventory,
-    ]);
+      dir: path.join(root, `agent-${name}`),
+      servers: order.map(urlOf),
+      joinTokenFile: path.join(servers.get("a")!.dir, "join.token"),
+    });
     processes.push(agent);
     return agent;
   };

@@ -29,6 +29,7 @@ import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts
 import { fakeCommitSha, startStandInHub, type StandInHub, type StandInRepo } from "./support/stand-in-hub.ts";
 import { buildStandInRepos, GGUF_REPO, tinyGgufBytes } from "./support/stand-in-repos.ts";
 import { startReceiver, type ReceivedWebhook, type Receiver } from "./support/webhook-receiver.ts";
+import { UNLOADABLE_GGUF_COMPLAINT, writeUnloadableGguf } from "./support/unloadable-gguf.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 /** The Done-when's bound: trigger to both receivers. */
@@ -106,19 +107,21 @@ describe("notifications from real triggers", { timeout: 300_000 }, () => {
   }
 
   test("a model whose engine crashes at every start is parked: model_parked names the model, node and reason", async (t) => {
-    // `llmgw engine` exits at once on an option it does not know: a crash at every start.
+    // `llmgw engine` exits at once on weights llama.cpp refuses to load: a crash at every start.
+    const unloadable = path.join(root, "unloadable.gguf");
+    await writeUnloadableGguf({ path: unloadable });
     const triggeredAt = Date.now();
     await harness.addModel({
       name: "crashing",
-      source: { kind: "file", path: modelFile },
-      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"] }],
+      source: { kind: "file", path: unloadable },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
     });
     const body = await delivered(t, "model_parked", "model:crashing", "'crashing'", triggeredAt);
     assert.equal(body.data.model, "crashing");
     assert.equal(body.data.node, "local");
     assert.equal(body.data.severity, "critical");
     assert.match(String(body.data.reason), /Parked after 3 failures/);
-    assert.match(String(body.data.reason), /no-such-option/, "the engine's own complaint reaches the operator");
+    assert.match(String(body.data.reason), UNLOADABLE_GGUF_COMPLAINT, "the engine's own complaint reaches the operator");
     // Stop the crashing replicas from taking the local node's time in the tests that follow.
     assert.equal((await harness.admin("DELETE", "/api/v1/models/crashing")).status, 200);
   });

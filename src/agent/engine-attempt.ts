@@ -17,7 +17,14 @@ import { awaitReadiness, watchLiveness, type HealthTarget, type Readiness } from
 import { buildEngineEnv } from "./engine-env.ts";
 import { assertPortFree, findFreePort } from "./free-port.ts";
 import { spawnGroupLeader, terminateGroup, type ExitInfo, type GroupLeader } from "./process-groups.ts";
-import { SUPERVISOR_DEFAULTS, type AttemptFailure, type EngineLaunch, type SupervisorOptions, type SupervisorSnapshot } from "./supervisor-options.ts";
+import {
+  SUPERVISOR_DEFAULTS,
+  type AttemptFailure,
+  type EngineLaunch,
+  type PreflightNotes,
+  type SupervisorOptions,
+  type SupervisorSnapshot,
+} from "./supervisor-options.ts";
 
 export interface AttemptInput {
   options: SupervisorOptions;
@@ -31,6 +38,8 @@ export interface AttemptInput {
   log: Logger;
   /** Tells the supervisor what changed: pid, endpoint and times, "ready", and the exit at the end. */
   report: (patch: Partial<SupervisorSnapshot>) => void;
+  /** What the preflight waits for meanwhile (not a failure): shown in the snapshot. */
+  notes: PreflightNotes;
 }
 
 /** Runs one attempt to its end. Returns the failure, or null when stopped. */
@@ -46,7 +55,7 @@ export async function runAttempt(input: AttemptInput): Promise<AttemptFailure | 
 
   if (options.preflight) {
     try {
-      await options.preflight(signal);
+      await options.preflight(signal, input.notes);
     } catch (error) {
       if (signal.aborted) return null;
       return fail({ code: "preflight_failed", message: `Preflight check failed before attempt ${attempt}: ${describeError(error)}` }, null, null);

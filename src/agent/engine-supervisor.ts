@@ -15,7 +15,9 @@
 // (engine-health.ts) and leaves its log and record (attempt-log.ts). This file decides
 // what happens between attempts: retry with exponential backoff, park after too many
 // failures (peers without that protection loop or stay failed forever: llama-swap #92),
-// and report every change as a snapshot to its listeners.
+// and report every change as a snapshot to its listeners. A preflight that waits for
+// something that is not the engine's fault (weights no server can send now) is shown in
+// lastError meanwhile and counts as no failure (PreflightNotes).
 //
 // How a hosting process (`llmgw agent`, `llmgw up`) must use it: on SIGINT/SIGTERM call
 // `await stopAllSupervisors()` and then exit; at start, `pruneRunFolders({ stateRoot })`.
@@ -29,7 +31,14 @@ import { formatSeconds, runAttempt } from "./engine-attempt.ts";
 import { abortableDelay } from "./engine-health.ts";
 import { trackSupervisor, untrackSupervisor } from "./process-groups.ts";
 import { claimRunFolder, releaseRunFolder } from "./run-folders.ts";
-import { SUPERVISOR_DEFAULTS, type AttemptFailure, type SupervisorListener, type SupervisorOptions, type SupervisorSnapshot } from "./supervisor-options.ts";
+import {
+  SUPERVISOR_DEFAULTS,
+  type AttemptFailure,
+  type SupervisorListener,
+  type SupervisorOptions,
+  type SupervisorSnapshot,
+  type WaitingNote,
+} from "./supervisor-options.ts";
 
 // For hosting processes (src/cli/run-server.ts) and the users of the supervisor's types.
 export { killAllSupervisedSync, stopAllSupervisors } from "./process-groups.ts";
@@ -54,6 +63,8 @@ export class EngineSupervisor {
   private run: Run | null = null;
   private loop: Promise<void> | null = null;
   private stopping: Promise<void> | null = null;
+  /** lastError and its code from before the preflight began to wait, restored when it stops waiting. */
+  private beforeWaiting: Pick<SupervisorSnapshot, "lastError" | "lastErrorCode"> | null = null;
 
   constructor(options: SupervisorOptions) {
     this.options = options;
@@ -168,6 +179,7 @@ export class EngineSupervisor {
     const parkAfter = this.options.parkAfter ?? SUPERVISOR_DEFAULTS.parkAfter;
     while (!signal.aborted) {
       run.attempt += 1;
+      this.beforeWaiting = null;
       this.update({ state: "starting", attempt: run.attempt, startedAt: null, readyAt: null, retryAt: null, pid: null, endpoint: null });
       let failure: AttemptFailure | null;
       try {
@@ -226,7 +238,20 @@ export class EngineSupervisor {
       recorder: this.recorder,
       log: this.log,
       report: (patch) => this.update(patch),
+      notes: { waiting: (note) => this.noteWaiting(run, note) },
     });
+  }
+
+  /** A preflight that waits (not a failure): its note is the last error meanwhile; the one before comes back once it stops. */
+  private noteWaiting(run: Run, note: WaitingNote | null): void {
+    if (this.run !== run || run.controller.signal.aborted) return;
+    if (note !== null) {
+      this.beforeWaiting ??= { lastError: this.snap.lastError, lastErrorCode: this.snap.lastErrorCode };
+      this.update({ lastError: note.message, lastErrorCode: note.code, retryAt: note.retryAt });
+    } else if (this.beforeWaiting !== null) {
+      this.update({ ...this.beforeWaiting, retryAt: null });
+      this.beforeWaiting = null;
+    }
   }
 
   private update(patch: Partial<SupervisorSnapshot>): void {

@@ -13,6 +13,7 @@ import type { RenderedError } from "../core/errors.ts";
 import { startHarnessWithAgent, type Harness } from "../../test/support/server-harness.ts";
 import type { NodeAgent } from "./node-agent.ts";
 import { processIsGone } from "../../test/support/engine-process.ts";
+import { UNLOADABLE_GGUF_COMPLAINT, writeUnloadableGguf } from "../../test/support/unloadable-gguf.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import type { ReplicaState } from "../fleet/replica-table.ts";
 
@@ -80,11 +81,13 @@ describe("local node", () => {
   });
 
   test("an engine that fails at every start parks the model with the reason, in the store, until the definition changes", async () => {
-    // `llmgw engine` exits at once on an option it does not know: a crash at start.
+    // `llmgw engine` exits at once on weights llama.cpp refuses to load: a crash at start.
+    const unloadable = path.join(modelDir, "unloadable.gguf");
+    await writeUnloadableGguf({ path: unloadable });
     await harness.addModel({
       name: "crashing",
-      source: { kind: "file", path: modelFile },
-      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1, engine_args: ["--no-such-option"] }],
+      source: { kind: "file", path: unloadable },
+      profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }],
     });
     const parked = await eventually("the crashing model to park", async () => {
       const { body } = await harness.admin("GET", "/api/v1/models/crashing");
@@ -92,12 +95,12 @@ describe("local node", () => {
     });
     assert.match(parked.health.reason, /Parked after 3 failures/);
     assert.match(parked.health.reason, /on node 'local'/);
-    assert.match(parked.health.reason, /no-such-option/, "the engine's own complaint is kept");
+    assert.match(parked.health.reason, UNLOADABLE_GGUF_COMPLAINT, "the engine's own complaint is kept");
     assert.equal(parked.replicas[0].failures, 3);
     // Parking is the model's state in the store: a restarted server keeps it.
     const stored = await harness.server.store.db.selectFrom("model_states").selectAll().execute();
     assert.equal(stored.length, 1);
-    assert.match(stored[0]!.parked_reason!, /no-such-option/);
+    assert.match(stored[0]!.parked_reason!, UNLOADABLE_GGUF_COMPLAINT);
     const events = await harness.admin("GET", "/api/v1/events?kind=model_parked");
     assert.match(events.body.data[0].message, /Model 'crashing' is parked/);
 
@@ -119,8 +122,8 @@ describe("local node", () => {
     await eventually("the fresh replica's own run folder", () => readdirSync(path.join(harness.dataDir, "runs")).some((d) => d.startsWith(fresh.id)));
     await eventually("the parked replica to be gone", () => harness.server.replicas.get(parkedReplica.id) === undefined);
 
-    // Fixing the profile replaces the replica, which starts afresh and answers.
-    const fixed = await harness.admin("PATCH", "/api/v1/models/crashing", { profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] });
+    // Fixing the weights replaces the replica, which starts afresh and answers.
+    const fixed = await harness.admin("PATCH", "/api/v1/models/crashing", { source: { kind: "file", path: modelFile } });
     assert.equal(fixed.status, 200);
     await eventually("the fixed model to become ready", async () => {
       const { body } = await harness.admin("GET", "/api/v1/models/crashing");

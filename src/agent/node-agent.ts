@@ -7,7 +7,7 @@
 // against the server over HTTP, `llmgw up` against the in-process fleet (DESIGN.md "The
 // fleet seam").
 import { randomBytes } from "node:crypto";
-import { backoffDelay } from "../core/backoff.ts";
+import { backoffDelay, type BackoffPolicy } from "../core/backoff.ts";
 import { describeError, LlmgwError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Assignment, Assignments, HeartbeatReport, ReplicaReport, ReportedState } from "../fleet/agent-protocol.ts";
@@ -15,13 +15,16 @@ import type { NodeInventory, NodeLabels } from "../fleet/fleet-types.ts";
 import { abortableDelay } from "./engine-health.ts";
 import { EngineSupervisor, pruneRunFolders, type EngineLaunch, type SupervisorOptions, type SupervisorSnapshot } from "./engine-supervisor.ts";
 import { findFreePort } from "./free-port.ts";
+import { prepareWaitingForWeights } from "./weights-wait.ts";
 import { formatHost } from "../core/format.ts";
 
 /** Where a replica's weights are on this node, fetched and checked as needed. */
 export interface WeightsProvider {
   /**
    * The absolute path of the file the engine loads (the first of `assignment.files`), after
-   * the files are present and pass the identity check. Throws with the reason otherwise.
+   * the files are present and pass the identity check. Throws with the reason otherwise: a
+   * `WeightsUnavailableError` (weights-wait.ts) when they cannot be had right now, which the
+   * agent waits out instead of counting it against the engine.
    */
   prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }>;
   /** weightsKeys of what this node holds now (placement prefers such nodes). */
@@ -65,6 +68,8 @@ export interface NodeAgentOptions {
   launch: LaunchBuilder;
   logger: Logger;
   supervisor?: SupervisorTimings;
+  /** How long to wait between tries while a replica's weights cannot be had right now. Default WEIGHTS_WAIT_BACKOFF. */
+  weightsWait?: BackoffPolicy;
   /** How long one assignments poll may wait on the server. Default 25 s. */
   pollWaitMs?: number;
   /**
@@ -240,13 +245,21 @@ export class NodeAgent {
     };
     let weightsPath: string | null = null;
     const supervisor = this.supervisor(assignment.replicaId, {
-      preflight: async (signal) => {
+      preflight: async (signal, notes) => {
         // Before every attempt: the weights are present and are what the server published.
+        // Weights no server can send right now are waited for, not counted as a failure of
+        // the engine (weights-wait.ts).
         running.fetching = true;
         running.weightsVerified = false;
         this.requestHeartbeat();
         try {
-          const prepared = await this.options.weights.prepare(running.assignment, signal);
+          const prepared = await prepareWaitingForWeights({
+            prepare: () => this.options.weights.prepare(running.assignment, signal),
+            signal,
+            waiting: (note) => notes.waiting(note),
+            logger: this.options.logger.child({ replicaId: assignment.replicaId }),
+            ...(this.options.weightsWait === undefined ? {} : { backoff: this.options.weightsWait }),
+          });
           weightsPath = prepared.path;
           running.weightsVerified = prepared.verified;
         } finally {

@@ -63,8 +63,13 @@ export interface SupervisorOptions {
   stateRoot: string;
   /** Builds the command for each attempt (fallback settings can depend on the attempt number). */
   prepare: (attempt: AttemptContext) => Promise<EngineLaunch> | EngineLaunch;
-  /** Checked before every attempt (for example: the weights exist and are readable); a throw fails the attempt without a spawn. */
-  preflight?: (signal: AbortSignal) => Promise<void>;
+  /**
+   * Checked before every attempt (for example: the weights exist and are readable); a throw
+   * fails the attempt without a spawn. A preflight that waits for something that is not the
+   * engine's fault (weights no server can send right now) says so with `notes.waiting`
+   * instead of throwing: it shows in lastError and counts as no failure.
+   */
+  preflight?: (signal: AbortSignal, notes: PreflightNotes) => Promise<void>;
   /** Host the supervisor picks a free port on before calling prepare. Default "127.0.0.1". */
   host?: string;
   /** Deadline for one attempt to answer its health check with 200 and pass the launch's validation. Default 120 000 ms. */
@@ -86,6 +91,24 @@ export interface SupervisorOptions {
   logger?: Logger;
 }
 
+/** What a preflight waits for, shown in the snapshot while it waits (see `PreflightNotes`). */
+export interface WaitingNote {
+  /** Stable code, for lastErrorCode (for example `weights_unavailable`). */
+  code: string;
+  /** The sentence for lastError, for example "waiting for weights: …". */
+  message: string;
+  /** Epoch ms of the preflight's next try, for retryAt. */
+  retryAt: number;
+}
+
+export interface PreflightNotes {
+  /**
+   * The preflight waits (a note), or stopped waiting (null: lastError and lastErrorCode go
+   * back to what they were before the wait). Neither changes the state or counts a failure.
+   */
+  waiting(note: WaitingNote | null): void;
+}
+
 export type SupervisorState = "starting" | "ready" | "failed" | "parked" | "stopping" | "stopped";
 
 export interface SupervisorSnapshot {
@@ -98,7 +121,10 @@ export interface SupervisorSnapshot {
   failures: number;
   /** Why the last attempt failed, or why the replica is parked. */
   lastError: string | null;
-  /** Stable code of the last failure: preflight_failed, state_dir_failed, prepare_failed, cache_path_outside_state, port_in_use, spawn_failed, engine_exited, not_ready, validation_failed, unhealthy, internal_error. */
+  /**
+   * Stable code of the last failure: preflight_failed, state_dir_failed, prepare_failed, cache_path_outside_state, port_in_use, spawn_failed, engine_exited, not_ready, validation_failed, unhealthy, internal_error;
+   * or, while the preflight waits (no failure), the code of what it waits for (`WaitingNote.code`).
+   */
   lastErrorCode: string | null;
   /** How the last engine process ended. */
   lastExit: { code: number | null; signal: string | null } | null;
@@ -108,7 +134,7 @@ export interface SupervisorSnapshot {
   startedAt: number | null;
   /** Epoch ms the current attempt became ready. */
   readyAt: number | null;
-  /** Epoch ms of the next attempt while "failed". */
+  /** Epoch ms of the next attempt while "failed", or of the preflight's next try while it waits. */
   retryAt: number | null;
   pid: number | null;
   /** This run's state folder. */

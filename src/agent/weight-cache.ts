@@ -17,6 +17,11 @@
 // files: concurrent `ensure` calls for one file share one download, which stops only when
 // every caller waiting on it has given up.
 //
+// A file that cannot be had right now (the server cannot be reached, drops the link, or
+// answers 503 because no running server holds it yet) fails its `ensure` with a
+// `WeightsUnavailableError` (weights-wait.ts): the agent waits and asks again, and the
+// partial file is resumed from.
+//
 // One agent per cache folder: two processes fetching into the same root would write the
 // same partial files.
 import type { Dirent } from "node:fs";
@@ -35,6 +40,7 @@ import type { MirrorFetchFile, MirrorFileOutcome, MirrorIo } from "../mirror/mir
 import { headersForRedirect } from "../registry/redirects.ts";
 import { encodeRepoPath } from "../registry/repo-path.ts";
 import { WeightsIdentityError, type WeightsIdentity } from "./weights-identity.ts";
+import { WeightsUnavailableError } from "./weights-wait.ts";
 
 /** One file a replica needs, as the server published it in the mirror. */
 export interface CacheFileSpec {
@@ -102,7 +108,22 @@ const NO_ROWS: DownloadRows = {
 };
 
 // The codes under which the server's answers are named for a node (see #statusError); their messages are kept as they are.
-const NODE_CODES = new Set(["node_credential_refused", "weights_not_on_server", "weights_unavailable_on_server"]);
+const NODE_CODES = new Set(["node_credential_refused", "weights_not_on_server"]);
+
+// Failures a later try can get past without anyone acting: the server (or the holder it
+// sent the node to) cannot be reached, timed out or dropped the link (the partial is kept
+// and resumed), answered 408/429/5xx, mixed up a range, or will not serve the file until
+// its copy is verified again. The agent waits these out (weights-wait.ts). A sha256 or
+// size mismatch, a full disk, a refused credential and a file the server no longer has
+// are not among them: they are failures.
+const WAIT_CODES = new Set([
+  "mirror_source_unreachable",
+  "mirror_source_timeout",
+  "mirror_source_error",
+  "mirror_bad_range",
+  "weights_unavailable_on_server",
+  "weights_not_served_now",
+]);
 
 export class WeightCache {
   readonly root: string;
@@ -362,6 +383,11 @@ export class WeightCache {
       });
     }
     if (NODE_CODES.has(failure.code)) return new UpstreamError(failure.message, { code: failure.code, retryable: failure.retryable });
+    if (WAIT_CODES.has(failure.code)) {
+      const kept = result.bytesTotal !== null && result.resumedFrom + result.bytesFetched > 0 ? "; the bytes fetched so far are kept and resumed from" : "";
+      const message = failure.code.startsWith("weights_") ? failure.message : `fetching ${named} from the server's mirror failed: ${failure.message}`;
+      return new WeightsUnavailableError(`${message}${kept}`, { code: failure.code });
+    }
     return new UpstreamError(`Fetching ${named} from the server's mirror into this node's cache (${this.root}) failed: ${failure.message}`, {
       code: failure.code,
       retryable: failure.retryable,
@@ -396,6 +422,10 @@ export class WeightCache {
           retryable: true,
         },
       );
+    }
+    if (answer.status === 503) {
+      // No running server holds the file: the server is fetching it from its origin, or says why it cannot.
+      return new UpstreamError(`The server at ${where} cannot send ${named} now (503)${said}`, { code: "weights_not_served_now", retryable: true });
     }
     return null;
   }

@@ -3,12 +3,13 @@
 // tables and records who changed what. Readers on the hot path (the gateway) use the
 // in-memory snapshot, rebuilt after every change made here and on `refresh()`, so
 // resolving a model name never touches the database. Nothing is stored that cannot run:
-// a new or changed definition passes the schema's bounds and the weights check
-// (weights-check.ts) before it is written.
+// a new or changed definition passes the schema's bounds, the check of its engine_args
+// (engines/engine-args-check.ts) and the weights check (weights-check.ts) before it is written.
 import { randomUUID } from "node:crypto";
 import { ConflictError, NotFoundError } from "../core/errors.ts";
 import { recordAudit as audit } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
+import { assertEngineArgs } from "../engines/engine-args-check.ts";
 import { assertGuardReferences } from "./guard-references.ts";
 import type { KeyGuardReference } from "../policy/key-guards.ts";
 import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
@@ -120,6 +121,7 @@ export class Catalog {
 
   async create(body: unknown, actor: string): Promise<CatalogModel> {
     const { name, ...definition } = parseNewModel(body);
+    assertEngineArgs(definition.profiles);
     assertGuardReferences([...this.models, { name, definition }], { name, previousNames: [] });
     await this.weights.check({ name, definition });
     const now = nowIso(this.clock);
@@ -140,6 +142,10 @@ export class Catalog {
     const current = this.getForChange(name);
     const { name: newName, definition } = applyModelPatch(current.definition, patch);
     const finalName = newName ?? current.name;
+    // Like the weights below, engine_args are checked when the profiles change: a model
+    // stored before this check must still take other changes (scaling.min 0, a description).
+    const profilesChanged = JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles);
+    if (profilesChanged) assertEngineArgs(definition.profiles);
     assertGuardReferences(
       [...this.models.filter((model) => model.id !== current.id), { name: finalName, definition }],
       { name: finalName, previousNames: [current.name, ...current.definition.aliases] },
@@ -148,10 +154,7 @@ export class Catalog {
     // Only a change to where the weights are or what loads them is checked against the
     // disk: a model whose file went bad must still take other changes (scaling.min 0 to
     // stop it, a description); its replicas park with the reason meanwhile.
-    if (
-      JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) ||
-      JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles)
-    ) {
+    if (JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) || profilesChanged) {
       await this.weights.check({ name: finalName, definition });
     }
     const now = nowIso(this.clock);

@@ -91,7 +91,11 @@ export const profileSchema = z
     engine: z.enum(["llamacpp", "vllm", "external"]),
     priority: z.number().int().default(0),
     weight: z.number().positive().default(1),
-    /** Extra command-line arguments passed to the engine as they are. */
+    /**
+     * Extra command-line arguments passed to the engine as they are, after llmgw's own.
+     * Checked when a model is added or its profiles change (engines/engine-args-check.ts),
+     * not here: a stored row this version would refuse still loads and runs.
+     */
     engine_args: z.array(z.string()).default([]),
     /** llama.cpp: total context shared by the parallel sequences. */
     ctx_size: positiveInt.optional(),

@@ -28,6 +28,8 @@ export interface ModelHealthView {
   summary: string;
   parked: { at: string; reason: string } | null;
   placement: string[] | null;
+  /** When replicas share a node: how many where, and why (or "moving one to n2"). */
+  spread?: string | null;
   weights_problem: string | null;
   replicas: Array<{
     id: string;
@@ -160,6 +162,7 @@ export function renderModelHealth(health: ModelHealthView): string {
   if (health.parked)
     lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
   if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line) => `  ${line}`));
+  if (health.spread) lines.push(`spread: ${health.spread}`);
   if (health.weights_problem) lines.push(`weights: ${health.weights_problem}`);
   if (health.replicas.length > 0) {
     lines.push(

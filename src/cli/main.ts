@@ -32,6 +32,10 @@ const serverOptions = (command: Command) =>
     .option("--node-timeout <duration>", "a node without a heartbeat for this long is lost and its replicas placed elsewhere (default 15s)")
     .option("--heartbeat-interval <duration>", "how often agents send a heartbeat (default 5s)")
     .option("--update-check <duration>", "how often to check served repositories for newer revisions (default 6h; off: only 'ctl model check-updates')")
+    .option(
+      "--key-grace <duration>",
+      "keys read from the database within this keep working while it cannot be reached (or LLMGW_KEY_GRACE; default 10m; 0: off)",
+    )
     .option("--usage-retention <days>", "days raw usage rows are kept (default 30; 0: forever); per-minute aggregates stay 400 days")
     .option("--public-url <url>", "the address people reach this server at, behind a proxy (or LLMGW_PUBLIC_URL); notifications link to its console")
     .option("--budget-alert <percent>", "share of a key's budget announced as budget_threshold (default 80)")

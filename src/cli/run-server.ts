@@ -30,6 +30,7 @@ export interface ServerCommandOptions {
   heartbeatInterval?: string;
   updateCheck?: string;
   usageRetention?: string;
+  keyGrace?: string;
   metricsKey?: string;
   publicUrl?: string;
   budgetAlert?: string;
@@ -75,6 +76,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.usageRetention === undefined
         ? {}
         : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
+      ...keyGraceOption(options.keyGrace ?? process.env.LLMGW_KEY_GRACE),
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
@@ -114,6 +116,13 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
 }
 
 /** Who this server is among those sharing one PostgreSQL, where they reach it, and the secret they share. */
+/** --key-grace: a duration, or 0 (or off) for none: then every request needs the database. */
+function keyGraceOption(value: string | undefined): { keyGraceMs?: number } {
+  if (value === undefined) return {};
+  if (value.trim() === "0" || value.trim().toLowerCase() === "off") return { keyGraceMs: 0 };
+  return { keyGraceMs: parseDuration(value, "--key-grace") };
+}
+
 function clusterOptions(options: ServerCommandOptions): {
   serverName?: string;
   advertiseUrl?: string;

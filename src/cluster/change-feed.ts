@@ -8,10 +8,18 @@
 // every (re)connect, and every `resyncMs` as a safety net, every subscriber is called as if
 // all its tables had changed, and reloads.
 //
+// The listening connection is checked with a query every `heartbeatMs`: one that gets no
+// answer within the query deadline (a silent database, a partition) is destroyed, since
+// an idle LISTEN would otherwise never learn it is dead. Reconnects back off (from
+// `reconnectMs` up to `maxReconnectMs`); an outage is logged when it starts and when it
+// ends, not at every try, and so is a subscriber that cannot reload meanwhile.
+//
 // SQLite has one server, whose own writes already update its memory: the feed is silent.
 import type pg from "pg";
 import { sql } from "kysely";
 import { describeError } from "../core/errors.ts";
+import { Backoff } from "../core/backoff.ts";
+import { destroyClient, endClient } from "../store/postgres-connections.ts";
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
 import type { CHANGE_FEED_TABLES } from "../store/migrations.ts";
@@ -23,6 +31,8 @@ export const CHANGE_FEED_DEFAULTS = {
   coalesceMs: 20,
   resyncMs: 30_000,
   reconnectMs: 1_000,
+  maxReconnectMs: 5_000,
+  heartbeatMs: 5_000,
 } as const;
 
 const CHANNEL = "llmgw_changes";
@@ -34,6 +44,8 @@ interface Subscription {
   timer: NodeJS.Timeout | undefined;
   /** One call at a time per subscriber; changes meanwhile make one more call after it. */
   running: Promise<void>;
+  /** Whether its last reload failed (so that a failing one is logged once, not at every retry). */
+  failing: boolean;
 }
 
 /** A message one server sends the others (not a table write): `~topic:value` after the schema. */
@@ -45,8 +57,14 @@ export class ChangeFeed {
   private client: pg.Client | null = null;
   private resyncTimer: NodeJS.Timeout | undefined;
   private reconnectTimer: NodeJS.Timeout | undefined;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  /** One heartbeat query at a time: a silent connection must not pile them up. */
+  private heartbeating = false;
   private stopped = false;
-  private readonly settings: { coalesceMs: number; resyncMs: number; reconnectMs: number };
+  private readonly settings: { coalesceMs: number; resyncMs: number; reconnectMs: number; heartbeatMs: number };
+  private readonly reconnects: Backoff;
+  /** When the listening connection was lost (for the one log line when it is back); null while it listens. */
+  private lostSince: number | null = null;
 
   constructor(
     private readonly options: {
@@ -55,13 +73,22 @@ export class ChangeFeed {
       coalesceMs?: number;
       resyncMs?: number;
       reconnectMs?: number;
+      heartbeatMs?: number;
     },
   ) {
     this.settings = {
       coalesceMs: options.coalesceMs ?? CHANGE_FEED_DEFAULTS.coalesceMs,
       resyncMs: options.resyncMs ?? CHANGE_FEED_DEFAULTS.resyncMs,
       reconnectMs: options.reconnectMs ?? CHANGE_FEED_DEFAULTS.reconnectMs,
+      heartbeatMs: options.heartbeatMs ?? CHANGE_FEED_DEFAULTS.heartbeatMs,
     };
+    const reconnectMs = this.settings.reconnectMs;
+    this.reconnects = new Backoff({ baseMs: reconnectMs, maxMs: Math.max(reconnectMs, CHANGE_FEED_DEFAULTS.maxReconnectMs), jitter: 0.2 });
+  }
+
+  /** Whether the connection that hears other servers' changes is listening now. */
+  get listening(): boolean {
+    return this.client !== null;
   }
 
   /** Whether other servers can write this database (PostgreSQL): only then is there anything to hear. */
@@ -71,7 +98,7 @@ export class ChangeFeed {
 
   /** Calls `listener` after other servers' writes to any of `tables` (and at resyncs). */
   subscribe(tables: readonly FollowedTable[], listener: ChangeListener): () => void {
-    const subscription: Subscription = { tables: new Set(tables), listener, pending: new Set(), timer: undefined, running: Promise.resolve() };
+    const subscription: Subscription = { tables: new Set(tables), listener, pending: new Set(), timer: undefined, running: Promise.resolve(), failing: false };
     this.subscriptions.add(subscription);
     return () => {
       this.subscriptions.delete(subscription);
@@ -101,16 +128,19 @@ export class ChangeFeed {
     await this.connect();
     this.resyncTimer = setInterval(() => this.resync(), this.settings.resyncMs);
     this.resyncTimer.unref();
+    this.heartbeatTimer = setInterval(() => this.heartbeat(), this.settings.heartbeatMs);
+    this.heartbeatTimer.unref();
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.resyncTimer !== undefined) clearInterval(this.resyncTimer);
+    if (this.heartbeatTimer !== undefined) clearInterval(this.heartbeatTimer);
     if (this.reconnectTimer !== undefined) clearTimeout(this.reconnectTimer);
     for (const subscription of this.subscriptions) if (subscription.timer !== undefined) clearTimeout(subscription.timer);
     const client = this.client;
     this.client = null;
-    await client?.end().catch(() => undefined);
+    if (client !== null) await endClient(client);
     await Promise.all([...this.subscriptions].map((subscription) => subscription.running));
   }
 
@@ -125,7 +155,7 @@ export class ChangeFeed {
       client = await this.options.store.dedicatedClient!();
       const listening = client;
       if (this.stopped) {
-        await client.end();
+        await endClient(client);
         return;
       }
       client.on("notification", (message) => {
@@ -141,19 +171,35 @@ export class ChangeFeed {
         if (this.client !== listening) return;
         this.client = null;
         if (!this.stopped) {
-          this.options.logger.warn("lost the connection that hears other servers' changes; reconnecting");
+          this.lost("lost the connection that hears other servers' changes; reconnecting until the database answers");
           this.scheduleReconnect();
         }
       });
       await client.query(`listen ${CHANNEL}`);
+      if (this.stopped) {
+        await endClient(client);
+        return;
+      }
       this.client = client;
+      this.reconnects.succeeded();
+      if (this.lostSince !== null) {
+        this.options.logger.info({ after_ms: Date.now() - this.lostSince }, "hears other servers' changes again; reloading what it keeps");
+        this.lostSince = null;
+      }
       // Whatever was written while nobody listened is read now.
       this.resync();
     } catch (error) {
-      if (client !== undefined && this.client !== client) await client.end().catch(() => undefined);
-      this.options.logger.warn({ err: describeError(error) }, "could not listen for other servers' changes; retrying");
+      if (client !== undefined && this.client !== client) destroyClient(client);
+      this.lost("could not listen for other servers' changes; retrying until the database answers", error);
       this.scheduleReconnect();
     }
+  }
+
+  /** The first failure of an outage is logged; the tries after it are not. */
+  private lost(message: string, error?: unknown): void {
+    if (this.lostSince !== null) return;
+    this.lostSince = Date.now();
+    this.options.logger.warn(error === undefined ? {} : { err: describeError(error) }, message);
   }
 
   private scheduleReconnect(): void {
@@ -161,8 +207,24 @@ export class ChangeFeed {
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = undefined;
       void this.connect();
-    }, this.settings.reconnectMs);
+    }, this.reconnects.failed());
     this.reconnectTimer.unref();
+  }
+
+  /**
+   * A query on the listening connection: one that fails or gets no answer within the query
+   * deadline destroys the connection, whose "end" then reconnects.
+   */
+  private heartbeat(): void {
+    const client = this.client;
+    if (client === null || this.stopped || this.heartbeating) return;
+    this.heartbeating = true;
+    void client
+      .query("select 1")
+      .catch(() => {
+        if (this.client === client) destroyClient(client);
+      })
+      .finally(() => (this.heartbeating = false));
   }
 
   private told(message: string): void {
@@ -191,8 +253,15 @@ export class ChangeFeed {
         subscription.pending.clear();
         try {
           await subscription.listener(tables);
+          if (subscription.failing) this.options.logger.info({ tables: [...tables] }, "took in other servers' changes again");
+          subscription.failing = false;
         } catch (error) {
-          this.options.logger.warn({ err: describeError(error), tables: [...tables] }, "could not take in another server's change; trying again in a second");
+          if (!subscription.failing)
+            this.options.logger.warn(
+              { err: describeError(error), tables: [...tables] },
+              "could not take in another server's change; trying again every second",
+            );
+          subscription.failing = true;
           const retry = setTimeout(() => {
             if (this.subscriptions.has(subscription)) for (const table of tables) this.mark(subscription, table);
           }, this.settings.reconnectMs);

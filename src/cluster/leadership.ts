@@ -4,26 +4,33 @@
 // On PostgreSQL the leader holds an advisory lock on a connection of its own. PostgreSQL
 // drops the lock the moment that session ends: a leader killed with SIGKILL loses it as
 // soon as the kernel closes its socket, and one whose machine vanished within about 11 s
-// (the keepalives store.ts sets). Standbys try for the lock every `pollMs`. A server that
+// (the keepalives postgres-connections.ts sets). Standbys try for the lock every `pollMs`,
+// backing off (up to `maxRetryMs`) while the database cannot be reached; such an outage
+// is logged once when it starts and once when it ends, not at every try. A server that
 // wins bumps `cluster_leader.term`; that term is the fencing token: a write only the
 // leader may make runs in a transaction that first reads the term with FOR SHARE
 // (`Fence.write`), so a server that lost the lead without noticing yet (a stalled process,
 // a cut connection) has its writes refused, and a new leader's bump waits for a write in
 // flight to commit first. A leader that loses its session, or finds the term moved on,
-// steps down at once.
+// steps down at once; so does one whose check gets no answer within the query deadline
+// (a silent database): it cannot know whether its session, and so its lock, still lives.
 //
 // SQLite has one server by construction (the data dir lock), so it always leads.
 import type pg from "pg";
 import { sql } from "kysely";
 import { LlmgwError, describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { Backoff } from "../core/backoff.ts";
+import { destroyClient, endClient } from "../store/postgres-connections.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 
 export const LEADERSHIP_DEFAULTS = {
   /** How often a standby tries for the lock, and a leader checks its session and term. */
   pollMs: 1_000,
-  /** A check that takes longer than this counts as a lost session. */
+  /** A check that takes longer than this counts as a lost session (the query deadline usually ends it first). */
   checkTimeoutMs: 5_000,
+  /** The longest wait between tries for the lead while the database cannot be reached. */
+  maxRetryMs: 5_000,
 } as const;
 
 /** The advisory lock key's first int4; the second is the schema's hash, so schemas of one database do not share a leader. */
@@ -94,6 +101,11 @@ export class PostgresLeadership implements Leadership {
   /** The poll in progress, so that `stop` waits for it (it may be opening a session that takes the lock). */
   private checking: Promise<void> | null = null;
   private readonly pollMs: number;
+  /** Tries for the lead that failed in a row (the database unreachable): the next waits longer. */
+  private readonly retry: Backoff;
+  private retryAt = 0;
+  /** Since when tries for the lead fail, for the one log line at each end of an outage; null while they work. */
+  private failingSince: number | null = null;
 
   constructor(
     private readonly options: {
@@ -105,6 +117,7 @@ export class PostgresLeadership implements Leadership {
     },
   ) {
     this.pollMs = options.pollMs ?? LEADERSHIP_DEFAULTS.pollMs;
+    this.retry = new Backoff({ baseMs: this.pollMs, maxMs: Math.max(this.pollMs, LEADERSHIP_DEFAULTS.maxRetryMs), jitter: 0.2 });
   }
 
   async start(listener: LeadershipListener): Promise<void> {
@@ -125,7 +138,7 @@ export class PostgresLeadership implements Leadership {
     const client = this.client;
     this.client = null;
     // Ending the session releases the lock; a standby takes over within its poll.
-    await client?.end().catch(() => undefined);
+    if (client !== null) await endClient(client);
   }
 
   async write<T>(body: (trx: Tx) => Promise<T>): Promise<T> {
@@ -145,6 +158,7 @@ export class PostgresLeadership implements Leadership {
   /** One poll: a standby tries for the lock; a leader checks its session and term. */
   private check(): Promise<void> {
     if (this.checking !== null || this.stopped) return this.checking ?? Promise.resolve();
+    if (!this.leading && Date.now() < this.retryAt) return Promise.resolve();
     this.checking = (this.leading ? this.checkStillLeading() : this.tryToLead()).finally(() => {
       this.checking = null;
     });
@@ -163,10 +177,11 @@ export class PostgresLeadership implements Leadership {
       const locked = await withTimeout(
         client.query<{ locked: boolean }>("select pg_try_advisory_lock($1, hashtext(current_schema())) as locked", [LEADER_LOCK_CLASS]),
       );
+      this.triedAgain();
       if (locked.rows[0]?.locked !== true) return;
     } catch (error) {
       this.dropSession();
-      this.options.logger.warn({ err: describeError(error) }, "could not try for the cluster's leadership; trying again");
+      this.tryFailed(error);
       return;
     }
     try {
@@ -214,6 +229,23 @@ export class PostgresLeadership implements Leadership {
     }
   }
 
+  /** A try for the lead failed: wait longer before the next, and say so once per outage. */
+  private tryFailed(error: unknown): void {
+    this.retryAt = Date.now() + this.retry.failed();
+    if (this.failingSince !== null) return;
+    this.failingSince = Date.now();
+    this.options.logger.warn({ err: describeError(error) }, "could not try for the cluster's leadership; trying again until the database answers");
+  }
+
+  /** A try for the lead reached the database again. */
+  private triedAgain(): void {
+    this.retry.succeeded();
+    this.retryAt = 0;
+    if (this.failingSince === null) return;
+    this.options.logger.info({ after_ms: Date.now() - this.failingSince }, "can try for the cluster's leadership again");
+    this.failingSince = null;
+  }
+
   /** Gives the lead up; `term`: only if this server still leads with that term (a late refusal must not end a newer one). */
   private async stepDown(why: string, term: number | null = this.term): Promise<void> {
     if (!this.leading || this.term !== term) return;
@@ -243,10 +275,11 @@ export class PostgresLeadership implements Leadership {
     return client;
   }
 
+  /** Ends the session at once (a polite end could wait for ever on a silent database); PostgreSQL releases the lock when it sees it gone. */
   private dropSession(): void {
     const client = this.client;
     this.client = null;
-    void client?.end().catch(() => undefined);
+    if (client !== null) destroyClient(client);
   }
 }
 

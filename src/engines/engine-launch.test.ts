@@ -42,6 +42,24 @@ test("a GPU llamacpp profile needs llama-server; without one the node is refused
   assert.equal(launch.args[launch.args.indexOf("-ngl") + 1], "999");
 });
 
+test("a CPU llamacpp profile with engine_args (llama-server options) runs only on llama-server; a node without one refuses it with what to do", () => {
+  const withArgs = profileSchema.parse({ name: "cpu-args", engine: "llamacpp", engine_args: ["--mlock", "-t", "4"] });
+  assert.throws(
+    () => engineLaunch(options({ profile: withArgs })),
+    (error: unknown) =>
+      error instanceof LlmgwError &&
+      error.code === "engine_unavailable" &&
+      error.status === 409 &&
+      /Profile 'cpu-args' passes engine_args, which are llama-server options, and this node has no llama-server configured/.test(error.message) &&
+      /llmgw agent --llama-server/.test(error.message),
+  );
+  assert.equal(engineFor(withArgs, { llamaServer: "/opt/llama/llama-server" }), "llama-server");
+  const launch = engineLaunch(options({ profile: withArgs, engines: { llamaServer: "/opt/llama/llama-server" } }));
+  assert.equal(launch.command, "/opt/llama/llama-server");
+  assert.deepEqual(launch.args.slice(-3), ["--mlock", "-t", "4"], "the profile's options come last");
+  assert.equal(launch.args[launch.args.indexOf("-ngl") + 1], "0", "a CPU profile offloads nothing");
+});
+
 test("a vllm profile runs vllm serve with GPUs per node and nodes from its hardware; a node without vllm, and an external profile, are refused", () => {
   const launch = engineLaunch(
     options({ profile: vllm, weightsPath: "/cache/llama-70b", engines: { vllm: "/opt/vllm/bin/vllm" }, rayAddress: "10.0.0.7:6379", maxModelLen: 32768 }),

@@ -2,9 +2,13 @@
 // the agent's supervisor `prepare` calls (DESIGN.md "Engines"). A llamacpp profile runs on
 // the bundled engine unless the node configures its own llama-server, which then takes
 // every llamacpp profile; GPU llamacpp profiles need llama-server, since the bundled
-// engine keeps only its CPU binary (CONVENTIONS.md). A vllm profile runs `vllm serve`
-// with its GPUs per node and nodes from the profile's hardware. External profiles run
-// nothing, so asking for their launch is a bug in the caller.
+// engine keeps only its CPU binary (CONVENTIONS.md), and so do profiles with engine_args,
+// which are llama-server's options (engine-args-check.ts): the bundled engine takes only
+// those llmgw sets. Placement sends neither to a node without llama-server
+// (fleet/placement.ts); refusing here too says what to do, where the bundled engine would
+// only fail on an option it does not know. A vllm profile runs `vllm serve` with its GPUs
+// per node and nodes from the profile's hardware. External profiles run nothing, so
+// asking for their launch is a bug in the caller.
 import type { Profile } from "../catalog/model-schema.ts";
 import type { AttemptContext, EngineLaunch } from "../agent/supervisor-options.ts";
 import { BadRequestError, LlmgwError } from "../core/errors.ts";
@@ -51,6 +55,13 @@ export function engineFor(profile: Profile, engines: NodeEngines): EngineName {
         code: "engine_unavailable",
         status: 409,
         message: `Profile '${profile.name}' runs llama.cpp on ${profile.hardware.gpu.class} GPUs, which needs llama-server, and this node has none configured; configure the node's llama-server or place the profile elsewhere.`,
+      });
+    }
+    if (profile.engine_args.length > 0) {
+      throw new LlmgwError({
+        code: "engine_unavailable",
+        status: 409,
+        message: `Profile '${profile.name}' passes engine_args, which are llama-server options, and this node has no llama-server configured (the bundled engine takes none); configure the node's llama-server (llmgw agent --llama-server) or place the profile elsewhere.`,
       });
     }
     return "llamacpp";

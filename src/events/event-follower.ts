@@ -2,7 +2,9 @@
 // table per server, however many streams are open. Each subscriber has its own place (the
 // id it has seen), so a stream that resumes with Last-Event-ID first gets what it missed.
 // It reads when this process records an event and every `pollMs`, so events another
-// server wrote reach this server's streams too.
+// server wrote reach this server's streams too. A read that fails (the database
+// unreachable) is tried again at the next poll, from the same place, so nothing is
+// skipped; an outage is logged when it starts and when it ends, not at every poll.
 import type { Logger } from "../core/log.ts";
 import { describeError } from "../core/errors.ts";
 import { CoalescedRun } from "../core/coalesced-run.ts";
@@ -18,11 +20,23 @@ export class EventFollower {
   private timer: NodeJS.Timeout | undefined;
   private unsubscribe: (() => void) | undefined;
   private readonly reader: CoalescedRun;
+  /** Since when reads fail, for one log line at each end of an outage; null while they work. */
+  private failingSince: number | null = null;
 
   constructor(private readonly options: { events: EventLog; logger: Logger; pollMs?: number }) {
     this.reader = new CoalescedRun(
-      () => this.readOnce(),
-      (error) => options.logger.warn({ err: describeError(error) }, "could not read new events for the event stream; trying again"),
+      async () => {
+        await this.readOnce();
+        if (this.failingSince !== null) {
+          options.logger.info({ after_ms: Date.now() - this.failingSince }, "reads new events for the event stream again");
+          this.failingSince = null;
+        }
+      },
+      (error) => {
+        if (this.failingSince !== null) return;
+        this.failingSince = Date.now();
+        options.logger.warn({ err: describeError(error) }, "could not read new events for the event stream; trying again at every poll until it works");
+      },
     );
   }
 

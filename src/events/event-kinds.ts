@@ -17,6 +17,7 @@ export const EVENT_KINDS = {
   replica_unplaceable: { severity: "warning", title: "Replica cannot be placed" },
   node_lost: { severity: "warning", title: "Node lost" },
   node_back: { severity: "info", title: "Node back" },
+  replica_moved: { severity: "info", title: "Replica moved to spread a model" },
   budget_exhausted: { severity: "critical", title: "Budget spent" },
   budget_threshold: { severity: "warning", title: "Budget nearly spent" },
   new_weights: { severity: "info", title: "New weights published" },

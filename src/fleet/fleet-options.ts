@@ -57,4 +57,6 @@ export interface ModelFleetStatus {
   parked: ParkedModel | null;
   unplaceable: string[] | null;
   weightsProblem: string | null;
+  /** When replicas of the model share a node, how many where and why ("2 replicas on n1: n2 is lost"). */
+  spread?: string | null;
 }

@@ -35,8 +35,17 @@ export type NodeState = "ready" | "lost" | "draining";
 
 /** What one replica needs of a node, from its profile and the model's weights. */
 export interface ReplicaNeeds {
-  /** The catalog profile's engine. llamacpp runs on the bundled engine or a node's llama-server (GPU profiles need llama-server). */
+  /**
+   * The catalog profile's engine. llamacpp runs on the bundled engine or a node's
+   * llama-server; GPU profiles, and those with `llamaServerArgs`, need llama-server.
+   */
   engine: "llamacpp" | "vllm";
+  /**
+   * llamacpp: the profile passes engine_args, which are llama-server's options (the
+   * bundled engine takes none), so it runs only on nodes with llama-server. Absent: it
+   * passes none, or the needs were stored before this was known.
+   */
+  llamaServerArgs?: true;
   /** CPU profiles: memory on each node. */
   memoryBytes: number;
   /**

@@ -76,6 +76,7 @@ export function modelHealthView(model: CatalogModel, fleet: Fleet, table: Replic
     by_state: byState,
     parked: status.parked,
     placement: status.unplaceable,
+    spread: status.spread ?? null,
     weights_problem: status.weightsProblem,
     replicas: replicas.map((replica) => ({
       id: replica.id,

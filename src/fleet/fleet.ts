@@ -41,6 +41,10 @@ export class Fleet implements Assignments {
   private readonly records: ReplicaRecords;
   private readonly parked: ParkedModels;
   private unplaceable = new Map<string, string[]>();
+  /** Models whose replicas share a node, with why (reconciler.ts, spread.ts). */
+  private spread = new Map<string, string>();
+  /** When each node came back or joined: rebalance moves wait until it has stayed ready a while. */
+  private readonly backAt = new Map<string, number>();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
   private readonly holds = new OutdatedHolds();
@@ -151,6 +155,7 @@ export class Fleet implements Assignments {
       inventory: checkInventory(request.inventory, "inventory"),
       labels: checkLabels(request.labels, "labels"),
     });
+    this.backAt.set(reply.nodeId, this.clock());
     this.schedule();
     return reply;
   }
@@ -166,6 +171,7 @@ export class Fleet implements Assignments {
         data: { node: node.name },
         message: `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`,
       });
+      this.backAt.set(node.id, this.clock());
       this.versions.bump(node.id);
       this.schedule();
     }
@@ -337,7 +343,12 @@ export class Fleet implements Assignments {
   }
 
   status(modelId: string): ModelFleetStatus {
-    return { parked: this.parked.get(modelId) ?? null, unplaceable: this.unplaceable.get(modelId) ?? null, weightsProblem: this.weights.problem(modelId) };
+    return {
+      parked: this.parked.get(modelId) ?? null,
+      unplaceable: this.unplaceable.get(modelId) ?? null,
+      weightsProblem: this.weights.problem(modelId),
+      spread: this.spread.get(modelId) ?? null,
+    };
   }
 
   /** Resolves after the reconciliations asked for so far have run (tests, and `up` before it reports). */
@@ -404,8 +415,25 @@ export class Fleet implements Assignments {
       cachedWeights: (nodeId) => this.cached.get(nodeId) ?? new Set(),
       place: this.options.place ?? placeReplicas,
       newReplicaId: () => `r-${randomBytes(6).toString("hex")}`,
+      settling: this.settlingNodes(),
     });
     this.apply(decision);
+  }
+
+  /**
+   * Nodes that came back or joined less than two heartbeat intervals ago, with the ms left:
+   * a node that has kept beating that long is taken to stay, and only then does a rebalance
+   * move a replica there (new replicas a model needs go there at once).
+   */
+  private settlingNodes(): Map<string, number> {
+    const settleMs = 2 * this.settings.heartbeatIntervalMs;
+    const settling = new Map<string, number>();
+    for (const [nodeId, at] of this.backAt) {
+      const leftMs = at + settleMs - this.clock();
+      if (leftMs > 0 && this.nodes.get(nodeId)?.state === "ready") settling.set(nodeId, leftMs);
+      else if (leftMs <= 0) this.backAt.delete(nodeId);
+    }
+    return settling;
   }
 
   private apply(decision: ReconcileDecision): void {
@@ -450,6 +478,18 @@ export class Fleet implements Assignments {
       this.options.logger.info({ replica: record.id, model: this.modelById(record.modelId)?.name, profile: record.profile, nodes: names }, "replica placed");
       for (const nodeId of replica.nodeIds) this.versions.bump(nodeId);
     }
+    for (const move of decision.moves) {
+      const name = this.modelById(move.modelId)?.name ?? move.modelId;
+      const from = this.nodes.get(move.from)?.name ?? move.from;
+      const to = move.to.map((id) => this.nodes.get(id)?.name ?? id).join(", ");
+      this.options.logger.info({ model: name, replica: move.replicaId, from, to }, "moving a replica to spread its model");
+      void this.events.record({
+        kind: "replica_moved",
+        subject: `model:${name}`,
+        data: { model: name, replica: move.replicaId, from, to },
+        message: `Model '${name}' had several replicas on node '${from}': replica ${move.replicaId} starts on '${to}', and one on '${from}' is drained and stopped once it is ready, so losing one node no longer takes the model down.`,
+      });
+    }
     for (const [modelId, lines] of decision.unplaceable) {
       if (this.unplaceable.get(modelId)?.join("\n") !== lines.join("\n")) {
         const name = this.modelById(modelId)?.name ?? modelId;
@@ -465,6 +505,7 @@ export class Fleet implements Assignments {
       (id) => this.unplaceable.has(id) !== decision.unplaceable.has(id),
     );
     this.unplaceable = decision.unplaceable;
+    this.spread = decision.spread;
     for (const modelId of changed) this.statusListener?.(modelId);
   }
 

@@ -406,6 +406,27 @@ describe("engines and node states", () => {
     ]);
   });
 
+  test("a CPU profile with engine_args (llama-server options) skips nodes without llama-server, saying why, and lands on one with it", () => {
+    const needs = (engineArgs: string[]) =>
+      replicaNeeds({ profile: profileSchema.parse({ name: "cpu", engine: "llamacpp", engine_args: engineArgs }), weightsBytes: 2 * GiB });
+    assert.equal(needs(["--mlock"]).llamaServerArgs, true);
+    assert.equal(needs([]).llamaServerArgs, undefined, "a profile without engine_args runs on either engine");
+    // The bundled-only node has the most room and is first by name: without the rule it would take both.
+    const nodes = [node("a-bundled", { memoryGiB: 64, engines: ["llamacpp"] }), node("b-server", { memoryGiB: 16, engines: ["llama-server"] })];
+    const result = placeReplicas({ nodes, requests: [request("args", needs(["--mlock", "-t", "4"])), request("plain", needs([]), { modelId: "args" })] });
+    assert.deepEqual(where(result), { args: "b-server", plain: "a-bundled" });
+
+    const alone = placeReplicas({
+      nodes: [node("a-bundled", { memoryGiB: 64 }), node("c-vllm", { memoryGiB: 64, engines: ["vllm"] })],
+      requests: [request("args", needs(["--mlock"]))],
+    });
+    assert.deepEqual(explanationOf(alone, "args"), [
+      "a-bundled: no llama-server engine (the profile's engine_args are llama-server options)",
+      "c-vllm: no llama-server engine (the profile's engine_args are llama-server options)",
+    ]);
+    assert.equal(waitsForRoom(explanationOf(alone, "args")), false, "no room frees to cure a missing engine");
+  });
+
   test("lost and draining nodes take nothing and are named; lines are sorted by node name", () => {
     const nodes = [node("c"), node("b", { state: "draining", memoryGiB: 512 }), node("a", { state: "lost", memoryGiB: 512 })];
     const result = placeReplicas({ nodes, requests: [request("small", cpu(4)), request("large", cpu(12))] });

@@ -11,7 +11,8 @@
 //   is used only when no node has room for the first.
 // - CPU option: free memory (the node's memory less cpuReserveBytes, the same reserve the
 //   planner uses, less what its replicas use) and free cores cover the need, and the node
-//   has the engine (llamacpp: the bundled llama.cpp or llama-server; vllm: vLLM). Cores
+//   has the engine (llamacpp: the bundled llama.cpp or llama-server, only llama-server when
+//   the profile passes engine_args, which are its options; vllm: vLLM). Cores
 //   may be fractions (a small model's share, plan/cpu-share.ts): a node takes replicas
 //   while the sum of their cores stays within its own, and quarters add up exactly.
 // - GPU option: `perNode` whole GPUs of the class (normalizeGpuClass on both sides), free,
@@ -22,8 +23,10 @@
 //   node's llama-server, since the bundled llama.cpp is the CPU build. The replica's host
 //   memory and cores are checked on each node as for a CPU option.
 // - Among nodes that fit: first those without a replica of the model (a node's `models`
-//   holds modelIds; replicas of one model on different nodes survive a node's loss), then those that hold the weights (no fetch),
-//   then the best fit (least free memory left; for GPUs the fewest free GPUs of the class
+//   holds modelIds; replicas of one model on different nodes survive a node's loss; the
+//   reconciler leaves out replicas being replaced, so an update's successors spread too,
+//   and moves a replica when a model's replicas ended up together), then those that hold
+//   the weights (no fetch), then the best fit (least free memory left; for GPUs the fewest free GPUs of the class
 //   left, then the least memory), then the node's name. GPUs within a node: the smallest
 //   that fit, then the lowest index.
 // - An explanation gives each node's first shortfall per option: first what the node lacks
@@ -212,10 +215,11 @@ function workNode(node: PlacementNode): WorkNode {
   };
 }
 
-/** ENGINE_* bits of the engines an option runs on: GPU llama.cpp needs llama-server. */
+/** ENGINE_* bits of the engines an option runs on: GPU llama.cpp, and llama.cpp with engine_args, need llama-server. */
 function enginesFor(option: PlacementOption): number {
-  if (option.needs.engine === "vllm") return ENGINE_VLLM;
-  return option.needs.gpu === undefined ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER : ENGINE_LLAMA_SERVER;
+  const { needs } = option;
+  if (needs.engine === "vllm") return ENGINE_VLLM;
+  return needs.gpu === undefined && needs.llamaServerArgs !== true ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER : ENGINE_LLAMA_SERVER;
 }
 
 function hasEngine(node: WorkNode, option: PlacementOption): boolean {
@@ -359,7 +363,8 @@ function shortfall(node: WorkNode, text: OptionText): string {
   const gpu = needs.gpu;
   if (!hasEngine(node, option)) {
     if (needs.engine === "vllm") return "no vllm engine";
-    return gpu === undefined ? "no llama.cpp engine" : "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
+    if (gpu !== undefined) return "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
+    return needs.llamaServerArgs === true ? "no llama-server engine (the profile's engine_args are llama-server options)" : "no llama.cpp engine";
   }
   // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
   let big = 0;

@@ -269,3 +269,132 @@ test("a model no node can take says what each node lacks", () => {
   const decision = reconcile(input({ models: [m], nodes: [node("small", 4), node("gone", 64, "lost")] }));
   assert.deepEqual(decision.unplaceable.get(m.id), ["gone: lost", "small: has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 4.0 GiB"]);
 });
+
+// --- Spread and rebalance ---------------------------------------------------------------
+
+test("an update's successors spread: replicas being replaced do not count as the model on their node", () => {
+  const old = model("a", { min: 2, max: 2 }, "1");
+  const changed = model("a", { min: 2, max: 2 }, "2");
+  // Both old replicas on x (after y was lost and came back). y is smaller, so bin-packing
+  // alone would put both successors there; counting the old ones as "a on x" did just that.
+  const x = node("x", 32);
+  const y = node("y", 16);
+  const replicas = [replica("old-1", old, x), replica("old-2", old, x)];
+  for (const holding of [new Set<string>(), new Set([changed.id])]) {
+    const decision = reconcile(input({ models: [changed], nodes: [x, y], replicas, holding }));
+    assert.deepEqual(decision.create.map((r) => r.nodeIds[0]).sort(), ["n-x", "n-y"], `one successor on each node (held: ${holding.size > 0})`);
+  }
+  // Half updated: y runs a current replica, x only an old one, so the next successor goes to x
+  // (by fit alone, y would take it: it has less room left).
+  const half = reconcile(input({ models: [changed], nodes: [x, y], replicas: [replica("cur", changed, y), replica("old", old, x)] }));
+  assert.deepEqual(
+    half.create.map((r) => r.nodeIds[0]),
+    ["n-x"],
+  );
+});
+
+test("rebalance: two ready replicas on x and a ready y with room: one more starts on y, and one on x stops only once it is ready", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const x = node("x", 32);
+  const y = node("y", 16);
+  const together = [replica("r1", m, x, { startedAt: "2026-01-01T00:00:01Z" }), replica("r2", m, x, { startedAt: "2026-01-01T00:00:02Z" })];
+  const first = reconcile(input({ models: [m], nodes: [x, y], replicas: together }));
+  assert.deepEqual(
+    first.create.map((r) => r.nodeIds),
+    [["n-y"]],
+  );
+  assert.deepEqual(first.stop, [], "nothing stops before the new one serves");
+  assert.deepEqual(first.moves, [{ modelId: m.id, replicaId: "new-1", from: "n-x", to: ["n-y"] }]);
+  assert.equal(first.spread.get(m.id), "2 replicas on x: moving one to y");
+
+  // Starting (or failed and waiting for its node's retry): nothing stops, nothing more starts.
+  for (const state of ["placed", "starting", "failed"] as const) {
+    const moving = reconcile(input({ models: [m], nodes: [x, y], replicas: [...together, replica("new-1", m, y, { state })] }));
+    assert.deepEqual(moving.stop, [], `${state}: no stop`);
+    assert.deepEqual(moving.create, [], `${state}: one move at a time`);
+    assert.equal(moving.spread.get(m.id), "2 replicas on x: moving one to y");
+  }
+
+  // Ready: one of x's stops (not the newest replica, which is the one on y).
+  const done = reconcile(input({ models: [m], nodes: [x, y], replicas: [...together, replica("new-1", m, y, { startedAt: "2026-01-01T00:00:09Z" })] }));
+  assert.deepEqual(done.create, []);
+  assert.equal(done.stop.length, 1);
+  assert.match(done.stop[0]!.id, /^r[12]$/);
+  assert.match(done.stop[0]!.why, /shared node 'x'/);
+
+  // Spread: nothing more moves, back or forth.
+  const spread = reconcile(input({ models: [m], nodes: [x, y], replicas: [replica("r1", m, x), replica("new-1", m, y)] }));
+  assert.deepEqual([spread.create, spread.stop, spread.moves, spread.spread.size], [[], [], [], 0]);
+});
+
+test("no move when the other node lacks room, is lost, or just came back; the model's spread line says why", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const other = model("b", { min: 1, max: 1 });
+  const x = node("x", 32);
+  const y = node("y", 16);
+  const together = [replica("r1", m, x), replica("r2", m, x)];
+
+  // y's room is taken by another model's replica: 14 GiB usable, 12 used.
+  const full = reconcile(
+    input({
+      models: [m, other],
+      nodes: [x, y],
+      replicas: [...together, replica("b1", other, y, { needs: { engine: "llamacpp", memoryBytes: 12 * GiB, cores: 1 } })],
+    }),
+  );
+  assert.deepEqual(full.create, []);
+  assert.equal(full.spread.get(m.id), "2 replicas on x: y has no room (2.0 GiB free, needs 4.0 GiB)");
+
+  const tiny = reconcile(input({ models: [m], nodes: [x, node("y", 4)], replicas: together }));
+  assert.equal(tiny.spread.get(m.id), "2 replicas on x: y cannot run it (has 2.0 GiB in all (4.0 GiB less 2.0 GiB kept for the system), needs 4.0 GiB)");
+
+  const lost = reconcile(input({ models: [m], nodes: [x, node("y", 16, "lost")], replicas: together }));
+  assert.deepEqual(lost.create, []);
+  assert.equal(lost.spread.get(m.id), "2 replicas on x: y is lost");
+
+  const back = reconcile(input({ models: [m], nodes: [x, y], replicas: together, settling: new Map([["n-y", 6_500]]) }));
+  assert.deepEqual(back.create, [], "a node that just came back gets no move yet");
+  assert.equal(back.spread.get(m.id), "2 replicas on x: y came back a moment ago; one moves there in 7 s if it stays");
+
+  const alone = reconcile(input({ models: [m], nodes: [x], replicas: together }));
+  assert.equal(alone.spread.get(m.id), "2 replicas on x: x is the only node");
+});
+
+test("no move while the model is not all ready, held by an update, or parked", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const x = node("x", 32);
+  const y = node("y", 16);
+  const notReady = reconcile(input({ models: [m], nodes: [x, y], replicas: [replica("r1", m, x), replica("r2", m, x, { state: "starting" })] }));
+  assert.deepEqual(notReady.create, []);
+  assert.equal(notReady.spread.get(m.id), "2 replicas on x: one moves to another node once all its replicas are ready");
+  const together = [replica("r1", m, x), replica("r2", m, x)];
+  const held = reconcile(input({ models: [m], nodes: [x, y], replicas: together, holding: new Set([m.id]) }));
+  assert.deepEqual(held.create, []);
+  assert.match(held.spread.get(m.id) ?? "", /once its update/);
+  const parked = reconcile(input({ models: [m], nodes: [x, y], replicas: together, parked: new Set([m.id]) }));
+  assert.deepEqual(parked.create, []);
+  assert.match(parked.spread.get(m.id) ?? "", /once the model is unparked/);
+});
+
+test("scaling down stops replicas on the most crowded node first, so the ones left are spread", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const x = node("x", 32);
+  const y = node("y", 16);
+  // The newest is on y: by age alone it would go, leaving both on x.
+  const decision = reconcile(
+    input({
+      models: [m],
+      nodes: [x, y],
+      replicas: [
+        replica("x1", m, x, { startedAt: "2026-01-01T00:00:01Z" }),
+        replica("x2", m, x, { startedAt: "2026-01-01T00:00:02Z" }),
+        replica("y1", m, y, { startedAt: "2026-01-01T00:00:03Z" }),
+        replica("y2", m, y, { startedAt: "2026-01-01T00:00:04Z" }),
+      ].slice(0, 3),
+    }),
+  );
+  assert.deepEqual(
+    decision.stop.map((s) => s.id),
+    ["x2"],
+  );
+});

@@ -16,13 +16,26 @@
 //   replicas that are outdated only by their fingerprint and have not failed keep running
 //   alongside the new ones, and never make room for them (an update needs room for both);
 //   ones on a draining or lost node go as above.
-// - Extra replicas (scaled down, idle) stop, those not ready first.
+// - Extra replicas (scaled down, idle) stop, those not ready first, then those on the node
+//   with the most replicas of the model (spread.ts).
+// - Spread: replicas of one model go to different nodes whenever nodes with room exist
+//   (placement prefers nodes without the model). Only replicas that stay count as "the
+//   model is on that node": one being replaced (an older definition, on a draining node,
+//   being drained or stopped) does not, so an update's successors spread too.
+// - Rebalance: a model whose replicas are all ready and current, with two or more on one
+//   node while a ready node without any of them has room, gets one more replica there (a
+//   move); once it is ready, one of the crowded node's replicas stops (drained first), so
+//   no request fails. One move at a time per model; none while the model is updated,
+//   held, parked or not all ready; none to a node that came back or joined less than a
+//   settling time ago (`settling`), so a flapping node is not given replicas to lose. A
+//   move never crowds a node, so it cannot be undone by the next one.
 // - A replica holds its room (memory, cores, GPUs) until its node confirms it stopped: a
 //   stopping engine still has its memory, and a GPU is never given to two at once.
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { FleetNode } from "./node-registry.ts";
 import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
 import type { ReplicaRecord } from "./replica-rows.ts";
+import { crowdedNodes, crowdText, moveUnderway, pickExtras, whyNotThere } from "./spread.ts";
 
 export interface ReconcileInput {
   models: readonly CatalogModel[];
@@ -42,6 +55,11 @@ export interface ReconcileInput {
   cachedWeights: (nodeId: string) => ReadonlySet<string>;
   place: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
   newReplicaId: () => string;
+  /**
+   * Nodes that came back or joined a moment ago → ms until a rebalance move may go there
+   * (absent: settled). New replicas the model needs are placed there at once.
+   */
+  settling?: ReadonlyMap<string, number>;
 }
 
 export interface NewReplica {
@@ -61,6 +79,19 @@ export interface ReconcileDecision {
   stop: Array<{ id: string; why: string }>;
   /** Models that wanted a replica no node could take, with one line per node. */
   unplaceable: Map<string, string[]>;
+  /** Rebalance moves started: the new replica (in `create`), and the crowded node one of its model's replicas leaves. */
+  moves: Array<{ modelId: string; replicaId: string; from: string; to: string[] }>;
+  /** Models whose replicas share a node, with why ("2 replicas on n1: n2 is lost"). */
+  spread: Map<string, string>;
+}
+
+/** A model with replicas sharing a node, as the rebalance sees it. */
+interface Crowded {
+  model: CatalogModel;
+  crowded: Array<{ nodeId: string; count: number }>;
+  options: PlacementOption[];
+  /** Why no move is tried now, or null when one is. */
+  waiting: string | null;
 }
 
 /** Whether a model's replicas are started by the fleet (it has an engine profile). */
@@ -69,8 +100,9 @@ export function runsOnEngines(model: CatalogModel): boolean {
 }
 
 export function reconcile(input: ReconcileInput): ReconcileDecision {
-  const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map() };
+  const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map(), moves: [], spread: new Map() };
   const nodesById = new Map(input.nodes.map((node) => [node.id, node]));
+  const nodeName = (id: string) => nodesById.get(id)?.name ?? id;
   const live = input.replicas.filter((r) => r.desired === "run");
   const onLostNode = (replica: ReplicaRecord) => replica.nodeIds.some((id) => nodesById.get(id) === undefined || nodesById.get(id)!.state === "lost");
   const stopped = new Set<string>();
@@ -94,6 +126,9 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
   }
 
   const requests: PlacementRequest[] = [];
+  /** Replicas being replaced (leaving): they do not count as their model being on their node. */
+  const replaced = new Set<string>();
+  const crowdedModels: Crowded[] = [];
   const requestModel = new Map<string, { model: CatalogModel; replaceable: ReplicaRecord[] }>();
   const optionsByModel = new Map<string, PlacementOption[]>();
   for (const model of input.models) {
@@ -118,12 +153,20 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
         current.push(replica);
       }
     }
-    // Extra replicas stop, the ones that are not serving first.
-    if (current.length > wanted) {
-      const order = [...current].sort((a, b) => rank(a) - rank(b) || (b.startedAt ?? "").localeCompare(a.startedAt ?? ""));
-      for (const extra of order.slice(0, current.length - wanted)) stop(extra.id, "more replicas than the model wants");
-      current.splice(0, current.length, ...order.slice(current.length - wanted));
+    for (const old of leaving) replaced.add(old.id);
+    // Extra replicas stop, the ones that are not serving first, then those on crowded nodes;
+    // while a rebalance move's new replica starts, nothing (it is the extra one for now).
+    const mover = moveUnderway(current, wanted);
+    if (current.length > wanted && mover === null) {
+      const extras = pickExtras(current, current.length - wanted);
+      const crowded = new Set(crowdedNodes(current).map((c) => c.nodeId));
+      for (const extra of extras) {
+        const shared = extra.nodeIds.find((id) => crowded.has(id));
+        stop(extra.id, `more replicas than the model wants${shared === undefined ? "" : `; this one shared node '${nodeName(shared)}' with another`}`);
+      }
+      current.splice(0, current.length, ...current.filter((replica) => !extras.includes(replica)));
     }
+    for (const replica of current) if (replica.state === "stopping") replaced.add(replica.id);
     const readyCurrent = current.filter((r) => r.state === "ready").length;
     const held = input.holding.has(model.id);
     for (const old of leaving) {
@@ -134,7 +177,25 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       if (held && keptWhileHeld(old) && !onDrainingNode.has(old.id)) continue;
       if (old.state !== "ready" || readyCurrent >= wanted) stop(old.id, "replaced by a replica of the current definition or another node");
     }
-    const missing = input.parked.has(model.id) ? 0 : wanted - current.length;
+    const parked = input.parked.has(model.id);
+    const staying = current.filter((replica) => replica.id !== mover?.id);
+    const crowded = crowdedNodes(staying);
+    if (crowded.length > 0) {
+      const waiting =
+        mover !== null
+          ? `moving one to ${mover.nodeIds.map(nodeName).join(", ")}`
+          : parked
+            ? "one moves to another node once the model is unparked"
+            : held || leaving.some((r) => !stopped.has(r.id))
+              ? "one moves to another node once its update (or the replacing of its replicas) is done"
+              : staying.length !== wanted || staying.some((r) => r.state !== "ready")
+                ? "one moves to another node once all its replicas are ready"
+                : options === null || options.length === 0
+                  ? "one moves to another node once its weights are known"
+                  : null;
+      crowdedModels.push({ model, crowded, options: options ?? [], waiting });
+    }
+    const missing = parked ? 0 : wanted - current.length;
     if (missing <= 0) continue;
     if (options === null || options.length === 0) continue;
     optionsByModel.set(model.id, options);
@@ -146,7 +207,9 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       requestModel.set(key, { model, replaceable: leaving.filter((r) => !stopped.has(r.id) && !(held && keptWhileHeld(r) && !onDrainingNode.has(r.id))) });
     }
   }
-  if (requests.length === 0) return decision;
+  const movable = crowdedModels.filter((c) => c.waiting === null);
+  for (const c of crowdedModels) if (c.waiting !== null) decision.spread.set(c.model.id, `${crowdText(c.crowded, nodeName)}: ${c.waiting}`);
+  if (requests.length === 0 && movable.length === 0) return decision;
 
   // What the replicas hold, node by node: every one whose node has not confirmed its stop.
   const usage = new Map<string, { memoryBytes: number; cores: number; gpus: number[]; models: Set<string> }>();
@@ -160,7 +223,7 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       const gpus = replica.gpus[nodeId] ?? [];
       if (sign === 1) used.gpus.push(...gpus);
       else used.gpus = used.gpus.filter((index) => !gpus.includes(index));
-      if (sign === 1 && replica.desired === "run" && !stopped.has(replica.id)) used.models.add(replica.modelId);
+      if (sign === 1 && replica.desired === "run" && !stopped.has(replica.id) && !replaced.has(replica.id)) used.models.add(replica.modelId);
     }
   };
   for (const replica of input.replicas) if (!onLostNode(replica)) hold(replica, 1);
@@ -178,10 +241,14 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
         cachedWeights: input.cachedWeights(node.id),
       };
     });
-  const result = input.place({ nodes: placementNodes(), requests });
-  for (const placed of result.placed) {
-    const { model } = requestModel.get(placed.key)!;
-    const option = optionsByModel.get(model.id)!.find((o) => o.profile === placed.profile)!;
+  const result = requests.length === 0 ? { placed: [], unplaceable: [] } : input.place({ nodes: placementNodes(), requests });
+  /** A replica to create for what placement chose; returns the option it uses. */
+  const createPlaced = (
+    model: CatalogModel,
+    options: readonly PlacementOption[],
+    placed: { key: string; profile: string; nodeIds: string[]; gpus: Record<string, number[]> },
+  ) => {
+    const option = options.find((o) => o.profile === placed.profile)!;
     decision.create.push({
       id: placed.key,
       modelId: model.id,
@@ -192,6 +259,11 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       fingerprint: input.fingerprintOf(model, placed.profile),
       needs: option.needs,
     });
+    return option;
+  };
+  for (const placed of result.placed) {
+    const { model } = requestModel.get(placed.key)!;
+    createPlaced(model, optionsByModel.get(model.id)!, placed);
   }
   for (const unplaceable of result.unplaceable) {
     const { replaceable } = requestModel.get(unplaceable.key)!;
@@ -208,6 +280,45 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     if (old !== undefined) stop(old.id, "making room for its successor");
     else decision.unplaceable.set(unplaceable.modelId, unplaceable.explanation);
   }
+
+  // Rebalance moves come last, each seeing the room the replicas placed above took.
+  const take = (nodeIds: string[], needs: ReplicaNeeds, gpus: Record<string, number[]>, modelId: string) => {
+    for (const nodeId of nodeIds) {
+      const used = usage.get(nodeId);
+      if (used === undefined) continue;
+      used.memoryBytes += needs.memoryBytes;
+      used.cores += needs.cores;
+      used.gpus.push(...(gpus[nodeId] ?? []));
+      used.models.add(modelId);
+    }
+  };
+  for (const created of decision.create) take(created.nodeIds, created.needs, created.gpus, created.modelId);
+  for (const c of movable) {
+    const { model, options } = c;
+    const settling = input.settling ?? new Map<string, number>();
+    // Only nodes without a replica of the model, and not settling, are offered.
+    const others = placementNodes().filter((node) => !node.models.has(model.id));
+    const offered = others.filter((node) => !settling.has(node.id));
+    const request: PlacementRequest = { key: input.newReplicaId(), modelId: model.id, modelName: model.name, options, weightsKey: input.weightsKeyOf(model) };
+    const outcome = offered.length === 0 ? null : input.place({ nodes: offered, requests: [request] });
+    const placed = outcome?.placed[0];
+    const crowd = crowdText(c.crowded, nodeName);
+    if (placed === undefined) {
+      const reasons = (outcome?.unplaceable[0]?.explanation ?? []).map(whyNotThere);
+      for (const node of others) {
+        const leftMs = settling.get(node.id);
+        if (leftMs !== undefined) reasons.push(`${node.name} came back a moment ago; one moves there in ${Math.ceil(leftMs / 1000)} s if it stays`);
+      }
+      if (reasons.length === 0)
+        reasons.push(input.nodes.length === 1 ? `${nodeName(c.crowded[0]!.nodeId)} is the only node` : "every other node runs one already");
+      decision.spread.set(model.id, `${crowd}: ${reasons.join("; ")}`);
+      continue;
+    }
+    const option = createPlaced(model, options, placed);
+    take(placed.nodeIds, option.needs, placed.gpus, model.id);
+    decision.moves.push({ modelId: model.id, replicaId: placed.key, from: c.crowded[0]!.nodeId, to: placed.nodeIds });
+    decision.spread.set(model.id, `${crowd}: moving one to ${placed.nodeIds.map(nodeName).join(", ")}`);
+  }
   return decision;
 }
 
@@ -217,17 +328,4 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
  */
 function keptWhileHeld(replica: ReplicaRecord): boolean {
   return replica.state !== "failed" && replica.state !== "parked";
-}
-
-/** Stop order among extras: parked and failed first, ready last. */
-function rank(replica: ReplicaRecord): number {
-  switch (replica.state) {
-    case "parked":
-    case "failed":
-      return 0;
-    case "ready":
-      return 2;
-    default:
-      return 1;
-  }
 }

@@ -22,6 +22,8 @@
 //   What a GPU offers each engine (vLLM claims 90% of it; llama.cpp loses 512 MiB to the
 //   CUDA context) is placement's concern, not counted here. The host side of a GPU replica
 //   is the engine process: 1 GiB and 1 core.
+// - A llamacpp profile with engine_args needs llama-server, whose options they are
+//   (engines/engine-args-check.ts): `llamaServerArgs`, which placement reads.
 import type { Profile } from "../catalog/model-schema.ts";
 import { BadRequestError } from "../core/errors.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
@@ -62,7 +64,7 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
     const minMemoryGb = profile.hardware.cpu?.min_memory_gb;
     const memoryBytes =
       minMemoryGb !== undefined ? Math.ceil(minMemoryGb * GiB) : engine === "llamacpp" ? llamaCppTotalBytes(input) : vllmBytes(weightsBytes, 1);
-    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes) };
+    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes), ...llamaServerArgs(profile) };
   }
   const { class: gpuClass, gpus_per_node: perNode, nodes } = gpu;
   let memoryBytesPerGpu: number;
@@ -80,7 +82,18 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
   } else {
     memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes);
   }
-  return { engine, memoryBytes: GPU_REPLICA_HOST_BYTES, cores: 1, gpu: { class: gpuClass, perNode, nodes, memoryBytesPerGpu } };
+  return {
+    engine,
+    memoryBytes: GPU_REPLICA_HOST_BYTES,
+    cores: 1,
+    gpu: { class: gpuClass, perNode, nodes, memoryBytesPerGpu },
+    ...llamaServerArgs(profile),
+  };
+}
+
+/** `llamaServerArgs` for a llamacpp profile that passes engine_args; nothing otherwise. */
+function llamaServerArgs(profile: Profile): Pick<ReplicaNeeds, "llamaServerArgs"> {
+  return profile.engine === "llamacpp" && profile.engine_args.length > 0 ? { llamaServerArgs: true } : {};
 }
 
 function llamaCppEstimate(header: GgufModelShape, input: ReplicaNeedsInput) {

@@ -5,13 +5,20 @@
 // event loop, so it uses one cached prepared statement in a transaction (a few µs a row)
 // rather than a many-parameter Kysely insert compiled per batch, which the gateway
 // benchmark measured at ~15 µs a row and up to 40 ms of blocking per flush. When the
-// store refuses writes (a full disk), rows are dropped, never retried into an ever
-// growing queue: the count is kept (/readyz shows it) and logged at most once a minute.
+// store refuses writes with a storage fault (PostgreSQL unreachable, a full disk), rows
+// are spooled (usage-spool.ts: memory, then files in the data dir, both bounded) and
+// written when the store takes them again, retried with backoff; while rows are spooled,
+// new batches join them rather than wait on a failing store. Only rows past the spool's
+// bounds (or refused for another reason) are dropped: the count is kept (/readyz and
+// /metrics show it) and logged at most once a minute.
 // Each flush also adds the batch to the per-minute and per-hour aggregates (src/usage), in
 // the same transaction: the batch is summed in memory first, so a flush costs one upsert
 // per (minute, key, model) and one per (hour, key, model) it touched, not one per row.
+import { Backoff } from "../core/backoff.ts";
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
+import { UsageSpool } from "./usage-spool.ts";
 import type { Statement } from "better-sqlite3";
 import type { Kysely } from "kysely";
 import type { Store } from "../store/store.ts";
@@ -42,10 +49,17 @@ export interface UsageRecorderOptions {
   flushIntervalMs?: number;
   maxBatch?: number;
   clock?: () => number;
+  /** Where rows the store refuses are spooled past the memory bound (DATA_DIR/usage-spool); absent: memory only. */
+  dataDir?: string;
+  /** Spool bounds (tests make them small): rows kept in memory, bytes of files. */
+  spoolMemoryRows?: number;
+  spoolFileBytes?: number;
 }
 
 /** At most one log line a minute about dropped rows, however many requests there are. */
 const DROP_LOG_INTERVAL_MS = 60_000;
+/** Rows a PostgreSQL insert statement carries (13 parameters a row, well under its 65,535). */
+const POSTGRES_INSERT_ROWS = 1000;
 
 export class UsageRecorder {
   private queue: UsageRow[] = [];
@@ -59,6 +73,12 @@ export class UsageRecorder {
   /** Dropped since the last log line about it. */
   private droppedUnlogged = 0;
   private lastDropLogAt = Number.NEGATIVE_INFINITY;
+  private readonly spool: UsageSpool;
+  private readonly drainBackoff = new Backoff({ baseMs: 250, maxMs: 5000, jitter: 0.2 });
+  private drainTimer: NodeJS.Timeout | undefined;
+  private closed = false;
+  /** The storage fault the spooled rows wait out: what a drop while they wait is logged with. */
+  private lastFault: StorageUnavailableError | undefined;
 
   constructor(private readonly options: UsageRecorderOptions) {
     this.flushIntervalMs = options.flushIntervalMs ?? 1000;
@@ -79,6 +99,18 @@ export class UsageRecorder {
         for (const aggregate of aggregates.hour) upsertHour.run(aggregate);
       });
     }
+    this.spool = new UsageSpool({
+      ...(options.dataDir === undefined ? {} : { dataDir: options.dataDir }),
+      ...(options.spoolMemoryRows === undefined ? {} : { memoryRows: options.spoolMemoryRows }),
+      ...(options.spoolFileBytes === undefined ? {} : { fileBytes: options.spoolFileBytes }),
+    });
+    if (!this.spool.isEmpty()) {
+      options.logger?.info(
+        { rows: this.spool.rows(), dir: this.spool.where() },
+        `found ${this.spool.rows()} usage rows spooled by an earlier run while the store refused them; writing them now`,
+      );
+      this.scheduleDrain();
+    }
   }
 
   record(row: UsageRow): void {
@@ -91,7 +123,7 @@ export class UsageRecorder {
     }
   }
 
-  /** Writes everything queued so far; resolves when it is in the store. */
+  /** Writes everything queued so far; resolves when it is in the store, or spooled while the store refuses it. */
   flush(): Promise<void> {
     if (this.timer !== undefined) {
       clearTimeout(this.timer);
@@ -101,38 +133,134 @@ export class UsageRecorder {
     this.queue = [];
     if (batch.length > 0) {
       this.writing = this.writing.then(async () => {
+        // Rows are waiting for the store: these join them instead of trying a store that just failed.
+        if (!this.spool.isEmpty()) {
+          await this.keep(batch, undefined);
+          return;
+        }
         try {
-          if (this.insertSqlite !== undefined) this.insertSqlite(batch);
-          else {
-            await this.options.store.db.transaction().execute(async (trx) => {
-              await trx.insertInto("usage").values(batch).execute();
-              const aggregates = aggregateUsage(batch);
-              await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "minute", aggregates.minute);
-              await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "hour", aggregates.hour);
-            });
-          }
+          await this.write(batch);
         } catch (error) {
-          this.dropped(batch.length, error);
+          // The SQLite path runs outside Kysely: let the store name the fault (and note it for /readyz).
+          const named = this.options.store.nameFault(error);
+          if (named instanceof StorageUnavailableError) await this.keep(batch, named);
+          else this.dropped(batch.length, named);
         }
       });
     }
     return this.writing;
   }
 
-  /** Usage rows lost since start because the store refused them. */
+  /** Usage rows lost since start: refused by the store and past the spool's bounds, or refused for another reason. */
   droppedRows(): number {
     return this.droppedTotal;
   }
 
-  /** Writes what is queued and logs the drops not yet logged (on shutdown). */
+  /** Usage rows waiting in the spool (memory and files) for the store to take them. */
+  spooledRows(): number {
+    return this.spool.rows();
+  }
+
+  /**
+   * Writes what is queued and what is spooled; what the store still refuses is moved to
+   * the spool's files for the next start. Logs the drops not yet logged (on shutdown).
+   */
   async close(): Promise<void> {
     await this.flush();
+    this.closed = true;
+    if (this.drainTimer !== undefined) clearTimeout(this.drainTimer);
+    this.drainTimer = undefined;
+    if (!this.spool.isEmpty()) {
+      this.writing = this.writing.then(() => this.drain());
+      await this.writing;
+    }
+    if (!this.spool.isEmpty()) {
+      const { dropped, error } = await this.spool.persistMemory();
+      if (dropped > 0) this.dropped(dropped, error);
+      if (this.spool.rows() > 0) {
+        this.options.logger?.warn(
+          { rows: this.spool.rows(), dir: this.spool.where() },
+          `${this.spool.rows()} usage rows the store refused are kept in the spool files; the next start writes them`,
+        );
+      }
+    }
     if (this.droppedUnlogged > 0) this.logDrops(undefined);
   }
 
-  private dropped(rows: number, error: unknown): void {
-    // The SQLite path runs outside Kysely: let the store name the fault (and note it for /readyz).
-    const named = this.options.store.nameFault(error);
+  /** Inserts rows and adds them to the aggregates, in one transaction. */
+  private async write(rows: UsageRow[]): Promise<void> {
+    if (this.insertSqlite !== undefined) {
+      this.insertSqlite(rows);
+      return;
+    }
+    await this.options.store.db.transaction().execute(async (trx) => {
+      for (let start = 0; start < rows.length; start += POSTGRES_INSERT_ROWS) {
+        await trx
+          .insertInto("usage")
+          .values(rows.slice(start, start + POSTGRES_INSERT_ROWS))
+          .execute();
+      }
+      const aggregates = aggregateUsage(rows);
+      await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "minute", aggregates.minute);
+      await upsertAggregates(trx as unknown as Kysely<unknown>, "postgres", "hour", aggregates.hour);
+    });
+  }
+
+  /** Spools rows the store refused (the first time, says so); rows past the bounds are dropped and counted. */
+  private async keep(rows: UsageRow[], fault: StorageUnavailableError | undefined): Promise<void> {
+    const wasEmpty = this.spool.isEmpty();
+    if (fault !== undefined) this.lastFault = fault;
+    const { dropped, error } = await this.spool.add(rows);
+    if (wasEmpty && fault !== undefined) {
+      const { memoryRows, fileBytes } = this.spool.bounds;
+      const files = this.spool.where() === undefined ? "" : `, then in ${this.spool.where()} up to ${Math.round(fileBytes / (1024 * 1024))} MB`;
+      this.options.logger?.warn(
+        { err: fault.message, memory_rows: memoryRows, file_bytes: fileBytes },
+        `the store refuses usage rows: keeping them (up to ${memoryRows} in memory${files}) and writing them when it takes them again; requests are still answered`,
+      );
+    }
+    if (dropped > 0) this.dropped(dropped, error ?? this.lastFault);
+    this.scheduleDrain();
+  }
+
+  private scheduleDrain(): void {
+    if (this.drainTimer !== undefined || this.closed) return;
+    this.drainTimer = setTimeout(() => {
+      this.drainTimer = undefined;
+      this.writing = this.writing.then(() => this.drain());
+    }, this.drainBackoff.delayMs || 250);
+    this.drainTimer.unref();
+  }
+
+  /** Writes the spooled rows; on a storage fault tries again later, with backoff. */
+  private async drain(): Promise<void> {
+    if (this.spool.isEmpty()) return;
+    const before = this.spool.rows();
+    try {
+      const { written, unreadable } = await this.spool.drain((rows) => this.writeOrDrop(rows));
+      this.drainBackoff.succeeded();
+      if (unreadable > 0) this.dropped(unreadable, undefined);
+      this.options.logger?.info({ rows: written }, `wrote ${written} spooled usage rows: the store takes them again`);
+    } catch (error) {
+      if (error instanceof StorageUnavailableError) this.lastFault = error;
+      const waitMs = this.drainBackoff.failed();
+      this.options.logger?.debug({ err: describeError(error), rows: before, retry_in_ms: waitMs }, "spooled usage rows are still refused");
+      if (!this.closed) this.scheduleDrain();
+    }
+  }
+
+  /** write(), except that a failure other than a storage fault drops the rows (counted): retrying cannot help them. */
+  private async writeOrDrop(rows: UsageRow[]): Promise<void> {
+    try {
+      await this.write(rows);
+    } catch (error) {
+      const named = this.options.store.nameFault(error);
+      if (named instanceof StorageUnavailableError) throw named;
+      this.dropped(rows.length, named);
+    }
+  }
+
+  private dropped(rows: number, named: unknown): void {
     this.droppedTotal += rows;
     this.droppedUnlogged += rows;
     if (this.clock() - this.lastDropLogAt >= DROP_LOG_INTERVAL_MS) this.logDrops(named);

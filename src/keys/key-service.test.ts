@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { test } from "node:test";
 import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -7,6 +8,9 @@ import { readAudit } from "../store/audit.ts";
 import { hashKey, KeyService } from "./key-service.ts";
 import { resetAdminKey } from "./admin-key-reset.ts";
 import { testBothDatabases, testBothStores } from "../../test/support/stores.ts";
+import { postgresViaProxy } from "../../test/support/postgres-via-proxy.ts";
+import { eventually } from "../../test/support/eventually.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
 
 testBothStores("keys are stored as hashes, verified, limited and revoked at once", async (store) => {
   let now = Date.parse("2026-11-30T10:00:00Z");
@@ -235,4 +239,75 @@ testBothStores("a key's guards are checked by the given checker, stored, shown, 
   now = Date.parse("2026-11-30T12:00:00Z");
   await keys.revoke("kiosk", "admin:root");
   assert.deepEqual(await keys.guardReferences(), []);
+});
+
+test("while PostgreSQL is cut, keys read within the grace keep working from memory; others get 503 at once; revocations hold", async (t) => {
+  const pg = await postgresViaProxy(t);
+  if (pg === null) return;
+  const other = await pg.direct();
+  try {
+    let now = Date.parse("2026-11-30T10:00:00Z");
+    const keys = new KeyService({ store: pg.store, clock: () => now, keyGraceMs: 60_000 });
+    const elsewhere = new KeyService({ store: other, clock: () => now });
+    const graced = await keys.create({ name: "graced" }, "t");
+    const old = await keys.create({ name: "old" }, "t");
+    const revokedHere = await keys.create({ name: "revoked-here" }, "t");
+    const revokedElsewhere = await keys.create({ name: "revoked-elsewhere" }, "t");
+    const revokedDuring = await keys.create({ name: "revoked-during" }, "t");
+    const neverSeen = await keys.create({ name: "never-seen" }, "t");
+    for (const { key } of [old, revokedElsewhere]) await keys.verify(key);
+    await elsewhere.revoke("revoked-elsewhere", "t");
+    // Another server's change reaches this one: the entries stay, marked stale, and are read again in the background.
+    keys.forgetCached();
+    await eventually("the background re-check after forgetCached", () => !keys.rechecksPending());
+    now += 61_000; // `old` was read from the database longer ago than the grace.
+    for (const { key } of [graced, revokedHere, revokedDuring]) await keys.verify(key);
+    await keys.revoke("revoked-here", "t");
+
+    await pg.cut();
+    now += 6000; // Past the cache's 5 s: each key would be read again.
+    assert.equal((await keys.verify(graced.key)).name, "graced", "a key read within the grace works while the database is cut");
+    const isStorageUnavailable = (e: unknown) => e instanceof StorageUnavailableError && e.status === 503 && e.headers["retry-after"] !== undefined;
+    await assert.rejects(keys.verify(old.key), isStorageUnavailable, "a key read longer ago than the grace gets 503");
+    await assert.rejects(keys.verify(revokedHere.key), isStorageUnavailable, "a key revoked on this server before the outage stays refused");
+    await assert.rejects(keys.verify(revokedElsewhere.key), isStorageUnavailable, "a key revoked elsewhere before the outage stays refused");
+    // A database that stops answering altogether: the outage is known, so nothing waits on it.
+    await pg.proxy.set("forward");
+    await pg.proxy.set("blackhole");
+    await assert.rejects(keys.verify(neverSeen.key), isStorageUnavailable, "a key never seen gets 503 without waiting on the database");
+    for (let request = 0; request < 20; request += 1) assert.equal((await keys.verify(graced.key)).name, "graced");
+    // Revoked on a server that still reaches the database: it applies once this one does too.
+    await elsewhere.revoke("revoked-during", "t");
+    assert.equal((await keys.verify(revokedDuring.key)).name, "revoked-during", "served from memory until the database answers again");
+
+    await pg.proxy.set("forward");
+    await eventually("the never-seen key to work once the database answers", () => keys.verify(neverSeen.key).then((p) => p.name === "never-seen"));
+    await eventually("the revocation made during the outage to apply", () =>
+      keys.verify(revokedDuring.key).then(
+        () => false,
+        (e: unknown) => e instanceof AuthenticationError && e.code === "revoked_api_key",
+      ),
+    );
+    assert.equal((await keys.verify(graced.key)).name, "graced");
+  } finally {
+    await other.close();
+    await pg.cleanup();
+  }
+});
+
+test("with --key-grace 0 a cut database refuses every key that is not fresh in the cache", async (t) => {
+  const pg = await postgresViaProxy(t);
+  if (pg === null) return;
+  try {
+    let now = Date.parse("2026-11-30T10:00:00Z");
+    const keys = new KeyService({ store: pg.store, clock: () => now, keyGraceMs: 0 });
+    const { key } = await keys.create({ name: "app" }, "t");
+    await keys.verify(key);
+    await pg.cut();
+    assert.equal((await keys.verify(key)).name, "app", "within the cache's 5 s nothing is read");
+    now += 6000;
+    await assert.rejects(keys.verify(key), StorageUnavailableError);
+  } finally {
+    await pg.cleanup();
+  }
 });

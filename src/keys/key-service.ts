@@ -5,11 +5,20 @@
 // so verified keys are cached for a few seconds; a revocation made through this service
 // clears the cache at once, and one made by another server as soon as its change reaches
 // this one (forgetCached, within a second on PostgreSQL), at the latest within the TTL.
+//
+// The cache is also what keeps the gateway answering while the database cannot be reached
+// (key-grace.ts): a key read from the database within the grace (--key-grace, default 10
+// minutes) is served from memory while re-reading it fails with a storage fault, and
+// re-checked in the background about once a second until the database answers again. A
+// key not read within the grace, or never seen, gets 503 storage_unavailable at once.
 import { hash, randomBytes, randomUUID } from "node:crypto";
 import { sql } from "kysely";
 import { z } from "zod";
 import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, PermissionDeniedError, parseWith } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
 import { recordAudit } from "../store/audit.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
+import { DEFAULT_KEY_GRACE_MS, KeyOutage } from "./key-grace.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { MODEL_NAME_PATTERN } from "../catalog/model-schema.ts";
 import {
@@ -102,12 +111,28 @@ export interface KeyServiceOptions {
    */
   guardChecker?: KeyGuardChecker;
   clock?: () => number;
+  /**
+   * How long after its last database read a key is still served from memory while the
+   * database cannot be reached (default 10 minutes; 0: never).
+   */
+  keyGraceMs?: number;
+  /** Told when an outage of the database starts and ends (once each, never per request). */
+  logger?: Logger;
+}
+
+/** A verified key as cached: what it grants, when the database last said so, and whether that may be stale. */
+interface CachedKey {
+  principal: Principal;
+  /** When its row was last read (the service's clock): the TTL and the grace count from here. */
+  checkedAt: number;
+  /** Another server changed keys since: read the row again before trusting this (except on a storage fault). */
+  stale: boolean;
 }
 
 export class KeyService {
   private readonly store: Store;
   private readonly clock: () => number;
-  private readonly cache = new Map<string, { principal: Principal; checkedAt: number }>();
+  private readonly cache = new Map<string, CachedKey>();
   /**
    * Hashes of keys found unknown, briefly, so a client retrying a bad key does not cost a
    * database query each time. Bounded: a flood of random keys only refills it.
@@ -117,11 +142,20 @@ export class KeyService {
   private generation = 0;
   private readonly lastUsedWritten = new Map<string, number>();
   private readonly guardChecker: KeyGuardChecker;
+  private readonly keyGraceMs: number;
+  /** Whether the database is known to be failing now, and the background re-checks while it is. */
+  private readonly outage: KeyOutage;
 
   constructor(options: KeyServiceOptions) {
     this.store = options.store;
     this.guardChecker = options.guardChecker ?? (() => undefined);
     this.clock = options.clock ?? Date.now;
+    this.keyGraceMs = options.keyGraceMs ?? DEFAULT_KEY_GRACE_MS;
+    this.outage = new KeyOutage({
+      keyGraceMs: this.keyGraceMs,
+      ...(options.logger === undefined ? {} : { logger: options.logger }),
+      recheck: (hashes) => this.recheck(hashes),
+    });
   }
 
   /** Creates a key and returns it in clear text: the only time it exists outside the caller. */
@@ -201,19 +235,25 @@ export class KeyService {
         await recordAudit(trx, { at: now, actor, action: "key.revoke", target: row.prefix, detail: { id: row.id, name: row.name, role: row.role } });
       });
     }
+    // Only this key's entry goes: the others stay, so the grace still covers them if the database goes away next.
     this.generation += 1;
-    this.cache.clear();
+    this.cache.delete(row.hash);
     return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
   }
 
   /**
-   * Another server changed keys (src/cluster/change-feed.ts): what is cached here may be
-   * stale, a revoked key above all, so the next request of each key reads its row again.
+   * Another server changed keys (src/cluster/change-feed.ts), or the feed reconnected: what
+   * is cached here may be stale, a revoked key above all, so the next request of each key
+   * reads its row again, and every cached key is re-read in the background at once (so a
+   * revocation holds even if the database goes away before the key's next request). The
+   * entries stay, marked stale: while the database cannot be reached they are what the
+   * grace serves.
    */
   forgetCached(): void {
     this.generation += 1;
-    this.cache.clear();
+    for (const entry of this.cache.values()) entry.stale = true;
     this.unknown.clear();
+    this.outage.recheckSoon(this.cache.keys());
   }
 
   /** One key by id, shown prefix or name (a name must be unambiguous). */
@@ -245,8 +285,9 @@ export class KeyService {
       await recordAudit(trx, { at: now, actor, action: "key.update", target: row.prefix, detail: { id: row.id, name: row.name, ...patch } });
       return trx.selectFrom("api_keys").selectAll().where("id", "=", row.id).executeTakeFirstOrThrow();
     });
+    // The key's entry is replaced by the row just written (a cleared entry would drop out of the grace).
     this.generation += 1;
-    this.cache.clear();
+    this.cache.set(updated.hash, { principal: principalOf(updated), checkedAt: this.clock(), stale: false });
     return toInfo(updated);
   }
 
@@ -282,36 +323,29 @@ export class KeyService {
     const now = this.clock();
     const cached = this.cache.get(hash);
     let principal: Principal;
-    if (cached !== undefined && now - cached.checkedAt < CACHE_TTL_MS) {
+    if (cached !== undefined && !cached.stale && now - cached.checkedAt < CACHE_TTL_MS) {
       principal = cached.principal;
+    } else if (cached !== undefined && this.withinGrace(cached, now) && (this.outage.active() || this.store.health.fault() !== null)) {
+      // The database is failing (or was, last it was used): no request waits on it. The
+      // key is re-read in the background; its answer applies to the next request.
+      principal = cached.principal;
+      this.outage.recheckSoon([hash]);
+    } else if (this.outage.active()) {
+      // Known down, and nothing in memory may stand in: say so at once rather than wait on a dead database.
+      this.outage.recheckSoon([hash]);
+      throw this.outage.fault();
     } else {
       const unknownAt = this.unknown.get(hash);
       if (unknownAt !== undefined && now - unknownAt < UNKNOWN_TTL_MS) throw invalidKey();
-      const generation = this.generation;
-      const row = await this.store.db.selectFrom("api_keys").selectAll().where("hash", "=", hash).executeTakeFirst();
-      if (row === undefined) {
-        if (this.unknown.size >= UNKNOWN_MAX) this.unknown.clear();
-        this.unknown.set(hash, now);
-        throw invalidKey();
+      try {
+        principal = await this.lookup(hash, now);
+      } catch (error) {
+        if (!(error instanceof StorageUnavailableError)) throw error;
+        this.outage.failed(error);
+        const still = this.cache.get(hash);
+        if (still === undefined || !this.withinGrace(still, now)) throw error;
+        principal = still.principal;
       }
-      if (row.revoked_at !== null) {
-        this.cache.delete(hash);
-        throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, {
-          code: "revoked_api_key",
-        });
-      }
-      principal = {
-        keyId: row.id,
-        name: row.name,
-        role: row.role as KeyRole,
-        allowedModels: row.allowed_models === null ? null : new Set(JSON.parse(row.allowed_models) as string[]),
-        expiresAt: row.expires_at === null ? null : Date.parse(row.expires_at),
-      };
-      const limits = limitsOfRow(row);
-      if (limits !== undefined) principal.limits = limits;
-      const guards = guardsOfColumn(row.guards);
-      if (guards !== null) principal.guards = guards;
-      if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now });
     }
     if (principal.expiresAt !== null && principal.expiresAt <= now) {
       throw new AuthenticationError(
@@ -321,6 +355,56 @@ export class KeyService {
     }
     this.noteUse(principal.keyId, now);
     return principal;
+  }
+
+  /** Reads a key's row and caches what it grants; throws a 401 for an unknown or revoked key. */
+  private async lookup(hash: string, now: number): Promise<Principal> {
+    const generation = this.generation;
+    const row = await this.store.db.selectFrom("api_keys").selectAll().where("hash", "=", hash).executeTakeFirst();
+    this.outage.answered();
+    if (row === undefined) {
+      this.cache.delete(hash);
+      if (this.unknown.size >= UNKNOWN_MAX) this.unknown.clear();
+      this.unknown.set(hash, now);
+      throw invalidKey();
+    }
+    if (row.revoked_at !== null) {
+      this.cache.delete(hash);
+      throw new AuthenticationError(`The API key ${row.prefix}… was revoked at ${row.revoked_at}. Ask an administrator for a new key.`, {
+        code: "revoked_api_key",
+      });
+    }
+    const principal = principalOf(row);
+    if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now, stale: false });
+    return principal;
+  }
+
+  /**
+   * The background re-check (key-grace.ts): reads the rows of cached keys again, in one
+   * query; a key revoked or gone meanwhile leaves the cache. Throws what the store threw.
+   */
+  private async recheck(hashes: readonly string[]): Promise<void> {
+    const generation = this.generation;
+    const rows = await this.store.db.selectFrom("api_keys").selectAll().where("hash", "in", hashes).execute();
+    // A revocation or another server's change that happened meanwhile wins: the rows read may predate it.
+    if (generation !== this.generation) return;
+    const now = this.clock();
+    const found = new Map(rows.map((row) => [row.hash, row]));
+    for (const hash of hashes) {
+      const row = found.get(hash);
+      if (row === undefined || row.revoked_at !== null) this.cache.delete(hash);
+      else if (this.cache.has(hash)) this.cache.set(hash, { principal: principalOf(row), checkedAt: now, stale: false });
+    }
+  }
+
+  /** Whether cached keys wait to be read again in the background (forgetCached, an outage): for tests that wait on it. */
+  rechecksPending(): boolean {
+    return this.outage.pending();
+  }
+
+  /** Whether a cached key may still be served while the database cannot confirm it. */
+  private withinGrace(entry: CachedKey, now: number): boolean {
+    return now - entry.checkedAt < this.keyGraceMs;
   }
 
   /** verify(), then require the admin role. */
@@ -380,6 +464,24 @@ async function countActiveAdminKeys(trx: Tx, now: string): Promise<number> {
     .where((eb) => eb.or([eb("expires_at", "is", null), eb("expires_at", ">", now)]))
     .executeTakeFirstOrThrow();
   return Number(count);
+}
+
+/** What a key's row grants. */
+function principalOf(
+  row: { id: string; name: string; role: string; allowed_models: string | null; expires_at: string | null; guards: string | null } & KeyLimitColumns,
+): Principal {
+  const principal: Principal = {
+    keyId: row.id,
+    name: row.name,
+    role: row.role as KeyRole,
+    allowedModels: row.allowed_models === null ? null : new Set(JSON.parse(row.allowed_models) as string[]),
+    expiresAt: row.expires_at === null ? null : Date.parse(row.expires_at),
+  };
+  const limits = limitsOfRow(row);
+  if (limits !== undefined) principal.limits = limits;
+  const guards = guardsOfColumn(row.guards);
+  if (guards !== null) principal.guards = guards;
+  return principal;
 }
 
 function requireAdmin(principal: Principal): Principal {

@@ -118,6 +118,8 @@ export interface MetricsSources {
   nodes(): readonly { name: string; state: NodeState }[];
   /** Spending per key in its current period (the limits' store); absent: no budget series. */
   budgetSpent?: () => Promise<readonly BudgetSpent[]>;
+  /** Usage rows lost since start, and waiting in the spool for the store (usage-recorder.ts); absent: no usage row series. */
+  usageRows?: () => { dropped: number; spooled: number };
 }
 
 export interface MetricsOptions {
@@ -274,6 +276,29 @@ export class Metrics implements RequestMetrics {
       },
     });
     if (sources.budgetSpent !== undefined) this.registerBudgets(sources.budgetSpent);
+    if (sources.usageRows !== undefined) this.registerUsageRows(sources.usageRows);
+  }
+
+  /** The usage recorder's spool: rows waiting while the store refuses them, and rows lost past its bounds. */
+  private registerUsageRows(usageRows: () => { dropped: number; spooled: number }): void {
+    const registers = [this.registry];
+    new Counter({
+      name: "llmgw_usage_rows_dropped_total",
+      help: "Usage rows lost since the server started: refused by the store beyond the spool's bounds (or for a reason retrying cannot fix).",
+      registers,
+      collect() {
+        this.reset();
+        this.inc(usageRows().dropped);
+      },
+    });
+    new Gauge({
+      name: "llmgw_usage_rows_spooled",
+      help: "Usage rows the store refused that wait in the spool (memory, then files in the data dir) to be written when it takes them again.",
+      registers,
+      collect() {
+        this.set(usageRows().spooled);
+      },
+    });
   }
 
   /**

@@ -3,7 +3,8 @@
 // against its holder row otherwise; see mirror-holders.ts), and, when it does not hold the
 // file, which other servers do. `Mirror.check` and the listings both decide here, so a
 // file is never listed complete where it would be refused.
-import { ConflictError, NotFoundError, type LlmgwError } from "../core/errors.ts";
+import { ConflictError, NotFoundError, UnavailableError, type LlmgwError } from "../core/errors.ts";
+import { formatBytes } from "../core/format.ts";
 import type { DiskStamp } from "./disk-files.ts";
 import { heldCopyProblem, isOwnRow, type HolderRow } from "./mirror-holders.ts";
 import type { MirrorRow } from "./mirror-rows.ts";
@@ -60,5 +61,25 @@ export function elsewhereError(row: Pick<MirrorRow, "model" | "version" | "file"
     `The mirrored file '${row.file}' of ${row.model}/${row.version} is not on this server ('${self}'); it is held by ${describeHolders(holders)}. ` +
       `Copy it here with 'llmgw ctl mirror replicate ${row.model} ${row.version} --to ${self}' (or --to all).`,
     { code: "mirror_file_elsewhere" },
+  );
+}
+
+/**
+ * What a reader of a file that is still being fetched into the mirror answers: a 503 with
+ * Retry-After, not a 404, so a node asking for it waits (weights-wait.ts) instead of
+ * counting an engine failure. `fetcher` is the server fetching it (in a cluster), as the
+ * cluster sees it: one that is not running left the fetch to whoever resumes its job.
+ */
+export function stillFetchingError(row: Pick<MirrorRow, "model" | "version" | "file" | "bytes_done" | "bytes_total">, fetcher?: MirrorHolder): LlmgwError {
+  const total = row.bytes_total === null ? "" : ` of ${formatBytes(row.bytes_total)}`;
+  const by =
+    fetcher === undefined
+      ? ""
+      : fetcher.live
+        ? ` by server '${fetcher.name}'`
+        : ` by server '${fetcher.name}', which is not running now (a job resumed on another server fetches it again)`;
+  return new UnavailableError(
+    `The mirror has no complete file '${row.file}' in ${row.model}/${row.version} yet: it is being fetched${by}, ${formatBytes(row.bytes_done)}${total} so far. Ask again in a few seconds.`,
+    { code: "mirror_file_fetching", retryAfterSeconds: 5 },
   );
 }

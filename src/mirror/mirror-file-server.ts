@@ -9,8 +9,11 @@
 // a 307 to a running holder (the first by name, so every node's resumes and caches go to
 // the same one while it runs), carrying a grant (grants.ts) in place of the key that the
 // node's client drops on the cross-origin hop. A request with a valid grant for exactly
-// its path is served without `authorize`. When no holder runs the answer is a retryable
-// 503 that names them. A request URL holds a grant: only its path is ever logged.
+// its path is served without `authorize`. When no holder runs, this server fetches the file
+// from its origin itself and becomes a holder (origin-copies.ts); meanwhile the answer is a
+// retryable 503 that names the holders and says how far that copy got (or why there is
+// none), so the node waits and asks again. A request URL holds a grant: only its path is
+// ever logged.
 import { createReadStream } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { pipeline } from "node:stream/promises";
@@ -22,13 +25,17 @@ import { describeHolders } from "./copy-verdict.ts";
 import { GRANT_PARAM } from "./grants.ts";
 import { segmentProblem, validateMirrorFile } from "./mirror-paths.ts";
 import type { Mirror, MirrorFileCheck } from "./mirror.ts";
+import { describeOriginCopy } from "./origin-copies.ts";
 
 /** Where node agents fetch mirrored files. */
 export const MIRROR_FILES_PREFIX = "/mirror/";
 
 export interface MirrorFileHandlerOptions {
-  /** The mirror; its `cluster` (when it has one) signs the redirects' grants and checks the grants of requests. */
-  mirror: Pick<Mirror, "check"> & Partial<Pick<Mirror, "cluster">>;
+  /**
+   * The mirror; its `cluster` (when it has one) signs the redirects' grants and checks the
+   * grants of requests, and `fromOrigin` copies a file no running server holds.
+   */
+  mirror: Pick<Mirror, "check"> & Partial<Pick<Mirror, "cluster" | "fromOrigin">>;
   /**
    * Checks the caller and throws an LlmgwError (401/403) to refuse. Until nodes have their
    * own credentials the server passes an admin-key check here. Not called for a request
@@ -54,7 +61,8 @@ export function isMirrorFileRequest(url: string | undefined): boolean {
  * since its bytes were verified: not served until they are hashed again), 416 (range
  * outside the file, with `Content-Range: bytes *\/size`). In a cluster also: 307 to a
  * running holder of a file this server does not hold, 403 for a bad or expired grant, and
- * 503 (Retry-After: 5) when no holder runs.
+ * 503 when no holder runs: `mirror_fetching_from_origin` (Retry-After: 2) while this server
+ * copies it from its origin, `mirror_holders_down` (Retry-After: 5) when it cannot.
  */
 export function createMirrorFileHandler(options: MirrorFileHandlerOptions): (req: IncomingMessage, res: ServerResponse) => Promise<void> {
   const logger = options.logger ?? silentLogger();
@@ -84,7 +92,7 @@ async function serveFile(req: IncomingMessage, res: ServerResponse, options: Mir
   const found = await options.mirror.check(model, version, file);
   if (found.kind === "refused") throw found.error;
   if (found.kind === "elsewhere") {
-    sendElsewhere(req, res, { found, model, version, file, granted, options });
+    await sendElsewhere(req, res, { found, model, version, file, granted, options });
     return;
   }
   const etag = `"${found.sha256}"`;
@@ -147,10 +155,11 @@ function grantOf(url: string): string | null {
 /**
  * A file held by other servers: 304 when the client has it already (its ETag is the row's
  * sha256, the same on every holder), else 307 to the first running holder by name with a
- * fresh grant; 503 when none runs. A request that came with a grant is not sent on again:
- * the server that signed it believed this one holds the file.
+ * fresh grant; 503 when none runs, while this server copies it from its origin (or says
+ * why it cannot). A request that came with a grant is not sent on again: the server that
+ * signed it believed this one holds the file.
  */
-function sendElsewhere(
+async function sendElsewhere(
   req: IncomingMessage,
   res: ServerResponse,
   where: {
@@ -161,7 +170,7 @@ function sendElsewhere(
     granted: boolean;
     options: MirrorFileHandlerOptions;
   },
-): void {
+): Promise<void> {
   const { found, model, version, file } = where;
   const etag = `"${found.sha256}"`;
   if (matchesAny(req.headers["if-none-match"], etag)) {
@@ -179,9 +188,13 @@ function sendElsewhere(
   }
   const holder = found.holders.find((candidate) => candidate.live && candidate.name !== found.server && candidate.url !== "");
   if (holder === undefined) {
+    const copy = (await where.options.mirror.fromOrigin?.(model, version, file)) ?? null;
+    const lost = `${named} is not on this server ('${found.server}'), and no server that holds it is running: ${describeHolders(found.holders)}.`;
+    if (copy?.state === "fetching")
+      throw new UnavailableError(`${lost} ${describeOriginCopy(copy)}`, { code: "mirror_fetching_from_origin", retryAfterSeconds: 2 });
     throw new UnavailableError(
-      `${named} is not on this server ('${found.server}'), and no server that holds it is running: ${describeHolders(found.holders)}. ` +
-        `Start one of them (this server then redirects to it), or, while one runs, copy the file here with 'llmgw ctl mirror replicate ${model} ${version} --to ${found.server}'.`,
+      `${lost} ${copy === null ? "" : `${describeOriginCopy(copy)} `}` +
+        `Start one of the holders (this server then redirects to it), or, while one runs, copy the file here with 'llmgw ctl mirror replicate ${model} ${version} --to ${found.server}'.`,
       { code: "mirror_holders_down", retryAfterSeconds: 5 },
     );
   }

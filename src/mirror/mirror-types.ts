@@ -292,4 +292,9 @@ export interface MirrorOptions extends TransferOptions {
   io?: Partial<MirrorIo>;
   /** The cluster this server is part of; absent on a single server (SQLite). */
   cluster?: MirrorClusterOptions;
+  /**
+   * The registry's headers for a request to a file's origin URL (its token only on its own
+   * origin), for a copy from the origin of a file no running server holds (origin-copies.ts).
+   */
+  originHeaders?: (url: string) => Record<string, string>;
 }

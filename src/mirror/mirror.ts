@@ -31,6 +31,7 @@
 //   mirror-cluster.ts    this server's name, the live servers, the grants it signs and checks
 //   grants.ts            the signed, expiring grants of the file server's redirects
 //   replicate.ts         copying files from a holder (ctl mirror replicate)
+//   origin-copies.ts     copying a file no running server holds from its origin, for nodes
 // Without the option nothing of that is written and the mirror is the single server's.
 import path from "node:path";
 import { rm, rmdir } from "node:fs/promises";
@@ -38,7 +39,7 @@ import type { Dispatcher } from "undici";
 import { BadRequestError, ConflictError, LlmgwError, NotFoundError, describeError } from "../core/errors.ts";
 import { silentLogger, type Logger } from "../core/log.ts";
 import { headersForRedirect as registryHeadersForRedirect } from "../registry/redirects.ts";
-import { elsewhereError, judgeCopy } from "./copy-verdict.ts";
+import { elsewhereError, judgeCopy, stillFetchingError } from "./copy-verdict.ts";
 import { defaultIo, diskStamp, fileSize } from "./disk-files.ts";
 import { folderUsage, measureDiskUsage } from "./disk-usage.ts";
 import { createDownloader, type FileDownloader } from "./file-download.ts";
@@ -65,7 +66,8 @@ import type {
   VerifySummary,
 } from "./mirror-types.ts";
 import { recoverRows } from "./recovery.ts";
-import { copyFile, holderRows, holderStatusError, replicateVersion } from "./replicate.ts";
+import { OriginCopies, type OriginCopyState } from "./origin-copies.ts";
+import { clusterDownloaders, replicateVersion, skipOrCopyFromHolder } from "./replicate.ts";
 import { Semaphore } from "./semaphore.ts";
 import { keepIfStillVerified, verifiedSha256, verifyRows } from "./verification.ts";
 import { isOwnRow, type HolderRow } from "./mirror-holders.ts";
@@ -75,6 +77,7 @@ export type * from "./mirror-types.ts";
 export type { MirrorAuditEntry } from "./mirror-rows.ts";
 export { MirrorTransientError } from "./mirror-errors.ts";
 export type { MirrorCluster } from "./mirror-cluster.ts";
+export type { OriginCopyState } from "./origin-copies.ts";
 
 /**
  * The mirror of one server. One instance per root: it keeps in memory which files are in
@@ -90,6 +93,8 @@ export class Mirror {
   readonly #downloader: FileDownloader;
   /** Copies from other servers (replicate.ts): the same machinery, writing holder rows instead of the row's progress. */
   readonly #copier: FileDownloader | null;
+  /** Copies from a file's origin when no running server holds it (origin-copies.ts); null on a single server. */
+  readonly #origins: OriginCopies | null;
   readonly #cluster: MirrorCluster | null;
   readonly #slots: Semaphore;
   /** Files in flight in this process (queued or downloading), by key. */
@@ -129,20 +134,28 @@ export class Mirror {
     this.#downloader = made.downloader;
     this.#dispatcher = made.dispatcher;
     this.#ownsDispatcher = made.ownsDispatcher;
-    this.#copier =
+    const copies =
       this.#cluster === null
         ? null
-        : createDownloader(
-            { ...options, dispatcher: made.dispatcher },
-            // No Authorization goes to a holder: the grant in the URL is the credential.
-            {
-              rows: holderRows(this.#rows),
-              io: this.#io,
-              logger: this.#logger,
-              clock,
-              http: { headersForRedirect: (headers) => headers, statusError: holderStatusError },
+        : clusterDownloaders({ ...options, dispatcher: made.dispatcher }, { rows: this.#rows, io: this.#io, logger: this.#logger, clock });
+    this.#copier = copies?.copier ?? null;
+    this.#origins =
+      copies === null
+        ? null
+        : new OriginCopies({
+            downloader: copies.originCopier,
+            finalPath: (m, v, f) => this.#finalPath(m, v, f),
+            check: (m, v, f) => this.check(m, v, f),
+            run: (key, task) => this.#exclusive(key, () => this.#copySlot(key, this.#closing.signal, task)),
+            originHeaders: options.originHeaders,
+            closing: this.#closing.signal,
+            track: (work) => {
+              this.#running.add(work);
+              void work.finally(() => this.#running.delete(work));
             },
-          ).downloader;
+            logger: this.#logger,
+            clock,
+          });
   }
 
   /** The cluster this server is part of (its name, the live servers, grants); null on a single server. */
@@ -220,6 +233,9 @@ export class Mirror {
     validateMirrorFile(file);
     const row = await this.#rows.get(model, version, file);
     const sha256 = row === undefined ? null : verifiedSha256(row);
+    // Still being fetched (maybe by a server that died, until its job resumes elsewhere): a wait, not a 404.
+    if (row?.state === "pending" || row?.state === "fetching")
+      return { kind: "refused", error: stillFetchingError(row, row.fetched_by === null ? undefined : (await this.#cluster?.describe([row.fetched_by]))?.[0]) };
     if (row === undefined || row.state !== "complete" || sha256 === null) {
       const why =
         row?.state === "failed" && row.error !== null ? `: ${row.error}` : `. It may still be fetching or have failed: GET /api/v1/mirror shows its state.`;
@@ -249,6 +265,17 @@ export class Mirror {
       server: this.#cluster.self,
       error: elsewhereError(row, this.#cluster.self, described),
     };
+  }
+
+  /**
+   * In a cluster, where the copy from its origin stands of a complete file that no running
+   * server holds (origin-copies.ts): started when none runs, never waited for. `none` on a
+   * single server, or when the file has no complete row.
+   */
+  async fromOrigin(model: string, version: string, file: string): Promise<OriginCopyState> {
+    const row = await this.#rows.get(model, version, file);
+    if (this.#origins === null || row?.state !== "complete") return { state: "none", why: "the mirror has no complete copy of it anywhere" };
+    return this.#origins.request(row);
   }
 
   /** Where a complete file is on disk with its size and sha256, or null when it cannot be served (see `check`). */
@@ -473,7 +500,13 @@ export class Mirror {
     const own = row !== undefined && isOwnRow(row, this.#rows.self);
     const kept = own ? await keepIfStillVerified({ rows: this.#rows, logger: this.#logger }, row, { context, spec, final }) : null;
     if (kept !== null) return kept;
-    const fromCluster = row === undefined ? null : await this.#fromCluster(context, spec, row, key);
+    const fromCluster =
+      row === undefined || this.#cluster === null || this.#copier === null
+        ? null
+        : await skipOrCopyFromHolder(
+            { cluster: this.#cluster, downloader: this.#copier, finalPath: (m, v, f) => this.#finalPath(m, v, f), logger: this.#logger },
+            { context, spec, row, check: (m, v, f) => this.check(m, v, f), slot: (task) => this.#copySlot(key, context.signal, task) },
+          );
     if (fromCluster !== null) return fromCluster;
     // A row from another revision (or another published hash) describes other bytes: its
     // partial cannot be resumed.
@@ -510,37 +543,6 @@ export class Mirror {
     } finally {
       this.#active.delete(key);
     }
-  }
-
-  /**
-   * In a cluster, a file of this fetch that is complete (same revision and sha256) is
-   * skipped when this server holds it, and copied from another running server that holds
-   * it rather than fetched again from the source: a fetch from the source would take the
-   * shared row back to `pending` while it runs, and the servers holding it would stop
-   * serving it. Null when neither applies (or the copy failed: the fetch from the source
-   * goes on).
-   */
-  async #fromCluster(context: FetchContext, spec: MirrorFetchFile, row: MirrorRow, key: string): Promise<MirrorFileOutcome | null> {
-    const sha256 = verifiedSha256(row);
-    if (this.#cluster === null || this.#copier === null || sha256 === null) return null;
-    if (row.state !== "complete" || row.revision !== context.revision || row.sha256 !== spec.sha256 || (spec.size !== null && row.bytes_total !== spec.size))
-      return null;
-    const checked = await this.check(row.model, row.version, row.file);
-    if (checked.kind === "ok") return outcome(spec, { state: "complete", skipped: true, bytesTotal: row.bytes_total, sha256 });
-    const from = checked.kind === "elsewhere" ? checked.holders.find((holder) => holder.live && holder.url !== "") : undefined;
-    if (from === undefined) return null;
-    const copy = await this.#copySlot(key, context.signal, () =>
-      copyFile(
-        { cluster: this.#cluster!, downloader: this.#copier!, finalPath: (m, v, f) => this.#finalPath(m, v, f), logger: this.#logger },
-        { row, sha256, from, signal: context.signal, onProgress: context.onProgress },
-      ),
-    );
-    if (copy.state === "copied") return outcome(spec, { state: "complete", bytesFetched: copy.bytesCopied, bytesTotal: row.bytes_total, sha256 });
-    this.#logger.warn(
-      { model: row.model, version: row.version, file: row.file, from: from.name, err: copy.error?.message },
-      "could not copy a mirror file from another server; fetching it from its source",
-    );
-    return null;
   }
 
   /** Runs a copy with a download slot, counted as copying (a verification skips the file meanwhile). */

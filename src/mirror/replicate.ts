@@ -6,20 +6,34 @@
 // (file-download.ts): resumed from a partial, hashed as they arrive, compared with the
 // sha256 the row says the file must have, fsynced and renamed into place. Only then is
 // this server recorded as a holder. The shared row is not changed by a copy, except a
-// row that describes this server's own disk, whose stamp becomes the new copy's.
+// row that describes this server's own disk, whose stamp becomes the new copy's. The
+// downloaders of these copies, and of copies from a file's origin (origin-copies.ts), are
+// made here.
 import { ConflictError, NotFoundError, UnavailableError, UpstreamError, describeError, type LlmgwError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { describeHolders } from "./copy-verdict.ts";
-import type { DownloadRows, FileDownloader } from "./file-download.ts";
-import type { ActiveFile, FetchContext } from "./fetch-input.ts";
+import type { Dispatcher } from "undici";
+import { headersForRedirect as registryHeadersForRedirect } from "../registry/redirects.ts";
+import { createDownloader, type DownloadRows, type FileDownloader, type TransferOptions } from "./file-download.ts";
+import { outcome, type ActiveFile, type FetchContext } from "./fetch-input.ts";
 import { GRANT_PARAM } from "./grants.ts";
-import type { SourceStatus } from "./http-source.ts";
+import type { HttpSourceSettings, SourceStatus } from "./http-source.ts";
 import type { MirrorCluster } from "./mirror-cluster.ts";
 import { origin } from "./mirror-errors.ts";
 import { isOwnRow } from "./mirror-holders.ts";
 import { fileKey } from "./mirror-paths.ts";
 import type { MirrorRow, MirrorRows } from "./mirror-rows.ts";
-import type { MirrorFileCheck, MirrorProgressEvent, ReplicateFileOutcome, ReplicateFilePlan, ReplicateOptions, ReplicateSummary } from "./mirror-types.ts";
+import type {
+  MirrorFetchFile,
+  MirrorFileCheck,
+  MirrorFileOutcome,
+  MirrorIo,
+  MirrorProgressEvent,
+  ReplicateFileOutcome,
+  ReplicateFilePlan,
+  ReplicateOptions,
+  ReplicateSummary,
+} from "./mirror-types.ts";
 import { verifiedSha256 } from "./verification.ts";
 
 /** How many times a copy that made progress is continued with a fresh grant after its grant was refused (it outlived it). */
@@ -57,6 +71,24 @@ export function holderRows(rows: MirrorRows): DownloadRows {
       else await rows.recordHeld(ref, sha256, fields.verified.size);
     },
     recordProgress: async () => undefined,
+  };
+}
+
+/**
+ * The downloaders of a cluster's copies, sharing the mirror's dispatcher; both record this
+ * server as a holder and never touch the shared row's progress (`holderRows`). `copier`
+ * copies from another holder: no Authorization goes there, the grant in the URL is the
+ * credential. `originCopier` copies from the file's origin (origin-copies.ts), with the
+ * registry's rule for headers across redirects (its token is dropped on another host).
+ */
+export function clusterDownloaders(
+  options: TransferOptions & { dispatcher: Dispatcher; headersForRedirect?: HttpSourceSettings["headersForRedirect"] | undefined },
+  parts: { rows: MirrorRows; io: MirrorIo; logger: Logger; clock: () => number },
+): { copier: FileDownloader; originCopier: FileDownloader } {
+  const shared = { rows: holderRows(parts.rows), io: parts.io, logger: parts.logger, clock: parts.clock };
+  return {
+    copier: createDownloader(options, { ...shared, http: { headersForRedirect: (headers) => headers, statusError: holderStatusError } }).downloader,
+    originCopier: createDownloader(options, { ...shared, http: { headersForRedirect: options.headersForRedirect ?? registryHeadersForRedirect } }).downloader,
   };
 }
 
@@ -125,6 +157,41 @@ export async function copyFile(
     if (outcome.error?.code === "mirror_grant_refused" && outcome.bytesFetched > 0 && round < GRANT_ROUNDS) continue;
     return { ...result, state: "failed", error: outcome.error };
   }
+}
+
+/**
+ * In a cluster, a file of a fetch that is complete (same revision and sha256) is skipped
+ * when this server holds it, and copied from another running server that holds it rather
+ * than fetched again from the source: a fetch from the source would take the shared row
+ * back to `pending` while it runs, and the servers holding it would stop serving it. Null
+ * when neither applies (or the copy failed: the fetch from the source goes on).
+ */
+export async function skipOrCopyFromHolder(
+  deps: CopyDeps,
+  input: {
+    context: FetchContext;
+    spec: MirrorFetchFile;
+    row: MirrorRow;
+    check: (model: string, version: string, file: string) => Promise<MirrorFileCheck>;
+    /** Runs the copy with a download slot. */
+    slot: <T>(task: () => Promise<T>) => Promise<T>;
+  },
+): Promise<MirrorFileOutcome | null> {
+  const { context, spec, row } = input;
+  const sha256 = verifiedSha256(row);
+  if (sha256 === null || row.state !== "complete" || row.revision !== context.revision || row.sha256 !== spec.sha256) return null;
+  if (spec.size !== null && row.bytes_total !== spec.size) return null;
+  const checked = await input.check(row.model, row.version, row.file);
+  if (checked.kind === "ok") return outcome(spec, { state: "complete", skipped: true, bytesTotal: row.bytes_total, sha256 });
+  const from = checked.kind === "elsewhere" ? checked.holders.find((holder) => holder.live && holder.url !== "") : undefined;
+  if (from === undefined) return null;
+  const copy = await input.slot(() => copyFile(deps, { row, sha256, from, signal: context.signal, onProgress: context.onProgress }));
+  if (copy.state === "copied") return outcome(spec, { state: "complete", bytesFetched: copy.bytesCopied, bytesTotal: row.bytes_total, sha256 });
+  deps.logger.warn(
+    { model: row.model, version: row.version, file: row.file, from: from.name, err: copy.error?.message },
+    "could not copy a mirror file from another server; fetching it from its source",
+  );
+  return null;
 }
 
 /**

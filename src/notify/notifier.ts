@@ -4,7 +4,9 @@
 // channel (skipping a kind about a subject the channel was sent within the hour: a
 // flapping node notifies once), and sends due deliveries, retrying with exponential
 // backoff for up to a day. A 410 disables the channel. A pass runs when an event is
-// recorded in this process and every `pollMs` otherwise; one pass at a time.
+// recorded in this process and every `pollMs` otherwise; one pass at a time. A pass that
+// fails (the database unreachable) leaves the cursor and the deliveries where they were
+// and runs again at the next poll; an outage is logged when it starts and when it ends.
 import type { Logger } from "../core/log.ts";
 import { describeError, NotFoundError, UnavailableError } from "../core/errors.ts";
 import { backoffDelay } from "../core/backoff.ts";
@@ -57,6 +59,8 @@ export class Notifier {
   private readonly passes: CoalescedRun;
   private stopped = false;
   private lastPrune = 0;
+  /** Since when passes fail, for one log line at each end of an outage; null while they work. */
+  private failingSince: number | null = null;
   /** Tests being sent now: stop() waits for them, so none writes after the store closes. */
   private readonly tests = new Set<Promise<unknown>>();
   /** Aborts the attempts in flight at stop: each is recorded as failed and retried after the restart. */
@@ -68,9 +72,18 @@ export class Notifier {
     this.clock = options.clock ?? Date.now;
     this.passes = new CoalescedRun(
       async () => {
-        if (!this.stopped) await this.pass();
+        if (this.stopped) return;
+        await this.pass();
+        if (this.failingSince !== null) {
+          this.options.logger.info({ after_ms: this.clock() - this.failingSince }, "notification passes work again");
+          this.failingSince = null;
+        }
       },
-      (error) => this.options.logger.warn({ err: describeError(error) }, "a notification pass failed; it runs again at the next poll"),
+      (error) => {
+        if (this.failingSince !== null) return;
+        this.failingSince = this.clock();
+        this.options.logger.warn({ err: describeError(error) }, "a notification pass failed; passes run again at every poll until one works");
+      },
     );
   }
 

@@ -136,7 +136,7 @@ export class LimitLedger {
   /** Applies a settlement (or a window correction) now; it is written with the next flush. */
   apply(change: SettlementChange, now: number): void {
     if (change.kind === "window") {
-      this.adjustWindow(change, 0, change.tokens);
+      this.adjustWindow(change, change.requests, change.tokens);
       return;
     }
     const row = this.budget(change.keyId, change.period);

@@ -39,15 +39,25 @@ export class SettlementQueue {
 
   constructor(private readonly options: SettlementQueueOptions) {}
 
-  /** Adds `tokens` (negative: gives them back) to a rate window's count. */
-  window(ref: WindowRef, tokens: number): void {
-    if (tokens === 0) return;
-    if (this.options.limitStore.applyNow({ kind: "window", keyId: ref.keyId, model: ref.model, windowStart: ref.windowStart, tokens }, this.options.clock()))
+  /**
+   * Adds `tokens` (negative: gives them back) to a rate window's count, and `requests`:
+   * 1 for a request admitted from memory (never counted in the database), -1 to undo one.
+   */
+  window(ref: WindowRef, tokens: number, requests = 0): void {
+    if (tokens === 0 && requests === 0) return;
+    if (
+      this.options.limitStore.applyNow(
+        { kind: "window", keyId: ref.keyId, model: ref.model, windowStart: ref.windowStart, requests, tokens },
+        this.options.clock(),
+      )
+    )
       return;
     const id = `w\n${ref.keyId}\n${ref.model}\n${ref.windowStart}`;
     const change = this.pending.get(id);
-    if (change?.kind === "window") change.tokens += tokens;
-    else this.pending.set(id, { kind: "window", ...ref, tokens });
+    if (change?.kind === "window") {
+      change.tokens += tokens;
+      change.requests += requests;
+    } else this.pending.set(id, { kind: "window", keyId: ref.keyId, model: ref.model, windowStart: ref.windowStart, requests, tokens });
     this.scheduleFlush();
   }
 
@@ -108,7 +118,7 @@ export class SettlementQueue {
   }
 
   private requeueWindow(change: Extract<SettlementChange, { kind: "window" }>): void {
-    this.window({ keyId: change.keyId, model: change.model, windowStart: change.windowStart }, change.tokens);
+    this.window({ keyId: change.keyId, model: change.model, windowStart: change.windowStart }, change.tokens, change.requests);
   }
 
   private requeueBudget(change: Extract<SettlementChange, { kind: "budget" }>): void {

@@ -100,10 +100,16 @@ export interface WindowRef {
   windowStart: string;
 }
 
-/** The change one flush of settlements makes to one row: summed, so a row gets one statement however many requests settled in it. */
+/**
+ * The change one flush of settlements makes to one row: summed, so a row gets one
+ * statement however many requests settled in it. Requests admitted from memory while
+ * PostgreSQL was unreachable (limit-fallback.ts) were never counted in the database: their
+ * settlements add the requests themselves (`requests`) and release nothing, and the row
+ * may not exist yet, so settlements are upserts.
+ */
 export type SettlementChange =
   | { kind: "budget"; keyId: string; period: string; spentNano: number; releasedNano: number }
-  | { kind: "window"; keyId: string; model: string; windowStart: string; tokens: number };
+  | { kind: "window"; keyId: string; model: string; windowStart: string; requests: number; tokens: number };
 
 /** Every reservation of one request: its rate windows and its budget (null: none). */
 export interface ReserveTogether {
@@ -220,18 +226,39 @@ export class LimitStore {
 
   private async settleOne(change: SettlementChange, updatedAt: string): Promise<void> {
     if (change.kind === "window") {
-      await this.adjustWindow({ keyId: change.keyId, model: change.model, windowStart: change.windowStart, requests: 0, tokens: change.tokens });
+      // Only a request admitted from memory can find its window missing; a correction or an undo updates a row it counted in.
+      if (change.requests <= 0) {
+        await this.adjustWindow({
+          keyId: change.keyId,
+          model: change.model,
+          windowStart: change.windowStart,
+          requests: change.requests,
+          tokens: change.tokens,
+        });
+        return;
+      }
+      await this.store.db
+        .insertInto("key_rate_windows")
+        .values({ key_id: change.keyId, model: change.model, window_start: change.windowStart, requests: change.requests, tokens: Math.max(0, change.tokens) })
+        .onConflict((oc) =>
+          oc.columns(["key_id", "model", "window_start"]).doUpdateSet({
+            requests: sql`key_rate_windows.requests + ${change.requests}`,
+            tokens: sql`key_rate_windows.tokens + ${change.tokens}`,
+          }),
+        )
+        .execute();
       return;
     }
     await this.store.db
-      .updateTable("key_budgets")
-      .set({
-        spent_nano: sql`spent_nano + ${change.spentNano}`,
-        reserved_nano: sql`reserved_nano - ${change.releasedNano}`,
-        updated_at: updatedAt,
-      })
-      .where("key_id", "=", change.keyId)
-      .where("period", "=", change.period)
+      .insertInto("key_budgets")
+      .values({ key_id: change.keyId, period: change.period, spent_nano: change.spentNano, reserved_nano: 0, updated_at: updatedAt })
+      .onConflict((oc) =>
+        oc.columns(["key_id", "period"]).doUpdateSet({
+          spent_nano: sql`key_budgets.spent_nano + ${change.spentNano}`,
+          reserved_nano: sql`key_budgets.reserved_nano - ${change.releasedNano}`,
+          updated_at: updatedAt,
+        }),
+      )
       .execute();
   }
 

@@ -7,12 +7,16 @@
 // the reservation becomes the actual cost and tokens. On PostgreSQL it is written a few ms
 // later in a batch (limit-settlements.ts), retried until the store takes it; on SQLite the
 // counters live in memory (limit-ledger.ts), so it applies at once and is written behind.
+// While PostgreSQL cannot be reached, admission goes on from this server's own counts
+// (limit-fallback.ts) and what those requests use is settled once it answers again.
 //
 // A key without limits costs nothing here: its Principal carries no limits, and admission
 // returns a shared empty permit without a query. Limits come with the Principal (cached 5 s
 // by the key service), so a change made on this server applies to the next request, and
 // one made on another server within 5 s.
 import { TooManyRequestsError } from "../core/errors.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
+import { LimitFallback } from "./limit-fallback.ts";
 import type { Logger } from "../core/log.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import type { Store } from "../store/store.ts";
@@ -76,6 +80,8 @@ interface Held {
   /** The rate scopes it counted in (their windows settle). */
   scopes: readonly RateScope[];
   budget: ReservedBudget | null;
+  /** Admitted from memory while the database was unreachable (limit-fallback.ts): nothing of it is in the database yet. */
+  fromMemory?: true;
 }
 
 /** A request's admission, worked out once (LimitsService.admissionOf). */
@@ -96,11 +102,13 @@ export class LimitsService implements RequestLimits {
   private readonly limitStore: LimitStore;
   private readonly clock: () => number;
   private readonly settlements: SettlementQueue;
+  private readonly fallback: LimitFallback;
 
   constructor(private readonly options: LimitsServiceOptions) {
     this.limitStore = new LimitStore(options.store, options.logger);
     this.clock = options.clock ?? Date.now;
     this.settlements = new SettlementQueue({ limitStore: this.limitStore, logger: options.logger, clock: this.clock });
+    this.fallback = new LimitFallback({ store: options.store, logger: options.logger });
   }
 
   /**
@@ -114,6 +122,8 @@ export class LimitsService implements RequestLimits {
     if (limits === undefined) return UNLIMITED;
     try {
       const admission = this.admissionOf(request, limits);
+      // The database is known to be unreachable: no request waits on it.
+      if (this.fallback.down()) return this.reserveFromMemory(admission);
       return this.reserveAtOnce(admission) ?? this.reserveStepByStep(admission);
     } catch (error) {
       return Promise.reject(error);
@@ -172,10 +182,55 @@ export class LimitsService implements RequestLimits {
     try {
       return await this.reserve(admission, reserved, undoWindows);
     } catch (error) {
+      if (error instanceof StorageUnavailableError && this.options.store.dialect === "postgres" && !undone) {
+        // The database went away halfway: what it counted is given back once it answers
+        // (a settlement), and the request is admitted from this server's own counts.
+        undone = true;
+        for (const { scope } of reserved) this.settlements.window(scope.ref, -admission.bound.total, -1);
+        this.fallback.failed(error);
+        return this.reserveFromMemory(admission);
+      }
       // A store that failed halfway (the refusals below undo their own): give back what was counted.
       await undoWindows().catch(() => undefined);
       throw error;
     }
+  }
+
+  /** Admission from this server's own counts while the database is unreachable (limit-fallback.ts). */
+  private reserveFromMemory(admission: Admission): LimitsPermit {
+    const { request, limits, bound, costNano, now, window, scopes, budgetPeriod, budgetLimitNano } = admission;
+    const tokens = bound.total;
+    const keyId = request.principal.keyId;
+    const found = this.fallback.reserve({
+      windows: scopes.map(({ ref, limits: l }) => ({ ...ref, tokens, rpm: l.rpm, tpm: l.tpm })),
+      budget: budgetPeriod === null ? null : { keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
+    });
+    if ("refused" in found) {
+      const retryAfterSeconds = Math.max(1, Math.ceil((window.endsAt - now) / 1000));
+      if (found.refused === "budget") {
+        throw budgetRefusal({ keyName: request.principal.name, limits, period: budgetPeriod!, seen: null, costNano, now, headers: {} });
+      }
+      const scope = scopes[found.index]!;
+      const byRequests = scope.limits.rpm !== null && found.use.requests + 1 > scope.limits.rpm;
+      const what = byRequests
+        ? `requests per minute: limit ${scope.limits.rpm}`
+        : `tokens per minute: limit ${scope.limits.tpm}, this request may use up to ${tokens}`;
+      throw new TooManyRequestsError(
+        `Rate limit reached ${labelOf(scope)} on ${what} (counted by this server while the database cannot be reached). Retry after ${retryAfterSeconds} s, when this minute's window ends (${new Date(window.endsAt).toISOString()}).`,
+        { code: "rate_limit_exceeded", type: byRequests ? "requests" : "tokens", retryAfterSeconds },
+      );
+    }
+    return this.permit(
+      {
+        request,
+        reservedTokens: tokens,
+        scopes,
+        budget: budgetPeriod === null ? null : { keyId, period: budgetPeriod.id, reservedNano: costNano },
+        fromMemory: true,
+      },
+      rateHeaders(scopes, found.windows, now, window.endsAt),
+      this.outputCap(request, limits, scopes, bound),
+    );
   }
 
   private async reserve(admission: Admission, reserved: Array<{ scope: RateScope; use: WindowUse }>, undoWindows: () => Promise<void>): Promise<LimitsPermit> {
@@ -214,6 +269,7 @@ export class LimitsService implements RequestLimits {
           },
         );
       }
+      this.fallback.sawWindow(scope.ref, use);
       reserved.push({ scope, use });
     }
     const headers = rateHeaders(
@@ -247,6 +303,7 @@ export class LimitsService implements RequestLimits {
         }
         throw budgetRefusal({ keyName, limits, period, seen, costNano, now, headers: await this.refusalHeaders(scopes, reserved, tokens, now, window.endsAt) });
       }
+      this.fallback.sawBudget(keyId, period.id, use);
       budget = { keyId, period: period.id, reservedNano: costNano };
     }
     return this.permit(
@@ -318,9 +375,21 @@ export class LimitsService implements RequestLimits {
     // No usage and no answer: nothing ran, nothing is owed. Answered without counts: the
     // reservation is the best bound there is, so it stands.
     const tokens = usage !== null ? usage.prompt_tokens + usage.completion_tokens : answered ? held.reservedTokens : 0;
+    const chargedNano =
+      held.budget === null ? 0 : usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
+    if (held.fromMemory === true) {
+      // Never counted in the database: the whole request is added there, and memory corrected to what it used.
+      for (const scope of held.scopes) this.settlements.window(scope.ref, tokens, 1);
+      if (held.budget !== null) this.settlements.budget({ ...held.budget, reservedNano: 0 }, chargedNano);
+      this.fallback.adjust({
+        windows: held.scopes.map((scope) => scope.ref),
+        tokens: tokens - held.reservedTokens,
+        budget: held.budget === null ? null : { keyId: held.budget.keyId, period: held.budget.period, nano: chargedNano - held.budget.reservedNano },
+      });
+      return;
+    }
     for (const scope of held.scopes) this.settlements.window(scope.ref, tokens - held.reservedTokens);
     if (held.budget === null) return;
-    const chargedNano = usage !== null ? usdToNano(costUsd(held.request.model.definition.prices, usage)) : answered ? held.budget.reservedNano : 0;
     if (chargedNano > held.budget.reservedNano) {
       // The bound is an upper bound for text and the upstream's max_tokens is capped, so
       // this means a replica counted more than it can have (or media the context length did
@@ -340,6 +409,7 @@ export class LimitsService implements RequestLimits {
 
   /** Writes the settlements still queued, then closes the store side. */
   async close(): Promise<void> {
+    this.fallback.close();
     await this.settlements.close();
     this.limitStore.close();
   }

@@ -2,7 +2,8 @@
 // progress (bytes, speed, time left), check what was fetched (the GGUF header llama.cpp
 // must accept, or config.json for safetensors) and collect the origin's verified files,
 // and wait for a ready replica of the model's current definition, ending early with the
-// reason when the model parks or cannot be placed.
+// reason when the model parks or cannot be placed. A step that reads mirrored files copies
+// those only another server holds here first (mirrored-here.ts).
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { UpstreamError } from "../core/errors.ts";
@@ -15,6 +16,7 @@ import type { Registry } from "../registry/types.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { waitsForRoom } from "../fleet/placement.ts";
 import type { StepHandle } from "./jobs.ts";
+import { bringMirroredHere } from "./mirrored-here.ts";
 import type { OriginFile, WeightsFormat } from "./serve-definition.ts";
 import type { SmokeTarget } from "./smoke-test.ts";
 
@@ -121,7 +123,8 @@ export async function mirrorFiles(input: {
 
 /**
  * Checks the mirrored weights the way an engine will load them and collects the origin:
- * each file with the sha256 the mirror verified it with.
+ * each file with the sha256 the mirror verified it with. Files only another server holds
+ * are copied here first (mirrored-here.ts), with the copy's progress in the step's detail.
  */
 export async function checkMirrored(input: {
   planned: PlannedFetch;
@@ -130,9 +133,18 @@ export async function checkMirrored(input: {
   modelName: string;
   contextPool: number;
   parallel: number;
-  mirror: Pick<Mirror, "check">;
+  mirror: Pick<Mirror, "check" | "replicate" | "fromOrigin">;
   signal: AbortSignal;
+  step?: StepHandle | undefined;
 }): Promise<{ detail: string; origin: OriginFile[] }> {
+  const { planned, mirror } = input;
+  const files = planned.files.map((file) => file.path);
+  const copied = await bringMirroredHere({ mirror, model: planned.model, version: planned.version, files, signal: input.signal, step: input.step });
+  const checked = await checkHere({ ...input, mirror });
+  return copied === null ? checked : { ...checked, detail: `${checked.detail} (${copied})` };
+}
+
+async function checkHere(input: Parameters<typeof checkMirrored>[0]): Promise<{ detail: string; origin: OriginFile[] }> {
   const { planned, mirror } = input;
   const origin: OriginFile[] = [];
   let entryPath = "";

@@ -2,7 +2,8 @@
 // six steps, each with a live state and a detail line:
 //   registry  read the repository, pick the artifact, decide the profiles (before any byte moves)
 //   mirror    fetch into the mirror, verified against the published sha256, with progress
-//   check     read what was fetched as the engine will (GGUF header, memory for the pool)
+//   check     read what was fetched as the engine will (GGUF header, memory for the pool);
+//             bytes only another server holds (a job resumed here) are copied here first
 //   catalog   add the model with its profiles, source and origin
 //   placement wait for a ready replica; parked or unplaceable ends the job with why;
 //             hardware that exists but is busy leaves the step and the job `waiting`
@@ -135,7 +136,7 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
 
       await job.step("mirror", (step) => mirrorFiles({ planned: context.planned!, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal }));
 
-      await job.step("check", async () => {
+      await job.step("check", async (step) => {
         const checked = await checkMirrored({
           planned: context.planned!,
           entry: context.entry!,
@@ -145,6 +146,7 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
           parallel,
           mirror: deps.mirror,
           signal: job.signal,
+          step,
         });
         await job.remember({ origin: checked.origin } satisfies ServeContext);
         return checked.detail;

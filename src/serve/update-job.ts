@@ -159,7 +159,7 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         return `${countOf(context.newOrigin!.length, "file")} of the previous revision still in the mirror`;
       });
 
-      await job.step("check", async () => {
+      await job.step("check", async (step) => {
         const current = model();
         const profile = current.definition.profiles.find((p) => p.engine === "llamacpp");
         const source = context.newSource!;
@@ -184,6 +184,7 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           parallel,
           mirror: deps.mirror,
           signal: job.signal,
+          step,
         });
         await job.remember({ newOrigin: checked.origin } satisfies UpdateContext);
         return checked.detail;

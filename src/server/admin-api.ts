@@ -106,9 +106,12 @@ export function createAdminApi(options: AdminApiOptions): Hono<Env> {
   });
 
   app.get("/healthz", (c) => c.json({ status: "ok", version: options.version }));
+  // On PostgreSQL the readiness check probes the database (at most once a second, within
+  // 2 s), so a database gone silent turns this 503 and a load balancer stops sending here.
   app.get("/readyz", async (c) => {
     const readiness = (await options.readiness?.()) ?? { status: "ready", usage_rows_dropped: 0 };
-    return c.json(readiness, readiness.status === "ready" ? 200 : 503);
+    if (readiness.status === "ready") return c.json(readiness, 200);
+    return c.json(readiness, 503, { "retry-after": "5" });
   });
 
   // Before the auth step below: the page and logging in need no key or session.

@@ -51,6 +51,11 @@ export interface ServerConfig {
   updateCheckIntervalMs?: number;
   /** How long a serve or update job waits for a ready replica (default 30 min). */
   replicaTimeoutMs?: number;
+  /**
+   * Keys read from the database within this long keep working from memory while it cannot
+   * be reached (default 10 min; 0: never). --key-grace.
+   */
+  keyGraceMs?: number;
   /** Days raw usage rows are kept (default 30; 0: forever); the per-minute aggregates stay 400 days. */
   usageRetentionDays?: number;
   /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */

@@ -112,7 +112,17 @@ async function storageFaultScenario(t: TestContext, fault: Fault, dataDir?: stri
     assert.equal(readiness.status, "not_ready");
     assert.match(readiness.reason, fault.cause);
 
-    // The gateway answers on; the usage rows it cannot store are counted.
+    // The gateway answers on; the usage rows it cannot store wait in the spool (memory first).
+    const usageRows = async () =>
+      Number(
+        (
+          await harness.server.store.db
+            .selectFrom("usage")
+            .select((eb) => eb.fn.countAll().as("n"))
+            .executeTakeFirstOrThrow()
+        ).n,
+      );
+    const rowsBefore = await usageRows();
     for (let i = 0; i < 3; i += 1) {
       const answer = await fetch(`${harness.url}/v1/chat/completions`, {
         method: "POST",
@@ -123,14 +133,18 @@ async function storageFaultScenario(t: TestContext, fault: Fault, dataDir?: stri
       const completion = (await answer.json()) as { choices: Array<{ message: { content: string } }> };
       assert.match(completion.choices[0]?.message.content ?? "", /still answering/);
     }
-    const dropped = await eventually("the dropped usage rows to show in /readyz", async () => {
-      const body = (await (await fetch(`${harness.url}/readyz`)).json()) as { usage_rows_dropped: number };
-      return body.usage_rows_dropped >= 3 && body.usage_rows_dropped;
+    const spooled = await eventually("the refused usage rows to be spooled", async () => {
+      const metrics = await (await fetch(`${harness.url}/metrics`, { headers: { authorization: `Bearer ${harness.adminKey}` } })).text();
+      const value = Number(/^llmgw_usage_rows_spooled (\d+)/m.exec(metrics)?.[1] ?? 0);
+      return value >= 3 && value;
     });
-    t.diagnostic(`${dropped} usage rows dropped`);
+    t.diagnostic(`${spooled} usage rows spooled`);
 
     fault.repair(harness);
     await eventually("/readyz to recover", async () => (await fetch(`${harness.url}/readyz`)).status === 200);
+    // Nothing was lost: the spooled rows reach the store once it takes writes again.
+    await eventually("the spooled usage rows in the store", async () => (await usageRows()) >= rowsBefore + 3);
+    assert.equal(((await (await fetch(`${harness.url}/readyz`)).json()) as { usage_rows_dropped: number }).usage_rows_dropped, 0);
     assert.equal((await harness.admin("POST", "/api/v1/keys", { name: "after-the-fault" })).status, 201);
   } finally {
     await harness.close();

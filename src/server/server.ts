@@ -130,6 +130,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     store,
     root: path.join(config.dataDir, "mirror"),
     logger,
+    // A file no running server holds is fetched from its origin with the registry's token
+    // (made below; called only once the server serves).
+    originHeaders: (url) => registry.requestHeaders(url),
     // Servers sharing the database: each mirror file has its holders, and a server without
     // the bytes sends nodes to one that has them (307 with a grant signed by the cluster secret).
     ...(store.dialect === "postgres"
@@ -144,7 +147,12 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   });
   // Keys name guard models and the catalog keeps the guards keys name: each asks the other through a closure.
   const catalog: Catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
-  const keys: KeyService = new KeyService({ store, guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key") });
+  const keys: KeyService = new KeyService({
+    store,
+    guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key"),
+    logger,
+    ...(config.keyGraceMs === undefined ? {} : { keyGraceMs: config.keyGraceMs }),
+  });
   const replicas = new ReplicaTable();
   const events = new EventLog({ store, logger });
   const feed = new ChangeFeed({ store, logger });
@@ -223,7 +231,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     ...(config.updateCheckIntervalMs === undefined ? {} : { intervalMs: config.updateCheckIntervalMs }),
   });
   const pools = new UpstreamPools();
-  const usage = new UsageRecorder({ store, logger });
+  const usage = new UsageRecorder({ store, logger, dataDir: config.dataDir });
   const usageRetention = new UsageRetention({
     store,
     logger,
@@ -329,6 +337,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       isParked: (modelId) => fleetAccess.status(modelId).parked !== null,
       nodes: () => fleetAccess.nodes(),
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
+      usageRows: () => ({ dropped: usage.droppedRows(), spooled: usage.spooledRows() }),
     },
   });
   // The guards ask their models through the gateway's own admission, so a guard waits in its model's queue like any request.

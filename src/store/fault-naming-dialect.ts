@@ -9,7 +9,7 @@
 // ROLLBACK Kysely then sends fails with "cannot rollback - no transaction is active", and
 // that error, not the full disk, would reach the caller.
 import type { DatabaseConnection, Dialect, Driver, QueryCompiler, QueryResult, TransactionSettings } from "kysely";
-import { asStorageFault, type StorageHealth } from "./storage-fault.ts";
+import { asStorageFault, type StorageHealth, type StorageUnavailableError } from "./storage-fault.ts";
 
 export interface FaultNamingOptions {
   /** Where the data lives, in words, for messages. */
@@ -17,6 +17,8 @@ export interface FaultNamingOptions {
   health: StorageHealth;
   /** SQLite only: whether the connection is inside a transaction right now. */
   inTransaction?: () => boolean;
+  /** PostgreSQL only: whether queries may go ahead (throws the outage's fault when not), and where faults are told. */
+  gate?: { admit(): Promise<void>; observe(fault: StorageUnavailableError): void };
 }
 
 export class FaultNamingDialect implements Dialect {
@@ -57,6 +59,7 @@ class FaultNamingDriver implements Driver {
       const fault = asStorageFault(error, this.options.where);
       if (fault === undefined) throw error;
       this.options.health.noteFault(fault);
+      this.options.gate?.observe(fault);
       throw fault;
     }
   }
@@ -70,6 +73,7 @@ class FaultNamingDriver implements Driver {
   }
 
   async acquireConnection(): Promise<DatabaseConnection> {
+    await this.options.gate?.admit();
     const inner = await this.named(() => this.inner.acquireConnection());
     let outer = this.outerOf.get(inner);
     if (outer === undefined) {

@@ -1,13 +1,14 @@
 // Storage faults: a full disk, a read-only file system or database, an I/O error, a
-// database file that cannot be opened, a database server that cannot be reached. They
-// are recognised here, once, by error code (SQLite's extended result codes, Node's errno
-// codes, PostgreSQL's SQLSTATE), never by message text, and become one
-// StorageUnavailableError: 503 `storage_unavailable`, with a message that names where the
-// data lives, the cause and what to do. `StorageHealth` remembers the last fault so
-// /readyz can say why the server is not ready until a probe write succeeds again.
+// database file that cannot be opened, a database server that cannot be reached or does
+// not answer in time. They are recognised here, once, by error code (SQLite's extended
+// result codes, Node's errno codes, PostgreSQL's SQLSTATE), and by message text only for
+// the few errors of the pg driver itself that carry no code (see PG_DRIVER_FAULTS), and
+// become one StorageUnavailableError: 503 `storage_unavailable`, with a message that names
+// where the data lives, the cause and what to do. `StorageHealth` remembers the last fault
+// so /readyz can say why the server is not ready until a probe succeeds again.
 import { UnavailableError, errorCode } from "../core/errors.ts";
 
-export type StorageFaultKind = "full" | "read_only" | "io_error" | "cannot_open" | "permission_denied" | "unreachable";
+export type StorageFaultKind = "full" | "read_only" | "io_error" | "cannot_open" | "permission_denied" | "unreachable" | "timed_out";
 
 const CAUSES: Record<StorageFaultKind, { cause: string; remedy: string }> = {
   full: { cause: "the disk is full", remedy: "Free space there; writes resume by themselves, no restart needed." },
@@ -19,7 +20,51 @@ const CAUSES: Record<StorageFaultKind, { cause: string; remedy: string }> = {
   cannot_open: { cause: "the database file cannot be opened", remedy: "Check that it exists and that the user running llmgw may read and write it." },
   permission_denied: { cause: "permission denied", remedy: "Give the user running llmgw read and write access to it." },
   unreachable: { cause: "the database server cannot be reached", remedy: "Check that PostgreSQL runs and accepts connections; llmgw reconnects by itself." },
+  timed_out: {
+    cause: "the database did not finish the query in time",
+    remedy: "Check the database's load and the locks other sessions hold; retrying later may work.",
+  },
 };
+
+/**
+ * The pg driver's own connection failures, which carry no `code` (unlike the server's
+ * SQLSTATEs and Node's socket errnos): message text is the only thing that tells them
+ * apart, so it is read here and nowhere else. Each gets a code of its own for messages,
+ * logs and /readyz. Exact texts of pg 8 and pg-pool 3; the silent ones (a deadline that
+ * ran out with no answer at all) are what tells an outage from a dropped connection.
+ */
+const PG_DRIVER_FAULTS: readonly { message: RegExp; code: string; silent: boolean }[] = [
+  // The client-side query deadline (query_timeout) ran out: no answer at all.
+  { message: /^Query read timeout$/, code: "PG_QUERY_TIMEOUT", silent: true },
+  // Connecting (or waiting for a pooled connection) took longer than connectionTimeoutMillis.
+  { message: /^timeout exceeded when trying to connect$/, code: "PG_CONNECT_TIMEOUT", silent: true },
+  { message: /^Connection terminated due to connection timeout$/, code: "PG_CONNECT_TIMEOUT", silent: true },
+  { message: /^timeout expired$/, code: "PG_CONNECT_TIMEOUT", silent: true },
+  // The socket closed under a connection in use, or a query was sent on one already broken.
+  { message: /^Connection terminated unexpectedly$/, code: "PG_CONNECTION_LOST", silent: false },
+  { message: /^Connection terminated$/, code: "PG_CONNECTION_LOST", silent: false },
+  { message: /^Client has encountered a connection error and is not queryable$/, code: "PG_CONNECTION_LOST", silent: false },
+];
+
+/** Codes that mean the database stayed silent past a deadline (as against refusing or dropping a connection at once). */
+const SILENT_CODES = new Set(["ETIMEDOUT", ...PG_DRIVER_FAULTS.filter((fault) => fault.silent).map((fault) => fault.code)]);
+
+/** Whether a fault means the database gave no answer at all within a deadline: a partition, a machine gone. */
+export function isSilentFault(fault: StorageUnavailableError): boolean {
+  return SILENT_CODES.has(fault.faultCode);
+}
+
+/** The code of one of the pg driver's own connection errors (PG_DRIVER_FAULTS), anywhere in the cause chain. */
+function pgDriverFaultCode(error: unknown): string | undefined {
+  let current: unknown = error;
+  for (let depth = 0; depth < 5 && current instanceof Error; depth += 1) {
+    const message = current.message;
+    const known = PG_DRIVER_FAULTS.find((fault) => fault.message.test(message));
+    if (known !== undefined) return known.code;
+    current = current.cause;
+  }
+  return undefined;
+}
 
 /**
  * The kind of storage fault an error code means, or undefined for every other failure
@@ -39,6 +84,11 @@ export function storageFaultKind(code: string | undefined): StorageFaultKind | u
   if (code.startsWith("08") && code.length === 5) return "unreachable";
   if (code === "57P01" || code === "57P02" || code === "57P03" || code === "53300") return "unreachable";
   if (code === "ECONNREFUSED" || code === "ECONNRESET" || code === "ETIMEDOUT" || code === "EHOSTUNREACH" || code === "ENOTFOUND") return "unreachable";
+  if (code === "EPIPE" || code === "ENETUNREACH" || code === "ECONNABORTED") return "unreachable";
+  // The pg driver's own connection errors (named in PG_DRIVER_FAULTS).
+  if (code.startsWith("PG_")) return "unreachable";
+  // query_canceled: the server-side deadline (statement_timeout) or lock_timeout ended a query.
+  if (code === "57014" || code === "55P03") return "timed_out";
   return undefined;
 }
 
@@ -55,16 +105,20 @@ export class StorageUnavailableError extends UnavailableError {
   readonly kind: StorageFaultKind;
   /** The code the fault was recognised by (SQLITE_FULL, ENOSPC, 53100...). */
   readonly faultCode: string;
+  /** Where the data lives, in words ("PostgreSQL at postgres://db:5432/llmgw"). */
+  readonly where: string;
 
   constructor(options: { where: string; kind: StorageFaultKind; faultCode: string; cause: unknown }) {
     const { remedy } = CAUSES[options.kind];
     super(`Storage unavailable: cannot use ${options.where}: ${faultSummary(options.kind, options.faultCode)}. ${remedy}`, {
       code: "storage_unavailable",
-      retryAfterSeconds: 30,
+      // A database that comes back is used again within a second or two; a full disk takes a person.
+      retryAfterSeconds: options.kind === "unreachable" || options.kind === "timed_out" ? 5 : 30,
       cause: options.cause,
     });
     this.kind = options.kind;
     this.faultCode = options.faultCode;
+    this.where = options.where;
   }
 }
 
@@ -75,7 +129,7 @@ export class StorageUnavailableError extends UnavailableError {
  */
 export function asStorageFault(error: unknown, where: string): StorageUnavailableError | undefined {
   if (error instanceof StorageUnavailableError) return error;
-  const code = errorCode(error);
+  const code = errorCode(error) ?? pgDriverFaultCode(error);
   const kind = storageFaultKind(code);
   return kind === undefined ? undefined : new StorageUnavailableError({ where, kind, faultCode: code!, cause: error });
 }
@@ -100,6 +154,9 @@ export class StorageHealth {
   constructor(private readonly clock: () => number = Date.now) {}
 
   noteFault(fault: StorageUnavailableError): void {
+    // One query that ran out of time says the query was slow, not that the store is down;
+    // whether the database answers at all is the probe's to say.
+    if (fault.kind === "timed_out") return;
     this.state = { kind: fault.kind, code: fault.faultCode, message: fault.message, since: this.state?.since ?? new Date(this.clock()).toISOString() };
   }
 

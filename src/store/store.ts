@@ -3,15 +3,19 @@
 // Store and write their own tables; nothing else opens the database. Storage faults (a
 // full disk, a read-only data dir, an unreachable PostgreSQL) are named here, once, for
 // every query (fault-naming-dialect.ts), and the store keeps its own health for /readyz.
+// On PostgreSQL every connection has deadlines (postgres-connections.ts) and an outage
+// gate makes queries fail at once while the database is down (postgres-outage.ts).
 import { chmodSync, mkdirSync, statfsSync } from "node:fs";
 import path from "node:path";
 import BetterSqlite3 from "better-sqlite3";
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
-import pg from "pg";
+import type pg from "pg";
 import { BadRequestError, InternalError, describeError } from "../core/errors.ts";
 import { applyMigrations, MigrationError, type Dialect } from "./migrations.ts";
 import type { Database } from "./schema.ts";
 import { FaultNamingDialect } from "./fault-naming-dialect.ts";
+import { connectDedicatedClient, createPool, probePool, type PostgresTarget } from "./postgres-connections.ts";
+import { OutageGate } from "./postgres-outage.ts";
 import { asStorageFault, StorageHealth, StorageUnavailableError, type StorageFaultState } from "./storage-fault.ts";
 
 export type { Dialect };
@@ -40,7 +44,8 @@ export interface Store {
   nameFault(error: unknown): unknown;
   /**
    * The current storage fault, re-checked first with a probe write (at most once a
-   * second) when there is one; null when writes work.
+   * second) when there is one; null when writes work. On PostgreSQL a probe runs at most
+   * once a second even without a fault, within 2 s, so a database gone silent is seen.
    */
   checkWrites(): Promise<StorageFaultState | null>;
   /**
@@ -61,17 +66,16 @@ export interface OpenStoreOptions {
   migrateUntil?: string;
 }
 
-const INT8_OID = 20;
-
 /** Whether a --database value names PostgreSQL (else it is a SQLite file). */
 export function isPostgresUrl(database: string): boolean {
   return /^postgres(ql)?:\/\//.test(database);
 }
 
 export async function openStore(options: OpenStoreOptions): Promise<Store> {
-  const store = isPostgresUrl(options.database) ? await openPostgres(options) : openSqlite(options.database);
+  if (isPostgresUrl(options.database)) return openPostgres(options);
+  const store = openSqlite(options.database);
   try {
-    await migrate(store, options.migrateUntil);
+    await migrate(store.db, store.dialect, store.location, options.migrateUntil);
   } catch (error) {
     await store.close();
     throw error;
@@ -119,7 +123,7 @@ function openSqlite(file: string): Store {
   // A full disk is only over once there is room again: a probe row can still fit in the
   // WAL file SQLite reuses while the next bigger write fails.
   const hasRoom = () => inMemory || freeBytes(path.dirname(path.resolve(file))) >= MIN_FREE_BYTES;
-  return { db, dialect: "sqlite", location: file, sqlite, health, ...faultHandling(db, where, health, hasRoom), close: () => db.destroy() };
+  return { db, dialect: "sqlite", location: file, sqlite, health, ...sqliteFaultHandling(db, where, health, hasRoom), close: () => db.destroy() };
 }
 
 async function openPostgres(options: OpenStoreOptions): Promise<Store> {
@@ -129,23 +133,65 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
   if (schema !== undefined && !/^[a-z_][a-z0-9_]*$/.test(schema)) {
     throw new BadRequestError(`Invalid PostgreSQL schema name '${schema}': use lower-case letters, digits and underscores.`);
   }
-  const pool = new pg.Pool({
-    connectionString: options.database,
-    max: 10,
-    ...(schema === undefined ? {} : { options: `-c search_path=${schema}` }),
-    // Counts and byte sizes are int8; they fit in a double for anything llmgw stores.
-    types: {
-      getTypeParser: ((oid: number, format?: "text" | "binary") =>
-        oid === INT8_OID ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
+  const target: PostgresTarget = { connectionString: options.database, ...(schema === undefined ? {} : { schema }) };
+  const where = `PostgreSQL at ${location}`;
+  await migratePostgres(target, location, where, options.migrateUntil);
+  const pool = createPool(target, "queries");
+  const health = new StorageHealth();
+  const gate = new OutageGate({
+    health,
+    probe: async (faulted) => {
+      try {
+        // While a fault is recorded the probe writes, so that a full or read-only database is over only once writes work.
+        await probePool(pool, faulted ? PROBE_WRITE : { text: "select 1" });
+      } catch (error) {
+        throw asStorageFault(error, where) ?? error;
+      }
     },
   });
-  pool.on("error", () => {
-    // An idle client lost its connection; the pool replaces it on the next query.
-  });
+  const db = new Kysely<Database>({ dialect: new FaultNamingDialect(new PostgresDialect({ pool }), { where, health, gate }) });
+  return {
+    db,
+    dialect: "postgres",
+    schema: schema ?? "public",
+    location,
+    health,
+    nameFault(error) {
+      const fault = asStorageFault(error, where);
+      if (fault === undefined) return error;
+      health.noteFault(fault);
+      gate.observe(fault);
+      return fault;
+    },
+    async checkWrites() {
+      await gate.check();
+      return health.fault();
+    },
+    dedicatedClient: () => connectDedicatedClient(target),
+    close: async () => {
+      gate.close();
+      await db.destroy();
+    },
+  };
+}
+
+const PROBE_WRITE = {
+  text: "insert into store_probe (name, at) values ('probe', $1) on conflict (name) do update set at = excluded.at",
+  get values() {
+    return [new Date().toISOString()];
+  },
+};
+
+/**
+ * Creates the schema and applies the migrations on a pool of their own, without the query
+ * deadlines (a migration may wait for another server's, or rewrite a big table), then ends it.
+ */
+async function migratePostgres(target: PostgresTarget, location: string, where: string, until: string | undefined): Promise<void> {
+  const pool = createPool(target, "migrations");
   try {
     const client = await pool.connect();
     try {
-      if (schema !== undefined) await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema}`);
+      if (target.schema !== undefined) await client.query(`CREATE SCHEMA IF NOT EXISTS ${target.schema}`);
     } finally {
       client.release();
     }
@@ -156,40 +202,12 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
       cause: error,
     });
   }
-  const health = new StorageHealth();
-  const where = `PostgreSQL at ${location}`;
-  const db = new Kysely<Database>({ dialect: new FaultNamingDialect(new PostgresDialect({ pool }), { where, health }) });
-  const dedicatedClient = async (): Promise<pg.Client> => {
-    // Keepalives on both ends: a leader whose machine vanishes (no FIN, no RST) must lose
-    // its session, and with it the advisory lock, in seconds rather than the kernel's hours.
-    const client = new pg.Client({
-      connectionString: options.database,
-      keepAlive: true,
-      keepAliveInitialDelayMillis: 5000,
-      ...(schema === undefined ? {} : { options: `-c search_path=${schema}` }),
-    });
-    client.on("error", () => {
-      // Reported to the owner through its own "end" listener; an unhandled "error" would end the process.
-    });
-    try {
-      await client.connect();
-      await client.query("set tcp_keepalives_idle = 5; set tcp_keepalives_interval = 2; set tcp_keepalives_count = 3");
-    } catch (error) {
-      await client.end().catch(() => undefined);
-      throw error;
-    }
-    return client;
-  };
-  return {
-    db,
-    dialect: "postgres",
-    schema: schema ?? "public",
-    location,
-    health,
-    ...faultHandling(db, where, health, () => true),
-    dedicatedClient,
-    close: () => db.destroy(),
-  };
+  const db = new Kysely<Database>({ dialect: new FaultNamingDialect(new PostgresDialect({ pool }), { where, health: new StorageHealth() }) });
+  try {
+    await migrate(db, "postgres", location, until);
+  } finally {
+    await db.destroy();
+  }
 }
 
 /** Below this much free space a data dir that ran full does not count as writable again. */
@@ -207,8 +225,8 @@ function freeBytes(dir: string): number {
   }
 }
 
-/** The store's `nameFault` and `checkWrites`, the same for both databases. */
-function faultHandling(db: Db, where: string, health: StorageHealth, hasRoom: () => boolean): Pick<Store, "nameFault" | "checkWrites"> {
+/** SQLite's `nameFault` and `checkWrites` (PostgreSQL's go through its outage gate). */
+function sqliteFaultHandling(db: Db, where: string, health: StorageHealth, hasRoom: () => boolean): Pick<Store, "nameFault" | "checkWrites"> {
   let lastProbeAt = 0;
   let probing: Promise<void> | undefined;
   const probe = async () => {
@@ -243,15 +261,15 @@ function faultHandling(db: Db, where: string, health: StorageHealth, hasRoom: ()
   };
 }
 
-async function migrate(store: Store, until: string | undefined): Promise<void> {
+async function migrate(db: Db, dialect: Dialect, location: string, until: string | undefined): Promise<void> {
   try {
-    await applyMigrations(store.db as unknown as Kysely<unknown>, store.dialect, until);
+    await applyMigrations(db as unknown as Kysely<unknown>, dialect, until);
   } catch (error) {
     // A full or read-only data dir is said as such, not as a broken migration.
     const cause = error instanceof MigrationError ? error.cause : error;
     if (cause instanceof StorageUnavailableError) throw cause;
     const which = error instanceof MigrationError ? ` (${error.migration})` : "";
-    throw new InternalError(`Database migration${which} failed on ${store.location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, {
+    throw new InternalError(`Database migration${which} failed on ${location}: ${describeError(error instanceof MigrationError ? error.cause : error)}`, {
       cause: error,
     });
   }

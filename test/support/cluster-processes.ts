@@ -3,6 +3,8 @@
 // made for one test and dropped after it, and a stop for many processes at once.
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { TEST_POSTGRES_URL } from "./stores.ts";
@@ -65,4 +67,29 @@ export async function stopAll(processes: LlmgwProcess[], graceMs = 20_000): Prom
   }, graceMs);
   await Promise.all(processes.map((running) => running.exited));
   clearTimeout(killer);
+}
+
+/**
+ * `llmgw agent` for a many-servers test: a node named `name` with its data dir at `dir`,
+ * a fixed inventory (4 cores, 8 GiB, the bundled llama.cpp) so placement does not depend
+ * on the machine, joining with the first server's join token and knowing `servers` in order.
+ */
+export function spawnClusterAgent(options: { name: string; dir: string; servers: string[]; joinTokenFile: string }): LlmgwProcess {
+  mkdirSync(options.dir, { recursive: true });
+  const inventory = path.join(options.dir, "inventory.json");
+  writeFileSync(inventory, JSON.stringify({ cores: 4, memory: "8g", engines: [{ engine: "llamacpp", version: "3.21.1" }] }));
+  const joinToken = readFileSync(options.joinTokenFile, "utf8").trim();
+  return spawnLlmgw([
+    "agent",
+    "--server",
+    options.servers.join(","),
+    "--join-token",
+    joinToken,
+    "--name",
+    options.name,
+    "--data-dir",
+    options.dir,
+    "--inventory",
+    inventory,
+  ]);
 }

@@ -14,6 +14,7 @@ const EVENT_KINDS = {
   replica_unplaceable: "Replica cannot be placed",
   node_lost: "Node lost",
   node_back: "Node back",
+  replica_moved: "Replica moved to spread a model",
   budget_exhausted: "Budget spent",
   budget_threshold: "Budget nearly spent",
   new_weights: "New weights published",
