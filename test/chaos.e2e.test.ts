@@ -35,7 +35,10 @@ describe("chaos: the gateway keeps answering and the cluster heals", { timeout: 
   });
 
   const survive = async (scenario: Scenario): Promise<ScenarioReport> => {
-    const report = await runScenario(cluster, scenario, { faultMs: FAULT_MS, model: "tiny", key });
+    const logs = () => `\na's log:\n${cluster.logOf("a")}\nb's log:\n${cluster.logOf("b")}`;
+    const report = await runScenario(cluster, scenario, { faultMs: FAULT_MS, model: "tiny", key }).catch((error: Error) => {
+      throw new Error(`${scenario.name}: ${error.message}${logs()}`);
+    });
     const context = () =>
       `\n${JSON.stringify({ ...report, failed: report.failed.slice(0, 5) })}\na's log:\n${cluster.logOf("a")}\nb's log:\n${cluster.logOf("b")}`;
     assert.deepEqual(cluster.unexpectedExits(), [], `no process exits${context()}`);

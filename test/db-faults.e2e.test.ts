@@ -5,43 +5,32 @@
 // instead of hanging, and /readyz is 200 again soon after the link is back.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import path from "node:path";
 import { randomBytes } from "node:crypto";
 import pg from "pg";
-import { findFreePort } from "../src/agent/free-port.ts";
 import { eventually } from "./support/eventually.ts";
-import { createTestDatabase, listeningUrl, spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
-import { startFaultProxy, type FaultProxy } from "./support/fault-proxy.ts";
-import { postgresProblem, TEST_POSTGRES_URL } from "./support/stores.ts";
+import { spawnServerViaProxy, type ServerViaProxy } from "./support/postgres-via-proxy.ts";
+import { TEST_POSTGRES_URL } from "./support/stores.ts";
 
 /** The issue's bound: with a silent database, /readyz and admin calls answer 503 within this. */
 const SILENT_BOUND_MS = 5_000;
 
-describe("a server process through database faults", { timeout: 120_000 }, () => {
-  const root = mkdtempSync(path.join(tmpdir(), "llmgw-dbf-"));
-  const applicationName = `llmgw_dbf_${randomBytes(4).toString("hex")}`;
-  let database: Awaited<ReturnType<typeof createTestDatabase>> | undefined;
-  let proxy: FaultProxy | undefined;
-  let server: LlmgwProcess | undefined;
-  let url = "";
-  let adminKey = "";
+/** What the admin calls below read of an answer. */
+interface AdminBody {
+  error?: { code: string };
+  leader?: { name?: string };
+}
 
-  const call = async (method: string, pathname: string, body?: unknown) => {
-    const response = await fetch(url + pathname, {
-      method,
-      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    const text = await response.text();
-    return { status: response.status, retryAfter: response.headers.get("retry-after"), body: text === "" ? null : JSON.parse(text) };
-  };
-  const readyz = async () => (await fetch(`${url}/readyz`)).status;
+describe("a server process through database faults", { timeout: 120_000 }, () => {
+  const applicationName = `llmgw_dbf_${randomBytes(4).toString("hex")}`;
+  let served: ServerViaProxy | undefined;
+
+  const call = (method: string, pathname: string, body?: unknown) => served!.admin<AdminBody | null>(method, pathname, body);
+  const readyz = async () => (await fetch(`${served!.url}/readyz`)).status;
   const newKey = () => call("POST", "/api/v1/keys", { name: `k-${randomBytes(4).toString("hex")}` });
   const stillRunning = () => {
-    assert.equal(server!.child.exitCode, null, `the server process exited:\n${server!.output()}`);
-    assert.equal(server!.child.signalCode, null, `the server process was killed:\n${server!.output()}`);
+    const { server } = served!;
+    assert.equal(server.child.exitCode, null, `the server process exited:\n${server.output()}`);
+    assert.equal(server.child.signalCode, null, `the server process was killed:\n${server.output()}`);
   };
   /** Ends the server's PostgreSQL sessions from outside (an administrator, a failover). */
   const terminateSessions = async () => {
@@ -55,68 +44,56 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
   };
 
   before(async () => {
-    const problem = await postgresProblem();
-    if (problem !== null) throw new Error(`PostgreSQL is required for the database fault test but is not reachable: ${problem}`);
-    database = await createTestDatabase();
-    const target = new URL(database.url);
-    proxy = await startFaultProxy({ host: target.hostname, port: Number(target.port || 5432) });
-    const viaProxy = new URL(proxy.via(database.url));
-    // Marks the server's sessions, so that exactly those can be terminated.
-    viaProxy.searchParams.set("application_name", applicationName);
-    const dataDir = path.join(root, "server");
-    server = spawnLlmgw(["server", "--data-dir", dataDir, "--listen", `127.0.0.1:${await findFreePort("127.0.0.1")}`, "--database", viaProxy.toString()], {
-      LLMGW_CLUSTER_SECRET: "a-cluster-secret-for-the-database-fault-test-0123456789",
+    served = await spawnServerViaProxy({
+      requiredBy: "the database fault test",
+      clusterSecret: "a-cluster-secret-for-the-database-fault-test-0123456789",
+      // Marks the server's sessions, so that exactly those can be terminated.
+      applicationName,
     });
-    url = await listeningUrl(server);
-    adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
     await eventually("the server to be ready", async () => (await readyz()) === 200);
   });
 
   after(async () => {
-    await proxy?.set("forward");
-    if (server !== undefined) await stopAll([server]);
-    await proxy?.close();
-    await database?.drop();
-    rmSync(root, { recursive: true, force: true });
+    await served?.close();
   });
 
   test("a reset link, then a silence with a write in flight and terminated sessions: 503s meanwhile, no exit, and it serves again by itself", async () => {
     assert.equal((await newKey()).status, 201);
-    await proxy!.set("reset");
+    await served!.proxy.set("reset");
     const during = await newKey();
     assert.equal(during.status, 503, JSON.stringify(during.body));
-    assert.equal(during.body.error.code, "storage_unavailable");
+    assert.equal(during.body?.error?.code, "storage_unavailable");
     assert.ok(during.retryAfter !== null, "a 503 says when to come back");
     await eventually("/readyz to say not ready", async () => (await readyz()) === 503);
     // The leader's session and the change feed's were cut too; both keep trying without ending the process.
-    await eventually("the leader to step down", () => /no longer leads the cluster/.test(server!.output()));
-    await proxy!.set("forward");
+    await eventually("the leader to step down", () => /no longer leads the cluster/.test(served!.server.output()));
+    await served!.proxy.set("forward");
     await eventually("the server to reconnect", async () => (await readyz()) === 200);
     assert.equal((await newKey()).status, 201);
 
     // The issue's recipe: forwarding stops with a write in flight, the server's sessions are
     // terminated meanwhile, then forwarding resumes, which resets every connection that
     // lived through it (pooled ones checked out included).
-    await proxy!.set("blackhole");
+    await served!.proxy.set("blackhole");
     const inFlight = newKey();
     await eventually("/readyz to say not ready", async () => (await readyz()) === 503, { timeoutMs: 15_000 });
     await terminateSessions();
-    await proxy!.set("forward");
+    await served!.proxy.set("forward");
     assert.equal((await inFlight).status, 503, "the write caught in the silence ends with a 503");
     await eventually("admin writes to work again", async () => (await newKey()).status === 201, { timeoutMs: 30_000 });
     await eventually("the server to lead again", async () => (await call("GET", "/api/v1/cluster")).body?.leader?.name !== undefined);
     stillRunning();
-    assert.doesNotMatch(server!.output(), /Unhandled 'error' event|uncaught/i);
+    assert.doesNotMatch(served!.server.output(), /Unhandled 'error' event|uncaught/i);
   });
 
   test("a silent database: /readyz and admin calls answer 503 within 5 s, and /readyz is 200 soon after it answers again", async () => {
     assert.equal((await newKey()).status, 201);
-    await proxy!.set("blackhole");
+    await served!.proxy.set("blackhole");
     const cutAt = Date.now();
     const write = await newKey();
     const writeMs = Date.now() - cutAt;
     assert.equal(write.status, 503, JSON.stringify(write.body));
-    assert.equal(write.body.error.code, "storage_unavailable");
+    assert.equal(write.body?.error?.code, "storage_unavailable");
     assert.ok(writeMs < SILENT_BOUND_MS, `an admin write answered 503 within ${SILENT_BOUND_MS} ms (took ${writeMs} ms)`);
     await eventually("/readyz to say not ready", async () => (await readyz()) === 503);
     const notReadyMs = Date.now() - cutAt;
@@ -126,7 +103,7 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
     assert.equal((await call("GET", "/api/v1/audit")).status, 503);
     assert.ok(Date.now() - readAt < SILENT_BOUND_MS);
 
-    await proxy!.set("forward");
+    await served!.proxy.set("forward");
     const backAt = Date.now();
     await eventually("/readyz to say ready again", async () => (await readyz()) === 200);
     const readyAgainMs = Date.now() - backAt;
@@ -134,7 +111,7 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
     assert.ok(readyAgainMs < SILENT_BOUND_MS, `/readyz was 200 again within ${SILENT_BOUND_MS} ms (took ${readyAgainMs} ms)`);
     await eventually("admin writes to work again", async () => (await newKey()).status === 201, { timeoutMs: 30_000 });
     stillRunning();
-    assert.doesNotMatch(server!.output(), /Unhandled 'error' event|uncaught/i);
+    assert.doesNotMatch(served!.server.output(), /Unhandled 'error' event|uncaught/i);
     process.stdout.write(`# silent database: admin 503 after ${writeMs} ms, /readyz 503 after ${notReadyMs} ms, 200 again ${readyAgainMs} ms after recovery\n`);
   });
 });

@@ -7,16 +7,10 @@
 // the database once it is back.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import path from "node:path";
 import pg from "pg";
-import { findFreePort } from "../src/agent/free-port.ts";
 import { eventually } from "./support/eventually.ts";
-import { createTestDatabase, listeningUrl, spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
-import { startFaultProxy, type FaultProxy } from "./support/fault-proxy.ts";
 import { startFakeUpstream, type FakeUpstream } from "./support/fake-upstream.ts";
-import { postgresProblem } from "./support/stores.ts";
+import { spawnServerViaProxy, type ServerViaProxy } from "./support/postgres-via-proxy.ts";
 
 /** Requests the client sends while the database is cut: at one every 100 ms, about 8 s of outage. */
 const REQUESTS_DURING_CUT = 80;
@@ -24,24 +18,12 @@ const REQUESTS_DURING_CUT = 80;
 const UNKNOWN_KEY_BOUND_MS = 2_000;
 
 describe("the gateway through a database outage", { timeout: 120_000 }, () => {
-  const root = mkdtempSync(path.join(tmpdir(), "llmgw-outage-"));
-  let database: Awaited<ReturnType<typeof createTestDatabase>> | undefined;
-  let proxy: FaultProxy | undefined;
+  let served: ServerViaProxy | undefined;
   let upstream: FakeUpstream | undefined;
-  let server: LlmgwProcess | undefined;
-  let url = "";
-  let adminKey = "";
 
-  const admin = async (method: string, pathname: string, body?: unknown) => {
-    const response = await fetch(url + pathname, {
-      method,
-      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    return { status: response.status, body: (await response.json()) as { key?: string; id?: string } };
-  };
+  const admin = (method: string, pathname: string, body?: unknown) => served!.admin<{ key?: string; id?: string }>(method, pathname, body);
   const chat = async (key: string) => {
-    const response = await fetch(`${url}/v1/chat/completions`, {
+    const response = await fetch(`${served!.url}/v1/chat/completions`, {
       method: "POST",
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
       body: JSON.stringify({ model: "ext", messages: [{ role: "user", content: "hi" }], max_tokens: 5 }),
@@ -52,27 +34,16 @@ describe("the gateway through a database outage", { timeout: 120_000 }, () => {
   };
 
   before(async () => {
-    const problem = await postgresProblem();
-    if (problem !== null) throw new Error(`PostgreSQL is required for the database outage test but is not reachable: ${problem}`);
-    database = await createTestDatabase();
-    const target = new URL(database.url);
-    proxy = await startFaultProxy({ host: target.hostname, port: Number(target.port || 5432) });
     upstream = await startFakeUpstream({ reply: "fine thanks" });
-    const dataDir = path.join(root, "server");
-    server = spawnLlmgw(["server", "--data-dir", dataDir, "--listen", `127.0.0.1:${await findFreePort("127.0.0.1")}`, "--database", proxy.via(database.url)], {
-      LLMGW_CLUSTER_SECRET: "a-cluster-secret-for-the-database-outage-test-0123456789",
+    served = await spawnServerViaProxy({
+      requiredBy: "the database outage test",
+      clusterSecret: "a-cluster-secret-for-the-database-outage-test-0123456789",
     });
-    url = await listeningUrl(server);
-    adminKey = readFileSync(path.join(dataDir, "admin.key"), "utf8").trim();
   });
 
   after(async () => {
-    await proxy?.set("forward");
-    if (server !== undefined) await stopAll([server]);
-    await proxy?.close();
+    await served?.close();
     await upstream?.close();
-    await database?.drop();
-    rmSync(root, { recursive: true, force: true });
   });
 
   test("a key in use keeps being answered through an 8 s cut, a new key gets 503 at once, and the outage's usage rows reach the database", async () => {
@@ -99,8 +70,8 @@ describe("the gateway through a database outage", { timeout: 120_000 }, () => {
     })();
     try {
       await eventually("a few requests before the cut", () => outcomes.length >= 10);
-      await proxy!.set("reset");
-      await proxy!.set("refuse");
+      await served!.proxy.set("reset");
+      await served!.proxy.set("refuse");
       cut = true;
       const cutFrom = outcomes.length;
       await eventually("requests through the cut", () => outcomes.length - cutFrom >= REQUESTS_DURING_CUT / 2);
@@ -114,7 +85,7 @@ describe("the gateway through a database outage", { timeout: 120_000 }, () => {
       assert.ok(refusedMs < UNKNOWN_KEY_BOUND_MS, `a key never seen is refused at once (took ${refusedMs} ms)`);
       await eventually("the rest of the cut", () => outcomes.length - cutFrom >= REQUESTS_DURING_CUT);
       cut = false;
-      await proxy!.set("forward");
+      await served!.proxy.set("forward");
       const backFrom = outcomes.length;
       await eventually("requests after the database is back", () => outcomes.length - backFrom >= 10);
     } finally {
@@ -125,10 +96,10 @@ describe("the gateway through a database outage", { timeout: 120_000 }, () => {
     const failed = outcomes.filter((outcome) => outcome.status !== 200);
     assert.deepEqual(failed, [], `every request of the key in use was answered (${outcomes.length} sent)`);
     assert.ok(outcomes.filter((outcome) => outcome.duringCut).length >= REQUESTS_DURING_CUT);
-    assert.equal(server!.child.exitCode, null, `the server process exited:\n${server!.output()}`);
+    assert.equal(served!.server.child.exitCode, null, `the server process exited:\n${served!.server.output()}`);
 
     // Usage rows: every answered request of the key, those of the outage included (spooled, then written).
-    const direct = new pg.Client({ connectionString: database!.url });
+    const direct = new pg.Client({ connectionString: served!.databaseUrl });
     await direct.connect();
     try {
       await eventually(
@@ -142,7 +113,7 @@ describe("the gateway through a database outage", { timeout: 120_000 }, () => {
     } finally {
       await direct.end();
     }
-    assert.match(server!.output(), /keys read within the last 10 min keep working from memory/);
-    assert.doesNotMatch(server!.output(), /Unhandled 'error' event/);
+    assert.match(served!.server.output(), /keys read within the last 10 min keep working from memory/);
+    assert.doesNotMatch(served!.server.output(), /Unhandled 'error' event/);
   });
 });

@@ -9,22 +9,19 @@
 // replicas split by definition.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { silentLogger } from "../core/log.ts";
-import { SecretBox } from "../core/secret-box.ts";
-import { Catalog } from "../catalog/catalog.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import type { Store } from "../store/store.ts";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
+import { JOIN_TOKEN, replicaReport, startClockedFleet } from "../../test/support/clocked-fleet.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import type { Assignment, ReplicaReport } from "./agent-protocol.ts";
-import { Fleet } from "./fleet.ts";
+import type { Fleet } from "./fleet.ts";
 import type { NodeInventory } from "./fleet-types.ts";
-import { ReplicaTable } from "./replica-table.ts";
+import type { ReplicaTable } from "./replica-table.ts";
 
 const inventory: NodeInventory = { cores: 8, memoryBytes: 32 * 1024 ** 3, gpus: [], engines: [{ engine: "llamacpp", version: "3.21.1" }] };
 
@@ -173,53 +170,22 @@ interface UpdateRig {
 
 async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number } = {}): Promise<UpdateRig> {
   await weightsWritten;
-  let now = 1_700_000_000_000;
-  const table = new ReplicaTable();
   const inFlight = new Map<string, number>();
-  // Every definition is accepted: the fleet's own read of the weights is what this tests.
-  const catalog = new Catalog({ store, weights: { check: async () => undefined } });
-  await catalog.refresh();
-  const fleet = new Fleet({
-    store,
-    catalog,
-    replicas: table,
-    mirror: {
-      check: async () => {
-        throw new Error("these models are local files; the mirror is not asked");
-      },
-    },
-    box: SecretBox.fromKey(randomBytes(32)),
-    joinToken: () => "ljt_test",
-    logger: silentLogger(),
-    clock: () => now,
+  const { fleet, catalog, table, now, advance } = await startClockedFleet(store, {
     // Far beyond the steps of the clock below: moving it loses no node.
     nodeTimeoutMs: 3_600_000,
-    // The test runs the tick itself (checkNow).
-    tickMs: 3_600_000,
     inFlight: (replicaId) => inFlight.get(replicaId) ?? 0,
     ...(options.drainTimeoutMs === undefined ? {} : { drainTimeoutMs: options.drainTimeoutMs }),
   });
-  await fleet.start();
-  const { credential } = await fleet.join({ joinToken: "ljt_test", name: "n1", address: "127.0.0.1", inventory, labels: {} });
+  const { credential } = await fleet.join({ joinToken: JOIN_TOKEN, name: "n1", address: "127.0.0.1", inventory, labels: {} });
   const ports = new Map<string, number>();
   const assignments = async () => (await fleet.assignments(credential, { knownVersion: null, waitMs: 0, signal: AbortSignal.timeout(5000) })).assignments;
   const assigned = async () => (await assignments()).map((a) => a.replicaId);
   const sync = async () => {
     const running = await assigned();
-    const replicas: ReplicaReport[] = running.map((id) => {
+    const replicas = running.map((id) => {
       if (!ports.has(id)) ports.set(id, 20_000 + ports.size);
-      return {
-        id,
-        state: "ready",
-        endpoint: { host: "127.0.0.1", port: ports.get(id)! },
-        attempt: 1,
-        failures: 0,
-        lastError: null,
-        lastErrorCode: null,
-        startedAt: now,
-        readyAt: now,
-        weightsVerified: true,
-      };
+      return replicaReport(id, "ready", ports.get(id)!, now());
     });
     await fleet.heartbeat(credential, { name: "n1", address: "127.0.0.1", inventory, labels: {}, replicas, agentRun: "run-1" });
     await fleet.settled();
@@ -230,9 +196,7 @@ async function startUpdateRig(store: Store, options: { drainTimeoutMs?: number }
     table,
     store,
     inFlight,
-    advance: (ms) => {
-      now += ms;
-    },
+    advance,
     addModel: async () => {
       const model = await catalog.create(
         { name: "m", source: { kind: "file", path: weightsA }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 1 }] },

@@ -6,24 +6,20 @@
 // their agents would run; what they report is what the gateway routes to.
 import { after } from "node:test";
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { silentLogger } from "../core/log.ts";
-import { SecretBox } from "../core/secret-box.ts";
-import { Catalog } from "../catalog/catalog.ts";
 import { renderModelHealth } from "../cli/ctl-node.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { EventLog } from "../events/event-log.ts";
 import { modelHealthView } from "./fleet-views.ts";
 import type { Store } from "../store/store.ts";
+import { JOIN_TOKEN, replicaReport, startClockedFleet } from "../../test/support/clocked-fleet.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { testBothStores } from "../../test/support/stores.ts";
-import type { ReplicaReport, ReportedState } from "./agent-protocol.ts";
-import { Fleet } from "./fleet.ts";
+import type { ReportedState } from "./agent-protocol.ts";
 import type { NodeInventory } from "./fleet-types.ts";
-import { ReplicaTable } from "./replica-table.ts";
 
 const GiB = 1024 ** 3;
 const inventory = (memoryGiB: number): NodeInventory => ({
@@ -49,31 +45,9 @@ interface Agent {
 
 async function startRig(store: Store) {
   await weightsWritten;
-  let now = 1_700_000_000_000;
-  const table = new ReplicaTable();
-  const catalog = new Catalog({ store, weights: { check: async () => undefined } });
-  await catalog.refresh();
-  const fleet = new Fleet({
-    store,
-    catalog,
-    replicas: table,
-    mirror: {
-      check: async () => {
-        throw new Error("the model is a local file; the mirror is not asked");
-      },
-    },
-    box: SecretBox.fromKey(randomBytes(32)),
-    joinToken: () => "ljt_test",
-    logger: silentLogger(),
-    clock: () => now,
-    nodeTimeoutMs: NODE_TIMEOUT_MS,
-    heartbeatIntervalMs: HEARTBEAT_MS,
-    // The test runs the tick itself (checkNow).
-    tickMs: 3_600_000,
-  });
-  await fleet.start();
+  const { fleet, catalog, table, now, advance } = await startClockedFleet(store, { nodeTimeoutMs: NODE_TIMEOUT_MS, heartbeatIntervalMs: HEARTBEAT_MS });
   const join = async (name: string, memoryGiB = 32): Promise<Agent> => {
-    const { credential } = await fleet.join({ joinToken: "ljt_test", name, address: "127.0.0.1", inventory: inventory(memoryGiB), labels: {} });
+    const { credential } = await fleet.join({ joinToken: JOIN_TOKEN, name, address: "127.0.0.1", inventory: inventory(memoryGiB), labels: {} });
     return { name, memoryGiB, credential };
   };
   const assigned = async (agent: Agent) =>
@@ -87,21 +61,10 @@ async function startRig(store: Store) {
    * then ready, unless `states` says otherwise.
    */
   const beat = async (agent: Agent, states: Record<string, ReportedState> = {}) => {
-    const replicas: ReplicaReport[] = (await assigned(agent)).map((id) => {
+    const replicas = (await assigned(agent)).map((id) => {
       const state = states[id] ?? (seen.has(id) ? "ready" : "starting");
       seen.add(id);
-      return {
-        id,
-        state,
-        endpoint: state === "ready" ? { host: "127.0.0.1", port: 20_000 } : null,
-        attempt: 1,
-        failures: 0,
-        lastError: null,
-        lastErrorCode: null,
-        startedAt: now,
-        readyAt: state === "ready" ? now : null,
-        weightsVerified: true,
-      };
+      return replicaReport(id, state, 20_000, now());
     });
     await fleet.heartbeat(agent.credential, {
       name: agent.name,
@@ -115,7 +78,7 @@ async function startRig(store: Store) {
   };
   /** The clock moves on by `ms` while `alive` keep beating; then the 1 s tick runs. */
   const pass = async (ms: number, alive: Agent[]) => {
-    now += ms;
+    advance(ms);
     for (const agent of alive) await beat(agent);
     fleet.checkNow();
     await fleet.settled();

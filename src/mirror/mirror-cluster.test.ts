@@ -8,8 +8,6 @@
 import { after, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import http, { type IncomingHttpHeaders } from "node:http";
-import type { AddressInfo } from "node:net";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -24,14 +22,14 @@ import type { Registry } from "../registry/types.ts";
 import type { Store } from "../store/store.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { errorOf, nodeRequest as get, serveMirrorFiles, twoMirrorServers, type OtherRequests } from "../../test/support/mirror-servers.ts";
 import { locateWeights } from "../catalog/weights-check.ts";
 import { diskStamp } from "./disk-files.ts";
 import { MirrorGrants } from "./grants.ts";
 import { defaultMirrorModelName, planLocalMirrorFetch } from "./mirror-plan.ts";
-import { createMirrorFileHandler, isMirrorFileRequest, mountMirrorRoutes, type MirrorRoutesEnv } from "./mirror-routes.ts";
+import { mountMirrorRoutes, type MirrorRoutesEnv } from "./mirror-routes.ts";
 import { Mirror } from "./mirror.ts";
 
-const NODE_KEY = "node-key-for-tests";
 const ADMIN_KEY = "admin-key-for-tests";
 const dirs: string[] = [];
 
@@ -45,109 +43,31 @@ async function tempDir(): Promise<string> {
   return dir;
 }
 
-interface Answer {
-  status: number;
-  headers: IncomingHttpHeaders;
-  body: Buffer;
-}
-
-/** One request, redirects not followed; `key` null sends no Authorization (as a client does after a cross-origin redirect). */
-function get(url: string, options: { key?: string | null; method?: string; headers?: Record<string, string>; body?: unknown } = {}): Promise<Answer> {
-  const key = options.key === undefined ? NODE_KEY : options.key;
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      url,
-      {
-        method: options.method ?? "GET",
-        headers: {
-          ...(key === null ? {} : { authorization: `Bearer ${key}` }),
-          ...(options.body === undefined ? {} : { "content-type": "application/json" }),
-          ...(options.headers ?? {}),
-        },
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on("data", (chunk: Buffer) => chunks.push(chunk));
-        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-        res.on("error", reject);
-      },
-    );
-    req.on("error", reject);
-    req.end(options.body === undefined ? undefined : JSON.stringify(options.body));
-  });
-}
-
-function errorOf(answer: Answer): { code: string; message: string } {
-  return (JSON.parse(answer.body.toString()) as { error: { code: string; message: string } }).error;
-}
-
 /**
  * Two servers, `a` and `b`, on one store: each a Mirror with its own root and the cluster
  * option, and an HTTP server with the mirror's file server and admin routes (behind a
  * stand-in for the admin-key middleware).
  */
-async function twoServers(store: Store) {
-  const box = SecretBox.fromKey(randomBytes(32));
-  const live = new Set(["a", "b"]);
-  const urls = new Map<string, string>();
-  const servers: http.Server[] = [];
-  const make = async (name: string) => {
-    const root = path.join(await tempDir(), "mirror");
-    const mirror = new Mirror({
-      store,
-      root,
-      retries: 0,
-      retryDelayMs: 5,
-      cluster: {
-        self: name,
-        liveServers: async () => [...live].filter((server) => urls.has(server)).map((server) => ({ name: server, url: urls.get(server) as string })),
-        mac: (text) => box.mac(text),
-      },
-    });
-    const files = createMirrorFileHandler({
-      mirror,
-      authorize: async (req) => {
-        if (req.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
-      },
-    });
-    const app = new Hono<MirrorRoutesEnv>();
-    app.onError((error, c) => {
-      const rendered = renderError(error);
-      return c.json(rendered.body, rendered.status as 400, rendered.headers);
-    });
-    // Stands for the admin API's admin-key middleware: the key must reach every server that acts.
-    app.use("/api/v1/*", async (c, next) => {
-      if (c.req.header("authorization") !== `Bearer ${ADMIN_KEY}`) throw new AuthenticationError("Not the admin key.");
-      const principal: Principal = { keyId: "k1", name: "admin", role: "admin", allowedModels: null, expiresAt: null };
-      c.set("principal", principal);
-      await next();
-    });
-    mountMirrorRoutes(app, { mirror, registry: {} as Registry });
-    const admin = getRequestListener(app.fetch);
-    const server = http.createServer((req, res) => {
-      if (isMirrorFileRequest(req.url)) void files(req, res);
-      else void admin(req, res);
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    servers.push(server);
-    urls.set(name, `http://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    return { name, mirror, root, url: urls.get(name) as string };
-  };
-  const a = await make("a");
-  const b = await make("b");
-  return {
-    a,
-    b,
-    box,
-    live,
-    close: async () => {
-      await Promise.all([a.mirror.close(), b.mirror.close()]);
-      for (const server of servers) {
-        server.closeAllConnections();
-        await new Promise((resolve) => server.close(resolve));
-      }
-    },
-  };
+function twoServers(store: Store) {
+  return twoMirrorServers(store, { otherRequests: adminRoutes });
+}
+
+/** The mirror's admin routes as a server mounts them, behind a stand-in for the admin-key middleware. */
+function adminRoutes(mirror: Mirror): OtherRequests {
+  const app = new Hono<MirrorRoutesEnv>();
+  app.onError((error, c) => {
+    const rendered = renderError(error);
+    return c.json(rendered.body, rendered.status as 400, rendered.headers);
+  });
+  // The key must reach every server that acts.
+  app.use("/api/v1/*", async (c, next) => {
+    if (c.req.header("authorization") !== `Bearer ${ADMIN_KEY}`) throw new AuthenticationError("Not the admin key.");
+    const principal: Principal = { keyId: "k1", name: "admin", role: "admin", allowedModels: null, expiresAt: null };
+    c.set("principal", principal);
+    await next();
+  });
+  mountMirrorRoutes(app, { mirror, registry: {} as Registry });
+  return getRequestListener(app.fetch);
 }
 
 /** A local folder with one file, planned as a fetch. */
@@ -500,15 +420,7 @@ describe("mirror on a single server", () => {
   testBothStores("without the cluster option nothing about holders is written, grants mean nothing, and replicate is refused", async (store) => {
     const root = path.join(await tempDir(), "mirror");
     const mirror = new Mirror({ store, root, retries: 0 });
-    const server = http.createServer((req, res) => {
-      void createMirrorFileHandler({
-        mirror,
-        authorize: async (r) => {
-          if (r.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
-        },
-      })(req, res);
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const files = await serveMirrorFiles(mirror);
     try {
       const v = await localVersion("model-Q4_0.gguf");
       const { model, version } = v.args;
@@ -523,15 +435,14 @@ describe("mirror on a single server", () => {
       );
       assert.deepEqual(await mirror.recover(), { interrupted: 0, missing: 0, unconfirmed: 0 });
       await assert.rejects(mirror.replicate(model, version), { code: "mirror_not_clustered" });
-      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/mirror/${model}/${version}/${v.file}`;
+      const url = `${files.url}/mirror/${model}/${version}/${v.file}`;
       assert.equal((await get(`${url}?grant=1.${"0".repeat(64)}`, { key: null })).status, 401);
       const served = await get(url);
       assert.equal(served.status, 200);
       assert.ok(served.body.equals(v.content));
     } finally {
       await mirror.close();
-      server.closeAllConnections();
-      await new Promise((resolve) => server.close(resolve));
+      await files.close();
     }
   });
 });

@@ -5,14 +5,12 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import http, { type IncomingHttpHeaders } from "node:http";
-import type { AddressInfo } from "node:net";
 import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { Hono } from "hono";
-import { AuthenticationError, renderError, type RenderedError } from "../core/errors.ts";
+import { renderError, type RenderedError } from "../core/errors.ts";
 import type { Principal } from "../keys/key-service.ts";
 import { HubClient } from "../registry/hub-client.ts";
 import type { Registry, RepoInfo } from "../registry/types.ts";
@@ -30,21 +28,13 @@ import type { VerifyRunView } from "./verify-runs.ts";
 import { DiskWeightsChecker } from "../catalog/weights-check.ts";
 import { catalogModelsUsing } from "./mirror-users.ts";
 import { planMirrorFetch } from "./mirror-plan.ts";
-import {
-  createMirrorFileHandler,
-  isMirrorFileRequest,
-  mountMirrorRoutes,
-  parseRange,
-  type MirrorPlanner,
-  type MirrorRoutesEnv,
-  type MirrorRoutesOptions,
-} from "./mirror-routes.ts";
+import { mountMirrorRoutes, parseRange, type MirrorPlanner, type MirrorRoutesEnv, type MirrorRoutesOptions } from "./mirror-routes.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { nodeRequest, serveMirrorFiles, type Answer, type NodeRequestOptions } from "../../test/support/mirror-servers.ts";
 
 const MODEL = "llmgw-test--tiny-llama-GGUF";
 const Q4 = "tiny-llama-Q4_K_M.gguf";
 const Q8 = "tiny-llama-Q8_0.gguf";
-const NODE_KEY = "node-key-for-tests";
 
 let hub: StandInHub;
 let registry: HubClient;
@@ -364,57 +354,18 @@ test("POST stops reading the repository when its client goes away", { timeout: 6
 
 // ---------------------------------------------------------------------------------------
 
-interface Answer {
-  status: number;
-  headers: IncomingHttpHeaders;
-  body: Buffer;
-}
-
 /** A raw request: node:http sends the path exactly as given (fetch and undici would normalise `..`). */
-function raw(base: string, requestPath: string, options: { method?: string; headers?: Record<string, string> } = {}): Promise<Answer> {
+function raw(base: string, requestPath: string, options: NodeRequestOptions = {}): Promise<Answer> {
   const url = new URL(base);
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      {
-        host: url.hostname,
-        port: url.port,
-        path: requestPath,
-        method: options.method ?? "GET",
-        headers: { authorization: `Bearer ${NODE_KEY}`, ...(options.headers ?? {}) },
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on("data", (chunk: Buffer) => chunks.push(chunk));
-        res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-        res.on("error", reject);
-      },
-    );
-    req.on("error", reject);
-    req.end();
-  });
+  return nodeRequest({ host: url.hostname, port: url.port, path: requestPath }, options);
 }
 
 async function withFileServer(mirror: Mirror, body: (base: string) => Promise<void>): Promise<void> {
-  const handler = createMirrorFileHandler({
-    mirror,
-    // Stands for the server's node-credential check (an admin key until the fleet issue lands).
-    authorize: async (req) => {
-      if (req.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
-    },
-  });
-  const server = http.createServer((req, res) => {
-    if (isMirrorFileRequest(req.url)) void handler(req, res);
-    else {
-      res.writeHead(404);
-      res.end();
-    }
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const files = await serveMirrorFiles(mirror);
   try {
-    await body(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    await body(files.url);
   } finally {
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
+    await files.close();
   }
 }
 

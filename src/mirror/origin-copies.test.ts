@@ -1,35 +1,26 @@
 // A file no running server holds comes from its origin: two servers of a cluster, `a` and
 // `b`, on one store, each a real Mirror with its own folder and the real file server on
-// loopback; the origin is the stand-in Hub (test/support/stand-in-hub.ts, the Hugging Face
-// Hub's resolve → CDN protocol) with a gated repository. `a` mirrored the file and is then
-// taken for stopped ("live" is a set the test changes; it stands for the cluster's
-// heartbeat rows). A node asking `b` is told to wait while `b` fetches the file from the
-// Hub with its own token, and is then served by `b`, which holds it from then on.
+// loopback (test/support/mirror-servers.ts); the origin is the stand-in Hub
+// (test/support/stand-in-hub.ts, the Hugging Face Hub's resolve → CDN protocol) with a
+// gated repository. `a` mirrored the file and is then taken for stopped ("live" is a set
+// the test changes; it stands for the cluster's heartbeat rows). A node asking `b` is told
+// to wait while `b` fetches the file from the Hub with its own token, and is then served
+// by `b`, which holds it from then on.
 import { after, before, describe } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import http, { type IncomingHttpHeaders } from "node:http";
-import type { AddressInfo } from "node:net";
-import { mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import path from "node:path";
-import { AuthenticationError } from "../core/errors.ts";
-import { SecretBox } from "../core/secret-box.ts";
 import type { Store } from "../store/store.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { errorOf, nodeRequest as get, twoMirrorServers } from "../../test/support/mirror-servers.ts";
 import { fakeCommitSha, startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
 import { testBothStores } from "../../test/support/stores.ts";
-import { createMirrorFileHandler, isMirrorFileRequest } from "./mirror-file-server.ts";
-import { Mirror } from "./mirror.ts";
 
-const NODE_KEY = "node-key-for-tests";
 const HUB_TOKEN = "hf_token_with_access";
 const REPO = "acme/gated-tiny";
 const FILE = "tiny-Q4_K_M.gguf";
 const CONTENT = randomBytes(300_000);
 const SHA256 = createHash("sha256").update(CONTENT).digest("hex");
 const REVISION = fakeCommitSha(REPO);
-const dirs: string[] = [];
 let hub: StandInHub;
 
 before(async () => {
@@ -40,7 +31,6 @@ before(async () => {
 
 after(async () => {
   await hub.close();
-  await Promise.all(dirs.map((dir) => rm(dir, { recursive: true, force: true })));
 });
 
 /** The registry's headers for a URL, as HubClient.requestHeaders gives them: the token only on the Hub's own origin. */
@@ -48,81 +38,8 @@ function hubHeaders(url: string): Record<string, string> {
   return new URL(url).origin === new URL(hub.url).origin ? { authorization: `Bearer ${HUB_TOKEN}` } : {};
 }
 
-interface Answer {
-  status: number;
-  headers: IncomingHttpHeaders;
-  body: Buffer;
-}
-
-/** One request with the node's key, redirects not followed. */
-function get(url: string): Promise<Answer> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, { headers: { authorization: `Bearer ${NODE_KEY}` } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (chunk: Buffer) => chunks.push(chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-      res.on("error", reject);
-    });
-    req.on("error", reject);
-    req.end();
-  });
-}
-
-function errorOf(answer: Answer): { code: string; message: string } {
-  return (JSON.parse(answer.body.toString()) as { error: { code: string; message: string } }).error;
-}
-
 /** Servers `a` and `b` on one store: a Mirror each (with the registry's headers for origins) and its file server. */
-async function twoServers(store: Store) {
-  const box = SecretBox.fromKey(randomBytes(32));
-  const live = new Set(["a", "b"]);
-  const urls = new Map<string, string>();
-  const servers: http.Server[] = [];
-  const make = async (name: string) => {
-    const dir = await mkdtemp(path.join(tmpdir(), "llmgw-origin-copies-"));
-    dirs.push(dir);
-    const mirror = new Mirror({
-      store,
-      root: path.join(dir, "mirror"),
-      retries: 0,
-      retryDelayMs: 5,
-      originHeaders: hubHeaders,
-      cluster: {
-        self: name,
-        liveServers: async () => [...live].filter((server) => urls.has(server)).map((server) => ({ name: server, url: urls.get(server) as string })),
-        mac: (text) => box.mac(text),
-      },
-    });
-    const files = createMirrorFileHandler({
-      mirror,
-      authorize: async (req) => {
-        if (req.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
-      },
-    });
-    const server = http.createServer((req, res) => {
-      if (isMirrorFileRequest(req.url)) void files(req, res);
-      else res.writeHead(404).end();
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    servers.push(server);
-    urls.set(name, `http://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    return { name, mirror, url: urls.get(name) as string };
-  };
-  const a = await make("a");
-  const b = await make("b");
-  return {
-    a,
-    b,
-    live,
-    close: async () => {
-      await Promise.all([a.mirror.close(), b.mirror.close()]);
-      for (const server of servers) {
-        server.closeAllConnections();
-        await new Promise((resolve) => server.close(resolve));
-      }
-    },
-  };
-}
+const twoServers = (store: Store) => twoMirrorServers(store, { originHeaders: hubHeaders });
 
 function holders(store: Store, version: string) {
   return store.db.selectFrom("mirror_holders").select(["server", "sha256"]).where("version", "=", version).orderBy("server").execute();

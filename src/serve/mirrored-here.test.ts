@@ -1,25 +1,22 @@
 // A job step that reads mirrored bytes on a server that does not hold them gets them: two
 // servers of a cluster, `a` and `b`, on one store, each a real Mirror with its own folder
-// and the real file server on loopback (a's behind the TCP fault proxy, so it can stop
-// answering without closing connections); the origin is the stand-in Hub. `a` mirrored a
-// real tiny GGUF; `b` runs the check step (a job resumed there after `a` died). "live" is a
-// set the test changes; it stands for the cluster's heartbeat rows.
+// and the real file server on loopback (test/support/mirror-servers.ts; a's behind the TCP
+// fault proxy, so it can stop answering without closing connections); the origin is the
+// stand-in Hub. `a` mirrored a real tiny GGUF; `b` runs the check step (a job resumed
+// there after `a` died). "live" is a set the test changes; it stands for the cluster's
+// heartbeat rows.
 import { after, before, describe } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import http, { type IncomingHttpHeaders } from "node:http";
-import type { AddressInfo } from "node:net";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { AuthenticationError, LlmgwError } from "../core/errors.ts";
-import { SecretBox } from "../core/secret-box.ts";
+import { LlmgwError } from "../core/errors.ts";
 import type { Store } from "../store/store.ts";
-import { createMirrorFileHandler, isMirrorFileRequest } from "../mirror/mirror-file-server.ts";
-import { Mirror, type MirrorFetchFile } from "../mirror/mirror.ts";
+import type { Mirror, MirrorFetchFile } from "../mirror/mirror.ts";
 import { eventually } from "../../test/support/eventually.ts";
-import { startFaultProxy, type FaultProxy } from "../../test/support/fault-proxy.ts";
+import { errorOf, nodeRequest as get, twoMirrorServers } from "../../test/support/mirror-servers.ts";
 import { fakeCommitSha, startStandInHub, type StandInHub } from "../../test/support/stand-in-hub.ts";
 import { tinyGgufBytes } from "../../test/support/stand-in-repos.ts";
 import { testBothStores } from "../../test/support/stores.ts";
@@ -27,7 +24,6 @@ import { checkMirrored, type PlannedFetch } from "./job-steps.ts";
 import type { StepHandle } from "./jobs.ts";
 import { bringMirroredHere } from "./mirrored-here.ts";
 
-const NODE_KEY = "node-key-for-tests";
 const REPO = "acme/tiny";
 const FILE = "tiny-Q4_K_M.gguf";
 const REVISION = fakeCommitSha(REPO);
@@ -54,57 +50,7 @@ async function tempDir(): Promise<string> {
 }
 
 /** Servers `a` (its file server behind a fault proxy) and `b` on one store. */
-async function twoServers(store: Store) {
-  const box = SecretBox.fromKey(randomBytes(32));
-  const live = new Set(["a", "b"]);
-  const urls = new Map<string, string>();
-  const servers: http.Server[] = [];
-  const make = async (name: string) => {
-    const mirror = new Mirror({
-      store,
-      root: path.join(await tempDir(), "mirror"),
-      retries: 0,
-      retryDelayMs: 5,
-      cluster: {
-        self: name,
-        liveServers: async () => [...live].filter((server) => urls.has(server)).map((server) => ({ name: server, url: urls.get(server) as string })),
-        mac: (text) => box.mac(text),
-      },
-    });
-    const files = createMirrorFileHandler({
-      mirror,
-      authorize: async (req) => {
-        if (req.headers.authorization !== `Bearer ${NODE_KEY}`) throw new AuthenticationError("The key is not valid for mirror files.");
-      },
-    });
-    const server = http.createServer((req, res) => {
-      if (isMirrorFileRequest(req.url)) void files(req, res);
-      else res.writeHead(404).end();
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    servers.push(server);
-    return { name, mirror, server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
-  };
-  const a = await make("a");
-  const b = await make("b");
-  const proxyOfA: FaultProxy = await startFaultProxy({ host: "127.0.0.1", port: (a.server.address() as AddressInfo).port });
-  urls.set("a", proxyOfA.via(a.url));
-  urls.set("b", b.url);
-  return {
-    a,
-    b,
-    live,
-    proxyOfA,
-    close: async () => {
-      await proxyOfA.close();
-      await Promise.all([a.mirror.close(), b.mirror.close()]);
-      for (const server of servers) {
-        server.closeAllConnections();
-        await new Promise((resolve) => server.close(resolve));
-      }
-    },
-  };
-}
+const twoServers = (store: Store) => twoMirrorServers(store, { behindFaultProxy: ["a"] });
 
 /** The file of a fresh version (each run its own: the Hub is shared), from the Hub or a local path. */
 function planned(version: string, file: Omit<MirrorFetchFile, "headers" | "path">): PlannedFetch {
@@ -133,19 +79,6 @@ function recordingStep(): StepHandle & { details: string[] } {
 
 function holders(store: Store, version: string) {
   return store.db.selectFrom("mirror_holders").select(["server"]).where("version", "=", version).orderBy("server").execute();
-}
-
-function get(url: string): Promise<{ status: number; headers: IncomingHttpHeaders; body: Buffer }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(url, { headers: { authorization: `Bearer ${NODE_KEY}` } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (chunk: Buffer) => chunks.push(chunk));
-      res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-      res.on("error", reject);
-    });
-    req.on("error", reject);
-    req.end();
-  });
 }
 
 const check = (plan: PlannedFetch, mirror: Mirror, step: StepHandle) =>
@@ -190,7 +123,7 @@ describe("a job step reads mirrored bytes this server does not hold", () => {
     try {
       await fetchInto(cluster.a.mirror, plan);
       // a vanished without closing anything: its connections stay open, and no byte comes back.
-      await cluster.proxyOfA.set("blackhole");
+      await cluster.proxyOf("a").set("blackhole");
       const fromHubBefore = hub.requests.length;
       const step = recordingStep();
       const note = await bringMirroredHere({
@@ -261,7 +194,7 @@ describe("a job step reads mirrored bytes this server does not hold", () => {
         const waiting = await get(filePath);
         assert.equal(waiting.status, 503);
         assert.equal(waiting.headers["retry-after"], "5");
-        const said = (JSON.parse(waiting.body.toString()) as { error: { code: string; message: string } }).error;
+        const said = errorOf(waiting);
         assert.equal(said.code, "mirror_file_fetching");
         assert.match(said.message, /being fetched by server 'a', which is not running now/);
 

@@ -17,6 +17,7 @@ import { StorageUnavailableError } from "./storage-fault.ts";
 import { POSTGRES_DEADLINES } from "./postgres-connections.ts";
 import { startFaultProxy, type FaultProxy } from "../../test/support/fault-proxy.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { Gate } from "../../test/support/gate.ts";
 import { dropSchema, postgresProblem, TEST_POSTGRES_URL } from "../../test/support/stores.ts";
 
 /** The issue's bound for a 503 from a silent database; the deadlines aim well under it. */
@@ -73,6 +74,25 @@ describe("PostgreSQL faults through a fault proxy", () => {
     return true;
   };
 
+  /**
+   * A transaction that has run one query and holds its connection (checked out of the pool)
+   * until `resume()`, then runs another: `transaction` settles with that second query.
+   */
+  const heldTransaction = async () => {
+    const gate = new Gate();
+    let reached!: () => void;
+    const inside = new Promise<void>((resolve) => (reached = resolve));
+    const transaction = store.db.transaction().execute(async (trx) => {
+      await sql`select 1`.execute(trx);
+      reached();
+      await gate.wait();
+      await sql`select 1`.execute(trx);
+    });
+    // A first query that fails ends the wait too, with its error.
+    await Promise.race([inside, transaction]);
+    return { transaction, resume: () => gate.open() };
+  };
+
   before(async () => {
     const problem = await postgresProblem();
     if (problem !== null) throw new Error(`PostgreSQL at ${TEST_POSTGRES_URL} is required for the fault tests but is not reachable: ${problem}`);
@@ -95,18 +115,8 @@ describe("PostgreSQL faults through a fault proxy", () => {
 
   test("a link reset under a transaction is a 503, the process lives on, and the store works again without a reopen", async () => {
     await works();
-    let reached!: () => void;
-    const inside = new Promise<void>((resolve) => (reached = resolve));
-    let resume!: () => void;
-    const resumed = new Promise<void>((resolve) => (resume = resolve));
     // A transaction holds its connection (checked out of the pool) while the link breaks.
-    const transaction = store.db.transaction().execute(async (trx) => {
-      await sql`select 1`.execute(trx);
-      reached();
-      await resumed;
-      await sql`select 1`.execute(trx);
-    });
-    await inside;
+    const { transaction, resume } = await heldTransaction();
     await proxy.set("reset");
     // A new connection is reset as well. By the time that fails, the checked-out connection,
     // reset first, has heard of it too: with no query in flight, as an 'error' event only.
@@ -123,17 +133,7 @@ describe("PostgreSQL faults through a fault proxy", () => {
 
   test("sessions the server terminates (idle, and inside a transaction) cost no unhandled error, and the next query works", async () => {
     await works();
-    let reached!: () => void;
-    const inside = new Promise<void>((resolve) => (reached = resolve));
-    let resume!: () => void;
-    const resumed = new Promise<void>((resolve) => (resume = resolve));
-    const transaction = store.db.transaction().execute(async (trx) => {
-      await sql`select 1`.execute(trx);
-      reached();
-      await resumed;
-      await sql`select 1`.execute(trx);
-    });
-    await inside;
+    const { transaction, resume } = await heldTransaction();
     assert.ok((await terminateSessions()) >= 1, "the store's sessions were terminated");
     await eventually("the terminated sessions to be gone", async () => (await sessionCount()) === 0);
     // The idle-in-transaction client hears of it with no query in flight (an 'error' event
@@ -216,9 +216,14 @@ describe("PostgreSQL faults through a fault proxy", () => {
       await hears();
 
       for (const fault of ["reset", "terminate", "blackhole"] as const) {
+        const leadsBefore = leads.length;
         if (fault === "terminate") await terminateSessions();
         else await proxy.set(fault);
-        await eventually(`the leader to step down after ${fault}`, () => !leadership.leading, { timeoutMs: 15_000 });
+        // Told, not polled: after terminated sessions the leader may step down and lead again
+        // between two looks at `leading`.
+        await eventually(`the leader to step down after ${fault}`, () => leads.slice(leadsBefore).some((entry) => entry.startsWith("stand by")), {
+          timeoutMs: 15_000,
+        });
         if (fault === "blackhole") await eventually("the feed to drop its silent connection", () => !feed.listening, { timeoutMs: 15_000 });
         await proxy.set("forward");
         await eventually(`the lead to be taken again after ${fault}`, () => leadership.leading, { timeoutMs: 15_000 });

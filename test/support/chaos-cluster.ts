@@ -234,7 +234,9 @@ export class ChaosCluster {
 
   /** Which node each ready replica of a model runs on. */
   async replicaNodes(model: string): Promise<string[]> {
-    const health = (await this.callAny("GET", `/api/v1/models/${model}/health`)).body as { replicas: Array<{ state: string; nodes: string[] }> };
+    const answer = await this.callAny("GET", `/api/v1/models/${model}/health`);
+    if (answer.status !== 200) throw new Error(`the health of ${model}: ${answer.status} ${JSON.stringify(answer.body)}`);
+    const health = answer.body as { replicas: Array<{ state: string; nodes: string[] }> };
     return health.replicas
       .filter((replica) => replica.state === "ready")
       .map((replica) => replica.nodes[0]!)

@@ -130,8 +130,8 @@ export const databaseBlackhole: Scenario = {
 export const nodeLost: Scenario = {
   name: "node lost",
   async run(cluster, { model }) {
-    const before = await cluster.replicaNodes(model);
-    assert.deepEqual(before, ["n1", "n2"], "one replica on each node before the loss");
+    // One replica on each node before the loss (a scenario before may have left them moving back).
+    await eventually("one ready replica on each node", async () => (await cluster.replicaNodes(model)).join(",") === "n1,n2", { timeoutMs: 60_000 });
     await cluster.killNode("n2");
     const lostAt = Date.now();
     await eventually(
@@ -164,8 +164,7 @@ export function leaderKilledDuring(step: "mirror" | "check" | "placement" | "smo
       // The mirror step is held at the Hub (its downloads hang) so the kill lands inside it;
       // the later steps are caught as they run.
       if (step === "mirror") cluster.hub!.setFault({ kind: "hang", match: "/cdn/" });
-      const job = (await cluster.call(leader, "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name, quant: "Q4_K_M", replicas: 2 })).body as { id: string };
-      assert.equal(typeof job.id, "string", JSON.stringify(job));
+      const job = await submitJob(cluster, leader, "serve", { repo: GGUF_REPO, name, quant: "Q4_K_M", replicas: 2 });
       const hitStep = await eventually(
         `the job at its ${step} step`,
         async () => {
@@ -207,9 +206,7 @@ export function leaderKilledDuring(step: "mirror" | "check" | "placement" | "smo
 export const rollingUpdate: Scenario = {
   name: "rolling update",
   async prepare(cluster) {
-    const job = (await cluster.call("a", "POST", "/api/v1/jobs/serve", { repo: GGUF_REPO, name: "rolling", quant: "Q8_0", replicas: 2 })).body as {
-      id: string;
-    };
+    const job = await submitJob(cluster, "a", "serve", { repo: GGUF_REPO, name: "rolling", quant: "Q8_0", replicas: 2 });
     await waitJob(cluster, job.id, "the serve job of 'rolling'");
     await cluster.waitReady("rolling", 2);
     return "rolling";
@@ -226,7 +223,7 @@ export const rollingUpdate: Scenario = {
     };
     cluster.hub!.putRepo(updated);
     const startedAt = Date.now();
-    const job = (await cluster.call("a", "POST", "/api/v1/jobs/update", { model: "rolling" })).body as { id: string };
+    const job = await submitJob(cluster, "a", "update", { model: "rolling" });
     const finished = await waitJob(cluster, job.id, "the update job");
     const recoveryMs = Date.now() - startedAt;
     // The repository as it was, for a next run; the model goes.
@@ -241,15 +238,32 @@ rollingUpdate.cleanup = async (cluster) => {
   assert.ok((await cluster.callAny("DELETE", "/api/v1/models/rolling")).status < 300);
 };
 
+/** Submits a serve or update job; its id (a refusal fails the scenario with the answer). */
+async function submitJob(cluster: ChaosCluster, server: ServerName, kind: "serve" | "update", body: unknown): Promise<{ id: string }> {
+  // Right after a fault a server may still be taking the lead (503 not_leader): retried, as `llmgw ctl` does.
+  let answer = await cluster.call(server, "POST", `/api/v1/jobs/${kind}`, body);
+  const deadline = Date.now() + 60_000;
+  while (answer.status === 503 && Date.now() < deadline) {
+    await sleep(500);
+    answer = await cluster.call(server, "POST", `/api/v1/jobs/${kind}`, body);
+  }
+  assert.equal(answer.status, 202, `the ${kind} job was refused: ${JSON.stringify(answer.body)}`);
+  return answer.body as { id: string };
+}
+
 async function waitJob(cluster: ChaosCluster, id: string, what: string): Promise<{ state: string }> {
+  let last: unknown;
   return eventually(
     `${what} to finish`,
     async () => {
       const view = (await cluster.callAny("GET", `/api/v1/jobs/${id}`)).body as { state: string };
+      last = view;
       return view.state === "done" || view.state === "failed" || view.state === "cancelled" ? view : undefined;
     },
     { timeoutMs: 180_000 },
-  );
+  ).catch((error: Error) => {
+    throw new Error(`${error.message}; the job as last seen: ${JSON.stringify(last)}`);
+  });
 }
 
 /** The server that leads now. */
