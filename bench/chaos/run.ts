@@ -4,7 +4,7 @@
 // the requests sent, those that failed, the longest request and the recovery time (from the
 // end of the fault, or the kill, to the cluster being whole again), as a Markdown table for
 // README ("Running several servers"). PostgreSQL: LLMGW_TEST_POSTGRES (default 127.0.0.1).
-//   npx tsx bench/chaos/run.ts [--fault-ms 20000] [--only "database cut"]
+//   npx tsx bench/chaos/run.ts [--fault-ms 20000] [--only "database cut,node lost"]
 import { flagReader } from "../flags.ts";
 import { ChaosCluster } from "../../test/support/chaos-cluster.ts";
 import {
@@ -12,6 +12,7 @@ import {
   databaseCut,
   leaderKilledDuring,
   nodeLost,
+  rollingUpdate,
   runScenario,
   type Scenario,
   type ScenarioReport,
@@ -25,9 +26,11 @@ const scenarios: Scenario[] = [
   databaseBlackhole,
   nodeLost,
   leaderKilledDuring("mirror"),
+  leaderKilledDuring("check"),
   leaderKilledDuring("placement"),
   leaderKilledDuring("smoke_test"),
-].filter((scenario) => only === undefined || scenario.name === only);
+  rollingUpdate,
+].filter((scenario) => only === undefined || only.split(",").includes(scenario.name));
 
 const cluster = new ChaosCluster();
 const reports: ScenarioReport[] = [];

@@ -157,7 +157,7 @@ export function leaderKilledDuring(step: "mirror" | "check" | "placement" | "smo
   return {
     // Right after the mirror step the leader is the only holder of the mirrored bytes and no
     // node has fetched them yet: its loss is the loss of the mirror holder.
-    name: step === "check" ? "mirror holder killed (the leader, after the mirror step)" : `leader killed during ${step}`,
+    name: step === "check" ? "mirror holder killed (the leader) after the mirror step" : `leader killed during ${step}`,
     async run(cluster) {
       const leader = await leaderName(cluster);
       const name = `served-${step.replace("_", "-")}`;
