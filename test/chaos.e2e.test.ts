@@ -10,6 +10,7 @@ import { ChaosCluster } from "./support/chaos-cluster.ts";
 import {
   databaseBlackhole,
   databaseCut,
+  databaseSlow,
   leaderKilledDuring,
   nodeLost,
   rollingUpdate,
@@ -76,7 +77,12 @@ describe("chaos: the gateway keeps answering and the cluster heals", { timeout: 
     assert.equal(report.facts.jobState, "done");
   });
 
-  for (const step of ["mirror", "check", "placement"] as const) {
+  test("database link slow: known keys answered, admin writes still succeed", async () => {
+    const report = await survive(databaseSlow(300));
+    assert.equal(report.facts.adminWriteStatus, 201);
+  });
+
+  for (const step of ["registry", "mirror", "check", "placement"] as const) {
     test(`leader killed during a serve job's ${step} step: the other server finishes the job (weights from wherever they are), clients unaffected`, async () => {
       const report = await survive(leaderKilledDuring(step));
       assert.equal(report.facts.jobState, "done");

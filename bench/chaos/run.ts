@@ -10,6 +10,7 @@ import { ChaosCluster } from "../../test/support/chaos-cluster.ts";
 import {
   databaseBlackhole,
   databaseCut,
+  databaseSlow,
   leaderKilledDuring,
   nodeLost,
   rollingUpdate,
@@ -24,7 +25,9 @@ const only = flag("only", "BENCH_ONLY");
 const scenarios: Scenario[] = [
   databaseCut,
   databaseBlackhole,
+  databaseSlow(300),
   nodeLost,
+  leaderKilledDuring("registry"),
   leaderKilledDuring("mirror"),
   leaderKilledDuring("check"),
   leaderKilledDuring("placement"),

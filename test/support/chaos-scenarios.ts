@@ -126,6 +126,24 @@ export const databaseBlackhole: Scenario = {
   },
 };
 
+/** Every server's link to the database turns slow (each chunk held `delayMs`) for `faultMs`. */
+export function databaseSlow(delayMs: number): Scenario {
+  return {
+    name: `database link slow (${delayMs} ms each way)`,
+    async run(cluster, { faultMs }) {
+      const proxies = [...cluster.dbProxies.values()];
+      for (const proxy of proxies) await proxy.set("slow", { delayMs });
+      const slowAt = Date.now();
+      // Admin work goes on, only slower: a write must still succeed, not time out.
+      const write = await cluster.call("b", "POST", "/api/v1/keys", { name: `during-slow-link-${Date.now()}` });
+      await sleep(Math.max(0, faultMs - (Date.now() - slowAt)));
+      const restoredAt = Date.now();
+      for (const proxy of proxies) await proxy.set("forward");
+      return { recoveryMs: await bothReady(cluster, restoredAt), facts: { adminWriteStatus: write.status } };
+    },
+  };
+}
+
 /** A node is lost (its agent and engines killed), then comes back; the model keeps two replicas and spreads again. */
 export const nodeLost: Scenario = {
   name: "node lost",
@@ -153,7 +171,7 @@ export const nodeLost: Scenario = {
 };
 
 /** The leader is killed while a serve job is at `step`; the other server resumes the job, and the killed one comes back as a standby. */
-export function leaderKilledDuring(step: "mirror" | "check" | "placement" | "smoke_test"): Scenario {
+export function leaderKilledDuring(step: "registry" | "mirror" | "check" | "placement" | "smoke_test"): Scenario {
   return {
     // Right after the mirror step the leader is the only holder of the mirrored bytes and no
     // node has fetched them yet: its loss is the loss of the mirror holder.
@@ -161,8 +179,9 @@ export function leaderKilledDuring(step: "mirror" | "check" | "placement" | "smo
     async run(cluster) {
       const leader = await leaderName(cluster);
       const name = `served-${step.replace("_", "-")}`;
-      // The mirror step is held at the Hub (its downloads hang) so the kill lands inside it;
-      // the later steps are caught as they run.
+      // The registry and mirror steps are held at the Hub (its API or its downloads hang) so
+      // the kill lands inside them; the later steps are caught as they run.
+      if (step === "registry") cluster.hub!.setFault({ kind: "hang", match: "/api/" });
       if (step === "mirror") cluster.hub!.setFault({ kind: "hang", match: "/cdn/" });
       const job = await submitJob(cluster, leader, "serve", { repo: GGUF_REPO, name, quant: "Q4_K_M", replicas: 2 });
       const hitStep = await eventually(
