@@ -132,6 +132,7 @@ const endToEnd = [
   "test/console-keys.e2e.test.ts",
   "test/cluster.e2e.test.ts",
   "test/mirror-holder-down.e2e.test.ts",
+  "test/agent-killed-fetching.e2e.test.ts",
   "test/db-faults.e2e.test.ts",
   "test/db-outage-gateway.e2e.test.ts",
   "test/ctl-state.e2e.test.ts",

@@ -27,6 +27,11 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
   const call = (method: string, pathname: string, body?: unknown) => served!.admin<AdminBody | null>(method, pathname, body);
   const readyz = async () => (await fetch(`${served!.url}/readyz`)).status;
   const newKey = () => call("POST", "/api/v1/keys", { name: `k-${randomBytes(4).toString("hex")}` });
+  /** A key made: 201, or the answer and the server's log in the failure. */
+  const keyMade = async () => {
+    const made = await newKey();
+    assert.equal(made.status, 201, `${JSON.stringify(made.body)}\n${served!.server.output().slice(-3000)}`);
+  };
   const stillRunning = () => {
     const { server } = served!;
     assert.equal(server.child.exitCode, null, `the server process exited:\n${server.output()}`);
@@ -58,7 +63,7 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
   });
 
   test("a reset link, then a silence with a write in flight and terminated sessions: 503s meanwhile, no exit, and it serves again by itself", async () => {
-    assert.equal((await newKey()).status, 201);
+    await keyMade();
     await served!.proxy.set("reset");
     const during = await newKey();
     assert.equal(during.status, 503, JSON.stringify(during.body));
@@ -69,7 +74,7 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
     await eventually("the leader to step down", () => /no longer leads the cluster/.test(served!.server.output()));
     await served!.proxy.set("forward");
     await eventually("the server to reconnect", async () => (await readyz()) === 200);
-    assert.equal((await newKey()).status, 201);
+    await keyMade();
 
     // The issue's recipe: forwarding stops with a write in flight, the server's sessions are
     // terminated meanwhile, then forwarding resumes, which resets every connection that
@@ -87,7 +92,7 @@ describe("a server process through database faults", { timeout: 120_000 }, () =>
   });
 
   test("a silent database: /readyz and admin calls answer 503 within 5 s, and /readyz is 200 soon after it answers again", async () => {
-    assert.equal((await newKey()).status, 201);
+    await keyMade();
     await served!.proxy.set("blackhole");
     const cutAt = Date.now();
     const write = await newKey();

@@ -25,7 +25,8 @@ import type { Store } from "../store/store.ts";
 import type { CHANGE_FEED_TABLES } from "../store/migrations.ts";
 
 export type FollowedTable = (typeof CHANGE_FEED_TABLES)[number];
-export type ChangeListener = (tables: ReadonlySet<FollowedTable>) => void | Promise<void>;
+/** `notified`: a notification of another server's write is among the causes (not only a resync). */
+export type ChangeListener = (tables: ReadonlySet<FollowedTable>, cause: { notified: boolean }) => void | Promise<void>;
 
 export const CHANGE_FEED_DEFAULTS = {
   coalesceMs: 20,
@@ -41,6 +42,8 @@ interface Subscription {
   tables: ReadonlySet<FollowedTable>;
   listener: ChangeListener;
   pending: Set<FollowedTable>;
+  /** Whether a notification (not only a resync) marked the pending tables. */
+  notified: boolean;
   timer: NodeJS.Timeout | undefined;
   /** One call at a time per subscriber; changes meanwhile make one more call after it. */
   running: Promise<void>;
@@ -98,7 +101,15 @@ export class ChangeFeed {
 
   /** Calls `listener` after other servers' writes to any of `tables` (and at resyncs). */
   subscribe(tables: readonly FollowedTable[], listener: ChangeListener): () => void {
-    const subscription: Subscription = { tables: new Set(tables), listener, pending: new Set(), timer: undefined, running: Promise.resolve(), failing: false };
+    const subscription: Subscription = {
+      tables: new Set(tables),
+      listener,
+      pending: new Set(),
+      notified: false,
+      timer: undefined,
+      running: Promise.resolve(),
+      failing: false,
+    };
     this.subscriptions.add(subscription);
     return () => {
       this.subscriptions.delete(subscription);
@@ -146,7 +157,7 @@ export class ChangeFeed {
 
   /** Every subscriber reloads everything it follows. */
   resync(): void {
-    for (const subscription of this.subscriptions) for (const table of subscription.tables) this.mark(subscription, table);
+    for (const subscription of this.subscriptions) for (const table of subscription.tables) this.mark(subscription, table, false);
   }
 
   private async connect(): Promise<void> {
@@ -239,20 +250,23 @@ export class ChangeFeed {
   }
 
   private changed(table: FollowedTable): void {
-    for (const subscription of this.subscriptions) if (subscription.tables.has(table)) this.mark(subscription, table);
+    for (const subscription of this.subscriptions) if (subscription.tables.has(table)) this.mark(subscription, table, true);
   }
 
-  private mark(subscription: Subscription, table: FollowedTable): void {
+  private mark(subscription: Subscription, table: FollowedTable, notified: boolean): void {
     subscription.pending.add(table);
+    if (notified) subscription.notified = true;
     if (subscription.timer !== undefined) return;
     subscription.timer = setTimeout(() => {
       subscription.timer = undefined;
       subscription.running = subscription.running.then(async () => {
         if (!this.subscriptions.has(subscription) || subscription.pending.size === 0) return;
         const tables = new Set(subscription.pending);
+        const notified = subscription.notified;
         subscription.pending.clear();
+        subscription.notified = false;
         try {
-          await subscription.listener(tables);
+          await subscription.listener(tables, { notified });
           if (subscription.failing) this.options.logger.info({ tables: [...tables] }, "took in other servers' changes again");
           subscription.failing = false;
         } catch (error) {
@@ -263,7 +277,7 @@ export class ChangeFeed {
             );
           subscription.failing = true;
           const retry = setTimeout(() => {
-            if (this.subscriptions.has(subscription)) for (const table of tables) this.mark(subscription, table);
+            if (this.subscriptions.has(subscription)) for (const table of tables) this.mark(subscription, table, notified);
           }, this.settings.reconnectMs);
           retry.unref();
         }

@@ -238,16 +238,20 @@ test("the change feed tells a server of another's writes, not of other schemas',
   const elsewhere = other === null ? null : await openStore(other);
   const feed = new ChangeFeed({ store: stores.b, logger, resyncMs: 3_600_000 });
   const heard: Array<ReadonlySet<FollowedTable>> = [];
+  const notified: boolean[] = [];
   const told: string[] = [];
   try {
-    feed.subscribe(["console_sessions", "models"], (tables) => {
+    feed.subscribe(["console_sessions", "models"], (tables, cause) => {
       heard.push(tables);
+      notified.push(cause.notified);
     });
     feed.onTold("demand", (value) => told.push(value));
     await feed.start();
     // The first (re)connect resyncs everything once.
     await eventually("the start's resync", () => heard.length === 1);
+    assert.deepEqual(notified, [false], "a resync is not a notified change");
     heard.length = 0;
+    notified.length = 0;
     await elsewhere!.db.insertInto("cluster_settings").values({ name: "elsewhere", value: "v", updated_at: "now" }).execute();
     // A write in another schema of the same database is not this cluster's news. It is a
     // table b follows (models) and it commits before a's write below; PostgreSQL delivers
@@ -265,6 +269,7 @@ test("the change feed tells a server of another's writes, not of other schemas',
       [["console_sessions"]],
       "one call, for the table written in this schema only: the other schema's models write is not heard",
     );
+    assert.deepEqual(notified, [true], "told apart from a resync (a key cache trusts its entries less after one)");
     const aFeed = new ChangeFeed({ store: stores.a, logger });
     aFeed.tell("demand", "model-1");
     await eventually("the message", () => told.length === 1);
@@ -287,7 +292,7 @@ test("a key revoked through one server is refused by another through the change 
   const keysB = new KeyService({ store: stores.b, clock });
   const feed = new ChangeFeed({ store: stores.b, logger, resyncMs: 3_600_000 });
   // As src/server/server.ts wires it.
-  feed.subscribe(["api_keys"], () => keysB.forgetCached());
+  feed.subscribe(["api_keys"], (_tables, { notified }) => keysB.forgetCached(notified ? "notified" : "resync"));
   try {
     await feed.start();
     const { key, info } = await keysA.create({ name: "short-lived" }, "test");

@@ -21,6 +21,7 @@ import { checkInventory, checkLabels } from "./inventory-schema.ts";
 import { AssignmentVersions } from "./assignment-versions.ts";
 import { Demand } from "./demand.ts";
 import { Drains } from "./drain.ts";
+import { MoveCooldowns } from "./move-cooldowns.ts";
 import { fingerprintOf, replicasByDefinition, type ReplicasByDefinition } from "./model-replicas.ts";
 import { OutdatedHolds } from "./outdated-holds.ts";
 import { ParkedModels } from "./parked-models.ts";
@@ -45,6 +46,10 @@ export class Fleet implements Assignments {
   private spread = new Map<string, string>();
   /** When each node came back or joined: rebalance moves wait until it has stayed ready a while. */
   private readonly backAt = new Map<string, number>();
+  /** Nodes a model's rebalance move failed on, cooling down (move-cooldowns.ts). */
+  private readonly moveCooldowns: MoveCooldowns;
+  /** The replicas of rebalance moves under way, from the last reconciliation: their parking does not park their model. */
+  private moving: ReadonlySet<string> = new Set();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
   private readonly holds = new OutdatedHolds();
@@ -80,6 +85,7 @@ export class Fleet implements Assignments {
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
     this.demand = new Demand(this.clock);
+    this.moveCooldowns = new MoveCooldowns(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
     this.rows = new ReplicaRows({
@@ -416,6 +422,8 @@ export class Fleet implements Assignments {
       place: this.options.place ?? placeReplicas,
       newReplicaId: () => `r-${randomBytes(6).toString("hex")}`,
       settling: this.settlingNodes(),
+      moveCooldowns: this.moveCooldowns.active(),
+      now: this.clock(),
     });
     this.apply(decision);
   }
@@ -490,6 +498,13 @@ export class Fleet implements Assignments {
         message: `Model '${name}' had several replicas on node '${from}': replica ${move.replicaId} starts on '${to}', and one on '${from}' is drained and stopped once it is ready, so losing one node no longer takes the model down.`,
       });
     }
+    for (const failed of decision.failedMoves) {
+      this.moveCooldowns.add(failed.modelId, failed.cooldowns);
+      const nodes = failed.cooldowns.map((c) => this.nodes.get(c.nodeId)?.name ?? c.nodeId).join(", ");
+      const error = failed.cooldowns[0]?.lastError;
+      this.options.logger.warn({ model: this.modelById(failed.modelId)?.name, replica: failed.replicaId, nodes, error }, "a rebalance move failed; given up");
+    }
+    this.moving = decision.moving;
     for (const [modelId, lines] of decision.unplaceable) {
       if (this.unplaceable.get(modelId)?.join("\n") !== lines.join("\n")) {
         const name = this.modelById(modelId)?.name ?? modelId;
@@ -512,6 +527,9 @@ export class Fleet implements Assignments {
   private async park(record: ReplicaRecord, node: FleetNode): Promise<void> {
     const model = this.modelById(record.modelId);
     if (model === undefined || this.parked.has(model.id)) return;
+    // A rebalance move's replica that cannot start says its node cannot run the model, not
+    // that the model is broken: the reconciler gives the move up (reconciler.ts).
+    if (this.moving.has(record.id)) return;
     const reason = `replica ${record.id} on node '${node.name}': ${record.lastError ?? "no error recorded"}`;
     await this.parked.park(model, reason);
     this.options.logger.error({ model: model.name, reason }, "model parked");

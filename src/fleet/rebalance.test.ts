@@ -1,4 +1,5 @@
-// Replicas spread over nodes and move back to a node that returns, through the fleet with
+// Replicas spread over nodes and move back to a node that returns (a move that fails there is
+// given up without parking the model, and that node cools down), through the fleet with
 // the test as two agents (join, heartbeat and assignments as `llmgw agent` calls them, no
 // engines) on SQLite and PostgreSQL, with the test's clock: a node is lost when the clock
 // passes its timeout without its heartbeat, and a returned node is given a replica only
@@ -46,6 +47,10 @@ interface Agent {
 async function startRig(store: Store) {
   await weightsWritten;
   const { fleet, catalog, table, now, advance } = await startClockedFleet(store, { nodeTimeoutMs: NODE_TIMEOUT_MS, heartbeatIntervalMs: HEARTBEAT_MS });
+  // The fleet's clock a day past the wall clock the catalog stamps definitions with, as in
+  // production (a definition is older than what happens to it later): a model parked now
+  // must not look changed since, which would end its parking at once.
+  advance(Date.now() + 86_400_000 - now());
   const join = async (name: string, memoryGiB = 32): Promise<Agent> => {
     const { credential } = await fleet.join({ joinToken: JOIN_TOKEN, name, address: "127.0.0.1", inventory: inventory(memoryGiB), labels: {} });
     return { name, memoryGiB, credential };
@@ -58,13 +63,15 @@ async function startRig(store: Store) {
   const seen = new Set<string>();
   /**
    * One heartbeat of the agent: it runs what it is assigned, each starting the first time,
-   * then ready, unless `states` says otherwise.
+   * then ready, unless `states` says otherwise (a state, or one with the replica's last error).
    */
-  const beat = async (agent: Agent, states: Record<string, ReportedState> = {}) => {
+  const beat = async (agent: Agent, states: Record<string, ReportedState | { state: ReportedState; lastError: string }> = {}) => {
     const replicas = (await assigned(agent)).map((id) => {
-      const state = states[id] ?? (seen.has(id) ? "ready" : "starting");
+      const given = states[id];
+      const state = (typeof given === "string" ? given : given?.state) ?? (seen.has(id) ? "ready" : "starting");
       seen.add(id);
-      return replicaReport(id, state, 20_000, now());
+      const report = replicaReport(id, state, 20_000, now());
+      return typeof given === "object" ? { ...report, failures: 5, lastError: given.lastError } : report;
     });
     await fleet.heartbeat(agent.credential, {
       name: agent.name,
@@ -105,7 +112,7 @@ async function startRig(store: Store) {
     return model;
   };
   const health = () => modelHealthView(catalog.get("m"), fleet, table);
-  return { fleet, table, join, assigned, beat, pass, addModel, health, close: () => fleet.stop() };
+  return { fleet, table, now, join, assigned, beat, pass, addModel, health, close: () => fleet.stop() };
 }
 
 type Rig = Awaited<ReturnType<typeof startRig>>;
@@ -210,6 +217,56 @@ testBothStores("a node that comes back without room for the model gets no replic
     assert.deepEqual(await rig.assigned(smaller), []);
     assert.deepEqual(await rig.assigned(n1), onN1, "both stay on n1");
     assert.equal(rig.health().spread, "2 replicas on n1: n2 cannot run it (has 6.0 GiB in all (8.0 GiB less 2.0 GiB kept for the system), needs 10.0 GiB)");
+  } finally {
+    await rig.close();
+  }
+});
+
+testBothStores("a move whose replica cannot start on its node is given up: the model is not parked, and no move goes there for ten minutes", async (store) => {
+  const rig = await startRig(store);
+  try {
+    const { n1, n2, onN1 } = await bothOnOneNode(rig);
+    await rig.beat(n2);
+    await rig.pass(HEARTBEAT_MS, [n1, n2]);
+    await rig.pass(HEARTBEAT_MS, [n1, n2]);
+    const [moved] = await rig.assigned(n2);
+    assert.ok(moved !== undefined, "a move to n2");
+
+    // n2's engine cannot run it: it fails, is retried, and its supervisor parks it.
+    const error = "llama-server exited with code 1 (unknown model architecture)";
+    await rig.beat(n2, { [moved]: { state: "failed", lastError: `${error}.` } });
+    const parking = `Parked after 5 failures within 600 s (5 in this run); no more attempts until the replica is unparked or its model changes. Last failure: ${error}.`;
+    await rig.beat(n2, { [moved]: { state: "parked", lastError: parking } });
+    const failedAt = rig.now();
+    assert.equal(rig.health().parked, null, "the model is not parked for a move's replica");
+    assert.equal(rig.health().state, "ready");
+    assert.deepEqual(await rig.assigned(n1), onN1, "n1's replicas keep serving");
+    for (const id of onN1) assert.equal(rig.table.get(id)?.state, "ready");
+    assert.deepEqual(await rig.assigned(n2), [], "the move's replica is stopped");
+    await rig.beat(n2);
+    assert.equal(rig.table.get(moved), undefined, "and gone once n2 no longer runs it");
+    const until = new Date(Math.ceil((failedAt + 10 * 60_000) / 60_000) * 60_000).toISOString().slice(11, 16);
+    const cooling = `2 replicas on n1: moving one to n2 failed: ${error}; not tried again before ${until} UTC`;
+    assert.equal(rig.health().spread, cooling);
+
+    // n2 stays ready, but no move goes there before the cool-down ends.
+    while (rig.now() + 60_000 < failedAt + 10 * 60_000) {
+      await rig.pass(60_000, [n1, n2]);
+      assert.deepEqual(await rig.assigned(n2), [], "no move while n2 cools down");
+      assert.equal(rig.health().spread, cooling);
+    }
+    assert.deepEqual(await rig.assigned(n1), onN1);
+
+    // Then one try again: a new replica on n2, and once it is ready one of n1's stops.
+    await rig.pass(60_000, [n1, n2]);
+    const [again, ...more] = await rig.assigned(n2);
+    assert.ok(again !== undefined && again !== moved && more.length === 0, "one new move to n2");
+    assert.equal(rig.health().spread, "2 replicas on n1: moving one to n2");
+    await rig.beat(n2, { [again]: "ready" });
+    assert.equal((await rig.assigned(n1)).length, 1, "one replica left on n1");
+    await rig.beat(n1);
+    assert.equal(rig.health().spread, null);
+    assert.equal(rig.health().parked, null);
   } finally {
     await rig.close();
   }

@@ -360,6 +360,33 @@ test("no move when the other node lacks room, is lost, or just came back; the mo
   assert.equal(alone.spread.get(m.id), "2 replicas on x: x is the only node");
 });
 
+test("a move whose replica parked is given up: it stops, its node cools down, and another node with room takes the move", () => {
+  const m = model("a", { min: 2, max: 2 });
+  const x = node("x", 32);
+  const y = node("y", 16);
+  const z = node("z", 16);
+  const together = [replica("r1", m, x), replica("r2", m, x)];
+  const parking =
+    "Parked after 5 failures within 600 s (5 in this run); no more attempts until the replica is unparked or its model changes. Last failure: it crashed.";
+  const failed = replica("mv", m, y, { state: "parked", failures: 5, lastError: parking });
+  const now = Date.parse("2026-01-01T10:00:30Z");
+
+  // Underway and retrying it is a move (its parking must not park the model); parked, it is given up.
+  const retrying = reconcile(input({ models: [m], nodes: [x, y], replicas: [...together, replica("mv", m, y, { state: "failed" })] }));
+  assert.deepEqual([...retrying.moving], ["mv"]);
+  const gaveUp = reconcile(input({ models: [m], nodes: [x, y], replicas: [...together, failed], now }));
+  assert.deepEqual(gaveUp.stop, [{ id: "mv", why: "a rebalance move that failed on node 'y'" }]);
+  assert.deepEqual(gaveUp.failedMoves, [{ modelId: m.id, replicaId: "mv", cooldowns: [{ nodeId: "n-y", until: now + 600_000, lastError: "it crashed" }] }]);
+  assert.deepEqual(gaveUp.create, [], "no move back to y at once");
+  assert.equal(gaveUp.spread.get(m.id), "2 replicas on x: moving one to y failed: it crashed; not tried again before 10:11 UTC");
+
+  // While y cools down, z (with room) takes the move instead.
+  const cooling = new Map([[m.id, gaveUp.failedMoves[0]!.cooldowns]]);
+  const elsewhere = reconcile(input({ models: [m], nodes: [x, y, z], replicas: together, moveCooldowns: cooling }));
+  assert.deepEqual(elsewhere.moves, [{ modelId: m.id, replicaId: "new-1", from: "n-x", to: ["n-z"] }]);
+  assert.deepEqual([...elsewhere.moving], ["new-1"]);
+});
+
 test("no move while the model is not all ready, held by an update, or parked", () => {
   const m = model("a", { min: 2, max: 2 });
   const x = node("x", 32);

@@ -29,13 +29,28 @@
 //   held, parked or not all ready; none to a node that came back or joined less than a
 //   settling time ago (`settling`), so a flapping node is not given replicas to lose. A
 //   move never crowds a node, so it cannot be undone by the next one.
+// - A move whose new replica parks on its node (its supervisor's retries ran out) is given
+//   up: that replica stops, the model is not parked (its other replicas serve; the fleet
+//   does not park a model for a move's replica, `moving`), and no move of the model goes
+//   to that node until its cool-down ends (`moveCooldowns`, spread.ts MOVE_COOLDOWN_MS).
 // - A replica holds its room (memory, cores, GPUs) until its node confirms it stopped: a
 //   stopping engine still has its memory, and a GPU is never given to two at once.
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { FleetNode } from "./node-registry.ts";
 import type { PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
 import type { ReplicaRecord } from "./replica-rows.ts";
-import { crowdedNodes, crowdText, moveUnderway, pickExtras, whyNotThere } from "./spread.ts";
+import {
+  cooldownText,
+  crowdedNodes,
+  crowdText,
+  failedMove,
+  lastFailureOf,
+  MOVE_COOLDOWN_MS,
+  type MoveCooldown,
+  moveUnderway,
+  pickExtras,
+  whyNotThere,
+} from "./spread.ts";
 
 export interface ReconcileInput {
   models: readonly CatalogModel[];
@@ -60,6 +75,10 @@ export interface ReconcileInput {
    * (absent: settled). New replicas the model needs are placed there at once.
    */
   settling?: ReadonlyMap<string, number>;
+  /** Model id → nodes a rebalance move of it failed on a while ago: no move of it goes there before their `until`. */
+  moveCooldowns?: ReadonlyMap<string, readonly MoveCooldown[]>;
+  /** Epoch ms now: a move given up in this pass cools its node down from now. */
+  now?: number;
 }
 
 export interface NewReplica {
@@ -81,6 +100,10 @@ export interface ReconcileDecision {
   unplaceable: Map<string, string[]>;
   /** Rebalance moves started: the new replica (in `create`), and the crowded node one of its model's replicas leaves. */
   moves: Array<{ modelId: string; replicaId: string; from: string; to: string[] }>;
+  /** The replicas of rebalance moves under way or started now: their failures never park their model. */
+  moving: Set<string>;
+  /** Moves given up now (the new replica parked on its node; it is in `stop`), with the cool-downs their nodes start. */
+  failedMoves: Array<{ modelId: string; replicaId: string; cooldowns: MoveCooldown[] }>;
   /** Models whose replicas share a node, with why ("2 replicas on n1: n2 is lost"). */
   spread: Map<string, string>;
 }
@@ -100,7 +123,8 @@ export function runsOnEngines(model: CatalogModel): boolean {
 }
 
 export function reconcile(input: ReconcileInput): ReconcileDecision {
-  const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map(), moves: [], spread: new Map() };
+  const decision: ReconcileDecision = { create: [], stop: [], unplaceable: new Map(), moves: [], moving: new Set(), failedMoves: [], spread: new Map() };
+  const cooldowns = new Map(input.moveCooldowns ?? []);
   const nodesById = new Map(input.nodes.map((node) => [node.id, node]));
   const nodeName = (id: string) => nodesById.get(id)?.name ?? id;
   const live = input.replicas.filter((r) => r.desired === "run");
@@ -154,9 +178,20 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
       }
     }
     for (const old of leaving) replaced.add(old.id);
+    // A move whose new replica could not start on its node: it goes, the rest serve on.
+    const failed = failedMove(current, wanted);
+    if (failed !== null) {
+      stop(failed.id, `a rebalance move that failed on node '${failed.nodeIds.map(nodeName).join("', '")}'`);
+      current.splice(current.indexOf(failed), 1);
+      const until = (input.now ?? 0) + MOVE_COOLDOWN_MS;
+      const started = failed.nodeIds.map((nodeId) => ({ nodeId, until, lastError: lastFailureOf(failed.lastError) }));
+      decision.failedMoves.push({ modelId: model.id, replicaId: failed.id, cooldowns: started });
+      cooldowns.set(model.id, [...(cooldowns.get(model.id) ?? []).filter((c) => !failed.nodeIds.includes(c.nodeId)), ...started]);
+    }
     // Extra replicas stop, the ones that are not serving first, then those on crowded nodes;
     // while a rebalance move's new replica starts, nothing (it is the extra one for now).
     const mover = moveUnderway(current, wanted);
+    if (mover !== null) decision.moving.add(mover.id);
     if (current.length > wanted && mover === null) {
       const extras = pickExtras(current, current.length - wanted);
       const crowded = new Set(crowdedNodes(current).map((c) => c.nodeId));
@@ -296,9 +331,10 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
   for (const c of movable) {
     const { model, options } = c;
     const settling = input.settling ?? new Map<string, number>();
-    // Only nodes without a replica of the model, and not settling, are offered.
+    const cooling = new Map((cooldowns.get(model.id) ?? []).map((c) => [c.nodeId, c]));
+    // Only nodes without a replica of the model, not settling, and where no move of it failed a moment ago, are offered.
     const others = placementNodes().filter((node) => !node.models.has(model.id));
-    const offered = others.filter((node) => !settling.has(node.id));
+    const offered = others.filter((node) => !settling.has(node.id) && !cooling.has(node.id));
     const request: PlacementRequest = { key: input.newReplicaId(), modelId: model.id, modelName: model.name, options, weightsKey: input.weightsKeyOf(model) };
     const outcome = offered.length === 0 ? null : input.place({ nodes: offered, requests: [request] });
     const placed = outcome?.placed[0];
@@ -306,8 +342,10 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     if (placed === undefined) {
       const reasons = (outcome?.unplaceable[0]?.explanation ?? []).map(whyNotThere);
       for (const node of others) {
+        const cooldown = cooling.get(node.id);
         const leftMs = settling.get(node.id);
-        if (leftMs !== undefined) reasons.push(`${node.name} came back a moment ago; one moves there in ${Math.ceil(leftMs / 1000)} s if it stays`);
+        if (cooldown !== undefined) reasons.push(cooldownText(node.name, cooldown));
+        else if (leftMs !== undefined) reasons.push(`${node.name} came back a moment ago; one moves there in ${Math.ceil(leftMs / 1000)} s if it stays`);
       }
       if (reasons.length === 0)
         reasons.push(input.nodes.length === 1 ? `${nodeName(c.crowded[0]!.nodeId)} is the only node` : "every other node runs one already");
@@ -317,6 +355,7 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     const option = createPlaced(model, options, placed);
     take(placed.nodeIds, option.needs, placed.gpus, model.id);
     decision.moves.push({ modelId: model.id, replicaId: placed.key, from: c.crowded[0]!.nodeId, to: placed.nodeIds });
+    decision.moving.add(placed.key);
     decision.spread.set(model.id, `${crowd}: moving one to ${placed.nodeIds.map(nodeName).join(", ")}`);
   }
   return decision;

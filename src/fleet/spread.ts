@@ -7,8 +7,23 @@
 // A move is not recorded anywhere: it is recognised from the replicas themselves (one more
 // than wanted, the one not ready yet alone on its node while another node runs two or more
 // ready ones), so a server that restarts or takes over mid-move finishes it the same way.
+// A move whose new replica parks on its node (its supervisor's retries ran out) is given
+// up instead (`failedMove`): the model is not parked for it, its other replicas serve on,
+// and that node gets none of the model's moves for MOVE_COOLDOWN_MS (move-cooldowns.ts).
+import { clause, printable } from "../core/format.ts";
 import { ROOM_TAKEN } from "./placement.ts";
 import type { ReplicaRecord } from "./replica-rows.ts";
+
+/** How long a node a model's move failed on gets no move of that model: a broken engine there is not tried again and again. */
+export const MOVE_COOLDOWN_MS = 10 * 60_000;
+
+/** A node a model's rebalance move failed on: no move of the model goes there before `until` (epoch ms). */
+export interface MoveCooldown {
+  nodeId: string;
+  until: number;
+  /** The move's replica's last failure, for the spread line. */
+  lastError: string;
+}
 
 /** Replicas of one model per node id (a replica over several nodes counts on each). */
 export function replicasPerNode(replicas: readonly ReplicaRecord[]): Map<string, number> {
@@ -33,15 +48,45 @@ export function crowdedNodes(replicas: readonly ReplicaRecord[]): Array<{ nodeId
  * the crowded node's.
  */
 export function moveUnderway(current: readonly ReplicaRecord[], wanted: number): ReplicaRecord | null {
+  const mover = moveReplica(current, wanted);
+  return mover?.state === "parked" ? null : mover;
+}
+
+/** The new replica of a rebalance move that parked on its node (its retries ran out), or null: the move is given up. */
+export function failedMove(current: readonly ReplicaRecord[], wanted: number): ReplicaRecord | null {
+  const mover = moveReplica(current, wanted);
+  return mover?.state === "parked" ? mover : null;
+}
+
+/** A move's new replica as `moveUnderway` describes it, also one that parked. */
+function moveReplica(current: readonly ReplicaRecord[], wanted: number): ReplicaRecord | null {
   if (wanted < 1 || current.length !== wanted + 1) return null;
   const notReady = current.filter((replica) => replica.state !== "ready");
   const mover = notReady[0];
   if (notReady.length !== 1 || mover === undefined) return null;
-  if (mover.state === "parked" || mover.state === "stopping" || mover.state === "stopped") return null;
+  if (mover.state === "stopping" || mover.state === "stopped") return null;
   const others = current.filter((replica) => replica !== mover);
   const perNode = replicasPerNode(others);
   if (mover.nodeIds.some((nodeId) => perNode.has(nodeId))) return null;
   return crowdedNodes(others).length > 0 ? mover : null;
+}
+
+/**
+ * What made a parked replica give up, for a sentence: the engine supervisor's parking
+ * message (engine-supervisor.ts) ends with "Last failure: <message>", which is the part
+ * that says what is wrong on the node.
+ */
+export function lastFailureOf(lastError: string | null): string {
+  if (lastError === null) return "no error recorded";
+  const marker = "Last failure: ";
+  const at = lastError.lastIndexOf(marker);
+  return printable(clause(at < 0 ? lastError : lastError.slice(at + marker.length)));
+}
+
+/** "moving one to n2 failed: <error>; not tried again before 14:30 UTC" (the minute rounded up, so it is never early). */
+export function cooldownText(nodeName: string, cooldown: MoveCooldown): string {
+  const minute = new Date(Math.ceil(cooldown.until / 60_000) * 60_000).toISOString().slice(11, 16);
+  return `moving one to ${nodeName} failed: ${cooldown.lastError}; not tried again before ${minute} UTC`;
 }
 
 /**

@@ -349,7 +349,7 @@ describe("gateway and clients that stall", () => {
   });
 });
 
-test("a storage fault met before the key is known is a 503 that names no server path or database address", async () => {
+test("a storage fault met before the key is known is a 503 that names no server path or database address and keeps the fault's Retry-After", async () => {
   // The key service behind the gateway's narrow KeyVerifier interface, as it fails when
   // PostgreSQL is unreachable: its StorageUnavailableError names where the data lives.
   const keys = {
@@ -370,10 +370,10 @@ test("a storage fault met before the key is known is a 503 that names no server 
     const { port } = server.address() as net.AddressInfo;
     const response = await fetch(`http://127.0.0.1:${port}/v1/models`, { headers: { authorization: "Bearer llmgw-any" } });
     assert.equal(response.status, 503);
-    assert.equal(response.headers.get("retry-after"), "30");
+    assert.equal(response.headers.get("retry-after"), "5", "the fault's own wait: an unreachable database is used again within seconds");
     const { error } = (await response.json()) as { error: { code: string; message: string } };
     assert.equal(error.code, "storage_unavailable");
-    assert.match(error.message, /cannot use its database right now.*tell an administrator/);
+    assert.match(error.message, /cannot use its database right now, so it cannot check this key or its limits\. Retry in 5 s; .*tell an administrator/);
     assert.doesNotMatch(error.message, /postgres|db\.internal|5432/);
   } finally {
     gateway.close();

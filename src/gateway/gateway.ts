@@ -487,13 +487,16 @@ export class Gateway {
 /**
  * What a caller who is not an administrator (a client key, or no key yet) may read of a
  * failure: a storage fault names the data dir or the database's address, so it becomes
- * the same 503 in words that say what to do instead.
+ * the same 503 in words that say what to do instead. The wait stays the fault's own (a
+ * few seconds for a database that went away, longer for a full disk). Keys in the grace
+ * are still answered then, so the words speak of this request's key and limits only.
  */
 function withoutServerDetails(error: unknown): unknown {
   if (!(error instanceof LlmgwError) || error.code !== "storage_unavailable") return error;
+  const retryAfterSeconds = Number(error.headers["retry-after"] ?? 30);
   return new UnavailableError(
-    "llmgw cannot use its database right now, so it cannot check keys or answer. Retry in 30 s; if it persists, tell an administrator (the server's log and /readyz say why).",
-    { code: "storage_unavailable", retryAfterSeconds: 30 },
+    `llmgw cannot use its database right now, so it cannot check this key or its limits. Retry in ${retryAfterSeconds} s; if it persists, tell an administrator (the server's log and /readyz say why).`,
+    { code: "storage_unavailable", retryAfterSeconds },
   );
 }
 

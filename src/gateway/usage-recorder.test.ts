@@ -155,3 +155,41 @@ test("rows past the spool files' bound are dropped and counted; what a stop leav
     await pg.cleanup();
   }
 });
+
+test("a spool file whose rows are written but that cannot be removed is not written again", async () => {
+  const { store, cleanup } = await openSqliteTestStore();
+  const dataDir = mkdtempSync(path.join(tmpdir(), "llmgw-spool-"));
+  try {
+    const { logger, lines } = collectingLogger();
+    // As on a data dir turned read-only after the spool file was written.
+    const removeSpoolFile = async () => {
+      throw Object.assign(new Error("EROFS: read-only file system, unlink"), { code: "EROFS" });
+    };
+    const usage = new UsageRecorder({ store, logger, dataDir, spoolMemoryRows: 1, removeSpoolFile });
+    store.sqlite!.pragma("query_only = 1");
+    for (let i = 0; i < 3; i += 1) usage.record(row(`spooled-${i}`));
+    await usage.flush();
+    assert.equal(usage.spooledRows(), 3, "1 in memory, 2 in a file");
+    assert.equal(spoolFiles(dataDir).length, 1);
+
+    store.sqlite!.pragma("query_only = 0");
+    await eventually("the spool to empty although its file stays", () => usage.spooledRows() === 0);
+    assert.equal(spoolFiles(dataDir).length, 1, "the file could not be removed");
+    const notRemoved = lines.filter((line) => /cannot be removed/.test(String(line.msg)));
+    assert.equal(notRemoved.length, 1, "said once");
+    assert.match(String(notRemoved[0]!.msg), /remove it by hand before the next start/);
+
+    // Another refusal and drain: the file written before is not written again.
+    store.sqlite!.pragma("query_only = 1");
+    usage.record(row("later"));
+    await usage.flush();
+    store.sqlite!.pragma("query_only = 0");
+    await eventually("the later row to be written", () => usage.spooledRows() === 0);
+    await usage.close();
+    assert.deepEqual(await storedModels(store), ["later", "spooled-0", "spooled-1", "spooled-2"], "each row written once");
+    assert.equal(lines.filter((line) => /cannot be removed/.test(String(line.msg))).length, 1);
+  } finally {
+    rmSync(dataDir, { recursive: true, force: true });
+    await cleanup();
+  }
+});

@@ -54,6 +54,8 @@ export interface UsageRecorderOptions {
   /** Spool bounds (tests make them small): rows kept in memory, bytes of files. */
   spoolMemoryRows?: number;
   spoolFileBytes?: number;
+  /** Removes a spool file once its rows are written (tests make it fail); default: fs rm. */
+  removeSpoolFile?: (file: string) => Promise<void>;
 }
 
 /** At most one log line a minute about dropped rows, however many requests there are. */
@@ -103,6 +105,7 @@ export class UsageRecorder {
       ...(options.dataDir === undefined ? {} : { dataDir: options.dataDir }),
       ...(options.spoolMemoryRows === undefined ? {} : { memoryRows: options.spoolMemoryRows }),
       ...(options.spoolFileBytes === undefined ? {} : { fileBytes: options.spoolFileBytes }),
+      ...(options.removeSpoolFile === undefined ? {} : { remove: options.removeSpoolFile }),
     });
     if (!this.spool.isEmpty()) {
       options.logger?.info(
@@ -237,10 +240,16 @@ export class UsageRecorder {
     if (this.spool.isEmpty()) return;
     const before = this.spool.rows();
     try {
-      const { written, unreadable } = await this.spool.drain((rows) => this.writeOrDrop(rows));
+      const { written, unreadable, notRemoved } = await this.spool.drain((rows) => this.writeOrDrop(rows));
       this.drainBackoff.succeeded();
       if (unreadable > 0) this.dropped(unreadable, undefined);
       this.options.logger?.info({ rows: written }, `wrote ${written} spooled usage rows: the store takes them again`);
+      for (const { file, error } of notRemoved) {
+        this.options.logger?.error(
+          { file, err: describeError(error) },
+          `the usage rows of spool file ${file} are in the store, but the file cannot be removed: this server does not write it again; remove it by hand before the next start, which would write its rows a second time`,
+        );
+      }
     } catch (error) {
       if (error instanceof StorageUnavailableError) this.lastFault = error;
       const waitMs = this.drainBackoff.failed();

@@ -10,6 +10,9 @@
 // being drained, so a file is never appended to and written at once. A crash between a
 // file's commit and its removal writes that file's rows (at most SEGMENT_BYTES of them)
 // a second time at the next start; a crash while rows are only in memory loses those.
+// A file whose rows committed but that cannot be removed (a data dir turned read-only) is
+// never written again by this process: it is let go, and the drain says which it was
+// (the recorder logs it), since the next start would write its rows a second time.
 // A graceful stop moves the rows still in memory to a file, and the next start replays
 // whatever files are left.
 import { mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
@@ -30,12 +33,18 @@ export interface UsageSpoolOptions {
   dataDir?: string;
   memoryRows?: number;
   fileBytes?: number;
+  /** Removes a written file (tests make it fail); default: fs rm. */
+  remove?: (file: string) => Promise<void>;
 }
 
-/** What a drain did: rows written to the store, and rows of damaged lines that could not be read back. */
+/**
+ * What a drain did: rows written to the store, rows of damaged lines that could not be
+ * read back, and files written but not removed (with why): their rows are in the store.
+ */
 export interface Drained {
   written: number;
   unreadable: number;
+  notRemoved: Array<{ file: string; error: unknown }>;
 }
 
 export class UsageSpool {
@@ -48,11 +57,13 @@ export class UsageSpool {
   /** The file being appended to; undefined: the next append starts a new one. */
   private current: { file: string; bytes: number; rows: number } | undefined;
   private nextNumber = 1;
+  private readonly remove: (file: string) => Promise<void>;
 
   constructor(options: UsageSpoolOptions) {
     this.dir = options.dataDir === undefined ? undefined : path.join(options.dataDir, SPOOL_DIR);
     this.memoryRows = options.memoryRows ?? DEFAULT_SPOOL_MEMORY_ROWS;
     this.fileBytes = options.fileBytes ?? DEFAULT_SPOOL_FILE_BYTES;
+    this.remove = options.remove ?? ((file) => rm(file, { force: true }));
     this.findLeftovers();
   }
 
@@ -95,11 +106,12 @@ export class UsageSpool {
 
   /**
    * Writes what is held with `write`: memory in batches, then each file in one call,
-   * removed once written. Stops at the first failure, which it throws; what was not
-   * written stays for the next drain.
+   * removed once written. Stops at the first failure of `write`, which it throws; what was
+   * not written stays for the next drain. A file written is let go even when it cannot be
+   * removed: its rows are in the store, and writing them again would count them twice.
    */
   async drain(write: (rows: UsageRow[]) => Promise<void>): Promise<Drained> {
-    const drained: Drained = { written: 0, unreadable: 0 };
+    const drained: Drained = { written: 0, unreadable: 0, notRemoved: [] };
     while (this.memory.length > 0) {
       const batch = this.memory.slice(0, DRAIN_BATCH);
       await write(batch);
@@ -112,8 +124,8 @@ export class UsageSpool {
       const file = this.files[0]!;
       const { rows, unreadable } = parseLines(await readIfThere(file.file));
       if (rows.length > 0) await write(rows);
-      await rm(file.file, { force: true });
       this.files.shift();
+      await this.remove(file.file).catch((error: unknown) => drained.notRemoved.push({ file: file.file, error }));
       drained.written += rows.length;
       drained.unreadable += unreadable;
     }

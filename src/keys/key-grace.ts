@@ -1,8 +1,9 @@
 // The key service's view of a database outage (key-service.ts): whether key reads are
 // failing now, the one log line at its start and at its end, and the background re-check
 // of cached keys that runs at most once a second while it lasts. Requests never wait on
-// a database known to be down: graced keys are served from memory, others get 503
-// storage_unavailable at once, and the re-check is what notices that the database is back.
+// a database known to be down: graced keys are served from memory and re-checked here;
+// other keys are asked of the store, whose outage gate answers 503 storage_unavailable at
+// once while it is down and lets them through as soon as it is back.
 import type { Logger } from "../core/log.ts";
 import { StorageUnavailableError } from "../store/storage-fault.ts";
 
@@ -33,11 +34,6 @@ export class KeyOutage {
   /** Whether key reads are known to fail now. */
   active(): boolean {
     return this.current !== null;
-  }
-
-  /** The storage fault to answer with while the outage lasts. */
-  fault(): StorageUnavailableError {
-    return this.current!.fault;
   }
 
   /** Whether a background re-check is asked for or running. */

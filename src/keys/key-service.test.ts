@@ -311,3 +311,87 @@ test("with --key-grace 0 a cut database refuses every key that is not fresh in t
     await pg.cleanup();
   }
 });
+
+const isStorageUnavailable = (e: unknown) => e instanceof StorageUnavailableError && e.status === 503;
+
+test("a change another server notified just before the outage leaves the cached keys without grace until they are read again; a resync keeps it", async (t) => {
+  const pg = await postgresViaProxy(t);
+  if (pg === null) return;
+  const other = await pg.direct();
+  try {
+    let now = Date.parse("2026-11-30T10:00:00Z");
+    const keys = new KeyService({ store: pg.store, clock: () => now, keyGraceMs: 60_000 });
+    const elsewhere = new KeyService({ store: other, clock: () => now });
+    const revoked = await keys.create({ name: "revoked-elsewhere" }, "t");
+    const kept = await keys.create({ name: "kept" }, "t");
+    for (const { key } of [revoked, kept]) await keys.verify(key);
+
+    await elsewhere.revoke("revoked-elsewhere", "t");
+    // Its notification arrives, and the database goes away before the re-check it asks for can read anything.
+    await pg.cut();
+    keys.forgetCached("notified");
+    now += 6000;
+    await assert.rejects(keys.verify(revoked.key), isStorageUnavailable, "the revocation seen before the outage holds");
+    await assert.rejects(keys.verify(kept.key), isStorageUnavailable, "any key cached then: the change may have been its own revocation");
+
+    await pg.proxy.set("forward");
+    await eventually("the re-check to confirm the key that was not revoked", () =>
+      keys.verify(kept.key).then(
+        (p) => p.name === "kept",
+        () => false,
+      ),
+    );
+    await assert.rejects(keys.verify(revoked.key), (e: unknown) => e instanceof AuthenticationError && e.code === "revoked_api_key");
+
+    // The feed's periodic resync says nothing changed: the grace still serves what was read.
+    await pg.cut();
+    keys.forgetCached("resync");
+    now += 6000;
+    assert.equal((await keys.verify(kept.key)).name, "kept", "served from memory through the outage");
+  } finally {
+    await other.close();
+    await pg.cleanup();
+  }
+});
+
+test("re-checks do not keep an unused key in the grace: it leaves the cache once unused for longer than the grace", async (t) => {
+  const pg = await postgresViaProxy(t);
+  if (pg === null) return;
+  try {
+    let now = Date.parse("2026-11-30T10:00:00Z");
+    const keys = new KeyService({ store: pg.store, clock: () => now, keyGraceMs: 60_000 });
+    const unused = await keys.create({ name: "unused" }, "t");
+    const busy = await keys.create({ name: "busy" }, "t");
+    for (const { key } of [unused, busy]) await keys.verify(key);
+    now += 40_000;
+    await keys.verify(busy.key);
+    keys.forgetCached("resync");
+    await eventually("the background re-check", () => !keys.rechecksPending());
+    now += 30_000; // `unused`: 70 s without a request, read from the database 30 s ago only if re-checked.
+    await keys.verify(busy.key);
+    keys.forgetCached("resync");
+    assert.equal(keys.cachedKeys(), 1, "the unused key left the cache");
+    await eventually("the background re-check", () => !keys.rechecksPending());
+
+    await pg.cut();
+    now += 6000;
+    assert.equal((await keys.verify(busy.key)).name, "busy", "a key used within the grace works while the database is cut");
+    await assert.rejects(keys.verify(unused.key), isStorageUnavailable, "a key unused for longer than the grace gets 503");
+  } finally {
+    await pg.cleanup();
+  }
+});
+
+testBothStores("without a change feed, verification drops the keys unused for longer than the grace", async (store) => {
+  let now = Date.parse("2026-11-30T10:00:00Z");
+  const keys = new KeyService({ store, clock: () => now, keyGraceMs: 60_000 });
+  const created = [];
+  for (let i = 0; i < 5; i += 1) created.push(await keys.create({ name: `k${i}` }, "t"));
+  for (const { key } of created) await keys.verify(key);
+  assert.equal(keys.cachedKeys(), 5);
+  now += 50_000;
+  await keys.verify(created[0]!.key);
+  now += 20_000;
+  await keys.verify(created[0]!.key);
+  assert.equal(keys.cachedKeys(), 1, "the four unused for 70 s are gone; the one in use stays");
+});

@@ -11,6 +11,10 @@
 // minutes) is served from memory while re-reading it fails with a storage fault, and
 // re-checked in the background about once a second until the database answers again. A
 // key not read within the grace, or never seen, gets 503 storage_unavailable at once.
+// Two things make an entry unfit for the grace: another server's notified change to keys
+// that no read has confirmed since (it may be a revocation: the key gets 503 until its row
+// is read again), and no request for longer than the grace (the entry leaves the cache,
+// and is not re-checked meanwhile, so a key unused since keeps no grace).
 import { hash, randomBytes, randomUUID } from "node:crypto";
 import { sql } from "kysely";
 import { z } from "zod";
@@ -95,6 +99,8 @@ const CACHE_TTL_MS = 5000;
 const LAST_USED_RESOLUTION_MS = 60_000;
 const UNKNOWN_TTL_MS = 2000;
 const UNKNOWN_MAX = 10_000;
+/** How often verification also drops cache entries unused for longer than the grace (an O(n) pass). */
+const EVICT_INTERVAL_MS = 60_000;
 /** Any number, the same in every llmgw: the PostgreSQL advisory lock admin-key revocations hold. */
 const ADMIN_KEYS_LOCK_KEY = 0x6c6b6579;
 
@@ -125,9 +131,16 @@ interface CachedKey {
   principal: Principal;
   /** When its row was last read (the service's clock): the TTL and the grace count from here. */
   checkedAt: number;
-  /** Another server changed keys since: read the row again before trusting this (except on a storage fault). */
+  /** Keys may have changed since (a change notified, a resync): read the row again before trusting this (except on a storage fault). */
   stale: boolean;
+  /** Another server's change to keys was notified since the row was read: it may be this key's revocation, so no grace until it is read again. */
+  doubted: boolean;
+  /** When a request last presented it: entries unused for longer than the grace are dropped, not re-checked. */
+  usedAt: number;
 }
+
+/** Why cached keys are read again: another server's notified change (strict), or the feed's periodic resync. */
+export type KeysChange = "notified" | "resync";
 
 export class KeyService {
   private readonly store: Store;
@@ -145,6 +158,7 @@ export class KeyService {
   private readonly keyGraceMs: number;
   /** Whether the database is known to be failing now, and the background re-checks while it is. */
   private readonly outage: KeyOutage;
+  private lastEvictionAt: number;
 
   constructor(options: KeyServiceOptions) {
     this.store = options.store;
@@ -156,6 +170,7 @@ export class KeyService {
       ...(options.logger === undefined ? {} : { logger: options.logger }),
       recheck: (hashes) => this.recheck(hashes),
     });
+    this.lastEvictionAt = this.clock();
   }
 
   /** Creates a key and returns it in clear text: the only time it exists outside the caller. */
@@ -242,18 +257,44 @@ export class KeyService {
   }
 
   /**
-   * Another server changed keys (src/cluster/change-feed.ts), or the feed reconnected: what
-   * is cached here may be stale, a revoked key above all, so the next request of each key
-   * reads its row again, and every cached key is re-read in the background at once (so a
-   * revocation holds even if the database goes away before the key's next request). The
-   * entries stay, marked stale: while the database cannot be reached they are what the
-   * grace serves.
+   * Another server changed keys (src/cluster/change-feed.ts: "notified"), or the feed
+   * resynced (periodically, or after reconnecting: "resync"): what is cached here may be
+   * stale, a revoked key above all, so the next request of each key reads its row again,
+   * and every key used within the grace is re-read in the background at once. The entries
+   * stay, marked stale. After a resync the grace still serves them while the database
+   * cannot be reached; after a notified change it does not until a read confirms them,
+   * since the change may be their revocation (so a revocation seen holds even if the
+   * database goes away before the re-check).
    */
-  forgetCached(): void {
+  forgetCached(change: KeysChange = "notified"): void {
     this.generation += 1;
-    for (const entry of this.cache.values()) entry.stale = true;
+    const now = this.clock();
+    this.evictUnused(now);
+    const recheck: string[] = [];
+    for (const [hash, entry] of this.cache) {
+      entry.stale = true;
+      if (change === "notified") entry.doubted = true;
+      if (now - entry.usedAt < this.keyGraceMs) recheck.push(hash);
+    }
     this.unknown.clear();
-    this.outage.recheckSoon(this.cache.keys());
+    this.outage.recheckSoon(recheck);
+  }
+
+  /** Drops the entries no request used for longer than the grace (and the cache's TTL): the grace no longer covers them. */
+  private evictUnused(now: number): void {
+    this.lastEvictionAt = now;
+    const keepMs = this.keepUnusedMs();
+    for (const [hash, entry] of this.cache) if (now - entry.usedAt >= keepMs) this.cache.delete(hash);
+  }
+
+  /** How long an entry no request uses is kept: the grace, or the TTL when that is longer. */
+  private keepUnusedMs(): number {
+    return Math.max(this.keyGraceMs, CACHE_TTL_MS);
+  }
+
+  /** Cached keys: for tests that check unused ones leave. */
+  cachedKeys(): number {
+    return this.cache.size;
   }
 
   /** One key by id, shown prefix or name (a name must be unambiguous). */
@@ -285,9 +326,11 @@ export class KeyService {
       await recordAudit(trx, { at: now, actor, action: "key.update", target: row.prefix, detail: { id: row.id, name: row.name, ...patch } });
       return trx.selectFrom("api_keys").selectAll().where("id", "=", row.id).executeTakeFirstOrThrow();
     });
-    // The key's entry is replaced by the row just written (a cleared entry would drop out of the grace).
+    // A cached entry is replaced by the row just written (a cleared one would drop out of
+    // the grace); a key not cached here gets none: an update is not a use.
     this.generation += 1;
-    this.cache.set(updated.hash, { principal: principalOf(updated), checkedAt: this.clock(), stale: false });
+    const usedAt = this.cache.get(updated.hash)?.usedAt;
+    if (usedAt !== undefined) this.cache.set(updated.hash, { principal: principalOf(updated), checkedAt: this.clock(), stale: false, doubted: false, usedAt });
     return toInfo(updated);
   }
 
@@ -321,7 +364,14 @@ export class KeyService {
    */
   async verifyHash(hash: string): Promise<Principal> {
     const now = this.clock();
-    const cached = this.cache.get(hash);
+    if (now - this.lastEvictionAt >= EVICT_INTERVAL_MS) this.evictUnused(now);
+    let cached = this.cache.get(hash);
+    if (cached !== undefined && now - cached.usedAt >= this.keepUnusedMs()) {
+      // Unused for longer than the grace: as if never seen (the periodic pass may not have come by yet).
+      this.cache.delete(hash);
+      cached = undefined;
+    }
+    if (cached !== undefined) cached.usedAt = now;
     let principal: Principal;
     if (cached !== undefined && !cached.stale && now - cached.checkedAt < CACHE_TTL_MS) {
       principal = cached.principal;
@@ -330,11 +380,10 @@ export class KeyService {
       // key is re-read in the background; its answer applies to the next request.
       principal = cached.principal;
       this.outage.recheckSoon([hash]);
-    } else if (this.outage.active()) {
-      // Known down, and nothing in memory may stand in: say so at once rather than wait on a dead database.
-      this.outage.recheckSoon([hash]);
-      throw this.outage.fault();
     } else {
+      // Nothing in memory may stand in: ask the store, even while key reads were failing
+      // lately. A database known down answers at once (the store's outage gate), and one
+      // that is back answers now rather than after the next background re-check.
       const unknownAt = this.unknown.get(hash);
       if (unknownAt !== undefined && now - unknownAt < UNKNOWN_TTL_MS) throw invalidKey();
       try {
@@ -375,7 +424,7 @@ export class KeyService {
       });
     }
     const principal = principalOf(row);
-    if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now, stale: false });
+    if (generation === this.generation) this.cache.set(hash, { principal, checkedAt: now, stale: false, doubted: false, usedAt: now });
     return principal;
   }
 
@@ -392,8 +441,9 @@ export class KeyService {
     const found = new Map(rows.map((row) => [row.hash, row]));
     for (const hash of hashes) {
       const row = found.get(hash);
+      const entry = this.cache.get(hash);
       if (row === undefined || row.revoked_at !== null) this.cache.delete(hash);
-      else if (this.cache.has(hash)) this.cache.set(hash, { principal: principalOf(row), checkedAt: now, stale: false });
+      else if (entry !== undefined) this.cache.set(hash, { principal: principalOf(row), checkedAt: now, stale: false, doubted: false, usedAt: entry.usedAt });
     }
   }
 
@@ -402,9 +452,12 @@ export class KeyService {
     return this.outage.pending();
   }
 
-  /** Whether a cached key may still be served while the database cannot confirm it. */
+  /**
+   * Whether a cached key may still be served while the database cannot confirm it: read
+   * within the grace, and no change notified since that may be its revocation.
+   */
   private withinGrace(entry: CachedKey, now: number): boolean {
-    return now - entry.checkedAt < this.keyGraceMs;
+    return !entry.doubted && now - entry.checkedAt < this.keyGraceMs;
   }
 
   /** verify(), then require the admin role. */

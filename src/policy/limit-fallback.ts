@@ -5,11 +5,17 @@
 // a request only if that still fits the limit. What these requests use is queued as
 // settlements (limit-settlements.ts) that add it to the database when it answers again.
 //
-// Each server counts on its own while the database is away, so with N servers a key may
-// get up to N times what was left of its budget when the outage began (the whole budget
-// for a key a server had not seen since it started), and up to N times its rpm and tpm
-// in each minute of the outage. While the database is known to be down no request waits
-// on it: a probe query about once a second says when it is back.
+// A budget is only counted from a known start: a key whose budget period this server has
+// not reserved in since it started (or not in the current period) is refused with 503
+// storage_unavailable while the outage lasts, rather than counted from 0, which would let
+// it spend its whole budget again. Rate windows start from 0 (a minute's window is gone
+// within the minute anyway).
+//
+// Each server counts on its own while the database is away, so with one server nothing
+// is overspent, and with N servers a key may get up to what each server last saw left of
+// its budget (at most N times its budget in all), and up to N times its rpm and tpm in
+// each minute of the outage. While the database is known to be down no request waits on
+// it: a probe query about once a second says when it is back.
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
 import type { StorageUnavailableError } from "../store/storage-fault.ts";
@@ -22,7 +28,9 @@ const PROBE_INTERVAL_MS = 1000;
 export type MemoryReservation =
   | { windows: WindowUse[]; budgetUsedNano: number | null }
   | { refused: "window"; index: number; use: WindowUse }
-  | { refused: "budget"; usedNano: number };
+  | { refused: "budget"; usedNano: number }
+  /** What the budget's period held is not known here: the fault to answer with (503). */
+  | { refused: "budget_unknown"; fault: StorageUnavailableError };
 
 export interface LimitFallbackOptions {
   store: Store;
@@ -36,6 +44,8 @@ export class LimitFallback {
   private readonly windows = new Map<string, WindowUse>();
   private latestWindowStart = "";
   private downSince: number | null = null;
+  /** The fault that started the outage: a budget not known here is refused with it. */
+  private fault: StorageUnavailableError | null = null;
   private probeTimer: NodeJS.Timeout | undefined;
   private closed = false;
 
@@ -50,9 +60,10 @@ export class LimitFallback {
   failed(fault: StorageUnavailableError): void {
     if (this.downSince !== null) return;
     this.downSince = Date.now();
+    this.fault = fault;
     this.options.logger.warn(
       { err: fault.message },
-      "budgets and rate limits cannot be reserved in the database: this server admits limited keys from its own counts until it answers again (each server counts on its own meanwhile)",
+      "budgets and rate limits cannot be reserved in the database: this server admits limited keys from its own counts until it answers again (each server counts on its own meanwhile; a key whose budget it has not reserved in since it started gets 503)",
     );
     this.scheduleProbe();
   }
@@ -81,7 +92,8 @@ export class LimitFallback {
     const budget = request.budget;
     let budgetUsedNano: number | null = null;
     if (budget !== null) {
-      const used = this.budgets.get(budgetId(budget.keyId, budget.period)) ?? 0;
+      const used = this.budgets.get(budgetId(budget.keyId, budget.period));
+      if (used === undefined) return { refused: "budget_unknown", fault: this.fault! };
       if (used + budget.amountNano > budget.limitNano) return { refused: "budget", usedNano: used };
       budgetUsedNano = used + budget.amountNano;
       this.budgets.set(budgetId(budget.keyId, budget.period), budgetUsedNano);

@@ -10,6 +10,7 @@ import type { Principal } from "../keys/key-service.ts";
 import { postgresViaProxy } from "../../test/support/postgres-via-proxy.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { costUsd } from "./cost.ts";
+import { StorageUnavailableError } from "../store/storage-fault.ts";
 import { LimitsService, worstCaseUsage } from "./limits.ts";
 import { LimitStore, usdToNano } from "./limit-store.ts";
 import { tokenBound } from "./token-bound.ts";
@@ -44,11 +45,14 @@ test("while PostgreSQL is cut, limits admit from this server's counts, refuse pa
   const limits = new LimitsService({ store: pg.store, logger, clock: () => NOW });
   try {
     const rated = keyWith("k-rpm", { rpm: 3, budgetUsd: null });
-    // Room for two reservations, not three.
-    const budgeted = keyWith("k-budget", { rpm: null, budgetUsd: (RESERVED * 2.5) / 1e9 });
+    // Room for three reservations, not four: one before the outage, two during it.
+    const budgeted = keyWith("k-budget", { rpm: null, budgetUsd: (RESERVED * 3.5) / 1e9 });
+    // A budget this server has not reserved in since it started: what it spent is not known here.
+    const unseen = keyWith("k-unseen", { rpm: null, budgetUsd: (RESERVED * 100) / 1e9 });
     const ask = (principal: Principal) => limits.admit({ principal, model: MODEL, body: BODY, endpoint: "/v1/chat/completions" });
 
     (await ask(rated)).settle({ usage: USAGE, answered: true });
+    (await ask(budgeted)).settle({ usage: USAGE, answered: true });
     await limits.flushSettlements();
 
     await pg.cut();
@@ -66,7 +70,12 @@ test("while PostgreSQL is cut, limits admit from this server's counts, refuse pa
     await assert.rejects(
       Promise.resolve(ask(budgeted)),
       (e: unknown) => (e as { code?: string }).code === "insufficient_quota",
-      "a third reservation does not fit the budget",
+      "a fourth reservation does not fit the budget (the first still counts whole in memory)",
+    );
+    await assert.rejects(
+      Promise.resolve(ask(unseen)),
+      (e: unknown) => e instanceof StorageUnavailableError && e.status === 503,
+      "a budget not known here is not counted from 0",
     );
     for (const permit of fromMemory) permit.settle({ usage: USAGE, answered: true });
     await limits.flushSettlements();
@@ -77,7 +86,7 @@ test("while PostgreSQL is cut, limits admit from this server's counts, refuse pa
     await eventually("what the requests of the outage used to be in the database", async () => {
       const window = await readBack.windowUse({ keyId: "k-rpm", ...WINDOW });
       const budget = await readBack.budgetUse("k-budget", "total");
-      return window.requests === 3 && window.tokens === 3 * 12 && budget.spentNano === 2 * spent && budget.reservedNano === 0;
+      return window.requests === 3 && window.tokens === 3 * 12 && budget.spentNano === 3 * spent && budget.reservedNano === 0;
     });
     // Back on the database: it holds the three requests of this minute, so a fourth is refused there too.
     await eventually("admission through the database again", () => lines.some((line) => line.includes("reserved in the database again")));
@@ -85,7 +94,8 @@ test("while PostgreSQL is cut, limits admit from this server's counts, refuse pa
     const next = await ask(budgeted);
     const budget = await readBack.budgetUse("k-budget", "total");
     next.settle({ usage: null, answered: false });
-    assert.deepEqual(budget, { spentNano: 2 * spent, reservedNano: RESERVED }, "the next reservation is made in the database, over what the outage spent");
+    assert.deepEqual(budget, { spentNano: 3 * spent, reservedNano: RESERVED }, "the next reservation is made in the database, over what the outage spent");
+    (await ask(unseen)).settle({ usage: null, answered: false });
   } finally {
     await limits.close();
     await pg.cleanup();

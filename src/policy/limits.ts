@@ -182,7 +182,9 @@ export class LimitsService implements RequestLimits {
     try {
       return await this.reserve(admission, reserved, undoWindows);
     } catch (error) {
-      if (error instanceof StorageUnavailableError && this.options.store.dialect === "postgres" && !undone) {
+      // Only an unreachable database counts as an outage: a busy pool or a slow statement is a
+      // 503 for this request alone, not a reason to count from memory on every server.
+      if (error instanceof StorageUnavailableError && error.kind === "unreachable" && this.options.store.dialect === "postgres" && !undone) {
         // The database went away halfway: what it counted is given back once it answers
         // (a settlement), and the request is admitted from this server's own counts.
         undone = true;
@@ -206,6 +208,7 @@ export class LimitsService implements RequestLimits {
       budget: budgetPeriod === null ? null : { keyId, period: budgetPeriod.id, amountNano: costNano, limitNano: budgetLimitNano, now },
     });
     if ("refused" in found) {
+      if (found.refused === "budget_unknown") throw found.fault;
       const retryAfterSeconds = Math.max(1, Math.ceil((window.endsAt - now) / 1000));
       if (found.refused === "budget") {
         throw budgetRefusal({ keyName: request.principal.name, limits, period: budgetPeriod!, seen: null, costNano, now, headers: {} });

@@ -289,7 +289,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     // What other servers change reaches this one within a second (PostgreSQL; SQLite has no others).
     unsubscribers.push(
       feed.subscribe(["models", "model_aliases"], () => catalog.refresh()),
-      feed.subscribe(["api_keys"], () => keys.forgetCached()),
+      // A notified change may be a revocation: until re-read, those keys get no grace; a resync keeps it.
+      feed.subscribe(["api_keys"], (_tables, { notified }) => keys.forgetCached(notified ? "notified" : "resync")),
       feed.subscribe(["console_sessions"], () => sessions.forgetCached()),
       // A standby's clients used an on-demand model: the leader counts it as a request.
       feed.onTold("demand", (modelId) => {

@@ -48,6 +48,9 @@ export interface PostgresTarget {
  */
 export type ConnectionPurpose = "queries" | "migrations";
 
+/** Connections in the pool of queries; a query that finds all of them busy waits up to connectMs for one. */
+export const QUERY_POOL_SIZE = 10;
+
 const INT8_OID = 20;
 
 /** pg's client settings for one purpose: deadlines, keepalives, the schema, int8 as number. */
@@ -108,7 +111,7 @@ class GuardedClient extends pg.Client {
 export function createPool(target: PostgresTarget, purpose: ConnectionPurpose): pg.Pool {
   const pool = new pg.Pool({
     ...clientConfig(target, purpose),
-    max: purpose === "queries" ? 10 : 2,
+    max: purpose === "queries" ? QUERY_POOL_SIZE : 2,
     Client: GuardedClient as unknown as new () => pg.ClientBase,
   });
   pool.on("error", () => {
@@ -157,47 +160,33 @@ export async function endClient(client: pg.ClientBase, deadlineMs: number = POST
 }
 
 /**
- * Runs one statement on a pooled connection within `deadlineMs` in all, waiting for the
- * connection included: the reachability probe. A connection that comes after the deadline
- * goes back to the pool unused.
+ * Runs one statement on a connection of its own, opened for it and closed after, within
+ * `deadlineMs` in all, connecting included: the reachability probe. Outside the pool, so
+ * that a pool whose every connection is busy (slow reports, lock waits) does not read as
+ * a database that is down, and so that the probe learns whether a new connection can be
+ * made and answered now.
  */
-export async function probePool(
-  pool: pg.Pool,
+export async function probeConnection(
+  target: PostgresTarget,
   statement: { text: string; values?: unknown[] },
   deadlineMs: number = POSTGRES_DEADLINES.probeMs,
 ): Promise<void> {
   const started = Date.now();
-  let timedOut = false;
-  let timer: NodeJS.Timeout | undefined;
-  const connecting = pool.connect();
-  const client = await Promise.race([
-    connecting,
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        timedOut = true;
-        reject(new Error("timeout exceeded when trying to connect"));
-      }, deadlineMs);
-    }),
-  ])
-    .catch((error: unknown) => {
-      if (timedOut)
-        void connecting.then(
-          (late) => late.release(),
-          () => undefined,
-        );
-      throw error;
-    })
-    .finally(() => clearTimeout(timer));
-  let failure: unknown;
+  // pg's connect timeout ends a silent connect with "timeout expired" (a silent fault).
+  const client = new GuardedClient({ ...clientConfig(target, "queries"), connectionTimeoutMillis: deadlineMs });
+  let failed = false;
   try {
+    await client.connect();
     // pg reads a per-query query_timeout that its types do not list.
     const config = { text: statement.text, values: statement.values ?? [], query_timeout: Math.max(1, deadlineMs - (Date.now() - started)) };
     await client.query(config as pg.QueryConfig);
   } catch (error) {
-    failure = error;
+    failed = true;
     throw error;
   } finally {
-    // A client whose query failed is not trusted again: the pool opens a fresh one.
-    client.release(failure === undefined ? undefined : true);
+    // A failed probe's connection is of no more use: dropped at once, with no goodbye a
+    // silent database would not answer. A good one ends politely, without holding up the answer.
+    if (failed) destroyClient(client);
+    else void endClient(client);
   }
 }

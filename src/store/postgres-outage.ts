@@ -7,7 +7,10 @@
 //   its answer (at most the probe's deadline) rather than each finding out alone;
 // - "down": a probe failed, or a query or connect met silence past its deadline (a
 //   partition, a machine gone): queries fail at once with 503 `storage_unavailable`, and a
-//   probe runs every second until one succeeds.
+//   probe runs every second until one succeeds (faults told meanwhile start none).
+// The probe runs on a connection of its own, outside the pool: a query that waited in vain
+// for a free pooled connection ("busy") says the pool is full, not that the database is
+// down, and neither moves the gate nor keeps the probe from answering.
 // /readyz asks `check()`, which probes at most once a second even when all looks well, so
 // a database that went silent between queries is seen within the probe's deadline.
 import { isSilentFault, StorageUnavailableError, type StorageHealth } from "./storage-fault.ts";
@@ -51,10 +54,15 @@ export class OutageGate {
     }
   }
 
-  /** A storage fault a query met. Connection faults put the store in doubt (or down, after silence) and start a probe. */
+  /**
+   * A storage fault a query met. Connection faults put the store in doubt (or down, after
+   * silence) and start a probe; while it is down already, the probe every second is the
+   * one that tells (usage flushes and drains name their faults here however often they run).
+   */
   observe(fault: StorageUnavailableError): void {
     if (this.closed || fault.kind !== "unreachable") return;
     this.lastFault = fault;
+    if (this.state === "down") return;
     if (isSilentFault(fault)) this.state = "down";
     else if (this.state === "up") this.state = "doubt";
     this.startProbe();

@@ -4,11 +4,13 @@
 // result codes, Node's errno codes, PostgreSQL's SQLSTATE), and by message text only for
 // the few errors of the pg driver itself that carry no code (see PG_DRIVER_FAULTS), and
 // become one StorageUnavailableError: 503 `storage_unavailable`, with a message that names
-// where the data lives, the cause and what to do. `StorageHealth` remembers the last fault
+// where the data lives, the cause and what to do. A query that waited too long for a free
+// connection of this server's own pool is one too ("busy"), but says nothing of the
+// database: it is not recorded as a fault and puts no outage in motion. `StorageHealth` remembers the last fault
 // so /readyz can say why the server is not ready until a probe succeeds again.
 import { UnavailableError, errorCode } from "../core/errors.ts";
 
-export type StorageFaultKind = "full" | "read_only" | "io_error" | "cannot_open" | "permission_denied" | "unreachable" | "timed_out";
+export type StorageFaultKind = "full" | "read_only" | "io_error" | "cannot_open" | "permission_denied" | "unreachable" | "timed_out" | "busy";
 
 const CAUSES: Record<StorageFaultKind, { cause: string; remedy: string }> = {
   full: { cause: "the disk is full", remedy: "Free space there; writes resume by themselves, no restart needed." },
@@ -24,6 +26,10 @@ const CAUSES: Record<StorageFaultKind, { cause: string; remedy: string }> = {
     cause: "the database did not finish the query in time",
     remedy: "Check the database's load and the locks other sessions hold; retrying later may work.",
   },
+  busy: {
+    cause: "every connection of this server's pool stayed busy (slow queries or lock waits) until the wait for one ran out",
+    remedy: "Check for slow queries and the locks other sessions hold; retrying later may work.",
+  },
 };
 
 /**
@@ -36,8 +42,11 @@ const CAUSES: Record<StorageFaultKind, { cause: string; remedy: string }> = {
 const PG_DRIVER_FAULTS: readonly { message: RegExp; code: string; silent: boolean }[] = [
   // The client-side query deadline (query_timeout) ran out: no answer at all.
   { message: /^Query read timeout$/, code: "PG_QUERY_TIMEOUT", silent: true },
-  // Connecting (or waiting for a pooled connection) took longer than connectionTimeoutMillis.
-  { message: /^timeout exceeded when trying to connect$/, code: "PG_CONNECT_TIMEOUT", silent: true },
+  // pg-pool's wait for a free client of a full pool ran out (connectionTimeoutMillis): every
+  // connection is in use, which says the pool is busy, not that the database is silent
+  // (a connect that runs out of time fails with one of the next two).
+  { message: /^timeout exceeded when trying to connect$/, code: "PG_POOL_BUSY", silent: false },
+  // Opening a connection took longer than connectionTimeoutMillis.
   { message: /^Connection terminated due to connection timeout$/, code: "PG_CONNECT_TIMEOUT", silent: true },
   { message: /^timeout expired$/, code: "PG_CONNECT_TIMEOUT", silent: true },
   // The socket closed under a connection in use, or a query was sent on one already broken.
@@ -68,7 +77,7 @@ function pgDriverFaultCode(error: unknown): string | undefined {
 
 /**
  * The kind of storage fault an error code means, or undefined for every other failure
- * (a constraint violation, a bug in a query, a busy database). Extended SQLite codes
+ * (a constraint violation, a bug in a query, SQLITE_BUSY). Extended SQLite codes
  * count with their family: SQLITE_IOERR_WRITE is an I/O error, SQLITE_READONLY_DBMOVED
  * a read-only database.
  */
@@ -86,6 +95,7 @@ export function storageFaultKind(code: string | undefined): StorageFaultKind | u
   if (code === "ECONNREFUSED" || code === "ECONNRESET" || code === "ETIMEDOUT" || code === "EHOSTUNREACH" || code === "ENOTFOUND") return "unreachable";
   if (code === "EPIPE" || code === "ENETUNREACH" || code === "ECONNABORTED") return "unreachable";
   // The pg driver's own connection errors (named in PG_DRIVER_FAULTS).
+  if (code === "PG_POOL_BUSY") return "busy";
   if (code.startsWith("PG_")) return "unreachable";
   // query_canceled: the server-side deadline (statement_timeout) or lock_timeout ended a query.
   if (code === "57014" || code === "55P03") return "timed_out";
@@ -113,7 +123,7 @@ export class StorageUnavailableError extends UnavailableError {
     super(`Storage unavailable: cannot use ${options.where}: ${faultSummary(options.kind, options.faultCode)}. ${remedy}`, {
       code: "storage_unavailable",
       // A database that comes back is used again within a second or two; a full disk takes a person.
-      retryAfterSeconds: options.kind === "unreachable" || options.kind === "timed_out" ? 5 : 30,
+      retryAfterSeconds: options.kind === "unreachable" || options.kind === "timed_out" || options.kind === "busy" ? 5 : 30,
       cause: options.cause,
     });
     this.kind = options.kind;
@@ -154,9 +164,10 @@ export class StorageHealth {
   constructor(private readonly clock: () => number = Date.now) {}
 
   noteFault(fault: StorageUnavailableError): void {
-    // One query that ran out of time says the query was slow, not that the store is down;
-    // whether the database answers at all is the probe's to say.
-    if (fault.kind === "timed_out") return;
+    // One query that ran out of time, or that found every pooled connection busy, says the
+    // query was slow or the pool full, not that the store is down; whether the database
+    // answers at all is the probe's to say.
+    if (fault.kind === "timed_out" || fault.kind === "busy") return;
     this.state = { kind: fault.kind, code: fault.faultCode, message: fault.message, since: this.state?.since ?? new Date(this.clock()).toISOString() };
   }
 

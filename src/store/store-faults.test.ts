@@ -2,7 +2,8 @@
 // link reset under a transaction, sessions terminated by the server, a refused port and a
 // database that goes silent (a blackhole) each end in a 503 `storage_unavailable` within
 // the deadlines, never in an unhandled 'error' event or a wait without end, and everything
-// works again once the link is back, without reopening anything.
+// works again once the link is back, without reopening anything. A pool with every
+// connection busy is no outage, and the outage gate probes at its own pace.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -13,8 +14,9 @@ import { createLogger } from "../core/log.ts";
 import { ChangeFeed } from "../cluster/change-feed.ts";
 import { PostgresLeadership } from "../cluster/leadership.ts";
 import { openStore, type Store } from "./store.ts";
-import { StorageUnavailableError } from "./storage-fault.ts";
-import { POSTGRES_DEADLINES } from "./postgres-connections.ts";
+import { StorageHealth, StorageUnavailableError } from "./storage-fault.ts";
+import { POSTGRES_DEADLINES, QUERY_POOL_SIZE } from "./postgres-connections.ts";
+import { OutageGate } from "./postgres-outage.ts";
 import { startFaultProxy, type FaultProxy } from "../../test/support/fault-proxy.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { Gate } from "../../test/support/gate.ts";
@@ -78,11 +80,11 @@ describe("PostgreSQL faults through a fault proxy", () => {
    * A transaction that has run one query and holds its connection (checked out of the pool)
    * until `resume()`, then runs another: `transaction` settles with that second query.
    */
-  const heldTransaction = async () => {
+  const heldTransaction = async (on: Store = store) => {
     const gate = new Gate();
     let reached!: () => void;
     const inside = new Promise<void>((resolve) => (reached = resolve));
-    const transaction = store.db.transaction().execute(async (trx) => {
+    const transaction = on.db.transaction().execute(async (trx) => {
       await sql`select 1`.execute(trx);
       reached();
       await gate.wait();
@@ -176,6 +178,86 @@ describe("PostgreSQL faults through a fault proxy", () => {
     assert.deepEqual(unhandled, []);
   });
 
+  test("a pool with every connection busy is no outage: the waiting query is a 503, but /readyz stays ready and nothing else fails", async () => {
+    await works();
+    // Every connection of the pool is checked out, as by slow reports or lock waits.
+    const held = [];
+    for (let index = 0; index < QUERY_POOL_SIZE; index += 1) held.push(await heldTransaction());
+    try {
+      await assert.rejects(
+        works(),
+        (error: unknown) => isStorageUnavailable(error) && (error as StorageUnavailableError).kind === "busy",
+        "a query that finds no free connection in time is a 503 that says the pool is busy",
+      );
+      // The readiness probe runs on a connection of its own, and the wait left no fault behind.
+      assert.equal(await store.checkWrites(), null, "/readyz stays ready while the pool is busy");
+    } finally {
+      for (const { resume } of held) resume();
+      await Promise.all(held.map(({ transaction }) => transaction));
+    }
+    // No outage was declared: the next query goes ahead at once, with no probe to wait for.
+    await works();
+    assert.deepEqual(unhandled, []);
+  });
+
+  test("while every pooled connection is busy, the readiness probe still sees a database that goes silent", async () => {
+    await works();
+    const held = [];
+    for (let index = 0; index < QUERY_POOL_SIZE; index += 1) held.push(await heldTransaction());
+    try {
+      await proxy.set("blackhole");
+      // A probe that waited for a pooled connection would never reach the database at all.
+      await eventually("the readiness probe to see the silent database", async () => (await store.checkWrites())?.kind === "unreachable", {
+        timeoutMs: 20_000,
+      });
+    } finally {
+      await proxy.set("forward");
+      for (const { resume } of held) resume();
+      await Promise.allSettled(held.map(({ transaction }) => transaction));
+    }
+    await eventually("readiness to come back", async () => (await store.checkWrites()) === null, { timeoutMs: 10_000 });
+    await works();
+    assert.deepEqual(unhandled, []);
+  });
+
+  test("a role at its connection limit, with every pooled connection busy, is no outage for the readiness probe", async () => {
+    const suffix = randomBytes(4).toString("hex");
+    const role = `llmgw_limited_${suffix}`;
+    const limitedSchema = `llmgw_test_${suffix}`;
+    const target = new URL(TEST_POSTGRES_URL);
+    const administer = async (text: string) => {
+      const admin = new pg.Client({ connectionString: TEST_POSTGRES_URL });
+      await admin.connect();
+      try {
+        await admin.query(text);
+      } finally {
+        await admin.end();
+      }
+    };
+    // Room for the pool's connections and no more, as a role limit or max_connections sized to the fleet gives.
+    await administer(`create role ${role} login connection limit ${QUERY_POOL_SIZE}`);
+    await administer(`grant create on database ${target.pathname.slice(1)} to ${role}`);
+    target.username = role;
+    const limited = await openStore({ database: target.toString(), schema: limitedSchema });
+    try {
+      const held = [];
+      for (let index = 0; index < QUERY_POOL_SIZE; index += 1) held.push(await heldTransaction(limited));
+      try {
+        // The probe's own connection is refused (too many connections): the database answered all the same.
+        assert.equal(await limited.checkWrites(), null, "/readyz stays ready");
+      } finally {
+        for (const { resume } of held) resume();
+        await Promise.all(held.map(({ transaction }) => transaction));
+      }
+      await sql`select 1`.execute(limited.db);
+    } finally {
+      await limited.close();
+      await dropSchema(limitedSchema);
+      await administer(`drop owned by ${role}`);
+      await administer(`drop role ${role}`);
+    }
+  });
+
   test("a blackhole that starts between queries is seen by the readiness probe within its deadline", async () => {
     await works();
     await eventually("a probe to run on a healthy store", async () => (await store.checkWrites()) === null);
@@ -238,6 +320,41 @@ describe("PostgreSQL faults through a fault proxy", () => {
       await leadership.stop();
       await feed.stop();
       await direct.close();
+    }
+  });
+});
+
+describe("the outage gate", () => {
+  const refused = () =>
+    new StorageUnavailableError({
+      where: "PostgreSQL at postgres://db:5432/llmgw",
+      kind: "unreachable",
+      faultCode: "ECONNREFUSED",
+      cause: new Error("connect ECONNREFUSED 127.0.0.1:5432"),
+    });
+
+  test("faults told while the database is down start no probe of their own: the scheduled probe tells when it is back", async () => {
+    let probes = 0;
+    const gate = new OutageGate({
+      health: new StorageHealth(),
+      probe: async () => {
+        probes += 1;
+        throw refused();
+      },
+    });
+    try {
+      gate.observe(refused());
+      assert.equal(gate.reachability, "doubt", "a refused connection puts the store in doubt and starts a probe");
+      // admit() waits for that probe and what follows it: the store is down, the next probe scheduled.
+      await assert.rejects(gate.admit(), isStorageUnavailable);
+      assert.equal(gate.reachability, "down");
+      assert.equal(probes, 1);
+      // Usage flushes and drains name their faults (Store.nameFault) however often they run.
+      for (let told = 0; told < 5; told += 1) gate.observe(refused());
+      assert.equal(probes, 1, "faults told while down start no probe");
+      await eventually("the scheduled probe to run", () => probes >= 2, { timeoutMs: 10_000 });
+    } finally {
+      gate.close();
     }
   });
 });

@@ -10,11 +10,11 @@ import path from "node:path";
 import BetterSqlite3 from "better-sqlite3";
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from "kysely";
 import type pg from "pg";
-import { BadRequestError, InternalError, describeError } from "../core/errors.ts";
+import { BadRequestError, InternalError, describeError, errorCode } from "../core/errors.ts";
 import { applyMigrations, MigrationError, type Dialect } from "./migrations.ts";
 import type { Database } from "./schema.ts";
 import { FaultNamingDialect } from "./fault-naming-dialect.ts";
-import { connectDedicatedClient, createPool, probePool, type PostgresTarget } from "./postgres-connections.ts";
+import { connectDedicatedClient, createPool, probeConnection, type PostgresTarget } from "./postgres-connections.ts";
 import { OutageGate } from "./postgres-outage.ts";
 import { asStorageFault, StorageHealth, StorageUnavailableError, type StorageFaultState } from "./storage-fault.ts";
 
@@ -143,8 +143,13 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
     probe: async (faulted) => {
       try {
         // While a fault is recorded the probe writes, so that a full or read-only database is over only once writes work.
-        await probePool(pool, faulted ? PROBE_WRITE : { text: "select 1" });
+        // On a connection of its own: a pool with every connection busy is no outage.
+        await probeConnection(target, faulted ? PROBE_WRITE : { text: "select 1" });
       } catch (error) {
+        // "Too many connections" (the server's or the role's limit) is the database answering, with
+        // no room for the probe's own connection: reachable, and the pooled ones go on. Thrown
+        // unnamed, it leaves the gate up and clears no fault.
+        if (errorCode(error) === TOO_MANY_CONNECTIONS) throw error;
         throw asStorageFault(error, where) ?? error;
       }
     },
@@ -174,6 +179,9 @@ async function openPostgres(options: OpenStoreOptions): Promise<Store> {
     },
   };
 }
+
+/** SQLSTATE too_many_connections. */
+const TOO_MANY_CONNECTIONS = "53300";
 
 const PROBE_WRITE = {
   text: "insert into store_probe (name, at) values ('probe', $1) on conflict (name) do update set at = excluded.at",

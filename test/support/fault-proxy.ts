@@ -7,7 +7,9 @@
 // - "refuse": the listening socket closes, so connecting gets ECONNREFUSED;
 // - "blackhole": connections stay open, new ones are accepted, and no byte passes either
 //   way (a partition, a machine that vanished without FIN or RST);
-// - "slow": every chunk is held `delayMs` before it passes (a congested link).
+// - "slow": every chunk is held `delayMs` before it passes (a long link); with `paced`,
+//   the sender is held too (nothing more is read until the chunk passed), so a link
+//   carries at most one chunk per `delayMs` (a narrow link: a big download takes a while).
 // Going back to "forward" releases held connections: bytes a blackhole swallowed are
 // dropped (as a real partition loses them), so the protocol on top must recover by itself.
 import net from "node:net";
@@ -21,10 +23,12 @@ export interface FaultProxy {
   /** Rewrites a URL (postgres://…, http://…) to go through the proxy. */
   via(url: string): string;
   /** Switches the mode; connections open now are treated as the new mode says. */
-  set(mode: FaultMode, options?: { delayMs?: number }): Promise<void>;
+  set(mode: FaultMode, options?: { delayMs?: number; paced?: boolean }): Promise<void>;
   readonly mode: FaultMode;
   /** Connections accepted since start (for asserting that a client reconnected). */
   readonly accepted: number;
+  /** Bytes passed from the target to clients since start (for asserting how much a client fetched). */
+  readonly bytesToClients: number;
   close(): Promise<void>;
 }
 
@@ -36,19 +40,29 @@ interface Pair {
 export async function startFaultProxy(target: { host: string; port: number }, listenPort = 0): Promise<FaultProxy> {
   let mode: FaultMode = "forward";
   let delayMs = 0;
+  let paced = false;
   let accepted = 0;
+  let bytesToClients = 0;
   const pairs = new Set<Pair>();
 
-  const relay = (from: net.Socket, to: net.Socket) => {
+  const relay = (from: net.Socket, to: net.Socket, counted: boolean) => {
+    const pass = (chunk: Buffer) => {
+      if (to.destroyed) return;
+      if (counted) bytesToClients += chunk.length;
+      to.write(chunk);
+    };
     from.on("data", (chunk: Buffer) => {
       if (mode === "blackhole") return;
       if (mode === "slow") {
+        const holdSender = paced;
+        if (holdSender) from.pause();
         setTimeout(() => {
-          if (!to.destroyed) to.write(chunk);
+          pass(chunk);
+          if (holdSender) from.resume();
         }, delayMs);
         return;
       }
-      if (!to.destroyed) to.write(chunk);
+      pass(chunk);
     });
   };
 
@@ -73,8 +87,8 @@ export async function startFaultProxy(target: { host: string; port: number }, li
     // An end passes only while forwarding: a blackhole swallows FINs too.
     client.on("end", () => mode !== "blackhole" && upstream.end());
     upstream.on("end", () => mode !== "blackhole" && client.end());
-    relay(client, upstream);
-    relay(upstream, client);
+    relay(client, upstream, false);
+    relay(upstream, client, true);
   };
 
   let server = net.createServer({ allowHalfOpen: true }, onConnection);
@@ -108,10 +122,14 @@ export async function startFaultProxy(target: { host: string; port: number }, li
     get accepted() {
       return accepted;
     },
+    get bytesToClients() {
+      return bytesToClients;
+    },
     async set(next, options = {}) {
       const previous = mode;
       mode = next;
       delayMs = options.delayMs ?? 0;
+      paced = options.paced ?? false;
       if (next === "reset" || next === "refuse") resetAll();
       if (next === "refuse" && previous !== "refuse") await new Promise<void>((resolve) => server.close(() => resolve()));
       if (previous === "refuse" && next !== "refuse") {
