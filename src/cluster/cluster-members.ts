@@ -2,7 +2,10 @@
 // others reach it, its version, and when it was last seen. A server joins at start (in one
 // transaction under an advisory lock, so two starting at once are checked against each
 // other), says it is alive every `beatMs`, and marks its row stopped on a clean stop. A
-// member not seen for `liveMs` is taken for gone (killed, or its machine is).
+// member not seen for `liveMs` is taken for gone (killed, or its machine is). On PostgreSQL
+// every stamp is written, and every age judged, on the database's clock: a server whose own
+// clock runs ahead must neither see the others as gone nor be seen as gone (SQLite has one
+// server, on its own clock).
 //
 // Joining refuses two things, each with what to do: a live member given a different
 // cluster secret (each could not open what the other sealed), and a live member of the
@@ -10,11 +13,11 @@
 import { randomUUID } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
-import { sql } from "kysely";
+import { type Kysely, type RawBuilder, sql } from "kysely";
 import { ConflictError, describeError, errorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { nowIso, type Store } from "../store/store.ts";
-import type { ClusterMembersTable } from "../store/schema.ts";
+import type { ClusterMembersTable, Database } from "../store/schema.ts";
 
 export const MEMBER_DEFAULTS = {
   /** How often a server says it is alive. */
@@ -26,6 +29,8 @@ export const MEMBER_DEFAULTS = {
 /** The advisory lock key (two int4s) under which servers join; any fixed pair, the same in every llmgw. */
 const JOIN_LOCK = [0x6c6d, 0x6a6f] as const;
 const SERVER_ID_FILE = "server.id";
+/** The database's clock now, as the ISO-8601 text the stamps are stored as (nowIso's format). */
+const DATABASE_NOW_ISO = sql<string>`to_char(now() at time zone 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
 
 export interface ClusterMember {
   name: string;
@@ -61,6 +66,7 @@ export class ClusterMembers {
       dataDir: string;
       self: MemberSelf;
       logger: Logger;
+      /** This server's wall clock: SQLite's stamps and ages (PostgreSQL's are the database's). */
       clock?: () => number;
       beatMs?: number;
       liveMs?: number;
@@ -81,7 +87,8 @@ export class ClusterMembers {
     await store.db.transaction().execute(async (trx) => {
       if (store.dialect === "postgres") await sql`select pg_advisory_xact_lock(${JOIN_LOCK[0]}, ${JOIN_LOCK[1]})`.execute(trx);
       const rows = await trx.selectFrom("cluster_members").selectAll().orderBy("name").execute();
-      const live = rows.filter((row) => this.isLive(row) && row.data_dir_id !== this.dataDirId);
+      const nowMs = await this.nowMs(trx);
+      const live = rows.filter((row) => this.isLive(row, nowMs) && row.data_dir_id !== this.dataDirId);
       const otherSecret = live.filter((row) => row.secret_check !== self.secretCheck);
       if (otherSecret.length > 0) {
         throw new ConflictError(
@@ -97,7 +104,7 @@ export class ClusterMembers {
           { code: "server_name_in_use" },
         );
       }
-      const now = nowIso(this.clock);
+      const now = this.stamp();
       const values = {
         instance: this.instance,
         data_dir_id: this.dataDirId,
@@ -131,7 +138,7 @@ export class ClusterMembers {
     this.timer = undefined;
     await this.options.store.db
       .updateTable("cluster_members")
-      .set({ stopped_at: nowIso(this.clock), last_seen: nowIso(this.clock) })
+      .set({ stopped_at: this.stamp(), last_seen: this.stamp() })
       .where("name", "=", this.name)
       .where("instance", "=", this.instance)
       .execute()
@@ -140,6 +147,7 @@ export class ClusterMembers {
 
   async list(): Promise<ClusterMember[]> {
     const rows = await this.options.store.db.selectFrom("cluster_members").selectAll().orderBy("name").execute();
+    const nowMs = await this.nowMs(this.options.store.db);
     return rows.map((row) => ({
       name: row.name,
       url: row.url,
@@ -148,7 +156,7 @@ export class ClusterMembers {
       last_seen: row.last_seen,
       stopped_at: row.stopped_at,
       // This server runs as long as it answers (on SQLite it does not stamp its row).
-      live: (row.name === this.name && row.instance === this.instance && row.stopped_at === null) || this.isLive(row),
+      live: (row.name === this.name && row.instance === this.instance && row.stopped_at === null) || this.isLive(row, nowMs),
     }));
   }
 
@@ -157,15 +165,27 @@ export class ClusterMembers {
     return (await this.list()).find((member) => member.name === name && member.live);
   }
 
-  private isLive(row: Pick<ClusterMembersTable, "last_seen" | "stopped_at">): boolean {
-    return row.stopped_at === null && this.clock() - Date.parse(row.last_seen) < this.liveMs;
+  private isLive(row: Pick<ClusterMembersTable, "last_seen" | "stopped_at">, nowMs: number): boolean {
+    return row.stopped_at === null && nowMs - Date.parse(row.last_seen) < this.liveMs;
+  }
+
+  /** A stamp for a row: the database's clock on PostgreSQL, this server's on SQLite. */
+  private stamp(): string | RawBuilder<string> {
+    return this.options.store.dialect === "postgres" ? DATABASE_NOW_ISO : nowIso(this.clock);
+  }
+
+  /** Now (epoch ms) on the clock the stamps were written with. */
+  private async nowMs(db: Kysely<Database>): Promise<number> {
+    if (this.options.store.dialect !== "postgres") return this.clock();
+    const row = await sql<{ now: string }>`select ${DATABASE_NOW_ISO} as now`.execute(db);
+    return Date.parse(row.rows[0]!.now);
   }
 
   private async beat(): Promise<void> {
     try {
       const result = await this.options.store.db
         .updateTable("cluster_members")
-        .set({ last_seen: nowIso(this.clock), url: this.options.self.url })
+        .set({ last_seen: this.stamp(), url: this.options.self.url })
         .where("name", "=", this.name)
         .where("instance", "=", this.instance)
         .executeTakeFirst();

@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { randomBytes } from "node:crypto";
 import pg from "pg";
+import { sql } from "kysely";
 import { AuthenticationError } from "../core/errors.ts";
 import { silentLogger } from "../core/log.ts";
 import { SecretBox } from "../core/secret-box.ts";
@@ -29,7 +30,7 @@ const logger = silentLogger();
 const secretA = loadClusterSecret({ env: "a".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
 const secretB = loadClusterSecret({ env: "b".repeat(40), dataDirBox: () => SecretBox.fromKey(randomBytes(32)) }).box;
 
-function member(store: Store, name: string, box: SecretBox, options: { dataDir?: string; clock?: () => number } = {}) {
+function member(store: Store, name: string, box: SecretBox, options: { dataDir?: string; clock?: () => number; beatMs?: number; liveMs?: number } = {}) {
   const dataDir = options.dataDir ?? mkdtempSync(path.join(tmpdir(), "llmgw-member-"));
   return new ClusterMembers({
     store,
@@ -37,7 +38,19 @@ function member(store: Store, name: string, box: SecretBox, options: { dataDir?:
     self: { name, url: `http://${name}.example:8700`, version: "test", secretCheck: box.checkValue(), secretSource: "LLMGW_CLUSTER_SECRET" },
     logger,
     ...(options.clock === undefined ? {} : { clock: options.clock }),
+    ...(options.beatMs === undefined ? {} : { beatMs: options.beatMs }),
+    ...(options.liveMs === undefined ? {} : { liveMs: options.liveMs }),
   });
+}
+
+/**
+ * Time passes by `ms` with no member beating: SQLite's members go by the test's clock; on
+ * PostgreSQL, whose clock judges ages there, every member's last stamp moves back instead.
+ */
+async function noBeatsFor(store: Store, ms: number, advanceClock: (ms: number) => void): Promise<void> {
+  if (store.dialect !== "postgres") return advanceClock(ms);
+  const earlier = sql<string>`to_char(now() at time zone 'utc' - make_interval(secs => ${ms / 1000}), 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
+  await store.db.updateTable("cluster_members").set({ last_seen: earlier }).execute();
 }
 
 test("a cluster secret is derived the same from the same text, differs from another, and is refused when short", () => {
@@ -64,7 +77,9 @@ testBothStores("joining refuses a live server with another secret or the same na
     return made;
   };
   try {
-    const a = member(store, "a", secretA, { clock, dataDir: dir() });
+    // No beats of their own (on PostgreSQL): the test says when time passes without them.
+    const quiet = 3_600_000;
+    const a = member(store, "a", secretA, { clock, dataDir: dir(), beatMs: quiet });
     await a.join();
     const intruder = member(store, "c", secretB, { clock, dataDir: dir() });
     await assert.rejects(intruder.join(), (error: Error & { code?: string }) => {
@@ -77,7 +92,7 @@ testBothStores("joining refuses a live server with another secret or the same na
       twin.join(),
       /Another server named 'a' runs on this database \(http:\/\/a\.example:8700, last seen .*\)\. Give each server its own name with --server-name/,
     );
-    const b = member(store, "b", secretA, { clock, dataDir: dir() });
+    const b = member(store, "b", secretA, { clock, dataDir: dir(), beatMs: quiet });
     await b.join();
     assert.deepEqual(
       (await b.list()).map((m) => [m.name, m.live]),
@@ -89,7 +104,9 @@ testBothStores("joining refuses a live server with another secret or the same na
 
     // a stops cleanly; then b's secret changes nothing for a server started with another one once no live member has b's.
     await a.leave();
-    now += 11_000;
+    await noBeatsFor(store, 11_000, (ms) => {
+      now += ms;
+    });
     assert.deepEqual(
       (await b.list()).map((m) => [m.name, m.live]),
       [
@@ -98,12 +115,73 @@ testBothStores("joining refuses a live server with another secret or the same na
       ],
       "a, not seen for 11 s, is gone; b itself runs",
     );
-    await member(store, "c", secretB, { clock, dataDir: dir() }).join();
+    await member(store, "c", secretB, { clock, dataDir: dir(), beatMs: quiet }).join();
     // A restart of the same server (same data dir) takes its name back even while its old row looks alive.
     const sameDir = dir();
-    await member(store, "d", secretB, { clock, dataDir: sameDir }).join();
-    await member(store, "d", secretB, { clock, dataDir: sameDir }).join();
+    await member(store, "d", secretB, { clock, dataDir: sameDir, beatMs: quiet }).join();
+    await member(store, "d", secretB, { clock, dataDir: sameDir, beatMs: quiet }).join();
   } finally {
+    for (const made of dirs) rmSync(made, { recursive: true, force: true });
+  }
+});
+
+test("on PostgreSQL a server whose clock is an hour ahead still sees the others live, and one that stopped beating is gone after the window", async (t) => {
+  const database = await postgresSchemaOrSkip(t);
+  if (database === null) return;
+  const store = await openStore(database);
+  const dirs = [0, 1, 2].map(() => mkdtempSync(path.join(tmpdir(), "llmgw-member-")));
+  const hourAhead = () => Date.now() + 3_600_000;
+  const liveMs = 3_000;
+  try {
+    // a beats every 200 ms; b, an hour ahead, judges it; c beats once (at join) and then no more.
+    const a = member(store, "a", secretA, { dataDir: dirs[0], beatMs: 200, liveMs });
+    const b = member(store, "b", secretA, { dataDir: dirs[1], clock: hourAhead, beatMs: 200, liveMs });
+    const c = member(store, "c", secretA, { dataDir: dirs[2], beatMs: 3_600_000, liveMs });
+    await a.join();
+    await b.join();
+    await c.join();
+    const liveness = async (judge: ClusterMembers) => (await judge.list()).map((m) => [m.name, m.live]);
+    assert.deepEqual(
+      await liveness(b),
+      [
+        ["a", true],
+        ["b", true],
+        ["c", true],
+      ],
+      "b's clock, an hour ahead, does not make the others look gone",
+    );
+    assert.deepEqual(
+      await liveness(a),
+      [
+        ["a", true],
+        ["b", true],
+        ["c", true],
+      ],
+      "nor does b look gone (or an hour in the future) to a",
+    );
+    const stamped = await store.db.selectFrom("cluster_members").select("last_seen").where("name", "=", "b").executeTakeFirstOrThrow();
+    assert.ok(Date.parse(stamped.last_seen) < Date.now() + 600_000, `b's stamp is the database's clock, not b's own (${stamped.last_seen})`);
+    // c stopped beating: past the window it is gone, to b as to a; a and b, still beating, stay live.
+    await eventually(
+      "c gone to b",
+      async () =>
+        JSON.stringify(await liveness(b)) ===
+        JSON.stringify([
+          ["a", true],
+          ["b", true],
+          ["c", false],
+        ]),
+    );
+    assert.deepEqual(await liveness(a), [
+      ["a", true],
+      ["b", true],
+      ["c", false],
+    ]);
+    await a.leave();
+    await b.leave();
+  } finally {
+    await store.close();
+    await dropSchema(database.schema);
     for (const made of dirs) rmSync(made, { recursive: true, force: true });
   }
 });

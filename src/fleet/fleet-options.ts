@@ -31,7 +31,10 @@ export interface FleetOptions {
   box: SecretBox;
   joinToken: () => string;
   logger: Logger;
+  /** The wall clock (epoch ms). */
   clock?: () => number;
+  /** A clock that never jumps (ms, any origin) for node heartbeat ages and settling; default `performance.now`. */
+  monotonic?: () => number;
   nodeTimeoutMs?: number;
   heartbeatIntervalMs?: number;
   tickMs?: number;

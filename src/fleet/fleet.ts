@@ -12,6 +12,7 @@
 // before a stop (drain.ts, kept with the records), and an update's hold on a model's old
 // replicas (outdated-holds.ts) with its replicas split by definition (model-replicas.ts).
 import { randomBytes } from "node:crypto";
+import { performance } from "node:perf_hooks";
 import { BadRequestError, describeError } from "../core/errors.ts";
 import { countOf } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
@@ -59,6 +60,8 @@ export class Fleet implements Assignments {
   private readonly agentRuns = new Map<string, string>();
   private readonly versions = new AssignmentVersions();
   private readonly clock: () => number;
+  /** Node ages (heartbeats, settling) are on this one: a wall clock jumping forward loses no node. */
+  private readonly monotonic: () => number;
   private readonly settings: { nodeTimeoutMs: number; heartbeatIntervalMs: number; tickMs: number };
   private chain: Promise<void> = Promise.resolve();
   private pending = false;
@@ -70,6 +73,7 @@ export class Fleet implements Assignments {
 
   constructor(private readonly options: FleetOptions) {
     this.clock = options.clock ?? Date.now;
+    this.monotonic = options.monotonic ?? (() => performance.now());
     this.events = options.events ?? new EventLog({ store: options.store, logger: options.logger, clock: this.clock });
     this.settings = {
       nodeTimeoutMs: options.nodeTimeoutMs ?? FLEET_DEFAULTS.nodeTimeoutMs,
@@ -83,7 +87,7 @@ export class Fleet implements Assignments {
         { code: "invalid_fleet_timings" },
       );
     }
-    this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock });
+    this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock, monotonic: this.monotonic });
     this.demand = new Demand(this.clock);
     this.moveCooldowns = new MoveCooldowns(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
@@ -161,7 +165,7 @@ export class Fleet implements Assignments {
       inventory: checkInventory(request.inventory, "inventory"),
       labels: checkLabels(request.labels, "labels"),
     });
-    this.backAt.set(reply.nodeId, this.clock());
+    this.backAt.set(reply.nodeId, this.monotonic());
     this.schedule();
     return reply;
   }
@@ -177,7 +181,7 @@ export class Fleet implements Assignments {
         data: { node: node.name },
         message: `Node '${node.name}' is back; replicas it still runs that were replaced elsewhere are stopped.`,
       });
-      this.backAt.set(node.id, this.clock());
+      this.backAt.set(node.id, this.monotonic());
       this.versions.bump(node.id);
       this.schedule();
     }
@@ -437,7 +441,7 @@ export class Fleet implements Assignments {
     const settleMs = 2 * this.settings.heartbeatIntervalMs;
     const settling = new Map<string, number>();
     for (const [nodeId, at] of this.backAt) {
-      const leftMs = at + settleMs - this.clock();
+      const leftMs = at + settleMs - this.monotonic();
       if (leftMs > 0 && this.nodes.get(nodeId)?.state === "ready") settling.set(nodeId, leftMs);
       else if (leftMs <= 0) this.backAt.delete(nodeId);
     }

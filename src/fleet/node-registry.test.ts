@@ -1,6 +1,7 @@
-// Nodes on SQLite and PostgreSQL, with an injected clock: joining, what each refused
+// Nodes on SQLite and PostgreSQL, with injected clocks: joining, what each refused
 // credential is told, loss and return (a drain survives both, and a restarted server
-// reads the loss back; undrain ends it), and two agents joining under one name at once.
+// reads the loss back; undrain ends it), two agents joining under one name at once, and
+// a wall clock that jumps forward losing no node (ages are on the monotonic clock).
 import assert from "node:assert/strict";
 import { silentLogger } from "../core/log.ts";
 import { LlmgwError } from "../core/errors.ts";
@@ -24,7 +25,7 @@ testBothDatabases("nodes join with the token, and each wrong credential is refus
   const now = 1_000_000;
   const store = await database.open();
   try {
-    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await registry.load();
     await assert.rejects(registry.join({ joinToken: "ljt_other", name: "a", address: "10.0.0.1", inventory, labels: {} }), refusedWith("invalid_join_token"));
     const a = await registry.join({ joinToken: TOKEN, name: "a", address: "10.0.0.1", inventory, labels: { zone: "x" } });
@@ -50,7 +51,7 @@ testBothDatabases("nodes join with the token, and each wrong credential is refus
     assert.throws(() => registry.authenticate(b.credential), refusedWith("node_removed", /Node 'b' was removed/));
 
     // A restarted server knows the same: the hash is stored, the credential is not.
-    const again = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const again = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await again.load();
     assert.equal(again.authenticate(a.credential, "a").id, a.nodeId);
     assert.throws(() => again.authenticate(b.credential), refusedWith("node_removed"));
@@ -66,7 +67,7 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
   let now = 1_000_000;
   const store = await database.open();
   try {
-    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await registry.load();
     await registry.join({ joinToken: TOKEN, name: "a", address: "10.0.0.1", inventory, labels: {} });
     await registry.join({ joinToken: TOKEN, name: "d", address: "10.0.0.2", inventory, labels: {} });
@@ -82,7 +83,7 @@ testBothDatabases("a lost node is written as lost, and a drained one comes back 
       ["a", "d"],
     );
     await registry.flush();
-    const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await restarted.load();
     assert.equal(restarted.byName("a").state, "lost", "a restarted server does not take a lost node for ready");
 
@@ -111,7 +112,7 @@ testBothDatabases("an undrained node is ready again, a lost one that was drainin
   let now = 1_000_000;
   const store = await database.open();
   try {
-    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await registry.load();
     await registry.join({ joinToken: TOKEN, name: "here", address: "10.0.0.1", inventory, labels: {} });
     await registry.join({ joinToken: TOKEN, name: "away", address: "10.0.0.2", inventory, labels: {} });
@@ -144,9 +145,37 @@ testBothDatabases("an undrained node is ready again, a lost one that was drainin
     assert.equal(away.state, "ready", "back, and no longer draining");
 
     await registry.flush();
-    const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now });
+    const restarted = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => now, monotonic: () => now });
     await restarted.load();
     assert.deepEqual([restarted.byName("here").state, restarted.byName("away").state], ["ready", "ready"], "the undrain is stored");
+  } finally {
+    await store.close();
+  }
+});
+
+testBothDatabases("a wall clock that jumps an hour forward loses no node; the monotonic clock passing the timeout does", async (database) => {
+  let wall = 1_000_000;
+  let monotonic = 50;
+  const store = await database.open();
+  try {
+    const registry = new NodeRegistry({ store, joinToken: () => TOKEN, logger: silentLogger(), clock: () => wall, monotonic: () => monotonic });
+    await registry.load();
+    await registry.join({ joinToken: TOKEN, name: "a", address: "10.0.0.1", inventory, labels: {} });
+    await registry.join({ joinToken: TOKEN, name: "b", address: "10.0.0.2", inventory, labels: {} });
+    wall += 3_600_000;
+    monotonic += 1_000;
+    assert.deepEqual(registry.expire(15_000), [], "an hour on the wall clock, a second really: no node is lost");
+    registry.heartbeat(registry.byName("a"), { address: "10.0.0.1", inventory, labels: {} });
+    assert.equal(registry.byName("a").lastHeartbeat, wall, "the wall clock is what is shown and stored");
+    monotonic += 15_001;
+    assert.deepEqual(
+      registry.expire(15_000).map((n) => n.name),
+      ["a", "b"],
+      "past the timeout on the monotonic clock both are lost, the wall clock standing still",
+    );
+    await registry.flush();
+    const row = await store.db.selectFrom("nodes").select(["last_heartbeat"]).where("name", "=", "a").executeTakeFirstOrThrow();
+    assert.equal(row.last_heartbeat, new Date(wall).toISOString());
   } finally {
     await store.close();
   }

@@ -3,7 +3,10 @@
 // through loss and return until undrained) and when it last sent a heartbeat. The
 // in-memory map answers every heartbeat without a query; joins, state changes and
 // removals are written at once, heartbeat times in batches (`flush`), since a few hundred
-// nodes beating every 5 s would otherwise be a write per node per beat.
+// nodes beating every 5 s would otherwise be a write per node per beat. Heartbeat ages are
+// measured on a monotonic clock: a wall clock that jumps forward on this server must not
+// make every node lost at once (the wall clock is only what is shown and stored).
+import { performance } from "node:perf_hooks";
 import { AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { isUniqueViolation, nowIso, type Store } from "../store/store.ts";
@@ -20,7 +23,7 @@ export interface FleetNode {
   state: NodeState;
   /** An operator drains it: it stays draining through being lost and back. */
   draining: boolean;
-  /** Epoch ms. */
+  /** Epoch ms (wall clock), for showing and storing; ages are judged on the monotonic clock. */
   lastHeartbeat: number;
   joinedAt: string;
   credentialHash: string;
@@ -31,7 +34,10 @@ export interface NodeRegistryOptions {
   /** The join token now (it may be rotated while the server runs). */
   joinToken: () => string;
   logger: Logger;
+  /** The wall clock (epoch ms): what is shown and stored. */
   clock?: () => number;
+  /** A clock that never jumps (ms, any origin), for heartbeat ages; default `performance.now`. */
+  monotonic?: () => number;
 }
 
 export class NodeRegistry {
@@ -39,16 +45,21 @@ export class NodeRegistry {
   /** Nodes removed by an operator: their credentials are refused by name. */
   private readonly removed = new Map<string, { name: string; removedAt: string }>();
   private readonly heartbeatDirty = new Set<string>();
+  /** Each node's last heartbeat on the monotonic clock, by node id. */
+  private readonly beatAt = new Map<string, number>();
   private readonly clock: () => number;
+  private readonly monotonic: () => number;
 
   constructor(private readonly options: NodeRegistryOptions) {
     this.clock = options.clock ?? Date.now;
+    this.monotonic = options.monotonic ?? (() => performance.now());
   }
 
   /** Reads the joined nodes. Their heartbeat clocks restart now: a server that was down saw none. */
   async load(): Promise<void> {
     const rows = await this.options.store.db.selectFrom("nodes").selectAll().execute();
     const now = this.clock();
+    const beatAt = this.monotonic();
     for (const row of rows) {
       if (row.state === "removed" || row.credential_hash === null) {
         this.removed.set(row.id, { name: row.name, removedAt: row.removed_at ?? row.last_heartbeat });
@@ -66,6 +77,7 @@ export class NodeRegistry {
         joinedAt: row.joined_at ?? row.last_heartbeat,
         credentialHash: row.credential_hash,
       });
+      this.beatAt.set(row.id, beatAt);
     }
   }
 
@@ -136,6 +148,7 @@ export class NodeRegistry {
     }
     for (const [removedId, entry] of this.removed) if (entry.name === request.name) this.removed.delete(removedId);
     this.nodes.set(id, node);
+    this.beatAt.set(id, this.monotonic());
     this.options.logger.info({ node: node.name, nodeId: id, address: node.address }, "node joined");
     return { nodeId: id, name: node.name, credential };
   }
@@ -179,6 +192,7 @@ export class NodeRegistry {
   /** Records a heartbeat; returns true when the node was lost and is back. */
   heartbeat(node: FleetNode, report: { address: string; inventory: NodeInventory; labels: NodeLabels }): boolean {
     node.lastHeartbeat = this.clock();
+    this.beatAt.set(node.id, this.monotonic());
     node.address = report.address;
     node.inventory = report.inventory;
     node.labels = report.labels;
@@ -188,12 +202,12 @@ export class NodeRegistry {
     return true;
   }
 
-  /** Nodes whose last heartbeat is older than `timeoutMs`, now marked lost. */
+  /** Nodes whose last heartbeat is older than `timeoutMs` (on the monotonic clock), now marked lost. */
   expire(timeoutMs: number): FleetNode[] {
-    const now = this.clock();
+    const now = this.monotonic();
     const lost: FleetNode[] = [];
     for (const node of this.nodes.values()) {
-      if (node.state !== "lost" && now - node.lastHeartbeat > timeoutMs) {
+      if (node.state !== "lost" && now - (this.beatAt.get(node.id) ?? now) > timeoutMs) {
         node.state = "lost";
         // Written at the next flush, so a restarted server does not take it for ready.
         this.heartbeatDirty.add(node.id);
@@ -227,6 +241,7 @@ export class NodeRegistry {
     const removedAt = nowIso(this.clock);
     await this.options.store.db.updateTable("nodes").set({ state: "removed", removed_at: removedAt }).where("id", "=", node.id).execute();
     this.nodes.delete(node.id);
+    this.beatAt.delete(node.id);
     this.heartbeatDirty.delete(node.id);
     this.removed.set(node.id, { name: node.name, removedAt });
   }

@@ -51,6 +51,8 @@ export async function startClockedFleet(store: Store, options: ClockedFleetOptio
     joinToken: () => JOIN_TOKEN,
     logger: silentLogger(),
     clock: () => now,
+    // Node ages too: the test's steps are real time passing, not a wall clock jumping.
+    monotonic: () => now,
     // The test runs the tick itself (checkNow).
     tickMs: 3_600_000,
     ...options,
