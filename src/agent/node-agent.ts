@@ -103,6 +103,8 @@ const DEFAULT_HEARTBEAT_MS = 5_000;
 const POLL_BACKOFF = { baseMs: 1_000, maxMs: 10_000 };
 /** A refused credential waits the longest poll backoff every time: it heals only when an operator acts. */
 const REFUSED_POLL_DELAY_MS = POLL_BACKOFF.maxMs;
+/** While the server refuses this node's address, the refusal is logged again this often (not on every heartbeat). */
+const ADDRESS_REFUSAL_LOG_MS = 60_000;
 
 export class NodeAgent {
   private readonly running = new Map<string, Running>();
@@ -116,6 +118,8 @@ export class NodeAgent {
   private started = false;
   /** This start of the agent, so the server knows the engines of an earlier one are gone. */
   private readonly run = randomBytes(6).toString("hex");
+  /** The server's refusal of this node's address, while it lasts: what it said and when it was last logged. */
+  private addressRefusal: { message: string; loggedAt: number } | null = null;
 
   constructor(private readonly options: NodeAgentOptions) {}
 
@@ -381,10 +385,32 @@ export class NodeAgent {
     try {
       const reply = await this.options.assignments.heartbeat(this.options.credential, this.report());
       this.heartbeatMs = reply.heartbeatIntervalMs;
+      if (this.addressRefusal !== null) this.options.logger.info({ address: this.options.address }, "the server accepts this node's address again");
+      this.addressRefusal = null;
     } catch (error) {
-      this.options.logger.warn({ err: describeError(error) }, "heartbeat failed");
+      if (error instanceof LlmgwError && error.code === "node_address_mismatch") this.addressRefused(error);
+      else this.options.logger.warn({ err: describeError(error) }, "heartbeat failed");
     }
     this.scheduleHeartbeat(this.heartbeatMs);
+  }
+
+  /**
+   * The server refuses every heartbeat of this node: it joined with (or an admin set)
+   * another address than this agent's --advertise. Only an operator can fix that (restart
+   * the agent with the approved address, or `ctl node update`), so it is an error, said
+   * when it starts and once a minute while it lasts; the agent keeps beating meanwhile, and
+   * the first accepted heartbeat ends it. Its engines keep running, but the server routes
+   * nothing to them and, after the node timeout, takes the node for lost.
+   */
+  private addressRefused(error: LlmgwError): void {
+    const now = Date.now();
+    const refusal = this.addressRefusal;
+    if (refusal !== null && refusal.message === error.message && now - refusal.loggedAt < ADDRESS_REFUSAL_LOG_MS) return;
+    this.addressRefusal = { message: error.message, loggedAt: now };
+    this.options.logger.error(
+      { address: this.options.address, code: error.code, reason: error.message },
+      "the server refuses this node's heartbeats: it reports another address than the one the node joined with; retrying",
+    );
   }
 
   private report(): HeartbeatReport {

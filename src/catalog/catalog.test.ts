@@ -5,6 +5,8 @@ import assert from "node:assert/strict";
 import { mkdir, mkdtemp, rm, symlink, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
+import { randomBytes } from "node:crypto";
+import { SecretBox } from "../core/secret-box.ts";
 import { Catalog } from "./catalog.ts";
 import { BadRequestError, ConflictError, NotFoundError } from "../core/errors.ts";
 import { redactDefinition } from "./model-schema.ts";
@@ -32,8 +34,11 @@ after(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
+/** One server secret for every catalog of this file, as the servers sharing a database have. */
+const box = SecretBox.fromKey(randomBytes(32));
+
 const newCatalog = (store: Store, extra: { clock?: () => number } = {}) =>
-  new Catalog({ store, weights: new DiskWeightsChecker({ mirror: folderMirror(mirrorRoot) }), ...extra });
+  new Catalog({ store, box, weights: new DiskWeightsChecker({ mirror: folderMirror(mirrorRoot) }), ...extra });
 
 const fileModel = (name: string, extra: Record<string, unknown> = {}) => ({
   name,
@@ -99,7 +104,7 @@ testBothStores("updates merge nested fields, rename, keep external keys and reco
   );
   assert.equal(updated.name, "ext2");
   assert.deepEqual(updated.definition.scaling, { min: 1, max: 4, idle_seconds: 900 });
-  assert.equal(updated.definition.profiles[0]?.api_key, "upstream-secret", "the stored key survives a PATCH that cannot know it");
+  assert.equal(catalog.apiKeyOf(updated.definition.profiles[0]!), "upstream-secret", "the stored key survives a PATCH that cannot know it");
   assert.equal(catalog.resolve("ext"), undefined);
   const log = await readAudit(store.db, { action: "model.", target: "ext2" });
   assert.deepEqual(log[0]?.detail, { renamed_from: "ext", changed: ["profiles", "scaling"] });

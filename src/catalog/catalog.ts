@@ -5,14 +5,18 @@
 // resolving a model name never touches the database. Nothing is stored that cannot run:
 // a new or changed definition passes the schema's bounds, the check of its engine_args
 // (engines/engine-args-check.ts) and the weights check (weights-check.ts) before it is written.
+// External servers' keys are stored sealed and opened only for the upstream calls (sealed-keys.ts).
 import { randomUUID } from "node:crypto";
+import { sql } from "kysely";
 import { ConflictError, NotFoundError } from "../core/errors.ts";
+import type { SecretBox } from "../core/secret-box.ts";
 import { recordAudit as audit } from "../store/audit.ts";
 import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.ts";
 import { assertEngineArgs } from "../engines/engine-args-check.ts";
 import { assertGuardReferences } from "./guard-references.ts";
 import type { KeyGuardReference } from "../policy/key-guards.ts";
-import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition } from "./model-schema.ts";
+import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition, type Profile } from "./model-schema.ts";
+import { apiKeySealedElsewhere, openApiKey, sealApiKeys, sealPlainApiKeys } from "./sealed-keys.ts";
 import type { WeightsChecker } from "./weights-check.ts";
 
 export interface CatalogModel {
@@ -29,6 +33,11 @@ export type CatalogListener = (models: readonly CatalogModel[]) => void;
 
 export interface CatalogOptions {
   store: Store;
+  /**
+   * Seals external servers' keys in the store: the server's box (the data dir's key, or on
+   * PostgreSQL the cluster secret's, which every server sharing the database has).
+   */
+  box: SecretBox;
   /** Refuses a model whose weights cannot run (the server's: DiskWeightsChecker with its mirror). */
   weights: WeightsChecker;
   /** The guards active API keys name (the key service's), so a guard is not removed from under a key. */
@@ -38,6 +47,7 @@ export interface CatalogOptions {
 
 export class Catalog {
   private readonly store: Store;
+  private readonly box: SecretBox;
   private readonly weights: WeightsChecker;
   private readonly keyGuards: () => Promise<readonly KeyGuardReference[]>;
   private readonly clock: () => number;
@@ -49,6 +59,7 @@ export class Catalog {
 
   constructor(options: CatalogOptions) {
     this.store = options.store;
+    this.box = options.box;
     this.weights = options.weights;
     this.keyGuards = options.keyGuards ?? (async () => []);
     this.clock = options.clock ?? Date.now;
@@ -56,15 +67,27 @@ export class Catalog {
 
   /** Reloads the snapshot from the store (after start, and to see other servers' changes). */
   async refresh(): Promise<void> {
-    const rows = await this.store.db.selectFrom("models").selectAll().orderBy("name").execute();
+    const read = () => this.store.db.selectFrom("models").selectAll().orderBy("name").execute();
+    let rows = await read();
+    if (await this.sealPlainKeys(rows)) rows = await read();
     const models: CatalogModel[] = [];
     const unreadable: string[] = [];
     for (const row of rows) {
       // One row this version cannot read (written by a newer llmgw sharing the database, or
       // edited by hand) must not take the whole catalog down: skip it and say so.
       const parsed = modelDefinitionSchema.safeParse(safeJson(row.definition));
-      if (parsed.success) models.push({ ...row, definition: parsed.data });
-      else unreadable.push(`${row.name}: ${parsed.error.issues[0]?.path.join(".") || "definition"} ${parsed.error.issues[0]?.message ?? "is invalid"}`);
+      if (!parsed.success) {
+        unreadable.push(`${row.name}: ${parsed.error.issues[0]?.path.join(".") || "definition"} ${parsed.error.issues[0]?.message ?? "is invalid"}`);
+        continue;
+      }
+      // A plain key written after the sealing above (by an older llmgw beside this one) is
+      // sealed here in memory, so the snapshot never holds one; the next refresh seals the row.
+      models.push({ ...row, definition: sealApiKeys(parsed.data, this.box) });
+      for (const profile of parsed.data.profiles.filter((p) => apiKeySealedElsewhere(p, this.box))) {
+        unreadable.push(
+          `${row.name}: profile '${profile.name}' has an api_key sealed with another secret than this server's (a replaced server.secret, or a cluster secret given later); send the profile again with its api_key ('llmgw ctl model edit ${row.name} --patch' with the profiles), or give this server the secret it was sealed with`,
+        );
+      }
     }
     this.unreadable = unreadable;
     const byName = new Map<string, CatalogModel>();
@@ -84,6 +107,15 @@ export class Catalog {
     return () => this.listeners.delete(listener);
   }
 
+  /**
+   * The key an external profile's requests carry, opened from its sealed form: for the
+   * replica that calls the upstream server only. Null when the profile has none, or when it
+   * was sealed with another secret (unreadableModels says so).
+   */
+  apiKeyOf(profile: Profile): string | null {
+    return openApiKey(profile, this.box);
+  }
+
   list(): readonly CatalogModel[] {
     return this.models;
   }
@@ -99,7 +131,7 @@ export class Catalog {
     return model;
   }
 
-  /** Models stored in the database that this version could not read, with the reason. */
+  /** Models stored in the database that this version could not read (or whose key this server cannot open), with the reason. */
   unreadableModels(): readonly string[] {
     return this.unreadable;
   }
@@ -120,7 +152,8 @@ export class Catalog {
   }
 
   async create(body: unknown, actor: string): Promise<CatalogModel> {
-    const { name, ...definition } = parseNewModel(body);
+    const { name, ...parsed } = parseNewModel(body);
+    const definition = sealApiKeys(parsed, this.box);
     assertEngineArgs(definition.profiles);
     assertGuardReferences([...this.models, { name, definition }], { name, previousNames: [] });
     await this.weights.check({ name, definition });
@@ -140,7 +173,8 @@ export class Catalog {
 
   async update(name: string, patch: unknown, actor: string): Promise<CatalogModel> {
     const current = this.getForChange(name);
-    const { name: newName, definition } = applyModelPatch(current.definition, patch);
+    const { name: newName, definition: patched } = applyModelPatch(current.definition, patch);
+    const definition = sealApiKeys(patched, this.box, current.definition.profiles);
     const finalName = newName ?? current.name;
     // Like the weights below, engine_args are checked when the profiles change: a model
     // stored before this check must still take other changes (scaling.min 0, a description).
@@ -190,6 +224,41 @@ export class Catalog {
       await trx.deleteFrom("models").where("id", "=", current.id).execute();
       await audit(trx, { at: nowIso(this.clock), actor, action: "model.delete", target: current.name, detail: {} });
     }, name);
+  }
+
+  /**
+   * Seals the plain api_keys of rows an older llmgw wrote (or one still running beside this
+   * one on PostgreSQL); true when it changed any. The update names the row's old text, so
+   * servers doing this at once seal each row once. On SQLite the old text is overwritten
+   * with zeros (secure_delete) and the WAL emptied, so it does not stay in free pages.
+   */
+  private async sealPlainKeys(rows: readonly { id: string; name: string; definition: string }[]): Promise<boolean> {
+    const plain = rows.flatMap((row) => {
+      const sealed = sealPlainApiKeys(row.definition, this.box);
+      return sealed === null ? [] : [{ row, sealed }];
+    });
+    if (plain.length === 0) return false;
+    const sqlite = this.store.dialect === "sqlite";
+    const secureDelete = sqlite ? ((await sql<{ secure_delete: number }>`pragma secure_delete`.execute(this.store.db)).rows[0]?.secure_delete ?? 0) : 0;
+    if (sqlite) await sql`pragma secure_delete = on`.execute(this.store.db);
+    try {
+      await this.store.db.transaction().execute(async (trx) => {
+        for (const { row, sealed } of plain) {
+          const result = await trx
+            .updateTable("models")
+            .set({ definition: sealed.json })
+            .where("id", "=", row.id)
+            .where("definition", "=", row.definition)
+            .executeTakeFirst();
+          if (Number(result.numUpdatedRows) === 0) continue;
+          await audit(trx, { at: nowIso(this.clock), actor: "llmgw", action: "model.seal_keys", target: row.name, detail: { profiles: sealed.profiles } });
+        }
+      });
+    } finally {
+      if (sqlite) await sql`pragma secure_delete = ${sql.raw(String(Number(secureDelete)))}`.execute(this.store.db);
+    }
+    if (sqlite) await sql`pragma wal_checkpoint(truncate)`.execute(this.store.db);
+    return true;
   }
 
   /** The keys that name guards, asked only when the model changed is a guard (no query otherwise). */

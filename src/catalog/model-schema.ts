@@ -107,8 +107,10 @@ export const profileSchema = z
     hardware: z.strictObject({ cpu: cpuHardware.optional(), gpu: gpuHardware.optional() }).default({}),
     /** external: base URL of an existing OpenAI-compatible server (up to, not including, /v1). */
     url: z.url({ protocol: /^https?$/, error: "must be an http(s) URL" }).optional(),
-    /** external: the key that server expects. Stored, never returned. */
+    /** external: the key that server expects, as clients send it. Never stored or returned: the catalog seals it (sealed-keys.ts). */
     api_key: z.string().min(1).optional(),
+    /** external: api_key as the database holds it, sealed with the server's secret box; written by the catalog only, never by clients. */
+    api_key_sealed: z.string().min(1).optional(),
     /** external: the model name that server knows this model by (default: the catalog name). */
     upstream_model: z.string().min(1).optional(),
     /** external: requests the gateway sends that server at once (default 64); more wait in the model's queue. */
@@ -128,7 +130,7 @@ export const profileSchema = z
         ctx.addIssue({ code: "custom", path: ["url"], message: "must be a base URL without ?query or #fragment (requests go to URL/v1/...)" });
       }
     }
-    if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined)) {
+    if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined || profile.api_key_sealed !== undefined)) {
       ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });
     }
     if (profile.engine !== "external" && profile.max_inflight !== undefined) {
@@ -371,7 +373,25 @@ export const modelPatchSchema = z.strictObject({
 export type ModelPatch = z.output<typeof modelPatchSchema>;
 
 export function parseNewModel(body: unknown): NewModel {
+  refuseSealedKeys(body);
   return parseWith(newModelSchema, body, "model");
+}
+
+/**
+ * Only the catalog writes api_key_sealed. A client that sends one (copied from a database
+ * dump, say) could not know which key it was sealed with: it sends the key itself.
+ */
+function refuseSealedKeys(body: unknown): void {
+  const profiles = typeof body === "object" && body !== null ? (body as { profiles?: unknown }).profiles : undefined;
+  if (!Array.isArray(profiles)) return;
+  profiles.forEach((profile, index) => {
+    if (typeof profile === "object" && profile !== null && "api_key_sealed" in profile) {
+      throw new BadRequestError(
+        `Invalid model: field 'profiles.${index}.api_key_sealed': is written by llmgw only; send the external server's key as api_key and llmgw seals it.`,
+        { param: `profiles.${index}.api_key_sealed`, code: "invalid_field" },
+      );
+    }
+  });
 }
 
 /**
@@ -381,6 +401,7 @@ export function parseNewModel(body: unknown): NewModel {
  * see stored keys and could not send them back.
  */
 export function applyModelPatch(current: ModelDefinition, patchBody: unknown): { name: string | undefined; definition: ModelDefinition } {
+  refuseSealedKeys(patchBody);
   const patch = parseWith(modelPatchSchema, patchBody, "model change");
   const { name, ...fields } = patch;
   const merged: Record<string, unknown> = { ...current };
@@ -404,18 +425,22 @@ export function applyModelPatch(current: ModelDefinition, patchBody: unknown): {
   return { name, definition };
 }
 
+/** A profile sent without api_key keeps the stored one, sealed as it is (or plain, on a row not yet sealed). */
 function keepStoredApiKey(profile: unknown, stored: Profile[]): unknown {
   if (typeof profile !== "object" || profile === null) return profile;
   const candidate = profile as { name?: unknown; engine?: unknown; api_key?: unknown };
   if (candidate.engine !== "external" || candidate.api_key !== undefined) return profile;
   const previous = stored.find((p) => p.name === candidate.name && p.engine === "external");
+  if (previous?.api_key_sealed !== undefined) return { ...candidate, api_key_sealed: previous.api_key_sealed };
   return previous?.api_key === undefined ? profile : { ...candidate, api_key: previous.api_key };
 }
 
-/** The model as the API shows it: secrets replaced by whether they are set. */
+/** The model as the API shows it: secrets, sealed or not, replaced by whether they are set. */
 export function redactDefinition(definition: ModelDefinition): Record<string, unknown> {
   return {
     ...definition,
-    profiles: definition.profiles.map(({ api_key, ...rest }) => (rest.engine === "external" ? { ...rest, api_key_set: api_key !== undefined } : rest)),
+    profiles: definition.profiles.map(({ api_key, api_key_sealed, ...rest }) =>
+      rest.engine === "external" ? { ...rest, api_key_set: api_key !== undefined || api_key_sealed !== undefined } : rest,
+    ),
   };
 }

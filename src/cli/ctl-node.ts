@@ -1,9 +1,11 @@
 // `llmgw ctl node ...`: the fleet's nodes over the admin API: list (state, last
-// heartbeat, cores, memory and GPUs used/total, replicas), show, drain, undrain, remove,
+// heartbeat, cores, memory and GPUs used/total, replicas), show, update (its address: the
+// only way it changes after the join), drain, undrain, remove,
 // and the join token with the command that joins a new node. `ctl model show` prints a
 // model's health from the fleet (replicas by state and node, parking, placement explanation).
 import type { Command } from "commander";
 import { countOf, formatBytes } from "../core/format.ts";
+import { checkAddress } from "../fleet/node-address.ts";
 import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
 
@@ -103,6 +105,17 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
         ].join("\n"),
       );
     });
+  withExamples(node.command("update <name>"), "llmgw ctl node update gpu-01 --address 10.0.0.8")
+    .description(
+      "Change the node's address (where the gateway reaches its engines). It is fixed at join: an agent that reports another one is refused until this is run",
+    )
+    .requiredOption("--address <host>", "the node's new host name or IP address (no scheme, no port)")
+    .option("--json", "print JSON")
+    .action(async (name: string, options: Options & { address: string }, command: Command) => {
+      const address = checkAddress(options.address, "--address");
+      const n = await connect(command).call<NodeView & { previous_address: string }>("PATCH", `/api/v1/nodes/${encodeURIComponent(name)}`, { address });
+      print(command, n, () => describeAddressUpdate(n));
+    });
   withExamples(node.command("drain <name>"), "llmgw ctl node drain gpu-01")
     .description("Place nothing new on the node and move its replicas elsewhere where there is room (each stops once its replacement is ready)")
     .option("--json", "print JSON")
@@ -136,6 +149,15 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
         () => `${token}\n\nOn the new node:\n  llmgw agent --server ${client.baseUrl} --join-token ${token} --advertise <this node's address>`,
       );
     });
+}
+
+/** What `node update --address` did: the new address, the old one, and what happens to the node's replicas. */
+export function describeAddressUpdate(n: Pick<NodeView, "name" | "address"> & { previous_address: string }): string {
+  if (n.previous_address === n.address) return `Node '${n.name}' already has address ${n.address}; nothing changed.`;
+  return (
+    `Node '${n.name}' now has address ${n.address} (was ${n.previous_address}). Its agent must report that address (--advertise ${n.address}); ` +
+    "its replicas are routed to again once it reports them running there."
+  );
 }
 
 /** What `node drain` did, with the node's replicas counted in words that agree with the count. */

@@ -134,3 +134,28 @@ describe("ctl notify against a server", () => {
     await refused(["events", "--follow", "--kind", "nonsense"], /'nonsense' is not an event kind/);
   });
 });
+
+describe("ctl notify against a server that keeps notifications off private networks", () => {
+  let harness: Harness;
+  before(async () => {
+    harness = await startHarness({ allowPrivateWebhooks: false });
+  });
+  after(async () => {
+    await harness.close();
+  });
+
+  test("add refuses a private or link-local receiver, and one with a password in its URL, saying what to do", async () => {
+    const add = (...args: string[]) =>
+      run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, "notify", "add", ...args], {
+        env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
+      }).then(
+        () => assert.fail(`'notify add ${args.join(" ")}' should fail`),
+        (failure: { code: number; stderr: string }) => failure,
+      );
+    const metadata = await add("ops", "--webhook", "http://169.254.169.254/latest/meta-data");
+    assert.equal(metadata.code, 1);
+    assert.match(metadata.stderr, /169\.254\.169\.254 is in 169\.254\.0\.0\/16, link-local .*--allow-private-webhooks/);
+    assert.match((await add("team", "--slack", "http://localhost:9/services/x")).stderr, /'localhost' resolves to\) is in 127\.0\.0\.0\/8/);
+    assert.match((await add("ops", "--webhook", "https://bob:pw@hooks.example.com/x")).stderr, /user name or password .*signing secret/);
+  });
+});

@@ -26,6 +26,11 @@ const serverOptions = (command: Command) =>
       "--metrics-key <key>",
       "secret that lets scrapers on other machines read GET /metrics (prefer LLMGW_METRICS_KEY: flags show in ps); loopback needs none",
     )
+    .option(
+      "--metrics-host <name>",
+      "a Host name (name or name:port) a scraper on this machine may read GET /metrics by without a key, besides the listen address and --public-url (repeatable or a comma list; or LLMGW_METRICS_HOST)",
+      (value: string, previous: string[] = []) => [...previous, value],
+    )
     .option("--guard-timeout <duration>", "how long a guard model may take on one check, its queue included, before the request gets 503 (default 10s)")
     .option("--registry <url>", "Hugging Face Hub endpoint (or HF_ENDPOINT; default https://huggingface.co); token from HF_TOKEN")
     .option("--log-format <format>", "json, pretty or auto (or LLMGW_LOG_FORMAT; auto: readable lines on a terminal, JSON lines otherwise)")
@@ -43,6 +48,10 @@ const serverOptions = (command: Command) =>
     .option("--server-name <name>", "this server's name among servers sharing one PostgreSQL (or LLMGW_SERVER_NAME; default: the host name)")
     .option("--advertise-url <url>", "where the other servers reach this one (or LLMGW_ADVERTISE_URL; default: the listening address)")
     .option("--mirror-on <name>", "with several servers: mirror fetches run on this server (give every server the same; default: the leader)")
+    .option(
+      "--allow-private-webhooks",
+      "let notification channels send to private, loopback and link-local addresses (or LLMGW_ALLOW_PRIVATE_WEBHOOKS=1); refused by default",
+    )
     .option(
       "--cluster-secret-file <file>",
       "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it",

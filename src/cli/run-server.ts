@@ -13,6 +13,7 @@ import { startServer, type RunningServer, type ServerParts } from "../server/ser
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize } from "../core/byte-size.ts";
+import { parseMetricsHosts } from "../metrics/metrics-hosts.ts";
 import { LIMITS_CLOCK_ENV, limitsClockFromEnv } from "../policy/limits-clock.ts";
 import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
@@ -32,6 +33,7 @@ export interface ServerCommandOptions {
   usageRetention?: string;
   keyGrace?: string;
   metricsKey?: string;
+  metricsHost?: string[];
   publicUrl?: string;
   budgetAlert?: string;
   consoleSession?: string;
@@ -39,6 +41,7 @@ export interface ServerCommandOptions {
   advertiseUrl?: string;
   clusterSecretFile?: string;
   mirrorOn?: string;
+  allowPrivateWebhooks?: boolean;
   demo?: boolean;
 }
 
@@ -70,6 +73,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       nodeTimeoutMs: options.nodeTimeout === undefined ? undefined : parseDuration(options.nodeTimeout, "--node-timeout"),
       heartbeatIntervalMs: options.heartbeatInterval === undefined ? undefined : parseDuration(options.heartbeatInterval, "--heartbeat-interval"),
       ...metricsKeyOption(options.metricsKey ?? process.env.LLMGW_METRICS_KEY),
+      ...metricsHostsOption(options.metricsHost, process.env.LLMGW_METRICS_HOST),
       ...(options.updateCheck === undefined
         ? {}
         : { updateCheckIntervalMs: options.updateCheck === "off" ? 0 : parseDuration(options.updateCheck, "--update-check") }),
@@ -81,6 +85,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
       ...clusterOptions(options),
+      ...allowPrivateWebhooksOption(options.allowPrivateWebhooks, process.env.LLMGW_ALLOW_PRIVATE_WEBHOOKS),
       ...limitsClockFromEnv(process.env),
       logger,
     },
@@ -190,9 +195,29 @@ function parseBudgetAlert(value: string): number {
   return percent / 100;
 }
 
+/** --allow-private-webhooks, or LLMGW_ALLOW_PRIVATE_WEBHOOKS=1 (true, yes, on); empty, 0, false, no or off: refused as by default. */
+function allowPrivateWebhooksOption(flag: boolean | undefined, env: string | undefined): { allowPrivateWebhooks?: boolean } {
+  if (flag === true) return { allowPrivateWebhooks: true };
+  const value = env?.trim().toLowerCase() ?? "";
+  if (["", "0", "false", "no", "off"].includes(value)) return {};
+  if (["1", "true", "yes", "on"].includes(value)) return { allowPrivateWebhooks: true };
+  throw new BadRequestError(
+    `Invalid LLMGW_ALLOW_PRIVATE_WEBHOOKS '${env}': give 1 to let notification channels send to private addresses, or 0 (the default) to refuse them.`,
+    {
+      code: "invalid_allow_private_webhooks",
+    },
+  );
+}
+
 /** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */
 function metricsKeyOption(key: string | undefined): { metricsKey?: string } {
   return key === undefined || key === "" ? {} : { metricsKey: key };
+}
+
+/** --metrics-host (repeatable, or names separated by commas), else LLMGW_METRICS_HOST. */
+function metricsHostsOption(flags: string[] | undefined, env: string | undefined): { metricsHosts?: string[] } {
+  const names = parseMetricsHosts(flags ?? (env === undefined ? [] : [env]));
+  return names.length === 0 ? {} : { metricsHosts: names };
 }
 
 /**

@@ -6,6 +6,7 @@
 // session act as the key that logged in: the audit trail and usage name that key.
 import { createHash, randomBytes } from "node:crypto";
 import { AuthenticationError } from "../core/errors.ts";
+import { ChangeSignal } from "../core/change-signal.ts";
 import { hashKey, type KeyService, type Principal } from "../keys/key-service.ts";
 import type { AuditTrail } from "../store/audit.ts";
 import type { Store } from "../store/store.ts";
@@ -56,6 +57,8 @@ export class ConsoleSessions {
   /** Sessions logged out here lately: a read that began before the logout must not cache them again. */
   private readonly ended = new Map<string, number>();
   private lastPrune = 0;
+  /** Raised when a session ends here (logout) or may have ended on another server: open event streams check theirs at once. */
+  readonly changes = new ChangeSignal();
 
   constructor(private readonly options: ConsoleSessionsOptions) {
     this.ttlMs = options.ttlMs ?? DEFAULT_SESSION_TTL_MS;
@@ -128,6 +131,7 @@ export class ConsoleSessions {
   /** Another server changed sessions (a logout there): each is read again at its next request. */
   forgetCached(): void {
     this.cache.clear();
+    this.changes.notify();
   }
 
   /** Ends a session; an unknown or ended one is simply gone already. */
@@ -145,6 +149,8 @@ export class ConsoleSessions {
     const now = this.clock();
     for (const [endedId, at] of this.ended) if (now - at >= CACHE_TTL_MS) this.ended.delete(endedId);
     this.ended.set(id, now);
+    // Before the row goes: the ended set already refuses the session on this server.
+    this.changes.notify();
     await this.options.store.db.deleteFrom("console_sessions").where("id", "=", id).execute();
     if (principal !== null) await this.options.audit.record({ actor: `admin:${principal.name}`, action: "console.logout", target: principal.name, detail: {} });
   }

@@ -27,6 +27,25 @@ function logOnce(format: LogFormat, isTTY: boolean): string {
   return out.text();
 }
 
+test("every kind of secret llmgw keeps is redacted by its field name, at the top and one level down", () => {
+  const out = capture(false);
+  const logger = createLogger({ format: "json", destination: out.stream, level: "info" });
+  const secrets = {
+    joinToken: "jt-1",
+    join_token: "jt-2",
+    credential: "cred-3",
+    secret: "whsec-4",
+    signing_secret: "whsec-5",
+    cluster_secret: "cs-6",
+    password: "pw-7",
+    cookie: "session-8",
+  };
+  logger.info({ ...secrets, channel: { secret: "whsec-9" }, req: { headers: { "x-api-key": "sk-10", cookie: "session-11" } }, model: "visible-model" }, "x");
+  logger.flush();
+  assert.doesNotMatch(out.text(), /jt-1|jt-2|cred-3|whsec-4|whsec-5|cs-6|pw-7|session-8|whsec-9|sk-10|session-11/);
+  assert.match(out.text(), /visible-model/);
+});
+
 test("on a terminal, a line with time, level, message and fields; secrets redacted", () => {
   // No colours: the capture is no terminal; `pretty` forces the format alone.
   const line = logOnce("pretty", false);

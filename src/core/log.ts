@@ -10,23 +10,39 @@ import { BadRequestError } from "./errors.ts";
 
 export type { Logger };
 
-const REDACTED_FIELDS = [
+/**
+ * Every secret llmgw keeps (issue 25): API keys, external servers' keys, engine keys, the
+ * join token and node credentials, webhook signing secrets, the cluster secret, console
+ * session cookies. Each name at the top level and one level down.
+ */
+const SECRET_FIELDS = [
   "key",
   "apiKey",
   "api_key",
   "engineKey",
   "engine_key",
   "token",
+  "joinToken",
+  "join_token",
+  "credential",
+  "secret",
+  "signingSecret",
+  "signing_secret",
+  "clusterSecret",
+  "cluster_secret",
+  "password",
   "authorization",
-  "*.key",
-  "*.apiKey",
-  "*.api_key",
-  "*.engineKey",
-  "*.engine_key",
-  "*.token",
-  "*.authorization",
+  "cookie",
+];
+
+const REDACTED_FIELDS = [
+  ...SECRET_FIELDS,
+  ...SECRET_FIELDS.map((field) => `*.${field}`),
   "headers.authorization",
   "*.headers.authorization",
+  'headers["x-api-key"]',
+  '*.headers["x-api-key"]',
+  "*.headers.cookie",
 ];
 
 /** auto: pretty on a terminal, JSON otherwise. */

@@ -4,11 +4,14 @@
 // ?after=N) replays what it missed, at most the last REPLAY_LIMIT events; a comment every
 // 15 s keeps proxies from closing it. A reader that falls MAX_QUEUED events behind is
 // disconnected (it reconnects with Last-Event-ID and reads on from the table) rather than
-// buffered in the server's memory.
+// buffered in the server's memory. A stream outlives neither its caller's console session
+// nor its key: a logout or a revocation (here, or on another server through the change
+// feed) raises `accessChanges`, and every open stream checks its caller again at once.
 import type { Context, Env, Hono } from "hono";
 import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { BadRequestError, parseWith } from "../core/errors.ts";
+import type { ChangeSignal } from "../core/change-signal.ts";
 import { parseEventKinds } from "./event-kinds.ts";
 import type { EventFollower } from "./event-follower.ts";
 import type { EventLog, StoredEvent } from "./event-log.ts";
@@ -19,6 +22,8 @@ export interface EventsRoutesOptions {
   /** Streams end when this aborts (the server is closing). */
   closing: AbortSignal;
   keepAliveMs?: number;
+  /** Raised when a key is revoked or a console session ends: open streams check their caller again. */
+  accessChanges?: readonly ChangeSignal[];
 }
 
 const REPLAY_LIMIT = 1000;
@@ -29,8 +34,9 @@ const RECHECK_MS = 5000;
 /**
  * The context variable the admin API's auth step sets: checks again that the caller may
  * still read (its key not revoked, its console session not ended); throws when not. A
- * stream runs it before an event once its last check is RECHECK_MS old, and at each
- * keep-alive, so a logout or a revocation closes it within seconds.
+ * stream runs it at once when `accessChanges` says a key or session changed, before an
+ * event once its last check is RECHECK_MS old (an expiry raises no signal), and at each
+ * keep-alive.
  */
 export const STILL_AUTHORIZED = "stillAuthorized";
 
@@ -113,7 +119,20 @@ export function mountEventsRoutes<E extends Env>(app: Hono<E>, options: EventsRo
       stream.onAbort(nudge);
       c.req.raw.signal.addEventListener("abort", nudge, { once: true });
       options.closing.addEventListener("abort", nudge, { once: true });
-      const keepAlive = setInterval(nudge, options.keepAliveMs ?? 15_000);
+      // Flags, not only wake-ups: a change or a keep-alive that comes while an event is being
+      // written is seen when the loop comes round.
+      let accessChanged = false;
+      let keepAliveDue = false;
+      const unsubscribeAccess = (options.accessChanges ?? []).map((signal) =>
+        signal.subscribe(() => {
+          accessChanged = true;
+          nudge();
+        }),
+      );
+      const keepAlive = setInterval(() => {
+        keepAliveDue = true;
+        nudge();
+      }, options.keepAliveMs ?? 15_000);
       keepAlive.unref();
       const stillAuthorized: (() => Promise<unknown>) | undefined = c.get(STILL_AUTHORIZED);
       let checkedAt = Date.now();
@@ -131,12 +150,20 @@ export function mountEventsRoutes<E extends Env>(app: Hono<E>, options: EventsRo
         // The first line tells the client the stream is open (and how soon to reconnect).
         await stream.write(`retry: 2000\n: llmgw events from id ${start}\n\n`);
         while (!closed()) {
+          if (accessChanged) {
+            accessChanged = false;
+            // Ending the stream is the answer: the client reconnects and is asked for its key or session again.
+            if (!(await authorized(true))) break;
+            continue;
+          }
           if (queue.length === 0) {
-            await new Promise<void>((resolve) => {
-              wake = resolve;
-            });
-            if (queue.length === 0 && !closed()) {
-              // The client reconnects and is asked for its key or session again.
+            if (!keepAliveDue) {
+              await new Promise<void>((resolve) => {
+                wake = resolve;
+              });
+            }
+            if (keepAliveDue && queue.length === 0 && !closed()) {
+              keepAliveDue = false;
               if (!(await authorized(true))) break;
               await stream.write(": keep-alive\n\n");
             }
@@ -148,6 +175,7 @@ export function mountEventsRoutes<E extends Env>(app: Hono<E>, options: EventsRo
         }
       } finally {
         clearInterval(keepAlive);
+        for (const stop of unsubscribeAccess) stop();
         unsubscribe();
         options.closing.removeEventListener("abort", nudge);
       }

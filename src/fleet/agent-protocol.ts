@@ -6,10 +6,12 @@
 //
 //   join        join token + who the node is      → node id + node credential (kept on the node)
 //   heartbeat   credential + inventory + replicas   → node state, assignment version
+//               (refused whole, 409 node_address_mismatch, when it names another address than the node's)
 //   assignments credential + the version it has     → the replicas this node must run (long poll)
 import { z } from "zod";
 import type { ModelDefinition, Profile } from "../catalog/model-schema.ts";
 import type { NodeInventory, NodeLabels, NodeState } from "./fleet-types.ts";
+import { addressProblem } from "./node-address.ts";
 
 export interface JoinRequest {
   joinToken: string;
@@ -50,6 +52,7 @@ export interface ReplicaReport {
 
 export interface HeartbeatReport {
   name: string;
+  /** The address the node joined with (or an admin set): a report with another one is refused whole (node-address.ts). */
   address: string;
   inventory: NodeInventory;
   labels: NodeLabels;
@@ -129,11 +132,14 @@ export const nodeNameSchema = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit");
 
+/** A node's address: a host name or an IP, without scheme, port or path (node-address.ts says why one is not). */
 export const addressSchema = z
   .string()
-  .min(1)
   .max(255)
-  .regex(/^[A-Za-z0-9.:_-]+$/, "must be a host name or IP address without a port or scheme");
+  .superRefine((value, ctx) => {
+    const problem = addressProblem(value);
+    if (problem !== null) ctx.addIssue({ code: "custom", message: problem });
+  });
 
 export const joinBodySchema = z.strictObject({
   join_token: z.string().min(1, "is required: the server's join token ('llmgw ctl node join-token')"),

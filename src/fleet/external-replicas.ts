@@ -2,7 +2,7 @@
 // runs. Nothing is started for them: each external profile becomes one replica that is
 // always `ready`, kept in step with the catalog by this sync.
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
-import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
+import { DEFAULT_EXTERNAL_MAX_INFLIGHT, type Profile } from "../catalog/model-schema.ts";
 import { endpointFromUrl, type Replica, type ReplicaTable } from "./replica-table.ts";
 
 export function externalReplicaId(modelId: string, profile: string): string {
@@ -14,7 +14,8 @@ export function isExternalReplicaId(id: string): boolean {
   return id.startsWith("ext-");
 }
 
-export function externalReplicasOf(model: CatalogModel): Replica[] {
+/** `apiKeyOf` opens a profile's sealed key (Catalog.apiKeyOf): the replica holds it in memory only. */
+export function externalReplicasOf(model: CatalogModel, apiKeyOf: (profile: Profile) => string | null): Replica[] {
   return model.definition.profiles
     .filter((profile) => profile.engine === "external" && profile.url !== undefined)
     .map((profile) => ({
@@ -26,7 +27,7 @@ export function externalReplicasOf(model: CatalogModel): Replica[] {
       nodeIds: [],
       state: "ready" as const,
       endpoint: endpointFromUrl(profile.url!),
-      engineKey: profile.api_key ?? null,
+      engineKey: apiKeyOf(profile),
       upstreamModel: profile.upstream_model ?? model.name,
       weight: profile.weight,
       priority: profile.priority,
@@ -42,7 +43,9 @@ export function externalReplicasOf(model: CatalogModel): Replica[] {
 /** Mirrors the catalog's external profiles into the replica table now and after each change. */
 export function syncExternalReplicas(catalog: Catalog, table: ReplicaTable): () => void {
   const apply = (models: readonly CatalogModel[]) => {
-    const wanted = new Map(models.flatMap(externalReplicasOf).map((replica) => [replica.id, replica]));
+    const wanted = new Map(
+      models.flatMap((model) => externalReplicasOf(model, (profile) => catalog.apiKeyOf(profile))).map((replica) => [replica.id, replica]),
+    );
     for (const replica of table.all()) {
       if (replica.engine === "external" && !wanted.has(replica.id)) table.remove(replica.id);
     }

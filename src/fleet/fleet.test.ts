@@ -80,11 +80,13 @@ describe("fleet protocol", () => {
     assert.equal(table(assignment!.replicaId)?.state, "ready");
     assert.equal(table(assignment!.replicaId)?.endpoint?.origin, "http://127.0.0.1:9");
 
-    // An endpoint on another address than the node's: the engine key is not sent there.
-    await beat([report(assignment!, { state: "ready", endpoint: { host: "10.9.9.9", port: 9 } })]);
-    assert.equal(table(assignment!.replicaId)?.endpoint, null);
-    assert.notEqual(table(assignment!.replicaId)?.state, "ready");
-    await beat([report(assignment!, { state: "ready" })]);
+    // An endpoint on another address than the node's: the heartbeat is refused whole, and
+    // the engine key is not sent there (routes stay on the endpoint the node reported before).
+    await assert.rejects(beat([report(assignment!, { state: "ready", endpoint: { host: "10.9.9.9", port: 9 } })]), {
+      code: "node_address_mismatch",
+      status: 409,
+    });
+    assert.equal(table(assignment!.replicaId)?.endpoint?.origin, "http://127.0.0.1:9");
 
     // The agent starts again (kill -9 and back before the node timeout): its first
     // heartbeat carries none of the old engines, which are not routed to any more.

@@ -11,6 +11,7 @@
 // here: each model's weights (weights-knowledge.ts), on-demand demand (demand.ts), drains
 // before a stop (drain.ts, kept with the records), and an update's hold on a model's old
 // replicas (outdated-holds.ts) with its replicas split by definition (model-replicas.ts).
+// A node's address is its join's until an admin changes it (node-address.ts).
 import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { BadRequestError, describeError } from "../core/errors.ts";
@@ -29,6 +30,7 @@ import { ParkedModels } from "./parked-models.ts";
 import { assignmentOf } from "./record-projections.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
+import { NodeAddresses } from "./node-address.ts";
 import { placeReplicas } from "./placement.ts";
 import { reconcile, type ReconcileDecision } from "./reconciler.ts";
 import { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
@@ -70,6 +72,7 @@ export class Fleet implements Assignments {
   private unsubscribeCatalog: (() => void) | undefined;
   private stopped = false;
   private readonly events: EventLog;
+  private readonly addresses: NodeAddresses;
 
   constructor(private readonly options: FleetOptions) {
     this.clock = options.clock ?? Date.now;
@@ -88,6 +91,7 @@ export class Fleet implements Assignments {
       );
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock, monotonic: this.monotonic });
+    this.addresses = new NodeAddresses({ nodes: this.nodes, events: this.events, logger: options.logger });
     this.demand = new Demand(this.clock);
     this.moveCooldowns = new MoveCooldowns(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
@@ -112,6 +116,7 @@ export class Fleet implements Assignments {
       holds: this.holds,
       logger: options.logger,
       modelById: (modelId) => this.modelById(modelId),
+      nodeAddress: (nodeId) => this.nodes.get(nodeId)?.address,
       reconcile: () => this.schedule(),
       onParked: (record, node) => void this.park(record, node),
     });
@@ -172,6 +177,8 @@ export class Fleet implements Assignments {
 
   async heartbeat(credential: string, report: HeartbeatReport): Promise<HeartbeatReply> {
     const node = this.nodes.authenticate(credential, report.name);
+    // First: a report on another address than the node's is refused before anything of it is used.
+    this.addresses.checkReport(node, report);
     const inventory = checkInventory(report.inventory, "inventory");
     if (this.nodes.heartbeat(node, { address: report.address, inventory, labels: checkLabels(report.labels, "labels") })) {
       this.options.logger.info({ node: node.name }, "node is back");
@@ -333,6 +340,13 @@ export class Fleet implements Assignments {
     await this.nodes.flush();
     this.schedule();
     return node;
+  }
+
+  /** An admin moves the node (`ctl node update --address`): its replicas' endpoints on the old address leave routing until reported on the new one. */
+  async updateAddress(name: string, address: string): Promise<{ node: FleetNode; previous: string }> {
+    const changed = await this.addresses.change(name, address);
+    for (const record of this.recordsOn(changed.node.id)) this.records.leaveOldAddress(record, changed.node);
+    return changed;
   }
 
   async remove(name: string): Promise<FleetNode> {

@@ -5,7 +5,9 @@
 // removals are written at once, heartbeat times in batches (`flush`), since a few hundred
 // nodes beating every 5 s would otherwise be a write per node per beat. Heartbeat ages are
 // measured on a monotonic clock: a wall clock that jumps forward on this server must not
-// make every node lost at once (the wall clock is only what is shown and stored).
+// make every node lost at once (the wall clock is only what is shown and stored). A node's
+// address is set at join and changed only by an admin (node-address.ts): a heartbeat on
+// another address is refused, never taken as the node's new one.
 import { performance } from "node:perf_hooks";
 import { AuthenticationError, ConflictError, NotFoundError, PermissionDeniedError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
@@ -13,10 +15,12 @@ import { isUniqueViolation, nowIso, type Store } from "../store/store.ts";
 import type { JoinReply, JoinRequest } from "./agent-protocol.ts";
 import type { NodeInventory, NodeLabels, NodeState } from "./fleet-types.ts";
 import { credentialNodeId, hashSecret, mintNodeCredential, newNodeId, sameHash } from "./node-credentials.ts";
+import { addressMismatch, checkAddress, sameAddress } from "./node-address.ts";
 
 export interface FleetNode {
   id: string;
   name: string;
+  /** Where the gateway reaches its engines: as it joined, or as an admin last set it. */
   address: string;
   labels: NodeLabels;
   inventory: NodeInventory;
@@ -103,6 +107,9 @@ export class NodeRegistry {
         { code: "invalid_join_token" },
       );
     }
+    checkAddress(request.address, "address");
+    // A joined node keeps its name, credential and address: joining again under its name
+    // (with the join token, from this machine or any other) is refused, not a way to move it.
     const taken = [...this.nodes.values()].find((node) => node.name === request.name);
     if (taken !== undefined) throw nameTaken(request.name, `${taken.state}, last heartbeat ${new Date(taken.lastHeartbeat).toISOString()}`);
     const id = newNodeId();
@@ -189,11 +196,14 @@ export class NodeRegistry {
     return node;
   }
 
-  /** Records a heartbeat; returns true when the node was lost and is back. */
+  /**
+   * Records a heartbeat; returns true when the node was lost and is back. One that gives
+   * another address than the node's is refused (node-address.ts), and nothing of it is kept.
+   */
   heartbeat(node: FleetNode, report: { address: string; inventory: NodeInventory; labels: NodeLabels }): boolean {
+    if (!sameAddress(report.address, node.address)) throw addressMismatch(node, { where: "the heartbeat's address", address: report.address });
     node.lastHeartbeat = this.clock();
     this.beatAt.set(node.id, this.monotonic());
-    node.address = report.address;
     node.inventory = report.inventory;
     node.labels = report.labels;
     this.heartbeatDirty.add(node.id);
@@ -237,6 +247,14 @@ export class NodeRegistry {
     this.heartbeatDirty.add(node.id);
   }
 
+  /** An admin's change of the node's address (`ctl node update --address`), written at once. */
+  async setAddress(node: FleetNode, address: string): Promise<void> {
+    checkAddress(address, "address");
+    if (address === node.address) return;
+    await this.options.store.db.updateTable("nodes").set({ address }).where("id", "=", node.id).execute();
+    node.address = address;
+  }
+
   async remove(node: FleetNode): Promise<void> {
     const removedAt = nowIso(this.clock);
     await this.options.store.db.updateTable("nodes").set({ state: "removed", removed_at: removedAt }).where("id", "=", node.id).execute();
@@ -246,7 +264,7 @@ export class NodeRegistry {
     this.removed.set(node.id, { name: node.name, removedAt });
   }
 
-  /** Writes the heartbeat times, states and inventories changed since the last flush. */
+  /** Writes the heartbeat times, states and inventories changed since the last flush (not the address: join and setAddress write it). */
   async flush(): Promise<void> {
     if (this.heartbeatDirty.size === 0) return;
     const ids = [...this.heartbeatDirty];
@@ -259,7 +277,6 @@ export class NodeRegistry {
         await trx
           .updateTable("nodes")
           .set({
-            address: node.address,
             labels: JSON.stringify(node.labels),
             inventory: JSON.stringify(node.inventory),
             state: node.state,

@@ -4,6 +4,8 @@
 // assignment versions are bumped when what they must run changes, so their agents' long
 // polls answer (assignment-versions.ts). Also here: what a node's report of a replica
 // changes, and the drain (drain.ts) a replica with requests in flight gets before its stop.
+// A record's endpoint is only ever on its head node's approved address (node-address.ts):
+// the gateway sends prompts and the engine key there, so one elsewhere is never kept.
 // The fleet decides when; this module keeps the record, its row and its routing in step.
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { formatHost } from "../core/format.ts";
@@ -12,6 +14,7 @@ import type { ReplicaReport } from "./agent-protocol.ts";
 import type { AssignmentVersions } from "./assignment-versions.ts";
 import type { Drains } from "./drain.ts";
 import { fingerprintOf } from "./model-replicas.ts";
+import { originHost, sameAddress } from "./node-address.ts";
 import type { FleetNode } from "./node-registry.ts";
 import type { OutdatedHolds } from "./outdated-holds.ts";
 import { tableEntryOf, workersReady } from "./record-projections.ts";
@@ -27,6 +30,8 @@ export interface ReplicaRecordsOptions {
   holds: OutdatedHolds;
   logger: Logger;
   modelById: (modelId: string) => CatalogModel | undefined;
+  /** A node's approved address (undefined for a node no longer known). */
+  nodeAddress: (nodeId: string) => string | undefined;
   /** A report moved a replica to a state the reconciler acts on (ready, parked, failed). */
   reconcile: () => void;
   /** A node reported a wanted replica parked (its supervisor gave up): the fleet parks its model. */
@@ -46,9 +51,30 @@ export class ReplicaRecords {
     return this.records.values();
   }
 
-  /** A record read back from its row at start: kept and published, not saved again. */
+  /**
+   * A record read back from its row at start: kept and published, not saved again. An
+   * endpoint that is not on its node's address now (a row from before an admin's change)
+   * is dropped until the node reports the replica again.
+   */
   restore(record: ReplicaRecord): void {
+    const address = this.options.nodeAddress(record.nodeIds[0] ?? "");
+    if (record.endpoint !== null && (address === undefined || !sameAddress(originHost(record.endpoint.origin), address))) dropEndpoint(record);
     this.records.set(record.id, record);
+    this.publish(record);
+  }
+
+  /**
+   * An admin changed the node's address: an endpoint of its replicas on the old one leaves
+   * routing at once, until the node reports the replica on the new address.
+   */
+  leaveOldAddress(record: ReplicaRecord, node: FleetNode): void {
+    if (record.nodeIds[0] !== node.id || record.endpoint === null || sameAddress(originHost(record.endpoint.origin), node.address)) return;
+    this.options.logger.warn(
+      { node: node.name, replica: record.id, endpoint: record.endpoint.origin, address: node.address },
+      "a replica's endpoint is off its node's new address; not routed to until reported there",
+    );
+    dropEndpoint(record);
+    this.options.rows.save(record);
     this.publish(record);
   }
 
@@ -73,8 +99,9 @@ export class ReplicaRecords {
 
   /** What the replica's head node reported of it in a heartbeat. */
   applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
-    if (report.endpoint !== null && report.endpoint.host !== node.address) {
-      // The gateway sends the engine key there: only to the address the node joined with.
+    if (report.endpoint !== null && !sameAddress(report.endpoint.host, node.address)) {
+      // The gateway sends the engine key there: only to the node's approved address. (The
+      // fleet refuses such a heartbeat before it gets here; this keeps the rule where endpoints are made.)
       this.options.logger.warn(
         { node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address },
         "a replica's endpoint is not on its node's address; ignored",
@@ -169,4 +196,10 @@ export class ReplicaRecords {
     }
     this.options.replicas.upsert(tableEntryOf(record, model, this.options.replicas.get(record.id), leaving, unproven));
   }
+}
+
+/** Out of routing: no endpoint, and a ready replica counts as starting until its node reports it again. */
+function dropEndpoint(record: ReplicaRecord): void {
+  record.endpoint = null;
+  if (record.state === "ready") record.state = "starting";
 }

@@ -300,9 +300,10 @@ describe("gateway", () => {
       return true;
     });
     const limited = new OpenAI({ apiKey: await harness.clientKey({ allowed_models: ["slow"] }), baseURL: `${harness.url}/v1`, maxRetries: 0 });
+    // A model the key may not use looks like one that does not exist: it cannot enumerate the catalog.
     await assert.rejects(limited.chat.completions.create({ model: "ext", messages: [{ role: "user", content: "x" }] }), (error: unknown) => {
-      assert.ok(error instanceof OpenAI.PermissionDeniedError);
-      assert.equal(error.code, "model_not_allowed");
+      assert.ok(error instanceof OpenAI.NotFoundError);
+      assert.equal(error.code, "model_not_found");
       return true;
     });
   });
@@ -318,6 +319,25 @@ describe("gateway", () => {
     assert.match(((await huge.json()) as RenderedError["body"]).error.message, /larger than 64 KiB/);
     const unknown = await fetch(`${harness.url}/v1/images/generations`, { method: "POST", headers: { authorization: `Bearer ${key}` }, body: "{}" });
     assert.equal(unknown.status, 404);
+  });
+
+  test("a body that gives a top-level key twice is refused in OpenAI's error shape, and nothing reaches the upstream", async () => {
+    const before = upstream.requests.length;
+    const response = await fetch(`${harness.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      // The gateway would check "slow"; an engine's parser that keeps the first key would run "ext".
+      body: '{"model":"ext","messages":[{"role":"user","content":"hi"}],"model":"slow"}',
+    });
+    assert.equal(response.status, 400);
+    const body = (await response.json()) as RenderedError["body"];
+    assert.deepEqual(body.error, {
+      message: "The request body has the key 'model' twice; send each key once.",
+      type: "invalid_request_error",
+      param: "model",
+      code: "duplicate_key",
+    });
+    assert.equal(upstream.requests.length, before);
   });
 
   test("revocation applies to the next request", async () => {

@@ -15,16 +15,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import type { z } from "zod";
 import type { Dispatcher } from "undici";
-import {
-  ClientClosedError,
-  LlmgwError,
-  NotFoundError,
-  PermissionDeniedError,
-  UnavailableError,
-  UpstreamError,
-  describeError,
-  parseWith,
-} from "../core/errors.ts";
+import { ClientClosedError, LlmgwError, NotFoundError, UnavailableError, UpstreamError, describeError, parseWith } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
 import { DEFAULT_BODY_TIMEOUT_MS, methodNotAllowed, readLimitedBody, sendError, sendJson } from "../core/http.ts";
 import { parseJsonBody } from "../core/json-body.ts";
@@ -42,7 +33,9 @@ import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRe
 import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
-import { NO_ATTEMPT, settlementOf, type AttemptOutcome } from "./request-outcome.ts";
+import { NO_ATTEMPT, settlementOf, type AttemptOutcome, type Settlement } from "./request-outcome.ts";
+import { OutputMeter } from "./output-meter.ts";
+import { tokenBound } from "../policy/token-bound.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
 import type { UpstreamPools } from "./upstream.ts";
@@ -119,6 +112,8 @@ interface Call {
   permit: LimitsPermit | null;
   /** Milliseconds the guard models took on this request, when any applied. */
   guardMs: number | null;
+  /** The usage to record when the replica whose answer counts reported none (output-meter.ts); null: none to give. */
+  estimate: (() => TokenUsage) | null;
 }
 
 /** A /v1 request ready for a replica: its key, body and model known, its policy passed. */
@@ -227,6 +222,7 @@ export class Gateway {
       catalogModel: null,
       permit: null,
       guardMs: null,
+      estimate: null,
     };
     this.serve(req, res, call, principal).catch((error: unknown) => this.fail(req, res, error, call));
   }
@@ -397,6 +393,9 @@ export class Gateway {
     const { request, upstream, lease } = attempt;
     const { call, model } = request;
     const replica = lease.replica;
+    const maxOutputTokens = call.permit?.maxOutputTokens ?? null;
+    // The meter of this answer, once the relay knows its kind (an event stream or JSON).
+    const metered: { meter: OutputMeter | null } = { meter: null };
     const result = await relay({
       res: request.res,
       upstream,
@@ -407,6 +406,9 @@ export class Gateway {
       // The replica's slot is free once its body ended, while an output guard still reads the answer.
       onUpstreamEnd: () => lease.release(),
       headers: call.permit?.headers,
+      // Embeddings generate no text: their estimate is the prompt's alone.
+      meter: request.route.path === "/v1/embeddings" ? null : (head) => (metered.meter = new OutputMeter({ stream: head.eventStream, bound: maxOutputTokens })),
+      cutMessage: `The replica serving model '${model.name}' went past the ${maxOutputTokens} output tokens this request reserved (its max_tokens under the key's limits), so llmgw cut the answer here.`,
     });
     const { outcome } = result;
     call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
@@ -414,6 +416,7 @@ export class Gateway {
     if (outcome.kind !== "failed-before-first-byte") {
       call.usage = result.usage;
       call.firstByteAt = result.firstByteAt;
+      call.estimate = () => estimatedUsage(request, metered.meter, outcome.kind === "cut" ? maxOutputTokens : null);
     }
     switch (outcome.kind) {
       case "answered":
@@ -424,6 +427,13 @@ export class Gateway {
         throw outcome.error;
       case "broken":
         this.options.logger.warn({ model: model.name, replica: replica.id, err: describeError(outcome.error) }, "upstream failed mid-answer");
+        return STATUS_UPSTREAM_BROKE;
+      case "cut":
+        // An upstream that ignores max_tokens is a bad gateway's upstream: 502 in the usage row.
+        this.options.logger.warn(
+          { model: model.name, replica: replica.id, reserved_output: maxOutputTokens, counted_output: metered.meter?.countedOutput() },
+          "the upstream went past the reserved output; the stream was cut",
+        );
         return STATUS_UPSTREAM_BROKE;
       case "failed-before-first-byte":
         // Failed after its headers but before any byte: as good as a refused connection.
@@ -450,11 +460,13 @@ export class Gateway {
    * count it, and a request whose key is known leaves one usage row, whatever its outcome.
    */
   private record(call: Call, status: number): void {
+    const settlement: Settlement = settlementOf(call.outcome, call.usage, call.estimate);
     if (call.permit !== null) {
       const permit = call.permit;
       call.permit = null;
-      permit.settle(settlementOf(call.outcome, call.usage));
+      permit.settle(settlement);
     }
+    const usage = settlement.usage;
     this.options.metrics?.requestEnded({
       // Never call.model: before resolution it is whatever the client sent, an unbounded label.
       model: call.catalogModel?.name ?? null,
@@ -462,7 +474,7 @@ export class Gateway {
       stream: call.stream,
       seconds: (performance.now() - call.started) / 1000,
       ttftSeconds: call.firstByteAt === null ? null : (call.firstByteAt - call.started) / 1000,
-      usage: call.usage,
+      usage,
     });
     if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
     this.options.usage.record({
@@ -472,14 +484,15 @@ export class Gateway {
       model: call.model ?? "-",
       replica_id: call.replicaId,
       endpoint: call.endpoint,
-      prompt_tokens: call.usage?.prompt_tokens ?? null,
-      completion_tokens: call.usage?.completion_tokens ?? null,
+      prompt_tokens: usage?.prompt_tokens ?? null,
+      completion_tokens: usage?.completion_tokens ?? null,
       ttft_ms: call.firstByteAt === null ? null : Math.round(call.firstByteAt - call.started),
       duration_ms: Math.round(performance.now() - call.started),
       status,
       stream: call.stream ? 1 : 0,
-      cost_usd: call.usage === null || call.catalogModel === null ? null : costUsd(call.catalogModel.definition.prices, call.usage),
+      cost_usd: usage === null || call.catalogModel === null ? null : costUsd(call.catalogModel.definition.prices, usage),
       guard_ms: call.guardMs,
+      estimated: settlement.estimated ? 1 : 0,
     });
   }
 }
@@ -501,6 +514,19 @@ function withoutServerDetails(error: unknown): unknown {
 }
 
 /**
+ * The usage of an answer whose replica reported none: the prompt at its bound (the bytes of
+ * the request, token-bound.ts) and the output at the bytes of its text (output-meter.ts),
+ * both upper bounds. A stream cut at its output bound is not charged past the bound: no
+ * more of it reached the client.
+ */
+function estimatedUsage(request: ProxyRequest, meter: OutputMeter | null, cutAt: number | null): TokenUsage {
+  const { route, body, model, raw } = request;
+  const prompt = tokenBound(route.path, body, model, route.wire === undefined ? raw.length : undefined).prompt;
+  const estimate = meter === null ? { prompt_tokens: prompt, completion_tokens: 0 } : meter.estimatedUsage(prompt);
+  return cutAt === null ? estimate : { ...estimate, completion_tokens: Math.min(estimate.completion_tokens, cutAt) };
+}
+
+/**
  * How an answer is read and changed on its way: OpenAI's routes pass it as it is (less
  * the usage the gateway asked for on the client's behalf, stream-usage.ts); another wire
  * format's rewriter translates it. The relay reads the usage of JSON answers itself; a
@@ -512,16 +538,13 @@ function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage
   return { tapEventStream: !injectUsage, rewrite: injectUsage ? () => new StreamUsageFilter() : null };
 }
 
+/**
+ * A key restricted to some models gets the same 404 for a model it may not use as for one
+ * that does not exist: a 403 would tell it which names exist (it could enumerate the
+ * catalog). An administrator reads the key's allowed models with 'llmgw ctl key show'.
+ */
 function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {
-  if (!isAllowed(principal, model, requested)) {
-    throw new PermissionDeniedError(
-      `The key '${principal.name}' may not use model '${requested}'. Ask an administrator to add it to the key's allowed models.`,
-      {
-        code: "model_not_allowed",
-        param: "model",
-      },
-    );
-  }
+  if (!isAllowed(principal, model, requested)) throw modelNotFound(requested);
 }
 
 function isAllowed(principal: Principal, model: CatalogModel, requested: string): boolean {

@@ -18,6 +18,9 @@
 // - The usage of every JSON answer is read as it passes (a UsageTap), whatever rewrites
 //   it: an answer the output check refused, or one a rewriter never finished, still says
 //   what its generation cost.
+// - With an output meter (output-meter.ts), the answer passes through it first: a stream
+//   whose upstream goes past the reserved output is cut there, with the failure event
+//   `output_limit_exceeded` (outcome `cut`), and the upstream request is closed so it stops.
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import { UnavailableError } from "../core/errors.ts";
@@ -25,6 +28,7 @@ import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/
 import type { OutputCheck } from "../policy/request-policy.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import { UsageTap } from "./usage-tap.ts";
+import type { OutputMeter } from "./output-meter.ts";
 
 export interface UpstreamAnswer {
   statusCode: number;
@@ -42,7 +46,9 @@ export type RelayOutcome =
   /** The client left first. */
   | { kind: "client-gone" }
   /** The output check refused the whole answer; nothing of it reached the client. */
-  | { kind: "refused"; error: Error };
+  | { kind: "refused"; error: Error }
+  /** The upstream went past the output the request reserved: the stream was cut there (output_limit_exceeded). */
+  | { kind: "cut"; error: Error };
 
 export interface RelayResult {
   outcome: RelayOutcome;
@@ -96,6 +102,10 @@ export interface RelayOptions {
   maxHeldBytes?: number;
   /** The upstream body has ended (or was given up): its replica has no more work for it. */
   onUpstreamEnd?: () => void;
+  /** Makes the meter that counts the output as it passes, and cuts a stream that goes past its bound (output-meter.ts); asked for successful answers only. */
+  meter?: ((answer: AnswerHead) => OutputMeter | null) | null;
+  /** What the failure event says when the meter cuts a stream. */
+  cutMessage?: string;
 }
 
 /** A held answer larger than this is refused rather than buffered: a guard reads far less, and memory is per request. */
@@ -145,6 +155,8 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   const eventStream = isEventStream(upstream.headers);
   const tap = !eventStream ? new UsageTap(false) : options.tapEventStream ? new UsageTap(true) : null;
   const rewriter = options.rewrite?.({ status: upstream.statusCode, eventStream }) ?? null;
+  // Only a successful answer is metered: an error answer generated nothing.
+  const meter = upstream.statusCode >= 200 && upstream.statusCode < 300 ? (options.meter?.({ status: upstream.statusCode, eventStream }) ?? null) : null;
   const sendHeaders = () => {
     if (headersOut) return;
     headersOut = true;
@@ -189,12 +201,13 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       // Late errors of a body we stopped caring about must not become unhandled.
       body.removeListener("error", onError);
       body.on("error", () => undefined);
-      resolve({ outcome, usage: rewriter?.usage() ?? tap?.usage() ?? null, firstByteAt });
+      resolve({ outcome, usage: rewriter?.usage() ?? tap?.usage() ?? meter?.reportedUsage() ?? null, firstByteAt });
     };
     const onData = (chunk: Buffer) => {
       if (firstByteAt === null) firstByteAt = performance.now();
       tap?.push(chunk);
       if (holding) {
+        meter?.push(chunk);
         heldBytes += chunk.length;
         if (heldBytes > maxHeldBytes) {
           const mib = Math.round((maxHeldBytes / (1024 * 1024)) * 10) / 10;
@@ -215,7 +228,21 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
         return;
       }
       if (eventStream) lastChunks = [lastChunks[1], chunk];
-      write(rewriter === null ? chunk : rewriter.push(chunk));
+      const passing = meter === null ? chunk : meter.push(chunk);
+      write(rewriter === null ? passing : rewriter.push(passing));
+      if (meter?.exceeded === true) cut(false);
+    };
+    // The upstream went past the reserved output: what passed stays, the failure event ends
+    // the stream, and the upstream request is closed so it stops generating.
+    const cut = (upstreamEnded: boolean) => {
+      sendHeaders();
+      const message = options.cutMessage ?? "The upstream went past the output this request reserved, so llmgw cut the answer here.";
+      endBrokenResponse(res, { message, code: "output_limit_exceeded" }, options.errors);
+      if (!upstreamEnded) {
+        body.destroy();
+        options.onUpstreamEnd?.();
+      }
+      finish({ kind: "cut", error: new Error(message) });
     };
     const onEnd = () => {
       options.onUpstreamEnd?.();
@@ -233,6 +260,14 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
           (error: unknown) => finish({ kind: "refused", error: error instanceof Error ? error : new Error(String(error)) }),
         );
         return;
+      }
+      if (meter !== null) {
+        const rest = meter.end();
+        write(rewriter === null ? rest : rewriter.push(rest));
+        if (meter.exceeded) {
+          cut(true);
+          return;
+        }
       }
       if (rewriter !== null) write(rewriter.end());
       sendHeaders();

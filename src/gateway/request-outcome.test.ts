@@ -21,14 +21,24 @@ interface AnthropicErrorBody {
   error: { type: string; message: string };
 }
 
-test("the rule: known tokens are charged; a replica's 2xx answer or part of one keeps the reservation; its error answer or nothing costs nothing", () => {
+test("the rule: known tokens are charged; a replica's 2xx answer or part of one is charged the estimate (or keeps the reservation without one); its error answer or nothing costs nothing", () => {
   const usage = { prompt_tokens: 3, completion_tokens: 2 };
+  const estimate = { prompt_tokens: 40, completion_tokens: 9 };
   const ended = (kind: AttemptOutcome["kind"], upstreamStatus = 200, upstreamByte = true): AttemptOutcome => ({ kind, upstreamStatus, upstreamByte });
-  for (const outcome of [ended("answered"), ended("client-gone"), ended("answered", 500), NO_ATTEMPT]) {
-    assert.deepEqual(settlementOf(outcome, usage), { usage, answered: true }, `${outcome.kind} ${outcome.upstreamStatus} with usage`);
+  for (const outcome of [ended("answered"), ended("client-gone"), ended("answered", 500), ended("cut"), NO_ATTEMPT]) {
+    assert.deepEqual(
+      settlementOf(outcome, usage, () => estimate),
+      { usage, answered: true, estimated: false },
+      `${outcome.kind} ${outcome.upstreamStatus} with usage`,
+    );
   }
-  for (const kind of ["answered", "broken", "client-gone", "refused"] as const) {
-    assert.deepEqual(settlementOf(ended(kind), null), { usage: null, answered: true }, kind);
+  for (const kind of ["answered", "broken", "client-gone", "refused", "cut"] as const) {
+    assert.deepEqual(
+      settlementOf(ended(kind), null, () => estimate),
+      { usage: estimate, answered: true, estimated: true },
+      kind,
+    );
+    assert.deepEqual(settlementOf(ended(kind), null, null), { usage: null, answered: true, estimated: false }, `${kind} without an estimate`);
   }
   const nothing: AttemptOutcome[] = [
     NO_ATTEMPT,
@@ -41,7 +51,11 @@ test("the rule: known tokens are charged; a replica's 2xx answer or part of one 
     ended("broken", 200, false),
   ];
   for (const outcome of nothing) {
-    assert.deepEqual(settlementOf(outcome, null), { usage: null, answered: false }, `${outcome.kind} ${outcome.upstreamStatus} byte ${outcome.upstreamByte}`);
+    assert.deepEqual(
+      settlementOf(outcome, null, () => estimate),
+      { usage: null, answered: false, estimated: false },
+      `${outcome.kind} ${outcome.upstreamStatus} byte ${outcome.upstreamByte}`,
+    );
   }
 });
 
@@ -101,8 +115,9 @@ describe("what a request costs as it ends", () => {
     });
   }
 
-  test("a client that leaves a stream after its first chunk is charged the reservation (the usage would have come last)", async () => {
-    const key = await harness.clientKey({ name: "leaves", budget_usd: 100 });
+  test("a client that leaves a stream after its first chunk is charged the estimate (the usage would have come last): the text it got, within the reservation", async () => {
+    const created = await harness.admin("POST", "/api/v1/keys", { name: "leaves", budget_usd: 100 });
+    const key: string = created.body.key;
     const controller = new AbortController();
     const response = await post("/v1/chat/completions", key, { model: "slow", stream: true, ...HI }, controller.signal);
     assert.equal(response.status, 200);
@@ -113,7 +128,15 @@ describe("what a request costs as it ends", () => {
     assert.ok(reserved > 0, "the stream holds a reservation while it runs");
     controller.abort();
     const spent = await settledSpend("leaves");
-    assert.ok(Math.abs(spent - reserved) < 1e-9, `charged ${spent}, reserved ${reserved}`);
+    const row = await eventually("the usage row", async () => {
+      const rows = await harness.server.store.db.selectFrom("usage").selectAll().where("key_id", "=", created.body.id).execute();
+      return rows[0];
+    });
+    assert.equal(row.estimated, 1, "the upstream reported no usage: the row says its counts are estimated");
+    assert.equal(row.completion_tokens, 3, "the bytes of the text that passed ('one')");
+    assert.ok(row.prompt_tokens !== null && row.prompt_tokens > 0);
+    assert.ok(Math.abs(spent - costUsd(PRICES, { prompt_tokens: row.prompt_tokens, completion_tokens: 3 })) < 1e-9, `charged ${spent}`);
+    assert.ok(spent > 0 && spent < reserved, `charged ${spent}, reserved ${reserved}`);
   });
 
   for (const status of [500, 502]) {

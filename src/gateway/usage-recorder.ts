@@ -25,7 +25,8 @@ import type { Store } from "../store/store.ts";
 import type { UsageTable } from "../store/schema.ts";
 import { aggregateUsage, sqliteUpsertSql, upsertAggregates, type Aggregate } from "../usage/usage-aggregates.ts";
 
-export type UsageRow = Omit<UsageTable, "id">;
+/** A usage row to write; `estimated` may be left out (0: the upstream reported the counts). */
+export type UsageRow = Omit<UsageTable, "id" | "estimated"> & { estimated?: number };
 
 const USAGE_COLUMNS: readonly (keyof UsageRow)[] = [
   "at",
@@ -41,6 +42,7 @@ const USAGE_COLUMNS: readonly (keyof UsageRow)[] = [
   "stream",
   "cost_usd",
   "guard_ms",
+  "estimated",
 ];
 
 export interface UsageRecorderOptions {
@@ -95,7 +97,7 @@ export class UsageRecorder {
       const upsertMinute: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("minute"));
       const upsertHour: Statement<Aggregate> = sqlite.prepare(sqliteUpsertSql("hour"));
       this.insertSqlite = sqlite.transaction((rows: UsageRow[]) => {
-        for (const row of rows) statement.run(USAGE_COLUMNS.map((column) => row[column]));
+        for (const row of rows) statement.run(USAGE_COLUMNS.map((column) => row[column] ?? (column === "estimated" ? 0 : null)));
         const aggregates = aggregateUsage(rows);
         for (const aggregate of aggregates.minute) upsertMinute.run(aggregate);
         for (const aggregate of aggregates.hour) upsertHour.run(aggregate);

@@ -20,6 +20,7 @@ import { sql } from "kysely";
 import { z } from "zod";
 import { AuthenticationError, BadRequestError, ConflictError, NotFoundError, PermissionDeniedError, parseWith } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { ChangeSignal } from "../core/change-signal.ts";
 import { recordAudit } from "../store/audit.ts";
 import { StorageUnavailableError } from "../store/storage-fault.ts";
 import { DEFAULT_KEY_GRACE_MS, KeyOutage } from "./key-grace.ts";
@@ -153,6 +154,8 @@ export class KeyService {
   private readonly unknown = new Map<string, number>();
   /** Bumped by every revocation: a lookup that started before one must not refill the cache. */
   private generation = 0;
+  /** Raised by a revocation here or a change elsewhere (forgetCached): open event streams check their key again at once. */
+  readonly changes = new ChangeSignal();
   private readonly lastUsedWritten = new Map<string, number>();
   private readonly guardChecker: KeyGuardChecker;
   private readonly keyGraceMs: number;
@@ -253,6 +256,7 @@ export class KeyService {
     // Only this key's entry goes: the others stay, so the grace still covers them if the database goes away next.
     this.generation += 1;
     this.cache.delete(row.hash);
+    this.changes.notify();
     return toInfo({ ...row, revoked_at: row.revoked_at ?? now });
   }
 
@@ -278,6 +282,7 @@ export class KeyService {
     }
     this.unknown.clear();
     this.outage.recheckSoon(recheck);
+    this.changes.notify();
   }
 
   /** Drops the entries no request used for longer than the grace (and the cache's TTL): the grace no longer covers them. */

@@ -9,12 +9,17 @@
 // add when configured to), the request is treated as remote and needs a key. A proxy that
 // adds none of these makes /metrics open to whoever reaches the proxy: the README says to
 // add the header or to refuse /metrics at the proxy.
+//
+// A local request must also name this server in its Host header (metrics-hosts.ts): one
+// naming another host may come from a web page in a browser on this machine, through DNS
+// rebinding, and needs a key like a remote one (a page has no key to send).
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingHttpHeaders } from "node:http";
 import { isIP } from "node:net";
 import { AuthenticationError, BadRequestError, PermissionDeniedError } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
 import type { KeyVerifier } from "../gateway/gateway-ports.ts";
+import type { MetricsHosts } from "./metrics-hosts.ts";
 
 /** A shorter metrics key is refused at start: it could be guessed. */
 export const MIN_METRICS_KEY_LENGTH = 16;
@@ -33,7 +38,12 @@ export interface MetricsAccessOptions {
   metricsKey: MetricsKey | null;
   /** Checks admin keys. */
   keys: KeyVerifier;
+  /** The Host names a local scraper may use without a key; null: any (no check). */
+  hosts: MetricsHosts | null;
 }
+
+/** A Host header cut to this length in the refusal (it is the sender's text). */
+const MAX_HOST_SHOWN = 100;
 
 /** The metrics key, kept as a digest so comparing takes the same time whatever is sent. */
 export class MetricsKey {
@@ -71,12 +81,18 @@ export function isLocalScrape(request: MetricsAccessRequest): boolean {
 }
 
 /**
- * Resolves when the request may read /metrics; rejects with 401 (no key, a wrong key) or
- * 403 (a client key).
+ * Resolves when the request may read /metrics; rejects with 401 (no key, a wrong key),
+ * 403 (a client key) or 403 metrics_host_not_allowed (a local request without a key
+ * whose Host is not one of this server's names).
  */
 export async function authorizeMetrics(request: MetricsAccessRequest, options: MetricsAccessOptions): Promise<void> {
-  if (isLocalScrape(request)) return;
   const token = bearerToken(request.headers.authorization);
+  if (isLocalScrape(request)) {
+    if (options.hosts === null || options.hosts.allows(request.headers.host)) return;
+    // 403, not 421 Misdirected Request: this server does serve that name, to a caller
+    // with a key; and HTTP/2 clients take 421 as a cue to retry on another connection.
+    if (token === undefined) throw foreignHost(request.headers.host ?? "");
+  }
   if (token === undefined) {
     throw new AuthenticationError(
       "GET /metrics from another machine needs a key: send the metrics key (--metrics-key or LLMGW_METRICS_KEY on the server) or an admin key as 'Authorization: Bearer <key>'.",
@@ -100,6 +116,14 @@ export async function authorizeMetrics(request: MetricsAccessRequest, options: M
   if (role !== "admin") {
     throw new PermissionDeniedError("A client key may not read /metrics. Use the metrics key or an admin key.", { code: "admin_required" });
   }
+}
+
+function foreignHost(host: string): PermissionDeniedError {
+  const shown = host.length > MAX_HOST_SHOWN ? `${host.slice(0, MAX_HOST_SHOWN)}…` : host;
+  return new PermissionDeniedError(
+    `GET /metrics was sent for the host '${shown}', which is not a name of this server; without a key only its own names are answered, so that a web page cannot read metrics through DNS rebinding. Scrape it by its listen address, start the server with --metrics-host NAME (or LLMGW_METRICS_HOST) if '${shown}' is this server's name, or send the metrics key.`,
+    { code: "metrics_host_not_allowed" },
+  );
 }
 
 function sha256(text: string): Buffer {

@@ -1,10 +1,13 @@
 // GET /metrics on a real server in this process, with a stand-in OpenAI-compatible upstream
 // behind an external profile: after requests, what the scrape shows moved as it should,
 // in valid text exposition format; who may read it (a request through a proxy, marked by
-// X-Forwarded-For, stands for one from another machine, which a test cannot make).
+// X-Forwarded-For, stands for one from another machine, which a test cannot make); and
+// which Host names a local request may use without a key (another name stands for a
+// DNS-rebinding page in a browser on the server's machine).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import http from "node:http";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { BadRequestError } from "../core/errors.ts";
@@ -103,7 +106,14 @@ test("an upstream that reports a negative token count leaves /metrics working, a
       const seen = await scrape(harness);
       return seen.value("llmgw_requests_total", { model: "odd", status: "200" }) === 2 ? seen : undefined;
     });
-    assert.deepEqual(exposition.samples("llmgw_tokens_total", { model: "odd" }), [], "the nonsense counts are not added");
+    // The nonsense counts are not added: the answers count as unreported, so their tokens are
+    // the gateway's estimate (the text "odd" is 3 bytes), never a negative number.
+    const tokens = exposition.samples("llmgw_tokens_total", { model: "odd" });
+    assert.equal(exposition.value("llmgw_tokens_total", { model: "odd", direction: "output" }), 6, JSON.stringify(tokens));
+    assert.ok(
+      tokens.every((sample) => sample.value >= 0),
+      JSON.stringify(tokens),
+    );
     assert.equal((await fetch(`${harness.url}/metrics`)).status, 200, "a later scrape works too");
   } finally {
     await harness.close();
@@ -180,6 +190,53 @@ test("from elsewhere (here: through a proxy) /metrics needs the metrics key or a
     const head = await fetch(`${harness.url}/metrics`, { method: "HEAD" });
     assert.equal(head.status, 200);
     assert.ok(Number(head.headers.get("content-length")) > 0);
+  } finally {
+    await harness.close();
+  }
+});
+
+/** GET /metrics with the Host header given (fetch sets its own Host); the status and the answer's text. */
+function getWithHost(harness: Harness, host: string, authorization?: string): Promise<{ status: number; text: string }> {
+  const url = new URL(`${harness.url}/metrics`);
+  return new Promise((resolve, reject) => {
+    const request = http.get(url, { headers: { host, ...(authorization === undefined ? {} : { authorization }) } }, (response) => {
+      let text = "";
+      response.setEncoding("utf8");
+      response.on("data", (chunk: string) => {
+        text += chunk;
+      });
+      response.on("end", () => resolve({ status: response.statusCode ?? 0, text }));
+      response.on("error", reject);
+    });
+    request.on("error", reject);
+  });
+}
+
+test("from this machine, /metrics answers only Host names of this server without a key; another name needs the metrics key", async () => {
+  const harness = await startHarness({ metrics: { metricsKey: METRICS_KEY, metricsHosts: ["prometheus.internal"] } });
+  try {
+    const port = new URL(harness.url).port;
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `prometheus.internal:${port}`, "prometheus.internal"]) {
+      const allowed = await getWithHost(harness, host);
+      assert.equal(allowed.status, 200, `${host}: ${allowed.text}`);
+      assert.ok(parsePrometheusText(allowed.text).families.has("llmgw_requests_total"), host);
+    }
+
+    // A page on evil.example whose name now resolves to 127.0.0.1: the browser sends its own name.
+    const rebound = await getWithHost(harness, `evil.example:${port}`);
+    assert.equal(rebound.status, 403);
+    const refusal = JSON.parse(rebound.text) as { error: { code: string; type: string; message: string } };
+    assert.equal(refusal.error.code, "metrics_host_not_allowed");
+    assert.equal(refusal.error.type, "permission_error");
+    assert.match(refusal.error.message, /--metrics-host/);
+    assert.doesNotMatch(rebound.text, /llmgw_/, "no metric leaks into the refusal");
+    assert.equal((await getWithHost(harness, `localhost:${Number(port) + 1}`)).status, 403, "a loopback name with another port");
+
+    for (const key of [METRICS_KEY, harness.adminKey]) {
+      const withKey = await getWithHost(harness, `evil.example:${port}`, `Bearer ${key}`);
+      assert.equal(withKey.status, 200, withKey.text);
+    }
+    assert.equal((await getWithHost(harness, `evil.example:${port}`, `Bearer ${await harness.clientKey()}`)).status, 403);
   } finally {
     await harness.close();
   }

@@ -1,5 +1,5 @@
 // GET /metrics: Prometheus's text exposition format, for a local scraper without a key
-// and for anyone else with the metrics key or an admin key (metrics-access.ts). Raw
+// (that names this server in its Host header) and for anyone else with the metrics key or an admin key (metrics-access.ts). Raw
 // node:http like the gateway: Prometheus scrapes often, and nothing here needs Hono.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { LlmgwError } from "../core/errors.ts";
@@ -7,6 +7,7 @@ import { methodNotAllowed, sendError } from "../core/http.ts";
 import type { Logger } from "../core/log.ts";
 import type { KeyVerifier } from "../gateway/gateway-ports.ts";
 import { authorizeMetrics, type MetricsKey } from "./metrics-access.ts";
+import { MetricsHosts, type MetricsHostsOptions } from "./metrics-hosts.ts";
 import type { Metrics } from "./metrics.ts";
 
 export const METRICS_PATH = "/metrics";
@@ -15,6 +16,8 @@ export interface MetricsRouteOptions {
   metrics: Metrics;
   keys: KeyVerifier;
   metricsKey: MetricsKey | null;
+  /** What the Host names a local scraper may use without a key are made of (metrics-hosts.ts). */
+  hosts: MetricsHostsOptions;
   logger: Logger;
 }
 
@@ -24,9 +27,10 @@ export function isMetricsRequest(url: string): boolean {
 }
 
 export function createMetricsHandler(options: MetricsRouteOptions): (req: IncomingMessage, res: ServerResponse) => void {
+  const hosts = new MetricsHosts(options.hosts);
   const serve = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     if (req.method !== "GET" && req.method !== "HEAD") throw methodNotAllowed(req.method ?? "GET", METRICS_PATH, "GET");
-    await authorizeMetrics({ remoteAddress: req.socket.remoteAddress, headers: req.headers }, { metricsKey: options.metricsKey, keys: options.keys });
+    await authorizeMetrics({ remoteAddress: req.socket.remoteAddress, headers: req.headers }, { metricsKey: options.metricsKey, keys: options.keys, hosts });
     const text = await options.metrics.render();
     res.writeHead(200, { "content-type": options.metrics.contentType, "content-length": String(Buffer.byteLength(text)), "cache-control": "no-store" });
     res.end(req.method === "HEAD" ? undefined : text);

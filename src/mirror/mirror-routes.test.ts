@@ -19,6 +19,7 @@ import { startStandInHub, type StandInHub } from "../../test/support/stand-in-hu
 import { GGUF_REPO, buildStandInRepos, makeUnreadableFile } from "../../test/support/stand-in-repos.ts";
 import { openSqliteTestStore, testBothStores } from "../../test/support/stores.ts";
 import { Catalog } from "../catalog/catalog.ts";
+import { SecretBox } from "../core/secret-box.ts";
 import { planRepository } from "../plan/plan-repository.ts";
 import { localPool } from "../plan/local-pool.ts";
 import { readAudit } from "../store/audit.ts";
@@ -570,7 +571,7 @@ describe("deleting a version the catalog uses", () => {
     const dataDir = await tempDir();
     const mirror = new Mirror({ store, root: path.join(dataDir, "mirror") });
     // The real door check: the catalog models below must name complete mirrored files.
-    const catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }) });
+    const catalog = new Catalog({ store, box: SecretBox.fromKey(randomBytes(32)), weights: new DiskWeightsChecker({ mirror }) });
     await catalog.refresh();
     const app = adminApp(mirror, registry, { modelsUsing: catalogModelsUsing(catalog) });
     try {

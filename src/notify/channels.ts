@@ -2,7 +2,9 @@
 // which kinds and from which severity. URLs and signing secrets are sealed with the
 // server's secret box: they are credentials, so the API shows a URL's scheme, host and
 // first path segment only (a Slack URL's host only) and a generated secret once, at creation. Every
-// change is audited in the same transaction.
+// change is audited in the same transaction. A URL with a user name or password in it is
+// refused, and so is one on a private network unless the server allows those
+// (webhook-address.ts).
 import { randomUUID } from "node:crypto";
 import { z } from "zod";
 import { ConflictError, NotFoundError, BadRequestError, parseWith } from "../core/errors.ts";
@@ -10,6 +12,7 @@ import type { SecretBox } from "../core/secret-box.ts";
 import { parseEventKinds, SEVERITIES, type EventKind, type Severity } from "../events/event-kinds.ts";
 import { recordAudit } from "../store/audit.ts";
 import { nowIso, type Store } from "../store/store.ts";
+import { checkReceiverAddress, type WebhookAddressPolicy } from "./webhook-address.ts";
 import { generateWebhookSecret, webhookSecretKey } from "./webhook-signing.ts";
 
 export const CHANNEL_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
@@ -86,8 +89,8 @@ export function viewChannel(channel: Channel): ChannelView {
   };
 }
 
-/** Checks a receiver URL; returns what may be shown of it. */
-function checkUrl(value: string, param: "webhook" | "slack"): string {
+/** Checks a receiver URL's form; returns it parsed and what may be shown of it. */
+function checkUrl(value: string, param: "webhook" | "slack"): { url: URL; shown: string } {
   let url: URL;
   try {
     url = new URL(value);
@@ -100,27 +103,49 @@ function checkUrl(value: string, param: "webhook" | "slack"): string {
   if (url.protocol !== "https:" && url.protocol !== "http:") {
     throw new BadRequestError(`${param}: the URL must be http or https, not ${url.protocol.replace(":", "")}.`, { code: "invalid_url", param });
   }
+  // fetch-style clients drop a URL's user part rather than send it as Basic auth: the
+  // receiver would never see the credential it expects, and nothing would say so.
+  if (url.username !== "" || url.password !== "") {
+    const where =
+      param === "webhook"
+        ? "a receiver authenticates llmgw by the Standard Webhooks signature made with the channel's signing secret ('secret', or --secret), or by a token in the URL's path or query (kept sealed and never shown)"
+        : "a Slack incoming-webhook URL carries its credential in its path";
+    throw new BadRequestError(`${param}: the URL has a user name or password in it (user:password@host), which llmgw does not send; remove it: ${where}.`, {
+      code: "webhook_url_userinfo",
+      param,
+    });
+  }
   // A Slack incoming-webhook URL is a credential in its path. Webhook receivers often are
-  // too (tokens in later path segments: /api/webhooks/ID/TOKEN, /hooks/KEY; in the query;
-  // in the user part): only the host and the first path segment are shown.
-  if (param === "slack") return `${url.protocol}//${url.host}/…`;
+  // too (tokens in later path segments: /api/webhooks/ID/TOKEN, /hooks/KEY; in the query):
+  // only the host and the first path segment are shown.
+  if (param === "slack") return { url, shown: `${url.protocol}//${url.host}/…` };
   const segments = url.pathname.split("/").filter((segment) => segment !== "");
   const shownPath = segments.length === 0 ? "/" : `/${segments[0]}${segments.length > 1 ? "/…" : ""}`;
-  return `${url.protocol}//${url.host}${shownPath}${url.search === "" ? "" : "?…"}`;
+  return { url, shown: `${url.protocol}//${url.host}${shownPath}${url.search === "" ? "" : "?…"}` };
 }
 
 export class ChannelStore {
-  constructor(private readonly options: { store: Store; box: SecretBox; clock?: () => number }) {}
+  constructor(
+    private readonly options: {
+      store: Store;
+      box: SecretBox;
+      clock?: () => number;
+      /** Which receiver addresses are allowed (default: public ones only). */
+      addresses?: WebhookAddressPolicy;
+    },
+  ) {}
 
   /** Creates a channel; `secret` is the webhook's signing secret, shown this once (null for Slack). */
   async create(body: unknown, actor: string): Promise<{ channel: ChannelView; secret: string | null }> {
     const request = parseWith(createSchema, body, "notification channel");
     const kind = request.webhook !== undefined ? "webhook" : "slack";
     const url = (request.webhook ?? request.slack)!;
-    const urlShown = checkUrl(url, kind);
+    const { url: parsed, shown: urlShown } = checkUrl(url, kind);
     const secret = kind === "webhook" ? (request.secret ?? generateWebhookSecret()) : null;
     if (secret !== null) webhookSecretKey(secret);
     const events = request.events === undefined ? null : parseEventKinds(request.events, "events");
+    // Last: it may ask DNS, so the checks of the request's own fields answer first.
+    await checkReceiverAddress(parsed, kind, this.options.addresses ?? { allowPrivate: false });
     const { box } = this.options;
     const row = {
       id: randomUUID(),

@@ -19,6 +19,8 @@ import type { Channel, ChannelStore } from "./channels.ts";
 import { DeliveryRows, type Delivery, type DeliveryView } from "./delivery-rows.ts";
 import type { NotifyEvent } from "./messages.ts";
 import { sendNotification, type SendOutcome } from "./sender.ts";
+import { webhookAgent, type WebhookAddressPolicy } from "./webhook-address.ts";
+import type { Agent } from "undici";
 
 export const NOTIFY_DEFAULTS = {
   /** The receiver must answer within this. */
@@ -48,6 +50,8 @@ export interface NotifierOptions {
   consoleUrl: () => string;
   clock?: () => number;
   settings?: Partial<typeof NOTIFY_DEFAULTS>;
+  /** Which receiver addresses deliveries may connect to (default: public ones only). */
+  addresses?: WebhookAddressPolicy;
 }
 
 export class Notifier {
@@ -65,6 +69,8 @@ export class Notifier {
   private readonly tests = new Set<Promise<unknown>>();
   /** Aborts the attempts in flight at stop: each is recorded as failed and retried after the restart. */
   private stopping = new AbortController();
+  /** Connects to receivers, checking each address first; made at the first send, closed at stop. */
+  private dispatcher: Agent | undefined;
 
   constructor(private readonly options: NotifierOptions) {
     this.deliveries = new DeliveryRows(options.store);
@@ -104,6 +110,9 @@ export class Notifier {
     this.unsubscribe?.();
     await this.passes.idle();
     await Promise.allSettled([...this.tests]);
+    const dispatcher = this.dispatcher;
+    this.dispatcher = undefined;
+    await dispatcher?.close();
   }
 
   /** Runs a pass now, or right after the one running. */
@@ -264,12 +273,14 @@ export class Notifier {
       });
       return;
     }
+    this.dispatcher ??= webhookAgent(this.options.addresses ?? { allowPrivate: false });
     const outcome = await sendNotification({ kind: channel.kind, ...target }, delivery.event, {
       messageId: `msg_${channel.id.slice(0, 8)}_${delivery.id}`,
       timeoutMs: this.settings.timeoutMs,
       consoleUrl: this.options.consoleUrl(),
       now: this.clock,
       stopping: this.stopping.signal,
+      dispatcher: this.dispatcher,
     });
     const log = { channel: channel.name, kind: delivery.event.kind, subject: delivery.event.subject, attempts, status: outcome.status };
     if (outcome.result === "delivered") {

@@ -270,13 +270,38 @@ test("Slack gets a readable message with a link to the console, escaped, unsigne
   const [message] = await eventually("the Slack message arrives", () => receiver.messages().length === 1 && receiver.messages());
   assert.equal(receiver.requests[0]!.headers["webhook-signature"], undefined);
   assert.equal(receiver.requests[0]!.headers["content-type"], "application/json");
-  assert.match(message!.text, /^Model parked: Model '<tiny>' is parked/);
+  assert.match(message!.text, /^Model parked: Model '&lt;tiny&gt;' is parked: crash &amp; burn\./);
   const section = message!.blocks.find((block) => block.type === "section")!;
   assert.equal(section.text!.type, "mrkdwn");
   assert.match(section.text!.text, /\*Model parked\* \(critical\)/);
   assert.match(section.text!.text, /Model '&lt;tiny&gt;' is parked: crash &amp; burn\./);
   const context = message!.blocks.find((block) => block.type === "context")!;
   assert.match(context.elements![0]!.text, /<https:\/\/llmgw\.example\.com\/#\/models\|Open the llmgw console>/);
+});
+
+test("an event's text cannot ping a Slack channel or hide a link: the text field is escaped like the blocks", async () => {
+  const { harness, receiver } = await setup({ notify: { ...FAST, publicUrl: "https://llmgw.example.com/a|b" } });
+  assert.equal((await harness.admin("POST", "/api/v1/notify", { name: "team", slack: receiver.url })).status, 201);
+  // A node's last error, quoted in the event's message, carrying Slack markup.
+  const lastError = "<!channel> <https://x|Click>";
+  await harness.server.events.record({
+    kind: "node_lost",
+    subject: "node:<!here>",
+    data: { node: "<!here>" },
+    message: `Node 'gpu-1' sent no heartbeat; its last error: ${lastError}`,
+  });
+  const [message] = await eventually("the Slack message arrives", () => receiver.messages().length === 1 && receiver.messages());
+  assert.equal(message!.text, "Node lost: Node 'gpu-1' sent no heartbeat; its last error: &lt;!channel&gt; &lt;https://x|Click&gt;");
+  const section = message!.blocks.find((block) => block.type === "section")!.text!.text;
+  const context = message!.blocks.find((block) => block.type === "context")!.elements![0]!.text;
+  for (const text of [message!.text, section]) {
+    assert.ok(text.includes("&lt;!channel&gt;"), text);
+    assert.ok(!text.includes("<!"), `no raw Slack command in: ${text}`);
+    assert.ok(!text.includes("<https://x"), `no raw link in: ${text}`);
+  }
+  assert.match(section, /· node:&lt;!here&gt;\n/);
+  // A '|' in --public-url would end the link's URL early: it is encoded.
+  assert.match(context, /^<https:\/\/llmgw\.example\.com\/a%7Cb\/#\/nodes\|Open the llmgw console>/);
 });
 
 test("a test message goes out at once and shows in the log; a failing one says how the receiver answered", async () => {

@@ -5,8 +5,9 @@
 //   removed hook): the channel is disabled rather than retried for a day.
 // - anything else (another status, a redirect, a refused or reset connection, no answer
 //   within the timeout): tried again later. Redirects are not followed: a signed message
-//   goes to the address the operator gave and nowhere else.
-import { request } from "undici";
+//   goes to the address the operator gave and nowhere else. A connection to a private
+//   address is refused by the dispatcher (webhook-address.ts) and is such a failure too.
+import { type Dispatcher, request } from "undici";
 import { describeError } from "../core/errors.ts";
 import { slackBody, webhookBody, type NotifyEvent } from "./messages.ts";
 import { signWebhook } from "./webhook-signing.ts";
@@ -33,6 +34,8 @@ export interface SendOptions {
   now: () => number;
   /** Aborted when the server stops: the attempt ends at once and is tried again later. */
   stopping?: AbortSignal;
+  /** What connects to the receiver: the notifier's, which refuses private addresses unless they are allowed. */
+  dispatcher?: Dispatcher;
 }
 
 export async function sendNotification(target: SendTarget, event: NotifyEvent, options: SendOptions): Promise<SendOutcome> {
@@ -41,6 +44,7 @@ export async function sendNotification(target: SendTarget, event: NotifyEvent, o
   if (target.kind === "webhook" && target.key !== null) Object.assign(headers, signWebhook(target.key, options.messageId, options.now() / 1000, body));
   try {
     const answer = await request(target.url, {
+      ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }),
       method: "POST",
       headers,
       body,

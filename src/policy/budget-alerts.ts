@@ -1,7 +1,9 @@
 // Budget events: `budget_threshold` when a key's spend in its current period reaches a
 // share of its budget (80% by default), `budget_exhausted` when it reaches the budget or
 // what was spent leaves no room for a request that a fresh budget would take (a refusal
-// caused only by other requests in flight is not one: see LimitsService). Each is recorded once per
+// caused only by other requests in flight is not one: see LimitsService), and `budget_exceeded`
+// when the spend went past the budget (an upstream that generated more than the output it
+// was asked for is charged in full), saying by how much. Each is recorded once per
 // key and period: what was announced is remembered, and read back from the events table
 // at start, so a restart does not announce again. Spend is read every `intervalMs` (one
 // query over keys with a budget), off the request path; refusals arrive at once.
@@ -39,7 +41,7 @@ export interface BudgetAlertsOptions {
   clock?: () => number;
 }
 
-type Alert = "budget_threshold" | "budget_exhausted";
+type Alert = "budget_threshold" | "budget_exhausted" | "budget_exceeded";
 
 export class BudgetAlerts {
   private readonly announced = new Set<string>();
@@ -59,7 +61,7 @@ export class BudgetAlerts {
     this.stopped = false;
     // What earlier runs announced in periods that may still be current (a month at most, or a total budget's one).
     const since = new Date((this.options.clock ?? Date.now)() - 32 * 86_400_000).toISOString();
-    for (const event of await this.options.events.list({ kinds: ["budget_threshold", "budget_exhausted"], since, limit: 1000 })) {
+    for (const event of await this.options.events.list({ kinds: ["budget_threshold", "budget_exhausted", "budget_exceeded"], since, limit: 1000 })) {
       const { key_id: keyId, period } = event.data;
       if (typeof keyId === "string" && typeof period === "string") this.announced.add(`${event.kind}\n${keyId}\n${period}`);
     }
@@ -83,6 +85,7 @@ export class BudgetAlerts {
         for (const spend of await this.options.spent()) {
           if (spend.limit_usd <= 0) continue;
           const used = spend.spent_usd / spend.limit_usd;
+          if (used > 1) await this.announce("budget_exceeded", spend);
           if (used >= 1) await this.announce("budget_exhausted", spend);
           else if (used >= this.share) await this.announce("budget_threshold", spend);
         }
@@ -98,7 +101,9 @@ export class BudgetAlerts {
   /** LimitsService's hook: the budget had no room for a request. */
   refused(refusal: BudgetRefused): void {
     // A client that keeps sending on a spent key costs no query per refusal.
-    if (this.announced.has(`budget_exhausted\n${refusal.keyId}\n${refusal.period}`)) return;
+    const over = refusal.spentUsd > refusal.limitUsd;
+    const told = (kind: Alert) => this.announced.has(`${kind}\n${refusal.keyId}\n${refusal.period}`);
+    if (told("budget_exhausted") && (!over || told("budget_exceeded"))) return;
     // A refusal counts as spent only once the spend is past the alert share: a request whose
     // worst case does not fit a half-used budget says that request is large, not that the
     // budget is gone (and announcing it would hide the real exhaustion later in the period).
@@ -106,7 +111,7 @@ export class BudgetAlerts {
     if (refusal.limitUsd <= 0 || refusal.spentUsd / refusal.limitUsd < this.share) return;
     const work = (async () => {
       const row = await this.options.store.db.selectFrom("api_keys").select(["prefix", "budget_period"]).where("id", "=", refusal.keyId).executeTakeFirst();
-      await this.announce("budget_exhausted", {
+      const spend: KeySpend = {
         id: refusal.keyId,
         key: refusal.keyName,
         prefix: row?.prefix ?? "",
@@ -116,7 +121,9 @@ export class BudgetAlerts {
         period_id: refusal.period,
         resets_at: refusal.resetsAt,
         refused_usd: refusal.requestUsd,
-      });
+      };
+      if (over) await this.announce("budget_exceeded", spend);
+      await this.announce("budget_exhausted", spend);
     })().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record a budget event"));
     this.pending.add(work);
     void work.finally(() => this.pending.delete(work));
@@ -138,10 +145,13 @@ function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
     spend.period === "total" ? "total budget" : spend.period === "day" ? `budget for ${spend.period_id} (UTC)` : `budget for ${spend.period_id} (UTC month)`;
   const resets = spend.resets_at === null ? "It does not reset" : `It resets at ${new Date(spend.resets_at).toISOString()}`;
   const money = (usd: number) => `$${Number(usd.toFixed(usd >= 1 ? 2 : 6))}`;
+  const overUsd = Math.max(0, Math.round((spend.spent_usd - spend.limit_usd) * 1e9) / 1e9);
   const message =
-    kind === "budget_exhausted"
-      ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}${spend.refused_usd === undefined ? "" : `, no room for a request of up to ${money(spend.refused_usd)}`}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
-      : `Key '${spend.key}' (${spend.prefix}) has spent ${percent}% of its ${periodText} (${money(spend.spent_usd)} of ${money(spend.limit_usd)}; alert at ${Math.round(share * 100)}%). ${resets}.`;
+    kind === "budget_exceeded"
+      ? `Key '${spend.key}' (${spend.prefix}) went over its ${periodText} by ${money(overUsd)}: ${money(spend.spent_usd)} spent of ${money(spend.limit_usd)}. An upstream generated more than the output it was asked for (max_tokens) and the key was charged what it used; its requests are refused until the spend is back under the budget. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
+      : kind === "budget_exhausted"
+        ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}${spend.refused_usd === undefined ? "" : `, no room for a request of up to ${money(spend.refused_usd)}`}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
+        : `Key '${spend.key}' (${spend.prefix}) has spent ${percent}% of its ${periodText} (${money(spend.spent_usd)} of ${money(spend.limit_usd)}; alert at ${Math.round(share * 100)}%). ${resets}.`;
   return {
     kind,
     subject: `key:${spend.key}`,
@@ -153,6 +163,7 @@ function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
       budget_period: spend.period,
       spent_usd: spend.spent_usd,
       limit_usd: spend.limit_usd,
+      ...(kind === "budget_exceeded" ? { over_usd: overUsd } : {}),
       resets_at: spend.resets_at === null ? null : new Date(spend.resets_at).toISOString(),
     },
     message,

@@ -263,7 +263,7 @@ describe("budgets and rate limits on one server", () => {
     assert.equal(free.response.headers.get("x-ratelimit-limit-requests"), null, "a key whose limits were all removed is unlimited again");
   });
 
-  test("a request no replica answered costs nothing; one answered without token counts keeps its reservation", async () => {
+  test("a request no replica answered costs nothing; one whose JSON answer broke without token counts is charged the estimate, here its reservation", async () => {
     const refusing = await upstreams.start({ resetOnRequest: true });
     const broken = await upstreams.start({ resetMidBody: true });
     await harness.addModel({ name: "refusing", prices: PRICES, profiles: [{ name: "p", engine: "external", url: refusing.url }] });

@@ -62,6 +62,8 @@ export interface ServerConfig {
   smokeTest?: SmokeTest;
   /** A secret that lets a scraper on another machine read GET /metrics (admin keys may too; loopback needs none). */
   metricsKey?: string;
+  /** --metrics-host: more Host names (`name` or `name:port`) a local scraper may read /metrics by without a key. */
+  metricsHosts?: string[];
   /** Spending per key in its current budget period, read at each scrape for llmgw_budget_spent_usd. */
   budgetSpent?: () => Promise<readonly BudgetSpent[]>;
   /** The address people reach this server at (behind a proxy); notifications link to its console. Default: the listening URL. */
@@ -74,6 +76,8 @@ export interface ServerConfig {
   consoleSessionTtlMs?: number;
   /** Notification timings (tests shorten the backoff). */
   notify?: Partial<typeof NOTIFY_DEFAULTS>;
+  /** --allow-private-webhooks: notification channels may send to private, loopback and link-local addresses (default: refused). */
+  allowPrivateWebhooks?: boolean;
   /** This server's name among those sharing the database (default: the host name). */
   serverName?: string;
   /** Where the other servers reach this one (default: where it listens). */

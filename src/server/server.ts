@@ -146,7 +146,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       : {}),
   });
   // Keys name guard models and the catalog keeps the guards keys name: each asks the other through a closure.
-  const catalog: Catalog = new Catalog({ store, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
+  const catalog: Catalog = new Catalog({ store, box, weights: new DiskWeightsChecker({ mirror }), keyGuards: () => keys.guardReferences() });
   const keys: KeyService = new KeyService({
     store,
     guardChecker: (guards) => assertGuardsExist(guards, (name) => catalog.resolve(name), "key"),
@@ -253,7 +253,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     ...(config.budgetCheckIntervalMs === undefined ? {} : { intervalMs: config.budgetCheckIntervalMs }),
     ...(config.limitsClock === undefined ? {} : { clock: config.limitsClock }),
   });
-  const channels = new ChannelStore({ store, box });
+  const webhookAddresses = { allowPrivate: config.allowPrivateWebhooks === true };
+  const channels = new ChannelStore({ store, box, addresses: webhookAddresses });
   let consoleUrl = config.publicUrl ?? "";
   const notifier = new Notifier({
     store,
@@ -261,6 +262,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     channels,
     logger,
     consoleUrl: () => consoleUrl,
+    addresses: webhookAddresses,
     ...(config.notify === undefined ? {} : { settings: config.notify }),
   });
   role = new ServerRole({ makeFleet, services: { jobs, updates, budgetAlerts, notifier, usageRetention }, follower, name: members.name, logger });
@@ -414,7 +416,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     mirror: { mirror, registry, logger, planner, modelsUsing: catalogModelsUsing(catalog), bodyLimits },
     serve: { jobs, updates },
     usage: { store },
-    events: { events, follower: eventFollower, closing: closingStreams.signal },
+    events: { events, follower: eventFollower, closing: closingStreams.signal, accessChanges: [keys.changes, sessions.changes] },
     notify: { channels, notifier },
     cluster: { store, members, leadership },
     planner,
@@ -432,7 +434,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
   });
   const playground = createPlaygroundHandler({ sessions, keys, gateway });
-  const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger });
+  const metricsListener = createMetricsHandler({ metrics, keys, metricsKey, logger, hosts: { ...config, bound: () => server.address() as AddressInfo } });
   const agentListener = getRequestListener(
     createAgentApi({
       fleet: {

@@ -210,6 +210,8 @@ export interface UsageTable {
   cost_usd: number | null;
   /** Milliseconds the guard models took on the request, when any applied (0008). */
   guard_ms: number | null;
+  /** 1 when the token counts are the gateway's estimate: the upstream reported no usage (0013). */
+  estimated: Generated<number>;
 }
 
 /**
@@ -228,6 +230,8 @@ export interface UsageMinutesTable {
   prompt_tokens: number;
   completion_tokens: number;
   cost_usd: number;
+  /** Requests whose token counts are the gateway's estimate (0013). */
+  estimated_requests: number;
   /** JSON: sparse latency histogram of the durations (src/usage/latency-histogram.ts). */
   duration_hist: string;
   /** JSON: the same for the time to first token, of the streamed requests that got a first byte. */

@@ -12,7 +12,7 @@ import type { Dialect } from "../store/store.ts";
 import type { UsageMinutesTable, UsageTable } from "../store/schema.ts";
 import { observe, type Histogram } from "./latency-histogram.ts";
 
-type RawUsageRow = Omit<UsageTable, "id">;
+type RawUsageRow = Omit<UsageTable, "id" | "estimated"> & { estimated?: number };
 
 export type Granularity = "minute" | "hour";
 export const AGGREGATE_TABLES = { minute: "usage_minutes", hour: "usage_hours" } as const;
@@ -67,6 +67,7 @@ export function aggregateUsage(rows: readonly RawUsageRow[]): Record<Granularity
             prompt_tokens: 0,
             completion_tokens: 0,
             cost_usd: 0,
+            estimated_requests: 0,
             duration_hist: "",
             ttft_hist: "",
           },
@@ -81,6 +82,7 @@ export function aggregateUsage(rows: readonly RawUsageRow[]): Record<Granularity
       row.prompt_tokens += raw.prompt_tokens ?? 0;
       row.completion_tokens += raw.completion_tokens ?? 0;
       row.cost_usd += raw.cost_usd ?? 0;
+      if (raw.estimated === 1) row.estimated_requests += 1;
       observe(group.duration, raw.duration_ms);
       // Time to first token means something only for a stream: the gateway also times the
       // first byte of a whole JSON answer, which is its duration by another name.
@@ -98,7 +100,7 @@ function sortedRows(groups: Map<string, Group>): Aggregate[] {
     .map(([, group]) => ({ ...group.row, duration_hist: JSON.stringify(group.duration), ttft_hist: JSON.stringify(group.ttft) }));
 }
 
-const COUNTER_COLUMNS = ["requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd"] as const;
+const COUNTER_COLUMNS = ["requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "estimated_requests"] as const;
 const HISTOGRAM_COLUMNS = ["duration_hist", "ttft_hist"] as const;
 const VALUE_FIELDS = ["start", "key_id", "model", ...COUNTER_COLUMNS, ...HISTOGRAM_COLUMNS] as const;
 
@@ -132,7 +134,7 @@ export function sqliteUpsertSql(granularity: Granularity): string {
   return `INSERT INTO ${AGGREGATE_TABLES[granularity]} (${columnsOf(granularity).join(", ")}) VALUES (${VALUE_FIELDS.map((c) => `@${c}`).join(", ")}) ${upsertClause("sqlite", granularity)}`;
 }
 
-/** Groups per statement: 10 parameters each stays under SQLite's 32766 and PostgreSQL's 65535. */
+/** Groups per statement: 11 parameters each stays under SQLite's 32766 and PostgreSQL's 65535. */
 const UPSERT_CHUNK = 1000;
 
 /**

@@ -45,6 +45,8 @@ export interface UsageReportRow {
   prompt_tokens: number;
   completion_tokens: number;
   cost_usd: number;
+  /** Requests whose upstream reported no usage: their tokens (and cost) are the gateway's estimate, an upper bound. */
+  estimated_requests: number;
   p50_ms: number | null;
   p95_ms: number | null;
   ttft_p50_ms: number | null;
@@ -139,7 +141,7 @@ async function readPaged(
   let after: [string, string, string] = ["", "", ""];
   for (;;) {
     const page =
-      await sql<Aggregate>`SELECT ${start} AS start, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, duration_hist, ttft_hist FROM ${table} WHERE ${sql.join(filters, sql` AND `)} AND (${start}, key_id, model) > (${after[0]}, ${after[1]}, ${after[2]}) ORDER BY ${start}, key_id, model LIMIT ${PAGE_ROWS}`.execute(
+      await sql<Aggregate>`SELECT ${start} AS start, key_id, model, requests, errors, prompt_tokens, completion_tokens, cost_usd, estimated_requests, duration_hist, ttft_hist FROM ${table} WHERE ${sql.join(filters, sql` AND `)} AND (${start}, key_id, model) > (${after[0]}, ${after[1]}, ${after[2]}) ORDER BY ${start}, key_id, model LIMIT ${PAGE_ROWS}`.execute(
         store.db,
       );
     for (const aggregate of page.rows) add(aggregate);
@@ -153,7 +155,20 @@ async function readPaged(
 
 function newGroup(key: string | null, model: string | null, period: string | null): Group {
   return {
-    row: { key, model, period, requests: 0, errors: 0, prompt_tokens: 0, completion_tokens: 0, cost_usd: 0, p50_ms: null, p95_ms: null, ttft_p50_ms: null },
+    row: {
+      key,
+      model,
+      period,
+      requests: 0,
+      errors: 0,
+      prompt_tokens: 0,
+      completion_tokens: 0,
+      cost_usd: 0,
+      estimated_requests: 0,
+      p50_ms: null,
+      p95_ms: null,
+      ttft_p50_ms: null,
+    },
     duration: {},
     ttft: {},
   };
@@ -166,6 +181,7 @@ function addInto(group: Group, aggregate: Aggregate): void {
   group.row.prompt_tokens += Number(aggregate.prompt_tokens);
   group.row.completion_tokens += Number(aggregate.completion_tokens);
   group.row.cost_usd += Number(aggregate.cost_usd);
+  group.row.estimated_requests += Number(aggregate.estimated_requests);
   mergeInto(group.duration, parseHistogram(aggregate.duration_hist));
   mergeInto(group.ttft, parseHistogram(aggregate.ttft_hist));
 }
@@ -176,6 +192,7 @@ function addCounters(into: UsageReportRow, from: UsageReportRow): void {
   into.prompt_tokens += from.prompt_tokens;
   into.completion_tokens += from.completion_tokens;
   into.cost_usd += from.cost_usd;
+  into.estimated_requests += from.estimated_requests;
 }
 
 function finish({ row, duration, ttft }: Group): UsageReportRow {

@@ -36,7 +36,8 @@ export type ClockedFleetOptions = Required<Pick<FleetOptions, "nodeTimeoutMs">> 
 export async function startClockedFleet(store: Store, options: ClockedFleetOptions): Promise<ClockedFleet> {
   let now = 1_700_000_000_000;
   const table = new ReplicaTable();
-  const catalog = new Catalog({ store, weights: { check: async () => undefined } });
+  const box = SecretBox.fromKey(randomBytes(32));
+  const catalog = new Catalog({ store, box, weights: { check: async () => undefined } });
   await catalog.refresh();
   const fleet = new Fleet({
     store,
@@ -47,7 +48,7 @@ export async function startClockedFleet(store: Store, options: ClockedFleetOptio
         throw new Error("these models are local files; the mirror is not asked");
       },
     },
-    box: SecretBox.fromKey(randomBytes(32)),
+    box,
     joinToken: () => JOIN_TOKEN,
     logger: silentLogger(),
     clock: () => now,

@@ -29,6 +29,8 @@ export interface FakeUpstreamOptions {
   beforeAnswer?: () => Promise<void>;
   /** Streams: wait for this before sending each chunk after the first (the test decides the pace). */
   beforeNextChunk?: () => Promise<void>;
+  /** Report no usage at all: none in a JSON answer, no usage chunk in a stream (an upstream that does not count). */
+  omitUsage?: boolean;
 }
 
 export interface FakeUpstream {
@@ -109,7 +111,7 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
           created,
           model: body?.model,
           choices: [{ index: 0, message: { role: "assistant", content: words.join(" ") }, finish_reason: "stop", logprobs: null }],
-          usage,
+          ...(options.omitUsage === true ? {} : { usage }),
         });
         const send = () => {
           if (res.destroyed) return;
@@ -130,7 +132,7 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       res.on("close", () => {
         if (!finished) cancelled += 1;
       });
-      const includeUsage = body?.stream_options?.include_usage === true;
+      const includeUsage = body?.stream_options?.include_usage === true && options.omitUsage !== true;
       const send = () => {
         if (res.destroyed) return;
         if (options.resetAfterChunks !== undefined && index === options.resetAfterChunks) {

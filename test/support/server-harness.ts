@@ -65,9 +65,14 @@ export interface HarnessOptions {
   smokeTest?: SmokeTest;
   withAgent?: (parts: ServerParts) => Promise<Attachment>;
   /** The server's metrics key and budget source (GET /metrics). */
-  metrics?: Pick<ServerConfig, "metricsKey" | "budgetSpent">;
+  metrics?: Pick<ServerConfig, "metricsKey" | "budgetSpent" | "metricsHosts">;
   /** Events and notifications: backoff, budget alert share and check interval, the console's address. */
   notify?: Pick<ServerConfig, "notify" | "budgetAlertShare" | "budgetCheckIntervalMs" | "publicUrl">;
+  /**
+   * --allow-private-webhooks. Default true here, unlike the server's: test receivers listen on
+   * loopback. Tests of the refusal of private receivers give false.
+   */
+  allowPrivateWebhooks?: boolean;
   /** How long a console login lasts. */
   consoleSessionTtlMs?: number;
   /**
@@ -108,6 +113,7 @@ export async function startHarness(options: HarnessOptions = {}): Promise<Harnes
       ...(options.smokeTest === undefined ? {} : { smokeTest: options.smokeTest }),
       ...options.metrics,
       ...options.notify,
+      allowPrivateWebhooks: options.allowPrivateWebhooks ?? true,
       ...(options.consoleSessionTtlMs === undefined ? {} : { consoleSessionTtlMs: options.consoleSessionTtlMs }),
       ...(options.database === undefined
         ? {}
