@@ -1,6 +1,8 @@
 // Runs the test suite with node:test through tsx. The files are listed here on purpose:
 // a test file that is not in this list does not run, so adding one is a visible change.
 import { spawn, spawnSync } from "node:child_process";
+import { readdirSync } from "node:fs";
+import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const unit = [
@@ -21,6 +23,7 @@ const unit = [
   "src/store/store.test.ts",
   "src/store/store-faults.test.ts",
   "src/catalog/catalog.test.ts",
+  "src/catalog/sealed-keys.test.ts",
   "src/catalog/weights-check.test.ts",
   "src/cli/local-paths.test.ts",
   "src/cli/ctl-job.test.ts",
@@ -126,6 +129,7 @@ const endToEnd = [
   "test/usage.e2e.test.ts",
   "test/fleet.e2e.test.ts",
   "test/node-address.e2e.test.ts",
+  "test/secrets-at-rest.e2e.test.ts",
   "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
   "test/small-machine.e2e.test.ts",
@@ -148,6 +152,21 @@ const endToEnd = [
 const files = [...unit, ...endToEnd];
 const only = process.argv.slice(2);
 const selected = only.length > 0 ? only : files;
+
+// A test file on disk that the lists leave out would never run, silently: refuse to start.
+const root = fileURLToPath(new URL("..", import.meta.url));
+const onDisk = ["src", "test"].flatMap((dir) =>
+  readdirSync(path.join(root, dir), { recursive: true, encoding: "utf8" })
+    .filter((file) => file.endsWith(".test.ts"))
+    .map((file) => `${dir}/${file.split(path.sep).join("/")}`),
+);
+const unlisted = onDisk.filter((file) => !files.includes(file));
+if (unlisted.length > 0) {
+  console.error(
+    `run-tests: these test files are in no list of scripts/run-tests.mjs, so they would never run: ${unlisted.join(", ")}. Add each to \`unit\` or \`endToEnd\`.`,
+  );
+  process.exit(1);
+}
 
 // Provision first (scripts/provision.sh): the Debian tools some tests drive and a check that
 // PostgreSQL answers. It installs only what is missing, so a machine that has everything

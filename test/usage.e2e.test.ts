@@ -154,7 +154,7 @@ describe("usage reports", () => {
     await eventually("both requests in the aggregates", async () => (await harness.admin("GET", "/api/v1/usage")).body.data[0]?.requests === 2);
     const { stdout } = await ctl(["--by", "model", "--since", "1d"]);
     const lines = stdout.trimEnd().split("\n");
-    assert.match(lines[0]!, /^MODEL\s+REQUESTS\s+ERRORS\s+PROMPT TOK\s+COMPLETION TOK\s+COST\s+P50\s+P95\s+TTFT P50$/);
+    assert.match(lines[0]!, /^MODEL\s+REQUESTS\s+ERRORS\s+PROMPT TOK\s+COMPLETION TOK\s+ESTIMATED\s+COST\s+P50\s+P95\s+TTFT P50$/);
     // The 500 answered a request that was not streamed, so it has no time to first token.
     assert.match(lines[1]!, /^broken\s+1\s+1\s+0\s+0\s+\$0\s+\d+ ms\s+\d+ ms\s+-$/);
     assert.match(lines[2]!, /^metered\s+1\s+0\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/);

@@ -1,8 +1,9 @@
 // What `ctl node drain` and `undrain` say: the replica count and its verb agree (one
 // replica stops, two stop), a node without replicas says so, and an undrained node that is
 // lost says when it takes replicas again. And `ctl node update NAME --address HOST` as a
-// child process against a real server: the address changes and is audited, and an address
-// with a port or scheme is refused before anything is sent (and by the server too).
+// child process against a real server: the address changes (kept in its canonical form) and
+// is audited, and an address with a port, a scheme, an IPv6 zone id or an IPv4 address in
+// another form than dotted decimal is refused before anything is sent (and by the server too).
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -76,6 +77,8 @@ describe("ctl node update against a server", () => {
     for (const [bad, why] of [
       ["10.0.0.9:8080", /Invalid --address: '10\.0\.0\.9:8080' has a port/],
       ["http://10.0.0.9", /Invalid --address: 'http:\/\/10\.0\.0\.9' has a scheme/],
+      ["fe80::1%eth0", /Invalid --address: 'fe80::1%eth0' has a zone id \(%eth0\)/],
+      ["0x7f.1", /Invalid --address: '0x7f\.1' is read as the IPv4 address 127\.0\.0\.1: give it in dotted-decimal form/],
     ] as const) {
       const refused = await ctl("update", "far-01", "--address", bad).then(
         () => assert.fail(`--address ${bad} was accepted`),
@@ -84,13 +87,23 @@ describe("ctl node update against a server", () => {
       assert.notEqual(refused.code, 0);
       assert.match(refused.stderr, why);
     }
-    const json = await ctl("update", "far-01", "--address", "gpu-far.example.com", "--json");
+    // Kept in its canonical form: lower-case, without the trailing dot.
+    const json = await ctl("update", "far-01", "--address", "GPU-Far.Example.COM.", "--json");
     assert.equal(JSON.parse(json.stdout).address, "gpu-far.example.com");
     // The server checks the same (for other clients of the API), and names the field.
     const direct = await harness.admin("PATCH", "/api/v1/nodes/far-01", { address: "10.0.0.9:8080" });
     assert.equal(direct.status, 400);
     assert.equal(direct.body.error.param, "address");
     assert.match(direct.body.error.message, /has a port/);
+    for (const [bad, why] of [
+      ["fe80::1%eth0", /has a zone id/],
+      ["0x0a000005", /is read as the IPv4 address 10\.0\.0\.5: give it in dotted-decimal form/],
+    ] as const) {
+      const refused = await harness.admin("PATCH", "/api/v1/nodes/far-01", { address: bad });
+      assert.equal(refused.status, 400, bad);
+      assert.equal(refused.body.error.param, "address");
+      assert.match(refused.body.error.message, why);
+    }
     assert.equal((await harness.admin("PATCH", "/api/v1/nodes/nope", { address: "10.0.0.9" })).status, 404);
     assert.equal(((await harness.admin("GET", "/api/v1/nodes/far-01")).body as NodeView).address, "gpu-far.example.com");
   });

@@ -109,7 +109,7 @@ export function registerNodeCommands(ctl: Command, { connect, print }: CtlHelper
     .description(
       "Change the node's address (where the gateway reaches its engines). It is fixed at join: an agent that reports another one is refused until this is run",
     )
-    .requiredOption("--address <host>", "the node's new host name or IP address (no scheme, no port)")
+    .requiredOption("--address <host>", "the node's new host name or IP address (no scheme, no port, no IPv6 zone id; IPv4 in dotted decimal)")
     .option("--json", "print JSON")
     .action(async (name: string, options: Options & { address: string }, command: Command) => {
       const address = checkAddress(options.address, "--address");

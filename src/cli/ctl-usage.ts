@@ -48,13 +48,26 @@ export function renderUsage(rows: readonly UsageRowView[], groupBy: readonly str
     ]);
   if (groupBy.includes("key")) dimensions.push(["KEY", (row) => row.key]);
   if (groupBy.includes("model")) dimensions.push(["MODEL", (row) => row.model]);
-  const headers = [...dimensions.map(([header]) => header), "REQUESTS", "ERRORS", "PROMPT TOK", "COMPLETION TOK", "COST", "P50", "P95", "TTFT P50"];
+  const headers = [
+    ...dimensions.map(([header]) => header),
+    "REQUESTS",
+    "ERRORS",
+    "PROMPT TOK",
+    "COMPLETION TOK",
+    "ESTIMATED",
+    "COST",
+    "P50",
+    "P95",
+    "TTFT P50",
+  ];
   const line = (row: UsageRowView, labels: Array<string | null>) => [
     ...labels,
     row.requests,
     row.errors,
     row.prompt_tokens,
     row.completion_tokens,
+    // Requests whose upstream reported no usage: their tokens and cost are llmgw's upper-bound estimate.
+    row.estimated_requests,
     formatCost(row.cost_usd),
     formatMs(row.p50_ms),
     formatMs(row.p95_ms),

@@ -132,7 +132,7 @@ export const nodeNameSchema = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, "must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit");
 
-/** A node's address: a host name or an IP, without scheme, port or path (node-address.ts says why one is not). */
+/** A node's address: a host name or an IP, without scheme, port, path or IPv6 zone id (node-address.ts says why one is not; the fleet keeps it canonical). */
 export const addressSchema = z
   .string()
   .max(255)

@@ -91,7 +91,7 @@ export class Fleet implements Assignments {
       );
     }
     this.nodes = new NodeRegistry({ store: options.store, joinToken: options.joinToken, logger: options.logger, clock: this.clock, monotonic: this.monotonic });
-    this.addresses = new NodeAddresses({ nodes: this.nodes, events: this.events, logger: options.logger });
+    this.addresses = new NodeAddresses({ nodes: this.nodes, events: this.events, logger: options.logger, clock: this.monotonic });
     this.demand = new Demand(this.clock);
     this.moveCooldowns = new MoveCooldowns(this.clock);
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });

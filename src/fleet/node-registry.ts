@@ -107,7 +107,8 @@ export class NodeRegistry {
         { code: "invalid_join_token" },
       );
     }
-    checkAddress(request.address, "address");
+    // Kept in its canonical form (node-address.ts): every comparison with it is in that form too.
+    const address = checkAddress(request.address, "address");
     // A joined node keeps its name, credential and address: joining again under its name
     // (with the join token, from this machine or any other) is refused, not a way to move it.
     const taken = [...this.nodes.values()].find((node) => node.name === request.name);
@@ -118,7 +119,7 @@ export class NodeRegistry {
     const node: FleetNode = {
       id,
       name: request.name,
-      address: request.address,
+      address,
       labels: request.labels,
       inventory: request.inventory,
       state: "ready",
@@ -247,9 +248,9 @@ export class NodeRegistry {
     this.heartbeatDirty.add(node.id);
   }
 
-  /** An admin's change of the node's address (`ctl node update --address`), written at once. */
-  async setAddress(node: FleetNode, address: string): Promise<void> {
-    checkAddress(address, "address");
+  /** An admin's change of the node's address (`ctl node update --address`), written at once in canonical form. */
+  async setAddress(node: FleetNode, given: string): Promise<void> {
+    const address = checkAddress(given, "address");
     if (address === node.address) return;
     await this.options.store.db.updateTable("nodes").set({ address }).where("id", "=", node.id).execute();
     node.address = address;

@@ -14,7 +14,7 @@ import type { ReplicaReport } from "./agent-protocol.ts";
 import type { AssignmentVersions } from "./assignment-versions.ts";
 import type { Drains } from "./drain.ts";
 import { fingerprintOf } from "./model-replicas.ts";
-import { originHost, sameAddress } from "./node-address.ts";
+import { canonicalAddress, originHost, originOnAddress, sameAddress } from "./node-address.ts";
 import type { FleetNode } from "./node-registry.ts";
 import type { OutdatedHolds } from "./outdated-holds.ts";
 import { tableEntryOf, workersReady } from "./record-projections.ts";
@@ -58,7 +58,7 @@ export class ReplicaRecords {
    */
   restore(record: ReplicaRecord): void {
     const address = this.options.nodeAddress(record.nodeIds[0] ?? "");
-    if (record.endpoint !== null && (address === undefined || !sameAddress(originHost(record.endpoint.origin), address))) dropEndpoint(record);
+    if (record.endpoint !== null && (address === undefined || !originOnAddress(record.endpoint.origin, address))) dropEndpoint(record);
     this.records.set(record.id, record);
     this.publish(record);
   }
@@ -68,7 +68,7 @@ export class ReplicaRecords {
    * routing at once, until the node reports the replica on the new address.
    */
   leaveOldAddress(record: ReplicaRecord, node: FleetNode): void {
-    if (record.nodeIds[0] !== node.id || record.endpoint === null || sameAddress(originHost(record.endpoint.origin), node.address)) return;
+    if (record.nodeIds[0] !== node.id || record.endpoint === null || originOnAddress(record.endpoint.origin, node.address)) return;
     this.options.logger.warn(
       { node: node.name, replica: record.id, endpoint: record.endpoint.origin, address: node.address },
       "a replica's endpoint is off its node's new address; not routed to until reported there",
@@ -99,12 +99,18 @@ export class ReplicaRecords {
 
   /** What the replica's head node reported of it in a heartbeat. */
   applyReport(record: ReplicaRecord, report: ReplicaReport, node: FleetNode): void {
-    if (report.endpoint !== null && !sameAddress(report.endpoint.host, node.address)) {
+    // The endpoint is made from the node's approved address (the report's host names the
+    // same host, in whatever form the agent was given it), so it is in the form every later
+    // comparison (restore, leaveOldAddress) finds it in.
+    const origin = report.endpoint === null ? null : `http://${formatHost(canonicalAddress(node.address))}:${report.endpoint.port}`;
+    if (report.endpoint !== null && (!sameAddress(report.endpoint.host, node.address) || origin === null || originHost(origin) === null)) {
       // The gateway sends the engine key there: only to the node's approved address. (The
-      // fleet refuses such a heartbeat before it gets here; this keeps the rule where endpoints are made.)
+      // fleet refuses such a heartbeat before it gets here; this keeps the rule where
+      // endpoints are made.) A node address no URL can hold (stored before such addresses
+      // were refused) gives no endpoint either, until an admin gives the node another.
       this.options.logger.warn(
         { node: node.name, replica: record.id, reported: report.endpoint.host, address: node.address },
-        "a replica's endpoint is not on its node's address; ignored",
+        "a replica's endpoint is not on its node's address, or no URL can hold it; ignored",
       );
       report = { ...report, endpoint: null, state: report.state === "ready" ? "starting" : report.state };
     }
@@ -117,7 +123,7 @@ export class ReplicaRecords {
     const state: ReplicaState = (record.desired === "stop" || this.options.drains.has(record.id)) && report.state !== "stopped" ? "stopping" : report.state;
     const next = {
       state,
-      endpoint: report.endpoint === null ? null : { origin: `http://${formatHost(report.endpoint.host)}:${report.endpoint.port}`, basePath: "" },
+      endpoint: report.endpoint === null || origin === null ? null : { origin, basePath: "" },
       attempt: report.attempt,
       failures: report.failures,
       lastError: report.lastError,

@@ -67,7 +67,9 @@ export class ReplicaRows {
   async load(): Promise<ReplicaRecord[]> {
     const rows = await this.options.store.db.selectFrom("replicas").selectAll().execute();
     return rows.map((row): ReplicaRecord => {
-      const endpoint = row.endpoint === null ? null : splitEndpoint(row.endpoint);
+      const endpoint = row.endpoint === null ? null : this.readEndpoint(row.id, row.endpoint);
+      // A ready replica whose endpoint could not be read is not routable: it waits for its node's report.
+      const state = row.state === "ready" && row.endpoint !== null && endpoint === null ? "starting" : (row.state as ReplicaState);
       return {
         id: row.id,
         modelId: row.model_id,
@@ -80,7 +82,7 @@ export class ReplicaRows {
         ...readSpec(row.spec),
         desired: row.desired === "stop" ? "stop" : "run",
         engineKey: row.engine_key === null ? null : this.options.box.open(row.engine_key),
-        state: row.state as ReplicaState,
+        state,
         endpoint,
         attempt: row.attempt,
         failures: row.failures,
@@ -89,6 +91,23 @@ export class ReplicaRows {
         readyAt: row.ready_at,
       };
     });
+  }
+
+  /**
+   * A row's endpoint, or null (with a warning) when no URL can be read from it: a row
+   * written before node addresses were checked (an IPv6 zone id) must not stop the fleet
+   * from starting, on every restart and every takeover; only that replica is not routed to.
+   */
+  private readEndpoint(replicaId: string, text: string): ReplicaEndpoint | null {
+    try {
+      return splitEndpoint(text);
+    } catch {
+      this.options.logger.warn(
+        { replica: replicaId, endpoint: text },
+        "a replica's stored endpoint is no URL; it is not routed to until its node reports it again (on an address an admin may need to change: 'llmgw ctl node update')",
+      );
+      return null;
+    }
   }
 
   /** Writes the record (insert or update); writes land in call order, a failure is logged. */

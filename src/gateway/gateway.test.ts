@@ -340,6 +340,25 @@ describe("gateway", () => {
     assert.equal(upstream.requests.length, before);
   });
 
+  test("a body that repeats a key inside a message is refused with the key's place, and nothing reaches the upstream", async () => {
+    const before = upstream.requests.length;
+    const response = await fetch(`${harness.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      // The gateway's checks would read "ok" (JSON.parse keeps the last); an engine keeping the first would run "evil".
+      body: '{"model":"ext","messages":[{"role":"user","content":"evil","content":"ok"}]}',
+    });
+    assert.equal(response.status, 400);
+    const body = (await response.json()) as RenderedError["body"];
+    assert.deepEqual(body.error, {
+      message: "The request body has the key 'content' twice in messages[0]; send each key once.",
+      type: "invalid_request_error",
+      param: "messages[0].content",
+      code: "duplicate_key",
+    });
+    assert.equal(upstream.requests.length, before);
+  });
+
   test("revocation applies to the next request", async () => {
     const created = await harness.admin("POST", "/api/v1/keys", { name: "short-lived" });
     const shortLived = new OpenAI({ apiKey: created.body.key, baseURL: `${harness.url}/v1`, maxRetries: 0 });

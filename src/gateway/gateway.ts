@@ -34,7 +34,8 @@ import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome, type Settlement } from "./request-outcome.ts";
-import { OutputMeter } from "./output-meter.ts";
+import { estimatedJsonOutput, type OutputMeter } from "./output-meter.ts";
+import type { UsageTap } from "./usage-tap.ts";
 import { tokenBound } from "../policy/token-bound.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
@@ -112,8 +113,10 @@ interface Call {
   permit: LimitsPermit | null;
   /** Milliseconds the guard models took on this request, when any applied. */
   guardMs: number | null;
-  /** The usage to record when the replica whose answer counts reported none (output-meter.ts); null: none to give. */
-  estimate: (() => TokenUsage) | null;
+  /** The request whose answer counts, and what read that answer: for an estimate when its replica reported no usage. */
+  answered: ProxyRequest | null;
+  meter: OutputMeter | null;
+  tap: UsageTap | null;
 }
 
 /** A /v1 request ready for a replica: its key, body and model known, its policy passed. */
@@ -222,7 +225,9 @@ export class Gateway {
       catalogModel: null,
       permit: null,
       guardMs: null,
-      estimate: null,
+      answered: null,
+      meter: null,
+      tap: null,
     };
     this.serve(req, res, call, principal).catch((error: unknown) => this.fail(req, res, error, call));
   }
@@ -394,8 +399,6 @@ export class Gateway {
     const { call, model } = request;
     const replica = lease.replica;
     const maxOutputTokens = call.permit?.maxOutputTokens ?? null;
-    // The meter of this answer, once the relay knows its kind (an event stream or JSON).
-    const metered: { meter: OutputMeter | null } = { meter: null };
     const result = await relay({
       res: request.res,
       upstream,
@@ -406,17 +409,18 @@ export class Gateway {
       // The replica's slot is free once its body ended, while an output guard still reads the answer.
       onUpstreamEnd: () => lease.release(),
       headers: call.permit?.headers,
-      // Embeddings generate no text: their estimate is the prompt's alone.
-      meter: request.route.path === "/v1/embeddings" ? null : (head) => (metered.meter = new OutputMeter({ stream: head.eventStream, bound: maxOutputTokens })),
-      cutMessage: `The replica serving model '${model.name}' went past the ${maxOutputTokens} output tokens this request reserved (its max_tokens under the key's limits), so llmgw cut the answer here.`,
+      meterStream: call.stream,
+      outputBound: maxOutputTokens,
     });
     const { outcome } = result;
     call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
     // A failed attempt's timing and usage are not the request's: another replica may answer it.
     if (outcome.kind !== "failed-before-first-byte") {
-      call.usage = result.usage;
+      call.usage = atLeastCounted(result.usage, result.meter);
       call.firstByteAt = result.firstByteAt;
-      call.estimate = () => estimatedUsage(request, metered.meter, outcome.kind === "cut" ? maxOutputTokens : null);
+      call.answered = request;
+      call.meter = result.meter;
+      call.tap = result.tap;
     }
     switch (outcome.kind) {
       case "answered":
@@ -431,8 +435,14 @@ export class Gateway {
       case "cut":
         // An upstream that ignores max_tokens is a bad gateway's upstream: 502 in the usage row.
         this.options.logger.warn(
-          { model: model.name, replica: replica.id, reserved_output: maxOutputTokens, counted_output: metered.meter?.countedOutput() },
-          "the upstream went past the reserved output; the stream was cut",
+          {
+            model: model.name,
+            replica: replica.id,
+            reserved_output: maxOutputTokens,
+            counted_output: result.meter?.countedOutput(),
+            unreadable: result.meter?.unreadable,
+          },
+          "the upstream went past the reserved output, or its stream could not be counted; the stream was cut",
         );
         return STATUS_UPSTREAM_BROKE;
       case "failed-before-first-byte":
@@ -460,7 +470,13 @@ export class Gateway {
    * count it, and a request whose key is known leaves one usage row, whatever its outcome.
    */
   private record(call: Call, status: number): void {
-    const settlement: Settlement = settlementOf(call.outcome, call.usage, call.estimate);
+    // A closure only when an estimate may be needed: a request with reported usage makes none.
+    const answered = call.answered;
+    const settlement: Settlement = settlementOf(
+      call.outcome,
+      call.usage,
+      call.usage === null && answered !== null ? () => estimatedUsage(answered, call) : null,
+    );
     if (call.permit !== null) {
       const permit = call.permit;
       call.permit = null;
@@ -515,15 +531,28 @@ function withoutServerDetails(error: unknown): unknown {
 
 /**
  * The usage of an answer whose replica reported none: the prompt at its bound (the bytes of
- * the request, token-bound.ts) and the output at the bytes of its text (output-meter.ts),
- * both upper bounds. A stream cut at its output bound is not charged past the bound: no
- * more of it reached the client.
+ * the request, as token-bound.ts reserves them) and the output from its text (output-meter.ts:
+ * its bytes, held to the reserved output unless the answer is provably longer). Embeddings
+ * generate no text.
  */
-function estimatedUsage(request: ProxyRequest, meter: OutputMeter | null, cutAt: number | null): TokenUsage {
+function estimatedUsage(request: ProxyRequest, call: Call): TokenUsage {
   const { route, body, model, raw } = request;
   const prompt = tokenBound(route.path, body, model, route.wire === undefined ? raw.length : undefined).prompt;
-  const estimate = meter === null ? { prompt_tokens: prompt, completion_tokens: 0 } : meter.estimatedUsage(prompt);
-  return cutAt === null ? estimate : { ...estimate, completion_tokens: Math.min(estimate.completion_tokens, cutAt) };
+  if (route.path === "/v1/embeddings") return { prompt_tokens: prompt, completion_tokens: 0 };
+  const bound = call.permit?.maxOutputTokens ?? null;
+  if (call.meter !== null) return { prompt_tokens: prompt, completion_tokens: call.meter.estimatedOutput() };
+  const tap = call.tap;
+  return { prompt_tokens: prompt, completion_tokens: tap === null ? 0 : estimatedJsonOutput(tap.wholeAnswer(), tap.answerBytes(), bound) };
+}
+
+/**
+ * The usage an upstream reported, raised to what the meter counted where it counted more:
+ * every text event came from at least one token, so a lower count is not the upstream's to give.
+ */
+function atLeastCounted(usage: TokenUsage | null, meter: OutputMeter | null): TokenUsage | null {
+  if (usage === null || meter === null) return usage;
+  const counted = meter.countedOutput();
+  return counted > usage.completion_tokens ? { ...usage, completion_tokens: counted } : usage;
 }
 
 /**

@@ -13,7 +13,7 @@ import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
 import { eventually } from "../../test/support/eventually.ts";
 import { dropSchema, postgresSchemaOrSkip } from "../../test/support/stores.ts";
 import { costUsd } from "../policy/cost.ts";
-import { OutputMeter } from "./output-meter.ts";
+import { estimatedJsonOutput, MAX_TOKEN_BYTES, OutputMeter } from "./output-meter.ts";
 
 function event(delta: Record<string, unknown>, extra: Record<string, unknown> = {}): string {
   return `data: ${JSON.stringify({ id: "c", object: "chat.completion.chunk", choices: [{ index: 0, delta, finish_reason: null }], ...extra })}\n\n`;
@@ -21,7 +21,7 @@ function event(delta: Record<string, unknown>, extra: Record<string, unknown> = 
 
 /** Runs a stream through a meter in pieces of `size` bytes; what passed, and whether it was cut. */
 function meterStream(stream: string, bound: number | null, size: number): { passed: string; exceeded: boolean; meter: OutputMeter } {
-  const meter = new OutputMeter({ stream: true, bound });
+  const meter = new OutputMeter(bound);
   const bytes = Buffer.from(stream);
   const out: Buffer[] = [];
   for (let i = 0; i < bytes.length && !meter.exceeded; i += size) out.push(meter.push(bytes.subarray(i, i + size)));
@@ -73,24 +73,73 @@ describe("the output meter", () => {
     const { exceeded, meter } = meterStream(calls, 3, 7);
     assert.equal(exceeded, false);
     assert.equal(meter.countedOutput(), 3);
-    assert.deepEqual(meter.estimatedUsage(100), { prompt_tokens: 100, completion_tokens: 3 + 7 + 2 });
+    // The arguments count as sent, escaped ({\"a\":1} is 9 bytes for 7 of text): still an upper bound.
+    assert.equal(meter.estimatedOutput(), 3, "held to the bound");
+    assert.equal(meterStream(calls, null, 7).meter.estimatedOutput(), 3 + 9 + 2);
   });
 
-  test("the estimate is the UTF-8 bytes of the text: an upper bound of its tokens", () => {
-    const { meter } = meterStream(stream, null, 9);
-    assert.deepEqual(meter.estimatedUsage(50), { prompt_tokens: 50, completion_tokens: Buffer.byteLength(words.join("")) });
-    const json = new OutputMeter({ stream: false, bound: 1 });
-    const answer = JSON.stringify({ choices: [{ index: 0, message: { role: "assistant", content: "naïve answer" }, finish_reason: "stop" }] });
-    assert.equal(json.push(Buffer.from(answer.slice(0, 10))).toString(), answer.slice(0, 10), "a JSON answer passes as it comes");
-    json.push(Buffer.from(answer.slice(10)));
-    assert.equal(json.exceeded, false, "a JSON answer is never cut");
-    assert.deepEqual(json.estimatedUsage(9), { prompt_tokens: 9, completion_tokens: Buffer.byteLength("naïve answer") });
-    const notJson = new OutputMeter({ stream: false, bound: null });
-    notJson.push(Buffer.from("plain words"));
-    assert.equal(notJson.estimatedUsage(0).completion_tokens, 11, "an answer that is not one counts all its bytes");
-    const cutJson = new OutputMeter({ stream: false, bound: 4 });
-    cutJson.push(Buffer.from(answer.slice(0, 30)));
-    assert.equal(cutJson.estimatedUsage(0).completion_tokens, 4, "...but no more than the bound");
+  test("CRLF framing, comments and spaced JSON are read alike; text that looks like a key inside a string is not one", () => {
+    const crlf = [
+      ": keep-alive\r\n\r\n",
+      'data: {"choices": [{"index": 0, "delta": {"content": "say \\"content\\":\\"x\\" here"}}]}\r\n\r\n',
+      'event: message\r\ndata: {"choices":[{"index":0,"delta":{"content":"two"}}]}\r\n\r\n',
+      "data: [DONE]\r\n\r\n",
+    ].join("");
+    for (const size of [1, 2, 7, crlf.length]) {
+      const { passed, exceeded, meter } = meterStream(crlf, 2, size);
+      assert.equal(exceeded, false, `pieces of ${size}`);
+      assert.equal(passed, crlf, `pieces of ${size}`);
+      assert.equal(meter.countedOutput(), 2, `pieces of ${size}`);
+    }
+    assert.equal(meterStream(crlf, 1, 5).exceeded, true, "the second text event passes a bound of one");
+  });
+
+  test("CR line ends (valid SSE) end events too; a lone CR at a chunk's end waits for a possible LF", () => {
+    const cr = `${event({ content: "one" }).replaceAll("\n", "\r")}${event({ content: "two" }).replaceAll("\n", "\r")}${event({ content: "three" }).replaceAll("\n", "\r")}`;
+    for (const size of [1, 4, cr.length]) {
+      const { passed, exceeded, meter } = meterStream(cr, 2, size);
+      assert.equal(exceeded, true, `pieces of ${size}`);
+      assert.equal(passed, cr.slice(0, cr.indexOf("\r\r", cr.indexOf("\r\r") + 2) + 2), `pieces of ${size}`);
+      assert.equal(meter.countedOutput(), 3);
+    }
+  });
+
+  test("one event carrying much text counts at least its bytes over the longest token's", () => {
+    const long = event({ content: "x".repeat(MAX_TOKEN_BYTES * 3 + 1) });
+    const { passed, exceeded, meter } = meterStream(long, 3, 100);
+    assert.equal(exceeded, true);
+    assert.equal(passed, "");
+    assert.equal(meter.countedOutput(), 4);
+    assert.equal(meterStream(event({ refusal: "no" }), 0, 100).exceeded, true, "a refusal is text too");
+  });
+
+  test("a stream that never ends an event, or comes compressed, cannot be held to a bound: cut when bounded, passed when not", () => {
+    const endless = `data: {"choices":[{"delta":{"content":"${"y".repeat(2 * 1024 * 1024)}`;
+    const bounded = meterStream(endless, 5, 64 * 1024);
+    assert.equal(bounded.exceeded, true);
+    assert.match(bounded.meter.unreadable ?? "", /no event ended/);
+    assert.equal(bounded.passed, "");
+    const unbounded = meterStream(endless, null, 64 * 1024);
+    assert.equal(unbounded.exceeded, false);
+    assert.equal(unbounded.passed, endless, "passed whole, unmetered");
+    const compressed = new OutputMeter(5);
+    compressed.cannotRead("it came compressed (gzip)");
+    assert.equal(compressed.exceeded, true);
+    assert.equal(compressed.push(Buffer.from("anything")).length, 0);
+  });
+
+  test("the estimate is the UTF-8 bytes of the text, held to the bound unless the answer is provably longer", () => {
+    assert.equal(meterStream(stream, null, 9).meter.estimatedOutput(), Buffer.byteLength(words.join("")));
+    assert.equal(meterStream(stream, 50, 9).meter.estimatedOutput(), Buffer.byteLength(words.join("")));
+    assert.equal(meterStream(stream, 5, 9).meter.estimatedOutput(), 5, "an honest stream is not charged past what it was asked for");
+    const answer = (content: string) =>
+      Buffer.from(JSON.stringify({ choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] }));
+    assert.equal(estimatedJsonOutput(answer("naïve answer"), 0, null), Buffer.byteLength("naïve answer"));
+    assert.equal(estimatedJsonOutput(answer("naïve answer"), 0, 4), 4, "held to the bound");
+    const long = "z".repeat(MAX_TOKEN_BYTES * 5);
+    assert.equal(estimatedJsonOutput(answer(long), 0, 4), long.length, "provably longer than the bound: charged in full");
+    assert.equal(estimatedJsonOutput(null, 11, null), 11, "an answer that cannot be read whole counts all its bytes");
+    assert.equal(estimatedJsonOutput(Buffer.from('{"choices":[{"mess'), 300, 4), 4, "...held to the bound too");
   });
 });
 

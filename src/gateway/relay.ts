@@ -28,7 +28,7 @@ import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/
 import type { OutputCheck } from "../policy/request-policy.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import { UsageTap } from "./usage-tap.ts";
-import type { OutputMeter } from "./output-meter.ts";
+import { OutputMeter } from "./output-meter.ts";
 
 export interface UpstreamAnswer {
   statusCode: number;
@@ -55,6 +55,10 @@ export interface RelayResult {
   usage: TokenUsage | null;
   /** performance.now() when the first body byte arrived, if it did. */
   firstByteAt: number | null;
+  /** What counted a metered stream's output (for an estimate, when it reported no usage). */
+  meter: OutputMeter | null;
+  /** What read a JSON answer's usage (it holds the answer, for an estimate, when it reported none). */
+  tap: UsageTap | null;
 }
 
 /** Changes an answer on its way to the client, and reads its token usage as it passes. */
@@ -102,10 +106,14 @@ export interface RelayOptions {
   maxHeldBytes?: number;
   /** The upstream body has ended (or was given up): its replica has no more work for it. */
   onUpstreamEnd?: () => void;
-  /** Makes the meter that counts the output as it passes, and cuts a stream that goes past its bound (output-meter.ts); asked for successful answers only. */
-  meter?: ((answer: AnswerHead) => OutputMeter | null) | null;
-  /** What the failure event says when the meter cuts a stream. */
-  cutMessage?: string;
+  /**
+   * The answer is a stream to meter (the client asked for one): its output is counted as it
+   * passes, and cut past `outputBound` (output-meter.ts). Decided by the request, not by the
+   * answer's content type, so an upstream cannot opt out by naming it otherwise.
+   */
+  meterStream?: boolean;
+  /** The most output tokens the request reserved; null: none to hold (the meter only counts). */
+  outputBound?: number | null;
 }
 
 /** A held answer larger than this is refused rather than buffered: a guard reads far less, and memory is per request. */
@@ -142,7 +150,8 @@ function streamTail(chunks: [Buffer | null, Buffer | null]): string {
 
 function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
   const type = headers["content-type"];
-  return typeof type === "string" && type.startsWith("text/event-stream");
+  // Media types are case-insensitive (RFC 9110).
+  return typeof type === "string" && type.toLowerCase().startsWith("text/event-stream");
 }
 
 export function relay(options: RelayOptions): Promise<RelayResult> {
@@ -156,7 +165,9 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   const tap = !eventStream ? new UsageTap(false) : options.tapEventStream ? new UsageTap(true) : null;
   const rewriter = options.rewrite?.({ status: upstream.statusCode, eventStream }) ?? null;
   // Only a successful answer is metered: an error answer generated nothing.
-  const meter = upstream.statusCode >= 200 && upstream.statusCode < 300 ? (options.meter?.({ status: upstream.statusCode, eventStream }) ?? null) : null;
+  const meter = options.meterStream === true && upstream.statusCode >= 200 && upstream.statusCode < 300 ? new OutputMeter(options.outputBound ?? null) : null;
+  const encoding = upstream.headers["content-encoding"];
+  if (meter !== null && encoding !== undefined && encoding !== "identity") meter.cannotRead(`it came compressed (${String(encoding)})`);
   const sendHeaders = () => {
     if (headersOut) return;
     headersOut = true;
@@ -201,13 +212,12 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       // Late errors of a body we stopped caring about must not become unhandled.
       body.removeListener("error", onError);
       body.on("error", () => undefined);
-      resolve({ outcome, usage: rewriter?.usage() ?? tap?.usage() ?? meter?.reportedUsage() ?? null, firstByteAt });
+      resolve({ outcome, usage: rewriter?.usage() ?? tap?.usage() ?? meter?.reportedUsage() ?? null, firstByteAt, meter, tap });
     };
     const onData = (chunk: Buffer) => {
       if (firstByteAt === null) firstByteAt = performance.now();
       tap?.push(chunk);
       if (holding) {
-        meter?.push(chunk);
         heldBytes += chunk.length;
         if (heldBytes > maxHeldBytes) {
           const mib = Math.round((maxHeldBytes / (1024 * 1024)) * 10) / 10;
@@ -230,20 +240,28 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       if (eventStream) lastChunks = [lastChunks[1], chunk];
       const passing = meter === null ? chunk : meter.push(chunk);
       write(rewriter === null ? passing : rewriter.push(passing));
-      if (meter?.exceeded === true) cut(false);
+      if (meter?.exceeded === true) cut?.(false);
     };
     // The upstream went past the reserved output: what passed stays, the failure event ends
     // the stream, and the upstream request is closed so it stops generating.
-    const cut = (upstreamEnded: boolean) => {
-      sendHeaders();
-      const message = options.cutMessage ?? "The upstream went past the output this request reserved, so llmgw cut the answer here.";
-      endBrokenResponse(res, { message, code: "output_limit_exceeded" }, options.errors);
-      if (!upstreamEnded) {
-        body.destroy();
-        options.onUpstreamEnd?.();
-      }
-      finish({ kind: "cut", error: new Error(message) });
-    };
+    // Made only for a metered answer: a closure per request is a measurable cost on the hot path.
+    const cut =
+      meter === null
+        ? null
+        : (upstreamEnded: boolean) => {
+            sendHeaders();
+            const reason = meter.unreadable;
+            const message =
+              reason === null
+                ? `The upstream went past the ${options.outputBound} output tokens this request reserved (its max_tokens under the key's limits), so llmgw cut the answer here.`
+                : `llmgw cannot count this answer's output against the key's limits (${reason}), so it was cut.`;
+            endBrokenResponse(res, { message, code: "output_limit_exceeded" }, options.errors);
+            if (!upstreamEnded) {
+              body.destroy();
+              options.onUpstreamEnd?.();
+            }
+            finish({ kind: "cut", error: new Error(message) });
+          };
     const onEnd = () => {
       options.onUpstreamEnd?.();
       if (holding) {
@@ -265,7 +283,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
         const rest = meter.end();
         write(rewriter === null ? rest : rewriter.push(rest));
         if (meter.exceeded) {
-          cut(true);
+          cut?.(true);
           return;
         }
       }

@@ -13,6 +13,8 @@ const TAIL_BYTES = 64 * 1024;
 export class UsageTap {
   private chunks: Buffer[] = [];
   private size = 0;
+  /** Every byte of the answer, kept or not. */
+  private total = 0;
 
   constructor(private readonly stream: boolean) {}
 
@@ -20,9 +22,20 @@ export class UsageTap {
   push(chunk: Buffer): void {
     this.chunks.push(chunk);
     this.size += chunk.length;
+    this.total += chunk.length;
     while (this.chunks.length > 1 && this.size - this.chunks[0]!.length >= TAIL_BYTES) {
       this.size -= this.chunks.shift()!.length;
     }
+  }
+
+  /** The bytes of the whole answer. */
+  answerBytes(): number {
+    return this.total;
+  }
+
+  /** The whole answer when the tap still holds all of it (an answer of up to 64 KiB), else null: for an estimate of its text. */
+  wholeAnswer(): Buffer | null {
+    return this.size === this.total ? Buffer.concat(this.chunks) : null;
   }
 
   usage(): TokenUsage | null {

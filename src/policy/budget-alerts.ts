@@ -148,7 +148,7 @@ function budgetEvent(kind: Alert, spend: KeySpend, share: number): NewEvent {
   const overUsd = Math.max(0, Math.round((spend.spent_usd - spend.limit_usd) * 1e9) / 1e9);
   const message =
     kind === "budget_exceeded"
-      ? `Key '${spend.key}' (${spend.prefix}) went over its ${periodText} by ${money(overUsd)}: ${money(spend.spent_usd)} spent of ${money(spend.limit_usd)}. An upstream generated more than the output it was asked for (max_tokens) and the key was charged what it used; its requests are refused until the spend is back under the budget. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
+      ? `Key '${spend.key}' (${spend.prefix}) went over its ${periodText} by ${money(overUsd)}: ${money(spend.spent_usd)} spent of ${money(spend.limit_usd)} when this was recorded. Requests are charged what they used: an upstream that answered past the output it was asked for (max_tokens) without a stream to cut, requests admitted together before one of them went over, or a budget lowered below the spend. Its requests are refused until the spend is back under the budget. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
       : kind === "budget_exhausted"
         ? `Key '${spend.key}' (${spend.prefix}) has spent its ${periodText}: ${money(spend.spent_usd)} of ${money(spend.limit_usd)}${spend.refused_usd === undefined ? "" : `, no room for a request of up to ${money(spend.refused_usd)}`}; its requests are refused. ${resets}; raise it with 'llmgw ctl key update ${spend.key} --budget USD'.`
         : `Key '${spend.key}' (${spend.prefix}) has spent ${percent}% of its ${periodText} (${money(spend.spent_usd)} of ${money(spend.limit_usd)}; alert at ${Math.round(share * 100)}%). ${resets}.`;
