@@ -297,7 +297,13 @@ async function main(): Promise<void> {
       const limited = options.keyLimits && (name === "llmgw" || !options.comparePlain);
       const prices = limited ? { prices: { input_per_million: 0.5, output_per_million: 1.5 } } : {};
       const limits = limited ? { rpm: 100_000_000, tpm: 100_000_000, budget_usd: 1_000_000, budget_period: "month" } : {};
-      await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [{ name: "stub", engine: "external", url: stub.url }], ...prices });
+      // The stub stands for an engine, which keeps to max_tokens: `trust_max_tokens` (else, with
+      // key limits, llmgw asks it for a stream to hold it to the bound: relay-assembled.ts). A
+      // build from before the option refuses the field, and gets the profile without it.
+      const profile = { name: "stub", engine: "external", url: stub.url };
+      await api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [{ ...profile, trust_max_tokens: true }], ...prices }).catch(() =>
+        api(`${server.url}/api/v1/models`, adminKey, "POST", { name: MODEL, profiles: [profile], ...prices }),
+      );
       const { key } = (await api(`${server.url}/api/v1/keys`, adminKey, "POST", { name: "bench", ...limits })) as { key: string };
       urls[name] = server.url;
       keys[name] = key;

@@ -115,6 +115,12 @@ export const profileSchema = z
     upstream_model: z.string().min(1).optional(),
     /** external: requests the gateway sends that server at once (default 64); more wait in the model's queue. */
     max_inflight: z.number().int().min(1).max(4096).optional(),
+    /**
+     * external: the server keeps to max_tokens, so a non-stream request of a key with limits
+     * is sent to it as it is (default false: llmgw asks for a stream and stops it at the
+     * reserved output; gateway/relay-assembled.ts).
+     */
+    trust_max_tokens: z.boolean().optional(),
   })
   .superRefine((profile, ctx) => {
     if (profile.engine === "external" && profile.url === undefined) {
@@ -129,6 +135,9 @@ export const profileSchema = z
       if (url.search !== "" || url.hash !== "") {
         ctx.addIssue({ code: "custom", path: ["url"], message: "must be a base URL without ?query or #fragment (requests go to URL/v1/...)" });
       }
+    }
+    if (profile.engine !== "external" && profile.trust_max_tokens !== undefined) {
+      ctx.addIssue({ code: "custom", path: ["trust_max_tokens"], message: `belongs to external profiles: llmgw runs ${profile.engine} engines itself` });
     }
     if (profile.engine !== "external" && (profile.url !== undefined || profile.api_key !== undefined || profile.api_key_sealed !== undefined)) {
       ctx.addIssue({ code: "custom", path: ["url"], message: `url and api_key belong to external profiles, not ${profile.engine}` });

@@ -31,6 +31,7 @@ export function externalReplicasOf(model: CatalogModel, apiKeyOf: (profile: Prof
       upstreamModel: profile.upstream_model ?? model.name,
       weight: profile.weight,
       priority: profile.priority,
+      untrustedOutput: profile.trust_max_tokens !== true,
       slots: profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT,
       attempt: 0,
       failures: 0,

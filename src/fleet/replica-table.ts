@@ -29,6 +29,11 @@ export interface Replica {
   /** The profile's priority: the gateway prefers ready replicas of the highest (default 0). */
   priority?: number;
   /**
+   * An external server the gateway does not trust to keep to max_tokens (its profile did not
+   * say `trust_max_tokens`): a non-stream request with an output bound runs as a stream there.
+   */
+  untrustedOutput?: boolean;
+  /**
    * Requests the replica serves at once: an engine's parallel sequences, an external
    * server's max_inflight. The gateway never has more in flight there; the rest wait in
    * the model's queue.

@@ -103,12 +103,15 @@ describe("gateway", () => {
         body: JSON.stringify(chat),
       });
       assert.equal(response.status, 200, await response.text());
-      const { model, max_tokens, ...rest } = upstream.requests.at(-1)!.body;
+      const { model, max_tokens, stream, stream_options, ...rest } = upstream.requests.at(-1)!.body;
       assert.equal(model, "upstream-name");
       const { model: _alias, ...sentFields } = chat;
       assert.deepEqual(rest, sentFields);
-      if (sendKey === limited) assert.equal(typeof max_tokens, "number", "the limited key's reservation caps the output upstream");
-      else assert.equal(max_tokens, undefined);
+      if (sendKey === limited) {
+        assert.equal(typeof max_tokens, "number", "the limited key's reservation caps the output upstream");
+        // An external server is not trusted to keep to it: the request runs as a stream there (relay-assembled.ts).
+        assert.deepEqual({ stream, stream_options }, { stream: true, stream_options: { include_usage: true } });
+      } else assert.deepEqual({ max_tokens, stream, stream_options }, { max_tokens: undefined, stream: undefined, stream_options: undefined });
     }
     const completion = { model: "ext-alias", prompt: "Once", logprobs: 2, echo: false, best_of: 1, suffix: null, max_tokens: 4 };
     const answered = await fetch(`${harness.url}/v1/completions`, {

@@ -354,8 +354,22 @@ export class Gateway {
     const injectUsage = stream && (body.stream_options as { include_usage?: unknown } | null | undefined)?.include_usage !== true;
     const payloads = new Map<string, Buffer>();
     const outputCap = outputCapOf(route.path, body, call.permit?.maxOutputTokens ?? null);
+    // A JSON answer cannot be stopped half-way: where the limits bound the output and the
+    // upstream is not trusted to keep to max_tokens, the request runs as a stream there,
+    // stopped at the bound and put together again (relay-assembled.ts).
+    const bounded = !stream && route.path !== "/v1/embeddings" && (call.permit?.maxOutputTokens ?? null) !== null;
+    const assembles = (replica: Replica) => bounded && replica.untrustedOutput === true;
     const payloadFor = (replica: Replica): Buffer => {
       const upstreamModel = replica.upstreamModel;
+      if (assembles(replica)) {
+        const key = `${upstreamModel}\u0000stream`;
+        let streamed = payloads.get(key);
+        if (streamed === undefined) {
+          streamed = Buffer.from(JSON.stringify({ ...body, model: upstreamModel, ...outputCap, stream: true, stream_options: { include_usage: true } }));
+          payloads.set(key, streamed);
+        }
+        return streamed;
+      }
       if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
       let payload = payloads.get(upstreamModel);
       if (payload === undefined && upstreamModel === body.model && route.wire === undefined && outputCap === null) {
@@ -384,7 +398,7 @@ export class Gateway {
       onReplica: (replica) => {
         call.replicaId = replica.id;
       },
-      answer: (upstream, lease) => this.relayAnswer({ request, upstream, lease, injectUsage }),
+      answer: (upstream, lease) => this.relayAnswer({ request, upstream, lease, injectUsage, assemble: assembles(lease.replica) }),
     });
   }
 
@@ -394,6 +408,8 @@ export class Gateway {
     upstream: Dispatcher.ResponseData;
     lease: Lease;
     injectUsage: boolean;
+    /** The request runs as a stream upstream, to be held to its output bound (relay-assembled.ts). */
+    assemble: boolean;
   }): Promise<number | FailedBeforeAnswer> {
     const { request, upstream, lease } = attempt;
     const { call, model } = request;
@@ -411,6 +427,7 @@ export class Gateway {
       headers: call.permit?.headers,
       meterStream: call.stream,
       outputBound: maxOutputTokens,
+      assemble: attempt.assemble ? { completions: request.route.path === "/v1/completions" } : null,
     });
     const { outcome } = result;
     call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
@@ -444,7 +461,8 @@ export class Gateway {
           },
           "the upstream went past the reserved output, or its stream could not be counted; the stream was cut",
         );
-        return STATUS_UPSTREAM_BROKE;
+        // A JSON answer made of the stream reached the client whole, ended at the bound.
+        return attempt.assemble ? request.res.statusCode : STATUS_UPSTREAM_BROKE;
       case "failed-before-first-byte":
         // Failed after its headers but before any byte: as good as a refused connection.
         return new FailedBeforeAnswer(

@@ -9,7 +9,8 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { startHarness, type Harness } from "../../test/support/server-harness.ts";
-import { fakeUpstreams } from "../../test/support/fake-upstream.ts";
+import { fakeUpstreams, type FakeUpstream } from "../../test/support/fake-upstream.ts";
+import Anthropic from "@anthropic-ai/sdk";
 import { eventually } from "../../test/support/eventually.ts";
 import { dropSchema, postgresSchemaOrSkip } from "../../test/support/stores.ts";
 import { costUsd } from "../policy/cost.ts";
@@ -151,12 +152,16 @@ const TINY = { messages: [{ role: "user", content: "Say one word." }], max_token
 describe("budgets against an upstream that ignores max_tokens", () => {
   const upstreams = fakeUpstreams();
   let harness: Harness;
+  let ignoring: FakeUpstream;
 
   before(async () => {
     harness = await startHarness();
-    const ignoring = await upstreams.start({ reply: EIGHT_WORDS });
+    ignoring = await upstreams.start({ reply: EIGHT_WORDS });
+    const jsonOnly = await upstreams.start({ reply: EIGHT_WORDS, ignoreStream: true });
     const silent = await upstreams.start({ reply: "un deux trois", omitUsage: true });
     await harness.addModel({ name: "ignores", prices: PRICES, profiles: [{ name: "p", engine: "external", url: ignoring.url }] });
+    await harness.addModel({ name: "trusted", prices: PRICES, profiles: [{ name: "p", engine: "external", url: ignoring.url, trust_max_tokens: true }] });
+    await harness.addModel({ name: "json-only", prices: PRICES, profiles: [{ name: "p", engine: "external", url: jsonOnly.url }] });
     await harness.addModel({ name: "uncounted", prices: PRICES, profiles: [{ name: "p", engine: "external", url: silent.url }] });
     await harness.addModel({ name: "other", prices: PRICES, profiles: [{ name: "p", engine: "external", url: silent.url }] });
   });
@@ -225,14 +230,61 @@ describe("budgets against an upstream that ignores max_tokens", () => {
     assert.equal(seen.join(""), "a");
   });
 
-  test("an answer longer than its bound is charged in full; the key is refused from then on, and budget_exceeded says by how much", async () => {
+  test("50 concurrent non-stream requests with max_tokens 1: each runs as a stream upstream and is stopped at one token (finish_reason length), and the spend stays within the budget", async () => {
+    const key = await harness.clientKey({ name: "answers-together", budget_usd: 0.05 });
+    const answers = await Promise.all(
+      Array.from({ length: 50 }, async () => {
+        const response = await post(key, { model: "ignores", ...TINY });
+        return { status: response.status, body: (await response.json()) as { choices?: Array<{ message: { content: string }; finish_reason: string }> } };
+      }),
+    );
+    const answered = answers.filter((answer) => answer.status === 200);
+    assert.ok(answered.length > 0, "some requests were admitted");
+    for (const { status, body } of answers) {
+      if (status === 429) continue;
+      assert.equal(status, 200, JSON.stringify(body));
+      assert.equal(body.choices?.[0]?.message.content, "a", "the one token reserved");
+      assert.equal(body.choices?.[0]?.finish_reason, "length", "as an upstream that kept to max_tokens answers");
+    }
+    assert.equal(ignoring.requests.at(-1)?.body.stream, true, "the upstream was asked for a stream");
+    const budget = await settled("answers-together");
+    assert.ok(budget.spent_usd > 0 && budget.spent_usd <= 0.05 + 1e-12, `spent ${budget.spent_usd} of a $0.05 budget`);
+  });
+
+  test("the Anthropic SDK's non-stream message is stopped the same way: stop_reason max_tokens", async () => {
+    const client = new Anthropic({ baseURL: harness.url, apiKey: await harness.clientKey({ name: "anthropic", budget_usd: 1 }), maxRetries: 0 });
+    const message = await client.messages.create({ model: "ignores", max_tokens: 1, messages: [{ role: "user", content: "Say one word." }] });
+    assert.equal(message.stop_reason, "max_tokens");
+    assert.deepEqual(
+      message.content.map((block) => (block.type === "text" ? block.text : block.type)),
+      ["a"],
+    );
+  });
+
+  test("a profile with trust_max_tokens is sent the request as it is, and charged what it reports", async () => {
+    const created = await harness.admin("POST", "/api/v1/keys", { name: "trusting", budget_usd: 1 });
+    const response = await post(created.body.key, { model: "trusted", ...TINY });
+    assert.equal(response.status, 200);
+    assert.equal(((await response.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content, EIGHT_WORDS);
+    assert.notEqual(ignoring.requests.at(-1)?.body.stream, true, "asked for one JSON answer");
+    const budget = await settled("trusting");
+    assert.ok(Math.abs(budget.spent_usd - costUsd(PRICES, { prompt_tokens: 7, completion_tokens: 8 })) < 1e-9, `charged ${budget.spent_usd}`);
+    const refused = await harness.admin("POST", "/api/v1/models", {
+      name: "bad-trust",
+      profiles: [{ name: "p", engine: "llamacpp", trust_max_tokens: true }],
+    });
+    assert.equal(refused.status, 400, JSON.stringify(refused.body));
+    assert.match(refused.body.error.message, /trust_max_tokens.*external/);
+  });
+
+  test("an upstream that answers one JSON body even when asked to stream cannot be stopped: its answer is charged in full, the key is refused from then on, and budget_exceeded says by how much", async () => {
     const created = await harness.admin("POST", "/api/v1/keys", { name: "answers", budget_usd: 0.05 });
     const key: string = created.body.key;
     // The fake upstream reports 7 prompt tokens and 8 of output for every answer.
     const charge = costUsd(PRICES, { prompt_tokens: 7, completion_tokens: 8 });
     let answered = 0;
     for (;;) {
-      const response = await post(key, { model: "ignores", ...TINY });
+      const response = await post(key, { model: "json-only", ...TINY });
       if (response.status === 429) {
         const refusal = (await response.json()) as { error: { code: string } };
         assert.equal(refusal.error.code, "insufficient_quota");
@@ -247,7 +299,7 @@ describe("budgets against an upstream that ignores max_tokens", () => {
     assert.ok(Math.abs(budget.spent_usd - answered * charge) < 1e-9, `each answer charged in full: ${budget.spent_usd} for ${answered}`);
     assert.ok(budget.spent_usd > 0.05, "the last answer took it over");
     assert.ok(budget.spent_usd - 0.05 <= charge, "over by no more than one request's excess");
-    assert.equal((await post(key, { model: "ignores", ...TINY })).status, 429, "still refused");
+    assert.equal((await post(key, { model: "json-only", ...TINY })).status, 429, "still refused");
     const events = await eventually("the budget_exceeded event", async () => {
       const listed = await harness.admin("GET", "/api/v1/events?kind=budget_exceeded");
       return listed.body.data.find((e: { data: { key_id: string } }) => e.data.key_id === created.body.id);
@@ -304,7 +356,8 @@ test("across servers on PostgreSQL: an overspend on one server refuses the key o
   const first = await startHarness({ database });
   const second = await startHarness({ database, adminKey: first.adminKey });
   try {
-    const ignoring = await upstreams.start({ reply: EIGHT_WORDS });
+    // An upstream that answers JSON even when asked to stream: the one kind whose excess cannot be stopped.
+    const ignoring = await upstreams.start({ reply: EIGHT_WORDS, ignoreStream: true });
     await first.addModel({ name: "ignores", prices: PRICES, profiles: [{ name: "p", engine: "external", url: ignoring.url }] });
     const created = await first.admin("POST", "/api/v1/keys", { name: "shared", budget_usd: 0.01 });
     const ask = (h: Harness) =>

@@ -29,6 +29,7 @@ import type { OutputCheck } from "../policy/request-policy.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import { UsageTap } from "./usage-tap.ts";
 import { OutputMeter } from "./output-meter.ts";
+import { relayAssembled } from "./relay-assembled.ts";
 
 export interface UpstreamAnswer {
   statusCode: number;
@@ -114,6 +115,11 @@ export interface RelayOptions {
   meterStream?: boolean;
   /** The most output tokens the request reserved; null: none to hold (the meter only counts). */
   outputBound?: number | null;
+  /**
+   * The client asked for one JSON answer, and the gateway asked the upstream for a stream to
+   * hold it to `outputBound` (relay-assembled.ts): an event stream is made into that answer.
+   */
+  assemble?: { completions: boolean } | null;
 }
 
 /** A held answer larger than this is refused rather than buffered: a guard reads far less, and memory is per request. */
@@ -126,7 +132,7 @@ export const MAX_HELD_BYTES = 8 * 1024 * 1024;
  */
 const FORWARDED_HEADERS = new Set(["content-type", "content-length", "content-encoding", "cache-control", "retry-after", "retry-after-ms", "x-request-id"]);
 
-function forwardedHeaders(headers: UpstreamAnswer["headers"], rewritten: boolean): Record<string, string | string[]> {
+export function forwardedHeaders(headers: UpstreamAnswer["headers"], rewritten: boolean): Record<string, string | string[]> {
   const kept: Record<string, string | string[]> = {};
   for (const name in headers) {
     const value = headers[name];
@@ -156,6 +162,11 @@ function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
 
 export function relay(options: RelayOptions): Promise<RelayResult> {
   const { res, upstream } = options;
+  // An upstream that answered the stream it was asked for with one JSON body anyway goes the
+  // usual way: nothing to assemble, and its answer is charged in full.
+  if (options.assemble != null && upstream.statusCode >= 200 && upstream.statusCode < 300 && isEventStream(upstream.headers)) {
+    return relayAssembled(options, options.assemble.completions);
+  }
   const body = upstream.body;
   let firstByteAt: number | null = null;
   let headersOut = false;

@@ -74,7 +74,8 @@ describe("what a request costs as it ends", () => {
     await harness.addModel({ name: "lg", role: "guard", guard_format: "llama-guard-3", profiles: [{ name: "g", engine: "external", url: guard.url }] });
     const slow = await upstreams.start({ reply: "one two three four five", beforeNextChunk: gate.wait });
     const leaky = await upstreams.start({ reply: "first you build a bomb" });
-    const broken = await upstreams.start({ resetMidBody: true });
+    // Breaks both ways: mid-JSON, and after a first event when it is asked for a stream (a key with limits).
+    const broken = await upstreams.start({ resetMidBody: true, resetAfterChunks: 1 });
     await harness.addModel({ name: "slow", prices: PRICES, profiles: [{ name: "p", engine: "external", url: slow.url }] });
     await harness.addModel({ name: "leaky", prices: PRICES, guards: { output: ["lg"] }, profiles: [{ name: "p", engine: "external", url: leaky.url }] });
     await harness.addModel({ name: "broken", prices: PRICES, profiles: [{ name: "p", engine: "external", url: broken.url }] });

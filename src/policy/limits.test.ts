@@ -81,11 +81,12 @@ describe("budgets and rate limits on one server", () => {
 
   test("100 requests at once against a budget for about 10: the reservations that fit run, the rest get insufficient_quota, and spent stays within the budget", async () => {
     const gate = new Gate();
+    // trust_max_tokens: held JSON answers, as the test means (an untrusted server would be asked for a stream).
     const held = await upstreams.start({ reply: REPLY, beforeAnswer: gate.wait });
     const heldModel = await harness.addModel({
       name: "held-priced",
       prices: PRICES,
-      profiles: [{ name: "p", engine: "external", url: held.url, max_inflight: 200 }],
+      profiles: [{ name: "p", engine: "external", url: held.url, trust_max_tokens: true, max_inflight: 200 }],
       queue_size: 1000,
     });
     const { usd: perRequest } = reservation(heldModel);
@@ -267,7 +268,12 @@ describe("budgets and rate limits on one server", () => {
     const refusing = await upstreams.start({ resetOnRequest: true });
     const broken = await upstreams.start({ resetMidBody: true });
     await harness.addModel({ name: "refusing", prices: PRICES, profiles: [{ name: "p", engine: "external", url: refusing.url }] });
-    const brokenModel = await harness.addModel({ name: "broken", prices: PRICES, profiles: [{ name: "p", engine: "external", url: broken.url }] });
+    // trust_max_tokens: the JSON answer itself breaks (an untrusted server would be asked for a stream).
+    const brokenModel = await harness.addModel({
+      name: "broken",
+      prices: PRICES,
+      profiles: [{ name: "p", engine: "external", url: broken.url, trust_max_tokens: true }],
+    });
     const client = clientFor(harness, await harness.clientKey({ name: "outcomes", budget_usd: 100 }));
     assert.ok((await client.chat.completions.create({ model: "refusing", ...HI }).catch((error: unknown) => error)) instanceof OpenAI.APIError);
     const afterRefused = await eventually("the refused request to settle", async () => {
@@ -394,7 +400,11 @@ describe("two servers on one PostgreSQL", () => {
     const [a, b] = [first!, second!];
     const gate = new Gate();
     const upstream = await upstreams.start({ reply: REPLY, beforeAnswer: gate.wait });
-    const model = await a.addModel({ name: "shared", prices: PRICES, profiles: [{ name: "p", engine: "external", url: upstream.url, max_inflight: 100 }] });
+    const model = await a.addModel({
+      name: "shared",
+      prices: PRICES,
+      profiles: [{ name: "p", engine: "external", url: upstream.url, trust_max_tokens: true, max_inflight: 100 }],
+    });
     await b.server.catalog.refresh();
     await eventually("the second server to route the model", () => b.server.replicas.forModel(model.id).length > 0);
 
@@ -423,7 +433,7 @@ describe("two servers on one PostgreSQL", () => {
     const heldModel = await a.addModel({
       name: "shared-held",
       prices: PRICES,
-      profiles: [{ name: "p", engine: "external", url: heldUpstream.url, max_inflight: 100 }],
+      profiles: [{ name: "p", engine: "external", url: heldUpstream.url, trust_max_tokens: true, max_inflight: 100 }],
     });
     await b.server.catalog.refresh();
     await eventually("the second server to route the held model", () => b.server.replicas.forModel(heldModel.id).length > 0);

@@ -31,6 +31,8 @@ export interface FakeUpstreamOptions {
   beforeNextChunk?: () => Promise<void>;
   /** Report no usage at all: none in a JSON answer, no usage chunk in a stream (an upstream that does not count). */
   omitUsage?: boolean;
+  /** Answer with one JSON body even when asked for a stream (some servers ignore `stream`). */
+  ignoreStream?: boolean;
 }
 
 export interface FakeUpstream {
@@ -104,7 +106,7 @@ export async function startFakeUpstream(options: FakeUpstreamOptions = {}): Prom
       const id = "chatcmpl-fake";
       const created = 1764500000;
       const usage = { prompt_tokens: 7, completion_tokens: words.length, total_tokens: 7 + words.length };
-      if (body?.stream !== true) {
+      if (body?.stream !== true || options.ignoreStream === true) {
         const answer = JSON.stringify({
           id,
           object: "chat.completion",
