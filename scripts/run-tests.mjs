@@ -66,6 +66,7 @@ const unit = [
   "src/gateway/try-replicas.test.ts",
   "src/gateway/request-outcome.test.ts",
   "src/gateway/output-bound.test.ts",
+  "src/gateway/stream-assembly.test.ts",
   "src/core/json-body.test.ts",
   "src/events/events-routes.test.ts",
   "src/gateway/admission.test.ts",
