@@ -24,6 +24,7 @@ import { UNLOADABLE_GGUF_COMPLAINT, writeUnloadableGguf } from "./support/unload
 import type { RenderedError } from "../src/core/errors.ts";
 import type { StoredEvent } from "../src/events/event-log.ts";
 import type { modelHealthView, NodeView } from "../src/fleet/fleet-views.ts";
+import { adminCaller } from "./support/admin-call.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -51,15 +52,7 @@ describe("a fleet of agents", { timeout: 600_000 }, () => {
   // Short backoff, so an engine that crashes at start parks after its 5 tries in seconds.
   const timings = JSON.stringify({ backoffMs: [100, 400] });
 
-  const admin = async (method: string, pathname: string, body?: unknown) => {
-    const response = await fetch(url + pathname, {
-      method,
-      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    const text = await response.text();
-    return { status: response.status, body: text === "" ? null : JSON.parse(text) };
-  };
+  const admin = adminCaller(() => ({ url, key: adminKey }));
   const ctl = (args: string[]) =>
     run(process.execPath, [BIN, "ctl", "--server", url, "--key", adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
   const health = async (model: string): Promise<HealthView> => (await admin("GET", `/api/v1/models/${model}/health`)).body;

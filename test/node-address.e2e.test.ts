@@ -22,6 +22,7 @@ import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { eventually } from "./support/eventually.ts";
 import { spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
+import { adminCaller } from "./support/admin-call.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
@@ -64,15 +65,7 @@ describe("a node's address is fixed at join", { timeout: 600_000 }, () => {
   let joinToken = "";
   let forged: Awaited<ReturnType<typeof countingListener>>;
 
-  const admin = async (method: string, pathname: string, body?: unknown) => {
-    const response = await fetch(url + pathname, {
-      method,
-      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    const text = await response.text();
-    return { status: response.status, body: text === "" ? null : JSON.parse(text) };
-  };
+  const admin = adminCaller(() => ({ url, key: adminKey }));
   const startAgent = (name: string, extra: string[] = []) => {
     const dir = path.join(root, `agent-${name}`);
     mkdirSync(dir, { recursive: true });
