@@ -67,6 +67,7 @@ const unit = [
   "src/gateway/request-outcome.test.ts",
   "src/gateway/output-bound.test.ts",
   "src/gateway/stream-assembly.test.ts",
+  "src/gateway/relay-assembled.test.ts",
   "src/core/json-body.test.ts",
   "src/events/events-routes.test.ts",
   "src/gateway/admission.test.ts",

@@ -156,9 +156,9 @@ describe("usage reports", () => {
     const lines = stdout.trimEnd().split("\n");
     assert.match(lines[0]!, /^MODEL\s+REQUESTS\s+ERRORS\s+PROMPT TOK\s+COMPLETION TOK\s+ESTIMATED\s+COST\s+P50\s+P95\s+TTFT P50$/);
     // The 500 answered a request that was not streamed, so it has no time to first token.
-    assert.match(lines[1]!, /^broken\s+1\s+1\s+0\s+0\s+\$0\s+\d+ ms\s+\d+ ms\s+-$/);
-    assert.match(lines[2]!, /^metered\s+1\s+0\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/);
-    assert.match(lines[3]!, /^TOTAL\s+2\s+1\s+7\s+5\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/, "the total has the percentiles of all requests");
+    assert.match(lines[1]!, /^broken\s+1\s+1\s+0\s+0\s+0\s+\$0\s+\d+ ms\s+\d+ ms\s+-$/);
+    assert.match(lines[2]!, /^metered\s+1\s+0\s+7\s+5\s+0\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/);
+    assert.match(lines[3]!, /^TOTAL\s+2\s+1\s+7\s+5\s+0\s+\$0\.000096\s+\d+ ms\s+\d+ ms\s+\d+ ms$/, "the total has the percentiles of all requests");
 
     const { stdout: json } = await ctl(["--by", "key", "--key-name", "reporter", "--json"]);
     assert.deepEqual(

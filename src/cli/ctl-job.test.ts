@@ -400,6 +400,7 @@ test("every leaf ctl command shows an example under --help", () => {
       "node show",
       "node drain",
       "node undrain",
+      "node update",
       "node remove",
       "node join-token",
       "key create",

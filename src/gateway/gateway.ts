@@ -434,6 +434,10 @@ export class Gateway {
     // A failed attempt's timing and usage are not the request's: another replica may answer it.
     if (outcome.kind !== "failed-before-first-byte") {
       call.usage = atLeastCounted(result.usage, result.meter);
+      // Cut at the bound: nothing past it reached the client, so nothing past it is charged.
+      if (outcome.kind === "cut" && call.usage !== null && result.meter !== null) {
+        call.usage = { prompt_tokens: call.usage.prompt_tokens, completion_tokens: result.meter.chargedWhenCut(call.usage.completion_tokens) };
+      }
       call.firstByteAt = result.firstByteAt;
       call.answered = request;
       call.meter = result.meter;

@@ -52,7 +52,7 @@ describe("the output meter", () => {
       const { passed, exceeded, meter } = meterStream(stream, 2, size);
       assert.equal(exceeded, true, `pieces of ${size}`);
       assert.equal(passed, event({ role: "assistant", content: "" }) + event({ content: "Hello" }) + event({ content: " wörld" }), `pieces of ${size}`);
-      assert.equal(meter.countedOutput(), 3);
+      assert.equal(meter.countedOutput(), 2, "what passed");
     }
   });
 
@@ -61,7 +61,8 @@ describe("the output meter", () => {
     const { passed, exceeded, meter } = meterStream(oneEvent, 1, 1000);
     assert.equal(exceeded, true);
     assert.equal(passed, event({ content: "eight tokens in one event of text" }));
-    assert.deepEqual(meter.reportedUsage(), { prompt_tokens: 4, completion_tokens: 8 });
+    assert.equal(meter.reportedUsage(), null, "the count came with the event held back");
+    assert.equal(meter.chargedWhenCut(8), 1, "a cut stream is charged no more than the bound");
   });
 
   test("events without text (the role, the finish, usage within the bound) count nothing; tool calls and reasoning count", () => {
@@ -101,7 +102,7 @@ describe("the output meter", () => {
       const { passed, exceeded, meter } = meterStream(cr, 2, size);
       assert.equal(exceeded, true, `pieces of ${size}`);
       assert.equal(passed, cr.slice(0, cr.indexOf("\r\r", cr.indexOf("\r\r") + 2) + 2), `pieces of ${size}`);
-      assert.equal(meter.countedOutput(), 3);
+      assert.equal(meter.countedOutput(), 2);
     }
   });
 
@@ -110,7 +111,7 @@ describe("the output meter", () => {
     const { passed, exceeded, meter } = meterStream(long, 3, 100);
     assert.equal(exceeded, true);
     assert.equal(passed, "");
-    assert.equal(meter.countedOutput(), 4);
+    assert.equal(meter.countedOutput(), 0, "the event counts 4 tokens, so it never passed");
     assert.equal(meterStream(event({ refusal: "no" }), 0, 100).exceeded, true, "a refusal is text too");
   });
 

@@ -35,15 +35,18 @@ export const MAX_TOKEN_BYTES = 256;
 const MAX_PENDING_BYTES = 1024 * 1024;
 
 export class OutputMeter {
-  /** Tokens counted from the text events so far (a lower bound of the tokens generated). */
+  /** Tokens counted from the text of the events that passed (a lower bound of the tokens generated). */
   private textTokens = 0;
-  /** UTF-8 bytes of the generated text relayed so far (an upper bound of its tokens). */
+  /** UTF-8 bytes of the generated text that passed (an upper bound of its tokens). */
   private textBytes = 0;
-  /** The usage the upstream reported in an event, if it did. */
+  /** The usage the upstream reported in an event that passed, if it did. */
   private reported: TokenUsage | null = null;
-  /** An event cut by a chunk boundary, waiting for its rest, and how far it was searched for its end. */
-  private pending: Buffer = EMPTY;
-  private searchedTo = 0;
+  /**
+   * An event cut by chunk boundaries, waiting for its rest: its chunks, joined only once its
+   * end has come (joining at every chunk would copy a long event again and again).
+   */
+  private pending: Buffer[] = [];
+  private pendingBytes = 0;
   private over = false;
   private unreadableReason: string | null = null;
 
@@ -60,19 +63,19 @@ export class OutputMeter {
     return this.unreadableReason;
   }
 
-  /** The output tokens counted so far (the larger of the text's count and the upstream's own). */
+  /** The output tokens of what passed (the larger of the text's count and the upstream's own). */
   countedOutput(): number {
     return Math.max(this.textTokens, this.reported?.completion_tokens ?? 0);
   }
 
-  /** The usage the upstream reported in an event, if it did (a cut stream's last word may be in the event that was held back). */
+  /** The usage the upstream reported in an event that passed, if it did. */
   reportedUsage(): TokenUsage | null {
     return this.reported;
   }
 
   /**
-   * The body cannot be read (it is compressed): a bounded stream is cut, an unbounded one
-   * passes unmetered.
+   * The body cannot be read (it is compressed, or too large to hold): a bounded stream is
+   * cut, an unbounded one passes unmetered.
    */
   cannotRead(reason: string): void {
     if (this.bound !== null) this.over = true;
@@ -88,40 +91,38 @@ export class OutputMeter {
   push(chunk: Buffer): Buffer {
     if (this.over) return EMPTY;
     if (this.unreadableReason !== null) return chunk;
-    const data = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    let data = chunk;
+    if (this.pendingBytes > 0) {
+      // Does an event end in this chunk? The last bytes held are enough to tell (a blank
+      // line split by the chunk boundary); only then is the held event joined.
+      const last = this.pending[this.pending.length - 1]!;
+      const probe = Buffer.concat([last.subarray(Math.max(0, last.length - 3)), chunk.subarray(0, Math.min(chunk.length, 4))]);
+      if (eventEnd(probe, 0, 0) === -1 && chunk.indexOf(0x0a) === -1 && chunk.indexOf(0x0d) === -1) return this.hold(chunk, EMPTY);
+      data = Buffer.concat([...this.pending, chunk]);
+      this.pending = [];
+      this.pendingBytes = 0;
+    }
     let passed = 0;
     for (;;) {
-      const end = eventEnd(data, passed, Math.max(passed, this.searchedTo));
+      const end = eventEnd(data, passed, passed);
       if (end === -1) break;
-      this.countEvent(data, passed, end);
-      if (this.passedBound()) {
+      if (!this.countEvent(data, passed, end)) {
         this.over = true;
-        this.pending = EMPTY;
         return data.subarray(0, passed);
       }
       passed = end;
-      this.searchedTo = 0;
     }
-    this.pending = passed === data.length ? EMPTY : data.subarray(passed);
-    // Where the next search for this event's end starts: a long event is not searched again from its start.
-    this.searchedTo = this.pending.length;
-    if (this.pending.length > MAX_PENDING_BYTES) {
-      this.cannotRead(`no event ended within ${MAX_PENDING_BYTES} bytes: the answer is not a server-sent event stream llmgw can count`);
-      if (this.over) return data.subarray(0, passed);
-      const rest = data;
-      this.pending = EMPTY;
-      return rest;
-    }
-    return passed === data.length ? data : data.subarray(0, passed);
+    const ready = passed === data.length ? data : data.subarray(0, passed);
+    return passed === data.length ? ready : this.hold(data.subarray(passed), ready);
   }
 
   /** The upstream ended: what was held of an unterminated last event (counted, and passed unless it passes the bound). */
   end(): Buffer {
-    if (this.over || this.pending.length === 0) return EMPTY;
-    const rest = this.pending;
-    this.pending = EMPTY;
-    this.countEvent(rest, 0, rest.length);
-    if (this.passedBound()) {
+    if (this.over || this.pendingBytes === 0) return EMPTY;
+    const rest = Buffer.concat(this.pending);
+    this.pending = [];
+    this.pendingBytes = 0;
+    if (!this.countEvent(rest, 0, rest.length)) {
       this.over = true;
       return EMPTY;
     }
@@ -129,32 +130,52 @@ export class OutputMeter {
   }
 
   /**
-   * The output to record when the upstream reported no usage: the bytes of the text, at
-   * most the bound (what the upstream was asked for and the meter held it to).
+   * The output to record when the upstream reported no usage: the bytes of the text that
+   * passed, at most the bound (what the upstream was asked for and the meter held it to).
    */
   estimatedOutput(): number {
     return this.bound === null ? this.textBytes : Math.min(this.textBytes, this.bound);
   }
 
-  private passedBound(): boolean {
-    return this.bound !== null && this.countedOutput() > this.bound;
+  /**
+   * The output to charge a stream that was cut: what passed, by the upstream's count or the
+   * meter's, whichever is more, and never more than the bound (nothing past it reached the client).
+   */
+  chargedWhenCut(reported: number): number {
+    const passed = Math.max(reported, this.textTokens);
+    return this.bound === null ? passed : Math.min(passed, this.bound);
+  }
+
+  /** Keeps the start of an event that has not ended; an event that never ends within MAX_PENDING_BYTES makes the stream unreadable. */
+  private hold(part: Buffer, ready: Buffer): Buffer {
+    this.pending.push(part);
+    this.pendingBytes += part.length;
+    if (this.pendingBytes <= MAX_PENDING_BYTES) return ready;
+    this.cannotRead(`no event ended within ${MAX_PENDING_BYTES} bytes: the answer is not a server-sent event stream llmgw can count`);
+    if (this.over) return ready;
+    // No bound: what was held passes, unmetered from now on.
+    const held = Buffer.concat([ready, ...this.pending]);
+    this.pending = [];
+    this.pendingBytes = 0;
+    return held;
   }
 
   /**
-   * One event (data[start, end)): its text, if any, counts its tokens' lower bound and its
-   * bytes; its usage, if any, is kept. The event is read by scanEvent, not parsed: a
+   * One event (data[start, end)): false when it would take the output past the bound (it
+   * is not counted: it does not pass). Otherwise its text counts its tokens' lower bound and
+   * its bytes, and its usage, if any, is kept. The event is read by scanEvent, not parsed: a
    * JSON.parse per event cost more than the rest of the relay (measured: ~100 µs on a
    * 20-event stream, against ~10 µs).
    */
-  private countEvent(data: Buffer, start: number, end: number): void {
+  private countEvent(data: Buffer, start: number, end: number): boolean {
     const scan = scanEvent(data, start, end);
-    if (scan.usage) {
-      const usage = usageOfEvent(data.subarray(start, end));
-      if (usage !== null) this.reported = usage;
-    }
-    if (scan.textBytes === 0) return;
-    this.textTokens += Math.max(1, Math.ceil(scan.textBytes / MAX_TOKEN_BYTES));
+    const usage = scan.usage ? usageOfEvent(data.subarray(start, end)) : null;
+    const tokens = scan.textBytes === 0 ? 0 : Math.max(1, Math.ceil(scan.textBytes / MAX_TOKEN_BYTES));
+    if (this.bound !== null && Math.max(this.textTokens + tokens, usage?.completion_tokens ?? this.reported?.completion_tokens ?? 0) > this.bound) return false;
+    if (usage !== null) this.reported = usage;
+    this.textTokens += tokens;
     this.textBytes += scan.textBytes;
+    return true;
   }
 }
 
@@ -176,7 +197,7 @@ export function estimatedJsonOutput(whole: Buffer | null, answerBytes: number, b
  * LF, CR LF or CR (all three are SSE); a blank line is two ends in a row. A CR at the very end
  * of the data waits: an LF may follow.
  */
-function eventEnd(data: Buffer, start: number, from: number): number {
+export function eventEnd(data: Buffer, start: number, from: number): number {
   // Back to the first line end of a run that `from` may have split (a CR LF, or a blank line's start).
   let resume = from;
   while (resume > start && (data[resume - 1] === 0x0a || data[resume - 1] === 0x0d)) resume -= 1;

@@ -162,9 +162,9 @@ function isEventStream(headers: UpstreamAnswer["headers"]): boolean {
 
 export function relay(options: RelayOptions): Promise<RelayResult> {
   const { res, upstream } = options;
-  // An upstream that answered the stream it was asked for with one JSON body anyway goes the
-  // usual way: nothing to assemble, and its answer is charged in full.
-  if (options.assemble != null && upstream.statusCode >= 200 && upstream.statusCode < 300 && isEventStream(upstream.headers)) {
+  // Whatever its content type says: an upstream cannot opt out of being held to the bound by
+  // naming its stream otherwise (one that answers with one JSON body is relayed as that).
+  if (options.assemble != null && upstream.statusCode >= 200 && upstream.statusCode < 300) {
     return relayAssembled(options, options.assemble.completions);
   }
   const body = upstream.body;

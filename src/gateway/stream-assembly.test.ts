@@ -126,3 +126,26 @@ test("an error event of the upstream, or a stream that ends before [DONE], becom
   assert.equal(cutShort.status, 502);
   assert.equal(cutShort.answer.error.code, "upstream_failed");
 });
+
+test("a tool call's name repeated in every delta is set, not joined; a blank line of LF then CR LF ends an event too", () => {
+  const stream = sse(
+    { ...BASE, choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: "c", type: "function", function: { name: "get_weather", arguments: "{" } }] } }] },
+    { ...BASE, choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { name: "get_weather", arguments: "}" } }] }, finish_reason: "tool_calls" }] },
+  ).replaceAll("\n\n", "\n\r\n");
+  const { answer, status } = assemble(stream, 3);
+  assert.equal(status, 200);
+  assert.deepEqual(answer.choices[0].message.tool_calls, [{ id: "c", type: "function", function: { name: "get_weather", arguments: "{}" } }]);
+});
+
+test("only the one choice asked for is kept (n is 1): other indexes add nothing", () => {
+  const stream = sse(
+    { ...BASE, choices: [{ index: 0, delta: { content: "kept" } }] },
+    { ...BASE, choices: [{ index: 7, delta: { content: "dropped" } }] },
+    { ...BASE, choices: [{ index: 0, delta: {}, finish_reason: "stop" }] },
+  );
+  const { answer } = assemble(stream, 16);
+  assert.deepEqual(
+    answer.choices.map((choice: { index: number; message: { content: string } }) => [choice.index, choice.message.content]),
+    [[0, "kept"]],
+  );
+});

@@ -7,9 +7,12 @@
 // log probabilities joined, the last finish reason, the usage chunk's counts. An answer
 // stopped at the bound ends with `finish_reason: "length"`, as one that kept to max_tokens.
 // An upstream's error event, or a stream that ends before `[DONE]`, becomes an error answer.
-import { StringDecoder } from "node:string_decoder";
 import type { TokenUsage } from "../core/token-usage.ts";
+import { eventEnd } from "./output-meter.ts";
 import { readTokenUsage } from "./usage-tap.ts";
+
+/** Tool calls kept per choice: more is no answer a client can use, and each costs memory. */
+const MAX_TOOL_CALLS = 128;
 
 interface ToolCallParts {
   id?: string;
@@ -33,12 +36,9 @@ interface ChoiceParts {
   finishReason: string | null;
 }
 
-/** Where an event ends in the text: a blank line (LF LF, CR LF CR LF or CR CR). */
-const EVENT_END = /\r\n\r\n|\n\n|\r\r/;
-
 export class StreamAssembly {
-  private readonly decoder = new StringDecoder("utf8");
-  private pending = "";
+  /** The start of an event whose end has not come (events end where the meter's do: output-meter.ts eventEnd). */
+  private pending: Buffer = Buffer.alloc(0);
   private id: unknown;
   private created: unknown;
   private model: unknown;
@@ -47,24 +47,38 @@ export class StreamAssembly {
   private found: TokenUsage | null = null;
   private upstreamError: unknown = null;
   private done = false;
+  private events = 0;
 
   /** `completions`: the client asked /v1/completions (text choices), else a chat completion. */
   constructor(private readonly completions: boolean) {}
 
   /** Takes the next bytes of the stream (whole events are read at once, the rest waits). */
   push(chunk: Buffer): void {
-    this.pending += this.decoder.write(chunk);
+    if (chunk.length === 0) return;
+    const data = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    let start = 0;
     for (;;) {
-      const match = EVENT_END.exec(this.pending);
-      if (match === null) return;
-      this.readEvent(this.pending.slice(0, match.index));
-      this.pending = this.pending.slice(match.index + match[0].length);
+      const end = eventEnd(data, start, start);
+      if (end === -1) break;
+      this.readEvent(data.toString("utf8", start, end));
+      start = end;
     }
+    this.pending = data.subarray(start);
   }
 
   /** The usage chunk's counts, once it came. */
   usage(): TokenUsage | null {
     return this.found;
+  }
+
+  /**
+   * How the stream went: `done` ([DONE] came), `error` (an error event), `unfinished` (it
+   * ended before either), or `none` (no data event at all: not a stream).
+   */
+  outcome(): "done" | "error" | "unfinished" | "none" {
+    if (this.upstreamError !== null) return "error";
+    if (this.done) return "done";
+    return this.events === 0 ? "none" : "unfinished";
   }
 
   /** The HTTP status of the answer: 200, or 502 when the upstream failed in its stream. */
@@ -77,8 +91,8 @@ export class StreamAssembly {
    * so every choice still open ends with `length`, and the stream's end is not awaited.
    */
   answer(stopped: boolean): Buffer {
-    const rest = this.pending + this.decoder.end();
-    this.pending = "";
+    const rest = this.pending.toString("utf8");
+    this.pending = Buffer.alloc(0);
     if (rest.trim() !== "") this.readEvent(rest);
     if (stopped) this.done = true;
     if (this.upstreamError !== null) return Buffer.from(JSON.stringify({ error: this.upstreamError }));
@@ -94,6 +108,8 @@ export class StreamAssembly {
         }),
       );
     }
+    // A stream stopped before its first choice still answers one, empty and ended at the bound.
+    if (stopped && this.choices.size === 0) this.readChoice({ index: 0 });
     const choices = [...this.choices.values()].sort((a, b) => a.index - b.index).map((choice) => this.choiceJson(choice, stopped));
     const answer: Record<string, unknown> = {
       id: this.id ?? "llmgw-assembled",
@@ -115,6 +131,7 @@ export class StreamAssembly {
       data = data === null ? value : `${data}\n${value}`;
     }
     if (data === null) return;
+    this.events += 1;
     if (data.trim() === "[DONE]") {
       this.done = true;
       return;
@@ -144,6 +161,8 @@ export class StreamAssembly {
     if (typeof value !== "object" || value === null) return;
     const choice = value as Record<string, unknown>;
     const index = typeof choice.index === "number" ? choice.index : 0;
+    // Requests ask for one choice (n is 1): another index is no part of the answer.
+    if (index !== 0) return;
     let parts = this.choices.get(index);
     if (parts === undefined) {
       parts = {
@@ -180,30 +199,42 @@ export class StreamAssembly {
     const index = typeof call.index === "number" ? call.index : parts.toolCalls.size;
     let merged = parts.toolCalls.get(index);
     if (merged === undefined) {
+      if (parts.toolCalls.size >= MAX_TOOL_CALLS) return;
       merged = { name: "", arguments: "" };
       parts.toolCalls.set(index, merged);
     }
     if (typeof call.id === "string") merged.id = call.id;
     if (typeof call.type === "string") merged.type = call.type;
-    if (typeof call.function?.name === "string") merged.name += call.function.name;
+    // The name comes whole (some servers repeat it in every delta): it is set, not joined.
+    if (typeof call.function?.name === "string" && call.function.name !== "") merged.name = call.function.name;
     if (typeof call.function?.arguments === "string") merged.arguments += call.function.arguments;
   }
 
   private readLogprobs(parts: ChoiceParts, value: unknown): void {
     if (typeof value !== "object" || value === null) return;
     const logprobs = value as Record<string, unknown>;
+    // Appended in place: copying the list at every event would cost the square of its length.
     if (!this.completions) {
-      if (Array.isArray(logprobs.content)) parts.logprobs = [...(parts.logprobs ?? []), ...logprobs.content];
+      if (Array.isArray(logprobs.content)) {
+        parts.logprobs ??= [];
+        for (const entry of logprobs.content) parts.logprobs.push(entry);
+      }
       return;
     }
     parts.textLogprobs ??= {};
-    for (const [field, list] of Object.entries(logprobs)) if (Array.isArray(list)) parts.textLogprobs[field] = [...(parts.textLogprobs[field] ?? []), ...list];
+    for (const [field, list] of Object.entries(logprobs)) {
+      if (!Array.isArray(list)) continue;
+      const joined = (parts.textLogprobs[field] ??= []);
+      for (const entry of list) joined.push(entry);
+    }
   }
 
   private choiceJson(parts: ChoiceParts, stopped: boolean): Record<string, unknown> {
     const finish_reason = parts.finishReason ?? (stopped ? "length" : null);
     if (this.completions) return { index: parts.index, text: parts.text, logprobs: parts.textLogprobs, finish_reason };
-    const message: Record<string, unknown> = { role: parts.role, content: parts.content };
+    // Stopped before any text or tool call: an empty text, as a server that kept to max_tokens answers.
+    const content = parts.content ?? (stopped && parts.toolCalls.size === 0 ? "" : null);
+    const message: Record<string, unknown> = { role: parts.role, content };
     if (parts.reasoning !== null) message.reasoning_content = parts.reasoning;
     if (parts.refusal !== null) message.refusal = parts.refusal;
     if (parts.toolCalls.size > 0) {

@@ -62,6 +62,7 @@ testBothStores("migrations create every table and record themselves", async (sto
       "0010_notify",
       "0011_console_sessions",
       "0012_cluster",
+      "0013_usage_estimated",
     ],
   );
 });
