@@ -66,6 +66,7 @@ describe("a non-stream request held to its bound at an untrusted server", () => 
     await upstream.close();
   });
 
+  // biome-ignore lint/suspicious/noExplicitAny: the tests read both answer shapes (a chat completion and an error) from one helper.
   async function ask(name: string): Promise<{ status: number; body: any; spent: () => Promise<number> }> {
     const created = await harness.admin("POST", "/api/v1/keys", { name, budget_usd: 10 });
     const response = await fetch(`${harness.url}/v1/chat/completions`, {

@@ -224,7 +224,8 @@ export class StreamAssembly {
     parts.textLogprobs ??= {};
     for (const [field, list] of Object.entries(logprobs)) {
       if (!Array.isArray(list)) continue;
-      const joined = (parts.textLogprobs[field] ??= []);
+      const joined = parts.textLogprobs[field] ?? [];
+      parts.textLogprobs[field] = joined;
       for (const entry of list) joined.push(entry);
     }
   }
