@@ -34,9 +34,9 @@ import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome, type Settlement } from "./request-outcome.ts";
-import { estimatedJsonOutput, type OutputMeter } from "./output-meter.ts";
+import type { OutputMeter } from "./output-meter.ts";
+import { chargedUsage, estimatedUsage, type EstimateSource } from "./charged-usage.ts";
 import type { UsageTap } from "./usage-tap.ts";
-import { tokenBound } from "../policy/token-bound.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
 import type { UpstreamPools } from "./upstream.ts";
@@ -433,11 +433,7 @@ export class Gateway {
     call.outcome = { kind: outcome.kind, upstreamStatus: upstream.statusCode, upstreamByte: result.firstByteAt !== null };
     // A failed attempt's timing and usage are not the request's: another replica may answer it.
     if (outcome.kind !== "failed-before-first-byte") {
-      call.usage = atLeastCounted(result.usage, result.meter);
-      // Cut at the bound: nothing past it reached the client, so nothing past it is charged.
-      if (outcome.kind === "cut" && call.usage !== null && result.meter !== null) {
-        call.usage = { prompt_tokens: call.usage.prompt_tokens, completion_tokens: result.meter.chargedWhenCut(call.usage.completion_tokens) };
-      }
+      call.usage = chargedUsage(result.usage, result.meter, outcome.kind);
       call.firstByteAt = result.firstByteAt;
       call.answered = request;
       call.meter = result.meter;
@@ -497,7 +493,7 @@ export class Gateway {
     const settlement: Settlement = settlementOf(
       call.outcome,
       call.usage,
-      call.usage === null && answered !== null ? () => estimatedUsage(answered, call) : null,
+      call.usage === null && answered !== null ? () => estimatedUsage(estimateSource(answered, call)) : null,
     );
     if (call.permit !== null) {
       const permit = call.permit;
@@ -551,30 +547,11 @@ function withoutServerDetails(error: unknown): unknown {
   );
 }
 
-/**
- * The usage of an answer whose replica reported none: the prompt at its bound (the bytes of
- * the request, as token-bound.ts reserves them) and the output from its text (output-meter.ts:
- * its bytes, held to the reserved output unless the answer is provably longer). Embeddings
- * generate no text.
- */
-function estimatedUsage(request: ProxyRequest, call: Call): TokenUsage {
+/** What the estimate of a request's answer is made from, when its replica reported no usage (charged-usage.ts). */
+function estimateSource(request: ProxyRequest, call: Call): EstimateSource {
   const { route, body, model, raw } = request;
-  const prompt = tokenBound(route.path, body, model, route.wire === undefined ? raw.length : undefined).prompt;
-  if (route.path === "/v1/embeddings") return { prompt_tokens: prompt, completion_tokens: 0 };
-  const bound = call.permit?.maxOutputTokens ?? null;
-  if (call.meter !== null) return { prompt_tokens: prompt, completion_tokens: call.meter.estimatedOutput() };
-  const tap = call.tap;
-  return { prompt_tokens: prompt, completion_tokens: tap === null ? 0 : estimatedJsonOutput(tap.wholeAnswer(), tap.answerBytes(), bound) };
-}
-
-/**
- * The usage an upstream reported, raised to what the meter counted where it counted more:
- * every text event came from at least one token, so a lower count is not the upstream's to give.
- */
-function atLeastCounted(usage: TokenUsage | null, meter: OutputMeter | null): TokenUsage | null {
-  if (usage === null || meter === null) return usage;
-  const counted = meter.countedOutput();
-  return counted > usage.completion_tokens ? { ...usage, completion_tokens: counted } : usage;
+  const rawBytes = route.wire === undefined ? raw.length : undefined;
+  return { path: route.path, body, model, rawBytes, bound: call.permit?.maxOutputTokens ?? null, meter: call.meter, tap: call.tap };
 }
 
 /**
