@@ -9,6 +9,16 @@
 #   chromium   chromium                  the console's browser tests (test/console*.e2e.test.ts)
 #   promtool   prometheus                scripts/check-monitoring.sh
 #   amtool     prometheus-alertmanager   scripts/check-monitoring.sh
+#   cmake      cmake                     `llmgw engine build` (below)
+#   g++        g++                       `llmgw engine build`
+#   make       make                      `llmgw engine build`
+#   git        git                       `llmgw engine build` (unpacks llama.cpp's source bundle)
+#
+# Then the real llama-server the end-to-end tests run (test/llama-server.e2e.test.ts):
+# `llmgw engine build` compiles it from the llama.cpp source node-llama-cpp ships, once, into
+# ~/.cache/llmgw/llama.cpp/<commit>/ (15–25 minutes on 2 cores); every later run finds it
+# there in a second. LLMGW_SKIP_LLAMA_SERVER_BUILD=1 leaves it out (those tests then fail
+# with a sentence saying so).
 #
 # What is missing is installed in one apt-get run (as root, or through sudo). Where that is
 # impossible (no apt-get, no root and no sudo, no registry), it says which tools are missing
@@ -31,7 +41,7 @@ strict=0
 say() { printf 'provision: %s\n' "$*"; }
 
 # tool:package pairs, in the order of the table above.
-wanted=(haproxy:haproxy chromium:chromium promtool:prometheus amtool:prometheus-alertmanager)
+wanted=(haproxy:haproxy chromium:chromium promtool:prometheus amtool:prometheus-alertmanager cmake:cmake g++:g++ make:make git:git)
 
 # Debian puts haproxy in /usr/sbin, which a user's PATH often lacks: look there too (the
 # tests do the same, test/support/tools.ts).
@@ -79,8 +89,19 @@ for pair in "${wanted[@]}"; do
     haproxy) say "$(haproxy -v 2>&1 | head -n 1)" ;;
     chromium) say "$("${CHROMIUM_PATH:-/usr/bin/chromium}" --version 2>/dev/null | head -n 1)" ;;
     promtool | amtool) say "$("$tool" --version 2>&1 | head -n 1)" ;;
+    cmake | g++ | git) say "$("$tool" --version 2>&1 | head -n 1)" ;;
   esac
 done
+
+# The real llama-server. Run from the sources (tsx) so that it needs no dist/ yet.
+if [ "${LLMGW_SKIP_LLAMA_SERVER_BUILD:-}" = 1 ]; then
+  say "LLMGW_SKIP_LLAMA_SERVER_BUILD=1: no llama-server build; the tests that run the real llama-server will fail"
+elif llama_server=$(LLMGW_FROM_SOURCE=1 node bin/llmgw.js engine build); then
+  say "llama-server: $llama_server"
+else
+  say "could not build llama-server (see the lines above): the tests that run the real llama-server will fail until \`llmgw engine build\` succeeds" >&2
+  [ "$strict" = 1 ] && exit 1
+fi
 
 # PostgreSQL. Node's own client decides reachability (the same driver the tests use), with a
 # deadline, so a silent port cannot hang the run.

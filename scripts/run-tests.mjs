@@ -68,6 +68,8 @@ const unit = [
   "src/gateway/output-bound.test.ts",
   "src/gateway/stream-assembly.test.ts",
   "src/gateway/relay-assembled.test.ts",
+  "src/gateway/image-parts.test.ts",
+  "src/engines/llama-server/engine-build.test.ts",
   "src/core/json-body.test.ts",
   "src/events/events-routes.test.ts",
   "src/gateway/admission.test.ts",
@@ -122,6 +124,7 @@ const unit = [
 ];
 
 const endToEnd = [
+  "test/llama-server.e2e.test.ts",
   "test/up-demo.e2e.test.ts",
   "test/engine-features.e2e.test.ts",
   "test/server-process.e2e.test.ts",

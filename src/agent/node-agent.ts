@@ -45,7 +45,7 @@ export type LaunchBuilder = (input: {
   attempt: number;
   stateDir: string;
   rayAddress?: string;
-}) => EngineLaunch;
+}) => EngineLaunch | Promise<EngineLaunch>;
 
 export type SupervisorTimings = Partial<
   Pick<SupervisorOptions, "readyTimeoutMs" | "healthIntervalMs" | "stopGraceMs" | "backoff" | "parkAfter" | "livenessIntervalMs">

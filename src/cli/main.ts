@@ -53,6 +53,14 @@ const serverOptions = (command: Command) =>
       "let notification channels send to private, loopback and link-local addresses (or LLMGW_ALLOW_PRIVATE_WEBHOOKS=1); refused by default",
     )
     .option(
+      "--image-urls <mode>",
+      "fetch: the gateway fetches http(s) image URLs in chat requests and sends them on as data URLs; refuse: such URLs get 400 (default fetch)",
+    )
+    .option("--max-image-bytes <size>", "largest image in a chat request, data URL or fetched, e.g. 10m (default 10m)")
+    .option("--max-images <n>", "most images in one chat request (default 8)")
+    .option("--image-fetch-timeout <duration>", "all image URLs of a request must have been fetched within this, else 400 (default 10s)")
+    .option("--allow-private-image-urls", "let image URLs reach private, loopback and link-local addresses; refused by default")
+    .option(
       "--cluster-secret-file <file>",
       "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it",
     );
@@ -84,7 +92,10 @@ program
   .option("--advertise <address>", "the address the gateway reaches this node's engines at; engines bind to it (default 127.0.0.1)")
   .option("--inventory <file>", "JSON file that replaces the detected hardware (cores, memory, GPUs, engines)")
   .option("--labels <k=v,...>", "labels of this node")
-  .option("--llama-server <path>", "the node's own llama-server, used for every llama.cpp profile (GPU profiles need it)")
+  .option(
+    "--llama-server <path>",
+    "the node's own llama-server, used for every llama.cpp profile (GPU profiles need it); auto: the one `llmgw engine build` made",
+  )
   .option("--vllm <path>", "the node's vllm executable")
   .option("--ray <path>", "the node's ray executable, for vLLM replicas over several nodes (default: ray on PATH)")
   .option("--log-format <format>", "json, pretty or auto")
@@ -93,11 +104,13 @@ program
     await runAgentCommand(options);
   });
 
-program
+const engine = program
   .command("engine")
   .description("Run the bundled llama.cpp engine as an OpenAI-compatible server (started by the agent, not by hand)")
-  .requiredOption("--model <file>", "GGUF model file to serve")
-  .requiredOption("--port <port>", "port to listen on")
+  // Checked by the engine itself (engine-command.ts), not by commander: commander would ask
+  // `llmgw engine build` for them too.
+  .option("--model <file>", "GGUF model file to serve (required)")
+  .option("--port <port>", "port to listen on (required)")
   .option("--host <address>", "address to bind", "127.0.0.1")
   .option("--key <key>", "engine key required on /v1 (or LLMGW_ENGINE_KEY)")
   .option("--ctx-size <n>", "context size shared by all parallel sequences", "4096")
@@ -108,6 +121,19 @@ program
   .action(async (options: Record<string, string | boolean | undefined>) => {
     const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");
     await runEngineCommand(options);
+  });
+
+engine
+  .command("build")
+  .description(
+    "Build llama-server (with llama-bench and llama-batched-bench) from the llama.cpp source node-llama-cpp ships, into ~/.cache/llmgw/llama.cpp/<commit>/; prints the path for `llmgw agent --llama-server` (or use --llama-server auto)",
+  )
+  .option("--out <dir>", "build into this folder instead of the cache")
+  .option("--jobs <n>", "compile jobs (default: one per core)")
+  .option("--quiet", "print only the path")
+  .action(async (options: { out?: string; jobs?: string; quiet?: boolean }) => {
+    const { runEngineBuildCommand } = await import("./engine-build-command.ts");
+    await runEngineBuildCommand(options);
   });
 
 program

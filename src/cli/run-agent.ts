@@ -5,11 +5,13 @@
 // fetches their weights from the server's mirror into its cache, and stops every engine
 // on SIGINT, SIGTERM or SIGHUP. `--server` may list the servers of one cluster: the agent
 // talks to one of them and fails over to the next when it cannot (http-assignments.ts).
+import { builtLlamaServer } from "../engines/llama-server/llama-cpp-source.ts";
 import os from "node:os";
 import path from "node:path";
 import { BadRequestError, describeError, LlmgwError } from "../core/errors.ts";
 import { createLogger, parseLogFormat, type Logger } from "../core/log.ts";
-import { engineLaunch, type NodeEngines } from "../engines/engine-launch.ts";
+import { engineFor, engineLaunch, type NodeEngines } from "../engines/engine-launch.ts";
+import { modelDeclaresPooling } from "../engines/llama-server/llama-server-launch.ts";
 import { rayHeadLaunch, rayWorkerLaunch } from "../engines/vllm/ray-launch.ts";
 import { addressSchema, nodeNameSchema } from "../fleet/agent-protocol.ts";
 import { parseWith } from "../core/errors.ts";
@@ -63,7 +65,9 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   const labels = options.labels === undefined ? {} : parseLabels(options.labels);
   // vLLM over several nodes runs on Ray, which comes with vLLM's install.
   const ray = options.ray ?? "ray";
-  const engines: NodeEngines = { ...(options.llamaServer ? { llamaServer: options.llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
+  // `auto`: the llama-server `llmgw engine build` made for the bundled llama.cpp's commit.
+  const llamaServer = options.llamaServer === "auto" ? await builtLlamaServer() : options.llamaServer;
+  const engines: NodeEngines = { ...(llamaServer ? { llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
   const inventory = options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger);
 
   const assignments = new HttpAssignments(servers, {
@@ -113,7 +117,7 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     labels,
     stateRoot: path.join(dataDir, "runs"),
     weights: new NodeWeights({ cache, identity: weightsIdentity }),
-    launch: ({ assignment, part, weightsPath, host, port, attempt, stateDir, rayAddress }) => {
+    launch: async ({ assignment, part, weightsPath, host, port, attempt, stateDir, rayAddress }) => {
       if (part === "ray-head")
         return rayHeadLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, gcsPort: Number(rayAddress!.split(":").at(-1)) });
       if (part === "ray-worker") return rayWorkerLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, headAddress: rayAddress! });
@@ -127,6 +131,9 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
         gpus: assignment.gpus,
         ...(rayAddress === undefined ? {} : { rayAddress }),
         ...(assignment.profile.engine === "vllm" && assignment.profile.ctx_size !== undefined ? { maxModelLen: assignment.profile.ctx_size } : {}),
+        ...(assignment.profile.embeddings === true && engineFor(assignment.profile, engines) === "llama-server"
+          ? { modelDeclaresPooling: await modelDeclaresPooling(weightsPath) }
+          : {}),
       });
     },
     logger,

@@ -44,6 +44,8 @@ export interface ReplicaLaunchOptions {
   maxModelLen?: number;
   /** vllm over several nodes: the Ray head's HOST:6379. */
   rayAddress?: string;
+  /** llama-server embedding profiles: whether the GGUF says how to pool (LlamaServerLaunchOptions). */
+  modelDeclaresPooling?: boolean;
 }
 
 /** The engine that runs `profile` on a node with `engines`; throws when the node cannot run it. */
@@ -94,6 +96,7 @@ export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
         attempt: attempt.attempt,
         ...(options.projectorPath === undefined ? {} : { projectorPath: options.projectorPath }),
         ...(options.gpus === undefined ? {} : { gpus: options.gpus }),
+        ...(options.modelDeclaresPooling === undefined ? {} : { modelDeclaresPooling: options.modelDeclaresPooling }),
       });
     case "vllm": {
       const gpu = profile.hardware.gpu;

@@ -89,6 +89,8 @@ export interface GgufHeaderSummary {
   split?: { no: number; count: number };
   /** Whether `tokenizer.chat_template` is present. */
   chatTemplate: boolean;
+  /** `<arch>.pooling_type` (llama.cpp: NONE 0, MEAN 1, CLS 2, LAST 3, RANK 4), when the file says how its embeddings pool. */
+  poolingType?: number;
   tensorCount: number;
   /** Sum of the tensor data sizes from the tensor infos (ggml block sizes, unpadded). */
   tensorBytes: number;
@@ -514,6 +516,7 @@ function summarise(parsed: GGUFParseOutput, context: { source: string; bytesRead
   const splitCount = numberOf(meta["split.count"]);
   const name = meta["general.name"];
   const feedForward = scalarOrArray(key("feed_forward_length")).value;
+  const poolingType = numberOf(key("pooling_type"));
 
   return {
     source: context.source,
@@ -536,6 +539,7 @@ function summarise(parsed: GGUFParseOutput, context: { source: string; bytesRead
     ...(vocabSize === undefined ? {} : { vocabSize }),
     ...(splitNo !== undefined && splitCount !== undefined ? { split: { no: splitNo, count: splitCount } } : {}),
     chatTemplate: typeof meta["tokenizer.chat_template"] === "string",
+    ...(poolingType === undefined ? {} : { poolingType }),
     tensorCount: parsed.tensorInfos.length,
     tensorBytes,
     unknownTensorTypes: [...unknownTensorTypes].sort((a, b) => a - b),

@@ -175,3 +175,46 @@ test("shapes that llama.cpp cannot load are refused before writing", async () =>
   await assert.rejects(writeTinyLlamaGguf({ path: join(dir, "bad.gguf"), embeddingLength: 30, heads: 4 }), /multiple of heads/);
   await assert.rejects(writeTinyLlamaGguf({ path: join(dir, "bad.gguf"), heads: 4, kvHeads: 3 }), /multiple of kvHeads/);
 });
+
+test("a textOnly model writes only printable text, sampled hot, whatever the prompt; the plain model does not", async () => {
+  /** The ids of every token sampled over a few prompts at temperature 1.5. */
+  const sampledTokens = async (path: string) => {
+    const model = await llama.loadModel({ modelPath: path });
+    const context = await model.createContext({ contextSize: 512 });
+    const seen: number[] = [];
+    try {
+      for (const [index, prompt] of ["hello", "naïve ✓ 日本", "<|im_start|>user\nsay one sentence"].entries()) {
+        const sequence = context.getSequence();
+        try {
+          await new LlamaCompletion({ contextSequence: sequence }).generateCompletion(prompt, {
+            maxTokens: 120,
+            temperature: 1.5,
+            seed: index + 1,
+            customStopTriggers: [],
+            onToken: (tokens) => seen.push(...tokens),
+          });
+        } finally {
+          await sequence.dispose();
+        }
+      }
+    } finally {
+      await context.dispose();
+      await model.dispose();
+    }
+    return seen;
+  };
+  // Byte tokens are ids 3..258 (<0x00>..<0xFF>): printable ASCII is 0x20..0x7E, plus tab and newline.
+  const unprintable = (id: number) => id >= 3 && id <= 258 && !(id - 3 === 0x09 || id - 3 === 0x0a || (id - 3 >= 0x20 && id - 3 < 0x7f));
+  const text = await writeTinyLlamaGguf({ path: join(dir, "text.gguf"), seed: 7, textOnly: true });
+  const textTokens = await sampledTokens(text.path);
+  assert.ok(textTokens.length > 100, `sampled ${textTokens.length} tokens`);
+  assert.deepEqual(textTokens.filter(unprintable), [], "no unprintable byte token");
+  assert.deepEqual(
+    textTokens.filter((id) => id < 3 || id === text.tokens.imStart),
+    [],
+    "no control token but <|im_end|>",
+  );
+  // The same sampling on the plain model does pick such bytes: the test can tell the two apart.
+  const plain = await writeTinyLlamaGguf({ path: join(dir, "plain.gguf"), seed: 7 });
+  assert.ok((await sampledTokens(plain.path)).some(unprintable), "the plain random model emits unprintable bytes");
+});

@@ -63,6 +63,18 @@ export interface TinyLlamaOptions {
    */
   replyScript?: string[];
   /**
+   * Text only: the model never emits a byte token that is not printable ASCII (no lone UTF-8
+   * continuation bytes, no control characters) nor a control token other than `<|im_end|>`,
+   * so every reply is valid UTF-8 text whatever the prompt. llama-server's chat parser refuses
+   * a reply with invalid UTF-8 ("does not match the expected peg-native format"), which the
+   * random model's byte tokens produce; real models write text. The reply still depends on
+   * the whole input (unlike `replyScript`), for tests where an adapter or an image must change
+   * it. How: embedding axis 0 holds a constant for every token and no layer writes to it, so
+   * after the final norm it is always positive, and the banned tokens' output rows weigh it
+   * strongly negative. Ignored with `replyScript`.
+   */
+  textOnly?: boolean;
+  /**
    * More typed key/values, added to (or replacing) the generated ones: for example
    * `general.file_type` or `split.no` for stand-in repository files.
    */
@@ -305,6 +317,37 @@ function scriptTensor(name: string, values: Float32Array, embd: number, script: 
   }
 }
 
+// textOnly: the constant on axis 0 of every embedding, and how strongly a banned token's
+// output row weighs it. After the final RMS norm axis 0 is about CONSTANT / rms (2–4 here),
+// so a banned logit sits near -BAN × that, far below the allowed logits (spread about ±10).
+const TEXT_ONLY_CONSTANT = 4;
+const TEXT_ONLY_BAN = 40;
+
+/** Tokens a textOnly model never emits: bytes that are not printable ASCII (tab and newline stay), control tokens but `<|im_end|>`. */
+function bannedForText(vocab: Vocab): Set<number> {
+  const banned = new Set<number>();
+  for (const [id, type] of vocab.types.entries()) {
+    if ((type === TYPE_CONTROL || type === TYPE_UNKNOWN) && id !== vocab.ids.imEnd) banned.add(id);
+    if (type === TYPE_BYTE) {
+      const byte = Number.parseInt((vocab.tokens[id] as string).slice(3, 5), 16);
+      if (byte >= 0x7f || (byte < 0x20 && byte !== 0x09 && byte !== 0x0a)) banned.add(id);
+    }
+  }
+  return banned;
+}
+
+/** Overwrites a tensor's random values so the model writes only text (TinyLlamaOptions.textOnly). */
+function textOnlyTensor(name: string, values: Float32Array, dims: number[], embd: number, banned: Set<number>): void {
+  if (name === "token_embd.weight") {
+    for (let offset = 0; offset < values.length; offset += embd) values[offset] = TEXT_ONLY_CONSTANT;
+  } else if (name.endsWith("attn_output.weight") || name.endsWith("ffn_down.weight")) {
+    // Output row 0 (dims[0] contiguous inputs per output): no layer changes axis 0.
+    values.fill(0, 0, dims[0] as number);
+  } else if (name === "output.weight") {
+    for (const id of banned) values[id * embd] = -TEXT_ONLY_BAN;
+  }
+}
+
 function positiveInt(value: number, what: string): number {
   if (!Number.isInteger(value) || value <= 0) throw new RangeError(`writeTinyLlamaGguf: ${what} must be a positive integer, got ${value}.`);
   return value;
@@ -325,6 +368,7 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
   const vocab = buildVocab();
   const plan = planTensors({ embd, layers, heads, kvHeads, ff, vocab: vocab.tokens.length });
   const script = options.replyScript === undefined ? undefined : scriptAxes(options.replyScript, vocab, embd);
+  const textBans = options.textOnly === true && script === undefined ? bannedForText(vocab) : undefined;
 
   const u32 = (value: number): TypedMetadataValue => ({ value, type: GGUFValueType.UINT32 });
   const metadata: Record<string, TypedMetadataValue> = {
@@ -386,7 +430,8 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
       if (tensor.init === "ones") values.fill(1);
       else for (let i = 0; i < count; i++) values[i] = (random() * 2 - 1) * tensor.init.scale;
       if (script) scriptTensor(tensor.name, values, embd, script);
-      else if (options.endless && tensor.name === "output.weight") {
+      else if (textBans) textOnlyTensor(tensor.name, values, tensor.dims, embd, textBans);
+      if (!script && options.endless && tensor.name === "output.weight") {
         // Row t (ne0 = embd contiguous values) projects the hidden state onto token t.
         for (const [id, type] of vocab.types.entries()) if (type === TYPE_CONTROL || type === TYPE_UNKNOWN) values.fill(0, id * embd, (id + 1) * embd);
       }

@@ -212,3 +212,26 @@ test("launch arguments: a CPU profile offloads no layers; a profile that sets -f
   assert.equal(argAfter(llamaServerLaunch({ ...common, profile: gpuProfile, attempt: 1, gpuLayers: 20 }).args, "-ngl"), "20");
   assert.equal(llamaServerLaunch({ ...common, profile: gpuProfile, attempt: 3 }).settings?.flashAttention, false);
 });
+
+test("an embedding profile pools by mean when the model does not say how, and leaves a declared pooling or the operator's --pooling alone", () => {
+  const embeddingProfile = (engineArgs: string[] = []) =>
+    profileSchema.parse({ name: "cpu", engine: "llamacpp", embeddings: true, engine_args: engineArgs, hardware: {} });
+  const launchArgs = (profile: Profile, modelDeclaresPooling?: boolean) =>
+    llamaServerLaunch({
+      executable: "llama-server",
+      weightsPath: weights,
+      modelName: "embed",
+      profile,
+      engineKey: ENGINE_KEY,
+      host: "127.0.0.1",
+      port: 1,
+      attempt: 1,
+      ...(modelDeclaresPooling === undefined ? {} : { modelDeclaresPooling }),
+    }).args.join(" ");
+  assert.match(launchArgs(embeddingProfile(), false), / --embedding --pooling mean /);
+  assert.doesNotMatch(launchArgs(embeddingProfile(), true), /--pooling/);
+  assert.doesNotMatch(launchArgs(embeddingProfile()), /--pooling/, "unknown: nothing added");
+  // The operator's choice comes last and is the only one.
+  assert.equal(launchArgs(embeddingProfile(["--pooling", "cls"]), false).match(/--pooling/g)?.length, 1);
+  assert.doesNotMatch(launchArgs(gpuProfile, false), /--embedding|--pooling/, "generation profiles get neither");
+});

@@ -23,6 +23,8 @@
 //   -fa themselves keeps that choice on every attempt. Builds older than the on|off form
 //   took a bare `-fa` and refuse `-fa on`; the node's reported llama.cpp version is how an
 //   operator finds out.
+// - Embedding profiles run with `--embedding`, and with `--pooling mean` when the model does
+//   not say how to pool (see modelDeclaresPooling below).
 // - Readiness: /health answers 503 while loading and 200 when ready; then /v1/models must
 //   list the alias, and the key must be enforced (engine-key-check.ts: /v1/models is one
 //   of llama-server's public routes, /props is not).
@@ -31,6 +33,7 @@ import type { EngineLaunch } from "../../agent/supervisor-options.ts";
 import { llamaCppSlots } from "../llamacpp/engine-launch.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
 import { allOf, engineKeyCheck } from "../engine-key-check.ts";
+import { readGgufHeader } from "../../gguf/header.ts";
 
 export interface LlamaServerLaunchOptions {
   /** The node's llama-server (a path, or a name on PATH). */
@@ -52,11 +55,20 @@ export interface LlamaServerLaunchOptions {
   projectorPath?: string;
   /** GPU indexes placement gave this replica (CUDA_VISIBLE_DEVICES); unset: every GPU the engine sees. */
   gpus?: number[];
+  /**
+   * Embedding profiles: the model's GGUF declares how its embeddings pool (`<arch>.pooling_type`
+   * above 0). When it does not (a generative model), llama-server pools nothing and its
+   * /v1/embeddings refuses ("Pooling type 'none' is not OAI compatible"), so the launch asks
+   * for mean pooling, as the bundled engine does (llamacpp/llama-load.ts). Read by the caller
+   * (modelDeclaresPooling), since reading a header is I/O. Default true: nothing is added.
+   */
+  modelDeclaresPooling?: boolean;
 }
 
 /** Every layer: more than any model has; llama.cpp offloads what there is. */
 const ALL_LAYERS = "999";
 const FLASH_ATTENTION_FLAGS = new Set(["-fa", "--flash-attn"]);
+const POOLING_FLAGS = new Set(["--pooling"]);
 
 /** One attempt's launch of llama-server for a llamacpp profile. */
 export function llamaServerLaunch(options: LlamaServerLaunchOptions): EngineLaunch {
@@ -85,7 +97,10 @@ export function llamaServerLaunch(options: LlamaServerLaunchOptions): EngineLaun
   ];
   if (options.projectorPath !== undefined) args.push("--mmproj", options.projectorPath);
   // llama-server's embedding-only mode, like the bundled engine's --embeddings.
-  if (profile.embeddings === true) args.push("--embedding");
+  if (profile.embeddings === true) {
+    args.push("--embedding");
+    if (options.modelDeclaresPooling === false && flagValue(profile.engine_args, POOLING_FLAGS) === undefined) args.push("--pooling", "mean");
+  }
   if (flashAttention !== null) args.push("-fa", flashAttention ? "on" : "off");
   // Last, so an operator's own flags win over ours (llama.cpp keeps the last value of a flag).
   args.push(...profile.engine_args);
@@ -124,4 +139,10 @@ function flagValue(args: readonly string[], names: ReadonlySet<string>): string 
     else if (names.has(arg)) value = args[i + 1] ?? "";
   }
   return value;
+}
+
+/** Whether a GGUF says how its embeddings pool (`<arch>.pooling_type` above 0), for LlamaServerLaunchOptions.modelDeclaresPooling. */
+export async function modelDeclaresPooling(weightsPath: string): Promise<boolean> {
+  const header = await readGgufHeader({ file: weightsPath });
+  return header.poolingType !== undefined && header.poolingType > 0;
 }

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { LlmgwError } from "../../core/errors.ts";
+import { ENGINE_EXIT, parseEngineOptions } from "./engine-command.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
 import { freePort, startEngine, startEngineUnderAgent, waitForReady, type EngineProcess } from "../../../test/support/engine-process.ts";
 
@@ -247,4 +248,18 @@ test("an engine whose agent is SIGKILLed notices within seconds and shuts down",
   await withDeadline(orphan.exited, 10_000, `exit of engine ${orphan.enginePid} after its agent was killed`);
   assert.match(orphan.stderr(), /the agent that started this engine is gone; stopping the engine/);
   assert.match(orphan.stderr(), /"reason":"parent-exited"/);
+});
+
+test("--model and --port are required by the engine itself (commander does not check them, so `engine build` needs neither)", () => {
+  const usage = (options: Parameters<typeof parseEngineOptions>[0]) =>
+    assert.throws(
+      () => parseEngineOptions(options, { LLMGW_ENGINE_KEY: "k" }),
+      (error: Error & { exitCode?: number }) => {
+        assert.equal(error.exitCode, ENGINE_EXIT.usage);
+        return true;
+      },
+    );
+  usage({ port: "8000" });
+  usage({ model: "/tmp/model.gguf" });
+  assert.equal(parseEngineOptions({ model: "/tmp/model.gguf", port: "8000" }, { LLMGW_ENGINE_KEY: "k" }).port, 8000);
 });

@@ -74,6 +74,7 @@ function integer(value: string | undefined, flag: string, min: number, max: numb
 /** Validates the command's options; the key falls back to LLMGW_ENGINE_KEY (kept out of `ps`). */
 export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.ProcessEnv = process.env): EngineSettings {
   if (!options.model) throw new EngineStartError("--model is required", ENGINE_EXIT.usage);
+  if (!options.port) throw new EngineStartError("--port is required", ENGINE_EXIT.usage);
   const key = options.key ?? env.LLMGW_ENGINE_KEY ?? "";
   if (key === "") throw new EngineStartError("no engine key: pass --key or set LLMGW_ENGINE_KEY", ENGINE_EXIT.usage);
   const modelPath = resolve(options.model);
