@@ -14,6 +14,7 @@ import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize } from "../core/byte-size.ts";
 import { parseMetricsHosts } from "../metrics/metrics-hosts.ts";
+import type { ImageSettings } from "../gateway/image-parts.ts";
 import { LIMITS_CLOCK_ENV, limitsClockFromEnv } from "../policy/limits-clock.ts";
 import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
@@ -42,6 +43,11 @@ export interface ServerCommandOptions {
   clusterSecretFile?: string;
   mirrorOn?: string;
   allowPrivateWebhooks?: boolean;
+  imageUrls?: string;
+  maxImageBytes?: string;
+  maxImages?: string;
+  imageFetchTimeout?: string;
+  allowPrivateImageUrls?: boolean;
   demo?: boolean;
 }
 
@@ -86,6 +92,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.consoleSession === undefined ? {} : { consoleSessionTtlMs: parseDuration(options.consoleSession, "--console-session") }),
       ...clusterOptions(options),
       ...allowPrivateWebhooksOption(options.allowPrivateWebhooks, process.env.LLMGW_ALLOW_PRIVATE_WEBHOOKS),
+      images: imageOptions(options),
       ...limitsClockFromEnv(process.env),
       logger,
     },
@@ -207,6 +214,24 @@ function allowPrivateWebhooksOption(flag: boolean | undefined, env: string | und
       code: "invalid_allow_private_webhooks",
     },
   );
+}
+
+/** --image-urls, --max-image-bytes, --max-images, --image-fetch-timeout, --allow-private-image-urls; what is not given keeps image-parts.ts's default. */
+function imageOptions(options: ServerCommandOptions): Partial<ImageSettings> {
+  const images: Partial<ImageSettings> = {};
+  if (options.imageUrls !== undefined) {
+    if (options.imageUrls !== "fetch" && options.imageUrls !== "refuse") {
+      throw new BadRequestError(
+        `Invalid --image-urls '${options.imageUrls}': give fetch (the gateway fetches http(s) image URLs) or refuse (clients must send data URLs).`,
+      );
+    }
+    images.urls = options.imageUrls;
+  }
+  if (options.maxImageBytes !== undefined) images.maxBytes = parseByteSize(options.maxImageBytes, "--max-image-bytes");
+  if (options.maxImages !== undefined) images.maxImages = parsePositiveInt(options.maxImages, "--max-images");
+  if (options.imageFetchTimeout !== undefined) images.fetchTimeoutMs = parseDuration(options.imageFetchTimeout, "--image-fetch-timeout");
+  if (options.allowPrivateImageUrls === true) images.allowPrivate = true;
+  return images;
 }
 
 /** An empty LLMGW_METRICS_KEY (a template's placeholder) means no key, not a too-short one. */

@@ -30,6 +30,7 @@ import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
+import { checkImageParts, type ImageSettings } from "./image-parts.ts";
 import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
@@ -70,6 +71,8 @@ export interface GatewayOptions {
   guards?: RequestGuards;
   /** Told of every /v1 request as it ends (Prometheus counters and histograms). */
   metrics?: RequestMetrics;
+  /** What image parts may be, and whether image URLs are fetched (image-parts.ts; defaults there). */
+  images?: Partial<ImageSettings>;
 }
 
 interface ProxyRoute {
@@ -263,6 +266,7 @@ export class Gateway {
     call.model = model.name;
     call.catalogModel = model;
     assertAllowed(call.principal, model, body.model);
+    const images = checkImageParts(body, model, this.options.images);
     const cancel = new RequestCancel();
     const onClose = () => {
       if (!res.writableFinished) cancel.abort();
@@ -275,7 +279,8 @@ export class Gateway {
         cancel,
       );
       const outputCheck = policy instanceof Promise ? await policy : policy;
-      const status = await this.proxy({ req, res, call, route, raw, body, model, principal: call.principal, cancel, outputCheck });
+      const sent = images === null ? null : await images.inline(cancel.signal);
+      const status = await this.proxy({ req, res, call, route, ...(sent ?? { raw, body }), model, principal: call.principal, cancel, outputCheck });
       this.record(call, status);
     } finally {
       res.off("close", onClose);

@@ -95,7 +95,13 @@ describe("guard models against evasion", () => {
       profiles: [{ name: "g", engine: "external", url: short.url }],
     });
     for (const name of Object.values(guardName))
-      await harness.addModel({ name: `in-${name}`, guards: { input: [name] }, profiles: [{ name: "up", engine: "external", url: upstream.url }] });
+      await harness.addModel({
+        name: `in-${name}`,
+        guards: { input: [name] },
+        // Vision, so the image part of the test below passes the door and reaches the guard.
+        capabilities: { vision: true, embeddings: false },
+        profiles: [{ name: "up", engine: "external", url: upstream.url }],
+      });
     await harness.addModel({ name: "out-forging", guards: { output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: forging.url }] });
     await harness.addModel({ name: "out-huge", guards: { output: ["lg"] }, profiles: [{ name: "up", engine: "external", url: huge.url }] });
     await harness.addModel({ name: "in-short", guards: { input: ["short"] }, profiles: [{ name: "up", engine: "external", url: upstream.url }] });
@@ -243,7 +249,7 @@ describe("guard models against evasion", () => {
         role: "user",
         content: [
           { type: "text", text: "what is this?" },
-          { type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } },
+          { type: "image_url", image_url: { url: "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ" } },
         ],
       },
     ]);

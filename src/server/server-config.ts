@@ -7,6 +7,7 @@ import type { KeyService } from "../keys/key-service.ts";
 import type { ReplicaTable } from "../fleet/replica-table.ts";
 import type { Fleet } from "../fleet/fleet.ts";
 import type { Gateway } from "../gateway/gateway.ts";
+import type { ImageSettings } from "../gateway/image-parts.ts";
 import type { LimitsService } from "../policy/limits.ts";
 import type { Store } from "../store/store.ts";
 import type { Mirror } from "../mirror/mirror.ts";
@@ -78,6 +79,8 @@ export interface ServerConfig {
   notify?: Partial<typeof NOTIFY_DEFAULTS>;
   /** --allow-private-webhooks: notification channels may send to private, loopback and link-local addresses (default: refused). */
   allowPrivateWebhooks?: boolean;
+  /** Image parts of chat requests: limits, and whether image URLs are fetched (--image-urls, --max-image-bytes, ...; gateway/image-parts.ts). */
+  images?: Partial<ImageSettings>;
   /** This server's name among those sharing the database (default: the host name). */
   serverName?: string;
   /** Where the other servers reach this one (default: where it listens). */

@@ -362,6 +362,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     maxBodyBytes: config.maxBodyBytes,
     bodyTimeoutMs: config.bodyTimeoutMs,
     stalledReaderMs: config.stalledReaderMs,
+    images: config.images,
     fleetStatus: (modelId) => fleetAccess.status(modelId),
     onDemand: fleetAccess,
     limits,

@@ -65,11 +65,31 @@ test("unsupported or malformed chat fields are 400s naming the field", () => {
   assert.equal(param({}), "messages");
   assert.equal(param({ messages: [{ role: "function", content: "x" }] }), "messages.0.role");
   assert.equal(param({ messages: [{ role: "tool", content: "x" }] }), "messages.0.tool_call_id");
-  assert.equal(param({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), "messages.0.content");
+  assert.equal(param({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), "messages.0.content.0");
+  assert.equal(param({ messages: [{ role: "user", content: [{ type: "text" }] }] }), "messages.0.content.0.text");
   assert.equal(param({ messages: [{ role: "user", content: null }] }), "messages.0.content");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], stop: ["a", "b", "c", "d", "e"] }), "stop");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], max_tokens: 0 }), "max_tokens");
   assert.equal(param({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function" }] }), "tools.0.function");
+});
+
+test("the bundled engine refuses image and other non-text parts with a 400 that says what is missing, instead of dropping them", () => {
+  const refusal = (part: unknown) => {
+    try {
+      chat({ messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }, part] }] });
+    } catch (error) {
+      assert.ok(error instanceof BadRequestError);
+      return { code: error.code, param: error.param, message: error.message };
+    }
+    assert.fail("expected a BadRequestError");
+  };
+  const image = refusal({ type: "image_url", image_url: { url: "data:image/png;base64,iVBORw0KGgo=" } });
+  assert.equal(image.code, "engine_has_no_vision");
+  assert.equal(image.param, "messages.0.content.1");
+  assert.match(image.message, /takes no image input.*vision projector.*llama-server/);
+  const audio = refusal({ type: "input_audio", input_audio: { data: "AAAA", format: "wav" } });
+  assert.equal(audio.code, "unsupported_content_part");
+  assert.match(audio.message, /'input_audio'/);
 });
 
 test("completion prompts: a string, one string in an array, or token ids; 16 tokens by default", () => {

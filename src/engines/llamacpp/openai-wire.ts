@@ -53,12 +53,11 @@ const samplingFields = {
   ...sharedSamplingFields,
 };
 
-const textPartSchema = z.object({
-  type: z.literal("text", { error: "only text content parts are supported by the bundled engine" }),
-  text: z.string(),
-});
+// Parts of any type are taken here and refused in toChatJob with a 400 that says what is
+// missing: inside the string-or-parts union, zod would only say "Invalid input".
+const contentPartSchema = z.looseObject({ type: z.string(), text: z.unknown().optional() });
 
-const contentSchema = z.union([z.string(), z.array(textPartSchema)]);
+const contentSchema = z.union([z.string(), z.array(contentPartSchema)]);
 
 const messageSchema = z.object({
   role: z.enum(["system", "developer", "user", "assistant", "tool"], {
@@ -145,8 +144,8 @@ export interface ChatJob {
 
 export function toChatJob(body: ChatCompletionRequest): ChatJob {
   const messages = body.messages.map((message, index): ChatMessage => {
-    const content = message.content == null ? "" : typeof message.content === "string" ? message.content : message.content.map((p) => p.text).join("");
     const param = `messages.${index}`;
+    const content = message.content == null ? "" : typeof message.content === "string" ? message.content : textOf(message.content, param);
     if (message.role === "tool") {
       if (!message.tool_call_id)
         throw new BadRequestError(`Invalid request body: field '${param}.tool_call_id': a tool message needs the id of the call it answers.`, {
@@ -185,6 +184,38 @@ export function toChatJob(body: ChatCompletionRequest): ChatJob {
     stream: body.stream === true,
     includeUsage: body.stream === true && body.stream_options?.include_usage === true,
   };
+}
+
+/**
+ * The text of a message's parts. node-llama-cpp takes text only, so an image (or audio, or
+ * file) part is refused rather than dropped: an answer that silently ignored the image
+ * would look like the model's judgement of it.
+ */
+function textOf(parts: readonly { type: string; text?: unknown }[], param: string): string {
+  let text = "";
+  parts.forEach((part, index) => {
+    const where = `${param}.content.${index}`;
+    if (part.type === "image_url") {
+      throw new BadRequestError(
+        `The bundled llama.cpp engine (node-llama-cpp) takes no image input: ${where} is an image_url part. Serve the model with its vision projector on a node with llama-server ('llmgw ctl model serve REPO --projector') to send it images.`,
+        { code: "engine_has_no_vision", param: where },
+      );
+    }
+    if (part.type !== "text") {
+      throw new BadRequestError(
+        `The bundled llama.cpp engine (node-llama-cpp) reads text parts only: ${where} is of type '${part.type}'. Send its content as text (type "text").`,
+        { code: "unsupported_content_part", param: where },
+      );
+    }
+    if (typeof part.text !== "string") {
+      throw new BadRequestError(`Invalid request body: field '${where}.text': a text part needs its text as a string.`, {
+        code: "invalid_field",
+        param: `${where}.text`,
+      });
+    }
+    text += part.text;
+  });
+  return text;
 }
 
 export interface CompletionJob {
