@@ -35,6 +35,8 @@ const unit = [
   "src/gguf/memory-estimate.test.ts",
   "src/plan/plan.test.ts",
   "src/gguf/tiny-model.test.ts",
+  "src/gguf/tiny-projector.test.ts",
+  "test/support/tiny-png.test.ts",
   "src/engines/llamacpp/openai-wire.test.ts",
   "src/engines/llamacpp/json-schema-grammar.test.ts",
   "src/engines/llamacpp/structured-outputs.test.ts",

@@ -18,20 +18,23 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
-import OpenAI from "openai";
+import OpenAI, { type APIError } from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
+import { writeTinyProjector } from "../src/gguf/tiny-projector.ts";
 import { adminCaller } from "./support/admin-call.ts";
 import { spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { eventually } from "./support/eventually.ts";
 import { realLlamaServer } from "./support/real-llama-server.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
+import { BLACK, WHITE, encodeTinyPng, pngDataUrl } from "./support/tiny-png.ts";
 import { writeUnloadableGguf } from "./support/unloadable-gguf.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const REPO = "llmgw-test/tiny-text-GGUF";
 const FILE = "tiny-text-F32.gguf";
+const PROJECTOR = "mmproj-tiny-F32.gguf";
 
 interface ReplicaView {
   id: string;
@@ -89,7 +92,10 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
     // First, so a machine without the build fails here with the sentence that says how to make it.
     llamaServer = await realLlamaServer();
     const weights = path.join(root, FILE);
-    await writeTinyLlamaGguf({ path: weights, seed: 21, textOnly: true });
+    // Seeds where no image, a black one and a white one give three different greedy answers (checked once; greedy is deterministic).
+    await writeTinyLlamaGguf({ path: weights, seed: 7, textOnly: true });
+    const projector = path.join(root, PROJECTOR);
+    await writeTinyProjector({ path: projector, textEmbeddingLength: 64, seed: 1 });
     hub = await startStandInHub({
       repos: [
         {
@@ -98,6 +104,7 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
             { path: ".gitattributes", content: Buffer.from("*.gguf filter=lfs diff=lfs merge=lfs -text\n") },
             { path: "README.md", content: Buffer.from("# tiny-text\n\nA tiny llama that writes only text, for llmgw tests.\n") },
             { path: FILE, content: await readFile(weights) },
+            { path: PROJECTOR, content: await readFile(projector) },
           ],
         },
       ],
@@ -275,5 +282,61 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
     // llama-server's own complaint about the file, from its log.
     assert.match(parked.parked?.reason ?? "", /no-such-tokenizer|failed to load model|unknown tokenizer/i);
     assert.deepEqual(await llamaServerProcesses(llamaServer, "broken"), [], "no llama-server is left running for it");
+  });
+
+  test("vision: served with its projector, an image part reaches llama-server (--mmproj) and changes the answer", async () => {
+    const { stdout } = await ctl([
+      "model",
+      "serve",
+      REPO,
+      "--file",
+      FILE,
+      "--projector",
+      PROJECTOR,
+      "--name",
+      "eye",
+      "--cpu",
+      "--ctx-pool",
+      "2048",
+      "--context",
+      "1024",
+      "--json",
+    ]);
+    const job = JSON.parse(stdout) as { state: string; steps: Array<{ name: string; detail: string }> };
+    assert.equal(job.state, "done", stdout);
+    assert.match(job.steps.find((step) => step.name === "registry")?.detail ?? "", /with the vision projector mmproj-tiny-F32\.gguf, so it takes images/);
+    const model = (await admin("GET", "/api/v1/models/eye")).body as { capabilities: { vision: boolean }; source: { projector?: string } };
+    assert.equal(model.capabilities.vision, true);
+    assert.equal(model.source.projector, PROJECTOR);
+    await readyReplica("eye");
+    const [eyeProcess] = await llamaServerProcesses(llamaServer, "eye");
+    assert.match(eyeProcess?.args ?? "", /--mmproj \S+mmproj-tiny-F32\.gguf/, "llama-server loads the mirrored, verified projector");
+
+    const ask = async (image?: Buffer) => {
+      const content: OpenAI.ChatCompletionContentPart[] = [{ type: "text", text: "What is in this picture?" }];
+      if (image !== undefined) content.push({ type: "image_url", image_url: { url: pngDataUrl(image) } });
+      const answer = await client.chat.completions.create({ model: "eye", messages: [{ role: "user", content }], max_tokens: 8, temperature: 0 });
+      return { text: answer.choices[0]?.message.content ?? "", promptTokens: answer.usage?.prompt_tokens ?? 0 };
+    };
+    const black = encodeTinyPng({ width: 32, height: 32, color: BLACK });
+    const white = encodeTinyPng({ width: 32, height: 32, color: WHITE });
+    const none = await ask();
+    const onBlack = await ask(black);
+    const onWhite = await ask(white);
+    // The image becomes tokens of the prompt, and its pixels decide the answer.
+    assert.ok(onBlack.promptTokens > none.promptTokens, `${onBlack.promptTokens} prompt tokens with an image, ${none.promptTokens} without`);
+    assert.notEqual(onBlack.text, none.text);
+    assert.notEqual(onBlack.text, onWhite.text);
+    assert.equal((await ask(black)).text, onBlack.text, "the same image gives the same greedy answer");
+
+    // The model without a projector refuses image parts at the gateway, before any engine.
+    await assert.rejects(
+      client.chat.completions.create({
+        model: "tiny",
+        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: pngDataUrl(black) } }] }],
+        max_tokens: 2,
+      }),
+      (error: APIError) => error.status === 400 && error.code === "model_has_no_vision",
+    );
   });
 });

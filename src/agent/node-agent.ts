@@ -19,6 +19,13 @@ import { prepareWaitingForWeights } from "./weights-wait.ts";
 import { formatHost } from "../core/format.ts";
 
 /** Where a replica's weights are on this node, fetched and checked as needed. */
+export interface PreparedWeights {
+  path: string;
+  verified: boolean;
+  /** The vision projector (source.projector), present and checked like the weights. */
+  projectorPath?: string;
+}
+
 export interface WeightsProvider {
   /**
    * The absolute path of the file the engine loads (the first of `assignment.files`), after
@@ -26,7 +33,7 @@ export interface WeightsProvider {
    * `WeightsUnavailableError` (weights-wait.ts) when they cannot be had right now, which the
    * agent waits out instead of counting it against the engine.
    */
-  prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }>;
+  prepare(assignment: Assignment, signal: AbortSignal): Promise<PreparedWeights>;
   /** weightsKeys of what this node holds now (placement prefers such nodes). */
   held?(): string[];
 }
@@ -40,6 +47,8 @@ export type LaunchBuilder = (input: {
   assignment: Assignment;
   part: "engine" | "ray-head" | "ray-worker";
   weightsPath: string;
+  /** The vision projector beside the weights, when the model has one. */
+  projectorPath?: string;
   host: string;
   port: number;
   attempt: number;
@@ -248,6 +257,7 @@ export class NodeAgent {
       unsubscribers: [],
     };
     let weightsPath: string | null = null;
+    let projectorPath: string | undefined;
     const supervisor = this.supervisor(assignment.replicaId, {
       preflight: async (signal, notes) => {
         // Before every attempt: the weights are present and are what the server published.
@@ -265,6 +275,7 @@ export class NodeAgent {
             ...(this.options.weightsWait === undefined ? {} : { backoff: this.options.weightsWait }),
           });
           weightsPath = prepared.path;
+          projectorPath = prepared.projectorPath;
           running.weightsVerified = prepared.verified;
         } finally {
           running.fetching = false;
@@ -276,6 +287,7 @@ export class NodeAgent {
           assignment: running.assignment,
           part: options.part,
           weightsPath: weightsPath!,
+          ...(projectorPath === undefined ? {} : { projectorPath }),
           host: this.options.address,
           port,
           attempt,

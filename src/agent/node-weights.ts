@@ -10,7 +10,7 @@
 import path from "node:path";
 import { checkWeightsFile } from "../catalog/weights-check.ts";
 import type { Assignment } from "../fleet/agent-protocol.ts";
-import type { WeightsProvider } from "./node-agent.ts";
+import type { PreparedWeights, WeightsProvider } from "./node-agent.ts";
 import type { CacheFileSpec, WeightCache } from "./weight-cache.ts";
 import { WeightsIdentityError, type WeightsIdentity } from "./weights-identity.ts";
 
@@ -23,7 +23,7 @@ export class NodeWeights implements WeightsProvider {
     return [...this.holding];
   }
 
-  async prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }> {
+  async prepare(assignment: Assignment, signal: AbortSignal): Promise<PreparedWeights> {
     const { source } = assignment;
     const llamaCpp = assignment.profile.engine === "llamacpp";
     if (source.kind === "mirror") {
@@ -48,8 +48,11 @@ export class NodeWeights implements WeightsProvider {
       this.holding.add(`mirror:${source.model}/${source.version}`);
       const first = paths[0]!;
       if (llamaCpp) await checkWeightsFile({ file: first, modelName: assignment.modelName, param: "source", llamaCpp: true, signal });
+      // The projector came with the weights (the last of `files`), fetched and verified the same way.
+      const projectorIndex = source.projector === undefined ? -1 : assignment.files.findIndex((file) => file.file === source.projector);
+      const projectorPath = projectorIndex === -1 ? undefined : paths[projectorIndex];
       // vLLM loads a folder: the version's folder in the cache.
-      return { path: llamaCpp ? first : path.dirname(first), verified: true };
+      return { path: llamaCpp ? first : path.dirname(first), verified: true, ...(projectorPath === undefined ? {} : { projectorPath }) };
     }
     const published = assignment.files.filter((file) => file.sha256 !== null && file.bytes !== null);
     if (published.length > 0)
@@ -58,6 +61,12 @@ export class NodeWeights implements WeightsProvider {
         signal,
       );
     if (llamaCpp) await checkWeightsFile({ file: source.path, modelName: assignment.modelName, param: "source.path", llamaCpp: true, signal });
-    return { path: llamaCpp ? source.path : path.dirname(source.path), verified: published.length === assignment.files.length };
+    if (source.projector !== undefined)
+      await checkWeightsFile({ file: source.projector, modelName: assignment.modelName, param: "source.projector", llamaCpp: false, signal });
+    return {
+      path: llamaCpp ? source.path : path.dirname(source.path),
+      verified: published.length === assignment.files.length,
+      ...(source.projector === undefined ? {} : { projectorPath: source.projector }),
+    };
   }
 }

@@ -162,9 +162,17 @@ export const profileSchema = z
   });
 
 /** Where a node finds the weights: a local file (embedded mode) or the mirror. */
+// `projector`: the vision projector llama-server loads beside the weights (--mmproj): an
+// absolute path for a file source, a file of the same mirrored version for a mirror source.
 const sourceSchema = z.discriminatedUnion("kind", [
-  z.strictObject({ kind: z.literal("file"), path: z.string().min(1) }),
-  z.strictObject({ kind: z.literal("mirror"), model: z.string().min(1), version: z.string().min(1), file: z.string().min(1) }),
+  z.strictObject({ kind: z.literal("file"), path: z.string().min(1), projector: z.string().min(1).optional() }),
+  z.strictObject({
+    kind: z.literal("mirror"),
+    model: z.string().min(1),
+    version: z.string().min(1),
+    file: z.string().min(1),
+    projector: z.string().min(1).optional(),
+  }),
 ]);
 
 const originFiles = z.array(
@@ -235,7 +243,8 @@ function checkModel(
     output_guard_streams?: string | undefined;
     profiles: { name: string; engine: string }[];
     scaling: { min: number; max: number };
-    source?: unknown;
+    source?: { projector?: string | undefined } | undefined;
+    capabilities: { vision: boolean };
   },
   ctx: z.RefinementCtx,
 ): void {
@@ -274,12 +283,32 @@ function checkModel(
   if (needsWeights && model.source === undefined) {
     ctx.addIssue({ code: "custom", path: ["source"], message: "llamacpp and vllm profiles need a weights source ({kind:'file', path} or a mirror location)" });
   }
+  if (model.source?.projector !== undefined) {
+    // Only llama-server loads a projector (--mmproj); vLLM models carry their vision parts in their own weights.
+    if (!model.profiles.some((p) => p.engine === "llamacpp")) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["source", "projector"],
+        message: "a vision projector goes with GGUF weights on llamacpp profiles (llama-server's --mmproj)",
+      });
+    }
+    if (!model.capabilities.vision) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["capabilities", "vision"],
+        message: "must be true for a model with a vision projector (source.projector), so the gateway lets image parts through",
+      });
+    }
+  }
 }
 
 type DoorFields = {
   profiles: { ctx_size?: number | undefined; parallel?: number | undefined }[];
   scaling: { max: number };
-  source?: { kind: "file"; path: string } | { kind: "mirror"; model: string; version: string; file: string } | undefined;
+  source?:
+    | { kind: "file"; path: string; projector?: string | undefined }
+    | { kind: "mirror"; model: string; version: string; file: string; projector?: string | undefined }
+    | undefined;
 };
 
 /** The bounds of LIMITS and the shape of a weights source, for what is about to be stored. */
@@ -324,6 +353,9 @@ function checkLimits(model: DoorFields, ctx: z.RefinementCtx): void {
       message: `must be an absolute path on the server's machine, got '${source.path}' ('llmgw ctl model add --gguf' turns a relative path into an absolute one)`,
     });
   }
+  if (source?.kind === "file" && source.projector !== undefined && !path.isAbsolute(source.projector)) {
+    ctx.addIssue({ code: "custom", path: ["source", "projector"], message: `must be an absolute path on the server's machine, got '${source.projector}'` });
+  }
   if (source?.kind === "mirror") {
     // The mirror keeps files at MIRROR/{model}/{version}/{file}: no part may climb out of it.
     for (const key of ["model", "version"] as const) {
@@ -337,6 +369,13 @@ function checkLimits(model: DoorFields, ctx: z.RefinementCtx): void {
         code: "custom",
         path: ["source", "file"],
         message: `must be a file path inside the mirrored version as 'llmgw ctl mirror list' shows it, but ${problem}`,
+      });
+    const projectorProblem = source.projector === undefined ? null : pathProblem(source.projector);
+    if (projectorProblem !== null)
+      ctx.addIssue({
+        code: "custom",
+        path: ["source", "projector"],
+        message: `must be a file path inside the mirrored version as 'llmgw ctl mirror list' shows it, but ${projectorProblem}`,
       });
   }
 }

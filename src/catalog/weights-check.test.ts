@@ -10,7 +10,9 @@ import { fileURLToPath } from "node:url";
 import path from "node:path";
 import { BadRequestError } from "../core/errors.ts";
 import { GGUFValueType, writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
-import { checkWeightsFile, locateWeights, type MirrorLocator } from "./weights-check.ts";
+import { checkProjector, checkWeightsFile, DiskWeightsChecker, locateWeights, type MirrorLocator } from "./weights-check.ts";
+import { writeTinyProjector } from "../gguf/tiny-projector.ts";
+import { modelDefinitionSchema, newModelSchema } from "./model-schema.ts";
 import { folderMirror } from "../../test/support/folder-mirror.ts";
 
 let dir: string;
@@ -235,5 +237,57 @@ describe("locateWeights", () => {
       file: "/srv/models/x.gguf",
       param: "source.path",
     });
+  });
+});
+
+describe("a vision projector (source.projector)", () => {
+  test("a clip GGUF passes; a model GGUF, a missing file and a link are refused naming source.projector", async () => {
+    const weights = path.join(dir, "eye.gguf");
+    await writeTinyLlamaGguf({ path: weights, seed: 3 });
+    const projector = path.join(dir, "mmproj-eye.gguf");
+    await writeTinyProjector({ path: projector, textEmbeddingLength: 64 });
+    const source = (projectorPath: string) => ({ kind: "file" as const, path: weights, projector: projectorPath });
+    assert.equal(await checkProjector({ source: source(projector), modelName: "eye" }), projector);
+    await assert.rejects(
+      checkProjector({ source: source(weights), modelName: "eye" }),
+      refusal("projector_invalid", "source.projector", /a 'llama' GGUF; a projector is a 'clip' GGUF/),
+    );
+    await assert.rejects(checkProjector({ source: source(path.join(dir, "nope.gguf")), modelName: "eye" }), refusal("weights_missing", "source.projector"));
+    const link = path.join(dir, "mmproj-link.gguf");
+    await symlink(projector, link);
+    await assert.rejects(checkProjector({ source: source(link), modelName: "eye" }), refusal("weights_symlink", "source.projector"));
+    // At the door: the catalog's checker runs it with the weights.
+    const definition = modelDefinitionSchema.parse({
+      capabilities: { vision: true, embeddings: false },
+      source: source(weights),
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+    });
+    await assert.rejects(new DiskWeightsChecker().check({ name: "eye", definition }), refusal("projector_invalid", "source.projector"));
+  });
+
+  test("the definition says what a projector needs: vision on, and a llamacpp profile", () => {
+    const parse = (extra: object) =>
+      newModelSchema.safeParse({
+        name: "eye",
+        source: { kind: "file", path: "/m.gguf", projector: "/mmproj.gguf" },
+        profiles: [{ name: "cpu", engine: "llamacpp" }],
+        ...extra,
+      });
+    const withoutVision = parse({});
+    assert.equal(withoutVision.success, false);
+    assert.match(JSON.stringify(withoutVision.error?.issues), /capabilities.*must be true for a model with a vision projector/);
+    assert.equal(parse({ capabilities: { vision: true, embeddings: false } }).success, true);
+    const onVllm = parse({
+      capabilities: { vision: true, embeddings: false },
+      profiles: [{ name: "gpu", engine: "vllm", hardware: { gpu: { class: "H100" } } }],
+    });
+    assert.match(JSON.stringify(onVllm.error?.issues), /a vision projector goes with GGUF weights on llamacpp profiles/);
+    const relative = parse({ capabilities: { vision: true, embeddings: false }, source: { kind: "file", path: "/m.gguf", projector: "mmproj.gguf" } });
+    assert.match(JSON.stringify(relative.error?.issues), /source.*projector.*must be an absolute path/);
+    const climbing = parse({
+      capabilities: { vision: true, embeddings: false },
+      source: { kind: "mirror", model: "m", version: "v", file: "m.gguf", projector: "../other/mmproj.gguf" },
+    });
+    assert.equal(climbing.success, false, "a mirrored projector stays inside its version");
   });
 });

@@ -77,7 +77,42 @@ export class DiskWeightsChecker implements WeightsChecker {
     }
     const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
     await checkWeightsFile({ ...located, modelName: model.name, llamaCpp: profiles.some((p) => p.engine === "llamacpp"), ...(signal ? { signal } : {}) });
+    if (source.projector !== undefined)
+      await checkProjector({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}), ...(signal ? { signal } : {}) });
   }
+}
+
+/**
+ * A model's vision projector (source.projector): the same checks as weights (there, a
+ * regular readable file, in the mirror when mirrored), and a GGUF whose architecture is
+ * `clip`, the one llama.cpp's --mmproj loads; refused at the door with both names otherwise.
+ */
+export async function checkProjector(options: { source: WeightsSource; modelName: string; mirror?: MirrorLocator; signal?: AbortSignal }): Promise<string> {
+  const { source, modelName } = options;
+  const projector = source.projector;
+  if (projector === undefined) throw new Error("checkProjector: the source names no projector");
+  const projectorSource: WeightsSource = source.kind === "file" ? { kind: "file", path: projector } : { ...source, file: projector };
+  const located = await locateWeights({ source: projectorSource, modelName, ...(options.mirror ? { mirror: options.mirror } : {}) });
+  const param = "source.projector";
+  await checkWeightsFile({ file: located.file, modelName, param, llamaCpp: false, ...(options.signal ? { signal: options.signal } : {}) });
+  let header: GgufHeaderSummary;
+  try {
+    header = await readGgufHeader({ file: located.file, ...(options.signal ? { signal: options.signal } : {}) });
+  } catch (error) {
+    if (options.signal?.aborted === true) throw options.signal.reason ?? error;
+    throw new BadRequestError(`The vision projector of model '${modelName}' at ${located.file} is not a GGUF llama.cpp reads: ${describeError(error)}`, {
+      code: "projector_invalid",
+      param,
+      cause: error,
+    });
+  }
+  if (header.architecture !== "clip") {
+    throw new BadRequestError(
+      `The vision projector of model '${modelName}' at ${located.file} is a '${header.architecture}' GGUF; a projector is a 'clip' GGUF (often named mmproj-*.gguf) that llama-server loads with --mmproj.`,
+      { code: "projector_invalid", param },
+    );
+  }
+  return located.file;
 }
 
 type WeightsSource = NonNullable<ModelDefinition["source"]>;

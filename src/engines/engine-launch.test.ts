@@ -93,3 +93,12 @@ test("a profile with embeddings: true runs the bundled engine with --embeddings 
   assert.match(vllmEmbed.error?.issues[0]?.message ?? "", /--runner pooling/);
   assert.equal(profileSchema.safeParse({ name: "e", engine: "external", url: "http://10.0.0.9:8000", embeddings: true }).success, false);
 });
+
+test("a model with a vision projector is refused by a node without llama-server, which alone loads it", () => {
+  assert.throws(
+    () => engineLaunch(options({ projectorPath: "/cache/mmproj.gguf" })),
+    (error: Error & { code?: string }) => error.code === "engine_unavailable" && /vision projector, which only llama-server loads/.test(error.message),
+  );
+  const server = engineLaunch(options({ engines: { llamaServer: "/opt/llama/llama-server" }, projectorPath: "/cache/mmproj.gguf" }));
+  assert.equal(server.args[server.args.indexOf("--mmproj") + 1], "/cache/mmproj.gguf");
+});

@@ -49,9 +49,16 @@ export interface ReplicaLaunchOptions {
 }
 
 /** The engine that runs `profile` on a node with `engines`; throws when the node cannot run it. */
-export function engineFor(profile: Profile, engines: NodeEngines): EngineName {
+export function engineFor(profile: Profile, engines: NodeEngines, model: { projector?: boolean } = {}): EngineName {
   if (profile.engine === "llamacpp") {
     if (engines.llamaServer !== undefined) return "llama-server";
+    if (model.projector === true) {
+      throw new LlmgwError({
+        code: "engine_unavailable",
+        status: 409,
+        message: `Profile '${profile.name}' serves a model with a vision projector, which only llama-server loads (--mmproj), and this node has none configured; configure the node's llama-server (llmgw agent --llama-server) or place the model elsewhere.`,
+      });
+    }
     if (profile.hardware.gpu !== undefined) {
       throw new LlmgwError({
         code: "engine_unavailable",
@@ -85,7 +92,7 @@ export function engineFor(profile: Profile, engines: NodeEngines): EngineName {
 export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
   const { profile, attempt, engines } = options;
   const common = { modelName: options.modelName, profile, engineKey: options.engineKey, host: attempt.host, port: attempt.port };
-  switch (engineFor(profile, engines)) {
+  switch (engineFor(profile, engines, { projector: options.projectorPath !== undefined })) {
     case "llamacpp":
       return llamaCppLaunch({ ...common, weightsPath: options.weightsPath });
     case "llama-server":

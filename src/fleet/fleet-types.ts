@@ -46,6 +46,8 @@ export interface ReplicaNeeds {
    * passes none, or the needs were stored before this was known.
    */
   llamaServerArgs?: true;
+  /** llamacpp: the model has a vision projector, which only llama-server loads (--mmproj). */
+  projector?: true;
   /** CPU profiles: memory on each node. */
   memoryBytes: number;
   /**

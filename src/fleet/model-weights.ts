@@ -14,7 +14,10 @@ import type { AssignedFile } from "./agent-protocol.ts";
 export interface ModelWeights {
   /** "mirror:MODEL/VERSION" or "file:/abs/path". */
   key: string;
+  /** The source file, the other parts of a split GGUF, then the vision projector (source.projector) when there is one. */
   files: AssignedFile[];
+  /** Bytes of the vision projector, which llama-server loads beside the weights. */
+  projectorBytes?: number;
   bytes: number;
   header?: GgufHeaderSummary;
 }
@@ -43,7 +46,11 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
         files.push({ file: part, bytes: (await lstat(part)).size, sha256: originSha256(model, part, null) });
       }
     }
-    return { key: `file:${source.path}`, files, bytes: files.reduce((sum, f) => sum + (f.bytes ?? 0), 0), ...(header ? { header } : {}) };
+    if (source.projector !== undefined) {
+      const bytes = (await lstat(source.projector)).size;
+      files.push({ file: source.projector, bytes, sha256: originSha256(model, source.projector, bytes) });
+    }
+    return withTotals(`file:${source.path}`, files, source.projector, header);
   }
   const checked = await mirror.check(source.model, source.version, source.file);
   if (checked.kind !== "ok") throw checked.error;
@@ -67,7 +74,23 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
       files.push({ file: part, bytes: partChecked.size, sha256: partChecked.sha256 });
     }
   }
-  return { key: `mirror:${source.model}/${source.version}`, files, bytes: files.reduce((sum, f) => sum + (f.bytes ?? 0), 0), ...(header ? { header } : {}) };
+  if (source.projector !== undefined && llamaCpp) {
+    const projectorChecked = await mirror.check(source.model, source.version, source.projector);
+    if (projectorChecked.kind !== "ok") throw projectorChecked.error;
+    files.push({ file: source.projector, bytes: projectorChecked.size, sha256: projectorChecked.sha256 });
+  }
+  return withTotals(`mirror:${source.model}/${source.version}`, files, source.projector, header);
+}
+
+function withTotals(key: string, files: AssignedFile[], projector: string | undefined, header: GgufHeaderSummary | undefined): ModelWeights {
+  const projectorFile = projector === undefined ? undefined : files.find((f) => f.file === projector);
+  return {
+    key,
+    files,
+    bytes: files.reduce((sum, f) => sum + (f !== projectorFile ? (f.bytes ?? 0) : 0), 0),
+    ...(projectorFile ? { projectorBytes: projectorFile.bytes ?? 0 } : {}),
+    ...(header ? { header } : {}),
+  };
 }
 
 /**

@@ -427,6 +427,22 @@ describe("engines and node states", () => {
     assert.equal(waitsForRoom(explanationOf(alone, "args")), false, "no room frees to cure a missing engine");
   });
 
+  test("a model with a vision projector runs only where llama-server loads it, and counts the projector's memory", () => {
+    const profile = profileSchema.parse({ name: "cpu", engine: "llamacpp" });
+    const plain = replicaNeeds({ profile, weightsBytes: 2 * GiB });
+    const eye = replicaNeeds({ profile, weightsBytes: 2 * GiB, projectorBytes: GiB });
+    assert.equal(eye.projector, true);
+    assert.equal(plain.projector, undefined);
+    assert.equal(eye.memoryBytes - plain.memoryBytes, GiB);
+    const result = placeReplicas({
+      nodes: [node("a-bundled", { memoryGiB: 64, engines: ["llamacpp"] }), node("b-server", { memoryGiB: 16, engines: ["llama-server"] })],
+      requests: [request("eye", eye)],
+    });
+    assert.deepEqual(where(result), { eye: "b-server" });
+    const nowhere = placeReplicas({ nodes: [node("a-bundled", { memoryGiB: 64, engines: ["llamacpp"] })], requests: [request("eye", eye)] });
+    assert.deepEqual(explanationOf(nowhere, "eye"), ["a-bundled: no llama-server engine (the model's vision projector loads only there, with --mmproj)"]);
+  });
+
   test("lost and draining nodes take nothing and are named; lines are sorted by node name", () => {
     const nodes = [node("c"), node("b", { state: "draining", memoryGiB: 512 }), node("a", { state: "lost", memoryGiB: 512 })];
     const result = placeReplicas({ nodes, requests: [request("small", cpu(4)), request("large", cpu(12))] });

@@ -219,7 +219,9 @@ function workNode(node: PlacementNode): WorkNode {
 function enginesFor(option: PlacementOption): number {
   const { needs } = option;
   if (needs.engine === "vllm") return ENGINE_VLLM;
-  return needs.gpu === undefined && needs.llamaServerArgs !== true ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER : ENGINE_LLAMA_SERVER;
+  return needs.gpu === undefined && needs.llamaServerArgs !== true && needs.projector !== true
+    ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER
+    : ENGINE_LLAMA_SERVER;
 }
 
 function hasEngine(node: WorkNode, option: PlacementOption): boolean {
@@ -364,7 +366,9 @@ function shortfall(node: WorkNode, text: OptionText): string {
   if (!hasEngine(node, option)) {
     if (needs.engine === "vllm") return "no vllm engine";
     if (gpu !== undefined) return "no llama-server engine (the bundled llama.cpp runs on the CPU only)";
-    return needs.llamaServerArgs === true ? "no llama-server engine (the profile's engine_args are llama-server options)" : "no llama.cpp engine";
+    if (needs.llamaServerArgs === true) return "no llama-server engine (the profile's engine_args are llama-server options)";
+    if (needs.projector === true) return "no llama-server engine (the model's vision projector loads only there, with --mmproj)";
+    return "no llama.cpp engine";
   }
   // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
   let big = 0;

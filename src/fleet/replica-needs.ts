@@ -23,7 +23,8 @@
 //   CUDA context) is placement's concern, not counted here. The host side of a GPU replica
 //   is the engine process: 1 GiB and 1 core.
 // - A llamacpp profile with engine_args needs llama-server, whose options they are
-//   (engines/engine-args-check.ts): `llamaServerArgs`, which placement reads.
+//   (engines/engine-args-check.ts): `llamaServerArgs`, which placement reads; so does a
+//   model with a vision projector (`projector`), which only llama-server loads.
 import type { Profile } from "../catalog/model-schema.ts";
 import { BadRequestError } from "../core/errors.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
@@ -49,6 +50,8 @@ export interface ReplicaNeedsInput {
   weightsBytes: number;
   /** The GGUF header summary, when the reconciler has read it; llamacpp only. */
   header?: GgufModelShape;
+  /** llamacpp: the vision projector's bytes; llama-server loads it beside the weights (on the GPU for GPU profiles). */
+  projectorBytes?: number;
 }
 
 export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
@@ -63,8 +66,12 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
   if (gpu === undefined) {
     const minMemoryGb = profile.hardware.cpu?.min_memory_gb;
     const memoryBytes =
-      minMemoryGb !== undefined ? Math.ceil(minMemoryGb * GiB) : engine === "llamacpp" ? llamaCppTotalBytes(input) : vllmBytes(weightsBytes, 1);
-    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes), ...llamaServerArgs(profile) };
+      minMemoryGb !== undefined
+        ? Math.ceil(minMemoryGb * GiB)
+        : engine === "llamacpp"
+          ? llamaCppTotalBytes(input) + (input.projectorBytes ?? 0)
+          : vllmBytes(weightsBytes, 1);
+    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes), ...llamaServerOnly(profile, input) };
   }
   const { class: gpuClass, gpus_per_node: perNode, nodes } = gpu;
   let memoryBytesPerGpu: number;
@@ -79,6 +86,8 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
       input.header === undefined
         ? Math.ceil(headerlessLlamaCppBytes(weightsBytes) / perNode)
         : llamaCppPerGpuBytes(llamaCppEstimate(input.header, input), perNode);
+    // llama-server puts the projector on the first GPU; counted on each, as the split is even.
+    memoryBytesPerGpu += input.projectorBytes ?? 0;
   } else {
     memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes);
   }
@@ -87,13 +96,14 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
     memoryBytes: GPU_REPLICA_HOST_BYTES,
     cores: 1,
     gpu: { class: gpuClass, perNode, nodes, memoryBytesPerGpu },
-    ...llamaServerArgs(profile),
+    ...llamaServerOnly(profile, input),
   };
 }
 
-/** `llamaServerArgs` for a llamacpp profile that passes engine_args; nothing otherwise. */
-function llamaServerArgs(profile: Profile): Pick<ReplicaNeeds, "llamaServerArgs"> {
-  return profile.engine === "llamacpp" && profile.engine_args.length > 0 ? { llamaServerArgs: true } : {};
+/** What keeps a llamacpp profile off the bundled engine: engine_args (llama-server's options), a vision projector. */
+function llamaServerOnly(profile: Profile, input: ReplicaNeedsInput): Pick<ReplicaNeeds, "llamaServerArgs" | "projector"> {
+  if (profile.engine !== "llamacpp") return {};
+  return { ...(profile.engine_args.length > 0 ? { llamaServerArgs: true } : {}), ...(input.projectorBytes !== undefined ? { projector: true } : {}) };
 }
 
 function llamaCppEstimate(header: GgufModelShape, input: ReplicaNeedsInput) {

@@ -137,7 +137,12 @@ export class WeightsKnowledge {
       .sort((a, b) => b.priority - a.priority || b.weight - a.weight)
       .map((profile) => ({
         profile: profile.name,
-        needs: replicaNeeds({ profile, weightsBytes: weights.bytes, ...(weights.header ? { header: weights.header } : {}) }),
+        needs: replicaNeeds({
+          profile,
+          weightsBytes: weights.bytes,
+          ...(weights.header ? { header: weights.header } : {}),
+          ...(weights.projectorBytes === undefined ? {} : { projectorBytes: weights.projectorBytes }),
+        }),
       }));
   }
 

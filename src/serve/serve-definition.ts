@@ -142,7 +142,7 @@ export function isServedDescription(description: string | undefined, repo: strin
 export function serveModelBody(input: {
   request: ServeRequest & { name: string };
   profiles: ServeProfile[];
-  source: { kind: "mirror"; model: string; version: string; file: string };
+  source: { kind: "mirror"; model: string; version: string; file: string; projector?: string };
   origin: { repo: string; revision: string; ref?: string; files: OriginFile[] };
 }): Record<string, unknown> {
   const { request } = input;
@@ -156,5 +156,7 @@ export function serveModelBody(input: {
     ...(request.guard_format === undefined ? {} : { role: "guard", guard_format: GUARD_FORMAT_NAMES[request.guard_format] }),
     source: input.source,
     origin: input.origin,
+    // A projector is what lets llama-server take images: the gateway lets image parts through to it.
+    ...(input.source.projector === undefined ? {} : { capabilities: { vision: true, embeddings: false } }),
   };
 }

@@ -64,6 +64,8 @@ interface ServeContext {
   entry?: string;
   profiles?: ServeProfile[];
   origin?: OriginFile[];
+  /** The vision projector mirrored with GGUF weights (a file of the version), which llama-server loads with --mmproj. */
+  projector?: string;
   /** The catalog model this job created (its id), so a resumed job does not add it twice and a cancel removes it. */
   createdModelId?: string;
 }
@@ -119,18 +121,14 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
           files: withoutHeaders(plan.files),
           totalBytes: plan.totalBytes,
         };
-        await job.remember({ planned, format, entry, profiles } satisfies ServeContext);
-        // Mirrored and kept in the origin, but not yet handed to engines: say so rather than imply image input works.
-        const projector =
-          request.projector === undefined
-            ? undefined
-            : typeof request.projector === "string"
-              ? request.projector
-              : plan.files.find((f) => /mmproj/i.test(f.path))?.path;
+        // The projector the fetch plan picked (the request's, or the repository's best) is the one
+        // mmproj file among the files to fetch (registry/file-sets.ts names projectors so).
+        const projector = request.projector === undefined ? undefined : plan.files.find((f) => /mmproj/i.test(f.path.split("/").at(-1) ?? ""))?.path;
+        await job.remember({ planned, format, entry, profiles, ...(projector === undefined ? {} : { projector }) } satisfies ServeContext);
         const projectorNote =
           projector === undefined
             ? ""
-            : `; the vision projector ${projector} is mirrored with it, but engines do not load projectors yet, so the model takes no images`;
+            : `; with the vision projector ${projector}, so it takes images (on nodes with llama-server, which loads it with --mmproj)`;
         return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}${projectorNote}`;
       });
 
@@ -154,7 +152,13 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
 
       await job.step("catalog", async () => {
         const planned = context.planned!;
-        const source = { kind: "mirror" as const, model: planned.model, version: planned.version, file: context.entry! };
+        const source = {
+          kind: "mirror" as const,
+          model: planned.model,
+          version: planned.version,
+          file: context.entry!,
+          ...(context.projector === undefined ? {} : { projector: context.projector }),
+        };
         // Added before a restart: by the id remembered, or (killed between adding it and
         // remembering) by its name with this job's source and revision.
         const existing = deps.catalog
