@@ -19,7 +19,15 @@
 // so the plan, the catalog and the agent all refuse it the same way.
 import { open, type FileHandle } from "node:fs/promises";
 import { fetch as undiciFetch, type Dispatcher } from "undici";
-import { GGMLFileQuantizationType, GGMLQuantizationType, gguf, type GGUFParseOutput, type MetadataValue } from "@huggingface/gguf";
+import {
+  GGMLFileQuantizationType,
+  GGMLQuantizationType,
+  gguf,
+  type GGUFParseOutput,
+  type GGUFTensorInfo,
+  type GGUFTypedMetadata,
+  type MetadataValue,
+} from "@huggingface/gguf";
 import { BadRequestError, LlmgwError, NotFoundError, UpstreamError, describeError } from "../core/errors.ts";
 import { formatBytes } from "../core/format.ts";
 import { ggmlTensorBytes } from "./ggml-types.ts";
@@ -56,6 +64,8 @@ export interface ReadGgufHeaderOptions {
   initialBytes?: number;
   /** Largest header accepted, in bytes. Default 48 MB (the library's buffer holds 50 MB). */
   maxHeaderBytes?: number;
+  /** Also return the typed key/values and the tensor infos (`GgufHeaderSummary.parsed`), for readers that need more than the summary. */
+  keepParsed?: boolean;
 }
 
 export interface GgufHeaderSummary {
@@ -106,6 +116,8 @@ export interface GgufHeaderSummary {
   missingKeys: string[];
   /** Bytes actually fetched or read to produce this summary. */
   bytesRead: number;
+  /** The parsed header, with @huggingface/gguf's typed key/values; only with the `keepParsed` option. */
+  parsed?: { typedMetadata: GGUFTypedMetadata; tensorInfos: GGUFTensorInfo[] };
 }
 
 const DEFAULT_INITIAL_BYTES = 256 * 1024;
@@ -126,17 +138,20 @@ export async function readGgufHeader(source: GgufSource, options: ReadGgufHeader
     // is a placeholder that never leaves this process.
     const libraryUrl = "url" in source ? source.url : "http://gguf.invalid/file";
     for (;;) {
-      let parsed: GGUFParseOutput | undefined;
+      let parsed: (GGUFParseOutput & { typedMetadata?: GGUFTypedMetadata }) | undefined;
       let failure: unknown;
       try {
         // Parameters are counted in `summarise`: the library's own count also compares the
         // file size with 1 bit per parameter, a weaker test than `checkTensorLayout`'s.
-        parsed = await gguf(libraryUrl, { fetch: prefix.libraryFetch });
+        parsed = options.keepParsed
+          ? await gguf(libraryUrl, { fetch: prefix.libraryFetch, typedMetadata: true })
+          : await gguf(libraryUrl, { fetch: prefix.libraryFetch });
       } catch (error) {
         failure = error;
       }
       if (parsed && parsed.tensorInfoByteRange[1] <= prefix.bytes.length) {
-        return summarise(parsed, { source: range.label, bytesRead: range.bytesRead, fileBytes: prefix.total });
+        const summary = summarise(parsed, { source: range.label, bytesRead: range.bytesRead, fileBytes: prefix.total });
+        return parsed.typedMetadata ? { ...summary, parsed: { typedMetadata: parsed.typedMetadata, tensorInfos: parsed.tensorInfos } } : summary;
       }
       if (prefix.complete) {
         if (parsed) {

@@ -5,24 +5,14 @@
 // a real SentencePiece-style one (every byte token, ChatML control tokens, ASCII letters
 // and some words) so text tokenises sensibly and chat generation can end on `<|im_end|>`.
 //
-// Layout rules come from ggml's gguf.md and llama.cpp's loader (see
-// shared/reference/protocols.md §2): hparams are UINT32 and the RMS epsilon FLOAT32
-// because llama.cpp rejects other key types, alignment is 32, each tensor offset is the
-// running sum of the padded sizes before it, and there are no tensors beyond what the
-// `llama` architecture expects. The header and key/values are serialised with
-// @huggingface/gguf; the tensor infos and data are written here.
-import { open } from "node:fs/promises";
-import { GGUFValueType, serializeGgufMetadata, type GGUFTypedMetadata, type MetadataValue } from "@huggingface/gguf";
+// Key rules come from llama.cpp's loader (see shared/reference/protocols.md §2): hparams
+// are UINT32 and the RMS epsilon FLOAT32 because llama.cpp rejects other key types, and
+// there are no tensors beyond what the `llama` architecture expects. The file layout
+// (alignment, offsets) is ./gguf-writer.ts's.
+import { GGUFValueType, GGUF_ALIGNMENT, createPrng, fillUniform, writeGguf, type GgufTensor, type TypedMetadataValue } from "./gguf-writer.ts";
 
-export { GGUFValueType };
-
-/** One typed key/value, in @huggingface/gguf's typed-metadata form. */
-export interface TypedMetadataValue {
-  value: MetadataValue;
-  type: GGUFValueType;
-  /** Element type of an ARRAY value. */
-  subType?: GGUFValueType;
-}
+// Tests, stand-in repositories and benchmarks import these from here.
+export { GGUFValueType, type TypedMetadataValue };
 
 export interface TinyLlamaOptions {
   /** Where to write the file (overwritten if present). */
@@ -97,9 +87,6 @@ export interface TinyLlamaInfo {
 export const TINY_CHAT_TEMPLATE =
   "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-const ALIGNMENT = 32;
-const GGML_TYPE_F32 = 0;
 
 // SentencePiece token types (llama.cpp llama_token_type).
 const TYPE_NORMAL = 1;
@@ -199,18 +186,6 @@ function buildVocab(): Vocab {
   return { tokens, scores, types, ids: { unk, bos, eos: imEnd, imStart, imEnd } };
 }
 
-/** mulberry32: small, fast and deterministic; quality is irrelevant for random weights. */
-function createPrng(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 interface TensorPlan {
   name: string;
   /** ggml order: dims[0] is the contiguous dimension. */
@@ -246,30 +221,6 @@ function planTensors(shape: { embd: number; layers: number; heads: number; kvHea
     );
   }
   return plan;
-}
-
-const pad = (n: number, alignment: number) => Math.ceil(n / alignment) * alignment;
-const elements = (dims: number[]) => dims.reduce((a, b) => a * b, 1);
-
-function encodeTensorInfos(plan: TensorPlan[]): { bytes: Buffer; offsets: number[] } {
-  const parts: Buffer[] = [];
-  const offsets: number[] = [];
-  let offset = 0;
-  for (const tensor of plan) {
-    const name = Buffer.from(tensor.name, "utf8");
-    const info = Buffer.alloc(8 + name.length + 4 + 8 * tensor.dims.length + 4 + 8);
-    let at = info.writeBigUInt64LE(BigInt(name.length), 0);
-    at += name.copy(info, at);
-    at = info.writeUInt32LE(tensor.dims.length, at);
-    for (const dim of tensor.dims) at = info.writeBigUInt64LE(BigInt(dim), at);
-    at = info.writeUInt32LE(GGML_TYPE_F32, at);
-    info.writeBigUInt64LE(BigInt(offset), at);
-    parts.push(info);
-    offsets.push(offset);
-    // ggml requires each offset to be the running sum of the padded sizes before it.
-    offset += pad(elements(tensor.dims) * 4, ALIGNMENT);
-  }
-  return { bytes: Buffer.concat(parts), offsets };
 }
 
 /** A reply script as token ids, with the embedding axis of each token (0: every token outside the script). */
@@ -374,7 +325,7 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
   const metadata: Record<string, TypedMetadataValue> = {
     "general.architecture": { value: "llama", type: GGUFValueType.STRING },
     "general.name": { value: options.name ?? "llmgw tiny llama", type: GGUFValueType.STRING },
-    "general.alignment": u32(ALIGNMENT),
+    "general.alignment": u32(GGUF_ALIGNMENT),
     "general.file_type": u32(0), // ALL_F32
     "llama.context_length": u32(contextLength),
     "llama.embedding_length": u32(embd),
@@ -399,56 +350,28 @@ export async function writeTinyLlamaGguf(options: TinyLlamaOptions): Promise<Tin
     ...options.extraMetadata,
   };
 
-  const typed = {
-    version: { value: 3, type: GGUFValueType.UINT32 },
-    tensor_count: { value: BigInt(plan.length), type: GGUFValueType.UINT64 },
-    kv_count: { value: BigInt(Object.keys(metadata).length), type: GGUFValueType.UINT64 },
-    ...metadata,
-  } as GGUFTypedMetadata;
-  // serializeGgufMetadata pads its output to the alignment, but the tensor infos must
-  // follow the key/values directly; alignment 1 means "no padding".
-  const header = Buffer.from(serializeGgufMetadata(typed, { alignment: 1 }));
-  const infos = encodeTensorInfos(plan);
-  const dataStart = pad(header.length + infos.bytes.length, ALIGNMENT);
-
   const random = createPrng(options.seed ?? 1);
-  let parameterCount = 0;
-  const file = await open(options.path, "w");
-  try {
-    let position = 0;
-    const write = async (bytes: Uint8Array) => {
-      await file.write(bytes, 0, bytes.length, position);
-      position += bytes.length;
-    };
-    await write(header);
-    await write(infos.bytes);
-    await write(Buffer.alloc(dataStart - position));
-    for (const [index, tensor] of plan.entries()) {
-      const count = elements(tensor.dims);
-      parameterCount += count;
-      const values = new Float32Array(count);
+  const tensors: GgufTensor[] = plan.map((tensor) => ({
+    name: tensor.name,
+    dims: tensor.dims,
+    data: (values: Float32Array) => {
       if (tensor.init === "ones") values.fill(1);
-      else for (let i = 0; i < count; i++) values[i] = (random() * 2 - 1) * tensor.init.scale;
+      else fillUniform(values, random, tensor.init.scale);
       if (script) scriptTensor(tensor.name, values, embd, script);
       else if (textBans) textOnlyTensor(tensor.name, values, tensor.dims, embd, textBans);
       if (!script && options.endless && tensor.name === "output.weight") {
         // Row t (ne0 = embd contiguous values) projects the hidden state onto token t.
         for (const [id, type] of vocab.types.entries()) if (type === TYPE_CONTROL || type === TYPE_UNKNOWN) values.fill(0, id * embd, (id + 1) * embd);
       }
-      const bytes = Buffer.from(values.buffer, values.byteOffset, values.byteLength);
-      if (position !== dataStart + (infos.offsets[index] ?? -1)) throw new Error(`writeTinyLlamaGguf: tensor ${tensor.name} is out of place.`);
-      await write(bytes);
-      await write(Buffer.alloc(pad(bytes.length, ALIGNMENT) - bytes.length));
-    }
-    return {
-      path: options.path,
-      bytes: position,
-      parameterCount,
-      vocabSize: vocab.tokens.length,
-      tensorCount: plan.length,
-      tokens: vocab.ids,
-    };
-  } finally {
-    await file.close();
-  }
+    },
+  }));
+  const written = await writeGguf({ path: options.path, metadata, tensors, caller: "writeTinyLlamaGguf" });
+  return {
+    path: options.path,
+    bytes: written.bytes,
+    parameterCount: written.parameterCount,
+    vocabSize: vocab.tokens.length,
+    tensorCount: plan.length,
+    tokens: vocab.ids,
+  };
 }
