@@ -25,6 +25,7 @@ const unit = [
   "src/catalog/catalog.test.ts",
   "src/catalog/sealed-keys.test.ts",
   "src/catalog/weights-check.test.ts",
+  "src/catalog/adapters.test.ts",
   "src/cli/local-paths.test.ts",
   "src/cli/ctl-job.test.ts",
   "src/cli/admin-client.test.ts",

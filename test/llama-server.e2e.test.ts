@@ -22,6 +22,7 @@ import OpenAI, { type APIError } from "openai";
 import { findFreePort } from "../src/agent/free-port.ts";
 import { writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { writeTinyProjector } from "../src/gguf/tiny-projector.ts";
+import { writeTinyLora } from "../src/gguf/tiny-lora.ts";
 import { adminCaller } from "./support/admin-call.ts";
 import { spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { eventually } from "./support/eventually.ts";
@@ -338,5 +339,66 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
       }),
       (error: APIError) => error.status === 400 && error.code === "model_has_no_vision",
     );
+  });
+
+  test("LoRA adapters: tiny:style on tiny's replicas, chosen per request; a misfit refused at the door; a changed file refused before start", async () => {
+    const adapterPath = path.join(root, "style.gguf");
+    await writeTinyLora({ path: adapterPath, seed: 105 });
+    const wide = path.join(root, "wide.gguf");
+    await writeTinyLora({ path: wide, seed: 106, embeddingLength: 128 });
+    const misfit = await admin("PATCH", "/api/v1/models/tiny", { adapters: [{ name: "wide", source: { kind: "file", path: wide } }] });
+    assert.equal(misfit.status, 400, JSON.stringify(misfit.body));
+    assert.equal(misfit.body.error.code, "adapter_mismatch");
+    assert.match(misfit.body.error.message, /embedding size 128 .*the model's is 64/);
+
+    const { stdout: shown } = await ctl([
+      "model",
+      "edit",
+      "tiny",
+      "--patch",
+      JSON.stringify({ adapters: [{ name: "style", source: { kind: "file", path: adapterPath } }] }),
+    ]);
+    assert.match(shown, /tiny/);
+    // The definition changed: the replica is replaced by one whose llama-server loads the adapter, off by default.
+    const withAdapter = await eventually(
+      "tiny on a llama-server with the adapter",
+      async () => {
+        const [running] = await llamaServerProcesses(llamaServer, "tiny");
+        const ready = (await health("tiny")).replicas.find((replica) => replica.state === "ready");
+        return running?.args.includes(`--lora-scaled ${adapterPath}:0`) && ready !== undefined ? running : undefined;
+      },
+      { timeoutMs: 240_000 },
+    );
+    const listed = await client.models.list();
+    assert.ok(
+      listed.data.some((m) => m.id === "tiny:style"),
+      "GET /v1/models lists the adapter",
+    );
+    const greedy = async (model: string) =>
+      (await client.completions.create({ model, prompt: "hello world", max_tokens: 8, temperature: 0 })).choices[0]?.text ?? "";
+    const base = await greedy("tiny");
+    const styled = await greedy("tiny:style");
+    assert.notEqual(styled, base, "the adapter changes the greedy answer");
+    assert.equal(await greedy("tiny"), base, "a request without the adapter is the base model, on the same replica");
+    assert.equal(await greedy("tiny:style"), styled);
+    const { stdout: show } = await ctl(["model", "show", "tiny"]);
+    assert.match(show, /tiny:style\s+style\s+1\s+\S*style\.gguf/);
+
+    // The file changes under the node (same size, other bytes): the next start is refused before llama-server runs.
+    const size = (await readFile(adapterPath)).length;
+    await writeTinyLora({ path: adapterPath, seed: 107 });
+    assert.equal((await readFile(adapterPath)).length, size);
+    process.kill(withAdapter.pid, "SIGKILL");
+    const refused = await eventually(
+      "the restart refused for the changed adapter",
+      async () => (await health("tiny")).replicas.find((replica) => /sha256/.test(replica.last_error ?? "")),
+      { timeoutMs: 240_000 },
+    );
+    assert.match(refused.last_error ?? "", /style\.gguf/);
+    assert.deepEqual(await llamaServerProcesses(llamaServer, "tiny"), [], "no llama-server runs on the changed file");
+    // Put back, it starts again.
+    await writeTinyLora({ path: adapterPath, seed: 105 });
+    await readyReplica("tiny");
+    assert.equal(await greedy("tiny:style"), styled);
   });
 });

@@ -24,6 +24,8 @@ export interface PreparedWeights {
   verified: boolean;
   /** The vision projector (source.projector), present and checked like the weights. */
   projectorPath?: string;
+  /** The adapters' paths, in the model's order (their ids), present and checked like the weights. */
+  adapterPaths?: string[];
 }
 
 export interface WeightsProvider {
@@ -49,6 +51,8 @@ export type LaunchBuilder = (input: {
   weightsPath: string;
   /** The vision projector beside the weights, when the model has one. */
   projectorPath?: string;
+  /** The adapters' paths, in the model's order, when it has any. */
+  adapterPaths?: string[];
   host: string;
   port: number;
   attempt: number;
@@ -258,6 +262,7 @@ export class NodeAgent {
     };
     let weightsPath: string | null = null;
     let projectorPath: string | undefined;
+    let adapterPaths: string[] | undefined;
     const supervisor = this.supervisor(assignment.replicaId, {
       preflight: async (signal, notes) => {
         // Before every attempt: the weights are present and are what the server published.
@@ -276,6 +281,7 @@ export class NodeAgent {
           });
           weightsPath = prepared.path;
           projectorPath = prepared.projectorPath;
+          adapterPaths = prepared.adapterPaths;
           running.weightsVerified = prepared.verified;
         } finally {
           running.fetching = false;
@@ -288,6 +294,7 @@ export class NodeAgent {
           part: options.part,
           weightsPath: weightsPath!,
           ...(projectorPath === undefined ? {} : { projectorPath }),
+          ...(adapterPaths === undefined ? {} : { adapterPaths }),
           host: this.options.address,
           port,
           attempt,

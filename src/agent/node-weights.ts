@@ -51,8 +51,14 @@ export class NodeWeights implements WeightsProvider {
       // The projector came with the weights (the last of `files`), fetched and verified the same way.
       const projectorIndex = source.projector === undefined ? -1 : assignment.files.findIndex((file) => file.file === source.projector);
       const projectorPath = projectorIndex === -1 ? undefined : paths[projectorIndex];
+      const adapterPaths = await this.prepareAdapters(assignment, signal);
       // vLLM loads a folder: the version's folder in the cache.
-      return { path: llamaCpp ? first : path.dirname(first), verified: true, ...(projectorPath === undefined ? {} : { projectorPath }) };
+      return {
+        path: llamaCpp ? first : path.dirname(first),
+        verified: true,
+        ...(projectorPath === undefined ? {} : { projectorPath }),
+        ...(adapterPaths.length === 0 ? {} : { adapterPaths }),
+      };
     }
     const published = assignment.files.filter((file) => file.sha256 !== null && file.bytes !== null);
     if (published.length > 0)
@@ -63,10 +69,40 @@ export class NodeWeights implements WeightsProvider {
     if (llamaCpp) await checkWeightsFile({ file: source.path, modelName: assignment.modelName, param: "source.path", llamaCpp: true, signal });
     if (source.projector !== undefined)
       await checkWeightsFile({ file: source.projector, modelName: assignment.modelName, param: "source.projector", llamaCpp: false, signal });
+    const adapterPaths = await this.prepareAdapters(assignment, signal);
     return {
       path: llamaCpp ? source.path : path.dirname(source.path),
       verified: published.length === assignment.files.length,
       ...(source.projector === undefined ? {} : { projectorPath: source.projector }),
+      ...(adapterPaths.length === 0 ? {} : { adapterPaths }),
     };
+  }
+
+  /**
+   * The adapters' paths on this node, in the model's order, each checked as weights are: a
+   * mirrored one fetched to the cache, and every pinned one hashed against its size and
+   * sha256 before the engine starts (a changed file refuses the start with both values).
+   */
+  private async prepareAdapters(assignment: Assignment, signal: AbortSignal): Promise<string[]> {
+    const adapters = assignment.adapters ?? [];
+    if (adapters.length === 0) return [];
+    const paths: string[] = [];
+    for (const adapter of adapters) {
+      if (adapter.source.kind === "mirror") {
+        const spec: CacheFileSpec = { ...adapter.source, bytes: adapter.bytes ?? 0, sha256: adapter.sha256 ?? "" };
+        const [cached] = await this.options.cache.ensure([spec], { signal });
+        paths.push(cached!);
+      } else {
+        // A vLLM adapter folder has no pin; its adapter_config.json must be there.
+        const file = adapter.sha256 === null ? path.join(adapter.source.path, "adapter_config.json") : adapter.source.path;
+        await checkWeightsFile({ file, modelName: assignment.modelName, param: `adapter ${adapter.name}`, llamaCpp: false, signal });
+        paths.push(adapter.source.path);
+      }
+    }
+    const pinned = adapters.flatMap((adapter, index) =>
+      adapter.sha256 === null || adapter.bytes === null ? [] : [{ path: paths[index]!, bytes: adapter.bytes, sha256: adapter.sha256 }],
+    );
+    await this.options.identity.verify(pinned, signal);
+    return paths;
   }
 }

@@ -15,7 +15,15 @@ import { isUniqueViolation, nowIso, type Store, type Tx } from "../store/store.t
 import { assertEngineArgs } from "../engines/engine-args-check.ts";
 import { assertGuardReferences } from "./guard-references.ts";
 import type { KeyGuardReference } from "../policy/key-guards.ts";
-import { applyModelPatch, modelDefinitionSchema, parseNewModel, type ModelDefinition, type Profile } from "./model-schema.ts";
+import {
+  adapterServedName,
+  applyModelPatch,
+  modelDefinitionSchema,
+  parseNewModel,
+  type AdapterDefinition,
+  type ModelDefinition,
+  type Profile,
+} from "./model-schema.ts";
 import { apiKeySealedElsewhere, openApiKey, sealApiKeys, sealPlainApiKeys } from "./sealed-keys.ts";
 import type { WeightsChecker } from "./weights-check.ts";
 
@@ -53,6 +61,8 @@ export class Catalog {
   private readonly clock: () => number;
   private models: readonly CatalogModel[] = [];
   private byName = new Map<string, CatalogModel>();
+  /** Adapters' served names: the model they run on, and which adapter. */
+  private adapterByName = new Map<string, { model: CatalogModel; adapter: AdapterDefinition; index: number }>();
   private readonly listeners = new Set<CatalogListener>();
   /** Stored models this version could not read, with why (shown by the admin API). */
   private unreadable: string[] = [];
@@ -91,10 +101,17 @@ export class Catalog {
     }
     this.unreadable = unreadable;
     const byName = new Map<string, CatalogModel>();
+    const adapterByName = new Map<string, { model: CatalogModel; adapter: AdapterDefinition; index: number }>();
     for (const model of models) {
       byName.set(model.name, model);
       for (const alias of model.definition.aliases) byName.set(alias, model);
+      model.definition.adapters.forEach((adapter, index) => {
+        const served = adapterServedName(model.name, adapter);
+        byName.set(served, model);
+        adapterByName.set(served, { model, adapter, index });
+      });
     }
+    this.adapterByName = adapterByName;
     const changed = JSON.stringify(models) !== JSON.stringify(this.models);
     this.models = models;
     this.byName = byName;
@@ -120,9 +137,14 @@ export class Catalog {
     return this.models;
   }
 
-  /** The model a name or alias stands for, from the snapshot. */
+  /** The model a name, alias or adapter's served name stands for, from the snapshot. */
   resolve(nameOrAlias: string): CatalogModel | undefined {
     return this.byName.get(nameOrAlias);
+  }
+
+  /** The adapter a served name stands for (its position is the id engines know it by), or undefined for any other name. */
+  adapterOf(servedName: string): { model: CatalogModel; adapter: AdapterDefinition; index: number } | undefined {
+    return this.adapterByName.get(servedName);
   }
 
   get(name: string): CatalogModel {
@@ -143,7 +165,8 @@ export class Catalog {
   private getForChange(name: string): CatalogModel {
     const model = this.byName.get(name);
     if (model !== undefined && model.name !== name) {
-      throw new NotFoundError(`'${name}' is an alias of model '${model.name}'; change or delete the model by its name.`, {
+      const what = this.adapterByName.has(name) ? "an adapter" : "an alias";
+      throw new NotFoundError(`'${name}' is ${what} of model '${model.name}'; change or delete the model by its name.`, {
         code: "model_is_alias",
         param: "name",
       });
@@ -160,12 +183,12 @@ export class Catalog {
     const now = nowIso(this.clock);
     const id = randomUUID();
     await this.write(async (trx) => {
-      await assertNamesFree(trx, [name, ...definition.aliases], null);
+      await assertNamesFree(trx, [name, ...otherNames(name, definition)], null);
       await trx
         .insertInto("models")
         .values({ id, name, definition: JSON.stringify(definition), created_by: actor, created_at: now, updated_by: actor, updated_at: now })
         .execute();
-      await insertAliases(trx, id, definition.aliases);
+      await insertAliases(trx, id, otherNames(name, definition));
       await audit(trx, { at: now, actor, action: "model.create", target: name, detail: describeDefinition(definition) });
     }, name);
     return this.get(name);
@@ -188,19 +211,23 @@ export class Catalog {
     // Only a change to where the weights are or what loads them is checked against the
     // disk: a model whose file went bad must still take other changes (scaling.min 0 to
     // stop it, a description); its replicas park with the reason meanwhile.
-    if (JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) || profilesChanged) {
+    if (
+      JSON.stringify(definition.source) !== JSON.stringify(current.definition.source) ||
+      JSON.stringify(definition.adapters) !== JSON.stringify(current.definition.adapters) ||
+      profilesChanged
+    ) {
       await this.weights.check({ name: finalName, definition });
     }
     const now = nowIso(this.clock);
     await this.write(async (trx) => {
-      await assertNamesFree(trx, [finalName, ...definition.aliases], current.id);
+      await assertNamesFree(trx, [finalName, ...otherNames(finalName, definition)], current.id);
       await trx
         .updateTable("models")
         .set({ name: finalName, definition: JSON.stringify(definition), updated_by: actor, updated_at: now })
         .where("id", "=", current.id)
         .execute();
       await trx.deleteFrom("model_aliases").where("model_id", "=", current.id).execute();
-      await insertAliases(trx, current.id, definition.aliases);
+      await insertAliases(trx, current.id, otherNames(finalName, definition));
       await audit(trx, {
         at: now,
         actor,
@@ -298,6 +325,14 @@ async function assertNamesFree(trx: Tx, names: string[], ownId: string | null): 
       param: "name",
     });
   }
+}
+
+/**
+ * The names a model answers to besides its own: aliases, and its adapters' served names. All
+ * are reserved in model_aliases, whose unique key keeps them apart across models and servers.
+ */
+function otherNames(name: string, definition: ModelDefinition): string[] {
+  return [...definition.aliases, ...definition.adapters.map((adapter) => adapterServedName(name, adapter))];
 }
 
 async function insertAliases(trx: Tx, modelId: string, aliases: string[]): Promise<void> {

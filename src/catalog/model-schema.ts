@@ -193,6 +193,36 @@ const originSchema = z.strictObject({
   previous: z.strictObject({ revision: z.string().min(1), files: originFiles, source: sourceSchema }).optional(),
 });
 
+/**
+ * A LoRA adapter served on the model's replicas under a name of its own (DESIGN.md
+ * "Adapters"): a GGUF adapter file for llamacpp profiles (an absolute path on the nodes, or a
+ * file of a mirrored version), or a PEFT adapter folder for vllm profiles (a path on the
+ * nodes). Its size and sha256 are pinned when the server first reads it, and a node checks
+ * them before every engine start, as it does weights.
+ */
+const adapterSchema = z.strictObject({
+  /** Short name, unique within the model; the served name defaults to MODEL:NAME. */
+  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "must be 1-64 letters, digits and . _ -, starting with a letter or digit"),
+  /** The model name clients ask for (default MODEL:NAME); unique among all models' names and aliases. */
+  served_name: modelName.optional(),
+  /** How strongly the adapter applies (llama.cpp's LoRA scale; 1 is as trained). */
+  scale: z.number().gt(0).max(8).default(1),
+  source: z.discriminatedUnion("kind", [
+    z.strictObject({ kind: z.literal("file"), path: z.string().min(1) }),
+    z.strictObject({ kind: z.literal("mirror"), model: z.string().min(1), version: z.string().min(1), file: z.string().min(1) }),
+  ]),
+});
+
+export type AdapterDefinition = z.output<typeof adapterSchema>;
+
+/** The name clients use for an adapter of `model`. */
+export function adapterServedName(modelName: string, adapter: { name: string; served_name?: string | undefined }): string {
+  return adapter.served_name ?? `${modelName}:${adapter.name}`;
+}
+
+/** At most this many adapters per model: each is loaded by every replica of the model. */
+export const MAX_ADAPTERS = 16;
+
 const modelFields = {
   aliases: z.array(modelName).default([]),
   description: z.string().max(2000).default(""),
@@ -230,6 +260,7 @@ const modelFields = {
     .default({ input_per_million: 0, output_per_million: 0 }),
   origin: originSchema.optional(),
   source: sourceSchema.optional(),
+  adapters: z.array(adapterSchema).max(MAX_ADAPTERS, `at most ${MAX_ADAPTERS} adapters per model`).default([]),
 };
 
 function checkModel(
@@ -245,6 +276,7 @@ function checkModel(
     scaling: { min: number; max: number };
     source?: { projector?: string | undefined } | undefined;
     capabilities: { vision: boolean };
+    adapters: { name: string; served_name?: string | undefined; source: { kind: string; path?: string } }[];
   },
   ctx: z.RefinementCtx,
 ): void {
@@ -283,6 +315,7 @@ function checkModel(
   if (needsWeights && model.source === undefined) {
     ctx.addIssue({ code: "custom", path: ["source"], message: "llamacpp and vllm profiles need a weights source ({kind:'file', path} or a mirror location)" });
   }
+  checkAdapters(model, ctx);
   if (model.source?.projector !== undefined) {
     // Only llama-server loads a projector (--mmproj); vLLM models carry their vision parts in their own weights.
     if (!model.profiles.some((p) => p.engine === "llamacpp")) {
@@ -300,6 +333,57 @@ function checkModel(
       });
     }
   }
+}
+
+/** Adapters: unique names, served names that clash with nothing of the model, engines that load them. */
+function checkAdapters(
+  model: {
+    name?: string;
+    aliases: string[];
+    profiles: { engine: string; embeddings?: boolean | undefined }[];
+    adapters: { name: string; served_name?: string | undefined; source: { kind: string; path?: string } }[];
+  },
+  ctx: z.RefinementCtx,
+): void {
+  if (model.adapters.length === 0) return;
+  if (model.profiles.some((p) => p.engine === "external")) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["adapters"],
+      message: "belong to models that llmgw runs (llamacpp or vllm profiles); an external server serves its own adapters under its own names",
+    });
+  }
+  if (model.profiles.some((p) => p.embeddings === true)) {
+    ctx.addIssue({ code: "custom", path: ["adapters"], message: "apply to generation; an embedding model (embeddings: true) takes none" });
+  }
+  const engines = new Set(model.profiles.map((p) => p.engine));
+  const names = new Set<string>();
+  const served = new Set<string>([...(model.name === undefined ? [] : [model.name]), ...model.aliases]);
+  model.adapters.forEach((adapter, index) => {
+    if (names.has(adapter.name)) ctx.addIssue({ code: "custom", path: ["adapters", index, "name"], message: `'${adapter.name}' names two adapters` });
+    names.add(adapter.name);
+    const servedName = model.name === undefined ? adapter.served_name : adapterServedName(model.name, adapter);
+    if (servedName !== undefined) {
+      if (served.has(servedName)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["adapters", index, "served_name"],
+          message: `'${servedName}' is already the model's name, an alias or another adapter's name`,
+        });
+      }
+      served.add(servedName);
+    }
+    if (adapter.source.kind === "file" && !path.isAbsolute(adapter.source.path ?? "")) {
+      ctx.addIssue({ code: "custom", path: ["adapters", index, "source", "path"], message: "must be an absolute path on the nodes" });
+    }
+    if (engines.has("vllm") && adapter.source.kind === "mirror") {
+      ctx.addIssue({
+        code: "custom",
+        path: ["adapters", index, "source"],
+        message: "vLLM loads a PEFT adapter folder: give its path on the nodes ({kind:'file', path}); mirrored adapters are GGUF files for llama.cpp profiles",
+      });
+    }
+  });
 }
 
 type DoorFields = {
@@ -416,6 +500,7 @@ export const modelPatchSchema = z.strictObject({
   prices: z.record(z.string(), z.unknown()).optional(),
   origin: z.unknown().optional(),
   source: z.unknown().optional(),
+  adapters: z.array(z.unknown()).optional(),
 });
 
 export type ModelPatch = z.output<typeof modelPatchSchema>;

@@ -18,6 +18,7 @@ import { BadRequestError, LlmgwError, NotFoundError, describeError, errorCode } 
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import { BUNDLED_LLAMA_CPP, checkArchitectureSupport } from "../gguf/llama-support.ts";
 import type { ModelDefinition } from "./model-schema.ts";
+import { checkAdapters } from "./adapters-check.ts";
 
 /** What the check needs of the mirror: where it keeps files, and whether it vouches for one. */
 export interface MirrorLocator {
@@ -76,7 +77,13 @@ export class DiskWeightsChecker implements WeightsChecker {
       if (checked.kind === "elsewhere" && checked.holders.some((holder) => holder.live)) return;
     }
     const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
-    await checkWeightsFile({ ...located, modelName: model.name, llamaCpp: profiles.some((p) => p.engine === "llamacpp"), ...(signal ? { signal } : {}) });
+    const checked = await checkWeightsFile({
+      ...located,
+      modelName: model.name,
+      llamaCpp: profiles.some((p) => p.engine === "llamacpp"),
+      ...(signal ? { signal } : {}),
+    });
+    await checkAdapters({ model, header: checked.header, ...(this.options.mirror ? { mirror: this.options.mirror } : {}), ...(signal ? { signal } : {}) });
     if (source.projector !== undefined)
       await checkProjector({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}), ...(signal ? { signal } : {}) });
   }

@@ -97,6 +97,15 @@ function oneOf<const T extends string>(value: string, allowed: readonly T[], fla
 }
 
 /** `ctl model add` flags → the model definition of `POST /api/v1/models`. */
+/** `--adapter NAME=FILE`: a LoRA adapter file on this machine (made absolute), served as MODEL:NAME. */
+function adapterFromFlag(value: string): { name: string; source: { kind: "file"; path: string } } {
+  const equals = value.indexOf("=");
+  if (equals <= 0 || equals === value.length - 1) {
+    throw new BadRequestError(`--adapter takes NAME=FILE (the adapter's short name and its GGUF file), got '${value}'.`, { param: "adapter" });
+  }
+  return { name: value.slice(0, equals), source: { kind: "file", path: absoluteFilePath(value.slice(equals + 1)) } };
+}
+
 export function modelFromFlags(name: string | undefined, options: Options): unknown {
   if (typeof options.definition === "string") {
     const fromStdin = options.definition === "-";
@@ -115,6 +124,7 @@ export function modelFromFlags(name: string | undefined, options: Options): unkn
       aliases,
       scaling,
       source: typeof options.gguf === "string" ? { kind: "file", path: absoluteFilePath(options.gguf) } : mirrorSource(options.mirror as string),
+      ...(Array.isArray(options.adapter) ? { adapters: (options.adapter as string[]).map(adapterFromFlag) } : {}),
       profiles: [
         {
           name: "cpu",

@@ -101,10 +101,12 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       }
       const [health, shown] = await Promise.all([
         client.call<ModelHealthView>("GET", path(name, "/health")),
-        client.call<{ origin?: ModelOrigin }>("GET", path(name)),
+        client.call<{ origin?: ModelOrigin; adapters?: ShownAdapter[]; source?: { projector?: string } }>("GET", path(name)),
       ]);
       const origin = shown.origin === undefined ? [] : ["", renderOrigin(name, shown.origin)];
-      process.stdout.write(`${[renderModelHealth(health), ...origin].join("\n")}\n`);
+      const projector = shown.source?.projector === undefined ? [] : ["", `vision projector: ${shown.source.projector}`];
+      const adapters = shown.adapters === undefined || shown.adapters.length === 0 ? [] : ["", renderAdapters(name, shown.adapters)];
+      process.stdout.write(`${[renderModelHealth(health), ...projector, ...adapters, ...origin].join("\n")}\n`);
     });
 
   withExamples(
@@ -123,6 +125,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .option("--ctx-size <n>", "llama.cpp context shared by parallel requests")
     .option("--parallel <n>", "llama.cpp requests served at once")
     .option("--definition <file>", "JSON model definition ('-' for stdin); a relative source.path is relative to that file")
+    .option("--adapter <name=file...>", "a LoRA adapter GGUF served as NAME:ADAPTER (repeatable; with --gguf or --mirror)")
     .option("--json", "print JSON")
     .action(async (name: string | undefined, options: Options, command: Command) => {
       const created = await connect(command).call<ModelView>("POST", "/api/v1/models", modelFromFlags(name, options));
@@ -267,6 +270,21 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       const result = await connect(command).call<RepositoryPlan>("GET", `/api/v1/plan?${query}`);
       print(command, result, () => renderRepositoryPlan(result));
     });
+}
+
+interface ShownAdapter {
+  name: string;
+  served_name?: string;
+  scale: number;
+  source: unknown;
+}
+
+/** The adapters: the name clients ask for, the scale and the file. */
+function renderAdapters(name: string, adapters: ShownAdapter[]): string {
+  return `adapters (served on ${name}'s replicas):\n${renderTable(
+    ["SERVED AS", "ADAPTER", "SCALE", "SOURCE"],
+    adapters.map((a) => [a.served_name ?? `${name}:${a.name}`, a.name, String(a.scale), describeSource(a.source)]),
+  )}`;
 }
 
 /** `origin: REPO @ REVISION`, its files with their full sha256, and the revision a rollback goes back to. */

@@ -117,7 +117,7 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
     labels,
     stateRoot: path.join(dataDir, "runs"),
     weights: new NodeWeights({ cache, identity: weightsIdentity }),
-    launch: async ({ assignment, part, weightsPath, projectorPath, host, port, attempt, stateDir, rayAddress }) => {
+    launch: async ({ assignment, part, weightsPath, projectorPath, adapterPaths, host, port, attempt, stateDir, rayAddress }) => {
       if (part === "ray-head")
         return rayHeadLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, gcsPort: Number(rayAddress!.split(":").at(-1)) });
       if (part === "ray-worker") return rayWorkerLaunch({ executable: ray, host, port, stateDir, gpus: assignment.gpus, headAddress: rayAddress! });
@@ -126,6 +126,9 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
         modelName: assignment.modelName,
         weightsPath,
         ...(projectorPath === undefined ? {} : { projectorPath }),
+        ...(adapterPaths === undefined
+          ? {}
+          : { adapters: (assignment.adapters ?? []).map((adapter, index) => ({ servedName: adapter.servedName, path: adapterPaths[index]! })) }),
         engineKey: assignment.engineKey,
         attempt: { attempt, host, port, stateDir },
         engines,

@@ -46,6 +46,13 @@ export interface ReplicaLaunchOptions {
   rayAddress?: string;
   /** llama-server embedding profiles: whether the GGUF says how to pool (LlamaServerLaunchOptions). */
   modelDeclaresPooling?: boolean;
+  /** LoRA adapters in the model's order (a request selects one by its position), with their paths on this node. */
+  adapters?: LaunchAdapter[];
+}
+
+export interface LaunchAdapter {
+  servedName: string;
+  path: string;
 }
 
 /** The engine that runs `profile` on a node with `engines`; throws when the node cannot run it. */
@@ -104,6 +111,7 @@ export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
         ...(options.projectorPath === undefined ? {} : { projectorPath: options.projectorPath }),
         ...(options.gpus === undefined ? {} : { gpus: options.gpus }),
         ...(options.modelDeclaresPooling === undefined ? {} : { modelDeclaresPooling: options.modelDeclaresPooling }),
+        ...(options.adapters === undefined ? {} : { adapterPaths: options.adapters.map((adapter) => adapter.path) }),
       });
     case "vllm": {
       const gpu = profile.hardware.gpu;
@@ -123,6 +131,7 @@ export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
         ...(options.maxModelLen === undefined ? {} : { maxModelLen: options.maxModelLen }),
         ...(options.rayAddress === undefined ? {} : { rayAddress: options.rayAddress }),
         ...(options.gpus === undefined ? {} : { gpus: options.gpus }),
+        ...(options.adapters === undefined ? {} : { adapters: options.adapters }),
       });
     }
   }

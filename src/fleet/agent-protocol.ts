@@ -80,6 +80,21 @@ export interface AssignedFile {
   sha256: string | null;
 }
 
+/**
+ * A LoRA adapter the replica's engine loads beside the weights (model-schema.ts `adapters`),
+ * in the model's order: its position is the id requests select it by. Pinned like weights:
+ * a node checks size and sha256 before every start (null for a vLLM adapter folder).
+ */
+export interface AssignedAdapter {
+  name: string;
+  /** The model name clients ask for it by (vLLM serves it under this name). */
+  servedName: string;
+  scale: number;
+  source: { kind: "file"; path: string } | { kind: "mirror"; model: string; version: string; file: string };
+  bytes: number | null;
+  sha256: string | null;
+}
+
 export interface Assignment {
   replicaId: string;
   modelId: string;
@@ -92,6 +107,8 @@ export interface Assignment {
   source: NonNullable<ModelDefinition["source"]>;
   /** The source file first, then the other parts of a split GGUF. */
   files: AssignedFile[];
+  /** The model's LoRA adapters, when it has any. */
+  adapters?: AssignedAdapter[];
   /** GPU indexes this replica holds on this node. */
   gpus: number[];
   /** Every node of the replica, the head first (several only for a pipeline-parallel vLLM replica). */

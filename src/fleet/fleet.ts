@@ -487,6 +487,7 @@ export class Fleet implements Assignments {
         fingerprint: replica.fingerprint,
         needs: replica.needs,
         files: this.weights.filesOf(replica.modelId),
+        adapters: this.weights.adaptersOf(replica.modelId),
         source: this.modelById(replica.modelId)?.definition.source ?? null,
         desired: "run",
         engineKey: randomBytes(24).toString("hex"),

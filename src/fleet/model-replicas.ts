@@ -64,10 +64,11 @@ export function replicasByDefinition(options: {
 
 /** What a replica of this profile was made from: another value means its engine must be replaced. */
 export function fingerprintOf(model: CatalogModel, profileName: string): string {
-  const { source, profiles } = model.definition;
+  const { source, profiles, adapters } = model.definition;
   const profile = profiles.find((p) => p.name === profileName);
+  // Adapters only when there are some: models without them keep the fingerprints they had.
   return createHash("sha256")
-    .update(JSON.stringify({ name: model.name, source, profile }))
+    .update(JSON.stringify({ name: model.name, source, profile, ...(adapters.length > 0 ? { adapters } : {}) }))
     .digest("hex")
     .slice(0, 16);
 }

@@ -7,9 +7,11 @@ import { lstat } from "node:fs/promises";
 import path from "node:path";
 import { describeError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
+import { adapterServedName } from "../catalog/model-schema.ts";
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import type { Mirror } from "../mirror/mirror.ts";
-import type { AssignedFile } from "./agent-protocol.ts";
+import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
+import { ContentHasher, hashFileInto } from "../mirror/content-hash.ts";
 
 export interface ModelWeights {
   /** "mirror:MODEL/VERSION" or "file:/abs/path". */
@@ -18,6 +20,8 @@ export interface ModelWeights {
   files: AssignedFile[];
   /** Bytes of the vision projector, which llama-server loads beside the weights. */
   projectorBytes?: number;
+  /** The model's adapters, pinned: a mirrored one by the mirror's sha256, a GGUF file by hashing it now. */
+  adapters: AssignedAdapter[];
   bytes: number;
   header?: GgufHeaderSummary;
 }
@@ -50,7 +54,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
       const bytes = (await lstat(source.projector)).size;
       files.push({ file: source.projector, bytes, sha256: originSha256(model, source.projector, bytes) });
     }
-    return withTotals(`file:${source.path}`, files, source.projector, header);
+    return withTotals(`file:${source.path}`, files, source.projector, header, await pinAdapters(model, mirror, llamaCpp));
   }
   const checked = await mirror.check(source.model, source.version, source.file);
   if (checked.kind !== "ok") throw checked.error;
@@ -79,10 +83,41 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
     if (projectorChecked.kind !== "ok") throw projectorChecked.error;
     files.push({ file: source.projector, bytes: projectorChecked.size, sha256: projectorChecked.sha256 });
   }
-  return withTotals(`mirror:${source.model}/${source.version}`, files, source.projector, header);
+  return withTotals(`mirror:${source.model}/${source.version}`, files, source.projector, header, await pinAdapters(model, mirror, llamaCpp));
 }
 
-function withTotals(key: string, files: AssignedFile[], projector: string | undefined, header: GgufHeaderSummary | undefined): ModelWeights {
+/**
+ * The model's adapters with the size and sha256 a node must find. A file adapter is hashed
+ * here, once per model definition (the fleet caches what this returns), so a copy that later
+ * differs on a node is refused before its engine starts; a vLLM adapter folder is not pinned.
+ */
+async function pinAdapters(model: CatalogModel, mirror: MirrorReader, llamaCpp: boolean): Promise<AssignedAdapter[]> {
+  const pinned: AssignedAdapter[] = [];
+  for (const adapter of model.definition.adapters) {
+    const { name, scale, source } = adapter;
+    const servedName = adapterServedName(model.name, adapter);
+    if (source.kind === "mirror") {
+      const checked = await mirror.check(source.model, source.version, source.file);
+      if (checked.kind !== "ok") throw checked.error;
+      pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
+    } else if (!llamaCpp) {
+      pinned.push({ name, servedName, scale, source, bytes: null, sha256: null });
+    } else {
+      const hasher = new ContentHasher(null);
+      const bytes = await hashFileInto(source.path, hasher);
+      pinned.push({ name, servedName, scale, source, bytes, sha256: hasher.digest().sha256 });
+    }
+  }
+  return pinned;
+}
+
+function withTotals(
+  key: string,
+  files: AssignedFile[],
+  projector: string | undefined,
+  header: GgufHeaderSummary | undefined,
+  adapters: AssignedAdapter[],
+): ModelWeights {
   const projectorFile = projector === undefined ? undefined : files.find((f) => f.file === projector);
   return {
     key,
@@ -90,6 +125,7 @@ function withTotals(key: string, files: AssignedFile[], projector: string | unde
     bytes: files.reduce((sum, f) => sum + (f !== projectorFile ? (f.bytes ?? 0) : 0), 0),
     ...(projectorFile ? { projectorBytes: projectorFile.bytes ?? 0 } : {}),
     ...(header ? { header } : {}),
+    adapters,
   };
 }
 

@@ -35,6 +35,7 @@ export function assignmentOf(record: ReplicaRecord, model: CatalogModel | undefi
     fingerprint: record.fingerprint,
     source,
     files: record.files,
+    ...(record.adapters !== undefined && record.adapters.length > 0 ? { adapters: record.adapters } : {}),
     gpus: record.gpus[nodeId] ?? [],
     nodeIds: record.nodeIds,
   };

@@ -9,7 +9,7 @@ import type { SecretBox } from "../core/secret-box.ts";
 import { nowIso, type Store, type Tx } from "../store/store.ts";
 import type { Fence } from "../cluster/leadership.ts";
 import type { ReplicaEndpoint, ReplicaState } from "./replica-table.ts";
-import type { AssignedFile } from "./agent-protocol.ts";
+import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
 import type { ReplicaNeeds } from "./fleet-types.ts";
 import type { ModelDefinition } from "../catalog/model-schema.ts";
 
@@ -28,6 +28,8 @@ export interface ReplicaRecord {
   needs: ReplicaNeeds | null;
   /** The weights files it was placed with, with their published size and sha256. */
   files: AssignedFile[];
+  /** The adapters it was placed with, pinned (absent in rows stored before adapters existed). */
+  adapters?: AssignedAdapter[];
   /**
    * The weights source it was placed with; null for rows stored before it was kept (they
    * follow the model's). An old replica held through an update keeps loading its own.
@@ -130,6 +132,7 @@ export class ReplicaRows {
       spec: JSON.stringify({
         needs: record.needs,
         files: record.files,
+        ...(record.adapters !== undefined && record.adapters.length > 0 ? { adapters: record.adapters } : {}),
         source: record.source,
         unproven: record.unproven === true,
         weightsVerified: record.weightsVerified,
@@ -169,11 +172,12 @@ export class ReplicaRows {
   }
 }
 
-function readSpec(text: string | null): Pick<ReplicaRecord, "needs" | "files" | "source" | "unproven" | "weightsVerified"> {
+function readSpec(text: string | null): Pick<ReplicaRecord, "needs" | "files" | "adapters" | "source" | "unproven" | "weightsVerified"> {
   if (text === null) return { needs: null, files: [], source: null, unproven: false, weightsVerified: false };
   const parsed = JSON.parse(text) as {
     needs?: ReplicaNeeds | null;
     files?: AssignedFile[];
+    adapters?: AssignedAdapter[];
     source?: WeightsSource | null;
     unproven?: boolean;
     weightsVerified?: boolean;
@@ -181,6 +185,7 @@ function readSpec(text: string | null): Pick<ReplicaRecord, "needs" | "files" | 
   return {
     needs: parsed.needs ?? null,
     files: parsed.files ?? [],
+    ...(parsed.adapters === undefined ? {} : { adapters: parsed.adapters }),
     source: parsed.source ?? null,
     unproven: parsed.unproven === true,
     weightsVerified: parsed.weightsVerified === true,

@@ -14,7 +14,7 @@ import { describeError, errorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { nowIso, type Store } from "../store/store.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { AssignedFile } from "./agent-protocol.ts";
+import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
 import type { PlacementOption } from "./fleet-types.ts";
 import { readModelWeights, type MirrorReader, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { runsOnEngines } from "./reconciler.ts";
@@ -126,6 +126,10 @@ export class WeightsKnowledge {
 
   filesOf(modelId: string): AssignedFile[] {
     return this.weightsOf(modelId)?.files ?? [];
+  }
+
+  adaptersOf(modelId: string): AssignedAdapter[] {
+    return this.weightsOf(modelId)?.adapters ?? [];
   }
 
   /** How a model's replicas can run: each engine profile with what it needs, highest priority (then weight) first; null while unknown. */

@@ -6,9 +6,10 @@
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { UsageRow } from "./usage-recorder.ts";
+import type { AdapterResolver } from "./adapter-route.ts";
 
 /** What the gateway reads of the catalog: names and aliases to models. */
-export interface ModelResolver {
+export interface ModelResolver extends AdapterResolver {
   resolve(nameOrAlias: string): CatalogModel | undefined;
   list(): readonly CatalogModel[];
 }

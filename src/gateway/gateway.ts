@@ -30,6 +30,8 @@ import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
+import { adapterChoice, upstreamOf } from "./adapter-route.ts";
+import { adapterServedName } from "../catalog/model-schema.ts";
 import { checkImageParts, type ImageSettings } from "./image-parts.ts";
 import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
@@ -263,7 +265,8 @@ export class Gateway {
     call.stream = body.stream === true;
     const model = this.options.catalog.resolve(body.model);
     if (model === undefined) throw modelNotFound(body.model);
-    call.model = model.name;
+    // Usage and metrics name an adapter by the name it was asked for; anything else by the model's own name.
+    call.model = this.options.catalog.adapterOf?.(body.model) === undefined ? model.name : body.model;
     call.catalogModel = model;
     assertAllowed(call.principal, model, body.model);
     const images = checkImageParts(body, model, this.options.images);
@@ -343,7 +346,7 @@ export class Gateway {
     const data = [];
     for (const model of this.options.catalog.list()) {
       const created = Math.floor(Date.parse(model.created_at) / 1000);
-      for (const id of [model.name, ...model.definition.aliases]) {
+      for (const id of [model.name, ...model.definition.aliases, ...model.definition.adapters.map((a) => adapterServedName(model.name, a))]) {
         if (isAllowed(principal, model, id)) data.push({ id, object: "model", created, owned_by: "llmgw" });
       }
     }
@@ -364,27 +367,32 @@ export class Gateway {
     // stopped at the bound and put together again (relay-assembled.ts).
     const bounded = !stream && route.path !== "/v1/embeddings" && (call.permit?.maxOutputTokens ?? null) !== null;
     const assembles = (replica: Replica) => bounded && replica.untrustedOutput === true;
+    const adapter = adapterChoice(this.options.catalog, body.model, model);
     const payloadFor = (replica: Replica): Buffer => {
-      const upstreamModel = replica.upstreamModel;
+      const { model: upstreamModel, fields } = upstreamOf(replica, adapter);
       if (assembles(replica)) {
         const key = `${upstreamModel}\u0000stream`;
         let streamed = payloads.get(key);
         if (streamed === undefined) {
-          streamed = Buffer.from(JSON.stringify({ ...body, model: upstreamModel, ...outputCap, stream: true, stream_options: { include_usage: true } }));
+          streamed = Buffer.from(
+            JSON.stringify({ ...body, model: upstreamModel, ...fields, ...outputCap, stream: true, stream_options: { include_usage: true } }),
+          );
           payloads.set(key, streamed);
         }
         return streamed;
       }
-      if (upstreamModel === body.model && !injectUsage && route.wire === undefined && outputCap === null) return request.raw;
+      // The body as it arrived only when nothing is to be added to it (an adapter choice is).
+      const asSent = upstreamModel === body.model && route.wire === undefined && outputCap === null && fields.lora === undefined;
+      if (asSent && !injectUsage) return request.raw;
       let payload = payloads.get(upstreamModel);
-      if (payload === undefined && upstreamModel === body.model && route.wire === undefined && outputCap === null) {
+      if (payload === undefined && asSent) {
         // Only the usage to ask for: the body as it arrived, with the field spliced in.
         payload = withUsageRequested(request.raw, body) ?? undefined;
         if (payload !== undefined) payloads.set(upstreamModel, payload);
       }
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
-        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...outputCap };
+        const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...fields, ...outputCap };
         if (injectUsage) rewritten.stream_options = { ...((body.stream_options as object | null | undefined) ?? {}), include_usage: true };
         payload = Buffer.from(JSON.stringify(rewritten));
         payloads.set(upstreamModel, payload);

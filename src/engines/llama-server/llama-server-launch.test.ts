@@ -235,3 +235,23 @@ test("an embedding profile pools by mean when the model does not say how, and le
   assert.equal(launchArgs(embeddingProfile(["--pooling", "cls"]), false).match(/--pooling/g)?.length, 1);
   assert.doesNotMatch(launchArgs(gpuProfile, false), /--embedding|--pooling/, "generation profiles get neither");
 });
+
+test("adapters load at scale 0 (--lora-scaled PATH:0, in the model's order), so a request without one is the base; a path llama-server would split is refused", () => {
+  const launch = (adapterPaths: string[]) =>
+    llamaServerLaunch({
+      executable: "llama-server",
+      weightsPath: weights,
+      modelName: MODEL,
+      profile: gpuProfile,
+      engineKey: ENGINE_KEY,
+      host: "127.0.0.1",
+      port: 1,
+      attempt: 1,
+      adapterPaths,
+    }).args;
+  const args = launch(["/cache/style.gguf", "/cache/terse.gguf"]);
+  const scaled = args.flatMap((arg, index) => (arg === "--lora-scaled" ? [args[index + 1]] : []));
+  assert.deepEqual(scaled, ["/cache/style.gguf:0", "/cache/terse.gguf:0"]);
+  assert.ok(!launch([]).includes("--lora-scaled"));
+  assert.throws(() => launch(["/cache/a,b.gguf"]), /',' or ':'/);
+});

@@ -34,6 +34,7 @@ import { llamaCppSlots } from "../llamacpp/engine-launch.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
 import { allOf, engineKeyCheck } from "../engine-key-check.ts";
 import { readGgufHeader } from "../../gguf/header.ts";
+import { BadRequestError } from "../../core/errors.ts";
 
 export interface LlamaServerLaunchOptions {
   /** The node's llama-server (a path, or a name on PATH). */
@@ -63,6 +64,13 @@ export interface LlamaServerLaunchOptions {
    * (modelDeclaresPooling), since reading a header is I/O. Default true: nothing is added.
    */
   modelDeclaresPooling?: boolean;
+  /**
+   * LoRA adapters, in the model's order. Each is loaded at scale 0 (`--lora-scaled PATH:0`),
+   * so a request without a `lora` field is the base model; the gateway selects an adapter per
+   * request with llama-server's own field, `"lora": [{"id": N, "scale": S}]` (id = position).
+   * (`--lora-init-without-apply` does not keep them off for requests at this llama.cpp.)
+   */
+  adapterPaths?: string[];
 }
 
 /** Every layer: more than any model has; llama.cpp offloads what there is. */
@@ -96,6 +104,14 @@ export function llamaServerLaunch(options: LlamaServerLaunchOptions): EngineLaun
     gpuLayers,
   ];
   if (options.projectorPath !== undefined) args.push("--mmproj", options.projectorPath);
+  for (const adapter of options.adapterPaths ?? []) {
+    // llama-server splits --lora-scaled at ',' and ':': the catalog refuses such paths, and a node's must not have them either.
+    if (/[,:]/.test(adapter))
+      throw new BadRequestError(`The adapter file ${adapter} has a ',' or ':' in its path, which llama-server's --lora-scaled cannot take; rename it.`, {
+        code: "adapter_invalid",
+      });
+    args.push("--lora-scaled", `${adapter}:0`);
+  }
   // llama-server's embedding-only mode, like the bundled engine's --embeddings.
   if (profile.embeddings === true) {
     args.push("--embedding");

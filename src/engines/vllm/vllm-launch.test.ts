@@ -262,3 +262,30 @@ test("Ray launches: the head on port 6379 with its dashboard as health port, a w
     /Ray's sockets .* more than the 107/,
   );
 });
+
+test("adapters: vLLM serves each PEFT folder under its served name (--enable-lora --lora-modules NAME=PATH); none, no flags", () => {
+  const common = {
+    executable: "vllm",
+    modelDir: "/m",
+    modelName: MODEL,
+    profile,
+    engineKey: ENGINE_KEY,
+    host: "10.0.0.5",
+    port: 8000,
+    attempt: 1,
+    stateDir: "/var/lib/llmgw/runs/r-1",
+    tensorParallel: 1,
+    pipelineParallel: 1,
+  };
+  const launch = vllmLaunch({
+    ...common,
+    adapters: [
+      { servedName: `${MODEL}:style`, path: "/adapters/style" },
+      { servedName: "terse", path: "/adapters/terse" },
+    ],
+  });
+  const at = launch.args.indexOf("--lora-modules");
+  assert.ok(launch.args.includes("--enable-lora"));
+  assert.deepEqual(launch.args.slice(at + 1, at + 3), [`${MODEL}:style=/adapters/style`, "terse=/adapters/terse"]);
+  assert.ok(!vllmLaunch(common).args.includes("--enable-lora"));
+});

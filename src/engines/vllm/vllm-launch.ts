@@ -64,6 +64,12 @@ export interface VllmLaunchOptions {
   gpus?: number[];
   /** The backend of attempts 2 and later. Default "TRITON_ATTN". */
   fallbackAttentionBackend?: string;
+  /**
+   * LoRA adapters (PEFT folders on this node): served under their own names with
+   * `--enable-lora --lora-modules NAME=PATH ...`, so a request's `model` selects one. Ranks
+   * above vLLM's --max-lora-rank default need it in the profile's engine_args.
+   */
+  adapters?: { servedName: string; path: string }[];
 }
 
 export const DEFAULT_FALLBACK_ATTENTION_BACKEND = "TRITON_ATTN";
@@ -124,6 +130,9 @@ export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
   if (options.maxModelLen !== undefined) args.push("--max-model-len", String(options.maxModelLen));
   if (multiNode) args.push("--distributed-executor-backend", "ray");
   if (attentionBackend !== null) args.push("--attention-backend", attentionBackend);
+  if (options.adapters !== undefined && options.adapters.length > 0) {
+    args.push("--enable-lora", "--lora-modules", ...options.adapters.map((adapter) => `${adapter.servedName}=${adapter.path}`));
+  }
   // Last, so an operator's own flags win over ours.
   args.push(...options.profile.engine_args);
 
