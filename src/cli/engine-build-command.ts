@@ -2,7 +2,12 @@
 // line per step, and the compile's percentage every 5% or every minute, so a log of a CI run
 // shows it is alive without a line per source file); the path to pass to
 // `llmgw agent --llama-server` is the only thing on stdout, so scripts can take it.
-import { BadRequestError } from "../core/errors.ts";
+//
+// SIGINT (Ctrl-C) and SIGTERM stop the build rather than llmgw alone: the tools run in their
+// own process group, which a terminal's Ctrl-C does not reach, so the build is aborted, which
+// stops the group and releases the lock, and the command exits with 130 or 143.
+import path from "node:path";
+import { BadRequestError, LlmgwError, describeError } from "../core/errors.ts";
 import { buildLlamaCpp, type BuildProgress } from "../engines/llama-server/engine-build.ts";
 
 export interface EngineBuildFlags {
@@ -11,11 +16,20 @@ export interface EngineBuildFlags {
   quiet?: boolean;
 }
 
-export async function runEngineBuildCommand(flags: EngineBuildFlags): Promise<void> {
+export interface EngineBuildDependencies {
+  /** The llama.cpp source bundle (default node-llama-cpp's): tests build a stand-in. */
+  bundle?: string;
+}
+
+const EXIT_ON_SIGNAL: Record<"SIGINT" | "SIGTERM", number> = { SIGINT: 130, SIGTERM: 143 };
+
+export async function runEngineBuildCommand(flags: EngineBuildFlags, dependencies: EngineBuildDependencies = {}): Promise<void> {
   const jobs = flags.jobs === undefined ? undefined : Number(flags.jobs);
   if (jobs !== undefined && (!Number.isInteger(jobs) || jobs < 1 || jobs > 256)) {
     throw new BadRequestError(`--jobs must be a whole number from 1 to 256, got '${flags.jobs}'`);
   }
+  // Absolute: the printed path is handed to agents that run in other folders.
+  const out = flags.out === undefined ? undefined : path.resolve(flags.out);
   const started = Date.now();
   let lastPercent = -100;
   let lastPrinted = 0;
@@ -30,11 +44,33 @@ export async function runEngineBuildCommand(flags: EngineBuildFlags): Promise<vo
     lastPrinted = now;
     say(`compiling: ${progress.percent}% after ${Math.round((now - started) / 60_000)} min`);
   };
-  const result = await buildLlamaCpp({
-    ...(flags.out === undefined ? {} : { outDir: flags.out }),
-    ...(jobs === undefined ? {} : { jobs }),
-    onProgress,
-  });
-  say(`${result.record.version}; start a node with: llmgw agent --llama-server ${flags.out === undefined ? "auto" : result.llamaServer}`);
-  process.stdout.write(`${result.llamaServer}\n`);
+
+  const controller = new AbortController();
+  let received: "SIGINT" | "SIGTERM" | undefined;
+  const onSignal = (name: "SIGINT" | "SIGTERM") => {
+    if (received !== undefined) return; // Already stopping; a second Ctrl-C must not leave the tools running.
+    received = name;
+    say(`${name}: stopping cmake and the compilers, then releasing the lock`);
+    controller.abort(name);
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+  try {
+    const result = await buildLlamaCpp({
+      ...(out === undefined ? {} : { outDir: out }),
+      ...(jobs === undefined ? {} : { jobs }),
+      ...(dependencies.bundle === undefined ? {} : { bundle: dependencies.bundle }),
+      onProgress,
+      signal: controller.signal,
+    });
+    say(`${result.record.version}; start a node with: llmgw agent --llama-server ${out === undefined ? "auto" : result.llamaServer}`);
+    process.stdout.write(`${result.llamaServer}\n`);
+  } catch (error) {
+    if (received === undefined) throw error;
+    process.stderr.write(`error: ${error instanceof LlmgwError ? error.message : describeError(error)}\n`);
+    process.exitCode = EXIT_ON_SIGNAL[received];
+  } finally {
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+  }
 }

@@ -14,7 +14,9 @@ import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { resolveRegistryEndpoint, resolveRegistryToken } from "../registry/hub-client.ts";
 import { parseByteSize } from "../core/byte-size.ts";
 import { parseMetricsHosts } from "../metrics/metrics-hosts.ts";
-import type { ImageSettings } from "../gateway/image-parts.ts";
+import { DEFAULT_IMAGE_SETTINGS, type ImageSettings } from "../gateway/image-parts.ts";
+import { DEFAULT_MAX_BODY_BYTES } from "../gateway/gateway.ts";
+import { formatBytes } from "../core/format.ts";
 import { LIMITS_CLOCK_ENV, limitsClockFromEnv } from "../policy/limits-clock.ts";
 import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
 
@@ -216,9 +218,27 @@ function allowPrivateWebhooksOption(flag: boolean | undefined, env: string | und
   );
 }
 
-/** --image-urls, --max-image-bytes, --max-images, --image-fetch-timeout, --allow-private-image-urls; what is not given keeps image-parts.ts's default. */
-function imageOptions(options: ServerCommandOptions): Partial<ImageSettings> {
-  const images: Partial<ImageSettings> = {};
+/** A flag's value out of its bounds: the error names the flag, the value and the bounds. */
+function outOfBounds(flag: string, value: string, bounds: string): BadRequestError {
+  return new BadRequestError(`Invalid ${flag} '${value}': ${bounds}.`, { code: "invalid_image_option" });
+}
+
+/** The longest --image-fetch-timeout: a request waits that long for its images, and AbortSignal.timeout fires at once past 2^31 ms. */
+const MAX_IMAGE_FETCH_TIMEOUT_MS = 5 * 60_000;
+/** The most --max-images: llama-server decodes every image of a request before it answers. */
+const MAX_IMAGES_LIMIT = 64;
+
+/**
+ * --image-urls, --max-image-bytes, --max-images, --image-fetch-timeout,
+ * --allow-private-image-urls, checked against each other and --max-body at startup; what
+ * is not given keeps image-parts.ts's default. An image's base64 is 4/3 of its size, so
+ * the largest image must fit in ¾ of --max-body; the default 10 MiB shrinks to that
+ * when --max-body is smaller than its 16 MiB.
+ */
+export function imageOptions(options: ServerCommandOptions): Partial<ImageSettings> {
+  const maxBody = options.maxBody === undefined ? DEFAULT_MAX_BODY_BYTES : parseByteSize(options.maxBody, "--max-body");
+  const largestImage = Math.floor((maxBody * 3) / 4);
+  const images: Partial<ImageSettings> = { maxBodyBytes: maxBody };
   if (options.imageUrls !== undefined) {
     if (options.imageUrls !== "fetch" && options.imageUrls !== "refuse") {
       throw new BadRequestError(
@@ -227,9 +247,32 @@ function imageOptions(options: ServerCommandOptions): Partial<ImageSettings> {
     }
     images.urls = options.imageUrls;
   }
-  if (options.maxImageBytes !== undefined) images.maxBytes = parseByteSize(options.maxImageBytes, "--max-image-bytes");
-  if (options.maxImages !== undefined) images.maxImages = parsePositiveInt(options.maxImages, "--max-images");
-  if (options.imageFetchTimeout !== undefined) images.fetchTimeoutMs = parseDuration(options.imageFetchTimeout, "--image-fetch-timeout");
+  if (options.maxImageBytes !== undefined) {
+    const bytes = parseByteSize(options.maxImageBytes, "--max-image-bytes");
+    if (bytes < 1024) throw outOfBounds("--max-image-bytes", options.maxImageBytes, "give at least 1k; no image is smaller");
+    if (bytes > largestImage) {
+      throw outOfBounds(
+        "--max-image-bytes",
+        options.maxImageBytes,
+        `give at most ${formatBytes(largestImage)}, ¾ of --max-body (${formatBytes(maxBody)}): an image goes upstream in base64, 4/3 of its size, inside the request body. Lower it, or raise --max-body`,
+      );
+    }
+    images.maxBytes = bytes;
+  } else if (DEFAULT_IMAGE_SETTINGS.maxBytes > largestImage) {
+    images.maxBytes = largestImage;
+  }
+  if (options.maxImages !== undefined) {
+    const count = parsePositiveInt(options.maxImages, "--max-images");
+    if (count > MAX_IMAGES_LIMIT) throw outOfBounds("--max-images", options.maxImages, `give 1 to ${MAX_IMAGES_LIMIT}`);
+    images.maxImages = count;
+  }
+  if (options.imageFetchTimeout !== undefined) {
+    const ms = parseDuration(options.imageFetchTimeout, "--image-fetch-timeout");
+    if (ms < 100 || ms > MAX_IMAGE_FETCH_TIMEOUT_MS) {
+      throw outOfBounds("--image-fetch-timeout", options.imageFetchTimeout, "give 100ms to 5m; the request waits this long for its images");
+    }
+    images.fetchTimeoutMs = ms;
+  }
   if (options.allowPrivateImageUrls === true) images.allowPrivate = true;
   return images;
 }

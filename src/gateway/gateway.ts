@@ -31,7 +31,7 @@ import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
 import { adapterChoice, upstreamOf } from "./adapter-route.ts";
-import { adapterServedName } from "../catalog/model-schema.ts";
+import { assertAllowed, listModels } from "./model-access.ts";
 import { checkImageParts, type ImageSettings } from "./image-parts.ts";
 import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
@@ -144,6 +144,8 @@ export class Gateway {
   /** What every request's replica attempts (and every internal call's) work with. */
   private readonly replicaDeps: ReplicaDependencies;
   private readonly maxBodyBytes: number;
+  /** The image checks' settings, with this gateway's body limit (an inlined body must fit it too). */
+  private readonly imageSettings: Partial<ImageSettings>;
   private readonly bodyTimeoutMs: number;
   private readonly maxAttempts: number;
   /** The origin each replica was last seen at, so a pool no replica uses any more is closed. */
@@ -152,6 +154,7 @@ export class Gateway {
 
   constructor(private readonly options: GatewayOptions) {
     this.maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+    this.imageSettings = { maxBodyBytes: this.maxBodyBytes, ...options.images };
     this.bodyTimeoutMs = options.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS;
     this.maxAttempts = options.maxAttempts ?? 3;
     this.admission = new Admission(options.replicas, Date.now, (modelId) => options.onDemand?.starting(modelId) ?? false);
@@ -242,7 +245,7 @@ export class Gateway {
     const route = PROXY_ROUTES.get(pathname);
     if (pathname === "/v1/models" && req.method === "GET") {
       const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
-      sendJson(res, 200, this.listModels(principal));
+      sendJson(res, 200, listModels(this.options.catalog, principal));
       this.record(call, 200);
       return;
     }
@@ -269,7 +272,7 @@ export class Gateway {
     call.model = this.options.catalog.adapterOf?.(body.model) === undefined ? model.name : body.model;
     call.catalogModel = model;
     assertAllowed(call.principal, model, body.model);
-    const images = checkImageParts(body, model, this.options.images);
+    const images = checkImageParts(body, model, this.imageSettings);
     const cancel = new RequestCancel();
     const onClose = () => {
       if (!res.writableFinished) cancel.abort();
@@ -282,7 +285,7 @@ export class Gateway {
         cancel,
       );
       const outputCheck = policy instanceof Promise ? await policy : policy;
-      const sent = images === null ? null : await images.inline(cancel.signal);
+      const sent = images === null ? null : await images.inline(cancel.signal, raw.length);
       const status = await this.proxy({ req, res, call, route, ...(sent ?? { raw, body }), model, principal: call.principal, cancel, outputCheck });
       this.record(call, status);
     } finally {
@@ -340,17 +343,6 @@ export class Gateway {
         call.guardMs = (call.guardMs ?? 0) + Math.round(performance.now() - started);
       }
     };
-  }
-
-  private listModels(principal: Principal) {
-    const data = [];
-    for (const model of this.options.catalog.list()) {
-      const created = Math.floor(Date.parse(model.created_at) / 1000);
-      for (const id of [model.name, ...model.definition.aliases, ...model.definition.adapters.map((a) => adapterServedName(model.name, a))]) {
-        if (isAllowed(principal, model, id)) data.push({ id, object: "model", created, owned_by: "llmgw" });
-      }
-    }
-    return { object: "list", data };
   }
 
   /** Runs the request against replicas until one answers (try-replicas.ts); returns the status for its usage row. */
@@ -577,20 +569,6 @@ function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage
   const wire = route.wire;
   if (wire !== undefined) return { tapEventStream: false, rewrite: (head: AnswerHead): BodyRewriter => wire.answer(body, head), errors: wire.errors };
   return { tapEventStream: !injectUsage, rewrite: injectUsage ? () => new StreamUsageFilter() : null };
-}
-
-/**
- * A key restricted to some models gets the same 404 for a model it may not use as for one
- * that does not exist: a 403 would tell it which names exist (it could enumerate the
- * catalog). An administrator reads the key's allowed models with 'llmgw ctl key show'.
- */
-function assertAllowed(principal: Principal, model: CatalogModel, requested: string): void {
-  if (!isAllowed(principal, model, requested)) throw modelNotFound(requested);
-}
-
-function isAllowed(principal: Principal, model: CatalogModel, requested: string): boolean {
-  const allowed = principal.allowedModels;
-  return allowed === null || allowed.has(model.name) || allowed.has(requested);
 }
 
 function pathOf(url: string | undefined): string {

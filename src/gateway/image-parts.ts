@@ -2,8 +2,16 @@
 // them (`{"type":"image_url","image_url":{"url":...,"detail"?}}` in a message's content).
 // A request whose images fail any check gets a 400 naming the field, and nothing reaches
 // an engine:
-// - the model must have vision (its catalog entry's capabilities.vision): an engine
-//   without a projector would refuse the part or, worse, drop it and answer anyway;
+// - a message's content parts are text parts and image_url parts, nothing else, for every
+//   model: other media (input_audio, audio_url, video_url, file, ...) are not checked here,
+//   and an engine would take them as they come, some fetching their URLs itself from the
+//   node's network (vLLM does), past every check below;
+// - a model the fleet runs (any llamacpp or vllm profile) must have vision (its catalog
+//   entry's capabilities.vision): an engine without a projector would refuse the part or,
+//   worse, drop it and answer anyway. A model served only by external servers passes
+//   images on (checked and inlined as below): the catalog cannot know what those read,
+//   and capabilities.vision defaults to false, so refusing would break every external
+//   vision model that was never marked;
 // - at most --max-images images a request;
 // - a data URL must be `data:image/<png|jpeg|gif|bmp>;base64,` with strict base64, and its
 //   bytes must start like one of those formats: those are what llama.cpp's image loader
@@ -15,7 +23,13 @@
 //   own limit for the images it downloads);
 // - an http(s) URL is fetched by the gateway (image-fetch.ts), checked as above, and sent
 //   on as a data URL; with --image-urls refuse, it is refused with the advice to send a
-//   data URL.
+//   data URL;
+// - the body with every image as a data URL must fit --max-body (each image costs 4/3 of
+//   its size in base64), so that an engine gets no body larger than a client could send
+//   (llama-server itself takes at most 100 MB): one byte count per request, shared by its
+//   data URLs and fetches, stops the fetching as soon as it would not fit. And the process
+//   fetches at most PROCESS_IMAGE_FETCH_BUDGET bytes at once for all requests together
+//   (503 with Retry-After beyond), so that many such requests cannot exhaust its memory.
 //
 // URLs are inlined for every upstream, external servers included: the bytes the gateway
 // checked are then the bytes the model sees (a URL fetched again later may answer
@@ -25,11 +39,20 @@
 // Checks run in two steps: `checkImageParts` (synchronous, before the limits and guards)
 // refuses what the request itself gets wrong; what it returns fetches, after the limits
 // have admitted the request, so a key over its limits cannot make the gateway fetch.
-import { BadRequestError } from "../core/errors.ts";
+import { BadRequestError, UnavailableError } from "../core/errors.ts";
 import { formatBytes, printable } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import type { ResolveHost } from "../notify/webhook-address.ts";
-import { checkRemoteImageUrl, fetchImage, imageAgent } from "./image-fetch.ts";
+import {
+  checkRemoteImageUrl,
+  dnsResolver,
+  fetchImage,
+  type ImageFetchBudget,
+  imageAgent,
+  INTERNET,
+  PROCESS_IMAGE_FETCH_BUDGET,
+  type PublicNetwork,
+  type ResolveImageHost,
+} from "./image-fetch.ts";
 import type { GatewayRequestBody } from "./request-schemas.ts";
 
 export interface ImageSettings {
@@ -41,10 +64,16 @@ export interface ImageSettings {
   maxImages: number;
   /** --image-fetch-timeout: all fetched images of a request must have arrived within this. */
   fetchTimeoutMs: number;
-  /** --allow-private-image-urls: image URLs may reach private, loopback and link-local addresses. */
+  /** --allow-private-image-urls: image URLs may reach private, loopback and link-local addresses, on any port. */
   allowPrivate: boolean;
-  /** How host names are resolved when fetching (default: the system's); tests play a DNS here. */
-  resolve?: ResolveHost;
+  /** --max-body: the body with its images inlined as data URLs must fit it too (default: the gateway's default). */
+  maxBodyBytes?: number;
+  /** How host names are resolved when fetching (default: c-ares, image-fetch.ts's dnsResolver); tests play a DNS here. */
+  resolve?: ResolveImageHost;
+  /** Image bytes being fetched at once (default: the process's budget, shared by every gateway in it). */
+  fetchBudget?: ImageFetchBudget;
+  /** Tests only: which addresses count as public and which ports are allowed (default: the internet's). */
+  network?: PublicNetwork;
 }
 
 export const DEFAULT_IMAGE_SETTINGS: Readonly<ImageSettings> = {
@@ -70,6 +99,22 @@ const MEDIA_TYPES: Readonly<Record<string, Format>> = {
   "image/webp": "webp",
 };
 
+/**
+ * The gateway's default --max-body (gateway.ts's DEFAULT_MAX_BODY_BYTES, not imported:
+ * gateway.ts imports this module), for settings that do not say theirs.
+ */
+const DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024;
+
+/** What a fetched image's base64 costs in the body, per byte of the image. */
+const BASE64_GROWTH = 4 / 3;
+
+/** Parts that carry text and nothing else (the guards read each of them as text: policy/guards.ts). */
+const TEXT_PARTS = new Set(["text", "input_text", "output_text", "refusal"]);
+const ACCEPTED_PARTS = "text (or input_text, output_text, refusal) and image_url";
+
+/** Host names are resolved by c-ares, cancellable at the deadline (image-fetch.ts says why). */
+const defaultResolve = dnsResolver();
+
 const SUPPORTED = "PNG, JPEG, GIF or BMP";
 const WEBP_ADVICE = `llama.cpp's image loader does not decode WebP; convert the image to PNG or JPEG`;
 
@@ -90,7 +135,12 @@ interface Rewrite {
 
 /** What is left to do after the door's checks: fetch URLs (and give every part OpenAI's shape), then send the new body. */
 export interface ImageInlining {
-  inline(cancel: AbortSignal): Promise<{ body: GatewayRequestBody; raw: Buffer }>;
+  /**
+   * `rawBytes`: the size of the body as it came, when the caller has it; what fetched
+   * images add is counted against --max-body from there (else from its data URLs alone,
+   * and the whole body is measured once built).
+   */
+  inline(cancel: AbortSignal, rawBytes?: number): Promise<{ body: GatewayRequestBody; raw: Buffer }>;
 }
 
 /**
@@ -99,10 +149,16 @@ export interface ImageInlining {
  * body without image parts costs one pass over its messages.
  */
 export function checkImageParts(body: GatewayRequestBody, model: CatalogModel, settings: Partial<ImageSettings> = {}): ImageInlining | null {
+  if (body.multimodal_data !== undefined) {
+    throw new BadRequestError(
+      "multimodal_data: llmgw does not pass llama-server's multimodal_data on; send images as image_url parts of chat messages (POST /v1/chat/completions), which the gateway checks.",
+      { code: "unsupported_multimodal_data", param: "multimodal_data" },
+    );
+  }
   const found = imagePartsOf(body);
   if (found === null) return null;
   const first = found[0]!;
-  if (!model.definition.capabilities.vision) throw noVision(model.name, partParam(first));
+  if (!takesImages(model)) throw noVision(model.name, partParam(first));
   const maxImages = settings.maxImages ?? DEFAULT_IMAGE_SETTINGS.maxImages;
   if (found.length > maxImages) {
     throw new BadRequestError(
@@ -112,19 +168,32 @@ export function checkImageParts(body: GatewayRequestBody, model: CatalogModel, s
   }
   const full = { ...DEFAULT_IMAGE_SETTINGS, ...settings };
   const rewrites: Rewrite[] = [];
+  // What the images already in the body take of it: a fetched image adds to this.
+  let dataUrlBytes = 0;
   for (const at of found) {
     const { url, param, stringForm } = urlOf(at);
     if (url.startsWith("data:")) {
       checkDataUrl(url, param, full.maxBytes);
+      dataUrlBytes += url.length;
       if (stringForm) rewrites.push({ at, fetch: null, url });
       continue;
     }
     rewrites.push({ at, fetch: { url: remoteUrl(url, param, full), param }, url });
   }
-  return rewrites.length === 0 ? null : { inline: (cancel) => inlineImages(body, rewrites, full, cancel) };
+  if (rewrites.length === 0) return null;
+  return { inline: (cancel, rawBytes) => inlineImages({ body, rewrites, settings: full, cancel, bodyBytes: rawBytes ?? dataUrlBytes }) };
 }
 
-/** The image parts of the body's messages, or null when it has none (the common case allocates nothing). */
+/** Whether image parts may go to the model: it has vision, or only external servers serve it (they decide for themselves). */
+function takesImages(model: CatalogModel): boolean {
+  const { capabilities, profiles } = model.definition;
+  return capabilities.vision || profiles.every((profile) => profile.engine === "external");
+}
+
+/**
+ * The image parts of the body's messages, or null when it has none (the common case
+ * allocates nothing). Every other part must be a text part: anything else is refused here.
+ */
 function imagePartsOf(body: GatewayRequestBody): ImagePart[] | null {
   const messages = body.messages;
   if (!Array.isArray(messages)) return null;
@@ -134,13 +203,25 @@ function imagePartsOf(body: GatewayRequestBody): ImagePart[] | null {
     if (!Array.isArray(content)) continue;
     for (let index = 0; index < content.length; index += 1) {
       const part: unknown = content[index];
-      if (typeof part === "object" && part !== null && (part as { type?: unknown }).type === "image_url") {
+      const type = typeof part === "object" && part !== null ? (part as { type?: unknown }).type : undefined;
+      if (type === "image_url") {
         found ??= [];
         found.push({ message, index, part: part as Record<string, unknown> });
+      } else if (typeof type !== "string" || !TEXT_PARTS.has(type)) {
+        throw unsupportedPart(`messages[${message}].content[${index}]`, part, type);
       }
     }
   }
   return found;
+}
+
+function unsupportedPart(param: string, part: unknown, type: unknown): BadRequestError {
+  const what =
+    typeof part !== "object" || part === null ? "not an object" : typeof type === "string" ? `a part of type '${printable(type)}'` : "a part without a type";
+  return new BadRequestError(
+    `${param} is ${what}; llmgw takes ${ACCEPTED_PARTS} parts in a message's content. It checks images and sends them on as data URLs, and does not pass other media (audio, video, files), which no check here would see and an engine might fetch from its own network. Send the content as text, and images as {"type":"image_url","image_url":{"url":...}} parts.`,
+    { code: "unsupported_content_part", param: typeof type === "string" ? `${param}.type` : param },
+  );
 }
 
 function partParam(at: ImagePart): string {
@@ -149,7 +230,7 @@ function partParam(at: ImagePart): string {
 
 function noVision(model: string, param: string): BadRequestError {
   return new BadRequestError(
-    `Model '${model}' takes no images (${param} is an image_url part): its catalog entry does not have vision (capabilities.vision), so no engine serving it reads images. A GGUF model reads them through its vision projector: serve it with one on a node with llama-server ('llmgw ctl model serve REPO --projector'). For an external model that does read images, set capabilities.vision ('llmgw ctl model edit ${model} --patch {"capabilities":{"vision":true}}').`,
+    `Model '${model}' takes no images (${param} is an image_url part): its catalog entry does not have vision (capabilities.vision), so the engines llmgw runs for it read no images. A GGUF model reads them through its vision projector: serve it with one on a node with llama-server ('llmgw ctl model serve REPO --projector'). If every engine serving it does read images, set capabilities.vision ('llmgw ctl model edit ${model} --patch {"capabilities":{"vision":true}}').`,
     { code: "model_has_no_vision", param },
   );
 }
@@ -270,51 +351,96 @@ function remoteUrl(url: string, param: string, settings: ImageSettings): URL {
       "this server does not fetch image URLs (--image-urls refuse); send the image itself as a data URL: data:image/png;base64,<its bytes in base64>.",
     );
   }
-  checkRemoteImageUrl(parsed, param, settings.allowPrivate);
+  checkRemoteImageUrl(parsed, param, settings.allowPrivate, settings.network ?? INTERNET);
   return parsed;
 }
 
-/** Fetches every URL at once under one deadline, checks the bytes, and builds the body with data URLs in OpenAI's shape. */
-async function inlineImages(
-  body: GatewayRequestBody,
-  rewrites: readonly Rewrite[],
-  settings: ImageSettings,
-  cancel: AbortSignal,
-): Promise<{ body: GatewayRequestBody; raw: Buffer }> {
-  const fetching = rewrites.some((rewrite) => rewrite.fetch !== null);
-  const dispatcher = fetching
-    ? imageAgent({ allowPrivate: settings.allowPrivate, ...(settings.resolve === undefined ? {} : { resolve: settings.resolve }) })
-    : null;
-  // The first image that fails ends the others' fetches: its error is the answer.
+/**
+ * Fetches every URL at once under one deadline, checks the bytes, and builds the body with
+ * data URLs in OpenAI's shape. `bodyBytes` is what the body holds before any image is
+ * fetched; each fetched byte adds its base64 to it, and the request stops once that would
+ * pass --max-body. The bytes it fetched are the process budget's until the body is built.
+ */
+async function inlineImages(request: {
+  body: GatewayRequestBody;
+  rewrites: readonly Rewrite[];
+  settings: ImageSettings;
+  cancel: AbortSignal;
+  bodyBytes: number;
+}): Promise<{ body: GatewayRequestBody; raw: Buffer }> {
+  const { rewrites, settings } = request;
+  const maxBody = settings.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const budget = settings.fetchBudget ?? PROCESS_IMAGE_FETCH_BUDGET;
+  const firstFetched = rewrites.find((rewrite) => rewrite.fetch !== null)?.fetch?.param ?? null;
+  let bodyBytes = request.bodyBytes;
+  let held = 0;
+  const charge = (param: string) => (bytes: number) => {
+    bodyBytes += bytes * BASE64_GROWTH;
+    if (bodyBytes > maxBody) throw overMaxBody(param, maxBody);
+    if (!budget.take(bytes, held)) throw fetchBusy(budget);
+    held += bytes;
+  };
+  // The first image that fails ends the others' fetches (and their lookups): its error is the answer.
   const failed = new AbortController();
   const deadline = AbortSignal.timeout(settings.fetchTimeoutMs);
+  const dispatcher =
+    firstFetched === null
+      ? null
+      : imageAgent({
+          allowPrivate: settings.allowPrivate,
+          resolve: settings.resolve ?? defaultResolve,
+          network: settings.network ?? INTERNET,
+          signal: AbortSignal.any([deadline, request.cancel, failed.signal]),
+        });
   try {
     const urls = await Promise.all(
       rewrites.map(async ({ fetch, url }) => {
         if (fetch === null || dispatcher === null) return url;
+        const what = `the bytes at ${printable(fetch.url.href)}`;
         try {
-          const bytes = await fetchImage({
+          const fetched = await fetchImage({
             url: fetch.url,
             param: fetch.param,
             maxBytes: settings.maxBytes,
             timeoutMs: settings.fetchTimeoutMs,
             deadline,
-            cancel: AbortSignal.any([cancel, failed.signal]),
+            cancel: AbortSignal.any([request.cancel, failed.signal]),
             dispatcher,
             allowPrivate: settings.allowPrivate,
+            network: settings.network ?? INTERNET,
+            charge: charge(fetch.param),
+            checkHead: (head) => void checkImageBytes(head, fetch.param, what),
           });
-          const format = checkImageBytes(bytes, fetch.param, `the bytes at ${printable(fetch.url.href)}`);
-          return `data:${FORMATS[format]};base64,${bytes.toString("base64")}`;
+          return `data:${FORMATS[checkImageBytes(fetched.head, fetch.param, what)]};base64,${fetched.base64}`;
         } catch (error) {
           failed.abort();
           throw error;
         }
       }),
     );
-    return withUrls(body, rewrites, urls);
+    const sent = withUrls(request.body, rewrites, urls);
+    // The count above leaves out what is not an image when the body's own size was not
+    // given (and each part's few bytes of JSON): the body as built has the last word.
+    if (sent.raw.length > maxBody) throw overMaxBody(firstFetched ?? "messages", maxBody);
+    return sent;
   } finally {
+    budget.give(held);
     if (dispatcher !== null) void dispatcher.destroy().catch(() => undefined);
   }
+}
+
+function overMaxBody(param: string, maxBody: number): BadRequestError {
+  return new BadRequestError(
+    `${param}: with its images sent on as data URLs (base64, 4/3 of an image's size), the request would be over ${formatBytes(maxBody)}, the largest request body this server takes (--max-body). Send fewer or smaller images, or ask the operator to raise --max-body.`,
+    { code: "images_over_max_body", param },
+  );
+}
+
+function fetchBusy(budget: ImageFetchBudget): UnavailableError {
+  return new UnavailableError(
+    `llmgw is fetching ${formatBytes(budget.inUse)} of images for other requests, as much as it fetches at once (${formatBytes(budget.limitBytes)}). Try again in a moment, or send the images as data URLs.`,
+    { code: "image_fetch_busy", retryAfterSeconds: 2 },
+  );
 }
 
 /** A copy of the body with each rewritten part's URL replaced (the other messages and parts are shared, not copied). */

@@ -1,29 +1,49 @@
 // `llmgw engine build`: builds llama-server (with llama-bench and llama-batched-bench) from
 // the llama.cpp source node-llama-cpp ships, with the machine's cmake and C++ compiler, into
-// the per-commit cache that llama-cpp-source.ts describes. A finished build is reused; an
-// interrupted one is resumed (cmake's build folder is kept, and build.json is written only
-// once every binary is in place and answers --version), and two builds of one commit never
-// run at once (a lock file with the builder's pid; a dead builder's lock is taken over).
+// the per-commit cache that llama-cpp-source.ts describes. A finished build is reused (and
+// needs no build tools); an interrupted one is resumed (cmake's build folder is kept, and
+// build.json is written only once every binary is in place and answers --version); two
+// builds of one folder never run at once (build-lock.ts), and no tool outlives its build
+// (build-tools.ts).
+//
+// A folder given with --out is written only when it is new, empty, or one of our builds
+// (build.json, or the marker file written when a build first claims a folder): a build
+// removes and replaces folders inside it, which must never hit someone else's files.
 //
 // The configure flags, each for a reason:
 //   BUILD_SHARED_LIBS=OFF            one self-contained binary per program, so bin/ can be used
 //                                    from anywhere (no libllama.so beside it to find)
 //   GGML_NATIVE=ON                   compiled for this CPU's instructions, as llama.cpp's own
-//                                    default: the cache is per machine
+//                                    default: build.json records the CPU's fingerprint, and
+//                                    build/ is started afresh on another CPU (its objects
+//                                    would otherwise count as up to date)
 //   LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF  no downloading from the engine: llmgw hands engines
 //                                    verified local files, and the build needs no TLS library
 //   LLAMA_USE_PREBUILT_UI=OFF, LLAMA_BUILD_UI=OFF  the server's web page would otherwise be
 //                                    fetched from the Hugging Face Hub at build time
 //                                    (scripts/ui-assets.cmake); llmgw has its own console
 //   LLAMA_BUILD_TESTS=OFF, LLAMA_BUILD_EXAMPLES=OFF  only the three programs are needed
-import { spawn, spawnSync } from "node:child_process";
-import { createWriteStream, existsSync } from "node:fs";
-import { copyFile, mkdir, open, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { spawnSync } from "node:child_process";
+import { existsSync, readdirSync, statSync } from "node:fs";
+import { copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { BadRequestError, InternalError, LlmgwError } from "../../core/errors.ts";
+import { BadRequestError, InternalError, errorCode } from "../../core/errors.ts";
+import { takeBuildLock } from "./build-lock.ts";
+import { checkBuildTools, runLogged, stopIfInterrupted, stopLeftoverTools } from "./build-tools.ts";
+import {
+  LLAMA_CPP_TARGETS,
+  adoptBuildRecord,
+  binaryIn,
+  buildDirFor,
+  cpuFingerprint,
+  llamaCppSource,
+  otherCpu,
+  readBuildRecord,
+  type BuildRecord,
+  type LlamaCppTarget,
+} from "./llama-cpp-source.ts";
 import { readLlamaServerVersion } from "./llama-server-version.ts";
-import { LLAMA_CPP_TARGETS, binaryIn, buildDirFor, llamaCppSource, readBuildRecord, type BuildRecord, type LlamaCppTarget } from "./llama-cpp-source.ts";
 
 export const CONFIGURE_FLAGS: readonly string[] = [
   "-DCMAKE_BUILD_TYPE=Release",
@@ -37,7 +57,13 @@ export const CONFIGURE_FLAGS: readonly string[] = [
   "-DLLAMA_BUILD_EXAMPLES=OFF",
 ];
 
-export type BuildStep = "reuse" | "wait" | "checkout" | "configure" | "compile" | "install" | "done";
+/** Written into a folder when a build first claims it: the folder is llmgw's to clear and fill. */
+export const BUILD_MARKER = ".llmgw-engine-build";
+
+/** In build/: the CPU fingerprint its objects were compiled for. */
+const BUILD_CPU_STAMP = "llmgw-cpu-fingerprint";
+
+export type BuildStep = "reuse" | "rebuild" | "wait" | "cleanup" | "checkout" | "configure" | "compile" | "install" | "done";
 
 export interface BuildProgress {
   step: BuildStep;
@@ -47,7 +73,7 @@ export interface BuildProgress {
 }
 
 export interface EngineBuildOptions {
-  /** The build folder (default: the per-commit folder in the cache). */
+  /** The build folder (default: the per-commit folder in the cache); a relative one is taken from the working folder. */
   outDir?: string;
   /** Cache root holding one folder per commit (default ~/.cache/llmgw/llama.cpp). Ignored with outDir. */
   root?: string;
@@ -59,8 +85,12 @@ export interface EngineBuildOptions {
   /** The environment of the tools (PATH decides which cmake and compiler run). */
   env?: NodeJS.ProcessEnv;
   onProgress?: (progress: BuildProgress) => void;
+  /** Stops the build: its tools are stopped and the lock released before the promise rejects. */
+  signal?: AbortSignal;
   /** How often a waiting build looks at another builder's lock (ms). */
   lockPollMs?: number;
+  /** How often a waiting build says it still waits (ms; default a minute). */
+  lockReportMs?: number;
 }
 
 export interface EngineBuildResult {
@@ -72,56 +102,66 @@ export interface EngineBuildResult {
   reused: boolean;
 }
 
-/** The tools a build runs, and the Debian package of each. */
-const TOOLS: { names: string[]; what: string; debian: string }[] = [
-  { names: ["cmake"], what: "cmake", debian: "cmake" },
-  { names: ["c++", "g++", "clang++"], what: "a C++ compiler", debian: "g++" },
-  { names: ["cc", "gcc", "clang"], what: "a C compiler", debian: "gcc" },
-  { names: ["make"], what: "make", debian: "make" },
-  { names: ["git"], what: "git", debian: "git" },
-];
-
 /** Builds (or finds) llama-server and its companions for the bundled llama.cpp commit. */
 export async function buildLlamaCpp(options: EngineBuildOptions = {}): Promise<EngineBuildResult> {
   const env = options.env ?? process.env;
   const targets = [...(options.targets ?? LLAMA_CPP_TARGETS)];
   const progress = options.onProgress ?? (() => {});
-  checkBuildTools(env);
+  const { signal } = options;
   const source = await llamaCppSource(options.bundle);
-  const dir = options.outDir ?? buildDirFor(source.commit, options.root);
+  // Absolute: the printed path is handed to agents started elsewhere.
+  const dir = options.outDir === undefined ? buildDirFor(source.commit, options.root) : path.resolve(options.outDir);
+  if (options.outDir !== undefined) checkOutFolder(dir);
   const short = source.commit.slice(0, 7);
+  const cpu = cpuFingerprint();
 
-  const finished = await finishedBuild(dir, source.commit, targets);
-  if (finished) {
+  const found = await finishedBuild(dir, source.commit, targets, cpu);
+  if (found.result !== undefined) {
     progress({ step: "reuse", detail: `llama.cpp ${short} is already built in ${dir}` });
-    return finished;
+    return found.result;
   }
-  await mkdir(dir, { recursive: true });
-  const release = await takeLock(dir, options.lockPollMs ?? 2000, progress);
+  if (found.otherCpu !== undefined) progress({ step: "rebuild", detail: `rebuilding llama.cpp ${short} in ${dir}: ${found.otherCpu}` });
+  // Only now: reusing a finished build needs none of the tools.
+  checkBuildTools(env);
+  await claimFolder(dir);
+  const lock = await takeBuildLock({
+    dir,
+    ...(options.lockPollMs === undefined ? {} : { pollMs: options.lockPollMs }),
+    ...(options.lockReportMs === undefined ? {} : { reportMs: options.lockReportMs }),
+    ...(signal === undefined ? {} : { signal }),
+    onWait: (detail) => progress({ step: "wait", detail }),
+  });
   try {
+    const leftover = await stopLeftoverTools(dir);
+    if (leftover !== undefined) {
+      progress({ step: "cleanup", detail: `stopped ${leftover.command} (process group ${leftover.group}) left running in ${dir} by a build that was killed` });
+    }
     // Another builder may have finished while this one waited for the lock.
-    const built = await finishedBuild(dir, source.commit, targets);
-    if (built) {
+    const built = await finishedBuild(dir, source.commit, targets, cpu);
+    if (built.result !== undefined) {
       progress({ step: "reuse", detail: `llama.cpp ${short} was built meanwhile in ${dir}` });
-      return built;
+      return built.result;
     }
     const started = Date.now();
     const log = path.join(dir, "build.log");
     await writeFile(log, "");
-    await checkout(dir, source.bundle, source.commit, env, log, progress);
+    const run = { env, log, dir, ...(signal === undefined ? {} : { signal }) };
+    await checkout({ dir, bundle: source.bundle, commit: source.commit, run, progress });
+    await buildFolderFor(dir, cpu, built.otherCpu !== undefined, progress);
+    stopIfInterrupted(signal);
     progress({ step: "configure", detail: `configuring llama.cpp ${short} with cmake` });
-    await runLogged("cmake", ["-S", path.join(dir, "source"), "-B", path.join(dir, "build"), ...CONFIGURE_FLAGS], { env, log, what: "cmake configure" });
+    await runLogged("cmake", ["-S", path.join(dir, "source"), "-B", path.join(dir, "build"), ...CONFIGURE_FLAGS], { ...run, what: "cmake configure" });
     const jobs = options.jobs ?? availableCores();
     progress({ step: "compile", percent: 0, detail: `compiling ${targets.join(", ")} with ${jobs} job${jobs === 1 ? "" : "s"} (15–25 minutes on 2 cores)` });
     await runLogged("cmake", ["--build", path.join(dir, "build"), "--target", ...targets, "-j", String(jobs)], {
-      env,
-      log,
+      ...run,
       what: "the compile",
       onLine: (line) => {
         const percent = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
         if (percent !== undefined) progress({ step: "compile", percent: Number(percent), detail: line.slice(0, 200) });
       },
     });
+    stopIfInterrupted(signal);
     progress({ step: "install", detail: `copying the programs to ${path.join(dir, "bin")}` });
     const binaries = await install(dir, targets);
     const version = await versionOf(binaries["llama-server"] ?? binaryIn(dir, "llama-server"), env);
@@ -132,6 +172,7 @@ export async function buildLlamaCpp(options: EngineBuildOptions = {}): Promise<E
       version,
       built_at: new Date().toISOString(),
       seconds: Math.round((Date.now() - started) / 1000),
+      cpu_fingerprint: cpu,
     };
     // Last, through a rename: build.json is what says the build is whole.
     await writeFile(path.join(dir, "build.json.partial"), `${JSON.stringify(record, null, 2)}\n`);
@@ -139,48 +180,78 @@ export async function buildLlamaCpp(options: EngineBuildOptions = {}): Promise<E
     progress({ step: "done", detail: `built llama.cpp ${short} in ${record.seconds} s` });
     return { dir, llamaServer: binaryIn(dir, "llama-server"), binaries: binariesIn(dir, targets), record, reused: false };
   } finally {
-    await release();
+    lock.release();
   }
 }
 
-/** A build whose record matches this commit, flags and targets, and whose programs are all there. */
-async function finishedBuild(dir: string, commit: string, targets: LlamaCppTarget[]): Promise<EngineBuildResult | undefined> {
+/**
+ * A build whose record matches this commit, flags and targets, and whose programs are all
+ * there; or why an otherwise finished build is not usable (made for another CPU).
+ */
+async function finishedBuild(dir: string, commit: string, targets: LlamaCppTarget[], cpu: string): Promise<{ result?: EngineBuildResult; otherCpu?: string }> {
   const record = await readBuildRecord(dir);
-  if (record === undefined || record.commit !== commit) return undefined;
-  if (record.flags.join(" ") !== CONFIGURE_FLAGS.join(" ")) return undefined;
-  if (!targets.every((target) => record.targets.includes(target) && existsSync(binaryIn(dir, target)))) return undefined;
-  return { dir, llamaServer: binaryIn(dir, "llama-server"), binaries: binariesIn(dir, targets), record, reused: true };
+  if (record === undefined || record.commit !== commit) return {};
+  if (record.flags.join(" ") !== CONFIGURE_FLAGS.join(" ")) return {};
+  if (!targets.every((target) => record.targets.includes(target) && existsSync(binaryIn(dir, target)))) return {};
+  const why = otherCpu(record, cpu);
+  if (why !== undefined) return { otherCpu: why };
+  // A record from before the fingerprint is taken as made here, and says so from now on
+  // (where the folder can be written: a read-only cache still serves).
+  const adopted = await adoptBuildRecord(dir, record, cpu).catch(() => record);
+  return { result: { dir, llamaServer: binaryIn(dir, "llama-server"), binaries: binariesIn(dir, targets), record: adopted, reused: true } };
 }
 
 function binariesIn(dir: string, targets: LlamaCppTarget[]): Record<LlamaCppTarget, string> {
   return Object.fromEntries(targets.map((target) => [target, binaryIn(dir, target)])) as Record<LlamaCppTarget, string>;
 }
 
-/** Refuses at once, naming every missing tool and its Debian package, rather than failing twenty minutes in. */
-export function checkBuildTools(env: NodeJS.ProcessEnv): void {
-  const missing = TOOLS.filter((tool) => !tool.names.some((name) => onPath(name, env)));
-  if (missing.length === 0) return;
-  const packages = [...new Set(missing.map((tool) => tool.debian))].join(" ");
+/** Refuses an --out folder that holds files and is not one of our builds; writes nothing. */
+function checkOutFolder(dir: string): void {
+  let entries: string[];
+  try {
+    if (!statSync(dir).isDirectory()) {
+      throw new BadRequestError(`the build folder ${dir} is a file, not a folder: name a new or empty folder`, { code: "build_folder_not_ours" });
+    }
+    entries = readdirSync(dir);
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return;
+    throw error;
+  }
+  if (entries.length === 0 || entries.includes(BUILD_MARKER) || entries.includes("build.json")) return;
+  const shown = entries.slice(0, 5).join(", ") + (entries.length > 5 ? ", ..." : "");
   throw new BadRequestError(
-    `llmgw engine build needs ${missing.map((tool) => tool.what).join(", ")}, which ${missing.length === 1 ? "is" : "are"} not on PATH. ` +
-      `On Debian or Ubuntu, as root: apt-get install -y ${packages}`,
-    { code: "build_tool_missing" },
+    `the build folder ${dir} holds other files (${shown}) and is not a build of llmgw's (no build.json or ${BUILD_MARKER}); ` +
+      `a build clears folders inside it, so it only uses a new or empty folder: name one, for example ${path.join(dir, "llama.cpp")}`,
+    { code: "build_folder_not_ours" },
   );
 }
 
-function onPath(name: string, env: NodeJS.ProcessEnv): boolean {
-  return (env.PATH ?? "").split(path.delimiter).some((dir) => dir !== "" && existsSync(path.join(dir, name)));
+/** Creates the build folder if needed and marks it as ours (checkOutFolder has vetted an --out folder). */
+async function claimFolder(dir: string): Promise<void> {
+  await mkdir(dir, { recursive: true });
+  const marker = path.join(dir, BUILD_MARKER);
+  if (!existsSync(marker)) {
+    await writeFile(marker, "This folder is a llama.cpp build of `llmgw engine build`, which may clear and rewrite anything in it.\n");
+  }
 }
 
 function availableCores(): number {
   return Math.max(1, os.availableParallelism());
 }
 
+interface CheckoutOptions {
+  dir: string;
+  bundle: string;
+  commit: string;
+  run: { env: NodeJS.ProcessEnv; log: string; dir: string; signal?: AbortSignal };
+  progress: (p: BuildProgress) => void;
+}
+
 /** source/ at the commit: kept when it is already there, else cloned from the bundle beside it and renamed in. */
-async function checkout(dir: string, bundle: string, commit: string, env: NodeJS.ProcessEnv, log: string, progress: (p: BuildProgress) => void): Promise<void> {
+async function checkout({ dir, bundle, commit, run, progress }: CheckoutOptions): Promise<void> {
   const sourceDir = path.join(dir, "source");
   if (existsSync(sourceDir)) {
-    const head = spawnSync("git", ["-C", sourceDir, "rev-parse", "HEAD"], { env, encoding: "utf8" });
+    const head = spawnSync("git", ["-C", sourceDir, "rev-parse", "HEAD"], { env: run.env, encoding: "utf8" });
     if (head.status === 0 && head.stdout.trim() === commit) return;
     // Another commit's or a broken checkout: its build folder would mix objects, so both go.
     await rm(sourceDir, { recursive: true, force: true });
@@ -189,13 +260,30 @@ async function checkout(dir: string, bundle: string, commit: string, env: NodeJS
   progress({ step: "checkout", detail: `unpacking llama.cpp ${commit.slice(0, 7)} from ${bundle}` });
   const partial = path.join(dir, "source.partial");
   await rm(partial, { recursive: true, force: true });
-  await runLogged("git", ["clone", "--quiet", "--no-checkout", bundle, partial], { env, log, what: "git clone of the source bundle" });
-  await runLogged("git", ["-C", partial, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit], {
-    env,
-    log,
-    what: "git checkout",
-  });
+  await runLogged("git", ["clone", "--quiet", "--no-checkout", bundle, partial], { ...run, what: "git clone of the source bundle" });
+  await runLogged("git", ["-C", partial, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit], { ...run, what: "git checkout" });
   await rename(partial, sourceDir);
+}
+
+/**
+ * build/ for this CPU: GGML_NATIVE's compile commands do not name the CPU, so objects made
+ * on another one would count as up to date and be linked again. A build/ without a stamp
+ * (from before the stamp) is taken as this machine's, as its build.json is, unless the
+ * finished build it made was recorded for another CPU (`otherCpuRecord`).
+ */
+async function buildFolderFor(dir: string, cpu: string, otherCpuRecord: boolean, progress: (p: BuildProgress) => void): Promise<void> {
+  const buildDir = path.join(dir, "build");
+  const stamp = path.join(buildDir, BUILD_CPU_STAMP);
+  const stamped = (await readFile(stamp, "utf8").catch(() => undefined))?.trim();
+  if (existsSync(buildDir) && ((stamped !== undefined && stamped !== cpu) || (stamped === undefined && otherCpuRecord))) {
+    progress({
+      step: "rebuild",
+      detail: `${buildDir} holds objects compiled for another CPU (fingerprint ${stamped ?? "not recorded"}, this one's is ${cpu}): starting it afresh`,
+    });
+    await rm(buildDir, { recursive: true, force: true });
+  }
+  await mkdir(buildDir, { recursive: true });
+  await writeFile(stamp, `${cpu}\n`);
 }
 
 /** Copies each program from cmake's build/bin to bin/ (through a partial file, so bin/ never holds half a binary). */
@@ -224,92 +312,4 @@ async function versionOf(llamaServer: string, env: NodeJS.ProcessEnv): Promise<s
     );
   }
   return read.version;
-}
-
-interface RunLoggedOptions {
-  env: NodeJS.ProcessEnv;
-  log: string;
-  what: string;
-  onLine?: (line: string) => void;
-}
-
-/** Runs a tool with its output appended to build.log; a failure names the step, the log and its last lines. */
-function runLogged(command: string, args: string[], options: RunLoggedOptions): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const logStream = createWriteStream(options.log, { flags: "a" });
-    logStream.write(`$ ${command} ${args.join(" ")}\n`);
-    const child = spawn(command, args, { env: options.env, stdio: ["ignore", "pipe", "pipe"] });
-    let pending = "";
-    const onData = (chunk: Buffer) => {
-      logStream.write(chunk);
-      if (options.onLine === undefined) return;
-      pending += chunk.toString("utf8");
-      const lines = pending.split("\n");
-      pending = lines.pop() ?? "";
-      for (const line of lines) options.onLine(line);
-    };
-    child.stdout.on("data", onData);
-    child.stderr.on("data", onData);
-    child.on("error", (error) => {
-      logStream.end();
-      reject(new BadRequestError(`could not run ${command} for ${options.what}: ${error.message}`, { code: "build_tool_missing", cause: error }));
-    });
-    child.on("close", (code, signal) => {
-      logStream.end(async () => {
-        if (code === 0) return resolve();
-        const tail = await lastLines(options.log, 25);
-        reject(
-          new LlmgwError({
-            status: 500,
-            code: "engine_build_failed",
-            message: `${options.what} failed (${signal ?? `exit ${code}`}); the whole log is ${options.log}. Its end:\n${tail}`,
-          }),
-        );
-      });
-    });
-  });
-}
-
-async function lastLines(file: string, count: number): Promise<string> {
-  const text = await readFile(file, "utf8").catch(() => "");
-  return text.trimEnd().split("\n").slice(-count).join("\n");
-}
-
-/**
- * One builder per build folder: `build.lock` is created exclusively and holds the builder's
- * pid. A live builder's lock is waited for; a dead one's (killed mid-build) is taken over.
- */
-async function takeLock(dir: string, pollMs: number, progress: (p: BuildProgress) => void): Promise<() => Promise<void>> {
-  const lock = path.join(dir, "build.lock");
-  let announced = false;
-  for (;;) {
-    try {
-      const handle = await open(lock, "wx");
-      await handle.writeFile(String(process.pid));
-      await handle.close();
-      return () => rm(lock, { force: true });
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
-    }
-    const holder = Number((await readFile(lock, "utf8").catch(() => "")).trim());
-    if (!Number.isInteger(holder) || holder <= 0 || !alive(holder)) {
-      await rm(lock, { force: true });
-      continue;
-    }
-    if (!announced) {
-      progress({ step: "wait", detail: `another build of this llama.cpp (pid ${holder}) is running in ${dir}; waiting for it` });
-      announced = true;
-    }
-    await new Promise((resolve) => setTimeout(resolve, pollMs));
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    // EPERM: it exists but belongs to someone else.
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
 }

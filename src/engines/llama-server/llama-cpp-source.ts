@@ -8,19 +8,21 @@
 //   bin/         llama-server, llama-bench, ...             later build only adds what is new)
 //   build.json   written last, once every binary is in bin/ and answers --version
 //
-// This module only reads: the agent's `--llama-server auto` and the test support look a
-// finished build up here without loading the build code.
-import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+// The build is compiled for the building CPU (GGML_NATIVE), so build.json records a
+// fingerprint of the CPU's features and a build made for another CPU (a cache on a shared
+// disk, a copied home folder) is not used: its programs could stop on an illegal instruction.
+//
+// The agent's `--llama-server auto` and the test support look a finished build up here
+// without loading the build code, and without git or cmake: the bundle's commit is read from
+// the bundle's own header.
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync } from "node:fs";
+import { open, readFile, rename, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
-import { promisify } from "node:util";
 import { z } from "zod";
-import { BadRequestError } from "../../core/errors.ts";
-
-const run = promisify(execFile);
+import { BadRequestError, describeError } from "../../core/errors.ts";
 
 /** The programs a build makes, in bin/. llama-batched-bench is the engine benchmark's anchor for several sequences. */
 export const LLAMA_CPP_TARGETS = ["llama-server", "llama-bench", "llama-batched-bench"] as const;
@@ -28,7 +30,8 @@ export type LlamaCppTarget = (typeof LLAMA_CPP_TARGETS)[number];
 
 /** What build.json records: enough to tell whether a finished build is the one asked for. */
 export const buildRecordSchema = z.object({
-  commit: z.string().regex(/^[0-9a-f]{40}$/),
+  /** SHA-1, or SHA-256 in a repository of that object format. */
+  commit: z.string().regex(/^(?:[0-9a-f]{40}|[0-9a-f]{64})$/),
   /** The cmake configure flags; a build made with other flags is not reused. */
   flags: z.array(z.string()),
   targets: z.array(z.string()),
@@ -36,6 +39,11 @@ export const buildRecordSchema = z.object({
   version: z.string(),
   built_at: z.string(),
   seconds: z.number(),
+  /**
+   * cpuFingerprint() of the machine that compiled it. Records written before the field
+   * existed have none; they are taken as made on this machine and given this one's.
+   */
+  cpu_fingerprint: z.string().optional(),
 });
 export type BuildRecord = z.infer<typeof buildRecordSchema>;
 
@@ -55,33 +63,93 @@ export function bundledSourcePath(): string {
   return path.join(dir, "llama", "gitRelease.bundle");
 }
 
-/** Reads the bundle's commit with `git bundle list-heads`; a clear error when git or the bundle is missing. */
+/**
+ * Reads the bundle's commit from its header, without git. A git bundle starts with
+ * "# v2 git bundle" or "# v3 git bundle", then (v3) "@capability" lines, then "-<oid> ..."
+ * prerequisite lines, then one "<oid> <refname>" line per ref, and an empty line before the
+ * pack. node-llama-cpp's bundle holds one ref, HEAD.
+ */
 export async function llamaCppSource(bundle: string = bundledSourcePath()): Promise<LlamaCppSource> {
   if (!existsSync(bundle)) {
     throw new BadRequestError(`node-llama-cpp's llama.cpp source is not at ${bundle}: reinstall llmgw's dependencies (npm ci), which bring it`, {
       code: "llama_cpp_source_missing",
     });
   }
-  let heads: string;
+  let header: string;
   try {
-    heads = (await run("git", ["bundle", "list-heads", bundle], { timeout: 60_000 })).stdout;
+    header = await readHeader(bundle, 64 * 1024);
   } catch (error) {
-    const missingGit = (error as NodeJS.ErrnoException).code === "ENOENT";
-    throw new BadRequestError(
-      missingGit
-        ? "git is not installed: reading llama.cpp's source bundle needs it (Debian/Ubuntu: apt-get install git)"
-        : `git could not read the llama.cpp source bundle ${bundle}: ${(error as Error).message.split("\n")[0]}`,
-      { code: missingGit ? "build_tool_missing" : "llama_cpp_source_missing", cause: error },
-    );
-  }
-  // One line per ref, "<sha> <name>"; the bundle holds a single commit (HEAD).
-  const commit = /^([0-9a-f]{40})\s/m.exec(heads)?.[1];
-  if (commit === undefined) {
-    throw new BadRequestError(`the llama.cpp source bundle ${bundle} names no commit (git bundle list-heads printed '${heads.trim().slice(0, 200)}')`, {
+    throw new BadRequestError(`could not read the llama.cpp source bundle ${bundle}: ${describeError(error)}`, {
       code: "llama_cpp_source_missing",
+      cause: error,
     });
   }
+  const commit = bundleHead(header);
+  if (commit === undefined) {
+    throw new BadRequestError(
+      `${bundle} is not a git bundle that names a commit (it starts '${header.split("\n")[0]?.slice(0, 80) ?? ""}'): reinstall llmgw's dependencies (npm ci), which bring it`,
+      { code: "llama_cpp_source_missing" },
+    );
+  }
   return { bundle, commit };
+}
+
+/** The first `limit` bytes of a file, as latin1 (the pack after the header is binary). */
+async function readHeader(file: string, limit: number): Promise<string> {
+  const handle = await open(file, "r");
+  try {
+    const buffer = Buffer.alloc(limit);
+    const { bytesRead } = await handle.read(buffer, 0, limit, 0);
+    return buffer.subarray(0, bytesRead).toString("latin1");
+  } finally {
+    await handle.close();
+  }
+}
+
+/** The commit of a git bundle header's HEAD ref (else its first ref); undefined when it is no bundle header. */
+export function bundleHead(header: string): string | undefined {
+  const end = header.indexOf("\n\n");
+  if (end < 0) return undefined;
+  const [signature, ...lines] = header.slice(0, end).split("\n");
+  if (signature !== "# v2 git bundle" && signature !== "# v3 git bundle") return undefined;
+  const refs: { oid: string; name: string }[] = [];
+  for (const line of lines) {
+    if (line.startsWith("@") || line.startsWith("-")) continue; // Capabilities and prerequisites.
+    const ref = /^([0-9a-f]{40}|[0-9a-f]{64}) (\S.*)$/.exec(line);
+    if (ref === null) return undefined;
+    refs.push({ oid: ref[1] ?? "", name: ref[2] ?? "" });
+  }
+  return (refs.find((ref) => ref.name === "HEAD") ?? refs[0])?.oid;
+}
+
+let cachedFingerprint: string | undefined;
+
+/**
+ * A short hash of the CPU's feature flags (the `flags` line of /proc/cpuinfo; `Features` on
+ * ARM), sorted so their order does not matter; "unknown" where there is no such line. Two
+ * machines with the same fingerprint run each other's GGML_NATIVE builds. A kernel or
+ * microcode update that adds a flag changes it too and costs a rebuild, the safe mistake.
+ */
+export function cpuFingerprint(cpuinfo?: string): string {
+  if (cpuinfo === undefined && cachedFingerprint !== undefined) return cachedFingerprint;
+  let text = cpuinfo;
+  if (text === undefined) {
+    try {
+      text = readFileSync("/proc/cpuinfo", "utf8");
+    } catch {
+      text = "";
+    }
+  }
+  const flags = /^(?:flags|Features)\s*:(.*)$/m.exec(text)?.[1];
+  const fingerprint =
+    flags === undefined || flags.trim() === ""
+      ? "unknown"
+      : createHash("sha256")
+          .update([...new Set(flags.trim().split(/\s+/))].sort().join(" "))
+          .digest("hex")
+          .slice(0, 16);
+  if (cpuinfo === undefined) cachedFingerprint = fingerprint;
+  return fingerprint;
 }
 
 /** The default cache root: $XDG_CACHE_HOME/llmgw/llama.cpp, else ~/.cache/llmgw/llama.cpp. */
@@ -117,6 +185,26 @@ export async function readBuildRecord(buildDir: string): Promise<BuildRecord | u
 }
 
 /**
+ * Gives a record from before the CPU fingerprint this machine's, in place (through a rename,
+ * so build.json is never half written), keeping every other field as it is in the file.
+ */
+export async function adoptBuildRecord(buildDir: string, record: BuildRecord, fingerprint: string = cpuFingerprint()): Promise<BuildRecord> {
+  if (record.cpu_fingerprint !== undefined) return record;
+  const file = path.join(buildDir, "build.json");
+  const raw = JSON.parse(await readFile(file, "utf8")) as Record<string, unknown>;
+  const partial = `${file}.adopt-${process.pid}`;
+  await writeFile(partial, `${JSON.stringify({ ...raw, cpu_fingerprint: fingerprint }, null, 2)}\n`);
+  await rename(partial, file);
+  return { ...record, cpu_fingerprint: fingerprint };
+}
+
+/** Why a finished build cannot run here, or undefined when it can. */
+export function otherCpu(record: BuildRecord, fingerprint: string = cpuFingerprint()): string | undefined {
+  if (record.cpu_fingerprint === undefined || record.cpu_fingerprint === fingerprint) return undefined;
+  return `it was compiled for another CPU (GGML_NATIVE; CPU fingerprint ${record.cpu_fingerprint}, this machine's is ${fingerprint}) and could stop on an instruction this one lacks`;
+}
+
+/**
  * `--llama-server auto`: the llama-server of the finished build for node-llama-cpp's own
  * commit in the default cache, or an error that says how to make it.
  */
@@ -131,5 +219,14 @@ export async function builtLlamaServer(options: { root?: string; bundle?: string
       { code: "llama_server_not_built" },
     );
   }
+  const why = otherCpu(record);
+  if (why !== undefined) {
+    throw new BadRequestError(`the llama-server build in ${dir} is not for this machine: ${why}. Run \`llmgw engine build\` to build it for this one.`, {
+      code: "llama_server_other_cpu",
+    });
+  }
+  // A record from before the fingerprint is this machine's from now on; a cache that cannot
+  // be written (read-only) still serves.
+  await adoptBuildRecord(dir, record).catch(() => undefined);
   return server;
 }
