@@ -28,6 +28,7 @@ import type { EngineName, PlacementNode, PlacementOption, PlacementRequest, Plac
 import { normalizeGpuClass } from "../../src/fleet/gpu-class.ts";
 import { placeReplicas } from "../../src/fleet/placement.ts";
 import { flagReader } from "../flags.ts";
+import { createPrng } from "../../src/gguf/gguf-writer.ts";
 
 const GOAL_MS = 1000;
 const MiB = 1024 ** 2;
@@ -59,17 +60,8 @@ function parseOptions(argv: string[]): Options {
   };
 }
 
-/** mulberry32: a small seeded generator, so the pool is the same on every run. */
-function random(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** mulberry32 (the tiny model generator's): a small seeded generator, so the pool is the same on every run. */
+const random = createPrng;
 
 type Rng = () => number;
 const pick = <T>(rng: Rng, items: readonly T[]): T => items[Math.floor(rng() * items.length)]!;

@@ -23,6 +23,7 @@ import { linkSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:
 import os from "node:os";
 import path from "node:path";
 import { ConflictError, type LlmgwError, UnavailableError, describeError, errorCode } from "../core/errors.ts";
+import { bootId, hasEnded, processExists, readProcStat } from "../core/process-identity.ts";
 
 export const LOCK_FILE = "server.lock";
 const TAKEOVER_PREFIX = `${LOCK_FILE}.takeover-`;
@@ -289,41 +290,14 @@ function describeHolder(holder: LockHolder): string {
   return `PID ${holder.pid}, ${where}, since ${holder.started_at}`;
 }
 
-function processExists(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    // EPERM: it exists but belongs to another user.
-    return errorCode(error) === "EPERM";
-  }
-}
-
 /**
- * The start time of a process in clock ticks after boot (field 22 of /proc/PID/stat),
- * which with the PID names one process for the life of the machine, and whether it has
- * ended but not been reaped yet (a zombie, state Z or X). Undefined when unreadable.
+ * The start time of a process in clock ticks after boot, which with the PID names one
+ * process for the life of the machine, and whether it has ended but not been reaped yet.
+ * Undefined when unreadable.
  */
 export function readProcessStat(pid: number): { start: string; ended: boolean } | undefined {
-  let stat: string;
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  } catch {
-    return undefined;
-  }
-  // The command name (field 2) is in parentheses and may hold spaces or parentheses itself.
-  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  const start = fields[19];
-  if (start === undefined) return undefined;
-  return { start, ended: fields[0] === "Z" || fields[0] === "X" };
-}
-
-function bootId(): string | null {
-  try {
-    return readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim();
-  } catch {
-    return null;
-  }
+  const stat = readProcStat(pid);
+  return stat === undefined ? undefined : { start: stat.start, ended: hasEnded(stat) };
 }
 
 function sleepSync(ms: number): void {

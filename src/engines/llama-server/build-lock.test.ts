@@ -11,7 +11,7 @@ import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { eventually } from "../../../test/support/eventually.ts";
 import { type Builder, LOCK_FILE, takeBuildLock } from "./build-lock.ts";
-import { readProcStat } from "./process-identity.ts";
+import { readProcStat } from "../../core/process-identity.ts";
 
 const dirs: string[] = [];
 const children: ChildProcess[] = [];

@@ -23,7 +23,7 @@ import path from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { ConflictError, type LlmgwError, UnavailableError, describeError, errorCode } from "../../core/errors.ts";
 import { buildInterrupted } from "./build-tools.ts";
-import { bootId, hasEnded, processExists, readProcStat } from "./process-identity.ts";
+import { bootId, hasEnded, processExists, readProcStat } from "../../core/process-identity.ts";
 
 export const LOCK_FILE = "build.lock";
 const TAKEOVER_PREFIX = `${LOCK_FILE}.takeover-`;

@@ -18,7 +18,7 @@ import os from "node:os";
 import path from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { BadRequestError, InternalError, LlmgwError } from "../../core/errors.ts";
-import { bootId, groupRuns, hasEnded, readProcStat, signalGroup } from "./process-identity.ts";
+import { bootId, groupRuns, hasEnded, readProcStat, signalGroup } from "../../core/process-identity.ts";
 
 /** The file naming the process group of the tool running in a build folder. */
 export const GROUP_FILE = "build.group";

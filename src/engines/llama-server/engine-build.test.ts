@@ -17,7 +17,7 @@ import { eventually } from "../../../test/support/eventually.ts";
 import { GROUP_FILE } from "./build-tools.ts";
 import { BUILD_MARKER, buildLlamaCpp, type BuildProgress } from "./engine-build.ts";
 import { builtLlamaServer, cpuFingerprint, llamaCppSource } from "./llama-cpp-source.ts";
-import { hasEnded, readProcStat } from "./process-identity.ts";
+import { hasEnded, readProcStat } from "../../core/process-identity.ts";
 
 const PROGRAM = `#include <cstdio>
 #include <cstring>

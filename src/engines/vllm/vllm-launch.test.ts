@@ -190,8 +190,9 @@ test("a vLLM that never finishes loading (never listens) hits the readiness dead
   }
 });
 
-test("launch arguments: a replica over two nodes runs through Ray at the head's address; without one, or in a state folder too deep for vLLM's sockets, it is refused", () => {
-  const common = {
+/** The options every launch-argument test shares: one replica on 10.0.0.5:8000. */
+function launchBase() {
+  return {
     executable: "vllm",
     modelDir: "/m",
     modelName: MODEL,
@@ -201,8 +202,11 @@ test("launch arguments: a replica over two nodes runs through Ray at the head's 
     port: 8000,
     attempt: 1,
     stateDir: "/var/lib/llmgw/runs/r-1",
-    tensorParallel: 8,
   };
+}
+
+test("launch arguments: a replica over two nodes runs through Ray at the head's address; without one, or in a state folder too deep for vLLM's sockets, it is refused", () => {
+  const common = { ...launchBase(), tensorParallel: 8 };
   const multi = vllmLaunch({ ...common, pipelineParallel: 2, rayAddress: "10.0.0.5:6379" });
   assert.equal(argAfter(multi.args, "--pipeline-parallel-size"), "2");
   assert.equal(argAfter(multi.args, "--distributed-executor-backend"), "ray");
@@ -264,19 +268,7 @@ test("Ray launches: the head on port 6379 with its dashboard as health port, a w
 });
 
 test("adapters: vLLM serves each PEFT folder under its served name (--enable-lora --lora-modules NAME=PATH); none, no flags", () => {
-  const common = {
-    executable: "vllm",
-    modelDir: "/m",
-    modelName: MODEL,
-    profile,
-    engineKey: ENGINE_KEY,
-    host: "10.0.0.5",
-    port: 8000,
-    attempt: 1,
-    stateDir: "/var/lib/llmgw/runs/r-1",
-    tensorParallel: 1,
-    pipelineParallel: 1,
-  };
+  const common = { ...launchBase(), tensorParallel: 1, pipelineParallel: 1 };
   const launch = vllmLaunch({
     ...common,
     adapters: [

@@ -5,7 +5,7 @@
 // (field 5, the group id) so that a group whose leader died can still be stopped.
 // Where there is no /proc the answers degrade to "a process with that pid exists".
 import { readFileSync, readdirSync } from "node:fs";
-import { errorCode } from "../../core/errors.ts";
+import { errorCode } from "./errors.ts";
 
 export interface ProcStat {
   /** One letter: R, S, D, Z (ended, not yet reaped), X (dead), ... */
