@@ -51,6 +51,9 @@ const unit = [
   "src/engines/llamacpp/sampling.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",
   "src/engines/llamacpp/embeddings.test.ts",
+  "src/engines/llamacpp/adapters.test.ts",
+  "src/serve/job-steps.test.ts",
+  "src/cli/ctl-model-flags.test.ts",
   "src/registry/hub-client.test.ts",
   "src/registry/file-sets.test.ts",
   "src/registry/local-source.test.ts",
@@ -134,6 +137,8 @@ const unit = [
 ];
 
 const endToEnd = [
+  "test/lora-engines.e2e.test.ts",
+  "test/serve-adapters.e2e.test.ts",
   "test/llama-server.e2e.test.ts",
   "test/up-demo.e2e.test.ts",
   "test/engine-features.e2e.test.ts",

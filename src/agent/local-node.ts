@@ -25,8 +25,16 @@ export interface LocalNodeOptions {
 }
 
 /** The bundled llama.cpp engine for every replica (what `up` runs). */
-export const bundledLaunch: LaunchBuilder = ({ assignment, weightsPath, host, port }) =>
-  llamaCppLaunch({ weightsPath, modelName: assignment.modelName, profile: assignment.profile, engineKey: assignment.engineKey, host, port });
+export const bundledLaunch: LaunchBuilder = ({ assignment, weightsPath, adapterPaths, host, port }) =>
+  llamaCppLaunch({
+    weightsPath,
+    modelName: assignment.modelName,
+    profile: assignment.profile,
+    engineKey: assignment.engineKey,
+    host,
+    port,
+    ...(adapterPaths === undefined ? {} : { adapters: adapterPaths }),
+  });
 
 export function thisMachineInventory(): NodeInventory {
   return {

@@ -7,13 +7,13 @@
 // all parts of a split present).
 import { checkWeightsFile, locateWeights, type MirrorLocator } from "../catalog/weights-check.ts";
 import type { Assignment } from "../fleet/agent-protocol.ts";
-import type { WeightsProvider } from "./node-agent.ts";
+import type { PreparedWeights, WeightsProvider } from "./node-agent.ts";
 import type { WeightsIdentity } from "./weights-identity.ts";
 
 export class LocalWeights implements WeightsProvider {
   constructor(private readonly options: { mirror?: MirrorLocator; identity: WeightsIdentity }) {}
 
-  async prepare(assignment: Assignment, signal: AbortSignal): Promise<{ path: string; verified: boolean }> {
+  async prepare(assignment: Assignment, signal: AbortSignal): Promise<PreparedWeights> {
     const located = await locateWeights({
       source: assignment.source,
       modelName: assignment.modelName,
@@ -30,6 +30,24 @@ export class LocalWeights implements WeightsProvider {
       verified = published.length > 0 && published.length === assignment.files.length;
     }
     await checkWeightsFile({ ...located, modelName: assignment.modelName, llamaCpp: assignment.profile.engine === "llamacpp", signal });
-    return { path: located.file, verified };
+    const adapterPaths = await this.prepareAdapters(assignment, signal);
+    return { path: located.file, verified, ...(adapterPaths.length === 0 ? {} : { adapterPaths }) };
+  }
+
+  /** The adapters where this disk keeps them, each checked against its pinned size and sha256 before every start. */
+  private async prepareAdapters(assignment: Assignment, signal: AbortSignal): Promise<string[]> {
+    const paths: string[] = [];
+    for (const adapter of assignment.adapters ?? []) {
+      const located = await locateWeights({
+        source: adapter.source,
+        modelName: assignment.modelName,
+        ...(this.options.mirror ? { mirror: this.options.mirror } : {}),
+      });
+      await checkWeightsFile({ file: located.file, modelName: assignment.modelName, param: `adapter ${adapter.name}`, llamaCpp: false, signal });
+      if (adapter.sha256 !== null && adapter.bytes !== null)
+        await this.options.identity.verify([{ path: located.file, bytes: adapter.bytes, sha256: adapter.sha256 }], signal);
+      paths.push(located.file);
+    }
+    return paths;
   }
 }

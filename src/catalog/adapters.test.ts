@@ -148,14 +148,18 @@ test("each engine is told the adapter in its own terms; a base request to a mode
   };
   const withSome = { definition: { adapters: [{}, {}] } };
   const without = { definition: { adapters: [] } };
-  const replica = (engine: Replica["engine"]) => ({ engine, upstreamModel: "tiny" }) as Replica;
+  const replica = (engine: Replica["engine"], adapters: string[] = ["tiny:terse", "tiny:style"]) =>
+    ({ engine, upstreamModel: "tiny", adapters }) as unknown as Replica;
   const styled = adapterChoice(catalog, "tiny:style", withSome);
   assert.deepEqual(upstreamOf(replica("llamacpp"), styled), { model: "tiny", fields: { lora: [{ id: 1, scale: 0.5 }] } });
+  // The id is the position in the replica's own list: an older replica that loaded them in another order.
+  assert.deepEqual(upstreamOf(replica("llamacpp", ["tiny:style"]), styled), { model: "tiny", fields: { lora: [{ id: 0, scale: 0.5 }] } });
   assert.deepEqual(upstreamOf(replica("vllm"), styled), { model: "tiny:style", fields: {} });
   // The base of a model with adapters: every adapter at 0, said explicitly (llama-server keeps a
   // prompt cached under an adapter for a request without the field).
   const plain = adapterChoice(catalog, "tiny", withSome);
   assert.deepEqual(upstreamOf(replica("llamacpp"), plain), { model: "tiny", fields: { lora: [{ id: 0, scale: 0 }] } });
+  assert.deepEqual(upstreamOf(replica("llamacpp", []), plain), { model: "tiny", fields: {} }, "a replica that loaded none gets no field");
   assert.deepEqual(upstreamOf(replica("vllm"), plain), { model: "tiny", fields: {} });
   assert.equal(adapterChoice(catalog, "tiny", without), null, "a model without adapters: nothing added");
 });

@@ -18,6 +18,7 @@ import type { KeyGuardReference } from "../policy/key-guards.ts";
 import {
   adapterServedName,
   applyModelPatch,
+  assertAdapterNames,
   modelDefinitionSchema,
   parseNewModel,
   type AdapterDefinition,
@@ -178,6 +179,7 @@ export class Catalog {
     const { name, ...parsed } = parseNewModel(body);
     const definition = sealApiKeys(parsed, this.box);
     assertEngineArgs(definition.profiles);
+    assertAdapterNames(name, definition);
     assertGuardReferences([...this.models, { name, definition }], { name, previousNames: [] });
     await this.weights.check({ name, definition });
     const now = nowIso(this.clock);
@@ -199,6 +201,7 @@ export class Catalog {
     const { name: newName, definition: patched } = applyModelPatch(current.definition, patch);
     const definition = sealApiKeys(patched, this.box, current.definition.profiles);
     const finalName = newName ?? current.name;
+    assertAdapterNames(finalName, definition);
     // Like the weights below, engine_args are checked when the profiles change: a model
     // stored before this check must still take other changes (scaling.min 0, a description).
     const profilesChanged = JSON.stringify(definition.profiles) !== JSON.stringify(current.definition.profiles);

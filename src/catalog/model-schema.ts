@@ -220,6 +220,28 @@ export function adapterServedName(modelName: string, adapter: { name: string; se
   return adapter.served_name ?? `${modelName}:${adapter.name}`;
 }
 
+/**
+ * The adapters' served names against the model's own names, once the model's name is known
+ * (a stored definition has none, so the schema cannot see a served name equal to it, nor to
+ * another adapter's default MODEL:NAME): a 400 naming the field.
+ */
+export function assertAdapterNames(modelName: string, definition: { aliases: string[]; adapters: AdapterDefinition[] }): void {
+  const taken = new Set<string>([modelName, ...definition.aliases]);
+  definition.adapters.forEach((adapter, index) => {
+    const served = adapterServedName(modelName, adapter);
+    if (taken.has(served)) {
+      throw new BadRequestError(
+        `adapter '${adapter.name}' would be served as '${served}', which is already the model's name, an alias or another adapter's name; give it another served_name`,
+        {
+          param: `adapters.${index}.served_name`,
+          code: "invalid_field",
+        },
+      );
+    }
+    taken.add(served);
+  });
+}
+
 /** At most this many adapters per model: each is loaded by every replica of the model. */
 export const MAX_ADAPTERS = 16;
 

@@ -29,6 +29,15 @@ export interface ServeRequestBody {
   guard_format?: (typeof GUARD_FORMATS)[number];
   ctx_pool?: number;
   context?: number;
+  adapters?: ServeAdapterBody[];
+}
+
+/** A LoRA adapter of the serve body: a GGUF file of a registry repository, served as MODEL:NAME. */
+export interface ServeAdapterBody {
+  repo: string;
+  revision?: string;
+  file?: string;
+  name?: string;
 }
 
 /**
@@ -88,7 +97,34 @@ export function serveBodyFromFlags(repo: string, options: Options): ServeRequest
   if (guardFormat !== undefined) body.guard_format = oneOf(guardFormat, GUARD_FORMATS, "--guard-format");
   if (given("ctxPool")) body.ctx_pool = parsePositiveInt(String(options.ctxPool), "--ctx-pool");
   if (given("context")) body.context = parsePositiveInt(String(options.context), "--context");
+  if (Array.isArray(options.adapter) && options.adapter.length > 0) body.adapters = (options.adapter as string[]).map(serveAdapterFromFlag);
   return body;
+}
+
+/**
+ * `--adapter [NAME=]REPO[@REVISION][:FILE]` of `model serve`: a repository id goes as it is
+ * (the server reads it from the registry); the name defaults on the server to the
+ * repository's, the file to the repository's only .gguf. Repository ids and git revisions
+ * cannot hold '=' or ':', so the parts never mix.
+ */
+export function serveAdapterFromFlag(value: string): ServeAdapterBody {
+  const usage = `--adapter takes [NAME=]REPO[@REVISION][:FILE] (for example style=owner/style-lora-GGUF:style.gguf), got '${value}'.`;
+  const equals = value.indexOf("=");
+  const name = equals === -1 ? undefined : value.slice(0, equals);
+  const rest = equals === -1 ? value : value.slice(equals + 1);
+  const colon = rest.indexOf(":");
+  const where = colon === -1 ? rest : rest.slice(0, colon);
+  const file = colon === -1 ? undefined : rest.slice(colon + 1);
+  const at = where.indexOf("@");
+  const repo = at === -1 ? where : where.slice(0, at);
+  const revision = at === -1 ? undefined : where.slice(at + 1);
+  if (name === "" || repo === "" || file === "" || revision === "") throw new BadRequestError(usage, { param: "adapter" });
+  return {
+    repo,
+    ...(revision === undefined ? {} : { revision }),
+    ...(file === undefined ? {} : { file }),
+    ...(name === undefined ? {} : { name }),
+  };
 }
 
 function oneOf<const T extends string>(value: string, allowed: readonly T[], flag: string): T {

@@ -149,6 +149,7 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     model.command("serve <repo>"),
     "llmgw ctl model serve llmgw-test/tiny-llama-GGUF --quant Q4_K_M",
     "llmgw ctl model serve ./models/qwen --gpu-class h100 --gpus-per-node 2 --name qwen --detach",
+    "llmgw ctl model serve owner/base-GGUF --adapter owner/style-lora-GGUF --adapter terse=owner/terse-lora:terse-f16.gguf",
   )
     .description(
       "Serve a repository (owner/name, or a local file or folder) in one job: pick the artifact, mirror and check it, add it to the catalog, place it and smoke-test it",
@@ -170,6 +171,10 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
     .option("--guard-format <format>", "serve it as a guard model: llamaguard3, shieldgemma or json")
     .option("--ctx-pool <n>", "context (tokens) shared by a replica's parallel requests")
     .option("--context <n>", "context (tokens) of one request")
+    .option(
+      "--adapter <repo...>",
+      "also serve a LoRA adapter GGUF from a repository as NAME:ADAPTER, given as [ADAPTER=]OWNER/REPO[@REVISION][:FILE] (repeatable; FILE defaults to the repository's only .gguf, ADAPTER to the repository's name)",
+    )
     .option("--detach", "start the job and print its id alone on stdout; follow it with 'llmgw ctl job watch ID'")
     .option("--json", "print the finished job as JSON (with --detach: the started one)")
     .action(async (repo: string, options: Options, command: Command) => {

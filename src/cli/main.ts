@@ -56,10 +56,13 @@ const serverOptions = (command: Command) =>
       "--image-urls <mode>",
       "fetch: the gateway fetches http(s) image URLs in chat requests and sends them on as data URLs; refuse: such URLs get 400 (default fetch)",
     )
-    .option("--max-image-bytes <size>", "largest image in a chat request, data URL or fetched, e.g. 10m (default 10m)")
-    .option("--max-images <n>", "most images in one chat request (default 8)")
-    .option("--image-fetch-timeout <duration>", "all image URLs of a request must have been fetched within this, else 400 (default 10s)")
-    .option("--allow-private-image-urls", "let image URLs reach private, loopback and link-local addresses; refused by default")
+    .option(
+      "--max-image-bytes <size>",
+      "largest image in a chat request, data URL or fetched, e.g. 10m: 1k to ¾ of --max-body (default 10m, or ¾ of --max-body when less)",
+    )
+    .option("--max-images <n>", "most images in one chat request, 1 to 64 (default 8)")
+    .option("--image-fetch-timeout <duration>", "all image URLs of a request must have been fetched within this, else 400; 100ms to 5m (default 10s)")
+    .option("--allow-private-image-urls", "let image URLs reach private, loopback and link-local addresses and ports other than 80 and 443; refused by default")
     .option(
       "--cluster-secret-file <file>",
       "the secret every server sharing one PostgreSQL is given (or LLMGW_CLUSTER_SECRET); engine keys are sealed with it",
@@ -118,6 +121,12 @@ const engine = program
   .option("--threads <n>", "CPU threads (0 = one per available core)", "0")
   .option("--model-name <name>", "model id reported by /v1/models")
   .option("--embeddings", "serve only /v1/embeddings (a dedicated embedding model; no generation context)")
+  .option(
+    "--lora <file>",
+    "LoRA adapter GGUF to load, applied to requests that name it (repeatable; id = order given)",
+    (file: string, files: string[] = []) => [...files, file],
+  )
+  .option("--lora-contexts <n>", "most contexts kept for adapter combinations at once (each as large as the base's)", "2")
   .action(async (options: Record<string, string | boolean | undefined>) => {
     const { runEngineCommand } = await import("../engines/llamacpp/engine-command.ts");
     await runEngineCommand(options);

@@ -66,6 +66,7 @@ export function engineFor(profile: Profile, engines: NodeEngines, model: { proje
         message: `Profile '${profile.name}' serves a model with a vision projector, which only llama-server loads (--mmproj), and this node has none configured; configure the node's llama-server (llmgw agent --llama-server) or place the model elsewhere.`,
       });
     }
+
     if (profile.hardware.gpu !== undefined) {
       throw new LlmgwError({
         code: "engine_unavailable",
@@ -101,7 +102,11 @@ export function engineLaunch(options: ReplicaLaunchOptions): EngineLaunch {
   const common = { modelName: options.modelName, profile, engineKey: options.engineKey, host: attempt.host, port: attempt.port };
   switch (engineFor(profile, engines, { projector: options.projectorPath !== undefined })) {
     case "llamacpp":
-      return llamaCppLaunch({ ...common, weightsPath: options.weightsPath });
+      return llamaCppLaunch({
+        ...common,
+        weightsPath: options.weightsPath,
+        ...(options.adapters === undefined ? {} : { adapters: options.adapters.map((adapter) => adapter.path) }),
+      });
     case "llama-server":
       return llamaServerLaunch({
         ...common,

@@ -48,6 +48,7 @@ export interface ReplicaNeeds {
   llamaServerArgs?: true;
   /** llamacpp: the model has a vision projector, which only llama-server loads (--mmproj). */
   projector?: true;
+
   /** CPU profiles: memory on each node. */
   memoryBytes: number;
   /**

@@ -219,9 +219,8 @@ function workNode(node: PlacementNode): WorkNode {
 function enginesFor(option: PlacementOption): number {
   const { needs } = option;
   if (needs.engine === "vllm") return ENGINE_VLLM;
-  return needs.gpu === undefined && needs.llamaServerArgs !== true && needs.projector !== true
-    ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER
-    : ENGINE_LLAMA_SERVER;
+  const bundled = needs.gpu === undefined && needs.llamaServerArgs !== true && needs.projector !== true;
+  return bundled ? ENGINE_BUNDLED_LLAMACPP | ENGINE_LLAMA_SERVER : ENGINE_LLAMA_SERVER;
 }
 
 function hasEngine(node: WorkNode, option: PlacementOption): boolean {

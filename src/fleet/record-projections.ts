@@ -68,6 +68,7 @@ export function tableEntryOf(
     endpoint: unproven ? null : record.endpoint,
     engineKey: record.engineKey,
     upstreamModel: model?.name ?? previous?.upstreamModel ?? record.modelId,
+    ...(record.adapters !== undefined && record.adapters.length > 0 ? { adapters: record.adapters.map((adapter) => adapter.servedName) } : {}),
     weight: profile?.weight ?? 1,
     priority: profile?.priority ?? 0,
     slots:

@@ -52,6 +52,8 @@ export interface ReplicaNeedsInput {
   header?: GgufModelShape;
   /** llamacpp: the vision projector's bytes; llama-server loads it beside the weights (on the GPU for GPU profiles). */
   projectorBytes?: number;
+  /** The LoRA adapters' bytes (all of them: every replica loads every adapter), when the model has any. */
+  adapterBytes?: number;
 }
 
 export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
@@ -69,7 +71,7 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
       minMemoryGb !== undefined
         ? Math.ceil(minMemoryGb * GiB)
         : engine === "llamacpp"
-          ? llamaCppTotalBytes(input) + (input.projectorBytes ?? 0)
+          ? llamaCppTotalBytes(input) + (input.projectorBytes ?? 0) + (input.adapterBytes ?? 0)
           : vllmBytes(weightsBytes, 1);
     return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes), ...llamaServerOnly(profile, input) };
   }
@@ -87,9 +89,9 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
         ? Math.ceil(headerlessLlamaCppBytes(weightsBytes) / perNode)
         : llamaCppPerGpuBytes(llamaCppEstimate(input.header, input), perNode);
     // llama-server puts the projector on the first GPU; counted on each, as the split is even.
-    memoryBytesPerGpu += input.projectorBytes ?? 0;
+    memoryBytesPerGpu += (input.projectorBytes ?? 0) + (input.adapterBytes ?? 0);
   } else {
-    memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes);
+    memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes) + Math.ceil((input.adapterBytes ?? 0) / (perNode * nodes));
   }
   return {
     engine,

@@ -25,6 +25,11 @@ export interface Replica {
   engineKey: string | null;
   /** The model name the engine or external server expects in request bodies. */
   upstreamModel: string;
+  /**
+   * The served names of the adapters its engine loaded, in their order (their ids there):
+   * the replica's own list, which differs from the catalog's while a change rolls out.
+   */
+  adapters?: readonly string[];
   weight: number;
   /** The profile's priority: the gateway prefers ready replicas of the highest (default 0). */
   priority?: number;

@@ -146,6 +146,7 @@ export class WeightsKnowledge {
           weightsBytes: weights.bytes,
           ...(weights.header ? { header: weights.header } : {}),
           ...(weights.projectorBytes === undefined ? {} : { projectorBytes: weights.projectorBytes }),
+          ...(weights.adapters.length === 0 ? {} : { adapterBytes: weights.adapters.reduce((sum, adapter) => sum + (adapter.bytes ?? 0), 0) }),
         }),
       }));
   }

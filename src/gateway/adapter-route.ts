@@ -34,9 +34,22 @@ export function adapterChoice(catalog: AdapterResolver, requested: string, model
   return model.definition.adapters.length > 0 ? { index: 0, scale: 0, servedName: null } : null;
 }
 
-/** The model name and extra fields the body sent to `replica` carries for the adapter. */
-export function upstreamOf(replica: Replica, choice: AdapterChoice | null): { model: string; fields: Record<string, unknown> } {
-  if (choice === null) return { model: replica.upstreamModel, fields: {} };
-  if (replica.engine === "vllm") return { model: choice.servedName ?? replica.upstreamModel, fields: {} };
-  return { model: replica.upstreamModel, fields: { lora: [{ id: choice.index, scale: choice.scale }] } };
+/** No extra fields (shared, so a request without adapters allocates nothing for them). */
+export const NO_FIELDS: Readonly<Record<string, unknown>> = Object.freeze({});
+
+/**
+ * The model name and extra fields the body sent to `replica` carries for the adapter. The id
+ * is the adapter's position in the replica's OWN list (what its engine loaded), not the
+ * catalog's: while a change to the adapters rolls out, an older replica still runs its old
+ * list (the gateway keeps requests for an adapter away from replicas without it).
+ */
+export function upstreamOf(replica: Replica, choice: AdapterChoice | null): { model: string; fields: Readonly<Record<string, unknown>> } {
+  if (choice === null) return { model: replica.upstreamModel, fields: NO_FIELDS };
+  if (replica.engine === "vllm") return { model: choice.servedName ?? replica.upstreamModel, fields: NO_FIELDS };
+  const loaded = replica.adapters ?? [];
+  if (choice.servedName === null) return { model: replica.upstreamModel, fields: loaded.length === 0 ? NO_FIELDS : BASE_FIELDS };
+  return { model: replica.upstreamModel, fields: { lora: [{ id: loaded.indexOf(choice.servedName), scale: choice.scale }] } };
 }
+
+/** The base model of an engine with adapters: every adapter at 0, said explicitly (see the header). */
+const BASE_FIELDS: Readonly<Record<string, unknown>> = Object.freeze({ lora: [{ id: 0, scale: 0 }] });

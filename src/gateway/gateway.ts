@@ -30,7 +30,7 @@ import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
 import type { WireFormat } from "./wire-format.ts";
 import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
 import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
-import { adapterChoice, upstreamOf } from "./adapter-route.ts";
+import { NO_FIELDS, adapterChoice, upstreamOf } from "./adapter-route.ts";
 import { assertAllowed, listModels } from "./model-access.ts";
 import { checkImageParts, type ImageSettings } from "./image-parts.ts";
 import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
@@ -361,7 +361,9 @@ export class Gateway {
     const assembles = (replica: Replica) => bounded && replica.untrustedOutput === true;
     const adapter = adapterChoice(this.options.catalog, body.model, model);
     const payloadFor = (replica: Replica): Buffer => {
-      const { model: upstreamModel, fields } = upstreamOf(replica, adapter);
+      const routed = adapter === null ? null : upstreamOf(replica, adapter);
+      const upstreamModel = routed?.model ?? replica.upstreamModel;
+      const fields = routed?.fields ?? NO_FIELDS;
       if (assembles(replica)) {
         const key = `${upstreamModel}\u0000stream`;
         let streamed = payloads.get(key);
@@ -396,6 +398,7 @@ export class Gateway {
       model,
       path: route.path,
       payload: payloadFor,
+      ...(adapter?.servedName == null ? {} : { exclude: (replica: Replica) => !replica.adapters?.includes(adapter.servedName!) }),
       accept: typeof accept === "string" ? accept : undefined,
       cancel: request.cancel,
       maxAttempts: this.maxAttempts,

@@ -47,6 +47,8 @@ export interface ReplicaRequest<T> {
   path: string;
   /** The body for a replica (each may know the model by its own upstream name). */
   payload(replica: Replica): Buffer;
+  /** Replicas this request must not go to (one whose engine lacks the adapter asked for). */
+  exclude?: (replica: Replica) => boolean;
   /** The client's Accept header, passed on. */
   accept?: string | undefined;
   /**
@@ -100,6 +102,7 @@ function authRefused(label: string, status: number): LlmgwError {
 export async function tryReplicas<T>(deps: ReplicaDependencies, request: ReplicaRequest<T>): Promise<T> {
   const { model, cancel } = request;
   const tried = new Set<string>();
+  if (request.exclude !== undefined) for (const replica of deps.replicas.forModel(model.id)) if (request.exclude(replica)) tried.add(replica.id);
   let lastFailure: LlmgwError | undefined;
   deps.onDemand?.requested(model);
   try {

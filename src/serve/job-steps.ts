@@ -4,20 +4,26 @@
 // and wait for a ready replica of the model's current definition, ending early with the
 // reason when the model parks or cannot be placed. A step that reads mirrored files copies
 // those only another server holds here first (mirrored-here.ts).
+// A serve job's LoRA adapters ride along: each adapter repository is read with the same
+// registry client as the model (its gated and private answers too), its GGUF file pinned
+// to the commit read, and fetched into the mirror as that repository's own version, with
+// the published sha256 checked like weights.
 import { readFile } from "node:fs/promises";
 import path from "node:path";
-import { UpstreamError } from "../core/errors.ts";
+import { BadRequestError, UpstreamError } from "../core/errors.ts";
 import { countOf, formatBytes } from "../core/format.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { checkWeightsFile } from "../catalog/weights-check.ts";
 import { estimateGgufMemory } from "../gguf/memory-estimate.ts";
-import type { Mirror, MirrorFetchFile } from "../mirror/mirror.ts";
-import type { Registry } from "../registry/types.ts";
+import type { FetchVersionSummary, Mirror, MirrorFetchFile } from "../mirror/mirror.ts";
+import { defaultMirrorModelName, planMirrorFetch } from "../mirror/mirror-plan.ts";
+import type { Registry, RepoFile } from "../registry/types.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { waitsForRoom } from "../fleet/placement.ts";
 import type { StepHandle } from "./jobs.ts";
 import { bringMirroredHere } from "./mirrored-here.ts";
 import type { OriginFile, WeightsFormat } from "./serve-definition.ts";
+import type { ServeAdapterRequest } from "./serve-request.ts";
 import type { SmokeTarget } from "./smoke-test.ts";
 
 /** What the registry step decided about the files, kept in the job's context (no headers: they may hold the registry token). */
@@ -58,21 +64,113 @@ export function withoutHeaders(files: readonly MirrorFetchFile[]): PlannedFetch[
   return files.map(({ headers: _headers, ...file }) => file);
 }
 
-/** Fetches the planned files into the mirror, reporting progress; throws naming each file that failed. */
+/** A LoRA adapter the registry step chose, kept in the job's context: served as MODEL:NAME. */
+export interface PlannedAdapter {
+  name: string;
+  /** As asked; absent: the catalog's default. */
+  scale?: number;
+  /** The adapter's GGUF file, a version of its own repository in the mirror. */
+  planned: PlannedFetch;
+  /** The file's path in the repository, and so in the mirror version. */
+  file: string;
+}
+
+/** How many file names a message lists before it says how many more there are. */
+const LISTED_FILES = 12;
+
+/**
+ * Reads each adapter's repository and picks its file: the one named, else the repository's
+ * only .gguf; a repository without one, or with several and none named, is refused with
+ * the .gguf files to choose from. Each is checked as the mirror will take it, before any
+ * byte moves.
+ */
+export async function planAdapters(input: {
+  adapters: ReadonlyArray<ServeAdapterRequest & { name: string }>;
+  registry: Registry;
+  mirror: Pick<Mirror, "checkFetch">;
+  signal: AbortSignal;
+}): Promise<PlannedAdapter[]> {
+  const planned: PlannedAdapter[] = [];
+  for (const [index, adapter] of input.adapters.entries()) {
+    const info = await input.registry.repoInfo({
+      repo: adapter.repo,
+      signal: input.signal,
+      ...(adapter.revision === undefined ? {} : { revision: adapter.revision }),
+    });
+    const file = chooseAdapterFile({ adapter, files: info.files, where: `${info.repo} @ ${info.shortSha}`, param: `adapters.${index}.file` });
+    const plan = planMirrorFetch({ registry: input.registry, repoInfo: info, chosen: { files: [file] } });
+    const model = defaultMirrorModelName(info.repo);
+    input.mirror.checkFetch({ model, version: plan.version, revision: plan.revision, files: plan.files });
+    planned.push({
+      name: adapter.name,
+      ...(adapter.scale === undefined ? {} : { scale: adapter.scale }),
+      file: file.path,
+      planned: { model, version: plan.version, repo: plan.repo, revision: plan.revision, files: withoutHeaders(plan.files), totalBytes: plan.totalBytes },
+    });
+  }
+  return planned;
+}
+
+function chooseAdapterFile(input: { adapter: ServeAdapterRequest; files: readonly RepoFile[]; where: string; param: string }): RepoFile {
+  const { adapter, where, param } = input;
+  const ggufs = input.files.filter((file) => /\.gguf$/i.test(file.path));
+  const listed =
+    ggufs.length === 0
+      ? "it has no .gguf file"
+      : `its .gguf files: ${ggufs
+          .slice(0, LISTED_FILES)
+          .map((file) => file.path)
+          .join(", ")}${ggufs.length > LISTED_FILES ? ` and ${ggufs.length - LISTED_FILES} more` : ""}`;
+  if (adapter.file !== undefined) {
+    const named = input.files.find((file) => file.path === adapter.file);
+    if (named !== undefined) return named;
+    throw new BadRequestError(`The adapter repository ${where} has no file '${adapter.file}'; ${listed}. Name one of them (--adapter ${adapter.repo}:FILE).`, {
+      code: "adapter_file_not_found",
+      param,
+    });
+  }
+  const [only, ...others] = ggufs;
+  if (only !== undefined && others.length === 0) return only;
+  if (only === undefined) {
+    throw new BadRequestError(
+      `The adapter repository ${where} has no .gguf file: llama.cpp loads LoRA adapters converted to GGUF (llama.cpp's convert_lora_to_gguf.py). Give a repository that holds the adapter as GGUF.`,
+      { code: "adapter_file_not_found", param },
+    );
+  }
+  throw new BadRequestError(
+    `The adapter repository ${where} has ${ggufs.length} .gguf files; say which is the adapter (--adapter ${adapter.repo}:FILE). ${listed}.`,
+    {
+      code: "adapter_file_ambiguous",
+      param,
+    },
+  );
+}
+
+/** `style (owner/style-lora @ 0123456789ab, 1.2 KiB)`, for step details. */
+export function describeAdapters(adapters: readonly PlannedAdapter[]): string {
+  const each = adapters.map((a) => `${a.name} (${a.planned.repo} @ ${a.planned.revision.slice(0, 12)}, ${formatBytes(a.planned.totalBytes)})`);
+  return `adapter${adapters.length === 1 ? "" : "s"} ${each.join(", ")}`;
+}
+
+/**
+ * Fetches the planned files into the mirror (and the versions fetched alongside them, such
+ * as a serve job's adapters, one after another), reporting progress over all of them;
+ * throws naming each file that failed.
+ */
 export async function mirrorFiles(input: {
   planned: PlannedFetch;
+  alongside?: readonly PlannedFetch[];
   mirror: Mirror;
   registry: Registry;
   step: StepHandle;
   signal: AbortSignal;
   clock?: () => number;
 }): Promise<string> {
-  const { planned, step } = input;
+  const { step } = input;
+  const versions = [input.planned, ...(input.alongside ?? [])];
   const clock = input.clock ?? Date.now;
-  // Headers again from the registry: the token is never stored with the job.
-  const files = planned.files.map(
-    (file): MirrorFetchFile => (file.url.startsWith("file:") ? file : { ...file, headers: input.registry.requestHeaders(file.url) }),
-  );
+  const totalBytes = versions.reduce((sum, planned) => sum + planned.totalBytes, 0);
+  const totalFiles = versions.reduce((sum, planned) => sum + planned.files.length, 0);
   const done = new Map<string, number>();
   const complete = new Set<string>();
   const samples: Array<{ at: number; bytes: number }> = [];
@@ -84,41 +182,76 @@ export async function mirrorFiles(input: {
     while (samples.length > 2 && now - samples[0]!.at > 5000) samples.shift();
     const first = samples[0]!;
     const rate = now - first.at >= 500 ? ((bytes - first.bytes) * 1000) / (now - first.at) : null;
-    const left = Math.max(0, planned.totalBytes - bytes);
+    const left = Math.max(0, totalBytes - bytes);
     step.progress({
       bytes_done: bytes,
-      bytes_total: planned.totalBytes,
+      bytes_total: totalBytes,
       bytes_per_second: rate === null ? null : Math.round(rate),
       eta_seconds: rate === null || rate <= 0 ? null : Math.ceil(left / rate),
       files_done: complete.size,
-      files_total: planned.files.length,
+      files_total: totalFiles,
     });
   };
-  const summary = await input.mirror.fetchVersion({
-    model: planned.model,
-    version: planned.version,
-    repo: planned.repo,
-    revision: planned.revision,
-    files,
-    signal: input.signal,
-    onProgress: (event) => {
-      done.set(event.file, event.bytesDone);
-      if (event.state === "complete") complete.add(event.file);
-      report();
-    },
-  });
-  if (!summary.complete) {
-    const failed = summary.files.filter((file) => file.state === "failed");
+  const summaries: FetchVersionSummary[] = [];
+  for (const planned of versions) {
+    const key = (file: string) => `${planned.model}/${planned.version}/${file}`;
+    const summary = await input.mirror.fetchVersion({
+      model: planned.model,
+      version: planned.version,
+      repo: planned.repo,
+      revision: planned.revision,
+      // Headers again from the registry: the token is never stored with the job.
+      files: planned.files.map(
+        (file): MirrorFetchFile => (file.url.startsWith("file:") ? file : { ...file, headers: input.registry.requestHeaders(file.url) }),
+      ),
+      signal: input.signal,
+      onProgress: (event) => {
+        done.set(key(event.file), event.bytesDone);
+        if (event.state === "complete") complete.add(key(event.file));
+        report();
+      },
+    });
+    for (const file of summary.files) done.set(key(file.file), file.bytesTotal ?? done.get(key(file.file)) ?? 0);
+    summaries.push(summary);
+  }
+  const outcomes = summaries.flatMap((summary) => summary.files);
+  const failed = outcomes.filter((file) => file.state === "failed");
+  if (failed.length > 0) {
     throw new UpstreamError(
-      `${failed.length} of ${countOf(summary.files.length, "file")} could not be mirrored: ${failed.map((file) => `${file.file}: ${file.error?.message ?? "failed"}`).join("; ")}. ` +
+      `${failed.length} of ${countOf(outcomes.length, "file")} could not be mirrored: ${failed.map((file) => `${file.file}: ${file.error?.message ?? "failed"}`).join("; ")}. ` +
         "Files that were verified stay in the mirror; run the job again to retry the rest.",
       { code: "mirror_failed" },
     );
   }
-  for (const file of summary.files) done.set(file.file, file.bytesTotal ?? done.get(file.file) ?? 0);
   report();
-  const bytes = summary.files.reduce((sum, file) => sum + (file.bytesTotal ?? 0), 0);
-  return `${countOf(summary.files.length, "file")} verified (${formatBytes(bytes)}): ${summary.fetched} fetched, ${summary.skipped} already in the mirror`;
+  const bytes = outcomes.reduce((sum, file) => sum + (file.bytesTotal ?? 0), 0);
+  const fetched = summaries.reduce((sum, summary) => sum + summary.fetched, 0);
+  const skipped = summaries.reduce((sum, summary) => sum + summary.skipped, 0);
+  return `${countOf(outcomes.length, "file")} verified (${formatBytes(bytes)}): ${fetched} fetched, ${skipped} already in the mirror`;
+}
+
+/**
+ * The adapters' mirrored files, here and complete (copied from the server that holds them
+ * when only another does): each with the sha256 the mirror verified. Whether each fits the
+ * model is the catalog's door check, when the model is added.
+ */
+export async function checkMirroredAdapters(input: {
+  adapters: readonly PlannedAdapter[];
+  mirror: Pick<Mirror, "check" | "replicate" | "fromOrigin">;
+  signal: AbortSignal;
+  step?: StepHandle | undefined;
+}): Promise<string> {
+  const lines: string[] = [];
+  for (const adapter of input.adapters) {
+    const { model, version } = adapter.planned;
+    const copied = await bringMirroredHere({ mirror: input.mirror, model, version, files: [adapter.file], signal: input.signal, step: input.step });
+    const checked = await input.mirror.check(model, version, adapter.file);
+    if (checked.kind !== "ok") throw checked.error;
+    lines.push(
+      `adapter ${adapter.name}: ${model}/${version}/${adapter.file}, ${formatBytes(checked.size)}, sha256 ${checked.sha256.slice(0, 12)}…${copied === null ? "" : ` (${copied})`}`,
+    );
+  }
+  return lines.join("; ");
 }
 
 /**

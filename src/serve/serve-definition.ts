@@ -1,7 +1,7 @@
 // The catalog entry a serve job adds: profiles from the hardware asked for (or what the
 // plan recommends), the context pool split into parallel requests, scaling from the
-// replicas asked for, the mirror location as the weights source, and the origin with each
-// verified file. Pure functions: the job decides in its registry step, before any byte
+// replicas asked for, the mirror location as the weights source, the origin with each
+// verified file, and the LoRA adapters with their mirror locations. Pure functions: the job decides in its registry step, before any byte
 // moves, so a request that cannot run anywhere is refused then.
 import { BadRequestError } from "../core/errors.ts";
 import { formatBytes } from "../core/format.ts";
@@ -44,7 +44,7 @@ export function contextSettings(request: Pick<ServeRequest, "ctx_pool" | "contex
  * plan can run the same artifact follow at lower priority.
  */
 export function chooseProfiles(input: {
-  request: ServeRequest;
+  request: Pick<ServeRequest, "hardware" | "fallbacks" | "ctx_pool" | "context">;
   format: WeightsFormat;
   planOptions: readonly PlanOption[];
   artifactId: string | null;
@@ -138,12 +138,20 @@ export function isServedDescription(description: string | undefined, repo: strin
   return /^[^\s()]{1,12} \(\d+(?:\.\d)? (?:B|KiB|MiB|GiB)\)\.$/.test(description.slice(prefix.length));
 }
 
+/** A served adapter as the catalog takes it (model-schema.ts `adapters`): a file of its repository's mirror version. */
+export interface ServeAdapter {
+  name: string;
+  scale?: number;
+  source: { kind: "mirror"; model: string; version: string; file: string };
+}
+
 /** The body `Catalog.create` takes for a served repository. */
 export function serveModelBody(input: {
   request: ServeRequest & { name: string };
   profiles: ServeProfile[];
   source: { kind: "mirror"; model: string; version: string; file: string; projector?: string };
   origin: { repo: string; revision: string; ref?: string; files: OriginFile[] };
+  adapters?: readonly ServeAdapter[];
 }): Record<string, unknown> {
   const { request } = input;
   const replicas = request.replicas;
@@ -156,6 +164,7 @@ export function serveModelBody(input: {
     ...(request.guard_format === undefined ? {} : { role: "guard", guard_format: GUARD_FORMAT_NAMES[request.guard_format] }),
     source: input.source,
     origin: input.origin,
+    ...(input.adapters === undefined || input.adapters.length === 0 ? {} : { adapters: input.adapters }),
     // A projector is what lets llama-server take images: the gateway lets image parts through to it.
     ...(input.source.projector === undefined ? {} : { capabilities: { vision: true, embeddings: false } }),
   };

@@ -275,3 +275,83 @@ testBothStores("a serve job whose model is removed while it waits fails at its p
   assert.equal(currentStep(failed)?.name, "placement");
   await jobs.close();
 });
+
+/** A serve job with an adapter as a killed server left it: registry, mirror and check done, the catalog step running. */
+function cutAtCatalog(id: string): JobRecord {
+  const job = afterCatalog(id);
+  const catalogIndex = SERVE_STEPS.indexOf("catalog");
+  const planned = (model: string, file: string, bytes: number) => ({
+    model,
+    version: "0123456789ab",
+    repo: model.replace("--", "/"),
+    revision: "0123456789ab".padEnd(40, "0"),
+    files: [{ path: file, url: `https://hub.test/${file}`, sha256: "e".repeat(64), size: bytes }],
+    totalBytes: bytes,
+  });
+  return {
+    ...job,
+    state: "running",
+    request: { repo: "owner/small", name: "small", adapters: [{ repo: "owner/style-lora", name: "style" }] },
+    steps: job.steps.map((step, index) => ({ ...step, state: index < catalogIndex ? "done" : index === catalogIndex ? "running" : "pending" })),
+    context: {
+      planned: planned("owner--small", "small.gguf", 1000),
+      format: "gguf",
+      entry: "small.gguf",
+      profiles: [{ name: "cpu", engine: "llamacpp", priority: 0, ctx_size: 16384, parallel: 4, hardware: { cpu: {} } }],
+      origin: [{ path: "small.gguf", sha256: "e".repeat(64), bytes: 1000 }],
+      adapters: [{ name: "style", file: "style.gguf", planned: planned("owner--style-lora", "style.gguf", 24) }],
+    },
+  };
+}
+
+testBothStores(
+  "a serve job with an adapter resumed at its catalog step adds the model once, with the adapter's mirror source, and reads and fetches nothing again",
+  async (store) => {
+    const fleet = new BusyFleet();
+    fleet.room = true;
+    const created: Array<Record<string, unknown>> = [];
+    let catalogModels: CatalogModel[] = [];
+    const deps = dependencies({ fleet: () => fleet, served: model(1), smokeTests: [] });
+    // The registry and the mirror are empty objects: a step that read or fetched again would throw.
+    Object.assign(deps.catalog, {
+      list: () => catalogModels,
+      create: async (body: Record<string, unknown>) => {
+        created.push(body);
+        const added = { id: `model-${created.length}`, name: body.name, definition: { ...model(1).definition, ...body } } as unknown as CatalogModel;
+        catalogModels = [added];
+        return added;
+      },
+    });
+    const run = async (id: string) => {
+      await new JobRows(store).insert(cutAtCatalog(id));
+      const handler = serveJobHandler(deps);
+      const jobs = new JobRunner({ store, logger: silentLogger(), handlers: { serve: handler, update: handler }, waitingCheckMs: 10 });
+      await jobs.recover();
+      await jobs.start();
+      const done = await eventually(`${id} to end`, async () => {
+        const job = await jobs.get(id);
+        return job.state === "done" || job.state === "failed" ? job : undefined;
+      });
+      await jobs.close();
+      return done;
+    };
+
+    // Cut before the model was added: added now, once, with the adapter.
+    const first = await run("job-adapter-1");
+    assert.equal(first.state, "done", first.error ?? "");
+    assert.equal(created.length, 1);
+    assert.deepEqual(created[0]!.adapters, [
+      { name: "style", source: { kind: "mirror", model: "owner--style-lora", version: "0123456789ab", file: "style.gguf" } },
+    ]);
+    assert.match(
+      stepOf(first, "catalog").detail ?? "",
+      /^added 'small' with adapter style \(owner\/style-lora @ 0123456789ab, 24 B\): .*, serving small:style$/,
+    );
+
+    // Cut between adding it and remembering so: found by name, revision and source, not added again.
+    const second = await run("job-adapter-2");
+    assert.equal(second.state, "done", second.error ?? "");
+    assert.equal(created.length, 1, "the model was not added twice");
+    assert.equal(stepOf(second, "catalog").detail, "'small' was added before the server restarted");
+  },
+);

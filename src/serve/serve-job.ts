@@ -1,10 +1,13 @@
 // The serve job (DESIGN.md "The serve job"): from a repository to an answering replica in
 // six steps, each with a live state and a detail line:
-//   registry  read the repository, pick the artifact, decide the profiles (before any byte moves)
-//   mirror    fetch into the mirror, verified against the published sha256, with progress
+//   registry  read the repository, pick the artifact, decide the profiles (before any byte
+//             moves); read each LoRA adapter's repository and pick its GGUF file
+//   mirror    fetch into the mirror, verified against the published sha256, with progress;
+//             each adapter as a version of its own repository
 //   check     read what was fetched as the engine will (GGUF header, memory for the pool);
 //             bytes only another server holds (a job resumed here) are copied here first
-//   catalog   add the model with its profiles, source and origin
+//   catalog   add the model with its profiles, source, origin and adapters; the catalog's
+//             door check refuses an adapter made for another base, naming both values
 //   placement wait for a ready replica; parked or unplaceable ends the job with why;
 //             hardware that exists but is busy leaves the step and the job `waiting`
 //   smoke_test ask that replica for a hello; reply and tokens/s are the job's result
@@ -17,7 +20,7 @@
 // while something asks for one, so the waiting job keeps asking (Fleet.requested) until it
 // goes on or is cancelled; that demand lives in the leader's Fleet, so a job that waited
 // through a restart or a change of leader asks the new Fleet again at its next check.
-import { UpstreamError, describeError, errorCode } from "../core/errors.ts";
+import { BadRequestError, LlmgwError, UpstreamError, describeError, errorCode } from "../core/errors.ts";
 import { countOf, formatBytes } from "../core/format.ts";
 import type { Logger } from "../core/log.ts";
 import type { Catalog, CatalogModel } from "../catalog/catalog.ts";
@@ -28,7 +31,18 @@ import type { MirrorPlanner } from "../mirror/artifact-choice.ts";
 import { prepareMirrorFetch } from "../mirror/fetch-preparation.ts";
 import { waitsForRoom } from "../fleet/placement.ts";
 import type { JobRecord } from "./job-rows.ts";
-import { checkMirrored, mirrorFiles, waitForReplica, withoutHeaders, type JobFleet, type PlannedFetch } from "./job-steps.ts";
+import {
+  checkMirrored,
+  checkMirroredAdapters,
+  describeAdapters,
+  mirrorFiles,
+  planAdapters,
+  waitForReplica,
+  withoutHeaders,
+  type JobFleet,
+  type PlannedAdapter,
+  type PlannedFetch,
+} from "./job-steps.ts";
 import type { JobHandler, RunningJob, StepHandle } from "./jobs.ts";
 import {
   chooseProfiles,
@@ -39,7 +53,7 @@ import {
   type ServeProfile,
   type WeightsFormat,
 } from "./serve-definition.ts";
-import { serveRequestSchema, type ServeRequest } from "./serve-request.ts";
+import { defaultAdapterName, serveRequestSchema, type ServeRequest } from "./serve-request.ts";
 import type { SmokeTest } from "./smoke-test.ts";
 
 export const SERVE_STEPS = ["registry", "mirror", "check", "catalog", "placement", "smoke_test"] as const;
@@ -66,6 +80,8 @@ interface ServeContext {
   origin?: OriginFile[];
   /** The vision projector mirrored with GGUF weights (a file of the version), which llama-server loads with --mmproj. */
   projector?: string;
+  /** The LoRA adapters, each a file of its own repository's mirror version. */
+  adapters?: PlannedAdapter[];
   /** The catalog model this job created (its id), so a resumed job does not add it twice and a cancel removes it. */
   createdModelId?: string;
 }
@@ -124,15 +140,40 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
         // The projector the fetch plan picked (the request's, or the repository's best) is the one
         // mmproj file among the files to fetch (registry/file-sets.ts names projectors so).
         const projector = request.projector === undefined ? undefined : plan.files.find((f) => /mmproj/i.test(f.path.split("/").at(-1) ?? ""))?.path;
-        await job.remember({ planned, format, entry, profiles, ...(projector === undefined ? {} : { projector }) } satisfies ServeContext);
+        if (request.adapters.length > 0 && format !== "gguf") {
+          throw new BadRequestError(
+            `The picked weights (${entry}) are safetensors for vLLM, and serve takes LoRA adapters from a repository only for GGUF weights on llama.cpp. ` +
+              "Serve a GGUF quantisation (--format gguf), or serve without adapters and add each to the definition as a PEFT adapter folder on the nodes.",
+            { code: "invalid_field", param: "adapters" },
+          );
+        }
+        const adapters = await planAdapters({
+          adapters: request.adapters.map((adapter) => ({ ...adapter, name: adapter.name ?? defaultAdapterName(adapter.repo) })),
+          registry: deps.registry,
+          mirror: deps.mirror,
+          signal: job.signal,
+        });
+        await job.remember({ planned, format, entry, profiles, adapters, ...(projector === undefined ? {} : { projector }) } satisfies ServeContext);
         const projectorNote =
           projector === undefined
             ? ""
             : `; with the vision projector ${projector}, so it takes images (on nodes with llama-server, which loads it with --mmproj)`;
-        return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}${projectorNote}`;
+        const adaptersNote = adapters.length === 0 ? "" : `; with ${describeAdapters(adapters)}`;
+        return `${plan.repo} @ ${plan.revision.slice(0, 12)}: ${pick.artifact} (${pick.by === "plan" ? "the plan's pick" : pick.by === "default" ? "the default" : `asked for by ${pick.by}`}), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}; runs as ${describeProfiles(profiles)}${projectorNote}${adaptersNote}`;
       });
 
-      await job.step("mirror", (step) => mirrorFiles({ planned: context.planned!, mirror: deps.mirror, registry: deps.registry, step, signal: job.signal }));
+      await job.step("mirror", async (step) => {
+        const adapters = context.adapters ?? [];
+        const detail = await mirrorFiles({
+          planned: context.planned!,
+          alongside: adapters.map((adapter) => adapter.planned),
+          mirror: deps.mirror,
+          registry: deps.registry,
+          step,
+          signal: job.signal,
+        });
+        return adapters.length === 0 ? detail : `${detail}, with ${describeAdapters(adapters)}`;
+      });
 
       await job.step("check", async (step) => {
         const checked = await checkMirrored({
@@ -147,7 +188,10 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
           step,
         });
         await job.remember({ origin: checked.origin } satisfies ServeContext);
-        return checked.detail;
+        const adapters = context.adapters ?? [];
+        if (adapters.length === 0) return checked.detail;
+        const adapterLines = await checkMirroredAdapters({ adapters, mirror: deps.mirror, signal: job.signal, step });
+        return `${checked.detail}; ${adapterLines} (the catalog checks that each fits the model as it adds it)`;
       });
 
       await job.step("catalog", async () => {
@@ -175,17 +219,28 @@ export function serveJobHandler(deps: JobDependencies): JobHandler {
           await job.remember({ createdModelId: existing.id } satisfies ServeContext);
           return `'${existing.name}' was added before the server restarted`;
         }
+        const adapters = context.adapters ?? [];
         const body = serveModelBody({
           request,
           profiles: context.profiles!,
           source,
           origin: { repo: planned.repo, revision: planned.revision, ...followedRef(request), files: context.origin! },
+          adapters: adapters.map((adapter) => ({
+            name: adapter.name,
+            ...(adapter.scale === undefined ? {} : { scale: adapter.scale }),
+            source: { kind: "mirror", model: adapter.planned.model, version: adapter.planned.version, file: adapter.file },
+          })),
         });
-        const created = await deps.catalog.create(body, job.actor);
+        // The catalog's door check reads each adapter's header against the model's and refuses
+        // one made for another base with both values: the job fails here, and nothing is added.
+        const created = await deps.catalog.create(body, job.actor).catch((error: unknown) => {
+          throw withAdapterNamed(error, adapters);
+        });
         job.setModel(created.name);
         await job.remember({ createdModelId: created.id } satisfies ServeContext);
         const scaling = request.replicas === 0 ? "started on demand" : `${countOf(request.replicas, "replica")}`;
-        return `added '${created.name}'${request.aliases.length > 0 ? ` (aliases ${request.aliases.join(", ")})` : ""}: ${describeProfiles(context.profiles!)}, ${scaling}`;
+        const served = adapters.length === 0 ? "" : `, serving ${adapters.map((adapter) => `${created.name}:${adapter.name}`).join(", ")}`;
+        return `added '${created.name}'${request.aliases.length > 0 ? ` (aliases ${request.aliases.join(", ")})` : ""}${adapters.length === 0 ? "" : ` with ${describeAdapters(adapters)}`}: ${describeProfiles(context.profiles!)}, ${scaling}${served}`;
       });
 
       const model = deps.catalog.list().find((m) => m.id === context.createdModelId);
@@ -307,6 +362,25 @@ async function placeAndTest(options: { job: RunningJob; deps: JobDependencies; m
   } finally {
     if (outcome !== "waiting") demand.release(job.id);
   }
+}
+
+/**
+ * A catalog refusal of one of the adapters (param `adapters.N...`) with that adapter's name
+ * and repository first: the catalog names the mirrored file, which is not what was asked for.
+ */
+function withAdapterNamed(error: unknown, adapters: readonly PlannedAdapter[]): unknown {
+  if (!(error instanceof LlmgwError)) return error;
+  const index = /^adapters\.(\d+)/.exec(error.param ?? "")?.[1];
+  const adapter = index === undefined ? undefined : adapters[Number(index)];
+  if (adapter === undefined) return error;
+  return new LlmgwError({
+    code: error.code,
+    status: error.status,
+    param: error.param,
+    retryable: error.retryable,
+    cause: error,
+    message: `Adapter '${adapter.name}' (${adapter.planned.repo} @ ${adapter.planned.revision.slice(0, 12)}, ${adapter.file}): ${error.message}`,
+  });
 }
 
 /** The branch or tag updates follow: the one asked for, unless it was a commit (then the default branch). */

@@ -7,13 +7,14 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { LlmgwError } from "../core/errors.ts";
-import { checkServeRequest, defaultModelName } from "./serve-request.ts";
+import { checkServeRequest, defaultAdapterName, defaultModelName } from "./serve-request.ts";
 import { chooseProfiles } from "./serve-definition.ts";
 import type { PlanOption } from "../plan/plan.ts";
 
 const taken = new Map<string, CatalogModel>([
   ["busy", { name: "busy" } as CatalogModel],
   ["busy-alias", { name: "busy" } as CatalogModel],
+  ["base:style", { name: "busy" } as CatalogModel],
 ]);
 const catalog = { resolve: (name: string) => taken.get(name) };
 
@@ -73,6 +74,72 @@ describe("serve request at the door", () => {
   test("default names", () => {
     assert.equal(defaultModelName("llmgw-test/tiny-llama-GGUF"), "tiny-llama");
     assert.equal(defaultModelName("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf"), "qwen2.5-0.5b-instruct-q4_k_m");
+    assert.equal(defaultAdapterName("owner/Style-LoRA-GGUF"), "style-lora");
+    assert.equal(defaultAdapterName("owner/My Adapter+v2"), "my-adapter-v2");
+    assert.equal(defaultAdapterName("owner/__x"), "x");
+    assert.equal(defaultAdapterName("owner/___"), "adapter");
+    assert.equal(defaultAdapterName(`owner/${"a".repeat(90)}`).length, 64);
+  });
+
+  test("adapters get their names from their repositories, and what was given travels as given", async () => {
+    const request = await checkServeRequest(
+      {
+        repo: "o/base-GGUF",
+        adapters: [{ repo: "o/Style-LoRA-GGUF" }, { repo: "o/terse-lora", revision: "v2", file: "f16/terse.GGUF", name: "terse", scale: 0.5 }],
+      },
+      { catalog },
+    );
+    assert.deepEqual(request.adapters, [
+      { repo: "o/Style-LoRA-GGUF", name: "style-lora" },
+      { repo: "o/terse-lora", revision: "v2", file: "f16/terse.GGUF", name: "terse", scale: 0.5 },
+    ]);
+    assert.deepEqual((await checkServeRequest({ repo: "o/base-GGUF" }, { catalog })).adapters, []);
+  });
+
+  test("each adapter mistake is refused naming the adapter's field and what to do", async () => {
+    const cases: Array<[Record<string, unknown>, number, string, RegExp]> = [
+      [{ repo: "o/n", format: "safetensors", adapters: [{ repo: "o/a" }] }, 400, "adapters", /only for GGUF weights.*PEFT adapter folder on the nodes/],
+      [{ repo: "o/n", file: "model.safetensors", adapters: [{ repo: "o/a" }] }, 400, "adapters", /not fetch adapters yet/],
+      [
+        { repo: "o/n", adapters: [{ repo: "o/a", file: "adapter.safetensors" }] },
+        400,
+        "adapters.0.file",
+        /'adapter\.safetensors' of o\/a is not a \.gguf file.*convert_lora_to_gguf/,
+      ],
+      [{ repo: "o/n", adapters: [{ repo: "o/a" }, { repo: "p/a" }] }, 400, "adapters.1.name", /Adapters 1 and 2 are both named 'a'.*NAME=REPO/],
+      [
+        {
+          repo: "o/n",
+          adapters: [
+            { repo: "o/x", name: "same" },
+            { repo: "o/y", name: "same" },
+          ],
+        },
+        400,
+        "adapters.1.name",
+        /both named 'same'/,
+      ],
+      [{ repo: "o/n", adapters: [{ repo: "not a repo" }] }, 400, "adapters.0.repo", /^Adapter 1: Invalid repository name 'not a repo'/],
+      [{ repo: "o/n", adapters: [{ repo: "./style.gguf" }] }, 400, "adapters.0.repo", /local path.*owner\/name.*kind: "file"/],
+      [{ repo: "o/n", adapters: [{ repo: "o/a", revision: "a/../b" }] }, 400, "adapters.0.revision", /^Adapter 1: Invalid revision/],
+      [{ repo: "o/n", adapters: [{ repo: "o/a", name: "-bad" }] }, 400, "adapters.0.name", /1-64 letters/],
+      [{ repo: "o/n", adapters: [{ repo: "o/a", scale: 0 }] }, 400, "adapters.0.scale", /more than 0/],
+      [{ repo: "o/n", adapters: [{ repo: "o/a", extra: 1 }] }, 400, "adapters.0", /extra/],
+      [
+        { repo: "o/n", aliases: ["n:a"], adapters: [{ repo: "o/a" }] },
+        400,
+        "adapters.0.name",
+        /'n:a' is both an alias of the model and the name of its adapter 1/,
+      ],
+      [{ repo: "o/n", name: "base", adapters: [{ repo: "o/style" }] }, 409, "adapters.0.name", /'base:style' is already used by model 'busy'.*another name/],
+      [{ repo: "o/n", adapters: Array.from({ length: 17 }, (_, i) => ({ repo: `o/a${i}` })) }, 400, "adapters", /at most 16 adapters/],
+    ];
+    for (const [body, status, param, message] of cases) {
+      const error = await refusal(body);
+      assert.equal(error.status, status, JSON.stringify(body));
+      assert.equal(error.param, param, `${JSON.stringify(body)}: ${error.message}`);
+      assert.match(error.message, message, JSON.stringify(body));
+    }
   });
 });
 

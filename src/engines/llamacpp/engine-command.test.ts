@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
+import { writeTinyLora } from "../../gguf/tiny-lora.ts";
 import { LlmgwError } from "../../core/errors.ts";
 import { ENGINE_EXIT, parseEngineOptions } from "./engine-command.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
@@ -199,6 +200,27 @@ test("a file that is not GGUF, or a truncated GGUF, is refused with the reason",
   assert.match(broken.stderr, /llmgw engine: cannot serve model file '.*truncated\.gguf': llama\.cpp could not load it: .*(corrupted|incomplete|bounds)/);
 });
 
+test("a LoRA adapter that is missing or that llama.cpp refuses: exit code 1 and one stderr line naming the adapter", async () => {
+  const literal = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const good = (await writeTinyLora({ path: join(dir, "good-lora.gguf") })).path;
+  const missing = join(dir, "no-such-lora.gguf");
+  const absent = await expectStartFailure(["--model", modelPath, "--key", "k", "--lora", good, "--lora", missing]);
+  assert.equal(absent.exit.code, 1);
+  assert.equal(absent.stderr.trim().split("\n").length, 1, absent.stderr);
+  assert.match(absent.stderr, new RegExp(`^llmgw engine: cannot load LoRA adapter '${literal(missing)}': no such file`));
+
+  // Made for another architecture: only llama.cpp's loader notices, after the model loaded.
+  const otherArch = (await writeTinyLora({ path: join(dir, "qwen-lora.gguf"), architecture: "qwen2" })).path;
+  const refused = await expectStartFailure(["--model", modelPath, "--key", "k", "--threads", "1", "--ctx-size", "512", "--lora", good, "--lora", otherArch]);
+  assert.equal(refused.exit.code, 1);
+  assert.match(
+    refused.stderr,
+    new RegExp(
+      `llmgw engine: cannot load LoRA adapter '${literal(otherArch)}': llama\\.cpp could not load it as a LoRA adapter of this model: model arch and LoRA arch mismatch`,
+    ),
+  );
+});
+
 test("no engine key or a bad flag: exit code 2 before anything is loaded", async () => {
   const noKey = await expectStartFailure(["--model", modelPath], { LLMGW_ENGINE_KEY: "" });
   assert.equal(noKey.exit.code, 2);
@@ -207,6 +229,14 @@ test("no engine key or a bad flag: exit code 2 before anything is loaded", async
   const badParallel = await expectStartFailure(["--model", modelPath, "--key", "k", "--parallel", "0"]);
   assert.equal(badParallel.exit.code, 2);
   assert.match(badParallel.stderr, /--parallel must be an integer/);
+
+  const loraEmbeddings = await expectStartFailure(["--model", modelPath, "--key", "k", "--embeddings", "--lora", modelPath]);
+  assert.equal(loraEmbeddings.exit.code, 2);
+  assert.match(loraEmbeddings.stderr, /--lora cannot be combined with --embeddings/);
+
+  const badContexts = await expectStartFailure(["--model", modelPath, "--key", "k", "--lora-contexts", "0"]);
+  assert.equal(badContexts.exit.code, 2);
+  assert.match(badContexts.stderr, /--lora-contexts must be an integer from 1 to 64/);
 });
 
 test("a port in use: exit code 3 naming the address", async () => {
@@ -262,4 +292,14 @@ test("--model and --port are required by the engine itself (commander does not c
   usage({ port: "8000" });
   usage({ model: "/tmp/model.gguf" });
   assert.equal(parseEngineOptions({ model: "/tmp/model.gguf", port: "8000" }, { LLMGW_ENGINE_KEY: "k" }).port, 8000);
+});
+
+test("--lora is repeatable, in order, as absolute paths; without it the engine has no adapters", () => {
+  const env = { LLMGW_ENGINE_KEY: "k" };
+  const settings = parseEngineOptions({ model: "/tmp/model.gguf", port: "8000", lora: ["/tmp/a.gguf", "b.gguf"], loraContexts: "3" }, env);
+  assert.deepEqual(settings.adapterPaths, ["/tmp/a.gguf", join(process.cwd(), "b.gguf")]);
+  assert.equal(settings.maxAdapterContexts, 3);
+  const plain = parseEngineOptions({ model: "/tmp/model.gguf", port: "8000" }, env);
+  assert.deepEqual(plain.adapterPaths, []);
+  assert.equal(plain.maxAdapterContexts, 2);
 });

@@ -3,7 +3,9 @@
 // as llama-server does), loads the model, and serves until SIGTERM, SIGINT or SIGHUP, or
 // until the agent that started it is gone. Failures the supervisor must record (bad
 // arguments, a missing or invalid model, a busy port) are one plain line on stderr and a
-// non-zero exit code, never a hang.
+// non-zero exit code, never a hang. LoRA adapters (--lora, repeatable; id = position) are
+// checked and loaded at start like the model, and applied only to requests that name
+// them (adapter-lanes.ts).
 //
 // Why the parent watch: the agent starts engines detached, in their own process group,
 // so stopping one stops everything it forked. That also means nothing tells an engine
@@ -18,6 +20,7 @@ import { basename, resolve } from "node:path";
 import { createLogger, type Logger } from "../../core/log.ts";
 import { describeError } from "../../core/errors.ts";
 import { createEngineServer } from "./engine-server.ts";
+import { DEFAULT_ADAPTER_CONTEXTS } from "./adapter-lanes.ts";
 import type { TextGenerator } from "./llama-runner.ts";
 
 /** The options commander hands over (`--ctx-size` arrives as `ctxSize`, and so on). */
@@ -32,6 +35,10 @@ export interface EngineCommandOptions {
   modelName?: string;
   /** Serve only /v1/embeddings, with no generation context (a dedicated embedding model). */
   embeddings?: boolean;
+  /** LoRA adapter GGUF files, in id order (`--lora` once per adapter). */
+  lora?: string[] | string;
+  /** Most contexts kept for adapter combinations at once. */
+  loraContexts?: string;
 }
 
 export interface EngineSettings {
@@ -44,6 +51,9 @@ export interface EngineSettings {
   parallel: number;
   threads: number;
   embeddingsOnly: boolean;
+  /** Absolute paths of the LoRA adapters, in id order. */
+  adapterPaths: string[];
+  maxAdapterContexts: number;
 }
 
 /** How often the engine checks that the agent that started it is still its parent. */
@@ -78,6 +88,14 @@ export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.Pr
   const key = options.key ?? env.LLMGW_ENGINE_KEY ?? "";
   if (key === "") throw new EngineStartError("no engine key: pass --key or set LLMGW_ENGINE_KEY", ENGINE_EXIT.usage);
   const modelPath = resolve(options.model);
+  const adapterPaths = (options.lora === undefined ? [] : typeof options.lora === "string" ? [options.lora] : options.lora).map((path) => resolve(path));
+  const embeddingsOnly = options.embeddings === true;
+  if (embeddingsOnly && adapterPaths.length > 0) {
+    throw new EngineStartError(
+      "--lora cannot be combined with --embeddings: LoRA adapters apply to generation, and an embeddings-only engine has no generation context",
+      ENGINE_EXIT.usage,
+    );
+  }
   return {
     modelPath,
     modelName: options.modelName && options.modelName !== "" ? options.modelName : basename(modelPath),
@@ -87,7 +105,9 @@ export function parseEngineOptions(options: EngineCommandOptions, env: NodeJS.Pr
     contextSize: integer(options.ctxSize, "--ctx-size", 0, 16_777_216, 4096),
     parallel: integer(options.parallel, "--parallel", 1, 256, 2),
     threads: integer(options.threads, "--threads", 0, 1024, 0),
-    embeddingsOnly: options.embeddings === true,
+    embeddingsOnly,
+    adapterPaths,
+    maxAdapterContexts: integer(options.loraContexts, "--lora-contexts", 1, 64, DEFAULT_ADAPTER_CONTEXTS),
   };
 }
 
@@ -123,6 +143,17 @@ export async function checkModelFile(path: string): Promise<void> {
   }
 }
 
+/** A --lora file that is missing or no GGUF file, reported like a model file but naming the adapter. */
+class AdapterFileError extends EngineStartError {
+  constructor(
+    readonly path: string,
+    reason: string,
+  ) {
+    super(reason, ENGINE_EXIT.modelError);
+    this.name = "AdapterFileError";
+  }
+}
+
 function fail(line: string, exitCode: number): never {
   process.stderr.write(`llmgw engine: ${line}\n`);
   process.exit(exitCode);
@@ -135,7 +166,13 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
   try {
     settings = parseEngineOptions(options);
     await checkModelFile(settings.modelPath);
+    for (const path of settings.adapterPaths) {
+      await checkModelFile(path).catch((error: unknown) => {
+        throw error instanceof EngineStartError ? new AdapterFileError(path, error.message) : error;
+      });
+    }
   } catch (error) {
+    if (error instanceof AdapterFileError) fail(`cannot load LoRA adapter '${error.path}': ${error.message}`, error.exitCode);
     if (error instanceof EngineStartError && error.exitCode === ENGINE_EXIT.modelError) {
       fail(`cannot serve model file '${options.model ? resolve(options.model) : ""}': ${error.message}`, error.exitCode);
     }
@@ -183,19 +220,28 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
     parentWatch.unref();
   }
 
+  // Imported only below: node-llama-cpp takes a while to import, and the failures above
+  // should be reported without waiting for it.
+  let runnerModule: typeof import("./llama-runner.ts") | undefined;
   try {
-    // Loaded only now: node-llama-cpp takes a while to import, and the failures above
-    // should be reported without waiting for it.
     const load = { modelPath: settings.modelPath, contextSize: settings.contextSize, threads: settings.threads, logger };
     if (settings.embeddingsOnly) {
       const { LlamaEmbeddingEngine } = await import("./embedding-engine.ts");
       runner = await LlamaEmbeddingEngine.load({ ...load, modelName: settings.modelName });
     } else {
-      const { LlamaRunner } = await import("./llama-runner.ts");
-      runner = await LlamaRunner.load({ ...load, parallel: settings.parallel });
+      runnerModule = await import("./llama-runner.ts");
+      runner = await runnerModule.LlamaRunner.load({
+        ...load,
+        parallel: settings.parallel,
+        adapterPaths: settings.adapterPaths,
+        maxAdapterContexts: settings.maxAdapterContexts,
+      });
     }
   } catch (error) {
     if (stopping) return;
+    if (runnerModule && error instanceof runnerModule.AdapterLoadError) {
+      fail(`cannot load LoRA adapter '${error.path}': ${describeError(error)}`, ENGINE_EXIT.modelError);
+    }
     fail(`cannot serve model file '${settings.modelPath}': ${describeError(error)}`, ENGINE_EXIT.modelError);
   }
   if (stopping) {

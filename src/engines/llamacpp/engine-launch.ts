@@ -1,7 +1,7 @@
 // The bundled llama.cpp engine's launch: how the agent runs a llamacpp profile on this
 // machine as `llmgw engine ...` (engine-command.ts) under the engine supervisor. It turns
 // a profile into the engine's command line (context pool, parallel sequences, threads,
-// the profile's own engine args), hands the engine its key through the environment (so
+// the profile's own engine args, the model's LoRA adapters), hands the engine its key through the environment (so
 // it does not show in `ps`), and asks for readiness as "/health answers 200 and
 // /v1/models with this key lists this model", not merely "something on the port says 200".
 import { fileURLToPath } from "node:url";
@@ -21,6 +21,11 @@ export interface LlamaCppLaunchOptions {
   engineKey: string;
   host: string;
   port: number;
+  /**
+   * LoRA adapter files (absolute), in id order: a request's `lora: [{id, scale}]` names
+   * them by position. Loaded at start, applied only to requests that name them.
+   */
+  adapters?: string[];
 }
 
 /** The context pool and parallel sequences a profile gives the engine: its own values, or the defaults (a 16k pool of 4k per request). */
@@ -56,6 +61,7 @@ export function llamaCppLaunch(options: LlamaCppLaunchOptions): EngineLaunch {
       "--model-name",
       options.modelName,
       ...(profile.embeddings === true ? ["--embeddings"] : []),
+      ...(options.adapters ?? []).flatMap((path) => ["--lora", path]),
       ...profile.engine_args,
     ],
     // The key travels in the environment so it does not show in `ps`.

@@ -10,6 +10,7 @@
 // token more than the text. So for such a model the key is overridden to mean at load
 // (llama.cpp reads it for every architecture, and uses it only in embedding contexts,
 // so generation is unchanged).
+import { resolve } from "node:path";
 import { getLlama, LlamaLogLevel, readGgufFileInfo, type Llama, type LlamaModel } from "node-llama-cpp";
 import type { Logger } from "../../core/log.ts";
 
@@ -40,6 +41,36 @@ export function loadFailureReason(llamaErrors: string[], error: unknown): string
   const specific = llamaErrors.find((line) => line.includes("error loading model:"));
   if (specific) return specific.slice(specific.indexOf("error loading model:") + "error loading model:".length).trim();
   return llamaErrors[0] ?? (error instanceof Error ? error.message : String(error));
+}
+
+/** A LoRA adapter (--lora) llama.cpp refused at start; `path` names the file. */
+export class AdapterLoadError extends ModelLoadError {
+  constructor(
+    readonly path: string,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "AdapterLoadError";
+  }
+}
+
+const ADAPTER_FAILURE = "failed to apply lora adapter:";
+
+/**
+ * The adapter behind a failed context creation, or undefined when the failure was not an
+ * adapter's. llama.cpp explains it only in its log ("llama_adapter_lora_init: failed to
+ * apply lora adapter: <why>"), and node-llama-cpp says which file only in its error's text
+ * ('Failed to initialize LoRA adapter "<path>"', with the path resolved), so both are read.
+ */
+export function adapterLoadError(paths: readonly string[], llamaErrors: readonly string[], error: unknown): AdapterLoadError | undefined {
+  const message = error instanceof Error ? error.message : String(error);
+  const line = llamaErrors.findLast((text) => text.includes(ADAPTER_FAILURE));
+  const path = paths.find((candidate) => message.includes(`"${resolve(candidate)}"`));
+  if (line === undefined && path === undefined) return undefined;
+  const reason = line === undefined ? message : line.slice(line.indexOf(ADAPTER_FAILURE) + ADAPTER_FAILURE.length).trim();
+  const which = path ?? (paths.length === 1 ? paths[0] : undefined);
+  return new AdapterLoadError(which ?? paths.join(", "), `llama.cpp could not load it as a LoRA adapter of this model: ${reason}`, { cause: error });
 }
 
 /** The metadata override that makes embeddings mean-pooled, or none when the model says how to pool. */

@@ -24,6 +24,9 @@
 //   made a tiny model tens of times slower than one thread here. So --threads 0 means
 //   one thread per available core (os.availableParallelism), never more, and --threads N
 //   sets both the library's maximum and the context's threads.
+// - LoRA adapters (--lora) are per context: a request that names adapters runs on a
+//   context of its own for that combination (adapter-lanes.ts says how they are made,
+//   shared and bounded); the base keeps the context made here.
 import { availableParallelism } from "node:os";
 import {
   LlamaChat,
@@ -41,14 +44,13 @@ import {
 } from "node-llama-cpp";
 import { BadRequestError, InternalError, UnavailableError } from "../../core/errors.ts";
 import type { Logger } from "../../core/log.ts";
+import { AdapterLanes, createLane, DEFAULT_ADAPTER_CONTEXTS, type LaneChoice } from "./adapter-lanes.ts";
 import { documentingFunctions, forcingFunctionCalls, toChatFunctions, toChatHistory, ToolCallCollector } from "./chat-tools.ts";
 import { DecodeBatchMeter, type DecodeBatchCounts } from "./decode-batches.ts";
 import { rewriteCompiledGrammars } from "./grammar-rewrites.ts";
-import { DecodeLockstep, type GenerationTurn } from "./decode-lockstep.ts";
+import type { GenerationTurn } from "./decode-lockstep.ts";
 import { LlamaEmbedder, type TextEmbedder } from "./llama-embedder.ts";
-import { loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
-import { SequencePool } from "./sequence-pool.ts";
-import { trimSampledDistributions } from "./sampled-distributions.ts";
+import { AdapterLoadError, adapterLoadError, loadFailureReason, ModelLoadError, openModel } from "./llama-load.ts";
 import type { ChatMessage, FinishReason, GenerationParams } from "./openai-wire.ts";
 import { StopSequences } from "./stop-sequences.ts";
 import { tokenBiasFor } from "./token-bias.ts";
@@ -58,7 +60,7 @@ import { JSON_OBJECT_GRAMMAR } from "./json-schema-grammar.ts";
 import { ToolGrammarCheck } from "./tool-grammars.ts";
 import type { ChatStructure, ToolCall, ToolCallDelta } from "./structured-wire.ts";
 
-export { ModelLoadError };
+export { AdapterLoadError, ModelLoadError };
 
 export interface GenerationResult {
   text: string;
@@ -111,6 +113,10 @@ export interface LlamaRunnerOptions {
   /** CPU threads; 0 = one per available core. */
   threads: number;
   logger: Logger;
+  /** LoRA adapter files in id order (--lora); loaded at start, applied when a request names them. */
+  adapterPaths?: readonly string[];
+  /** Most contexts kept for adapter combinations at once (--lora-contexts); default DEFAULT_ADAPTER_CONTEXTS. */
+  maxAdapterContexts?: number;
 }
 
 // node-llama-cpp's stop reasons; the `stop` parameter is handled here (StopSequences), not
@@ -148,8 +154,7 @@ function repeatPenalty(params: GenerationParams): false | LLamaContextualRepeatP
 }
 
 export class LlamaRunner implements TextGenerator {
-  private readonly pool: SequencePool;
-  private readonly lockstep = new DecodeLockstep();
+  private readonly context: LlamaContext;
   private readonly toolGrammars: ToolGrammarCheck;
   private disposed = false;
   readonly embedder: TextEmbedder;
@@ -157,21 +162,24 @@ export class LlamaRunner implements TextGenerator {
   private constructor(
     private readonly llama: Llama,
     private readonly model: LlamaModel,
-    private readonly context: LlamaContext,
+    private readonly lanes: AdapterLanes,
     private readonly chatWrapper: ChatWrapper,
-    sequences: LlamaContextSequence[],
     private readonly batchMeter: DecodeBatchMeter,
     private readonly logger: Logger,
   ) {
-    for (const sequence of sequences) this.lockstep.attach(sequence);
-    this.pool = new SequencePool(sequences);
+    this.context = lanes.base.context;
     this.toolGrammars = new ToolGrammarCheck(llama);
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
     // Half the threads: an embeddings request runs alongside the generations, and two
     // contexts with a thread per core each would oversubscribe the cores, which makes
     // llama.cpp's thread synchronisation many times slower (see the top of this file).
-    this.embedder = new LlamaEmbedder({ model, contextSize: context.contextSize, threads: Math.max(1, Math.floor(context.idealThreads / 2)), logger });
+    this.embedder = new LlamaEmbedder({
+      model,
+      contextSize: this.context.contextSize,
+      threads: Math.max(1, Math.floor(this.context.idealThreads / 2)),
+      logger,
+    });
   }
 
   get contextPerRequest(): number {
@@ -186,6 +194,11 @@ export class LlamaRunner implements TextGenerator {
 
   get chatWrapperName(): string {
     return this.chatWrapper.wrapperName;
+  }
+
+  /** Contexts made for adapter combinations that exist now (the base's not counted). */
+  get adapterContexts(): number {
+    return this.lanes.adapterLaneCount;
   }
 
   /** The decode batches run so far, and how many sequences shared them. */
@@ -203,22 +216,30 @@ export class LlamaRunner implements TextGenerator {
       const total = options.contextSize > 0 ? options.contextSize : model.trainContextSize;
       const perSequence = Math.max(64, Math.floor(total / options.parallel));
       const batchMeter = new DecodeBatchMeter();
-      const context = await model.createContext({
-        contextSize: perSequence,
-        sequences: options.parallel,
-        threads,
-        batching: { itemPrioritizationStrategy: batchMeter.shareBatch },
+      const shape = { model, contextSize: perSequence, sequences: options.parallel, threads, batchMeter };
+      const adapterPaths = options.adapterPaths ?? [];
+      // Every adapter at scale 0, as llama-server's --lora-scaled PATH:0: loaded and checked
+      // now, left out of the base's graph (adapter-lanes.ts).
+      const adapters = adapterPaths.map((filePath) => ({ filePath, scale: 0 }));
+      const base = await createLane(shape, "", adapters).catch((error: unknown) => {
+        throw adapterLoadError(adapterPaths, llamaErrors, error) ?? error;
       });
-      trimSampledDistributions(context);
-      const sequences = Array.from({ length: options.parallel }, () => context.getSequence());
+      const lanes = new AdapterLanes({ base, shape, adapterPaths, maxAdapterLanes: options.maxAdapterContexts ?? DEFAULT_ADAPTER_CONTEXTS, logger });
       const chatWrapper = resolveChatWrapper(model);
       logger.info(
-        { chatWrapper: chatWrapper.wrapperName, contextPerSequence: context.contextSize, sequences: options.parallel, threads: context.idealThreads },
+        {
+          chatWrapper: chatWrapper.wrapperName,
+          contextPerSequence: base.context.contextSize,
+          sequences: options.parallel,
+          threads: base.context.idealThreads,
+          adapters: adapterPaths.length,
+        },
         "model loaded",
       );
-      return new LlamaRunner(llama, model, context, chatWrapper, sequences, batchMeter, logger);
+      return new LlamaRunner(llama, model, lanes, chatWrapper, batchMeter, logger);
     } catch (error) {
       await llama.dispose().catch(() => undefined);
+      if (error instanceof AdapterLoadError) throw error;
       throw new ModelLoadError(
         `could not create a context of ${options.contextSize} tokens for ${options.parallel} sequences: ${loadFailureReason(llamaErrors, error)}`,
         {
@@ -324,8 +345,7 @@ export class LlamaRunner implements TextGenerator {
   async dispose(): Promise<void> {
     if (this.disposed) return;
     this.disposed = true;
-    this.pool.close(new UnavailableError("The engine is shutting down; retry on another replica."));
-    this.lockstep.close();
+    this.lanes.close(new UnavailableError("The engine is shutting down; retry on another replica."));
     const counts = this.batchMeter.snapshot();
     this.logger.info(
       {
@@ -422,9 +442,18 @@ export class LlamaRunner implements TextGenerator {
     drive: (sequence: LlamaContextSequence, hooks: GenerationHooks, turn: GenerationTurn) => Promise<DriveOutcome>,
   ): Promise<GenerationResult> {
     if (this.disposed) throw new UnavailableError("The engine is shutting down; retry on another replica.");
-    const sequence = await this.pool.acquire(options.signal);
+    // The base, or the context of the adapters the request names (400 for unknown ones).
+    const choice: LaneChoice = this.lanes.choose(options.params.lora);
+    const lane = await this.lanes.acquire(choice);
+    let sequence: LlamaContextSequence;
+    try {
+      sequence = await lane.pool.acquire(options.signal);
+    } catch (error) {
+      this.lanes.release(lane);
+      throw error;
+    }
     const wantsLogprobs = options.params.logprobs;
-    const turn = this.lockstep.begin(
+    const turn = lane.lockstep.begin(
       sequence,
       maxTokens,
       wantsLogprobs === undefined ? {} : { keepDistribution: keepForLogprobs(wantsLogprobs.top), sampledOnly: wantsLogprobs.top === 0 },
@@ -497,7 +526,8 @@ export class LlamaRunner implements TextGenerator {
     } finally {
       turn.end();
       // Only after the generation settled: the sequence must not serve two requests at once.
-      this.pool.release(sequence);
+      lane.pool.release(sequence);
+      this.lanes.release(lane);
     }
   }
 }

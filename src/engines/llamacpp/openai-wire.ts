@@ -33,6 +33,30 @@ import {
 // ---------------------------------------------------------------------------------------
 // Requests
 
+/**
+ * Largest |scale| a request may give an adapter. llama.cpp takes any float; adapters are
+ * trained for 1, and far beyond a few times that the model's output is noise, so a larger
+ * value is taken for a mistake (a percentage, say) rather than served.
+ */
+export const MAX_LORA_SCALE = 8;
+
+// llama-server's per-request adapters: listed ones apply at their scale, unlisted ones at 0;
+// no list (or an empty one) means the scales the engine started with, all 0 here. Ids are
+// checked against the engine's adapters by the runner (adapter-lanes.ts).
+const loraSchema = z
+  .array(
+    z.object({
+      id: z.number({ error: "id must be the adapter's number (its position in the engine's --lora list)" }).int().min(0),
+      scale: z
+        .number({ error: `scale must be a number from -${MAX_LORA_SCALE} to ${MAX_LORA_SCALE}` })
+        .min(-MAX_LORA_SCALE, `scale must be from -${MAX_LORA_SCALE} to ${MAX_LORA_SCALE}`)
+        .max(MAX_LORA_SCALE, `scale must be from -${MAX_LORA_SCALE} to ${MAX_LORA_SCALE}`),
+    }),
+    { error: "lora must be a list of {id, scale} objects" },
+  )
+  .max(64, "lora lists at most 64 adapters")
+  .nullish();
+
 const stopSchema = z.union([z.string(), z.array(z.string()).max(4, "at most 4 stop sequences are allowed")]).nullish();
 
 const samplingFields = {
@@ -50,6 +74,7 @@ const samplingFields = {
   presence_penalty: z.number().min(-2).max(2).nullish(),
   n: z.literal(1, { error: "the bundled engine generates one choice per request (n = 1)" }).nullish(),
   user: z.string().nullish(),
+  lora: loraSchema,
   ...sharedSamplingFields,
 };
 
@@ -103,6 +128,12 @@ export interface ChatMessage {
   toolCallId?: string;
 }
 
+/** One adapter of a request's `lora` list: its id (position in --lora) and the scale to apply it at. */
+export interface AdapterScale {
+  id: number;
+  scale: number;
+}
+
 /** What a generation needs, independent of the wire format and the engine. */
 export interface GenerationParams extends SamplingExtras {
   /** Undefined: until the end of generation or of the context. */
@@ -113,6 +144,8 @@ export interface GenerationParams extends SamplingExtras {
   stop: string[];
   frequencyPenalty?: number;
   presencePenalty?: number;
+  /** LoRA adapters to apply; absent means the base model. */
+  lora?: AdapterScale[];
 }
 
 // OpenAI's documented default temperature; callers that want greedy decoding send 0.
@@ -129,6 +162,7 @@ function normaliseParams(body: ChatCompletionRequest | CompletionRequest, maxTok
     stop,
     ...(body.frequency_penalty == null ? {} : { frequencyPenalty: body.frequency_penalty }),
     ...(body.presence_penalty == null ? {} : { presencePenalty: body.presence_penalty }),
+    ...(body.lora == null || body.lora.length === 0 ? {} : { lora: body.lora }),
     ...samplingExtras(body),
   };
 }
