@@ -109,8 +109,9 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         }
         const ref = request.revision ?? origin.ref ?? "main";
         const prepared = await prepareMirrorFetch({
-          // The same file the model serves now (with the other parts of its set), at the new commit.
-          request: { repo: origin.repo, revision: ref, file: source.file, model: source.model },
+          // The same file the model serves now (with the other parts of its set, and its vision
+          // projector: an update must not leave a vision model without one), at the new commit.
+          request: { repo: origin.repo, revision: ref, file: source.file, model: source.model, ...(source.projector === undefined ? {} : { projector: source.projector }) },
           registry: deps.registry,
           mirror: deps.mirror,
           signal: job.signal,
@@ -133,7 +134,14 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
           files: withoutHeaders(plan.files),
           totalBytes: plan.totalBytes,
         };
-        await job.remember({ planned, newSource: { kind: "mirror", model: prepared.model, version: plan.version, file: source.file } } satisfies UpdateContext);
+        const newSource: MirrorSource = {
+          kind: "mirror",
+          model: prepared.model,
+          version: plan.version,
+          file: source.file,
+          ...(source.projector === undefined ? {} : { projector: source.projector }),
+        };
+        await job.remember({ planned, newSource } satisfies UpdateContext);
         return `${origin.repo}: ${origin.revision.slice(0, 12)} → ${plan.revision.slice(0, 12)} ('${ref}'), ${countOf(plan.files.length, "file")}, ${formatBytes(plan.totalBytes)}`;
       });
       if (context.current === true) {
