@@ -27,7 +27,7 @@ import { adminCaller } from "./support/admin-call.ts";
 import { spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
 import { eventually } from "./support/eventually.ts";
 import { realLlamaServer } from "./support/real-llama-server.ts";
-import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
+import { fakeCommitSha, startStandInHub, type StandInFile, type StandInHub } from "./support/stand-in-hub.ts";
 import { BLACK, WHITE, encodeTinyPng, pngDataUrl } from "./support/tiny-png.ts";
 import { writeUnloadableGguf } from "./support/unloadable-gguf.ts";
 
@@ -69,6 +69,7 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
   const running: LlmgwProcess[] = [];
   let llamaServer = "";
   let hub: StandInHub;
+  let repoFiles: StandInFile[] = [];
   let url = "";
   let adminKey = "";
   let client: OpenAI;
@@ -97,19 +98,13 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
     await writeTinyLlamaGguf({ path: weights, seed: 7, textOnly: true });
     const projector = path.join(root, PROJECTOR);
     await writeTinyProjector({ path: projector, textEmbeddingLength: 64, seed: 1 });
-    hub = await startStandInHub({
-      repos: [
-        {
-          name: REPO,
-          files: [
-            { path: ".gitattributes", content: Buffer.from("*.gguf filter=lfs diff=lfs merge=lfs -text\n") },
-            { path: "README.md", content: Buffer.from("# tiny-text\n\nA tiny llama that writes only text, for llmgw tests.\n") },
-            { path: FILE, content: await readFile(weights) },
-            { path: PROJECTOR, content: await readFile(projector) },
-          ],
-        },
-      ],
-    });
+    repoFiles = [
+      { path: ".gitattributes", content: Buffer.from("*.gguf filter=lfs diff=lfs merge=lfs -text\n") },
+      { path: "README.md", content: Buffer.from("# tiny-text\n\nA tiny llama that writes only text, for llmgw tests.\n") },
+      { path: FILE, content: await readFile(weights) },
+      { path: PROJECTOR, content: await readFile(projector) },
+    ];
+    hub = await startStandInHub({ repos: [{ name: REPO, files: repoFiles }] });
     const port = await findFreePort("127.0.0.1");
     url = `http://127.0.0.1:${port}`;
     const server = spawnLlmgw(["server", "--data-dir", serverDir, "--listen", `127.0.0.1:${port}`, "--registry", hub.url, "--heartbeat-interval", "1s"]);
@@ -329,6 +324,17 @@ describe("the real llama-server under an agent", { timeout: 900_000 }, () => {
     assert.notEqual(onBlack.text, none.text);
     assert.notEqual(onBlack.text, onWhite.text);
     assert.equal((await ask(black)).text, onBlack.text, "the same image gives the same greedy answer");
+
+    // A new revision of the repository: the update moves the model to it with its projector.
+    const before = (await admin("GET", "/api/v1/models/eye")).body as { source: { version: string } };
+    hub.putRepo({ name: REPO, revisions: { main: fakeCommitSha(`${REPO}@v2`) }, files: [...repoFiles, { path: "NOTES.md", content: Buffer.from("v2\n") }] });
+    const { stdout: updated } = await ctl(["model", "update", "eye", "--json"]);
+    assert.equal((JSON.parse(updated) as { state: string }).state, "done", updated);
+    const after = (await admin("GET", "/api/v1/models/eye")).body as { source: { version: string; projector?: string } };
+    assert.notEqual(after.source.version, before.source.version);
+    assert.equal(after.source.projector, PROJECTOR, "the update keeps the vision projector");
+    await readyReplica("eye");
+    assert.equal((await ask(black)).text, onBlack.text, "images still reach the new revision's llama-server");
 
     // The model without a projector refuses image parts at the gateway, before any engine.
     await assert.rejects(
