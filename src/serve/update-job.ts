@@ -111,7 +111,13 @@ export function updateJobHandler(deps: JobDependencies): JobHandler {
         const prepared = await prepareMirrorFetch({
           // The same file the model serves now (with the other parts of its set, and its vision
           // projector: an update must not leave a vision model without one), at the new commit.
-          request: { repo: origin.repo, revision: ref, file: source.file, model: source.model, ...(source.projector === undefined ? {} : { projector: source.projector }) },
+          request: {
+            repo: origin.repo,
+            revision: ref,
+            file: source.file,
+            model: source.model,
+            ...(source.projector === undefined ? {} : { projector: source.projector }),
+          },
           registry: deps.registry,
           mirror: deps.mirror,
           signal: job.signal,
