@@ -75,6 +75,12 @@ testBothStores("an adapter is served under MODEL:NAME (or its own name), resolve
   // Another model may not take an adapter's served name, as a name or an alias.
   await assert.rejects(catalog.create({ ...withAdapters("tiny:style", []) }, "t"), ConflictError);
   await assert.rejects(catalog.create({ ...withAdapters("other", []), aliases: ["tiny-terse"] }, "t"), ConflictError);
+  // An adapter may not take its own model's name (every base request would run with it), nor the model be renamed to an adapter's.
+  await assert.rejects(
+    catalog.update("tiny", { adapters: [{ name: "style", served_name: "tiny", source: file(style) }] }, "t"),
+    refused("invalid_field", "adapters.0.served_name", /already the model's name/),
+  );
+  await assert.rejects(catalog.update("tiny", { name: "tiny-terse" }, "t"), refused("invalid_field", "adapters.1.served_name"));
   // Removing the adapter frees its name.
   await catalog.update("tiny", { adapters: [{ name: "style", source: file(style) }] }, "t");
   assert.equal(catalog.resolve("tiny-terse"), undefined);
@@ -131,6 +137,10 @@ test("the definition's rules: unique names, served names apart from the model's,
     /an embedding model .* takes none/,
   );
   assert.match(issues(withAdapters("t", [{ name: "a", source: file("style.gguf") }])), /must be an absolute path on the nodes/);
+  assert.match(
+    issues({ ...withAdapters("g", [{ name: "a", source: file(style) }]), role: "guard", guard_format: "json" }),
+    /a guard model \(role guard\) takes none/,
+  );
   assert.match(
     issues({
       ...withAdapters("t", [{ name: "a", source: { kind: "mirror", model: "m", version: "v", file: "a.gguf" } }]),

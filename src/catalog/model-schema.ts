@@ -361,6 +361,7 @@ function checkModel(
 function checkAdapters(
   model: {
     name?: string;
+    role: string;
     aliases: string[];
     profiles: { engine: string; embeddings?: boolean | undefined }[];
     adapters: { name: string; served_name?: string | undefined; source: { kind: string; path?: string } }[];
@@ -374,6 +375,10 @@ function checkAdapters(
       path: ["adapters"],
       message: "belong to models that llmgw runs (llamacpp or vllm profiles); an external server serves its own adapters under its own names",
     });
+  }
+  if (model.role === "guard") {
+    // Guards are asked by their model's name through internal calls, which choose no adapter.
+    ctx.addIssue({ code: "custom", path: ["adapters"], message: "belong to serving models; a guard model (role guard) takes none" });
   }
   if (model.profiles.some((p) => p.embeddings === true)) {
     ctx.addIssue({ code: "custom", path: ["adapters"], message: "apply to generation; an embedding model (embeddings: true) takes none" });
