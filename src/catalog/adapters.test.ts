@@ -149,6 +149,21 @@ test("the definition's rules: unique names, served names apart from the model's,
     /vLLM loads a PEFT adapter folder/,
   );
   assert.match(issues(withAdapters("t", [{ name: "a", scale: 0, source: file(style) }])), /scale/);
+  const gpu = { hardware: { gpu: { class: "H100" } } };
+  assert.match(
+    issues({
+      ...withAdapters("t", [{ name: "a", source: file("/adapters/a") }]),
+      profiles: [
+        { name: "cpu", engine: "llamacpp" },
+        { name: "gpu", engine: "vllm", ...gpu },
+      ],
+    }),
+    /a model with both llamacpp and vllm profiles takes no adapters/,
+  );
+  assert.match(
+    issues({ ...withAdapters("t", [{ name: "a", scale: 0.5, source: file("/adapters/a") }]), profiles: [{ name: "gpu", engine: "vllm", ...gpu }] }),
+    /leave scale at 1 for vllm profiles/,
+  );
   assert.equal(newModelSchema.safeParse(withAdapters("t", [{ name: "a", source: file(style) }])).success, true);
 });
 

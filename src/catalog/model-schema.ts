@@ -384,6 +384,10 @@ function checkAdapters(
     ctx.addIssue({ code: "custom", path: ["adapters"], message: "apply to generation; an embedding model (embeddings: true) takes none" });
   }
   const engines = new Set(model.profiles.map((p) => p.engine));
+  if (engines.has("llamacpp") && engines.has("vllm")) {
+    // One adapter cannot be both: a GGUF file for llama.cpp and a PEFT folder for vLLM.
+    ctx.addIssue({ code: "custom", path: ["adapters"], message: "need one kind of engine: a model with both llamacpp and vllm profiles takes no adapters" });
+  }
   const names = new Set<string>();
   const served = new Set<string>([...(model.name === undefined ? [] : [model.name]), ...model.aliases]);
   model.adapters.forEach((adapter, index) => {
@@ -402,6 +406,9 @@ function checkAdapters(
     }
     if (adapter.source.kind === "file" && !path.isAbsolute(adapter.source.path ?? "")) {
       ctx.addIssue({ code: "custom", path: ["adapters", index, "source", "path"], message: "must be an absolute path on the nodes" });
+    }
+    if (engines.has("vllm") && (adapter as { scale?: number }).scale !== undefined && (adapter as { scale?: number }).scale !== 1) {
+      ctx.addIssue({ code: "custom", path: ["adapters", index, "scale"], message: "vLLM applies an adapter as trained: leave scale at 1 for vllm profiles" });
     }
     if (engines.has("vllm") && adapter.source.kind === "mirror") {
       ctx.addIssue({
