@@ -137,7 +137,7 @@ engine
   .description(
     "Build llama-server (with llama-bench and llama-batched-bench) from the llama.cpp source node-llama-cpp ships, into ~/.cache/llmgw/llama.cpp/<commit>/; prints the path for `llmgw agent --llama-server` (or use --llama-server auto)",
   )
-  .option("--out <dir>", "build into this folder instead of the cache")
+  .option("--out <dir>", "build into this folder (new, empty, or an earlier build) instead of the cache")
   .option("--jobs <n>", "compile jobs (default: one per core)")
   .option("--quiet", "print only the path")
   .action(async (options: { out?: string; jobs?: string; quiet?: boolean }) => {
