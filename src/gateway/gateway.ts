@@ -364,8 +364,10 @@ export class Gateway {
       const routed = adapter === null ? null : upstreamOf(replica, adapter);
       const upstreamModel = routed?.model ?? replica.upstreamModel;
       const fields = routed?.fields ?? NO_FIELDS;
+      // Bodies are kept per upstream name, and per adapter id too: replicas rolling out a change may know an adapter by another id.
+      const cacheKey = fields === NO_FIELDS ? upstreamModel : `${upstreamModel}\u0000${JSON.stringify(fields)}`;
       if (assembles(replica)) {
-        const key = `${upstreamModel}\u0000stream`;
+        const key = `${cacheKey}\u0000stream`;
         let streamed = payloads.get(key);
         if (streamed === undefined) {
           streamed = Buffer.from(
@@ -378,18 +380,18 @@ export class Gateway {
       // The body as it arrived only when nothing is to be added to it (an adapter choice is).
       const asSent = upstreamModel === body.model && route.wire === undefined && outputCap === null && fields.lora === undefined;
       if (asSent && !injectUsage) return request.raw;
-      let payload = payloads.get(upstreamModel);
+      let payload = payloads.get(cacheKey);
       if (payload === undefined && asSent) {
         // Only the usage to ask for: the body as it arrived, with the field spliced in.
         payload = withUsageRequested(request.raw, body) ?? undefined;
-        if (payload !== undefined) payloads.set(upstreamModel, payload);
+        if (payload !== undefined) payloads.set(cacheKey, payload);
       }
       if (payload === undefined) {
         // Safe to re-serialise: parseJsonBody refused anything nested deep enough to overflow.
         const rewritten: Record<string, unknown> = { ...body, model: upstreamModel, ...fields, ...outputCap };
         if (injectUsage) rewritten.stream_options = { ...((body.stream_options as object | null | undefined) ?? {}), include_usage: true };
         payload = Buffer.from(JSON.stringify(rewritten));
-        payloads.set(upstreamModel, payload);
+        payloads.set(cacheKey, payload);
       }
       return payload;
     };
