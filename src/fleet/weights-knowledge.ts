@@ -86,7 +86,11 @@ export class WeightsKnowledge {
       .executeTakeFirst()
       .catch(() => undefined);
     if (row === undefined || row.source !== JSON.stringify(model.definition.source)) return null;
-    return JSON.parse(row.weights) as ModelWeights;
+    // The row is keyed by the source alone, so it says nothing sure of the adapters: a model
+    // with adapters waits for bytes this server can read. Rows kept before adapters existed have none.
+    if (model.definition.adapters.length > 0) return null;
+    const weights = JSON.parse(row.weights) as ModelWeights;
+    return { ...weights, adapters: weights.adapters ?? [] };
   }
 
   /** Starts copying a mirrored version held only by another server; true while a copy runs. */
