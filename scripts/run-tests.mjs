@@ -26,6 +26,7 @@ const unit = [
   "src/catalog/sealed-keys.test.ts",
   "src/catalog/weights-check.test.ts",
   "src/catalog/adapters.test.ts",
+  "src/catalog/peft-folder.test.ts",
   "src/fleet/weights-knowledge.test.ts",
   "src/cli/local-paths.test.ts",
   "src/cli/ctl-job.test.ts",

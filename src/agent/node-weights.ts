@@ -9,10 +9,11 @@
 // check finds (missing, a link, not a GGUF llama.cpp loads).
 import path from "node:path";
 import { checkWeightsFile } from "../catalog/weights-check.ts";
-import type { Assignment } from "../fleet/agent-protocol.ts";
+import { listPeftFolder } from "../catalog/peft-folder.ts";
+import type { AssignedAdapter, Assignment } from "../fleet/agent-protocol.ts";
 import type { PreparedWeights, WeightsProvider } from "./node-agent.ts";
 import type { CacheFileSpec, WeightCache } from "./weight-cache.ts";
-import { WeightsIdentityError, type WeightsIdentity } from "./weights-identity.ts";
+import { type ExpectedWeightsFile, WeightsIdentityError, type WeightsIdentity } from "./weights-identity.ts";
 
 export class NodeWeights implements WeightsProvider {
   private readonly holding = new Set<string>();
@@ -81,28 +82,56 @@ export class NodeWeights implements WeightsProvider {
   /**
    * The adapters' paths on this node, in the model's order, each checked as weights are: a
    * mirrored one fetched to the cache, and every pinned one hashed against its size and
-   * sha256 before the engine starts (a changed file refuses the start with both values).
+   * sha256 before the engine starts (a changed file refuses the start with both values). A
+   * vLLM adapter folder must hold exactly the files the server pinned: a file added to it
+   * (another adapter_model.bin, say) would change what vLLM loads as surely as a changed one.
    */
   private async prepareAdapters(assignment: Assignment, signal: AbortSignal): Promise<string[]> {
     const adapters = assignment.adapters ?? [];
     if (adapters.length === 0) return [];
     const paths: string[] = [];
+    const pinned: ExpectedWeightsFile[] = [];
     for (const adapter of adapters) {
       if (adapter.source.kind === "mirror") {
         const spec: CacheFileSpec = { ...adapter.source, bytes: adapter.bytes ?? 0, sha256: adapter.sha256 ?? "" };
         const [cached] = await this.options.cache.ensure([spec], { signal });
         paths.push(cached!);
+        pinned.push({ path: cached!, bytes: spec.bytes, sha256: spec.sha256 });
+        continue;
+      }
+      const folder = adapter.source.path;
+      paths.push(folder);
+      if (adapter.files !== undefined) {
+        pinned.push(...(await checkFolderFiles(folder, adapter.files, `Adapter '${adapter.name}' of model '${assignment.modelName}'`)));
+      } else if (adapter.sha256 !== null && adapter.bytes !== null) {
+        await checkWeightsFile({ file: folder, modelName: assignment.modelName, param: `adapter ${adapter.name}`, llamaCpp: false, signal });
+        pinned.push({ path: folder, bytes: adapter.bytes, sha256: adapter.sha256 });
       } else {
-        // A vLLM adapter folder has no pin; its adapter_config.json must be there.
-        const file = adapter.sha256 === null ? path.join(adapter.source.path, "adapter_config.json") : adapter.source.path;
-        await checkWeightsFile({ file, modelName: assignment.modelName, param: `adapter ${adapter.name}`, llamaCpp: false, signal });
-        paths.push(adapter.source.path);
+        // From a server that pinned no folder files: at least the config must be there.
+        const config = path.join(folder, "adapter_config.json");
+        await checkWeightsFile({ file: config, modelName: assignment.modelName, param: `adapter ${adapter.name}`, llamaCpp: false, signal });
       }
     }
-    const pinned = adapters.flatMap((adapter, index) =>
-      adapter.sha256 === null || adapter.bytes === null ? [] : [{ path: paths[index]!, bytes: adapter.bytes, sha256: adapter.sha256 }],
-    );
     await this.options.identity.verify(pinned, signal);
     return paths;
   }
+}
+
+/** The folder's files against the pinned list: the same names (none missing, none added), then each file's pin to verify. */
+async function checkFolderFiles(folder: string, files: NonNullable<AssignedAdapter["files"]>, what: string): Promise<ExpectedWeightsFile[]> {
+  const here = new Set((await listPeftFolder(folder, what)).map((entry) => entry.file));
+  const wanted = new Set(files.map((entry) => entry.file));
+  const missing = [...wanted].filter((file) => !here.has(file));
+  const added = [...here].filter((file) => !wanted.has(file));
+  if (missing.length > 0 || added.length > 0) {
+    const parts = [
+      ...(missing.length > 0 ? [`${missing.join(", ")} ${missing.length === 1 ? "is" : "are"} missing`] : []),
+      ...(added.length > 0 ? [`${added.join(", ")} ${added.length === 1 ? "was" : "were"} added`] : []),
+    ];
+    throw new WeightsIdentityError(
+      `${what}: the folder ${folder} on this node is not the one the server pinned (${parts.join("; ")}). Make it the same on every node (copy the adapter folder again), or update the model so the server pins it anew.`,
+      { code: "weights_changed", file: folder },
+    );
+  }
+  return files.map((entry) => ({ path: path.join(folder, entry.file), bytes: entry.bytes, sha256: entry.sha256 }));
 }

@@ -4,14 +4,14 @@
 // GGUF LoRA adapter made for this model: the same architecture, embedding size and layers
 // (src/gguf/lora-adapter.ts). llama.cpp itself only says "tensor has incorrect shape (maybe
 // wrong base model?)" at load, on every node, after placement; here the operator gets both
-// values at once. vLLM loads a PEFT adapter folder, which must hold adapter_config.json.
-import { lstat } from "node:fs/promises";
-import path from "node:path";
+// values at once. vLLM loads a PEFT adapter folder: a LoRA config of a rank vLLM serves and
+// the adapter's weights, as regular files (peft-folder.ts).
 import { BadRequestError, describeError } from "../core/errors.ts";
 import type { GgufHeaderSummary } from "../gguf/header.ts";
 import { checkAdapterFitsModel, readLoraAdapter } from "../gguf/lora-adapter.ts";
 import type { ModelDefinition } from "./model-schema.ts";
-import { checkWeightsFile, locateWeights, type MirrorLocator } from "./weights-check.ts";
+import { listPeftFolder, readPeftConfig } from "./peft-folder.ts";
+import { checkWeightsFile, heldElsewhere, locateWeights, type MirrorLocator } from "./weights-check.ts";
 
 export async function checkAdapters(options: {
   model: { name: string; definition: ModelDefinition };
@@ -30,6 +30,8 @@ export async function checkAdapters(options: {
       await checkPeftFolder(adapter.source.kind === "file" ? adapter.source.path : "", what, param);
       continue;
     }
+    // Bytes only another running server holds: the leader copies them and checks them against the model (adapter-pins.ts).
+    if (await heldElsewhere(options.mirror, adapter.source)) continue;
     const located = await locateWeights({ source: adapter.source, modelName: model.name, ...(options.mirror ? { mirror: options.mirror } : {}) });
     await checkWeightsFile({ file: located.file, modelName: model.name, param, llamaCpp: false, ...(options.signal ? { signal: options.signal } : {}) });
     let info: Awaited<ReturnType<typeof readLoraAdapter>>;
@@ -51,13 +53,17 @@ export async function checkAdapters(options: {
   }
 }
 
+/** A LoRA PEFT folder of a rank vLLM serves, with the adapter's weights, and nothing a pin cannot hold (links, too many files). */
 async function checkPeftFolder(folder: string, what: string, param: string): Promise<void> {
-  const config = path.join(folder, "adapter_config.json");
-  const info = await lstat(config).catch(() => null);
-  if (!path.isAbsolute(folder) || info === null || !info.isFile()) {
-    throw new BadRequestError(
-      `${what} must be a PEFT adapter folder on the nodes for vLLM (one holding adapter_config.json and the adapter's safetensors), but ${config} is not a file.`,
-      { code: "adapter_invalid", param },
-    );
+  await readPeftConfig(folder, what, param);
+  const files = await listPeftFolder(folder, what, param);
+  if (!files.some((f) => PEFT_WEIGHT_FILES.includes(f.file))) {
+    throw new BadRequestError(`${what}: ${folder} holds adapter_config.json but no ${PEFT_WEIGHT_FILES.join(" or ")}, the adapter's weights vLLM loads.`, {
+      code: "adapter_invalid",
+      param,
+    });
   }
 }
+
+/** The weights file names PEFT saves and vLLM reads (safetensors first). */
+const PEFT_WEIGHT_FILES = ["adapter_model.safetensors", "adapter_model.bin"];

@@ -18,7 +18,7 @@ import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { Catalog } from "./catalog.ts";
 import { newModelSchema } from "./model-schema.ts";
-import { DiskWeightsChecker } from "./weights-check.ts";
+import { DiskWeightsChecker, type MirrorLocator } from "./weights-check.ts";
 import type { Store } from "../store/store.ts";
 
 let dir: string;
@@ -187,4 +187,26 @@ test("each engine is told the adapter in its own terms; a base request to a mode
   assert.deepEqual(upstreamOf(replica("llamacpp", []), plain), { model: "tiny", fields: {} }, "a replica that loaded none gets no field");
   assert.deepEqual(upstreamOf(replica("vllm"), plain), { model: "tiny", fields: {} });
   assert.equal(adapterChoice(catalog, "tiny", without), null, "a model without adapters: nothing added");
+});
+
+test("weights held only by another running server: the adapters here are still checked at the door", async () => {
+  const mirrored = { kind: "mirror", model: "o--m", version: "0123456789ab", file: "m.gguf" };
+  const elsewhere: MirrorLocator = {
+    root: dir,
+    check: async () => ({
+      kind: "elsewhere" as const,
+      holders: [{ name: "b", live: true, lastSeen: null }],
+      server: "a",
+      size: 1000,
+      sha256: "a".repeat(64),
+      error: new ConflictError("held by server b only", { code: "mirror_file_elsewhere" }),
+    }),
+  } as unknown as MirrorLocator;
+  const checker = new DiskWeightsChecker({ mirror: elsewhere });
+  const model = (adapter: string) => ({
+    name: "m",
+    definition: newModelSchema.parse({ ...withAdapters("m", [{ name: "a", source: file(adapter) }]), source: mirrored }),
+  });
+  await assert.rejects(checker.check(model(base)), refused("adapter_invalid", "adapters.0.source", /not a LoRA adapter/));
+  await checker.check(model(style));
 });

@@ -69,24 +69,37 @@ export class DiskWeightsChecker implements WeightsChecker {
     const { source, profiles } = model.definition;
     // External profiles load nothing here; the schema already requires a source otherwise.
     if (source === undefined || profiles.every((p) => p.engine === "external")) return;
-    if (source.kind === "mirror" && this.options.mirror !== undefined) {
-      // Several servers: bytes another running server holds were verified against their
-      // sha256 there. This server cannot read them; the leader reads their header (copying
-      // them first) before it places a replica, and says so in the model's health.
-      const checked = await this.options.mirror.check(source.model, source.version, source.file);
-      if (checked.kind === "elsewhere" && checked.holders.some((holder) => holder.live)) return;
+    const mirror = this.options.mirror;
+    // Several servers: bytes another running server holds were verified against their sha256
+    // there. This server cannot read them; the leader reads their header (copying them first)
+    // before it places a replica, checks the adapters against it, and says so in the
+    // model's health. What is here is still checked now.
+    let header: GgufHeaderSummary | undefined;
+    if (!(await heldElsewhere(mirror, source))) {
+      const located = await locateWeights({ source, modelName: model.name, ...(mirror ? { mirror } : {}) });
+      const checked = await checkWeightsFile({
+        ...located,
+        modelName: model.name,
+        llamaCpp: profiles.some((p) => p.engine === "llamacpp"),
+        ...(signal ? { signal } : {}),
+      });
+      header = checked.header;
     }
-    const located = await locateWeights({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}) });
-    const checked = await checkWeightsFile({
-      ...located,
-      modelName: model.name,
-      llamaCpp: profiles.some((p) => p.engine === "llamacpp"),
-      ...(signal ? { signal } : {}),
-    });
-    await checkAdapters({ model, header: checked.header, ...(this.options.mirror ? { mirror: this.options.mirror } : {}), ...(signal ? { signal } : {}) });
-    if (source.projector !== undefined)
-      await checkProjector({ source, modelName: model.name, ...(this.options.mirror ? { mirror: this.options.mirror } : {}), ...(signal ? { signal } : {}) });
+    await checkAdapters({ model, header, ...(mirror ? { mirror } : {}), ...(signal ? { signal } : {}) });
+    if (source.projector !== undefined && !(await heldElsewhere(mirror, source.kind === "mirror" ? { ...source, file: source.projector } : source))) {
+      await checkProjector({ source, modelName: model.name, ...(mirror ? { mirror } : {}), ...(signal ? { signal } : {}) });
+    }
   }
+}
+
+/** Whether a mirrored file's bytes are only on other servers, one of them running (so the leader copies them). */
+export async function heldElsewhere(
+  mirror: MirrorLocator | undefined,
+  source: { kind: "file" } | { kind: "mirror"; model: string; version: string; file: string },
+): Promise<boolean> {
+  if (source.kind !== "mirror" || mirror === undefined) return false;
+  const checked = await mirror.check(source.model, source.version, source.file);
+  return checked.kind === "elsewhere" && checked.holders.some((holder) => holder.live);
 }
 
 /**

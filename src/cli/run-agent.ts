@@ -128,7 +128,13 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
         ...(projectorPath === undefined ? {} : { projectorPath }),
         ...(adapterPaths === undefined
           ? {}
-          : { adapters: (assignment.adapters ?? []).map((adapter, index) => ({ servedName: adapter.servedName, path: adapterPaths[index]! })) }),
+          : {
+              adapters: (assignment.adapters ?? []).map((adapter, index) => ({
+                servedName: adapter.servedName,
+                path: adapterPaths[index]!,
+                ...(adapter.rank === undefined ? {} : { rank: adapter.rank }),
+              })),
+            }),
         engineKey: assignment.engineKey,
         attempt: { attempt, host, port, stateDir },
         engines,

@@ -53,6 +53,8 @@ export interface ReplicaLaunchOptions {
 export interface LaunchAdapter {
   servedName: string;
   path: string;
+  /** A vLLM adapter's LoRA rank, when the server read it. */
+  rank?: number;
 }
 
 /** The engine that runs `profile` on a node with `engines`; throws when the node cannot run it. */

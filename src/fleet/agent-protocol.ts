@@ -83,7 +83,8 @@ export interface AssignedFile {
 /**
  * A LoRA adapter the replica's engine loads beside the weights (model-schema.ts `adapters`),
  * in the model's order: its position is the id requests select it by. Pinned like weights:
- * a node checks size and sha256 before every start (null for a vLLM adapter folder).
+ * a node checks size and sha256 before every start. A vLLM adapter folder has no sha256 of
+ * its own: `files` pins each of its files, and the folder must hold exactly those.
  */
 export interface AssignedAdapter {
   name: string;
@@ -93,6 +94,10 @@ export interface AssignedAdapter {
   source: { kind: "file"; path: string } | { kind: "mirror"; model: string; version: string; file: string };
   bytes: number | null;
   sha256: string | null;
+  /** A vLLM adapter folder's files ('/'-separated paths inside it), each with its size and sha256. */
+  files?: { file: string; bytes: number; sha256: string }[];
+  /** A vLLM adapter's LoRA rank (adapter_config.json `r`), for --max-lora-rank. */
+  rank?: number;
 }
 
 export interface Assignment {

@@ -7,11 +7,10 @@ import { lstat } from "node:fs/promises";
 import path from "node:path";
 import { describeError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
-import { adapterServedName } from "../catalog/model-schema.ts";
 import { readGgufHeader, type GgufHeaderSummary } from "../gguf/header.ts";
 import type { Mirror } from "../mirror/mirror.ts";
 import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
-import { ContentHasher, hashFileInto } from "../mirror/content-hash.ts";
+import { FileHashMemo, pinAdapters } from "./adapter-pins.ts";
 
 export interface ModelWeights {
   /** "mirror:MODEL/VERSION" or "file:/abs/path". */
@@ -20,7 +19,7 @@ export interface ModelWeights {
   files: AssignedFile[];
   /** Bytes of the vision projector, which llama-server loads beside the weights. */
   projectorBytes?: number;
-  /** The model's adapters, pinned: a mirrored one by the mirror's sha256, a GGUF file by hashing it now. */
+  /** The model's adapters, pinned (adapter-pins.ts). */
   adapters: AssignedAdapter[];
   bytes: number;
   header?: GgufHeaderSummary;
@@ -31,11 +30,13 @@ export function splitPartSuffix(no: number, count: number): string {
   return `-${String(no + 1).padStart(5, "0")}-of-${String(count).padStart(5, "0")}.gguf`;
 }
 
-/** The model's weights as this server sees them; throws with the reason when they are not servable now. */
 /** What the fleet reads of the mirror: a file's check, and (for vLLM folders) the files of a version. */
 export type MirrorReader = Pick<Mirror, "check"> & Partial<Pick<Mirror, "list" | "replicate">>;
 
-export async function readModelWeights(model: CatalogModel, mirror: MirrorReader): Promise<ModelWeights> {
+/** The model's weights as this server sees them; throws with the reason when they are not servable now. */
+/** `memo`: the sha256 of adapter files already hashed on this server (adapter-pins.ts). */
+export async function readModelWeights(model: CatalogModel, mirror: MirrorReader, memo: FileHashMemo = new FileHashMemo()): Promise<ModelWeights> {
+  const adapters = (header: GgufHeaderSummary | undefined) => pinAdapters({ model, mirror, llamaCpp, header, memo });
   const source = model.definition.source;
   if (source === undefined) throw new Error(`model '${model.name}' has no weights source`);
   const llamaCpp = model.definition.profiles.some((p) => p.engine === "llamacpp");
@@ -54,7 +55,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
       const bytes = (await lstat(source.projector)).size;
       files.push({ file: source.projector, bytes, sha256: originSha256(model, source.projector, bytes) });
     }
-    return withTotals(`file:${source.path}`, files, source.projector, header, await pinAdapters(model, mirror, llamaCpp));
+    return withTotals(`file:${source.path}`, files, source.projector, header, await adapters(header));
   }
   const checked = await mirror.check(source.model, source.version, source.file);
   if (checked.kind !== "ok") throw checked.error;
@@ -83,32 +84,7 @@ export async function readModelWeights(model: CatalogModel, mirror: MirrorReader
     if (projectorChecked.kind !== "ok") throw projectorChecked.error;
     files.push({ file: source.projector, bytes: projectorChecked.size, sha256: projectorChecked.sha256 });
   }
-  return withTotals(`mirror:${source.model}/${source.version}`, files, source.projector, header, await pinAdapters(model, mirror, llamaCpp));
-}
-
-/**
- * The model's adapters with the size and sha256 a node must find. A file adapter is hashed
- * here, once per model definition (the fleet caches what this returns), so a copy that later
- * differs on a node is refused before its engine starts; a vLLM adapter folder is not pinned.
- */
-async function pinAdapters(model: CatalogModel, mirror: MirrorReader, llamaCpp: boolean): Promise<AssignedAdapter[]> {
-  const pinned: AssignedAdapter[] = [];
-  for (const adapter of model.definition.adapters) {
-    const { name, scale, source } = adapter;
-    const servedName = adapterServedName(model.name, adapter);
-    if (source.kind === "mirror") {
-      const checked = await mirror.check(source.model, source.version, source.file);
-      if (checked.kind !== "ok") throw checked.error;
-      pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
-    } else if (!llamaCpp) {
-      pinned.push({ name, servedName, scale, source, bytes: null, sha256: null });
-    } else {
-      const hasher = new ContentHasher(null);
-      const bytes = await hashFileInto(source.path, hasher);
-      pinned.push({ name, servedName, scale, source, bytes, sha256: hasher.digest().sha256 });
-    }
-  }
-  return pinned;
+  return withTotals(`mirror:${source.model}/${source.version}`, files, source.projector, header, await adapters(header));
 }
 
 function withTotals(

@@ -1,12 +1,19 @@
 // What a new leader uses when a model's mirrored bytes are held only by another server: the
 // weights a leader read before (model_weights). The row is keyed by the model's source, so
 // it may predate the model's adapters (or adapters altogether): a model without adapters is
-// placed from it, one with adapters waits for bytes this server can read.
+// placed from it, one with adapters waits for bytes this server can read. And what is
+// copied here from a holder: every mirrored version the model needs, adapters' included.
+import { test } from "node:test";
 import assert from "node:assert/strict";
+import { mkdtemp, rm, stat } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { modelDefinitionSchema } from "../catalog/model-schema.ts";
 import { LlmgwError } from "../core/errors.ts";
 import { silentLogger } from "../core/log.ts";
+import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
+import { eventually } from "../../test/support/eventually.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import type { MirrorReader } from "./model-weights.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
@@ -51,4 +58,40 @@ testBothStores("a kept row from before adapters places a model without them, and
   assert.deepEqual(knowledge.adaptersOf(plain.id), []);
   assert.equal(knowledge.optionsFor(styled), null, "a model with adapters is not placed from a row that cannot say which adapters it read");
   assert.deepEqual(problems, ["styled"]);
+});
+
+test("weights here, a mirrored adapter held only by another server: the adapter's version is copied, not the weights'", async () => {
+  const dir = await mkdtemp(path.join(tmpdir(), "llmgw-knowledge-"));
+  try {
+    const weightsFile = path.join(dir, "m.gguf");
+    await writeTinyLlamaGguf({ path: weightsFile, seed: 1 });
+    const adapterSource = { kind: "mirror" as const, model: "o--style", version: "fedcba987654", file: "style.gguf" };
+    const replicated: string[] = [];
+    const holders = [{ name: "b", live: true, lastSeen: null }];
+    const mirror = {
+      check: async (mirrorModel: string) =>
+        mirrorModel === source.model
+          ? { kind: "ok" as const, path: weightsFile, size: (await stat(weightsFile)).size, sha256: "b".repeat(64) }
+          : {
+              kind: "elsewhere" as const,
+              holders,
+              server: "a",
+              error: new LlmgwError({ status: 409, code: "mirror_file_elsewhere", message: "held by server b only" }),
+            },
+      replicate: async (mirrorModel: string, version: string) => {
+        replicated.push(`${mirrorModel}/${version}`);
+        return { copied: 1, failed: 0 };
+      },
+    } as unknown as MirrorReader;
+    const copied: string[] = [];
+    const knowledge = new WeightsKnowledge({ mirror, logger: silentLogger(), onCopied: () => copied.push("copied") });
+    const styled = model("styled", [{ name: "style", source: adapterSource }]);
+    const problems: string[] = [];
+    await knowledge.refresh([styled], (id) => problems.push(id));
+    assert.deepEqual(replicated, ["o--style/fedcba987654"]);
+    assert.match(knowledge.problem(styled.id) ?? "", /copying them from that server now/);
+    await eventually("the copy to end", () => copied.length === 1);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });

@@ -16,6 +16,7 @@ import { nowIso, type Store } from "../store/store.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
 import type { PlacementOption } from "./fleet-types.ts";
+import { FileHashMemo } from "./adapter-pins.ts";
 import { readModelWeights, type MirrorReader, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { runsOnEngines } from "./reconciler.ts";
 import { replicaNeeds } from "./replica-needs.ts";
@@ -26,6 +27,8 @@ export class WeightsKnowledge {
   private readonly known = new Map<string, WeightsInfo>();
   /** Mirror versions being copied here from another server, by `model/version`. */
   private readonly copying = new Set<string>();
+  /** Adapter files hashed on this server, by stamp: a pass that reads the weights again does not hash them again. */
+  private readonly hashes = new FileHashMemo();
 
   /** `onCopied`: a version copied from another server is here now (the fleet reconciles again). */
   /** `store`: where what was read is kept for the next leader (absent in some tests: nothing is kept). */
@@ -38,11 +41,11 @@ export class WeightsKnowledge {
       const known = this.known.get(model.id);
       if (known !== undefined && known.definitionAt === model.updated_at && "weights" in known) continue;
       try {
-        const weights = await readModelWeights(model, this.options.mirror);
+        const weights = await readModelWeights(model, this.options.mirror, this.hashes);
         this.known.set(model.id, { definitionAt: model.updated_at, weights });
         await this.keep(model, weights);
       } catch (error) {
-        const copying = this.copyFromHolder(model, error);
+        const copying = await this.copyFromHolder(model, error);
         const kept = errorCode(error) === "mirror_file_elsewhere" ? await this.kept(model) : null;
         if (kept !== null) {
           this.known.set(model.id, { definitionAt: model.updated_at, weights: kept });
@@ -93,29 +96,43 @@ export class WeightsKnowledge {
     return { ...weights, adapters: weights.adapters ?? [] };
   }
 
-  /** Starts copying a mirrored version held only by another server; true while a copy runs. */
-  private copyFromHolder(model: CatalogModel, error: unknown): boolean {
-    const source = model.definition.source;
+  /**
+   * Starts copying the mirrored versions of this model (its weights, its mirrored adapters)
+   * held only by another server; true while a copy runs.
+   */
+  private async copyFromHolder(model: CatalogModel, error: unknown): Promise<boolean> {
     const replicate = this.options.mirror.replicate?.bind(this.options.mirror);
-    if (errorCode(error) !== "mirror_file_elsewhere" || source?.kind !== "mirror" || replicate === undefined) return false;
-    const key = `${source.model}/${source.version}`;
-    if (this.copying.has(key)) return true;
-    this.copying.add(key);
-    this.options.logger.info({ model: model.name, version: key }, "copying mirrored weights from the server that holds them");
-    void replicate(source.model, source.version, {})
-      .then(
-        (summary) => this.options.logger.info({ version: key, copied: summary.copied, failed: summary.failed }, "mirrored weights copied from another server"),
-        (copyError: unknown) =>
-          this.options.logger.warn(
-            { version: key, err: describeError(copyError) },
-            "could not copy mirrored weights from another server; trying again at the next pass",
-          ),
-      )
-      .finally(() => {
-        this.copying.delete(key);
-        this.options.onCopied?.();
-      });
-    return true;
+    if (errorCode(error) !== "mirror_file_elsewhere" || replicate === undefined) return false;
+    const needed = [model.definition.source, ...model.definition.adapters.map((adapter) => adapter.source)].flatMap((source) =>
+      source?.kind === "mirror" ? [source] : [],
+    );
+    let copying = false;
+    for (const source of needed) {
+      const key = `${source.model}/${source.version}`;
+      if (this.copying.has(key)) {
+        copying = true;
+        continue;
+      }
+      const checked = await this.options.mirror.check(source.model, source.version, source.file).catch(() => null);
+      if (checked?.kind !== "elsewhere" || !checked.holders.some((holder) => holder.live)) continue;
+      copying = true;
+      this.copying.add(key);
+      this.options.logger.info({ model: model.name, version: key }, "copying mirrored files from the server that holds them");
+      void replicate(source.model, source.version, {})
+        .then(
+          (summary) => this.options.logger.info({ version: key, copied: summary.copied, failed: summary.failed }, "mirrored files copied from another server"),
+          (copyError: unknown) =>
+            this.options.logger.warn(
+              { version: key, err: describeError(copyError) },
+              "could not copy mirrored files from another server; trying again at the next pass",
+            ),
+        )
+        .finally(() => {
+          this.copying.delete(key);
+          this.options.onCopied?.();
+        });
+    }
+    return copying;
   }
 
   /** Why the model's weights cannot be served now, or null (also while not yet read). */

@@ -32,6 +32,7 @@
 import { join } from "node:path";
 import type { Profile } from "../../catalog/model-schema.ts";
 import type { EngineLaunch } from "../../agent/supervisor-options.ts";
+import { vllmMaxLoraRank } from "../../catalog/peft-folder.ts";
 import { BadRequestError, LlmgwError } from "../../core/errors.ts";
 import { allOf, engineKeyCheck } from "../engine-key-check.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
@@ -66,10 +67,10 @@ export interface VllmLaunchOptions {
   fallbackAttentionBackend?: string;
   /**
    * LoRA adapters (PEFT folders on this node): served under their own names with
-   * `--enable-lora --lora-modules NAME=PATH ...`, so a request's `model` selects one. Ranks
-   * above vLLM's --max-lora-rank default need it in the profile's engine_args.
+   * `--enable-lora --lora-modules NAME=PATH ...`, so a request's `model` selects one, with
+   * the limits vLLM needs for them (loraLimits).
    */
-  adapters?: { servedName: string; path: string }[];
+  adapters?: { servedName: string; path: string; rank?: number }[];
 }
 
 export const DEFAULT_FALLBACK_ATTENTION_BACKEND = "TRITON_ATTN";
@@ -78,6 +79,26 @@ export const DEFAULT_FALLBACK_ATTENTION_BACKEND = "TRITON_ATTN";
 export const UNIX_SOCKET_PATH_MAX = 107;
 /** `/<uuid4>` after vLLM's ZeroMQ socket folder. */
 const VLLM_SOCKET_NAME_BYTES = 37;
+
+/** Adapters one batch may mix by default: each slot holds GPU memory for an adapter of the largest rank. */
+export const VLLM_MAX_LORAS_IN_BATCH = 4;
+
+/**
+ * vLLM's LoRA limits for these adapters (its defaults: rank 16, one adapter per batch, and
+ * CPU copies only for that one):
+ * - --max-lora-rank: the smallest rank vLLM accepts that holds every adapter's; it refuses
+ *   to load an adapter above it, and GPU memory is reserved for it, so not the largest.
+ * - --max-loras: requests for up to this many adapters share a batch; with the default 1,
+ *   requests for two adapters wait for each other.
+ * - --max-cpu-loras: every adapter stays in CPU memory, so none is read from disk again
+ *   when it comes back into a batch.
+ * A profile's engine_args come after these, so an operator's own values win.
+ */
+export function loraLimits(adapters: readonly { rank?: number }[]): string[] {
+  const ranks = adapters.flatMap((adapter) => (adapter.rank === undefined ? [] : [adapter.rank]));
+  const maxLoras = Math.min(adapters.length, VLLM_MAX_LORAS_IN_BATCH);
+  return ["--max-lora-rank", String(vllmMaxLoraRank(ranks)), "--max-loras", String(maxLoras), "--max-cpu-loras", String(Math.max(adapters.length, maxLoras))];
+}
 
 /** One attempt's launch of `vllm serve` for a vllm profile. */
 export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
@@ -132,6 +153,7 @@ export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
   if (attentionBackend !== null) args.push("--attention-backend", attentionBackend);
   if (options.adapters !== undefined && options.adapters.length > 0) {
     args.push("--enable-lora", "--lora-modules", ...options.adapters.map((adapter) => `${adapter.servedName}=${adapter.path}`));
+    args.push(...loraLimits(options.adapters));
   }
   // Last, so an operator's own flags win over ours.
   args.push(...options.profile.engine_args);

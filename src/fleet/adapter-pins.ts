@@ -1,0 +1,95 @@
+// Pins a model's LoRA adapters for its replicas (DESIGN.md "Adapters"): the size and sha256
+// a node must find before every engine start, as for weights. A mirrored adapter is pinned by
+// the mirror's verified row; a GGUF file adapter by hashing it here; a vLLM PEFT folder by
+// hashing each of its files (peft-folder.ts), with the LoRA rank vLLM must be told.
+//
+// The fleet reads a model's weights once per definition, but again on every pass while they
+// are a problem, and a PEFT folder can hold gigabytes: a file is hashed again only when its
+// stamp (device, inode, size, mtime, ctime) changed since it was last hashed here.
+import type { BigIntStats } from "node:fs";
+import { lstat } from "node:fs/promises";
+import path from "node:path";
+import { adapterServedName } from "../catalog/model-schema.ts";
+import { listPeftFolder, readPeftConfig } from "../catalog/peft-folder.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { checkAdapterFitsModel, readLoraAdapter } from "../gguf/lora-adapter.ts";
+import type { GgufHeaderSummary } from "../gguf/header.ts";
+import { ContentHasher, hashFileInto } from "../mirror/content-hash.ts";
+import type { AssignedAdapter } from "./agent-protocol.ts";
+import type { MirrorReader } from "./model-weights.ts";
+
+/** Most files remembered; a fleet pins a few adapters per model. */
+const MEMO_LIMIT = 4096;
+
+/** sha256 of files on this server's disk, remembered by stamp. */
+export class FileHashMemo {
+  readonly #memo = new Map<string, { stamp: string; bytes: number; sha256: string }>();
+  /** Files hashed (not answered from the memo); tests read it. */
+  hashed = 0;
+
+  async hash(file: string): Promise<{ bytes: number; sha256: string }> {
+    const stamp = stampOf(await lstat(file, { bigint: true }));
+    const known = this.#memo.get(file);
+    if (known !== undefined && known.stamp === stamp) return { bytes: known.bytes, sha256: known.sha256 };
+    const hasher = new ContentHasher(null);
+    const bytes = await hashFileInto(file, hasher);
+    this.hashed += 1;
+    const sha256 = hasher.digest().sha256;
+    // The stamp after hashing must be the one before: a file written meanwhile is not remembered.
+    if (stampOf(await lstat(file, { bigint: true })) === stamp) {
+      if (this.#memo.size >= MEMO_LIMIT) this.#memo.delete(this.#memo.keys().next().value!);
+      this.#memo.set(file, { stamp, bytes, sha256 });
+    }
+    return { bytes, sha256 };
+  }
+}
+
+function stampOf(info: BigIntStats): string {
+  return `${info.dev}:${info.ino}:${info.size}:${info.mtimeNs}:${info.ctimeNs}`;
+}
+
+/**
+ * The model's adapters with what a node must find. A llama.cpp adapter is also checked
+ * against the model's header when there is one: a definition added through another server
+ * (which could not read the weights) gets the door check's refusal here, in the model's
+ * health, instead of llama.cpp's "wrong base model" on every node.
+ */
+export async function pinAdapters(options: {
+  model: CatalogModel;
+  mirror: MirrorReader;
+  llamaCpp: boolean;
+  header: GgufHeaderSummary | undefined;
+  memo: FileHashMemo;
+}): Promise<AssignedAdapter[]> {
+  const { model, mirror, llamaCpp, header, memo } = options;
+  const pinned: AssignedAdapter[] = [];
+  for (const adapter of model.definition.adapters) {
+    const { name, scale, source } = adapter;
+    const servedName = adapterServedName(model.name, adapter);
+    const what = `Adapter '${name}' of model '${model.name}'`;
+    if (source.kind === "mirror") {
+      const checked = await mirror.check(source.model, source.version, source.file);
+      if (checked.kind !== "ok") throw checked.error;
+      if (llamaCpp) await checkFits(checked.path, header, model.name);
+      pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
+    } else if (!llamaCpp) {
+      const rank = (await readPeftConfig(source.path, what)).rank;
+      const files: NonNullable<AssignedAdapter["files"]> = [];
+      for (const entry of await listPeftFolder(source.path, what)) {
+        files.push({ file: entry.file, ...(await memo.hash(path.join(source.path, entry.file))) });
+      }
+      const bytes = files.reduce((sum, f) => sum + f.bytes, 0);
+      pinned.push({ name, servedName, scale, source, bytes, sha256: null, files, rank });
+    } else {
+      await checkFits(source.path, header, model.name);
+      pinned.push({ name, servedName, scale, source, ...(await memo.hash(source.path)) });
+    }
+  }
+  return pinned;
+}
+
+async function checkFits(file: string, header: GgufHeaderSummary | undefined, modelName: string): Promise<void> {
+  if (header === undefined) return;
+  const misfit = checkAdapterFitsModel(await readLoraAdapter({ file }), { ...header, source: modelName });
+  if (misfit !== null) throw new Error(`${misfit} Give an adapter trained on this model's base.`);
+}
