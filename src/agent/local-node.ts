@@ -11,6 +11,7 @@ import type { NodeInventory } from "../fleet/fleet-types.ts";
 import type { ServerParts } from "../server/server.ts";
 import { LocalWeights } from "./local-weights.ts";
 import { WeightsIdentity } from "./weights-identity.ts";
+import { AGENT_FEATURES } from "../fleet/fleet-types.ts";
 import { BUNDLED_ENGINE } from "./inventory.ts";
 import { NodeAgent, type LaunchBuilder, type SupervisorTimings } from "./node-agent.ts";
 import { readNodeIdentity, writeNodeIdentity } from "./node-identity.ts";
@@ -50,7 +51,7 @@ export async function startLocalNode(parts: ServerParts, options: LocalNodeOptio
   const { fleet } = parts;
   const agentDir = path.join(parts.config.dataDir, "agent");
   const address = "127.0.0.1";
-  const inventory = options.inventory ?? thisMachineInventory();
+  const inventory = { ...(options.inventory ?? thisMachineInventory()), features: AGENT_FEATURES };
   const name = options.name ?? localNodeName();
   let identity = readNodeIdentity(agentDir);
   if (identity !== null) {

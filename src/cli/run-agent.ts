@@ -15,6 +15,7 @@ import { modelDeclaresPooling } from "../engines/llama-server/llama-server-launc
 import { rayHeadLaunch, rayWorkerLaunch } from "../engines/vllm/ray-launch.ts";
 import { addressSchema, nodeNameSchema } from "../fleet/agent-protocol.ts";
 import { parseWith } from "../core/errors.ts";
+import { AGENT_FEATURES } from "../fleet/fleet-types.ts";
 import { detectInventory, parseLabels, readInventoryFile } from "../agent/inventory.ts";
 import { stopAllSupervisors } from "../agent/engine-supervisor.ts";
 import { stopOnSignals } from "./shutdown.ts";
@@ -68,7 +69,10 @@ export async function runAgentCommand(options: AgentCommandOptions): Promise<voi
   // `auto`: the llama-server `llmgw engine build` made for the bundled llama.cpp's commit.
   const llamaServer = options.llamaServer === "auto" ? await builtLlamaServer() : options.llamaServer;
   const engines: NodeEngines = { ...(llamaServer ? { llamaServer } : {}), ...(options.vllm ? { vllm: options.vllm } : {}) };
-  const inventory = options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger);
+  const inventory = {
+    ...(options.inventory !== undefined ? await readInventoryFile(path.resolve(options.inventory)) : await detected(engines, logger)),
+    features: AGENT_FEATURES,
+  };
 
   const assignments = new HttpAssignments(servers, {
     onSwitch: (from, to, why) => logger.info({ from, to, why }, "switched to another llmgw server of the cluster"),

@@ -26,7 +26,20 @@ export interface NodeInventory {
   memoryBytes: number;
   gpus: GpuInventory[];
   engines: EngineInventory[];
+  /**
+   * What this node's agent can do beyond what every agent does (AGENT_FEATURES), so a
+   * server places work that needs it only on agents that understand it. Absent: an agent
+   * from before features were reported.
+   */
+  features?: string[];
 }
+
+/**
+ * What agents of this version report: "adapters" — it loads a model's LoRA adapters and
+ * checks them before every start. An older agent would start the base model alone and
+ * serve it under every adapter's name.
+ */
+export const AGENT_FEATURES = ["adapters"];
 
 export type NodeLabels = Record<string, string>;
 
@@ -48,6 +61,8 @@ export interface ReplicaNeeds {
   llamaServerArgs?: true;
   /** llamacpp: the model has a vision projector, which only llama-server loads (--mmproj). */
   projector?: true;
+  /** The model has LoRA adapters: only agents reporting the "adapters" feature load them. */
+  adapters?: true;
 
   /** CPU profiles: memory on each node. */
   memoryBytes: number;

@@ -74,6 +74,7 @@ export const nodeInventorySchema = z
     memoryBytes: wholeNumber,
     gpus: z.array(gpuSchema, { error: "must be a list of GPUs (empty for none)" }),
     engines: z.array(engineSchema, { error: "must be a list of engines" }),
+    features: z.array(text(INVENTORY_LIMITS.nameLength), { error: "must be a list of feature names" }).max(32).optional(),
   })
   .superRefine((inventory, ctx) => {
     const { cores, memoryBytes, gpuMemoryBytes, gpus } = INVENTORY_LIMITS;

@@ -1,7 +1,8 @@
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { profileSchema } from "../catalog/model-schema.ts";
-import type { GgufModelShape } from "../gguf/memory-estimate.ts";
+import { DEFAULT_ADAPTER_CONTEXTS } from "../engines/llamacpp/adapter-lanes.ts";
+import { estimateGgufMemory, type GgufModelShape } from "../gguf/memory-estimate.ts";
 import type { EngineName, NodeState, PlacementNode, PlacementOption, PlacementRequest, PlacementResult, ReplicaNeeds } from "./fleet-types.ts";
 import { normalizeGpuClass } from "./gpu-class.ts";
 import { NO_NODES_EXPLANATION, placeReplicas, waitsForRoom } from "./placement.ts";
@@ -21,6 +22,7 @@ interface NodeSpec {
   used?: { memoryGiB?: number; cores?: number; gpus?: number[] };
   models?: string[];
   cached?: string[];
+  features?: string[];
 }
 
 function node(name: string, spec: NodeSpec = {}): PlacementNode {
@@ -33,6 +35,7 @@ function node(name: string, spec: NodeSpec = {}): PlacementNode {
       memoryBytes: (spec.memoryGiB ?? 16) * GiB,
       gpus: (spec.gpus ?? []).map(([gpuName, memoryBytes], index) => ({ index, name: gpuName, class: normalizeGpuClass(gpuName), memoryBytes })),
       engines: (spec.engines ?? ["llamacpp"]).map((engine) => ({ engine, version: "test" })),
+      ...(spec.features === undefined ? {} : { features: spec.features }),
     },
     labels: {},
     used: { memoryBytes: (spec.used?.memoryGiB ?? 0) * GiB, cores: spec.used?.cores ?? 0, gpus: spec.used?.gpus ?? [] },
@@ -441,6 +444,35 @@ describe("engines and node states", () => {
     assert.deepEqual(where(result), { eye: "b-server" });
     const nowhere = placeReplicas({ nodes: [node("a-bundled", { memoryGiB: 64, engines: ["llamacpp"] })], requests: [request("eye", eye)] });
     assert.deepEqual(explanationOf(nowhere, "eye"), ["a-bundled: no llama-server engine (the model's vision projector loads only there, with --mmproj)"]);
+  });
+
+  test("a model with adapters counts them, and the bundled engine's adapter contexts where it may run there", () => {
+    const profile = profileSchema.parse({ name: "cpu", engine: "llamacpp", ctx_size: 4096, parallel: 1 });
+    const shape = { profile, weightsBytes: 2 * GiB, header: LLAMA3_8B };
+    const plain = replicaNeeds(shape);
+    const styled = replicaNeeds({ ...shape, adapterBytes: 100 * 1024 * 1024 });
+    const base = estimateGgufMemory({ header: LLAMA3_8B, contextSize: 4096, parallel: 1, weightsBytes: 2 * GiB });
+    const context = base.kvCacheBytes + base.overhead.computeBytes;
+    assert.ok(context > 0);
+    assert.equal(styled.memoryBytes - plain.memoryBytes, 100 * 1024 * 1024 + DEFAULT_ADAPTER_CONTEXTS * context);
+    // Only llama-server can run it (a projector, engine_args): adapters share its one context.
+    const eye = replicaNeeds({ ...shape, projectorBytes: GiB });
+    const styledEye = replicaNeeds({ ...shape, projectorBytes: GiB, adapterBytes: 100 * 1024 * 1024 });
+    assert.equal(styledEye.memoryBytes - eye.memoryBytes, 100 * 1024 * 1024);
+  });
+
+  test("a model with adapters goes only to agents that load them; an older agent is named", () => {
+    const profile = profileSchema.parse({ name: "cpu", engine: "llamacpp" });
+    const styled = replicaNeeds({ profile, weightsBytes: 2 * GiB, adapterBytes: 1024 });
+    assert.equal(styled.adapters, true);
+    const older = node("a-older", { memoryGiB: 64 });
+    const current = node("b-current", { memoryGiB: 16, features: ["adapters"] });
+    assert.deepEqual(where(placeReplicas({ nodes: [older, current], requests: [request("styled", styled)] })), { styled: "b-current" });
+    const nowhere = placeReplicas({ nodes: [node("a-older", { memoryGiB: 64 })], requests: [request("styled", styled)] });
+    assert.deepEqual(explanationOf(nowhere, "styled"), ["a-older: its agent does not load LoRA adapters (an older llmgw): upgrade llmgw on the node"]);
+    // A model without adapters still goes anywhere.
+    const plain = replicaNeeds({ profile, weightsBytes: 2 * GiB });
+    assert.deepEqual(where(placeReplicas({ nodes: [node("a-older", { memoryGiB: 64 })], requests: [request("plain", plain)] })), { plain: "a-older" });
   });
 
   test("lost and draining nodes take nothing and are named; lines are sorted by node name", () => {

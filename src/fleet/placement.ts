@@ -94,6 +94,8 @@ interface WorkNode {
   order: number;
   /** ENGINE_* bits of the engines it reports. */
   engines: number;
+  /** Its agent loads LoRA adapters (AGENT_FEATURES). */
+  loadsAdapters: boolean;
   /** Texts for explanations, made on first use (see gpuSummary, freeMemoryText). */
   gpuSummary: string | null;
   freeMemoryText: string | null;
@@ -209,6 +211,7 @@ function workNode(node: PlacementNode): WorkNode {
     gpus,
     order: 0,
     engines,
+    loadsAdapters: inventory.features?.includes("adapters") === true,
     gpuSummary: null,
     freeMemoryText: null,
     freeMemoryTextOf: 0,
@@ -257,6 +260,7 @@ function placeOption(options: { pass: Pass; request: PlacementRequest; option: P
   for (let i = 0; i < work.length; i++) {
     const node = work[i]!;
     if (!node.ready || node.freeMemory < needs.memoryBytes || node.freeCores < needs.cores || (node.engines & engines) === 0) continue;
+    if (needs.adapters === true && !node.loadsAdapters) continue;
     let gpusLeft = 0;
     if (gpu !== undefined) {
       let usable = 0;
@@ -369,6 +373,7 @@ function shortfall(node: WorkNode, text: OptionText): string {
     if (needs.projector === true) return "no llama-server engine (the model's vision projector loads only there, with --mmproj)";
     return "no llama.cpp engine";
   }
+  if (needs.adapters === true && !node.loadsAdapters) return "its agent does not load LoRA adapters (an older llmgw): upgrade llmgw on the node";
   // One pass over the node's GPUs (sorted by memory): of the class, large enough, free.
   let big = 0;
   let bigFree = 0;

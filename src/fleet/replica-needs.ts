@@ -25,6 +25,7 @@
 // - A llamacpp profile with engine_args needs llama-server, whose options they are
 //   (engines/engine-args-check.ts): `llamaServerArgs`, which placement reads; so does a
 //   model with a vision projector (`projector`), which only llama-server loads.
+import { DEFAULT_ADAPTER_CONTEXTS } from "../engines/llamacpp/adapter-lanes.ts";
 import type { Profile } from "../catalog/model-schema.ts";
 import { BadRequestError } from "../core/errors.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
@@ -71,9 +72,15 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
       minMemoryGb !== undefined
         ? Math.ceil(minMemoryGb * GiB)
         : engine === "llamacpp"
-          ? llamaCppTotalBytes(input) + (input.projectorBytes ?? 0) + (input.adapterBytes ?? 0)
+          ? llamaCppTotalBytes(input) + (input.projectorBytes ?? 0) + (input.adapterBytes ?? 0) + bundledAdapterContextBytes(input)
           : vllmBytes(weightsBytes, 1);
-    return { engine, memoryBytes, cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes), ...llamaServerOnly(profile, input) };
+    return {
+      engine,
+      memoryBytes,
+      cores: profile.hardware.cpu?.cores ?? cpuCoreShare(memoryBytes),
+      ...llamaServerOnly(profile, input),
+      ...adapterAgents(input),
+    };
   }
   const { class: gpuClass, gpus_per_node: perNode, nodes } = gpu;
   let memoryBytesPerGpu: number;
@@ -99,6 +106,7 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
     cores: 1,
     gpu: { class: gpuClass, perNode, nodes, memoryBytesPerGpu },
     ...llamaServerOnly(profile, input),
+    ...adapterAgents(input),
   };
 }
 
@@ -106,6 +114,24 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
 function llamaServerOnly(profile: Profile, input: ReplicaNeedsInput): Pick<ReplicaNeeds, "llamaServerArgs" | "projector"> {
   if (profile.engine !== "llamacpp") return {};
   return { ...(profile.engine_args.length > 0 ? { llamaServerArgs: true } : {}), ...(input.projectorBytes !== undefined ? { projector: true } : {}) };
+}
+
+/** Whether only agents that load adapters may run it. */
+function adapterAgents(input: ReplicaNeedsInput): Pick<ReplicaNeeds, "adapters"> {
+  return input.adapterBytes === undefined ? {} : { adapters: true };
+}
+
+/**
+ * The bundled engine serves adapters from contexts of their own (adapter-lanes.ts: up to
+ * DEFAULT_ADAPTER_CONTEXTS, each with a KV cache and compute buffer as large as the base
+ * context's); llama-server switches adapters within its one context. Placement does not know
+ * yet which engine a CPU replica meets, so a replica that may run on the bundled engine is
+ * sized for its adapter contexts: a llama-server node holds that much more than it uses.
+ */
+function bundledAdapterContextBytes(input: ReplicaNeedsInput): number {
+  if (input.adapterBytes === undefined || input.header === undefined || input.projectorBytes !== undefined || input.profile.engine_args.length > 0) return 0;
+  const estimate = llamaCppEstimate(input.header, input);
+  return DEFAULT_ADAPTER_CONTEXTS * (estimate.kvCacheBytes + estimate.overhead.computeBytes);
 }
 
 function llamaCppEstimate(header: GgufModelShape, input: ReplicaNeedsInput) {

@@ -229,6 +229,20 @@ describe("budgets and rate limits on one server", () => {
     }
   });
 
+  test("limits on another name of a model (an adapter's served name, an alias) count requests by that name, and the model's still hold", async () => {
+    await harness.addModel({ name: "named", aliases: ["named-too"], profiles: [{ name: "p", engine: "external", url: upstream.url }] });
+    const client = clientFor(harness, await harness.clientKey({ name: "per-name", model_limits: { "named-too": { rpm: 1 }, named: { rpm: 2 } } }));
+    await client.chat.completions.create({ model: "named-too", ...HI });
+    const second = await client.chat.completions.create({ model: "named-too", ...HI }).catch((error: unknown) => error);
+    assert.ok(second instanceof OpenAI.RateLimitError);
+    assert.match(second.message, /on model 'named-too'/);
+    // The model's own name is not limited by its other name's window, but the model's limit counts both.
+    await client.chat.completions.create({ model: "named", ...HI });
+    const fourth = await client.chat.completions.create({ model: "named", ...HI }).catch((error: unknown) => error);
+    assert.ok(fourth instanceof OpenAI.RateLimitError, "2 requests reached 'named': the one by its other name counted too");
+    assert.match(fourth.message, /on model 'named'/);
+  });
+
   test("a key without limits gets no rate headers and leaves nothing in the limit tables", async () => {
     const key = await harness.clientKey({ name: "free" });
     const { response } = await clientFor(harness, key)

@@ -1,5 +1,6 @@
 // The rate scopes of a key's request (limits.ts): the whole key's one-minute window, and
-// the window of the model for this key when it has its own limits. Also here: how a scope
+// the window of the model for this key when it has its own limits, and of the name asked
+// for (an adapter's) when that has its own. Also here: how a scope
 // is named in a refusal's message, and the x-ratelimit-* headers OpenAI sends, worked out
 // from the scopes' windows.
 import type { KeyLimits, RateLimits } from "./key-limits.ts";
@@ -24,6 +25,14 @@ export function rateScopes(request: PolicyRequest, limits: KeyLimits, windowStar
   const ofModel = limits.models.get(request.model.name);
   if (ofModel !== undefined) {
     scopes.push({ ref: { keyId, model: request.model.name, windowStart }, limits: ofModel, keyName: request.principal.name, model: request.model.name });
+  }
+  // A request by another name of the model (an adapter's served name, an alias) is also
+  // counted under that name when the key limits it: an adapter is served like a model of its
+  // own, and the model's limits still hold for it, since it runs on the model's replicas.
+  const requested = request.body.model;
+  if (requested !== request.model.name) {
+    const ofName = limits.models.get(requested);
+    if (ofName !== undefined) scopes.push({ ref: { keyId, model: requested, windowStart }, limits: ofName, keyName: request.principal.name, model: requested });
   }
   return scopes;
 }
