@@ -138,7 +138,17 @@ const unit = [
   "src/cluster/cluster.test.ts",
 ];
 
+// The longest files first: two run at once, and a long file started last would run alone
+// at the end (chaos takes minutes). The unit files, short, fill in behind them.
 const endToEnd = [
+  "test/chaos.e2e.test.ts",
+  "test/cluster.e2e.test.ts",
+  "test/fleet.e2e.test.ts",
+  "test/serve.e2e.test.ts",
+  "test/console.e2e.test.ts",
+  "test/console-fleet.e2e.test.ts",
+  "test/console-jobs.e2e.test.ts",
+  "test/console-keys.e2e.test.ts",
   "test/lora-engines.e2e.test.ts",
   "test/serve-adapters.e2e.test.ts",
   "test/llama-server.e2e.test.ts",
@@ -149,29 +159,21 @@ const endToEnd = [
   "test/supply-chain.e2e.test.ts",
   "test/stream-failure.e2e.test.ts",
   "test/usage.e2e.test.ts",
-  "test/fleet.e2e.test.ts",
   "test/node-address.e2e.test.ts",
   "test/secrets-at-rest.e2e.test.ts",
-  "test/serve.e2e.test.ts",
   "test/serve-restart.e2e.test.ts",
   "test/small-machine.e2e.test.ts",
   "test/anthropic.e2e.test.ts",
   "test/guards-engine.e2e.test.ts",
   "test/notify.e2e.test.ts",
-  "test/console.e2e.test.ts",
-  "test/console-fleet.e2e.test.ts",
-  "test/console-jobs.e2e.test.ts",
-  "test/console-keys.e2e.test.ts",
-  "test/cluster.e2e.test.ts",
   "test/mirror-holder-down.e2e.test.ts",
   "test/agent-killed-fetching.e2e.test.ts",
   "test/db-faults.e2e.test.ts",
   "test/db-outage-gateway.e2e.test.ts",
   "test/ctl-state.e2e.test.ts",
-  "test/chaos.e2e.test.ts",
 ];
 
-const files = [...unit, ...endToEnd];
+const files = [...endToEnd, ...unit];
 const only = process.argv.slice(2);
 const selected = only.length > 0 ? only : files;
 
