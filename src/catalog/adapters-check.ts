@@ -10,7 +10,7 @@ import { BadRequestError, describeError } from "../core/errors.ts";
 import type { GgufHeaderSummary } from "../gguf/header.ts";
 import { checkAdapterFitsModel, readLoraAdapter } from "../gguf/lora-adapter.ts";
 import type { ModelDefinition } from "./model-schema.ts";
-import { listPeftFolder, readPeftConfig } from "./peft-folder.ts";
+import { allowsLoraBias, listPeftFolder, readPeftConfig } from "./peft-folder.ts";
 import { checkWeightsFile, heldElsewhere, locateWeights, type MirrorLocator } from "./weights-check.ts";
 
 export async function checkAdapters(options: {
@@ -27,7 +27,7 @@ export async function checkAdapters(options: {
     const param = `adapters.${index}.source`;
     const what = `Adapter '${adapter.name}' of model '${model.name}'`;
     if (!llamaCpp) {
-      await checkPeftFolder(adapter.source.kind === "file" ? adapter.source.path : "", what, param);
+      await checkPeftFolder(adapter.source.kind === "file" ? adapter.source.path : "", what, param, allowsLoraBias(profiles));
       continue;
     }
     // Bytes only another running server holds: the leader copies them and checks them against the model (adapter-pins.ts).
@@ -54,8 +54,8 @@ export async function checkAdapters(options: {
 }
 
 /** A LoRA PEFT folder of a rank vLLM serves, with the adapter's weights, and nothing a pin cannot hold (links, too many files). */
-async function checkPeftFolder(folder: string, what: string, param: string): Promise<void> {
-  await readPeftConfig(folder, what, param);
+async function checkPeftFolder(folder: string, what: string, param: string, allowBias: boolean): Promise<void> {
+  await readPeftConfig(folder, what, param, { allowBias });
   const files = await listPeftFolder(folder, what, param);
   if (!files.some((f) => PEFT_WEIGHT_FILES.includes(f.file))) {
     throw new BadRequestError(`${what}: ${folder} holds adapter_config.json but no ${PEFT_WEIGHT_FILES.join(" or ")}, the adapter's weights vLLM loads.`, {

@@ -14,12 +14,14 @@ import { WeightCache } from "../agent/weight-cache.ts";
 import { WeightsIdentity, WeightsIdentityError } from "../agent/weights-identity.ts";
 import { BadRequestError } from "../core/errors.ts";
 import { SecretBox } from "../core/secret-box.ts";
-import { loraLimits } from "../engines/vllm/vllm-launch.ts";
+import { loraLimits, vllmLoraReserveBytes } from "../engines/vllm/vllm-launch.ts";
+import { replicaNeeds } from "../fleet/replica-needs.ts";
 import { FileHashMemo } from "../fleet/adapter-pins.ts";
 import type { Assignment } from "../fleet/agent-protocol.ts";
 import { readModelWeights } from "../fleet/model-weights.ts";
 import { openSqliteTestStore } from "../../test/support/stores.ts";
 import { Catalog, type CatalogModel } from "./catalog.ts";
+import { profileSchema } from "./model-schema.ts";
 import { vllmMaxLoraRank } from "./peft-folder.ts";
 import { DiskWeightsChecker } from "./weights-check.ts";
 import type { Store } from "../store/store.ts";
@@ -77,6 +79,10 @@ test("the door refuses a folder vLLM cannot serve, naming what is wrong", async 
     ["not LoRA", () => writePeftFolder("ia3", { peft_type: "IA3", r: 8 }), /'IA3' adapter; vLLM serves LoRA adapters/],
     ["no rank", () => writePeftFolder("norank", { peft_type: "LORA" }), /no LoRA rank/],
     ["rank too high", () => writePeftFolder("huge", { peft_type: "LORA", r: 1024 }), /rank 1024; vLLM serves ranks up to 512/],
+    ["a module's rank too high", () => writePeftFolder("pattern", { peft_type: "LORA", r: 8, rank_pattern: { q_proj: 600 } }), /rank 600/],
+    ["DoRA", () => writePeftFolder("dora", { peft_type: "LORA", r: 8, use_dora: true }), /DoRA adapter/],
+    ["modules_to_save", () => writePeftFolder("saves", { peft_type: "LORA", r: 8, modules_to_save: ["lm_head"] }), /modules_to_save: \["lm_head"\]/],
+    ["bias", () => writePeftFolder("bias", { peft_type: "LORA", r: 8, bias: "all" }), /bias terms .*--enable-lora-bias/],
     [
       "not JSON",
       async () => {
@@ -107,9 +113,14 @@ test("the door refuses a folder vLLM cannot serve, naming what is wrong", async 
   ];
   for (const [what, make, pattern] of cases) {
     const folder = await make();
-    await assert.rejects(catalog().create(vllmModel(`m-${what.replaceAll(" ", "-")}`, [folderAdapter("a", folder)]), "t"), refused(pattern), what);
+    await assert.rejects(catalog().create(vllmModel(`m-${what.replace(/[^A-Za-z0-9]+/g, "-")}`, [folderAdapter("a", folder)]), "t"), refused(pattern), what);
   }
   assert.equal(catalog().list().length, 0);
+  // Bias terms are loaded where the profile asks vLLM for them.
+  const biased = await writePeftFolder("bias-enabled", { peft_type: "LORA", r: 8, bias: "lora_only" });
+  const model = vllmModel("biased", [folderAdapter("a", biased)]);
+  model.profiles[0] = { ...model.profiles[0]!, engine_args: ["--enable-lora-bias"] } as (typeof model.profiles)[0];
+  assert.equal((await catalog().create(model, "t")).name, "biased");
 });
 
 async function addModel(name: string, folders: string[]): Promise<CatalogModel> {
@@ -127,7 +138,10 @@ const sha256Of = (bytes: Buffer | string) => createHash("sha256").update(bytes).
 const noMirror = { check: () => Promise.reject(new Error("no mirror in this test")) };
 
 test("the fleet pins every file of the folder with its rank, and hashes a file again only when it changed", async () => {
-  const folder = await writePeftFolder("style", { peft_type: "LORA", r: 32 });
+  const folder = await writePeftFolder("style", { peft_type: "LORA", r: 16, rank_pattern: { v_proj: 32 } });
+  // What huggingface-cli download --local-dir leaves in the folder (with times that differ per node) is not the adapter's.
+  await mkdir(path.join(folder, ".cache", "huggingface", "download"), { recursive: true });
+  await writeFile(path.join(folder, ".cache", "huggingface", "download", "adapter_model.safetensors.metadata"), String(Date.now()));
   const model = await addModel("pinned", [folder]);
   const memo = new FileHashMemo();
   const weights = await readModelWeights(model, noMirror, memo);
@@ -198,7 +212,7 @@ test("a node refuses to start the engine when the folder on its disk is not the 
   await assert.rejects(prepare(), /README\.md is missing/);
 });
 
-test("vllm serve is told the rank that holds every adapter and how many to keep", () => {
+test("vllm serve is told the rank that holds every adapter and how many to keep; placement counts vLLM's adapter slots", () => {
   assert.equal(vllmMaxLoraRank([]), 16, "vLLM's default when no rank is known");
   assert.equal(vllmMaxLoraRank([8, 4]), 16);
   assert.equal(vllmMaxLoraRank([8, 33]), 64);
@@ -206,4 +220,24 @@ test("vllm serve is told the rank that holds every adapter and how many to keep"
   assert.deepEqual(loraLimits([{ rank: 8 }, { rank: 64 }]), ["--max-lora-rank", "64", "--max-loras", "2", "--max-cpu-loras", "2"]);
   const many = Array.from({ length: 6 }, () => ({ rank: 16 }));
   assert.deepEqual(loraLimits(many), ["--max-lora-rank", "16", "--max-loras", "4", "--max-cpu-loras", "6"]);
+  // An operator's own values stand alone: a --max-cpu-loras of ours below their --max-loras would stop vLLM.
+  assert.deepEqual(loraLimits(many, ["--max-loras", "8"]), ["--max-lora-rank", "16"]);
+  assert.deepEqual(loraLimits(many, ["--max-lora-rank=256"]), ["--max-loras", "4", "--max-cpu-loras", "6"]);
+
+  // Slots: up to 4 adapters at once, each as large as the largest adapter at the rank vLLM is given.
+  const MiB = 1024 * 1024;
+  const weights = (bytes: number) => [
+    { file: "adapter_config.json", bytes: 500 },
+    { file: "adapter_model.safetensors", bytes },
+  ];
+  const reserve = vllmLoraReserveBytes([
+    { rank: 8, bytes: null, files: weights(10 * MiB) },
+    { rank: 32, bytes: null, files: weights(20 * MiB) },
+  ]);
+  // --max-lora-rank 32: the rank-8 adapter would be 40 MiB there; 2 slots.
+  assert.equal(reserve, 2 * 40 * MiB);
+  const profile = profileSchema.parse({ name: "gpu", engine: "vllm", hardware: { gpu: { class: "H100" } } });
+  const bare = replicaNeeds({ profile, weightsBytes: 16 * 1024 * MiB });
+  const withSlots = replicaNeeds({ profile, weightsBytes: 16 * 1024 * MiB, adapterBytes: 30 * MiB, vllmLoraReserveBytes: reserve });
+  assert.equal((withSlots.gpu?.memoryBytesPerGpu ?? 0) - (bare.gpu?.memoryBytesPerGpu ?? 0), reserve);
 });

@@ -22,9 +22,16 @@ export const VLLM_LORA_RANKS = [1, 8, 16, 32, 64, 128, 256, 320, 512] as const;
 export const VLLM_DEFAULT_MAX_LORA_RANK = 16;
 
 export interface PeftConfig {
-  /** The LoRA rank (`r`). */
+  /** The LoRA rank: `r`, or the largest of `rank_pattern`'s per-module ranks when one is larger. */
   rank: number;
 }
+
+/**
+ * Hidden files and folders are not the adapter's: `huggingface-cli download --local-dir`
+ * writes .cache/huggingface/ (with download times, different on every node) into the folder,
+ * and a git checkout has .git. vLLM reads neither, so neither is listed nor pinned.
+ */
+const isHidden = (name: string) => name.startsWith(".");
 
 /**
  * The folder's regular files, sorted; a link, a device or a folder nested too deep is
@@ -42,14 +49,19 @@ export async function listPeftFolder(folder: string, what: string, param?: strin
     } catch (error) {
       const code = errorCode(error);
       const why = code === "ENOENT" ? "does not exist" : code === "ENOTDIR" ? "is not a folder" : `cannot be read (${code ?? describeError(error)})`;
-      throw refused(`${what}: ${absolute} ${why}. Give the path of the PEFT adapter folder (the one holding adapter_config.json).`, "adapter_missing", error);
+      throw refused(
+        `${what}: ${absolute} ${why}; the adapter's PEFT folder (the one holding adapter_config.json) must be at this path.`,
+        "adapter_missing",
+        error,
+      );
     }
     for (const entry of entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+      if (isHidden(entry.name)) continue;
       const name = relative === "" ? entry.name : `${relative}/${entry.name}`;
       if (entry.isDirectory()) {
         if (depth + 1 >= PEFT_FOLDER_LIMITS.depth) {
           throw refused(
-            `${what}: ${path.join(folder, name)} is nested more than ${PEFT_FOLDER_LIMITS.depth} folders deep; an adapter folder is flat.`,
+            `${what}: ${path.join(folder, name)} is ${depth + 1} folders below the adapter folder, deeper than the ${PEFT_FOLDER_LIMITS.depth - 1} an adapter folder may have; give the folder of the adapter alone.`,
             "adapter_invalid",
           );
         }
@@ -76,8 +88,12 @@ export async function listPeftFolder(folder: string, what: string, param?: strin
   return files;
 }
 
-/** Reads adapter_config.json: a LoRA adapter (vLLM serves no other PEFT kind) and its rank. */
-export async function readPeftConfig(folder: string, what: string, param?: string): Promise<PeftConfig> {
+/**
+ * Reads adapter_config.json and refuses what vLLM would refuse at load, on every node
+ * (vllm/lora/peft_helper.py): another PEFT kind than LoRA, DoRA, `modules_to_save`, bias
+ * terms (unless `allowBias`: the profile passes --enable-lora-bias), a rank above 512.
+ */
+export async function readPeftConfig(folder: string, what: string, param?: string, options: { allowBias?: boolean } = {}): Promise<PeftConfig> {
   const refused = refusal(param);
   const file = path.join(folder, "adapter_config.json");
   const info = await lstat(file).catch(() => null);
@@ -99,16 +115,37 @@ export async function readPeftConfig(folder: string, what: string, param?: strin
   if (peftType !== undefined && peftType !== "LORA") {
     throw refused(`${what}: ${file} describes a '${String(peftType)}' adapter; vLLM serves LoRA adapters (peft_type "LORA") only.`, "adapter_invalid");
   }
-  const rank = fields.r;
-  if (typeof rank !== "number" || !Number.isInteger(rank) || rank < 1) {
+  if (fields.use_dora === true) throw refused(`${what}: ${file} describes a DoRA adapter (use_dora); vLLM serves plain LoRA adapters only.`, "adapter_invalid");
+  const saved = fields.modules_to_save;
+  if (Array.isArray(saved) ? saved.length > 0 : saved !== undefined && saved !== null) {
+    throw refused(
+      `${what}: ${file} saves whole modules beside the adapter (modules_to_save: ${JSON.stringify(saved)}), which vLLM does not load; train the adapter without modules_to_save.`,
+      "adapter_invalid",
+    );
+  }
+  if (fields.bias !== undefined && fields.bias !== "none" && options.allowBias !== true) {
+    throw refused(
+      `${what}: ${file} has bias terms (bias "${String(fields.bias)}"), which vLLM loads only with --enable-lora-bias in the profile's engine_args; add it there, or train with bias "none".`,
+      "adapter_invalid",
+    );
+  }
+  const r = fields.r;
+  if (typeof r !== "number" || !Number.isInteger(r) || r < 1) {
     throw refused(
       `${what}: ${file} has no LoRA rank ('r' as a whole number of at least 1); it should be the adapter_config.json PEFT wrote.`,
       "adapter_invalid",
     );
   }
+  const pattern = typeof fields.rank_pattern === "object" && fields.rank_pattern !== null ? Object.values(fields.rank_pattern) : [];
+  const rank = Math.max(r, ...pattern.filter((value): value is number => typeof value === "number" && Number.isInteger(value)));
   const largest = VLLM_LORA_RANKS[VLLM_LORA_RANKS.length - 1]!;
   if (rank > largest) throw refused(`${what} has LoRA rank ${rank}; vLLM serves ranks up to ${largest}.`, "adapter_invalid");
   return { rank };
+}
+
+/** Whether a model's vLLM profiles load adapter bias terms (--enable-lora-bias, in vLLM versions that have it). */
+export function allowsLoraBias(profiles: readonly { engine_args?: readonly string[] }[]): boolean {
+  return profiles.some((profile) => (profile.engine_args ?? []).some((arg) => arg === "--enable-lora-bias" || arg.startsWith("--enable-lora-bias=")));
 }
 
 /** The --max-lora-rank a set of adapters needs: the smallest rank vLLM accepts that holds them all. */

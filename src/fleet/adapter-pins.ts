@@ -10,7 +10,8 @@ import type { BigIntStats } from "node:fs";
 import { lstat } from "node:fs/promises";
 import path from "node:path";
 import { adapterServedName } from "../catalog/model-schema.ts";
-import { listPeftFolder, readPeftConfig } from "../catalog/peft-folder.ts";
+import { allowsLoraBias, listPeftFolder, readPeftConfig } from "../catalog/peft-folder.ts";
+import { describeError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { checkAdapterFitsModel, readLoraAdapter } from "../gguf/lora-adapter.ts";
 import type { GgufHeaderSummary } from "../gguf/header.ts";
@@ -28,18 +29,22 @@ export class FileHashMemo {
   hashed = 0;
 
   async hash(file: string): Promise<{ bytes: number; sha256: string }> {
-    const stamp = stampOf(await lstat(file, { bigint: true }));
+    const before = await lstat(file, { bigint: true });
+    // A link is not followed (as for weights): its stamp would be the link's, not its target's.
+    if (!before.isFile()) throw new Error(`${file} is not a regular file (a link, a folder or a device); give the file itself.`);
+    const stamp = stampOf(before);
     const known = this.#memo.get(file);
     if (known !== undefined && known.stamp === stamp) return { bytes: known.bytes, sha256: known.sha256 };
     const hasher = new ContentHasher(null);
     const bytes = await hashFileInto(file, hasher);
     this.hashed += 1;
     const sha256 = hasher.digest().sha256;
-    // The stamp after hashing must be the one before: a file written meanwhile is not remembered.
-    if (stampOf(await lstat(file, { bigint: true })) === stamp) {
-      if (this.#memo.size >= MEMO_LIMIT) this.#memo.delete(this.#memo.keys().next().value!);
-      this.#memo.set(file, { stamp, bytes, sha256 });
-    }
+    // The stamp after hashing must be the one before: the hash of a file written meanwhile
+    // may match no version of it, and a node would refuse every copy. The fleet's next pass reads it again.
+    if (stampOf(await lstat(file, { bigint: true })) !== stamp)
+      throw new Error(`${file} changed while it was being hashed; it is read again at the next pass.`);
+    if (this.#memo.size >= MEMO_LIMIT) this.#memo.delete(this.#memo.keys().next().value!);
+    this.#memo.set(file, { stamp, bytes, sha256 });
     return { bytes, sha256 };
   }
 }
@@ -70,22 +75,42 @@ export async function pinAdapters(options: {
     if (source.kind === "mirror") {
       const checked = await mirror.check(source.model, source.version, source.file);
       if (checked.kind !== "ok") throw checked.error;
-      if (llamaCpp) await checkFits(checked.path, header, model.name);
-      pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
-    } else if (!llamaCpp) {
-      const rank = (await readPeftConfig(source.path, what)).rank;
-      const files: NonNullable<AssignedAdapter["files"]> = [];
-      for (const entry of await listPeftFolder(source.path, what)) {
-        files.push({ file: entry.file, ...(await memo.hash(path.join(source.path, entry.file))) });
+      if (llamaCpp) {
+        await checkFits(checked.path, header, model.name).catch((error: unknown) => {
+          throw naming(what, error);
+        });
       }
-      const bytes = files.reduce((sum, f) => sum + f.bytes, 0);
-      pinned.push({ name, servedName, scale, source, bytes, sha256: null, files, rank });
+      pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
     } else {
+      // Named in the model's health: which adapter, and why.
+      pinned.push(
+        await pinFileAdapter().catch((error: unknown) => {
+          throw naming(what, error);
+        }),
+      );
+    }
+    async function pinFileAdapter(): Promise<AssignedAdapter> {
+      if (source.kind !== "file") throw new Error("pinFileAdapter: a mirrored adapter");
+      if (!llamaCpp) {
+        const rank = (await readPeftConfig(source.path, what, undefined, { allowBias: allowsLoraBias(model.definition.profiles) })).rank;
+        const files: NonNullable<AssignedAdapter["files"]> = [];
+        for (const entry of await listPeftFolder(source.path, what)) {
+          files.push({ file: entry.file, ...(await memo.hash(path.join(source.path, entry.file))) });
+        }
+        const bytes = files.reduce((sum, f) => sum + f.bytes, 0);
+        return { name, servedName, scale, source, bytes, sha256: null, files, rank };
+      }
       await checkFits(source.path, header, model.name);
-      pinned.push({ name, servedName, scale, source, ...(await memo.hash(source.path)) });
+      return { name, servedName, scale, source, ...(await memo.hash(source.path)) };
     }
   }
   return pinned;
+}
+
+/** The error, saying which adapter it is about when it does not already. */
+function naming(what: string, error: unknown): unknown {
+  const text = describeError(error);
+  return text.startsWith(what) ? error : new Error(`${what} cannot be used: ${text}`, { cause: error });
 }
 
 async function checkFits(file: string, header: GgufHeaderSummary | undefined, modelName: string): Promise<void> {

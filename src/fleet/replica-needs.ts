@@ -55,6 +55,8 @@ export interface ReplicaNeedsInput {
   projectorBytes?: number;
   /** The LoRA adapters' bytes (all of them: every replica loads every adapter), when the model has any. */
   adapterBytes?: number;
+  /** vllm: the GPU memory vLLM reserves for adapters (vllmLoraReserveBytes), which holds them. */
+  vllmLoraReserveBytes?: number;
 }
 
 export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
@@ -98,7 +100,8 @@ export function replicaNeeds(input: ReplicaNeedsInput): ReplicaNeeds {
     // llama-server puts the projector on the first GPU; counted on each, as the split is even.
     memoryBytesPerGpu += (input.projectorBytes ?? 0) + (input.adapterBytes ?? 0);
   } else {
-    memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes) + Math.ceil((input.adapterBytes ?? 0) / (perNode * nodes));
+    // Not split between the GPUs: vLLM shards only part of the adapter slots with tensor parallelism.
+    memoryBytesPerGpu = vllmBytes(weightsBytes, perNode * nodes) + (input.vllmLoraReserveBytes ?? input.adapterBytes ?? 0);
   }
   return {
     engine,

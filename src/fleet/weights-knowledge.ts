@@ -16,6 +16,7 @@ import { nowIso, type Store } from "../store/store.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import type { AssignedAdapter, AssignedFile } from "./agent-protocol.ts";
 import type { PlacementOption } from "./fleet-types.ts";
+import { vllmLoraReserveBytes } from "../engines/vllm/vllm-launch.ts";
 import { FileHashMemo } from "./adapter-pins.ts";
 import { readModelWeights, type MirrorReader, weightsProblem, type ModelWeights } from "./model-weights.ts";
 import { runsOnEngines } from "./reconciler.ts";
@@ -103,18 +104,22 @@ export class WeightsKnowledge {
   private async copyFromHolder(model: CatalogModel, error: unknown): Promise<boolean> {
     const replicate = this.options.mirror.replicate?.bind(this.options.mirror);
     if (errorCode(error) !== "mirror_file_elsewhere" || replicate === undefined) return false;
-    const needed = [model.definition.source, ...model.definition.adapters.map((adapter) => adapter.source)].flatMap((source) =>
-      source?.kind === "mirror" ? [source] : [],
-    );
+    // The weights' version is copied whichever of its files is elsewhere (a split part, the
+    // projector, a vLLM shard: a copy may have brought some files and failed others); an
+    // adapter's version, when its file is.
+    const weights = model.definition.source?.kind === "mirror" ? [model.definition.source] : [];
+    const adapters = model.definition.adapters.flatMap((adapter) => (adapter.source.kind === "mirror" ? [adapter.source] : []));
     let copying = false;
-    for (const source of needed) {
+    for (const source of [...weights, ...adapters]) {
       const key = `${source.model}/${source.version}`;
       if (this.copying.has(key)) {
         copying = true;
         continue;
       }
-      const checked = await this.options.mirror.check(source.model, source.version, source.file).catch(() => null);
-      if (checked?.kind !== "elsewhere" || !checked.holders.some((holder) => holder.live)) continue;
+      if (!weights.includes(source)) {
+        const checked = await this.options.mirror.check(source.model, source.version, source.file).catch(() => null);
+        if (checked?.kind !== "elsewhere" || !checked.holders.some((holder) => holder.live)) continue;
+      }
       copying = true;
       this.copying.add(key);
       this.options.logger.info({ model: model.name, version: key }, "copying mirrored files from the server that holds them");
@@ -167,7 +172,12 @@ export class WeightsKnowledge {
           weightsBytes: weights.bytes,
           ...(weights.header ? { header: weights.header } : {}),
           ...(weights.projectorBytes === undefined ? {} : { projectorBytes: weights.projectorBytes }),
-          ...(weights.adapters.length === 0 ? {} : { adapterBytes: weights.adapters.reduce((sum, adapter) => sum + (adapter.bytes ?? 0), 0) }),
+          ...(weights.adapters.length === 0
+            ? {}
+            : {
+                adapterBytes: weights.adapters.reduce((sum, adapter) => sum + (adapter.bytes ?? 0), 0),
+                ...(profile.engine === "vllm" ? { vllmLoraReserveBytes: vllmLoraReserveBytes(weights.adapters) } : {}),
+              }),
         }),
       }));
   }

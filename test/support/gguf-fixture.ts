@@ -8,6 +8,7 @@
 import { open } from "node:fs/promises";
 import { GGUFValueType, serializeGgufMetadata, type GGUFTypedMetadata, type MetadataValue } from "@huggingface/gguf";
 import { ggmlTensorBytes } from "../../src/gguf/ggml-types.ts";
+import { encodeTensorInfo } from "../../src/gguf/gguf-writer.ts";
 
 export interface FixtureValue {
   value: MetadataValue;
@@ -65,15 +66,7 @@ export async function writeGgufFixture(options: GgufFixtureOptions): Promise<Ggu
     const elements = tensor.dims.reduce((a, b) => a * b, 1);
     const bytes = ggmlTensorBytes(tensor.type, elements);
     if (bytes === undefined) throw new RangeError(`writeGgufFixture: unknown ggml type ${tensor.type}`);
-    const name = Buffer.from(tensor.name, "utf8");
-    const info = Buffer.alloc(8 + name.length + 4 + 8 * tensor.dims.length + 4 + 8);
-    let at = info.writeBigUInt64LE(BigInt(name.length), 0);
-    at += name.copy(info, at);
-    at = info.writeUInt32LE(tensor.dims.length, at);
-    for (const dim of tensor.dims) at = info.writeBigUInt64LE(BigInt(dim), at);
-    at = info.writeUInt32LE(tensor.type, at);
-    info.writeBigUInt64LE(BigInt(tensor.offset ?? offset), at);
-    infos.push(info);
+    infos.push(encodeTensorInfo({ name: tensor.name, dims: tensor.dims, type: tensor.type, offset: tensor.offset ?? offset }));
     offset += pad(bytes, alignment);
     tensorBytes += bytes;
   }

@@ -94,10 +94,39 @@ export const VLLM_MAX_LORAS_IN_BATCH = 4;
  *   when it comes back into a batch.
  * A profile's engine_args come after these, so an operator's own values win.
  */
-export function loraLimits(adapters: readonly { rank?: number }[]): string[] {
+export function loraLimits(adapters: readonly { rank?: number }[], engineArgs: readonly string[] = []): string[] {
+  const given = (flag: string) => engineArgs.some((arg) => arg === flag || arg.startsWith(`${flag}=`));
   const ranks = adapters.flatMap((adapter) => (adapter.rank === undefined ? [] : [adapter.rank]));
   const maxLoras = Math.min(adapters.length, VLLM_MAX_LORAS_IN_BATCH);
-  return ["--max-lora-rank", String(vllmMaxLoraRank(ranks)), "--max-loras", String(maxLoras), "--max-cpu-loras", String(Math.max(adapters.length, maxLoras))];
+  const args: string[] = [];
+  if (!given("--max-lora-rank")) args.push("--max-lora-rank", String(vllmMaxLoraRank(ranks)));
+  // An operator's --max-loras may be above ours, and vLLM refuses --max-cpu-loras below it:
+  // with theirs, vLLM's own default for the CPU copies (theirs) applies.
+  if (!given("--max-loras")) {
+    args.push("--max-loras", String(maxLoras));
+    if (!given("--max-cpu-loras")) args.push("--max-cpu-loras", String(Math.max(adapters.length, maxLoras)));
+  }
+  return args;
+}
+
+/**
+ * The GPU memory vLLM reserves for adapters: --max-loras slots, each as large as the largest
+ * adapter would be at --max-lora-rank (an adapter's weights grow with its rank). vLLM takes it
+ * from the KV cache's share, and fails to start when too little is left, so placement counts
+ * it. An adapter's weights are its adapter_model.* files (or all its bytes when not listed).
+ */
+export function vllmLoraReserveBytes(adapters: readonly { rank?: number; bytes: number | null; files?: { file: string; bytes: number }[] }[]): number {
+  if (adapters.length === 0) return 0;
+  const maxRank = vllmMaxLoraRank(adapters.flatMap((adapter) => (adapter.rank === undefined ? [] : [adapter.rank])));
+  let largestSlot = 0;
+  for (const adapter of adapters) {
+    const weights =
+      adapter.files === undefined
+        ? (adapter.bytes ?? 0)
+        : adapter.files.filter((f) => f.file.startsWith("adapter_model.")).reduce((sum, f) => sum + f.bytes, 0);
+    largestSlot = Math.max(largestSlot, Math.ceil((weights * maxRank) / (adapter.rank ?? maxRank)));
+  }
+  return Math.min(adapters.length, VLLM_MAX_LORAS_IN_BATCH) * largestSlot;
 }
 
 /** One attempt's launch of `vllm serve` for a vllm profile. */
@@ -153,7 +182,7 @@ export function vllmLaunch(options: VllmLaunchOptions): EngineLaunch {
   if (attentionBackend !== null) args.push("--attention-backend", attentionBackend);
   if (options.adapters !== undefined && options.adapters.length > 0) {
     args.push("--enable-lora", "--lora-modules", ...options.adapters.map((adapter) => `${adapter.servedName}=${adapter.path}`));
-    args.push(...loraLimits(options.adapters));
+    args.push(...loraLimits(options.adapters, options.profile.engine_args));
   }
   // Last, so an operator's own flags win over ours.
   args.push(...options.profile.engine_args);
