@@ -210,6 +210,12 @@ test("a node refuses to start the engine when the folder on its disk is not the 
   // A file gone.
   await unlink(path.join(folder, "README.md"));
   await assert.rejects(prepare(), /README\.md is missing/);
+
+  // From a server that pinned no folder files (before this check existed): the config must be there.
+  const unpinned = { ...assignment, adapters: weights.adapters.map(({ files: _files, rank: _rank, ...adapter }) => ({ ...adapter, bytes: null })) };
+  assert.deepEqual((await nodeWeights.prepare(unpinned, new AbortController().signal)).adapterPaths, [folder]);
+  await unlink(path.join(folder, "adapter_config.json"));
+  await assert.rejects(nodeWeights.prepare(unpinned, new AbortController().signal), /adapter_config\.json/);
 });
 
 test("vllm serve is told the rank that holds every adapter and how many to keep; placement counts vLLM's adapter slots", () => {
