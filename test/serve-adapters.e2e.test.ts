@@ -19,18 +19,17 @@ import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import OpenAI from "openai";
 import { GGUFValueType, writeTinyLlamaGguf } from "../src/gguf/tiny-model.ts";
 import { writeTinyLora } from "../src/gguf/tiny-lora.ts";
 import { spawnLlmgw, stopAll, type LlmgwProcess } from "./support/cluster-processes.ts";
+import { ctlRunner } from "./support/ctl-runner.ts";
 import { eventually } from "./support/eventually.ts";
 import { realLlamaServer } from "./support/real-llama-server.ts";
 import { startHarness, type Harness } from "./support/server-harness.ts";
 import { fakeCommitSha, startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
 
-const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
 const run = promisify(execFile);
 const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
 
@@ -114,16 +113,7 @@ describe("ctl model serve --adapter", () => {
     if (agentDir !== "") await rm(agentDir, { recursive: true, force: true });
   });
 
-  const ctl = (args: string[]) =>
-    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], {
-      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
-      timeout: 240_000,
-    });
-  const ctlFails = (args: string[]) =>
-    ctl(args).then(
-      (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
-      (error: { code: number | null; stdout: string; stderr: string }) => error,
-    );
+  const { ctl, ctlFails } = ctlRunner(() => harness, { timeoutMs: 240_000 });
   const lastJob = async (model: string) => (await harness.admin("GET", `/api/v1/jobs?model=${encodeURIComponent(model)}&limit=1`)).body.data[0];
   const jobs = async () => (await harness.admin("GET", "/api/v1/jobs?kind=serve")).body.data as unknown[];
   /** The newest serve job: one that failed before its catalog step names no model yet. */

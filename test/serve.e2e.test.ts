@@ -6,17 +6,17 @@
 // corrupt at the Hub (the old revision keeps serving); a rollback; and a cancel.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { promisify } from "node:util";
 import OpenAI from "openai";
 import { UpstreamError } from "../src/core/errors.ts";
 import { smokeTestReplica, type SmokeTest } from "../src/serve/smoke-test.ts";
 import { Gate } from "./support/gate.ts";
+import { ctlRunner } from "./support/ctl-runner.ts";
 import { eventually } from "./support/eventually.ts";
 import { startHarnessWithAgent, type Harness } from "./support/server-harness.ts";
 import { fakeCommitSha, startStandInHub, type StandInFile, type StandInHub, type StandInRepo } from "./support/stand-in-hub.ts";
@@ -24,7 +24,6 @@ import { writeStandInExecutable } from "./support/stand-in-executables.ts";
 import { buildStandInRepos, GGUF_REPO, SAFETENSORS_REPO, tinyGgufBytes } from "./support/stand-in-repos.ts";
 
 const BIN = fileURLToPath(new URL("../bin/llmgw.js", import.meta.url));
-const run = promisify(execFile);
 const Q8 = "tiny-llama-Q8_0.gguf";
 const sha256 = (bytes: Buffer) => createHash("sha256").update(bytes).digest("hex");
 const open = () => {
@@ -68,16 +67,7 @@ describe("serve and update jobs", () => {
     rmSync(agentRoot, { recursive: true, force: true });
   });
 
-  const ctl = (args: string[]) =>
-    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], {
-      env: { ...process.env, LLMGW_LOG_LEVEL: "silent" },
-      timeout: 240_000,
-    });
-  const ctlFails = (args: string[]) =>
-    ctl(args).then(
-      (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
-      (error: { code: number | null; stdout: string; stderr: string }) => error,
-    );
+  const { ctl, ctlFails } = ctlRunner(() => harness, { timeoutMs: 240_000 });
   const job = async (id: string) => (await harness.admin("GET", `/api/v1/jobs/${id}`)).body;
   const lastJob = async (model: string) => (await harness.admin("GET", `/api/v1/jobs?model=${encodeURIComponent(model)}&limit=1`)).body.data[0];
   /** The one event a finished job recorded (events are written after the job ends, without being awaited). */

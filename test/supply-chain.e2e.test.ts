@@ -16,6 +16,7 @@ import { LlmgwError, type RenderedError } from "../src/core/errors.ts";
 import { silentLogger } from "../src/core/log.ts";
 import { startLocalNode } from "../src/agent/local-node.ts";
 import { readAudit } from "../src/store/audit.ts";
+import { ctlRunner } from "./support/ctl-runner.ts";
 import { eventually } from "./support/eventually.ts";
 import { startHarness, type Harness } from "./support/server-harness.ts";
 import { startStandInHub, type StandInHub } from "./support/stand-in-hub.ts";
@@ -43,14 +44,7 @@ describe("weights supply chain", () => {
     await hub.close();
   });
 
-  const ctl = (args: string[]) =>
-    run(process.execPath, [BIN, "ctl", "--server", harness.url, "--key", harness.adminKey, ...args], { env: { ...process.env, LLMGW_LOG_LEVEL: "silent" } });
-  /** A ctl run expected to fail: its exit code and output. */
-  const ctlFails = (args: string[]) =>
-    ctl(args).then(
-      (done) => assert.fail(`ctl ${args.join(" ")} exited 0: ${done.stdout}`),
-      (error: { code: number | null; stdout: string; stderr: string }) => error,
-    );
+  const { ctl, ctlFails } = ctlRunner(() => harness);
 
   test("ctl mirror fetch, model add --mirror, and a chat answer from the mirrored file", { timeout: 120_000 }, async () => {
     const fetched = await ctl(["mirror", "fetch", GGUF_REPO, "--quant", "Q8_0", "--model", "tiny"]);
