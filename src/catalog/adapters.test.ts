@@ -16,8 +16,9 @@ import { adapterChoice, upstreamOf } from "../gateway/adapter-route.ts";
 import { writeTinyLora } from "../gguf/tiny-lora.ts";
 import { writeTinyLlamaGguf } from "../gguf/tiny-model.ts";
 import { testBothStores } from "../../test/support/stores.ts";
-import { Catalog } from "./catalog.ts";
-import { newModelSchema } from "./model-schema.ts";
+import { readModelWeights } from "../fleet/model-weights.ts";
+import { Catalog, type CatalogModel } from "./catalog.ts";
+import { modelDefinitionSchema, newModelSchema } from "./model-schema.ts";
 import { DiskWeightsChecker, type MirrorLocator } from "./weights-check.ts";
 import type { Store } from "../store/store.ts";
 
@@ -209,4 +210,30 @@ test("weights held only by another running server: the adapters here are still c
   });
   await assert.rejects(checker.check(model(base)), refused("adapter_invalid", "adapters.0.source", /not a LoRA adapter/));
   await checker.check(model(style));
+});
+
+test("the leader checks each adapter against the model when it reads the weights, and names the adapter in the model's health", async () => {
+  const wide = path.join(dir, "wide-leader.gguf");
+  await writeTinyLora({ path: wide, seed: 6, embeddingLength: 128 });
+  // As a definition added through a server that could not read the weights would be stored.
+  const model: CatalogModel = {
+    id: "m-id",
+    name: "m",
+    definition: modelDefinitionSchema.parse({
+      source: file(base),
+      profiles: [{ name: "cpu", engine: "llamacpp" }],
+      adapters: [{ name: "wide", source: file(wide) }],
+    }),
+    created_by: "t",
+    created_at: "2026-12-02T00:00:00.000Z",
+    updated_by: "t",
+    updated_at: "2026-12-02T00:00:00.000Z",
+  };
+  const noMirror = { check: () => Promise.reject(new Error("no mirror in this test")) };
+  await assert.rejects(readModelWeights(model, noMirror), /Adapter 'wide' of model 'm' cannot be used: .*embedding size 128/);
+  const fitting = {
+    ...model,
+    definition: { ...model.definition, adapters: [{ ...model.definition.adapters[0]!, source: { kind: "file" as const, path: style } }] },
+  };
+  assert.equal((await readModelWeights(fitting, noMirror)).adapters[0]?.sha256?.length, 64);
 });

@@ -66,7 +66,7 @@ export async function pinAdapters(options: {
   header: GgufHeaderSummary | undefined;
   memo: FileHashMemo;
 }): Promise<AssignedAdapter[]> {
-  const { model, mirror, llamaCpp, header, memo } = options;
+  const { model, mirror, llamaCpp, header } = options;
   const pinned: AssignedAdapter[] = [];
   for (const adapter of model.definition.adapters) {
     const { name, scale, source } = adapter;
@@ -83,28 +83,37 @@ export async function pinAdapters(options: {
       pinned.push({ name, servedName, scale, source, bytes: checked.size, sha256: checked.sha256 });
     } else {
       // Named in the model's health: which adapter, and why.
+      const pinning = pinFileAdapter({ ...options, adapter: { name, servedName, scale, source }, what });
       pinned.push(
-        await pinFileAdapter().catch((error: unknown) => {
+        await pinning.catch((error: unknown) => {
           throw naming(what, error);
         }),
       );
     }
-    async function pinFileAdapter(): Promise<AssignedAdapter> {
-      if (source.kind !== "file") throw new Error("pinFileAdapter: a mirrored adapter");
-      if (!llamaCpp) {
-        const rank = (await readPeftConfig(source.path, what, undefined, { allowBias: allowsLoraBias(model.definition.profiles) })).rank;
-        const files: NonNullable<AssignedAdapter["files"]> = [];
-        for (const entry of await listPeftFolder(source.path, what)) {
-          files.push({ file: entry.file, ...(await memo.hash(path.join(source.path, entry.file))) });
-        }
-        const bytes = files.reduce((sum, f) => sum + f.bytes, 0);
-        return { name, servedName, scale, source, bytes, sha256: null, files, rank };
-      }
-      await checkFits(source.path, header, model.name);
-      return { name, servedName, scale, source, ...(await memo.hash(source.path)) };
-    }
   }
   return pinned;
+}
+
+/** A file adapter: a GGUF file for llama.cpp (checked against the model's header), or a vLLM PEFT folder, each file pinned. */
+async function pinFileAdapter(options: {
+  model: CatalogModel;
+  llamaCpp: boolean;
+  header: GgufHeaderSummary | undefined;
+  memo: FileHashMemo;
+  adapter: Omit<AssignedAdapter, "bytes" | "sha256"> & { source: { kind: "file"; path: string } };
+  what: string;
+}): Promise<AssignedAdapter> {
+  const { model, memo, adapter, what } = options;
+  // A GGUF file for llama.cpp, a folder for vLLM.
+  const at = adapter.source.path;
+  if (options.llamaCpp) {
+    await checkFits(at, options.header, model.name);
+    return { ...adapter, ...(await memo.hash(at)) };
+  }
+  const rank = (await readPeftConfig(at, what, undefined, { allowBias: allowsLoraBias(model.definition.profiles) })).rank;
+  const files: NonNullable<AssignedAdapter["files"]> = [];
+  for (const entry of await listPeftFolder(at, what)) files.push({ file: entry.file, ...(await memo.hash(path.join(at, entry.file))) });
+  return { ...adapter, bytes: files.reduce((sum, f) => sum + f.bytes, 0), sha256: null, files, rank };
 }
 
 /** The error, saying which adapter it is about when it does not already. */
