@@ -19,10 +19,11 @@
 // renames its own file over it. A claimant killed in the middle leaves a claim that is
 // itself stale; the next one claims the claim the same way (a chain of claims).
 import { randomUUID } from "node:crypto";
-import { linkSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ConflictError, type LlmgwError, UnavailableError, describeError, errorCode } from "../core/errors.ts";
+import { createLockFile, replaceLockFile } from "../core/lock-file.ts";
 import { bootId, hasEnded, processExists, readProcStat } from "../core/process-identity.ts";
 
 export const LOCK_FILE = "server.lock";
@@ -130,7 +131,7 @@ type Attempt = "acquired" | { claimant: LockHolder };
 
 function tryAcquire(lockPath: string, me: LockHolder, options: AcquireOptions): Attempt {
   const { dataDir } = options;
-  if (linkNew(lockPath, me)) return "acquired";
+  if (createLockFile(lockPath, me, cannotWrite)) return "acquired";
   const current = readHolder(lockPath, dataDir);
   if (current === undefined) return tryAcquire(lockPath, me, options); // Released just now.
   const state = holderState(current);
@@ -156,7 +157,7 @@ function takeOver(lockPath: string, me: LockHolder, stale: LockHolder, options: 
   let subject = stale;
   for (;;) {
     const claim = path.join(dir, TAKEOVER_PREFIX + subject.instance);
-    if (linkNew(claim, me)) {
+    if (createLockFile(claim, me, cannotWrite)) {
       passed.push(claim);
       break;
     }
@@ -171,7 +172,7 @@ function takeOver(lockPath: string, me: LockHolder, stale: LockHolder, options: 
     // holds it now, it holds it until our rename.
     const now = readHolder(lockPath, dataDir);
     if (now?.instance !== stale.instance) return tryAcquire(lockPath, me, { ...options, beforeTakeover: undefined });
-    writeAtomically(lockPath, me);
+    replaceLockFile(lockPath, me, cannotWrite);
     return "acquired";
   } finally {
     // A late claimant of the same stale content finds the lock changed and backs off.
@@ -194,47 +195,12 @@ function heldLock(lockPath: string, me: LockHolder): DataDirLock {
     },
     setAddress(url) {
       holder = { ...holder, address: url, listening: true };
-      if (stillMine()) writeAtomically(lockPath, holder);
+      if (stillMine()) replaceLockFile(lockPath, holder, cannotWrite);
     },
     release() {
       if (stillMine()) rmSync(lockPath, { force: true });
     },
   };
-}
-
-/** Creates `target` holding `holder`, whole or not at all; false when it exists. */
-function linkNew(target: string, holder: LockHolder): boolean {
-  const scratch = `${target}.${holder.instance}.new`;
-  writeScratch(scratch, holder);
-  try {
-    linkSync(scratch, target);
-    return true;
-  } catch (error) {
-    if (errorCode(error) === "EEXIST") return false;
-    throw cannotWrite(path.dirname(target), error);
-  } finally {
-    rmSync(scratch, { force: true });
-  }
-}
-
-function writeAtomically(target: string, holder: LockHolder): void {
-  const scratch = `${target}.${holder.instance}.new`;
-  writeScratch(scratch, holder);
-  try {
-    renameSync(scratch, target);
-  } catch (error) {
-    rmSync(scratch, { force: true });
-    throw cannotWrite(path.dirname(target), error);
-  }
-}
-
-function writeScratch(file: string, holder: LockHolder): void {
-  try {
-    writeFileSync(file, `${JSON.stringify(holder)}\n`, { mode: 0o644 });
-  } catch (error) {
-    rmSync(file, { force: true });
-    throw cannotWrite(path.dirname(file), error);
-  }
 }
 
 function cannotWrite(dir: string, error: unknown): LlmgwError {

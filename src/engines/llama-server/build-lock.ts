@@ -17,12 +17,13 @@
 // a claim that is stale in turn and is claimed the same way. The same design as the server's
 // data-dir lock (src/server/data-dir-lock.ts), which refuses where this one waits.
 import { createHash, randomUUID } from "node:crypto";
-import { closeSync, fstatSync, linkSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, fstatSync, openSync, readFileSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { ConflictError, type LlmgwError, UnavailableError, describeError, errorCode } from "../../core/errors.ts";
 import { buildInterrupted } from "./build-tools.ts";
+import { createLockFile, replaceLockFile } from "../../core/lock-file.ts";
 import { bootId, hasEnded, processExists, readProcStat } from "../../core/process-identity.ts";
 
 export const LOCK_FILE = "build.lock";
@@ -105,7 +106,7 @@ export async function takeBuildLock(options: BuildLockOptions): Promise<BuildLoc
 
 /** "acquired", "changed" (look again), or the live holder (wait). */
 function tryAcquire(lockPath: string, me: Builder, beforeTakeover: () => void): "acquired" | "changed" | Seen {
-  if (linkNew(lockPath, me)) return "acquired";
+  if (createLockFile(lockPath, me, cannotLock)) return "acquired";
   const seen = readSeen(lockPath);
   if (seen === undefined) return "changed";
   const state = judge(seen);
@@ -122,7 +123,7 @@ function takeOver(lockPath: string, me: Builder, stale: Seen): "acquired" | "cha
   try {
     for (;;) {
       const claim = path.join(path.dirname(lockPath), TAKEOVER_PREFIX + subject.key);
-      if (linkNew(claim, me)) {
+      if (createLockFile(claim, me, cannotLock)) {
         passed.push(claim);
         break;
       }
@@ -137,7 +138,7 @@ function takeOver(lockPath: string, me: Builder, stale: Seen): "acquired" | "cha
     // Only the holder of the claim may replace this stale content, so if the lock still
     // holds it now, it holds it until our rename.
     if (readSeen(lockPath)?.key !== stale.key) return "changed";
-    writeAtomically(lockPath, me);
+    replaceLockFile(lockPath, me, cannotLock);
     return "acquired";
   } finally {
     // A late claimant of the same stale content finds the lock changed and backs off.
@@ -220,41 +221,6 @@ function parseBuilder(text: string): Builder | undefined {
     // Not JSON: a bare pid or damaged content, told apart by the caller.
   }
   return undefined;
-}
-
-/** Creates `target` holding `me`, whole or not at all; false when it exists. */
-function linkNew(target: string, me: Builder): boolean {
-  const scratch = `${target}.${me.instance}.new`;
-  writeScratch(scratch, me);
-  try {
-    linkSync(scratch, target);
-    return true;
-  } catch (error) {
-    if (errorCode(error) === "EEXIST") return false;
-    throw cannotLock(path.dirname(target), error);
-  } finally {
-    rmSync(scratch, { force: true });
-  }
-}
-
-function writeAtomically(target: string, me: Builder): void {
-  const scratch = `${target}.${me.instance}.new`;
-  writeScratch(scratch, me);
-  try {
-    renameSync(scratch, target);
-  } catch (error) {
-    rmSync(scratch, { force: true });
-    throw cannotLock(path.dirname(target), error);
-  }
-}
-
-function writeScratch(file: string, me: Builder): void {
-  try {
-    writeFileSync(file, `${JSON.stringify(me)}\n`, { mode: 0o644 });
-  } catch (error) {
-    rmSync(file, { force: true });
-    throw cannotLock(path.dirname(file), error);
-  }
 }
 
 function cannotLock(dir: string, error: unknown): LlmgwError {
