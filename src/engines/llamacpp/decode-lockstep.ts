@@ -59,6 +59,11 @@ export interface GenerationTurn {
   /** True once the turn sampled its `maxTokens` and refused to sample more. */
   readonly reachedLimit: boolean;
   /**
+   * Prompt tokens the sequence already held from an earlier request and did not evaluate
+   * again (the prompt cache: sequence-pool.ts): where its first evaluation started.
+   */
+  readonly cachedTokens: number;
+  /**
    * With `keepDistribution`: for each of `tokens`, what it kept of the distribution the
    * token was sampled from (token → probability); otherwise empty.
    */
@@ -95,6 +100,9 @@ class Turn implements GenerationTurn {
   readonly tokens: Token[] = [];
   readonly distributions: Array<TokenDistribution | undefined> = [];
   reachedLimit = false;
+  cachedTokens = 0;
+  /** Set by the first evaluation, which starts after the prefix the sequence kept. */
+  evaluated = false;
   release: (() => void) | null = null;
 
   constructor(
@@ -131,6 +139,12 @@ export class DecodeLockstep {
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
       if (!turn) return original(tokens, options);
+      if (!turn.evaluated) {
+        // LlamaChat and LlamaCompletion have just erased what differs from the new
+        // prompt, so the sequence's next index is the length of the prefix it kept.
+        turn.evaluated = true;
+        turn.cachedTokens = sequence.nextTokenIndex;
+      }
       const inner = !turn.keepDistribution
         ? original(tokens, options)
         : turn.sampledOnly

@@ -25,6 +25,7 @@ import {
   textCompletionChunk,
   toChatJob,
   toCompletionJob,
+  timings,
   toolCallDelta,
   usage,
   type ChoiceResult,
@@ -269,6 +270,7 @@ function choiceResult(result: GenerationResult): ChoiceResult {
     finishReason: result.finishReason,
     stopSequence: result.stopSequence,
     usage: usage(result.promptTokens, result.completionTokens),
+    timings: timings(result.promptTokens, result.cachedTokens, result.completionTokens),
     ...(result.logprobs ? { logprobs: result.logprobs } : {}),
   };
 }

@@ -68,6 +68,8 @@ export interface GenerationResult {
   /** The stop sequence that ended the reply, if one did. */
   stopSequence: string | null;
   promptTokens: number;
+  /** Of promptTokens, those the sequence held from an earlier request and did not evaluate (the prompt cache). */
+  cachedTokens: number;
   completionTokens: number;
   /** The tool calls the reply made (finish reason "tool_calls" when there are any). */
   toolCalls: ToolCall[];
@@ -257,7 +259,8 @@ export class LlamaRunner implements TextGenerator {
     if (tools?.forced) chatWrapper = forcingFunctionCalls(chatWrapper);
     // The same tokens LlamaChat evaluates: the wrapper's rendering of the whole history,
     // with the functions it documents.
-    const promptTokens = chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer).length;
+    const prompt = chatWrapper.generateContextState({ chatHistory: history }).contextText.tokenize(this.model.tokenizer);
+    const promptTokens = prompt.length;
     const maxTokens = this.outputBudget(promptTokens, options.params, "messages");
     // Before a sequence is taken, so that a bad logit_bias is a plain 400.
     const sampling = this.sampling(options.params);
@@ -265,7 +268,7 @@ export class LlamaRunner implements TextGenerator {
     const grammar = json === undefined ? undefined : await this.grammarFor(json);
     // LlamaChat compiles a function's grammar only once the model calls it (tool-grammars.ts).
     if (tools) await this.toolGrammars.check(tools.callable, tools.documented);
-    return this.generate(options, promptTokens, maxTokens, async (sequence, hooks) => {
+    return this.generate(options, prompt, maxTokens, async (sequence, hooks) => {
       const chat = new LlamaChat({ contextSequence: sequence, chatWrapper, autoDisposeSequence: false });
       const collector = new ToolCallCollector(options.onToolCall);
       try {
@@ -305,11 +308,12 @@ export class LlamaRunner implements TextGenerator {
         param: "prompt",
       });
     }
-    const promptTokens = tokens.length + (bos != null ? 1 : 0);
+    const evaluated = bos != null ? [bos, ...tokens] : tokens;
+    const promptTokens = evaluated.length;
     if (promptTokens === 0) throw new BadRequestError("Invalid request body: field 'prompt': the prompt is empty.", { code: "invalid_field", param: "prompt" });
     const maxTokens = this.outputBudget(promptTokens, options.params, "prompt");
     const sampling = this.sampling(options.params);
-    return this.generate(options, promptTokens, maxTokens, async (sequence, hooks, turn) => {
+    return this.generate(options, evaluated, maxTokens, async (sequence, hooks, turn) => {
       const completion = new LlamaCompletion({ contextSequence: sequence, autoDisposeSequence: false });
       let released = 0;
       try {
@@ -433,11 +437,12 @@ export class LlamaRunner implements TextGenerator {
    * LlamaChat or LlamaCompletion with the hooks and returns node-llama-cpp's stop reason.
    * The text is what the text callback released (whole characters only: node-llama-cpp
    * holds back byte tokens until they form a valid UTF-8 character), cut at the first stop
-   * sequence; the token count is what the sequence sampled.
+   * sequence; the token count is what the sequence sampled. `prompt`: the tokens the
+   * generation evaluates first, to pick the sequence that holds most of them already.
    */
   private async generate(
     options: GenerateOptions,
-    promptTokens: number,
+    prompt: readonly Token[],
     maxTokens: number,
     drive: (sequence: LlamaContextSequence, hooks: GenerationHooks, turn: GenerationTurn) => Promise<DriveOutcome>,
   ): Promise<GenerationResult> {
@@ -447,7 +452,7 @@ export class LlamaRunner implements TextGenerator {
     const lane = await this.lanes.acquire(choice);
     let sequence: LlamaContextSequence;
     try {
-      sequence = await lane.pool.acquire(options.signal);
+      sequence = await lane.pool.acquire(options.signal, prompt);
     } catch (error) {
       this.lanes.release(lane);
       throw error;
@@ -517,7 +522,8 @@ export class LlamaRunner implements TextGenerator {
         text,
         finishReason: stopped ? "stop" : finishReason(stopReason, toolCalls.length),
         stopSequence: stopped ? stops.matched : null,
-        promptTokens,
+        promptTokens: prompt.length,
+        cachedTokens: turn.cachedTokens,
         completionTokens: turn.sampledTokens,
         toolCalls,
         aborted,

@@ -295,6 +295,21 @@ export function usage(promptTokens: number, completionTokens: number): Usage {
   return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
 }
 
+/**
+ * llama-server's `timings` extension, counts only: prompt tokens taken from the prompt
+ * cache (`cache_n`), prompt tokens evaluated (`prompt_n`) and tokens generated
+ * (`predicted_n`). Non-streamed responses carry it, next to the standard usage.
+ */
+export interface Timings {
+  cache_n: number;
+  prompt_n: number;
+  predicted_n: number;
+}
+
+export function timings(promptTokens: number, cachedTokens: number, completionTokens: number): Timings {
+  return { cache_n: cachedTokens, prompt_n: promptTokens - cachedTokens, predicted_n: completionTokens };
+}
+
 /** Identity shared by every chunk of one response (OpenAI repeats id and created). */
 export interface ResponseIdentity {
   id: string;
@@ -314,6 +329,7 @@ export interface ChoiceResult {
   finishReason: FinishReason;
   stopSequence?: string | null;
   usage: Usage;
+  timings?: Timings;
   logprobs?: TokenLogprob[];
 }
 
@@ -339,6 +355,7 @@ export function chatCompletion(identity: ResponseIdentity, result: ChoiceResult)
       },
     ],
     usage: result.usage,
+    ...(result.timings ? { timings: result.timings } : {}),
   };
 }
 
@@ -388,6 +405,7 @@ export function textCompletion(identity: ResponseIdentity, result: ChoiceResult)
       },
     ],
     usage: result.usage,
+    ...(result.timings ? { timings: result.timings } : {}),
   };
 }
 
