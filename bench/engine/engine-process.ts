@@ -4,6 +4,7 @@
 // Also the benchmark model's shape, which run.ts and features.ts share.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createServer } from "node:net";
+import { ENGINE_THREAD_POOL_SIZE } from "../../src/engines/llamacpp/engine-launch.ts";
 
 export const ENGINE_KEY = "bench-engine-key";
 
@@ -39,7 +40,8 @@ export interface EngineProcess {
 export async function startEngineProcess(options: { label: string; entry: string; modelPath: string; args: string[] }): Promise<EngineProcess> {
   const port = await freePort();
   const child = spawn(process.execPath, [options.entry, "engine", "--model", options.modelPath, "--port", String(port), "--key", ENGINE_KEY, ...options.args], {
-    env: { ...process.env, LLMGW_LOG_LEVEL: "info" },
+    // The pool size llmgw's launcher gives the engine (engine-launch.ts says why).
+    env: { ...process.env, LLMGW_LOG_LEVEL: "info", UV_THREADPOOL_SIZE: ENGINE_THREAD_POOL_SIZE },
     stdio: ["ignore", "ignore", "pipe"],
   });
   let stderr = "";

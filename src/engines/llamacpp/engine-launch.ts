@@ -9,6 +9,21 @@ import { DEFAULT_CONTEXT_PER_REQUEST, DEFAULT_CONTEXT_POOL, type Profile } from 
 import type { EngineLaunch } from "../../agent/supervisor-options.ts";
 import { openAiModelsValidator } from "../openai-models-validator.ts";
 
+/**
+ * libuv's thread pool size for the engine process (UV_THREADPOOL_SIZE). node-llama-cpp
+ * runs each decode step on that pool, and with the default 4 threads each step starts
+ * from whichever pool thread is free, a different one nearly every time. llama.cpp
+ * (without a thread pool of its own attached, as node-llama-cpp's binding leaves it)
+ * then runs a step at about half the speed of the same step started from the same
+ * thread each time: 40–45 against 70–80 tokens/s on the engine benchmark's model, the
+ * latter llama-bench's own figure (bench/engine/README.md, "Where the time went"). With
+ * one pool thread every decode and sampling call starts from the same thread. Nothing
+ * else in the engine needs the pool to be wider: it serves HTTP on the main thread and
+ * reads no files while generating; a second context (embeddings, adapters) would only
+ * contend for the same cores.
+ */
+export const ENGINE_THREAD_POOL_SIZE = "1";
+
 const LLMGW_BIN = fileURLToPath(new URL("../../../bin/llmgw.js", import.meta.url));
 
 export interface LlamaCppLaunchOptions {
@@ -64,8 +79,14 @@ export function llamaCppLaunch(options: LlamaCppLaunchOptions): EngineLaunch {
       ...(options.adapters ?? []).flatMap((path) => ["--lora", path]),
       ...profile.engine_args,
     ],
-    // The key travels in the environment so it does not show in `ps`.
-    env: { LLMGW_ENGINE_KEY: options.engineKey, LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "info", NODE_OPTIONS: "" },
+    // The key travels in the environment so it does not show in `ps`; the pool size
+    // must be there too, since Node sizes its thread pool before any of our code runs.
+    env: {
+      LLMGW_ENGINE_KEY: options.engineKey,
+      LLMGW_LOG_LEVEL: process.env.LLMGW_LOG_LEVEL ?? "info",
+      NODE_OPTIONS: "",
+      UV_THREADPOOL_SIZE: ENGINE_THREAD_POOL_SIZE,
+    },
     host,
     port,
     healthPath: "/health",
