@@ -24,9 +24,11 @@ function readTicks(pids: number[]): CpuTicks | null {
     for (const pid of pids) {
       try {
         const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-        // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+        // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15, cutime 16, cstime 17.
         const after = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-        ours += Number(after[11]) + Number(after[12]);
+        // utime and stime, plus cutime and cstime: the time of children it has waited for
+        // (a llama.cpp tool run to its end during the measurement).
+        ours += Number(after[11]) + Number(after[12]) + Number(after[13]) + Number(after[14]);
       } catch {
         // The process is gone; its time no longer counts on either side.
       }
