@@ -1,4 +1,5 @@
-// `llmgw engine build`: the terminal side of engine-build.ts. Progress goes to stderr (a
+// `llmgw engine build`: the terminal side of engine-build.ts, then of the bundled engine's
+// build for this CPU (engines/llamacpp/native-binding.ts). Progress goes to stderr (a
 // line per step, and the compile's percentage every 5% or every minute, so a log of a CI run
 // shows it is alive without a line per source file); the path to pass to
 // `llmgw agent --llama-server` is the only thing on stdout, so scripts can take it.
@@ -9,11 +10,14 @@
 import path from "node:path";
 import { BadRequestError, LlmgwError, describeError } from "../core/errors.ts";
 import { buildLlamaCpp, type BuildProgress } from "../engines/llama-server/engine-build.ts";
+import { buildBundledBinding } from "../engines/llamacpp/native-binding.ts";
 
 export interface EngineBuildFlags {
   out?: string;
   jobs?: string;
   quiet?: boolean;
+  /** false (--no-bundled): leave the bundled engine on node-llama-cpp's prebuilt binary. */
+  bundled?: boolean;
 }
 
 export interface EngineBuildDependencies {
@@ -64,6 +68,19 @@ export async function runEngineBuildCommand(flags: EngineBuildFlags, dependencie
       signal: controller.signal,
     });
     say(`${result.record.version}; start a node with: llmgw agent --llama-server ${out === undefined ? "auto" : result.llamaServer}`);
+    // Only for node-llama-cpp's own source: a stand-in bundle (the tests') has no binding.
+    if (flags.bundled !== false && dependencies.bundle === undefined) {
+      try {
+        const binding = await buildBundledBinding({ workDir: path.join(result.dir, "bundled-binding"), signal: controller.signal, onProgress: say });
+        say(`the bundled engine's llama.cpp for this CPU ${binding.reused ? "is already built" : "is built"} in ${binding.dir}`);
+      } catch (error) {
+        if (received !== undefined) throw error;
+        // The bundled engine still runs, on the prebuilt binary: a warning, not a failed build.
+        say(
+          `warning: could not build the bundled engine's llama.cpp for this CPU (${describeError(error)}); it keeps node-llama-cpp's prebuilt binary, which processes prompts at about half the speed. Run \`llmgw engine build\` again after fixing the cause.`,
+        );
+      }
+    }
     process.stdout.write(`${result.llamaServer}\n`);
   } catch (error) {
     if (received === undefined) throw error;

@@ -135,12 +135,13 @@ const engine = program
 engine
   .command("build")
   .description(
-    "Build llama-server (with llama-bench and llama-batched-bench) from the llama.cpp source node-llama-cpp ships, into ~/.cache/llmgw/llama.cpp/<commit>/; prints the path for `llmgw agent --llama-server` (or use --llama-server auto)",
+    "Build llama-server (with llama-bench and llama-batched-bench) from the llama.cpp source node-llama-cpp ships, into ~/.cache/llmgw/llama.cpp/<commit>/, and the bundled engine's llama.cpp for this CPU; prints the path for `llmgw agent --llama-server` (or use --llama-server auto)",
   )
   .option("--out <dir>", "build into this folder (new, empty, or an earlier build) instead of the cache")
   .option("--jobs <n>", "compile jobs (default: one per core)")
+  .option("--no-bundled", "leave the bundled engine on node-llama-cpp's prebuilt binary (prompt processing about half as fast on a CPU)")
   .option("--quiet", "print only the path")
-  .action(async (options: { out?: string; jobs?: string; quiet?: boolean }) => {
+  .action(async (options: { out?: string; jobs?: string; quiet?: boolean; bundled?: boolean }) => {
     const { runEngineBuildCommand } = await import("./engine-build-command.ts");
     await runEngineBuildCommand(options);
   });

@@ -235,6 +235,8 @@ export class LlamaRunner implements TextGenerator {
           sequences: options.parallel,
           threads: base.context.idealThreads,
           adapters: adapterPaths.length,
+          // "localBuild": compiled for this CPU by `llmgw engine build` (native-binding.ts).
+          binding: llama.buildType,
         },
         "model loaded",
       );
