@@ -94,9 +94,12 @@ for pair in "${wanted[@]}"; do
 done
 
 # The real llama-server. Run from the sources (tsx) so that it needs no dist/ yet.
+# --no-bundled: the tests run the bundled engine on node-llama-cpp's prebuilt binary, the
+# one every install has (`llmgw engine build` without it also compiles one for this CPU,
+# which the engine benchmark measures; see bench/engine/README.md).
 if [ "${LLMGW_SKIP_LLAMA_SERVER_BUILD:-}" = 1 ]; then
   say "LLMGW_SKIP_LLAMA_SERVER_BUILD=1: no llama-server build; the tests that run the real llama-server will fail"
-elif llama_server=$(LLMGW_FROM_SOURCE=1 node bin/llmgw.js engine build); then
+elif llama_server=$(LLMGW_FROM_SOURCE=1 node bin/llmgw.js engine build --no-bundled); then
   say "llama-server: $llama_server"
 else
   say "could not build llama-server (see the lines above): the tests that run the real llama-server will fail until \`llmgw engine build\` succeeds" >&2

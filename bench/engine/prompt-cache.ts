@@ -74,8 +74,8 @@ function median(values: number[]): number {
   return sorted.length % 2 === 1 ? (sorted[middle] as number) : ((sorted[middle - 1] as number) + (sorted[middle] as number)) / 2;
 }
 
-/** Lines of rules; the generated model's vocabulary spends about ten tokens on each. */
-const TOKENS_PER_LINE = 10;
+/** Lines of rules; the generated model's vocabulary spends about 13.6 tokens on each (its chat template adds a few). */
+const TOKENS_PER_LINE = 13.6;
 function systemPrompt(name: string, round: number, tokens: number): string {
   const lines = [`Round ${round}, assistant ${name}. Follow these rules.`];
   for (let index = 0; lines.length * TOKENS_PER_LINE < tokens; index += 1) lines.push(`Rule ${index}: say hello to ${name} world`);

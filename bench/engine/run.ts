@@ -13,9 +13,9 @@
 //
 // For each level L, an engine with --parallel L and a direct process with L sequences are
 // loaded up front. Then each round runs every target once, in an order that rotates from
-// round to round: the engine (its levels back to back, then a 512-token prompt), direct
-// (its levels), and llama.cpp (llama-bench's tg and pp512, then llama-batched-bench at
-// each level). On a small shared machine the absolute figures drift with other work, so
+// round to round: the engine (its levels back to back; at level 1 also a 512-token prompt,
+// and llama-bench's tg and pp512 right before or after), direct (its levels), and
+// llama-batched-bench at each level. On a small shared machine the absolute figures drift with other work, so
 // the goals are ratios of figures measured seconds apart in the same round (medians of
 // the per-round ratios):
 //   - one generation ≥ 0.85 × llama-bench tg;
@@ -288,14 +288,26 @@ async function main(): Promise<void> {
 
     /** Each target's turn in a round: its measurements, levels in the order given. */
     type Turn = (round: number, levels: number[]) => AsyncGenerator<Measured>;
+    // llama-bench runs inside the engine's turn, next to the engine's one generation and its
+    // prompt (before them in even rounds, after them in odd ones): the two goals against it
+    // compare figures taken a second apart, not a turn apart, on a machine whose speed
+    // drifts from one moment to the next.
+    const llamaBenchRun = async function* (): AsyncGenerator<Measured> {
+      if (!tools) return;
+      const bench = await llamaBench(tools, { modelPath: model.path, threads: options.threads, tg: options.tokens, pp: PROMPT_TOKENS });
+      yield { kind: "tg", level: 1, target: "llama-bench", tokensPerSecond: bench.tg };
+      yield { kind: "pp", level: 1, target: "llama-bench", tokensPerSecond: bench.pp, sameRunAsPrevious: true };
+    };
     const engineTurn = (name: string): Turn =>
       async function* (round, levels) {
+        const withAnchor = name === "engine";
         for (const level of levels) {
           const engine = engines.find((target) => target.name === name && target.level === level) as EngineTarget;
+          if (level === 1 && withAnchor && round % 2 === 0) yield* llamaBenchRun();
           yield { kind: "tg", level, target: name, tokensPerSecond: await engine.generate(options.tokens) };
+          if (level === 1) yield { kind: "pp", level: 1, target: name, tokensPerSecond: await engine.processPrompt(round) };
+          if (level === 1 && withAnchor && round % 2 === 1) yield* llamaBenchRun();
         }
-        const single = engines.find((target) => target.name === name && target.level === 1) as EngineTarget;
-        yield { kind: "pp", level: 1, target: name, tokensPerSecond: await single.processPrompt(round) };
       };
     const directTurn: Turn = async function* (_round, levels) {
       for (const level of levels) {
@@ -305,9 +317,6 @@ async function main(): Promise<void> {
     };
     const llamaCppTurn: Turn = async function* (_round, levels) {
       if (!tools) return;
-      const bench = await llamaBench(tools, { modelPath: model.path, threads: options.threads, tg: options.tokens, pp: PROMPT_TOKENS });
-      yield { kind: "tg", level: 1, target: "llama-bench", tokensPerSecond: bench.tg };
-      yield { kind: "pp", level: 1, target: "llama-bench", tokensPerSecond: bench.pp, sameRunAsPrevious: true };
       for (const level of levels) {
         const speed = await batchedBench(tools, { modelPath: model.path, threads: options.threads, level, prompt: 8, tg: options.tokens });
         yield { kind: "tg", level, target: "llama-batched-bench", tokensPerSecond: speed };
