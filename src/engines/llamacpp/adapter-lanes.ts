@@ -18,8 +18,12 @@
 // leaves a zero-scale adapter out of the graph, so the base decodes exactly as without
 // them. node-llama-cpp keeps loaded adapters on the model until it is disposed, so later
 // lanes reuse them and cost only their context: KV cache and compute buffers, as much as
-// the base lane's. The CPU threads are not multiplied: node-llama-cpp's thread splitter
-// shares the engine's --threads between the contexts decoding at the same moment.
+// the base lane's. The CPU threads are not multiplied: every lane asks node-llama-cpp's
+// thread splitter for all of the engine's --threads as its minimum, so lanes decoding at
+// the same moment take turns at full width. (With a plain number the splitter divides
+// the threads by the number of contexts that exist, busy or not: one adapter lane would
+// halve the base lane's threads. And the engine decodes on one libuv thread anyway,
+// ENGINE_THREAD_POOL_SIZE in engine-launch.ts, so two decodes never overlap.)
 //
 // The bound: at most `maxAdapterLanes` adapter lanes exist. A request for a new
 // combination when they are all there replaces the least recently used lane that no
@@ -62,7 +66,7 @@ export async function createLane(shape: LaneShape, key: string, adapters: { file
   const context = await shape.model.createContext({
     contextSize: shape.contextSize,
     sequences: shape.sequences,
-    threads: shape.threads,
+    threads: { ideal: shape.threads, min: shape.threads },
     batching: { itemPrioritizationStrategy: shape.batchMeter.shareBatch },
     ...(adapters.length > 0 ? { lora: { adapters } } : {}),
   });

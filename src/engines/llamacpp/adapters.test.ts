@@ -4,23 +4,27 @@
 // the greedy tokens, a request's adapters never leak into the next request's answer,
 // unknown ids and bad scales are 400s naming the field, the bound on adapter contexts
 // (replace an idle one, refuse with a retryable 503 while all are busy), and an adapter
-// llama.cpp refuses fails the load with its reason and the file.
+// llama.cpp refuses fails the load with its reason and the file, and an adapter context
+// leaves the base all of its threads.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { AddressInfo } from "node:net";
+import type { Token } from "node-llama-cpp";
 import OpenAI, { APIError } from "openai";
 import { BadRequestError, UnavailableError } from "../../core/errors.ts";
 import { silentLogger } from "../../core/log.ts";
 import { profileSchema } from "../../catalog/model-schema.ts";
 import { writeTinyLlamaGguf } from "../../gguf/tiny-model.ts";
 import { writeTinyLora } from "../../gguf/tiny-lora.ts";
-import { AdapterLanes, type Lane, type LaneShape } from "./adapter-lanes.ts";
+import { AdapterLanes, createLane, type Lane, type LaneShape } from "./adapter-lanes.ts";
+import { DecodeBatchMeter } from "./decode-batches.ts";
 import { DecodeLockstep } from "./decode-lockstep.ts";
 import { createEngineServer, type EngineServer } from "./engine-server.ts";
 import { llamaCppLaunch } from "./engine-launch.ts";
+import { openModel } from "./llama-load.ts";
 import { AdapterLoadError, LlamaRunner, type GenerateOptions } from "./llama-runner.ts";
 import type { AdapterScale, GenerationParams } from "./openai-wire.ts";
 import { SequencePool } from "./sequence-pool.ts";
@@ -294,4 +298,27 @@ test("adapter contexts: one made per new combination however many ask at once, a
   assert.equal(lanes.adapterLaneCount, 1);
   assert.equal(await lanes.acquire(lanes.choose([])), lanes.base);
   lanes.release(b);
+});
+
+test("an adapter lane does not take threads from the base lane: each decodes with all of --threads", async () => {
+  const threads = 2;
+  const { llama, model } = await openModel({ modelPath, threads, logger: silentLogger() });
+  try {
+    const shape: LaneShape = { model, contextSize: 256, sequences: 1, threads, batchMeter: new DecodeBatchMeter() };
+    const base = await createLane(shape, "", [{ filePath: adapterA, scale: 0 }]);
+    const lane = await createLane(shape, "0:1", [{ filePath: adapterA, scale: 1 }]);
+    for (const { context, pool } of [base, lane]) {
+      // node-llama-cpp's thread splitter divides a plain number of threads by the
+      // contexts that exist, so with two contexts each would get one.
+      const sequence = await pool.acquire(new AbortController().signal);
+      await sequence.evaluateWithoutGeneratingNewTokens(PROMPT as Token[]);
+      pool.release(sequence);
+      assert.equal(context.currentThreads, threads);
+    }
+    await lane.context.dispose();
+    await base.context.dispose();
+  } finally {
+    await model.dispose();
+    await llama.dispose();
+  }
 });

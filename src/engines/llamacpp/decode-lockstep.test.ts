@@ -10,6 +10,8 @@ import { DecodeLockstep } from "./decode-lockstep.ts";
 class StandInSequence {
   /** Steps asked for and not finished yet, oldest first. */
   readonly pending: Array<() => void> = [];
+  /** Where the next evaluated token goes (the tokens the sequence holds). */
+  nextTokenIndex = 0;
 
   constructor(
     readonly name: string,
@@ -25,6 +27,11 @@ class StandInSequence {
         yield step as Token;
       }
     })();
+  }
+
+  /** Evaluates without sampling, as node-llama-cpp rebuilds a sequence it could not trim. */
+  async evaluateWithoutGeneratingNewTokens(tokens: Token[]): Promise<void> {
+    this.nextTokenIndex += tokens.length;
   }
 
   /** Finishes the oldest pending step. */
@@ -144,4 +151,32 @@ test("a turn samples at most its maxTokens: then its token iterator ends", async
   assert.equal(turn.sampledTokens, 2);
   assert.equal(turn.reachedLimit, true);
   turn.end();
+});
+
+test("the cached prefix is where a turn's first evaluation starts, also when the sequence was rebuilt without sampling first", async () => {
+  const { lockstep, sequences } = setUp(2);
+  const [kept, rebuilt] = sequences as [StandInSequence, StandInSequence];
+  // Both held 40 tokens of an earlier prompt and keep 30 of them for the new one.
+  kept.nextTokenIndex = 30;
+  rebuilt.nextTokenIndex = 30;
+  const keptTurn = lockstep.begin(kept.asLlama(), 1);
+  const rebuiltTurn = lockstep.begin(rebuilt.asLlama(), 1);
+
+  const keptPull = pull(kept, 1);
+  await eventually("the kept sequence evaluates its prompt", () => kept.pending.length === 1);
+  kept.finish();
+  await keptPull;
+  assert.equal(keptTurn.cachedTokens, 30);
+
+  // A sequence that could not erase its tail (a recurrent or sliding-window model) is
+  // cleared and filled again from the prompt's start before the generation evaluates.
+  rebuilt.nextTokenIndex = 0;
+  await rebuilt.asLlama().evaluateWithoutGeneratingNewTokens(Array.from({ length: 30 }, (_, index) => index as Token));
+  const rebuiltPull = pull(rebuilt, 1);
+  await eventually("the rebuilt sequence evaluates the rest", () => rebuilt.pending.length === 1);
+  rebuilt.finish();
+  await rebuiltPull;
+  assert.equal(rebuiltTurn.cachedTokens, 0, "the 30 tokens evaluated again were not reused");
+  keptTurn.end();
+  rebuiltTurn.end();
 });

@@ -73,6 +73,7 @@ export interface GenerationTurn {
 }
 
 type Evaluate = LlamaContextSequence["evaluate"];
+type EvaluateWithoutSampling = LlamaContextSequence["evaluateWithoutGeneratingNewTokens"];
 type TokenIterator = AsyncGenerator<Token, void, Token | Token[] | undefined>;
 
 /** Token → probability of one sampling step, in node-llama-cpp's order (most likely first). */
@@ -121,6 +122,17 @@ class Turn implements GenerationTurn {
   }
 }
 
+/**
+ * At a turn's first evaluation LlamaChat and LlamaCompletion have just erased what
+ * differs from the new prompt, so the sequence's next index is the length of the prefix
+ * it kept from an earlier request.
+ */
+function noteCachedPrefix(turn: Turn, sequence: LlamaContextSequence): void {
+  if (turn.evaluated) return;
+  turn.evaluated = true;
+  turn.cachedTokens = sequence.nextTokenIndex;
+}
+
 export class DecodeLockstep {
   private readonly turns = new Map<LlamaContextSequence, Turn>();
   /** Attached sequences in the order of their llama.cpp sequence ids. */
@@ -139,12 +151,7 @@ export class DecodeLockstep {
     const wrapped: Evaluate = (tokens, options) => {
       const turn = this.turns.get(sequence);
       if (!turn) return original(tokens, options);
-      if (!turn.evaluated) {
-        // LlamaChat and LlamaCompletion have just erased what differs from the new
-        // prompt, so the sequence's next index is the length of the prefix it kept.
-        turn.evaluated = true;
-        turn.cachedTokens = sequence.nextTokenIndex;
-      }
+      noteCachedPrefix(turn, sequence);
       const inner = !turn.keepDistribution
         ? original(tokens, options)
         : turn.sampledOnly
@@ -153,6 +160,18 @@ export class DecodeLockstep {
       return this.evaluateInStep(turn, inner);
     };
     Object.defineProperty(sequence, "evaluate", { value: wrapped, configurable: true, writable: true });
+    // Not every prompt reaches `evaluate` first. A sequence that cannot erase a tail of
+    // its cache (sliding-window or recurrent models) is rebuilt from a checkpoint or from
+    // nothing by evaluating tokens without sampling, and LlamaChat does the same before a
+    // thought-segment checkpoint: whichever of the two comes first in a turn says where
+    // the reused prefix ended, so the rebuilt tokens are not counted as cached.
+    const evaluateQuietly: EvaluateWithoutSampling = sequence.evaluateWithoutGeneratingNewTokens.bind(sequence);
+    const wrappedQuietly: EvaluateWithoutSampling = (tokens, options) => {
+      const turn = this.turns.get(sequence);
+      if (turn) noteCachedPrefix(turn, sequence);
+      return evaluateQuietly(tokens, options);
+    };
+    Object.defineProperty(sequence, "evaluateWithoutGeneratingNewTokens", { value: wrappedQuietly, configurable: true, writable: true });
   }
 
   /**

@@ -44,6 +44,12 @@ export interface LlamaEmbedderOptions {
   /** Tokens of the embedding context; an input may use all but one of them. */
   contextSize: number;
   threads: number;
+  /**
+   * Ask node-llama-cpp's thread splitter for `threads` as the minimum, not only the ideal:
+   * for an embedder beside generating contexts that demand all the threads, which would
+   * otherwise leave it one.
+   */
+  demandThreads?: boolean;
   logger: Logger;
 }
 
@@ -118,7 +124,10 @@ export class LlamaEmbedder implements TextEmbedder {
   private embeddingContext(): Promise<LlamaEmbeddingContext> {
     if (this.context) return this.context;
     const { model, contextSize, threads, logger } = this.options;
-    const creating = model.createEmbeddingContext({ contextSize, batchSize: contextSize, threads }).then(
+    // LlamaEmbeddingContext's options type threads as a number, but it hands the value to
+    // createContext as it is, whose public options take the { ideal, min } form too.
+    const threadOption = (this.options.demandThreads ? { ideal: threads, min: threads } : threads) as number;
+    const creating = model.createEmbeddingContext({ contextSize, batchSize: contextSize, threads: threadOption }).then(
       (context) => {
         logger.info({ contextSize, embeddingSize: model.embeddingVectorSize, threads }, "embedding context created");
         return context;

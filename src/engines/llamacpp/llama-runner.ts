@@ -173,13 +173,15 @@ export class LlamaRunner implements TextGenerator {
     this.toolGrammars = new ToolGrammarCheck(llama);
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
-    // Half the threads: an embeddings request runs alongside the generations, and two
-    // contexts with a thread per core each would oversubscribe the cores, which makes
-    // llama.cpp's thread synchronisation many times slower (see the top of this file).
+    // Half the threads (at least one), and demanded as the lanes demand theirs
+    // (adapter-lanes.ts): with the lanes asking for all threads as their minimum,
+    // node-llama-cpp's thread splitter would otherwise leave a plain number one thread,
+    // and a demand keeps a batch from running beside a generation step on the same cores.
     this.embedder = new LlamaEmbedder({
       model,
       contextSize: this.context.contextSize,
       threads: Math.max(1, Math.floor(this.context.idealThreads / 2)),
+      demandThreads: true,
       logger,
     });
   }
@@ -325,6 +327,10 @@ export class LlamaRunner implements TextGenerator {
             ...sampling,
             maxTokens,
             disableContextShift: true,
+            // LlamaCompletion fits the prompt into the context less this shift's room (a
+            // tenth by default), dropping the front of a longer one; outputBudget has
+            // already refused any prompt that does not fit, so nothing may be dropped.
+            contextShiftSize: 1,
             ...hooks,
             onToken: (chunk) => {
               released += chunk.length;

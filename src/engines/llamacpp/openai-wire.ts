@@ -307,7 +307,11 @@ export interface Timings {
 }
 
 export function timings(promptTokens: number, cachedTokens: number, completionTokens: number): Timings {
-  return { cache_n: cachedTokens, prompt_n: promptTokens - cachedTokens, predicted_n: completionTokens };
+  // A guard, so prompt_n is never negative: usage counts the prompt as rendered, the cache
+  // the tokens the sequence kept (node-llama-cpp re-evaluates the last one of a prompt
+  // that was cached whole, so today the cache is always the shorter).
+  const cached = Math.min(cachedTokens, promptTokens);
+  return { cache_n: cached, prompt_n: promptTokens - cached, predicted_n: completionTokens };
 }
 
 /** Identity shared by every chunk of one response (OpenAI repeats id and created). */

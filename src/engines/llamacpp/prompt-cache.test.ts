@@ -105,3 +105,22 @@ test("HTTP: a non-streamed answer carries llama-server's timings, cache_n and pr
     await server.shutdown();
   }
 });
+
+test("completions: a prompt that nearly fills the context is evaluated whole, not cut at its front", async () => {
+  // LlamaCompletion keeps room for a context shift (a tenth of the context) and drops the
+  // front of a longer prompt unless told otherwise; the engine refuses what does not fit
+  // instead, so every token it accepts must reach the sequence.
+  const sequenceContext = 1024; // 2,048 tokens shared by two sequences
+  const probe = await complete(longText("plums", 40));
+  const tokensPerLine = probe.promptTokens / 40;
+  const lines = Math.floor((0.96 * sequenceContext) / tokensPerLine);
+  const first = await complete(longText("plums", lines));
+  assert.ok(
+    first.promptTokens > 0.9 * sequenceContext && first.promptTokens < sequenceContext - 3,
+    `the prompt fills 90–100% of a sequence's context: ${first.promptTokens} tokens`,
+  );
+  // Had its front been dropped, the sequence would hold only the tail and share nothing
+  // past BOS with the same prompt sent again.
+  const again = await complete(longText("plums", lines));
+  assert.equal(again.cachedTokens, again.promptTokens - 1, `${again.cachedTokens} of ${again.promptTokens} tokens reused`);
+});
