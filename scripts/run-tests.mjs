@@ -50,6 +50,7 @@ const unit = [
   "src/engines/llamacpp/decode-lockstep.test.ts",
   "src/engines/llamacpp/llama-runner.test.ts",
   "src/engines/llamacpp/prompt-cache.test.ts",
+  "src/engines/llamacpp/native-binding.test.ts",
   "src/engines/llamacpp/engine-server.test.ts",
   "src/engines/llamacpp/sampling.test.ts",
   "src/engines/llamacpp/engine-command.test.ts",

@@ -6,6 +6,7 @@
 // per prompt on its own sequence, all at once, and answers with the tokens generated and
 // the seconds the round took.
 import { getLlama, LlamaCompletion, LlamaLogLevel } from "node-llama-cpp";
+import { bindingCmakeOptions } from "../../src/engines/llamacpp/native-binding.ts";
 
 export interface DirectRound {
   type: "round";
@@ -29,6 +30,8 @@ const llama = await getLlama({
   build: "never",
   skipDownload: true,
   usePrebuiltBinaries: true,
+  // The binding the engine loads: this CPU's local build when there is one (native-binding.ts).
+  cmakeOptions: bindingCmakeOptions(),
   progressLogs: false,
   maxThreads: threads,
   logLevel: LlamaLogLevel.warn,

@@ -153,7 +153,15 @@ async function httpPaths(runner: LlamaRunner, options: { tokens: number; rounds:
     const response = await fetch(`http://127.0.0.1:${address.port}/v1/chat/completions`, {
       method: "POST",
       headers: { authorization: "Bearer k", "content-type": "application/json" },
-      body: JSON.stringify({ model: "bench", messages: [{ role: "user", content: `hello ${round}` }], max_tokens: options.tokens, temperature: 0, stream }),
+      // A prompt of its own for each request: the streamed one must not find the
+      // non-streamed one's prompt in the prompt cache and skip work the other did.
+      body: JSON.stringify({
+        model: "bench",
+        messages: [{ role: "user", content: `${stream ? "streamed" : "plain"} question ${round}` }],
+        max_tokens: options.tokens,
+        temperature: 0,
+        stream,
+      }),
     });
     await response.text();
     return performance.now() - started;

@@ -48,6 +48,7 @@ import { measureOtherLoad } from "./other-load.ts";
 import { BENCH_MODEL_SHAPE, startEngineProcess, type EngineProcess } from "./engine-process.ts";
 import { batchedBench, findLlamaCppTools, llamaBench, type LlamaCppTools } from "./llama-cpp-anchors.ts";
 import { flagReader } from "../flags.ts";
+import { ENGINE_THREAD_POOL_SIZE } from "../../src/engines/llamacpp/engine-launch.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const CONTEXT_PER_SEQUENCE = 1024;
@@ -230,6 +231,9 @@ class DirectTarget {
   static async start(modelPath: string, level: number, threads: number): Promise<DirectTarget> {
     const child = fork(path.join(ROOT, "bench/engine/direct.ts"), [modelPath, String(level), String(threads), String(CONTEXT_PER_SEQUENCE)], {
       execArgv: ["--import", "tsx"],
+      // The same libuv pool as the engine's (ENGINE_THREAD_POOL_SIZE): node-llama-cpp used
+      // directly decodes on that pool too, and the comparison is of everything else.
+      env: { ...process.env, UV_THREADPOOL_SIZE: ENGINE_THREAD_POOL_SIZE },
       stdio: ["ignore", "inherit", "inherit", "ipc"],
     });
     await new Promise<void>((resolve, reject) => {

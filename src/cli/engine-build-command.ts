@@ -34,14 +34,20 @@ export async function runEngineBuildCommand(flags: EngineBuildFlags, dependencie
   }
   // Absolute: the printed path is handed to agents that run in other folders.
   const out = flags.out === undefined ? undefined : path.resolve(flags.out);
-  const started = Date.now();
+  let started = Date.now();
   let lastPercent = -100;
   let lastPrinted = 0;
   const say = (text: string) => {
     if (flags.quiet !== true) process.stderr.write(`engine build: ${text}\n`);
   };
   const onProgress = (progress: BuildProgress) => {
-    if (progress.step !== "compile" || progress.percent === undefined || progress.percent === 0) return say(progress.detail);
+    if (progress.step !== "compile" || progress.percent === undefined) return say(progress.detail);
+    if (progress.percent === 0) {
+      // A compile starts (llama-server's, then the bundled engine's): its own clock.
+      started = Date.now();
+      lastPercent = -100;
+      return say(progress.detail);
+    }
     const now = Date.now();
     if (progress.percent - lastPercent < 5 && now - lastPrinted < 60_000) return;
     lastPercent = progress.percent;
@@ -69,15 +75,18 @@ export async function runEngineBuildCommand(flags: EngineBuildFlags, dependencie
     });
     say(`${result.record.version}; start a node with: llmgw agent --llama-server ${out === undefined ? "auto" : result.llamaServer}`);
     // Only for node-llama-cpp's own source: a stand-in bundle (the tests') has no binding.
+    // --out and --jobs are llama-server's: node-llama-cpp builds into its own package
+    // folder with as many jobs as it chooses.
     if (flags.bundled !== false && dependencies.bundle === undefined) {
       try {
-        const binding = await buildBundledBinding({ workDir: path.join(result.dir, "bundled-binding"), signal: controller.signal, onProgress: say });
-        say(`the bundled engine's llama.cpp for this CPU ${binding.reused ? "is already built" : "is built"} in ${binding.dir}`);
+        const binding = await buildBundledBinding({ workDir: path.join(result.dir, "bundled-binding"), signal: controller.signal, onProgress });
+        say(`the bundled engine's llama.cpp for this CPU ${binding.reused ? "was built already" : "is built"}; engines started from now on load it`);
       } catch (error) {
         if (received !== undefined) throw error;
-        // The bundled engine still runs, on the prebuilt binary: a warning, not a failed build.
-        say(
-          `warning: could not build the bundled engine's llama.cpp for this CPU (${describeError(error)}); it keeps node-llama-cpp's prebuilt binary, which processes prompts at about half the speed. Run \`llmgw engine build\` again after fixing the cause.`,
+        // The bundled engine still runs, on the prebuilt binary: a warning, not a failed
+        // build, and printed even with --quiet, as nothing else would tell.
+        process.stderr.write(
+          `engine build: warning: could not build the bundled engine's llama.cpp for this CPU (${describeError(error)}); it keeps node-llama-cpp's prebuilt binary, which processes prompts at about half the speed. Run \`llmgw engine build\` again after fixing the cause.\n`,
         );
       }
     }

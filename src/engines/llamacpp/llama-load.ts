@@ -1,7 +1,8 @@
 // Opening a GGUF model with node-llama-cpp for the bundled engine: the CPU-only binding
-// (never built or downloaded at run time), llama.cpp's log routed to ours, and the model
-// loaded with the pooling the engine's embeddings use. Both the generating engine
-// (llama-runner.ts) and the embedding-only one (embedding-engine.ts) start here.
+// (never built or downloaded at run time: this CPU's local build, else the prebuilt
+// one), llama.cpp's log routed to ours, and the model loaded with the pooling the
+// engine's embeddings use. Both the generating engine (llama-runner.ts) and the
+// embedding-only one (embedding-engine.ts) start here.
 //
 // Pooling: llama.cpp pools an embedding context's token vectors the way the model's
 // `<arch>.pooling_type` key says (BERT-style embedding models carry mean or CLS, Qwen3
@@ -13,6 +14,7 @@
 import { resolve } from "node:path";
 import { getLlama, LlamaLogLevel, readGgufFileInfo, type Llama, type LlamaModel } from "node-llama-cpp";
 import type { Logger } from "../../core/log.ts";
+import { bindingCmakeOptions } from "./native-binding.ts";
 
 /** Why loading failed, with llama.cpp's own last error line when it printed one. */
 export class ModelLoadError extends Error {
@@ -95,10 +97,13 @@ export async function openModel(options: { modelPath: string; threads: number; l
   const llamaErrors: string[] = [];
   const llama = await getLlama({
     gpu: false,
-    // Never build or download anything at run time: only the prebuilt binary in node_modules.
+    // Never build or download anything at run time: the local build `llmgw engine build`
+    // made for this CPU (native-binding.ts; the options name its folder, so a build for
+    // another CPU is never found), else the prebuilt binary in node_modules.
     build: "never",
     skipDownload: true,
     usePrebuiltBinaries: true,
+    cmakeOptions: bindingCmakeOptions(),
     progressLogs: false,
     maxThreads: options.threads,
     logLevel: LlamaLogLevel.warn,

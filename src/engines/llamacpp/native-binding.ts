@@ -2,8 +2,7 @@
 // node-llama-cpp build its own binding from the llama.cpp source it ships (its documented
 // `source download` command, which unpacks the package's git bundle, so nothing is
 // downloaded), with this machine's cmake and compiler. node-llama-cpp then loads that
-// local build instead of its prebuilt one (it looks for a local build first, and tests
-// that it loads before using it).
+// local build instead of its prebuilt one when the engine starts (llama-load.ts).
 //
 // Why: the prebuilt CPU libraries are compiled for generic instruction sets, without
 // OpenMP. On the engine benchmark's model they process a prompt at about half the speed
@@ -11,73 +10,131 @@
 // 1,000–1,300 tokens/s, measured with a C program linked to the prebuilt libraries, so no
 // Node in between; bench/engine/README.md has the figures).
 //
+// Only on the CPU it was compiled for: node-llama-cpp does not test a local build before
+// loading it on Linux, so a node_modules copied to a machine that lacks an instruction
+// the build uses would die of SIGILL. The CPU's fingerprint is therefore one of the
+// build's cmake options (a variable llama.cpp's cmake ignores), and node-llama-cpp names a
+// local build's folder by a hash of its custom options and looks only in the folder named
+// by the options it is given: the engine asks with this CPU's fingerprint, so on another
+// CPU it finds no local build and takes the prebuilt binary.
+//
 // The build lands where node-llama-cpp keeps local builds, inside its package folder, so
-// `npm ci` removes it and `llmgw engine build` makes it again. A stamp beside it records
-// the CPU it was compiled for: a node_modules copied to another CPU is rebuilt, never
-// loaded with instructions that CPU lacks.
-import { existsSync } from "node:fs";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+// `npm ci` removes it and `llmgw engine build` makes it again. The build's log, lock and
+// process-group record live in llmgw's build cache, beside llama-server's build.
+import { mkdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { runLogged } from "../llama-server/build-tools.ts";
+import { getLlama } from "node-llama-cpp";
+import { takeBuildLock } from "../llama-server/build-lock.ts";
+import { runLogged, stopLeftoverTools } from "../llama-server/build-tools.ts";
 import { bundledSourcePath, cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
+import type { BuildProgress } from "../llama-server/engine-build.ts";
+
+/** The cmake variable that carries the CPU fingerprint (unused by llama.cpp's cmake). */
+const CPU_OPTION = "LLMGW_CPU";
+
+/** node-llama-cpp reads custom cmake options for a build from variables with this prefix. */
+const CMAKE_OPTION_ENV_PREFIX = "NODE_LLAMA_CPP_CMAKE_OPTION_";
+
+/** The custom cmake options of this CPU's build: what the engine passes to getLlama. */
+export function bindingCmakeOptions(): Record<string, string> {
+  return { [CPU_OPTION]: cpuFingerprint() };
+}
 
 /** node-llama-cpp's package folder (the one holding llama/ and dist/). */
 export function nodeLlamaCppDir(): string {
   return path.dirname(path.dirname(bundledSourcePath()));
 }
 
-/** The folder of node-llama-cpp's local build for this platform (its own naming, CPU only). */
-export function localBuildDir(packageDir: string = nodeLlamaCppDir()): string {
-  return path.join(packageDir, "llama", "localBuilds", `${process.platform}-${process.arch}`);
-}
-
-/** Beside the local build: the CPU fingerprint it was compiled for. */
-const CPU_STAMP = "llmgw-cpu-fingerprint";
-
 export interface BindingBuildOptions {
-  /** Where the build's log and process-group file go (a folder of llmgw's build cache). */
+  /** Where the build's log, lock and process-group file go (a folder of llmgw's build cache). */
   workDir: string;
   env?: NodeJS.ProcessEnv;
   signal?: AbortSignal;
-  onProgress?: (detail: string) => void;
+  onProgress?: (progress: BuildProgress) => void;
   packageDir?: string;
 }
 
 export interface BindingBuildResult {
-  /** The local build's folder. */
-  dir: string;
   /** True when a build for this CPU was there already. */
   reused: boolean;
   log: string;
 }
 
-/** The local build for this CPU, if there is one (its binding and our stamp). */
-export async function currentBinding(packageDir: string = nodeLlamaCppDir()): Promise<string | undefined> {
-  const dir = localBuildDir(packageDir);
-  if (!existsSync(path.join(dir, "Release", "llama-addon.node"))) return undefined;
-  const stamp = await readFile(path.join(dir, CPU_STAMP), "utf8").catch(() => "");
-  return stamp.trim() === cpuFingerprint() ? dir : undefined;
+/**
+ * Whether node-llama-cpp finds a local build for this CPU: asked of node-llama-cpp itself
+ * (a dry run that loads no model and never falls back to the prebuilt binary), so the
+ * answer follows its own folder naming.
+ */
+export async function hasBindingForThisCpu(): Promise<boolean> {
+  try {
+    await getLlama({
+      gpu: false,
+      build: "never",
+      usePrebuiltBinaries: false,
+      skipDownload: true,
+      progressLogs: false,
+      dryRun: true,
+      cmakeOptions: bindingCmakeOptions(),
+    });
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Builds node-llama-cpp's binding for this machine, unless one for this CPU exists. */
 export async function buildBundledBinding(options: BindingBuildOptions): Promise<BindingBuildResult> {
   const packageDir = options.packageDir ?? nodeLlamaCppDir();
-  const dir = localBuildDir(packageDir);
-  const log = path.join(options.workDir, "bundled-binding.log");
-  const found = await currentBinding(packageDir);
-  if (found !== undefined) return { dir: found, reused: true, log };
-  await mkdir(options.workDir, { recursive: true });
-  options.onProgress?.(`compiling the bundled engine's llama.cpp for this CPU with node-llama-cpp (5–10 minutes on 2 cores); log: ${log}`);
-  await runLogged(process.execPath, [path.join(packageDir, "dist", "cli", "cli.js"), "source", "download", "--gpu", "false", "--noUsageExample"], {
-    env: { ...(options.env ?? process.env), CI: "true" },
-    log,
-    what: "the bundled engine's build",
-    dir: options.workDir,
-    ...(options.signal ? { signal: options.signal } : {}),
+  const { workDir, signal } = options;
+  const log = path.join(workDir, "bundled-binding.log");
+  const progress = options.onProgress ?? (() => undefined);
+  if (await hasBindingForThisCpu()) return { reused: true, log };
+  await mkdir(workDir, { recursive: true });
+  const lock = await takeBuildLock({
+    dir: workDir,
+    ...(signal === undefined ? {} : { signal }),
+    onWait: (detail) => progress({ step: "wait", detail }),
   });
-  if (!existsSync(path.join(dir, "Release", "llama-addon.node"))) {
-    throw new Error(`node-llama-cpp's build ended without ${path.join(dir, "Release", "llama-addon.node")}; see ${log}`);
+  try {
+    const leftover = await stopLeftoverTools(workDir);
+    if (leftover !== undefined) {
+      progress({ step: "cleanup", detail: `stopped ${leftover.command} (process group ${leftover.group}) left running by a build that was killed` });
+    }
+    // Another builder may have finished while this one waited for the lock.
+    if (await hasBindingForThisCpu()) return { reused: true, log };
+    await writeFile(log, "");
+    progress({
+      step: "compile",
+      percent: 0,
+      detail: `compiling the bundled engine's llama.cpp for this CPU with node-llama-cpp (5–10 minutes on 2 cores); log: ${log}`,
+    });
+    const env = options.env ?? process.env;
+    await runLogged(process.execPath, [path.join(packageDir, "dist", "cli", "cli.js"), "source", "download", "--gpu", "false", "--noUsageExample"], {
+      env: {
+        ...env,
+        // node-llama-cpp runs its compile through `npm run`: the npm beside this node
+        // comes first, as a shell that started llmgw with a full path may lack it.
+        PATH: [path.dirname(process.execPath), env.PATH ?? ""].join(path.delimiter),
+        [`${CMAKE_OPTION_ENV_PREFIX}${CPU_OPTION}`]: cpuFingerprint(),
+        // Plain output (no spinners) in the log.
+        CI: "true",
+      },
+      log,
+      what: "the bundled engine's build",
+      dir: workDir,
+      ...(signal === undefined ? {} : { signal }),
+      onLine: (line) => {
+        const percent = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
+        if (percent !== undefined) progress({ step: "compile", percent: Number(percent), detail: line.slice(0, 200) });
+      },
+    });
+    if (!(await hasBindingForThisCpu())) {
+      throw new Error(
+        `node-llama-cpp's build ended, but node-llama-cpp finds no build for this CPU in ${path.join(packageDir, "llama", "localBuilds")}; see ${log}`,
+      );
+    }
+    return { reused: false, log };
+  } finally {
+    lock.release();
   }
-  await writeFile(path.join(dir, CPU_STAMP), `${cpuFingerprint()}\n`);
-  return { dir, reused: false, log };
 }
