@@ -11,3 +11,10 @@ export function flagReader(argv: readonly string[]): (name: string, env: string)
     return process.env[env];
   };
 }
+
+/** A flag's value as a whole number of at least `min`; an error naming the flag otherwise. */
+export function wholeNumber(value: string, name: string, min = 1): number {
+  const number = Number(value);
+  if (value.trim() === "" || !Number.isInteger(number) || number < min) throw new Error(`Invalid --${name} '${value}': expected a whole number ≥ ${min}.`);
+  return number;
+}

@@ -28,7 +28,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
-import { flagReader } from "../flags.ts";
+import { flagReader, wholeNumber } from "../flags.ts";
 import { BENCH_MODEL_SHAPE, startEngineProcess, type EngineProcess } from "./engine-process.ts";
 import { measureOtherLoad } from "./other-load.ts";
 
@@ -60,12 +60,7 @@ interface Sample {
 
 function parseOptions(argv: string[]): Options {
   const flag = flagReader(argv);
-  const whole = (name: string, env: string, fallback: number) => {
-    const value = flag(name, env);
-    const number = value === undefined ? fallback : Number(value);
-    if (!Number.isInteger(number) || number < 1) throw new Error(`Invalid --${name} '${value}': expected a whole number ≥ 1.`);
-    return number;
-  };
+  const whole = (name: string, env: string, fallback: number) => wholeNumber(flag(name, env) ?? String(fallback), name);
   const maxOther = Number(flag("max-other-cores", "BENCH_MAX_OTHER_CORES") ?? "0.2");
   if (!Number.isFinite(maxOther) || maxOther < 0) throw new Error("Invalid --max-other-cores: expected a number ≥ 0.");
   return {

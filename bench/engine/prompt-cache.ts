@@ -24,7 +24,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
-import { flagReader } from "../flags.ts";
+import { flagReader, wholeNumber } from "../flags.ts";
 import { BENCH_MODEL_SHAPE, startEngineProcess, type EngineProcess } from "./engine-process.ts";
 import { measureOtherLoad } from "./other-load.ts";
 
@@ -52,17 +52,12 @@ interface Sample {
 
 function parseOptions(argv: string[]): Options {
   const flag = flagReader(argv);
-  const whole = (value: string, name: string, min: number): number => {
-    const number = Number(value);
-    if (!Number.isInteger(number) || number < min) throw new Error(`Invalid --${name} '${value}': expected a whole number ≥ ${min}.`);
-    return number;
-  };
   const maxOtherCores = Number(flag("max-other-cores", "BENCH_MAX_OTHER_CORES") ?? 0.2);
   if (!Number.isFinite(maxOtherCores) || maxOtherCores < 0) throw new Error("--max-other-cores must be a number ≥ 0.");
   return {
-    rounds: whole(flag("rounds", "BENCH_ROUNDS") ?? "5", "rounds", 1),
-    promptTokens: whole(flag("prompt-tokens", "BENCH_PROMPT_TOKENS") ?? "2000", "prompt-tokens", 100),
-    threads: whole(flag("threads", "BENCH_THREADS") ?? "2", "threads", 1),
+    rounds: wholeNumber(flag("rounds", "BENCH_ROUNDS") ?? "5", "rounds", 1),
+    promptTokens: wholeNumber(flag("prompt-tokens", "BENCH_PROMPT_TOKENS") ?? "2000", "prompt-tokens", 100),
+    threads: wholeNumber(flag("threads", "BENCH_THREADS") ?? "2", "threads", 1),
     maxOtherCores,
     out: flag("out", "BENCH_OUT") ?? path.join(ROOT, "bench/results"),
   };

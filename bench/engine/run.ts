@@ -47,7 +47,7 @@ import type { DirectResult, DirectRound } from "./direct.ts";
 import { measureOtherLoad } from "./other-load.ts";
 import { BENCH_MODEL_SHAPE, startEngineProcess, type EngineProcess } from "./engine-process.ts";
 import { batchedBench, findLlamaCppTools, llamaBench, type LlamaCppTools } from "./llama-cpp-anchors.ts";
-import { flagReader } from "../flags.ts";
+import { flagReader, wholeNumber } from "../flags.ts";
 import { ENGINE_THREAD_POOL_SIZE } from "../../src/engines/llamacpp/engine-launch.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
@@ -98,18 +98,13 @@ interface Sample {
 
 function parseOptions(argv: string[]): Options {
   const flag = flagReader(argv);
-  const whole = (value: string, name: string): number => {
-    const number = Number(value);
-    if (!Number.isInteger(number) || number < 1) throw new Error(`Invalid --${name} '${value}': expected a whole number ≥ 1.`);
-    return number;
-  };
-  const levels = (flag("levels", "BENCH_LEVELS") ?? "1,2,4").split(",").map((part) => whole(part.trim(), "levels"));
+  const levels = (flag("levels", "BENCH_LEVELS") ?? "1,2,4").split(",").map((part) => wholeNumber(part.trim(), "levels"));
   if (!levels.includes(1)) throw new Error("--levels must include 1: the goals compare the others with it.");
   return {
     levels: [...new Set(levels)].sort((a, b) => a - b),
-    rounds: whole(flag("rounds", "BENCH_ROUNDS") ?? "7", "rounds"),
-    tokens: whole(flag("tokens", "BENCH_TOKENS") ?? "64", "tokens"),
-    threads: whole(flag("threads", "BENCH_THREADS") ?? "2", "threads"),
+    rounds: wholeNumber(flag("rounds", "BENCH_ROUNDS") ?? "7", "rounds"),
+    tokens: wholeNumber(flag("tokens", "BENCH_TOKENS") ?? "64", "tokens"),
+    threads: wholeNumber(flag("threads", "BENCH_THREADS") ?? "2", "threads"),
     out: flag("out", "BENCH_OUT") ?? path.join(ROOT, "bench/results"),
     maxOtherCores: (() => {
       const value = Number(flag("max-other-cores", "BENCH_MAX_OTHER_CORES") ?? 0.2);
