@@ -8,7 +8,7 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { getLlama } from "node-llama-cpp";
 import { cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
-import { bindingCmakeOptions, nodeLlamaCppDir } from "./native-binding.ts";
+import { bindingCmakeOptions, compilePercent, nodeLlamaCppDir } from "./native-binding.ts";
 
 interface FolderNames {
   withoutCustomCmakeOptions: string;
@@ -56,4 +56,13 @@ test("with the fingerprint among the options and no build for it, node-llama-cpp
   } finally {
     await llama.dispose();
   }
+});
+
+test("the compile's progress is read from Ninja's and Make's lines alike; other lines say nothing", () => {
+  assert.equal(compilePercent("[1/277] Building CXX object CMakeFiles/llama-addon.dir/addon/AddonContext.cpp.o"), 1);
+  assert.equal(compilePercent("[139/277] Building C object ggml/src/ggml-cpu.c.o"), 50);
+  assert.equal(compilePercent("[277/277] Linking CXX shared module Release/llama-addon.node"), 100);
+  assert.equal(compilePercent("[ 42%] Building CXX object src/llama.cpp.o"), 42);
+  assert.equal(compilePercent("  1243 |   (__v16si)"), undefined);
+  assert.equal(compilePercent("Cloning ggml-org/llama.cpp (local bundle) 42%"), undefined);
 });

@@ -124,8 +124,8 @@ export async function buildBundledBinding(options: BindingBuildOptions): Promise
       dir: workDir,
       ...(signal === undefined ? {} : { signal }),
       onLine: (line) => {
-        const percent = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
-        if (percent !== undefined) progress({ step: "compile", percent: Number(percent), detail: line.slice(0, 200) });
+        const percent = compilePercent(line);
+        if (percent !== undefined) progress({ step: "compile", percent, detail: line.slice(0, 200) });
       },
     });
     if (!(await hasBindingForThisCpu())) {
@@ -137,4 +137,15 @@ export async function buildBundledBinding(options: BindingBuildOptions): Promise
   } finally {
     lock.release();
   }
+}
+
+/**
+ * How far a compile is, from one line of its output: node-llama-cpp's cmake uses Ninja
+ * where it finds it ("[12/277] Building ..."), else Make ("[ 4%] Building ...").
+ */
+export function compilePercent(line: string): number | undefined {
+  const ninja = /^\[(\d+)\/(\d+)\]/.exec(line);
+  if (ninja) return Math.min(100, Math.max(1, Math.floor((Number(ninja[1]) * 100) / Number(ninja[2]))));
+  const make = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
+  return make === undefined ? undefined : Number(make);
 }
