@@ -79,8 +79,8 @@ export async function runEngineBuildCommand(flags: EngineBuildFlags, dependencie
     // folder with as many jobs as it chooses.
     if (flags.bundled !== false && dependencies.bundle === undefined) {
       try {
-        const binding = await buildBundledBinding({ workDir: path.join(result.dir, "bundled-binding"), signal: controller.signal, onProgress });
-        say(`the bundled engine's llama.cpp for this CPU ${binding.reused ? "was built already" : "is built"}; engines started from now on load it`);
+        const binding = await buildBundledBinding({ signal: controller.signal, onProgress });
+        say(`the bundled engine's llama.cpp for this CPU ${binding.reused ? "was built already" : "is built"}; engines load it when they start`);
       } catch (error) {
         if (received !== undefined) throw error;
         // The bundled engine still runs, on the prebuilt binary: a warning, not a failed

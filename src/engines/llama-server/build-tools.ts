@@ -222,3 +222,14 @@ async function endGroup(group: number): Promise<void> {
     await delay(20);
   }
 }
+
+/**
+ * How far a compile is, from one line of its output: Ninja's "[12/277] Building ..." (which
+ * node-llama-cpp's cmake uses where it finds Ninja) or Make's "[ 4%] Building ...". At
+ * least 1: a builder announces a compile's start once, as 0.
+ */
+export function compilePercent(line: string): number | undefined {
+  const ninja = /^\[(\d+)\/(\d+)\]/.exec(line);
+  const percent = ninja ? Math.floor((Number(ninja[1]) * 100) / Number(ninja[2])) : Number(/^\[\s*(\d{1,3})%\]/.exec(line)?.[1] ?? Number.NaN);
+  return Number.isFinite(percent) ? Math.min(100, Math.max(1, percent)) : undefined;
+}

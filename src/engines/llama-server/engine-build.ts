@@ -30,7 +30,7 @@ import os from "node:os";
 import path from "node:path";
 import { BadRequestError, InternalError, errorCode } from "../../core/errors.ts";
 import { takeBuildLock } from "./build-lock.ts";
-import { checkBuildTools, runLogged, stopIfInterrupted, stopLeftoverTools } from "./build-tools.ts";
+import { checkBuildTools, compilePercent, runLogged, stopIfInterrupted, stopLeftoverTools } from "./build-tools.ts";
 import {
   LLAMA_CPP_TARGETS,
   adoptBuildRecord,
@@ -157,8 +157,8 @@ export async function buildLlamaCpp(options: EngineBuildOptions = {}): Promise<E
       ...run,
       what: "the compile",
       onLine: (line) => {
-        const percent = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
-        if (percent !== undefined) progress({ step: "compile", percent: Number(percent), detail: line.slice(0, 200) });
+        const percent = compilePercent(line);
+        if (percent !== undefined) progress({ step: "compile", percent, detail: line.slice(0, 200) });
       },
     });
     stopIfInterrupted(signal);

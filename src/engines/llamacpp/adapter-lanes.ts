@@ -21,9 +21,9 @@
 // the base lane's. The CPU threads are not multiplied: every lane asks node-llama-cpp's
 // thread splitter for all of the engine's --threads as its minimum, so lanes decoding at
 // the same moment take turns at full width. (With a plain number the splitter divides
-// the threads by the number of contexts that exist, busy or not: one adapter lane would
-// halve the base lane's threads. And the engine decodes on one libuv thread anyway,
-// ENGINE_THREAD_POOL_SIZE in engine-launch.ts, so two decodes never overlap.)
+// the threads between the contexts decoding at the moment, and as the engine decodes on
+// one libuv thread, ENGINE_THREAD_POOL_SIZE in engine-launch.ts, their steps would still
+// run one after the other, each on half the cores.)
 //
 // The bound: at most `maxAdapterLanes` adapter lanes exist. A request for a new
 // combination when they are all there replaces the least recently used lane that no

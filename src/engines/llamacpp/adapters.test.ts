@@ -5,7 +5,7 @@
 // unknown ids and bad scales are 400s naming the field, the bound on adapter contexts
 // (replace an idle one, refuse with a retryable 503 while all are busy), and an adapter
 // llama.cpp refuses fails the load with its reason and the file, and an adapter context
-// leaves the base all of its threads.
+// decoding beside the base leaves each all of its threads.
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -300,21 +300,25 @@ test("adapter contexts: one made per new combination however many ask at once, a
   lanes.release(b);
 });
 
-test("an adapter lane does not take threads from the base lane: each decodes with all of --threads", async () => {
+test("two lanes decoding at the same time take turns at full width: each decodes with all of --threads", async () => {
   const threads = 2;
   const { llama, model } = await openModel({ modelPath, threads, logger: silentLogger() });
   try {
     const shape: LaneShape = { model, contextSize: 256, sequences: 1, threads, batchMeter: new DecodeBatchMeter() };
     const base = await createLane(shape, "", [{ filePath: adapterA, scale: 0 }]);
     const lane = await createLane(shape, "0:1", [{ filePath: adapterA, scale: 1 }]);
-    for (const { context, pool } of [base, lane]) {
-      // node-llama-cpp's thread splitter divides a plain number of threads by the
-      // contexts that exist, so with two contexts each would get one.
+    // Both queue a decode in the same tick. node-llama-cpp's thread splitter divides a
+    // plain number of threads between the contexts decoding at the moment, so each would
+    // get one, and with the engine's one libuv thread they would still run one after the
+    // other, each at half width.
+    const decode = async ({ pool }: Lane) => {
       const sequence = await pool.acquire(new AbortController().signal);
       await sequence.evaluateWithoutGeneratingNewTokens(PROMPT as Token[]);
       pool.release(sequence);
-      assert.equal(context.currentThreads, threads);
-    }
+    };
+    await Promise.all([decode(base), decode(lane)]);
+    assert.equal(base.context.currentThreads, threads, "the base lane");
+    assert.equal(lane.context.currentThreads, threads, "the adapter lane");
     await lane.context.dispose();
     await base.context.dispose();
   } finally {

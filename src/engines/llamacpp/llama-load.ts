@@ -14,7 +14,8 @@
 import { resolve } from "node:path";
 import { getLlama, LlamaLogLevel, readGgufFileInfo, type Llama, type LlamaModel } from "node-llama-cpp";
 import type { Logger } from "../../core/log.ts";
-import { bindingCmakeOptions } from "./native-binding.ts";
+import { cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
+import { bindingCmakeOptions, compileInProgress } from "./native-binding.ts";
 
 /** Why loading failed, with llama.cpp's own last error line when it printed one. */
 export class ModelLoadError extends Error {
@@ -95,6 +96,14 @@ export async function openModel(options: { modelPath: string; threads: number; l
   const { logger } = options;
   // llama.cpp explains a failed load only in its log; keep its error lines for the message.
   const llamaErrors: string[] = [];
+  // While `llmgw engine build` compiles this CPU's build, node-llama-cpp would wait for
+  // the compile to end before loading anything: ask for options no build has, which
+  // leaves it the prebuilt binary at once.
+  const compiling = compileInProgress();
+  if (compiling)
+    logger.warn(
+      "the bundled engine's llama.cpp for this CPU is being compiled; this engine runs on node-llama-cpp's prebuilt binary until it is restarted after the build",
+    );
   const llama = await getLlama({
     gpu: false,
     // Never build or download anything at run time: the local build `llmgw engine build`
@@ -103,7 +112,7 @@ export async function openModel(options: { modelPath: string; threads: number; l
     build: "never",
     skipDownload: true,
     usePrebuiltBinaries: true,
-    cmakeOptions: bindingCmakeOptions(),
+    cmakeOptions: compiling ? bindingCmakeOptions(`${cpuFingerprint()}-compiling`) : bindingCmakeOptions(),
     progressLogs: false,
     maxThreads: options.threads,
     logLevel: LlamaLogLevel.warn,

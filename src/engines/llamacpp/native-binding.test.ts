@@ -1,14 +1,21 @@
 // The bundled engine's local build is tied to the CPU it was compiled for through
 // node-llama-cpp's own folder naming (native-binding.ts): these tests hold node-llama-cpp
 // to the two behaviours that relies on, so an upgrade that changes either fails here
-// rather than loading a build on a CPU that cannot run it.
+// rather than loading a build on a CPU that cannot run it. Then the build's guards: its
+// environment, the check of a build in a child process (stand-in packages that find a
+// build, find none, or crash), an engine not waiting for a compile in progress, and no
+// build where the CPU cannot be told apart. (The compile itself takes minutes: it runs in
+// `llmgw engine build`, not here.)
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { getLlama } from "node-llama-cpp";
 import { cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
-import { bindingCmakeOptions, compilePercent, nodeLlamaCppDir } from "./native-binding.ts";
+import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { compilePercent } from "../llama-server/build-tools.ts";
+import { bindingBuildEnv, bindingCmakeOptions, buildBundledBinding, checkBinding, compileInProgress, nodeLlamaCppDir } from "./native-binding.ts";
 
 interface FolderNames {
   withoutCustomCmakeOptions: string;
@@ -63,6 +70,75 @@ test("the compile's progress is read from Ninja's and Make's lines alike; other 
   assert.equal(compilePercent("[139/277] Building C object ggml/src/ggml-cpu.c.o"), 50);
   assert.equal(compilePercent("[277/277] Linking CXX shared module Release/llama-addon.node"), 100);
   assert.equal(compilePercent("[ 42%] Building CXX object src/llama.cpp.o"), 42);
+  assert.equal(compilePercent("[  0%] Building C object ggml/src/ggml.c.o"), 1, "0 is kept for the announcement of a compile's start");
   assert.equal(compilePercent("  1243 |   (__v16si)"), undefined);
   assert.equal(compilePercent("Cloning ggml-org/llama.cpp (local bundle) 42%"), undefined);
+});
+
+test("the build's environment drops what node-llama-cpp would turn into options an engine never has, and adds the fingerprint", () => {
+  const env = bindingBuildEnv(
+    { PATH: "/usr/bin", GGML_CUDA: "1", GGML_BLAS_VENDOR: "OpenBLAS", NODE_LLAMA_CPP_CMAKE_OPTION_FOO: "x", HOME: "/home/op" },
+    "abc",
+  );
+  assert.equal(env.GGML_CUDA, undefined);
+  assert.equal(env.GGML_BLAS_VENDOR, undefined);
+  assert.equal(env.NODE_LLAMA_CPP_CMAKE_OPTION_FOO, undefined);
+  assert.equal(env.NODE_LLAMA_CPP_CMAKE_OPTION_LLMGW_CPU, "abc");
+  assert.equal(env.HOME, "/home/op");
+  assert.equal(env.PATH, `${path.dirname(process.execPath)}:/usr/bin`, "the npm beside this node comes first");
+});
+
+/** A stand-in node-llama-cpp package whose getLlama runs `body`. */
+async function standInPackage(body: string): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "llmgw-binding-"));
+  await mkdir(path.join(dir, "dist"), { recursive: true });
+  await writeFile(path.join(dir, "dist", "index.js"), `export async function getLlama(options) { ${body} }\n`);
+  return dir;
+}
+
+test("the check runs in a child process: a build found, none, and one whose loading crashes is reported with the signal, not a crash of llmgw", async () => {
+  const found = await standInPackage(
+    "if (options.cmakeOptions.LLMGW_CPU !== 'abc' || options.usePrebuiltBinaries !== false) throw new Error('wrong'); return {};",
+  );
+  const none = await standInPackage("throw new Error('No local build found');");
+  const crashing = await standInPackage("process.stderr.write('Illegal instruction in ggml_vec_dot\\n'); process.kill(process.pid, 'SIGILL');");
+  try {
+    assert.deepEqual(await checkBinding(found, "abc"), { kind: "found" });
+    assert.deepEqual(await checkBinding(none, "abc"), { kind: "none" });
+    const broken = await checkBinding(crashing, "abc");
+    assert.equal(broken.kind, "broken");
+    assert.match(broken.kind === "broken" ? broken.reason : "", /killed by SIGILL: Illegal instruction in ggml_vec_dot/);
+  } finally {
+    for (const dir of [found, none, crashing]) await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("the real node-llama-cpp has no build for a CPU nothing was built for", async () => {
+  assert.deepEqual(await checkBinding(nodeLlamaCppDir(), "0123456789abcdef"), { kind: "none" });
+});
+
+test("an engine does not wait for a compile in progress: a fresh node-llama-cpp build lock counts, a stale one does not", async () => {
+  const dir = await mkdtemp(path.join(tmpdir(), "llmgw-binding-"));
+  try {
+    const builds = path.join(dir, "llama", "localBuilds");
+    assert.equal(compileInProgress(dir), false, "no localBuilds folder at all");
+    await mkdir(path.join(builds, "linux-x64-abc"), { recursive: true });
+    assert.equal(compileInProgress(dir), false, "a finished build");
+    await mkdir(path.join(builds, "linux-x64-abc.lock"));
+    assert.equal(compileInProgress(dir), true);
+    const old = new Date(Date.now() - 60_000);
+    await utimes(path.join(builds, "linux-x64-abc.lock"), old, old);
+    assert.equal(compileInProgress(dir), false, "a lock its builder stopped refreshing");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("no build where the CPU's features cannot be read: it could not be told from another CPU's", async () => {
+  const workDir = await mkdtemp(path.join(tmpdir(), "llmgw-binding-"));
+  try {
+    await assert.rejects(buildBundledBinding({ cpu: "unknown", workDir }), /does not report its CPU's features/);
+  } finally {
+    await rm(workDir, { recursive: true, force: true });
+  }
 });

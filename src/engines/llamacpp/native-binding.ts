@@ -16,17 +16,24 @@
 // build's cmake options (a variable llama.cpp's cmake ignores), and node-llama-cpp names a
 // local build's folder by a hash of its custom options and looks only in the folder named
 // by the options it is given: the engine asks with this CPU's fingerprint, so on another
-// CPU it finds no local build and takes the prebuilt binary.
+// CPU it finds no local build and takes the prebuilt binary. node-llama-cpp also adds
+// options of its own from the environment (GGML_* variables and NODE_LLAMA_CPP_CMAKE_OPTION_*),
+// which engines never have (agent/engine-env.ts): the build runs without them too, so
+// both name the same folder.
 //
 // The build lands where node-llama-cpp keeps local builds, inside its package folder, so
-// `npm ci` removes it and `llmgw engine build` makes it again. The build's log, lock and
-// process-group record live in llmgw's build cache, beside llama-server's build.
-import { mkdir, writeFile } from "node:fs/promises";
+// `npm ci` removes it and `llmgw engine build` makes it again. Its log, lock and
+// process-group record live in llmgw's build cache, in a folder per node-llama-cpp
+// package (the resource the lock guards is that package's llama/ folder).
+import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, readdirSync, realpathSync, statSync } from "node:fs";
+import { mkdir, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { getLlama } from "node-llama-cpp";
+import { pathToFileURL } from "node:url";
 import { takeBuildLock } from "../llama-server/build-lock.ts";
-import { runLogged, stopLeftoverTools } from "../llama-server/build-tools.ts";
-import { bundledSourcePath, cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
+import { compilePercent, runLogged, stopLeftoverTools } from "../llama-server/build-tools.ts";
+import { bundledSourcePath, cpuFingerprint, defaultBuildRoot } from "../llama-server/llama-cpp-source.ts";
 import type { BuildProgress } from "../llama-server/engine-build.ts";
 
 /** The cmake variable that carries the CPU fingerprint (unused by llama.cpp's cmake). */
@@ -35,9 +42,15 @@ const CPU_OPTION = "LLMGW_CPU";
 /** node-llama-cpp reads custom cmake options for a build from variables with this prefix. */
 const CMAKE_OPTION_ENV_PREFIX = "NODE_LLAMA_CPP_CMAKE_OPTION_";
 
+/** How long the check of a build may take (it loads the binding, no model). */
+const PROBE_TIMEOUT_MS = 60_000;
+
+/** proper-lockfile, node-llama-cpp's lock, refreshes a held lock this often (5 s); stale after 10 s. */
+const COMPILE_LOCK_FRESH_MS = 15_000;
+
 /** The custom cmake options of this CPU's build: what the engine passes to getLlama. */
-export function bindingCmakeOptions(): Record<string, string> {
-  return { [CPU_OPTION]: cpuFingerprint() };
+export function bindingCmakeOptions(cpu: string = cpuFingerprint()): Record<string, string> {
+  return { [CPU_OPTION]: cpu };
 }
 
 /** node-llama-cpp's package folder (the one holding llama/ and dist/). */
@@ -45,13 +58,113 @@ export function nodeLlamaCppDir(): string {
   return path.dirname(path.dirname(bundledSourcePath()));
 }
 
+/** The folder of the build's log, lock and process-group record: one per node-llama-cpp package. */
+export function bindingWorkDir(packageDir: string = nodeLlamaCppDir(), env: NodeJS.ProcessEnv = process.env): string {
+  const key = createHash("sha256").update(realpathSync(packageDir)).digest("hex").slice(0, 12);
+  return path.join(defaultBuildRoot(env), `bundled-binding-${key}`);
+}
+
+/**
+ * The build's environment: the caller's without the variables node-llama-cpp turns into
+ * cmake options (an engine has none of them, so its folder name would differ), with the
+ * fingerprint's option, the npm beside this node first on PATH (node-llama-cpp runs its
+ * compile through `npm run`), and plain output for the log.
+ */
+export function bindingBuildEnv(env: NodeJS.ProcessEnv, cpu: string = cpuFingerprint()): NodeJS.ProcessEnv {
+  const clean: NodeJS.ProcessEnv = {};
+  for (const [name, value] of Object.entries(env)) {
+    if (name.startsWith("GGML_") || name.startsWith(CMAKE_OPTION_ENV_PREFIX)) continue;
+    clean[name] = value;
+  }
+  return {
+    ...clean,
+    PATH: [path.dirname(process.execPath), env.PATH ?? ""].join(path.delimiter),
+    [`${CMAKE_OPTION_ENV_PREFIX}${CPU_OPTION}`]: cpu,
+    CI: "true",
+  };
+}
+
+/**
+ * True while node-llama-cpp compiles a local build in this package: its lock on the
+ * build's folder (a `<folder>.lock` directory that proper-lockfile refreshes every 5 s)
+ * is fresh. node-llama-cpp waits, without a deadline, for that lock to go before it
+ * loads a local build, so an engine started meanwhile would hang for the whole compile.
+ */
+export function compileInProgress(packageDir: string = nodeLlamaCppDir(), now: number = Date.now()): boolean {
+  const dir = path.join(packageDir, "llama", "localBuilds");
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return false;
+  }
+  return names.some((name) => {
+    if (!name.endsWith(".lock")) return false;
+    try {
+      return now - statSync(path.join(dir, name)).mtimeMs < COMPILE_LOCK_FRESH_MS;
+    } catch {
+      return false;
+    }
+  });
+}
+
+export type BindingCheck = { kind: "found" } | { kind: "none" } | { kind: "broken"; reason: string };
+
+// Run in a child process: loading the binding runs native code, and a build that cannot
+// run here (an instruction this CPU lacks, a missing library) must not take llmgw down.
+const PROBE_SCRIPT = `
+const [entry, options] = process.argv.slice(1);
+const { getLlama } = await import(entry);
+let found = false;
+try {
+  await getLlama({ gpu: false, build: "never", usePrebuiltBinaries: false, skipDownload: true, progressLogs: false, dryRun: true, cmakeOptions: JSON.parse(options) });
+  found = true;
+} catch {}
+process.stdout.write(found ? "found" : "none");
+`;
+
+/**
+ * Whether node-llama-cpp finds a local build for this CPU, asked of node-llama-cpp itself
+ * (a dry run that loads no model and never falls back to the prebuilt binary), so the
+ * answer follows its own folder naming; in the environment an engine has.
+ */
+export async function checkBinding(packageDir: string = nodeLlamaCppDir(), cpu: string = cpuFingerprint()): Promise<BindingCheck> {
+  const entry = pathToFileURL(path.join(packageDir, "dist", "index.js")).href;
+  const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", ...(process.env.HOME === undefined ? {} : { HOME: process.env.HOME }) };
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, ["--input-type=module", "-e", PROBE_SCRIPT, entry, JSON.stringify(bindingCmakeOptions(cpu))], {
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+      timeout: PROBE_TIMEOUT_MS,
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => {
+      stdout += chunk.toString();
+    });
+    child.stderr.on("data", (chunk: Buffer) => {
+      stderr = (stderr + chunk.toString()).slice(-2000);
+    });
+    child.on("error", (error) => resolve({ kind: "broken", reason: `could not run node to check it: ${error.message}` }));
+    child.on("close", (code, signal) => {
+      if (code === 0 && stdout === "found") return resolve({ kind: "found" });
+      if (code === 0 && stdout === "none") return resolve({ kind: "none" });
+      const how = signal !== null ? `was killed by ${signal}` : `exited with ${code}`;
+      const last = stderr.trim().split("\n").slice(-3).join(" | ");
+      resolve({ kind: "broken", reason: `loading it ${how}${last === "" ? "" : `: ${last}`}` });
+    });
+  });
+}
+
 export interface BindingBuildOptions {
-  /** Where the build's log, lock and process-group file go (a folder of llmgw's build cache). */
-  workDir: string;
   env?: NodeJS.ProcessEnv;
   signal?: AbortSignal;
   onProgress?: (progress: BuildProgress) => void;
   packageDir?: string;
+  /** Where the log, lock and process-group record go (default bindingWorkDir()). */
+  workDir?: string;
+  /** The CPU fingerprint (default this machine's); tests pass one. */
+  cpu?: string;
 }
 
 export interface BindingBuildResult {
@@ -60,35 +173,18 @@ export interface BindingBuildResult {
   log: string;
 }
 
-/**
- * Whether node-llama-cpp finds a local build for this CPU: asked of node-llama-cpp itself
- * (a dry run that loads no model and never falls back to the prebuilt binary), so the
- * answer follows its own folder naming.
- */
-export async function hasBindingForThisCpu(): Promise<boolean> {
-  try {
-    await getLlama({
-      gpu: false,
-      build: "never",
-      usePrebuiltBinaries: false,
-      skipDownload: true,
-      progressLogs: false,
-      dryRun: true,
-      cmakeOptions: bindingCmakeOptions(),
-    });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** Builds node-llama-cpp's binding for this machine, unless one for this CPU exists. */
-export async function buildBundledBinding(options: BindingBuildOptions): Promise<BindingBuildResult> {
+export async function buildBundledBinding(options: BindingBuildOptions = {}): Promise<BindingBuildResult> {
   const packageDir = options.packageDir ?? nodeLlamaCppDir();
-  const { workDir, signal } = options;
+  const env = options.env ?? process.env;
+  const cpu = options.cpu ?? cpuFingerprint();
+  const workDir = options.workDir ?? bindingWorkDir(packageDir, env);
+  const { signal } = options;
   const log = path.join(workDir, "bundled-binding.log");
   const progress = options.onProgress ?? (() => undefined);
-  if (await hasBindingForThisCpu()) return { reused: true, log };
+  if (cpu === "unknown") {
+    throw new Error("this machine does not report its CPU's features (/proc/cpuinfo has no flags line), so a build could not be tied to this CPU");
+  }
   await mkdir(workDir, { recursive: true });
   const lock = await takeBuildLock({
     dir: workDir,
@@ -100,25 +196,18 @@ export async function buildBundledBinding(options: BindingBuildOptions): Promise
     if (leftover !== undefined) {
       progress({ step: "cleanup", detail: `stopped ${leftover.command} (process group ${leftover.group}) left running by a build that was killed` });
     }
-    // Another builder may have finished while this one waited for the lock.
-    if (await hasBindingForThisCpu()) return { reused: true, log };
+    await removeUnboundBuild(packageDir);
+    const before = await checkBinding(packageDir, cpu);
+    if (before.kind === "found") return { reused: true, log };
+    if (before.kind === "broken") progress({ step: "rebuild", detail: `the build for this CPU does not load (${before.reason}): building it again` });
     await writeFile(log, "");
     progress({
       step: "compile",
       percent: 0,
       detail: `compiling the bundled engine's llama.cpp for this CPU with node-llama-cpp (5–10 minutes on 2 cores); log: ${log}`,
     });
-    const env = options.env ?? process.env;
     await runLogged(process.execPath, [path.join(packageDir, "dist", "cli", "cli.js"), "source", "download", "--gpu", "false", "--noUsageExample"], {
-      env: {
-        ...env,
-        // node-llama-cpp runs its compile through `npm run`: the npm beside this node
-        // comes first, as a shell that started llmgw with a full path may lack it.
-        PATH: [path.dirname(process.execPath), env.PATH ?? ""].join(path.delimiter),
-        [`${CMAKE_OPTION_ENV_PREFIX}${CPU_OPTION}`]: cpuFingerprint(),
-        // Plain output (no spinners) in the log.
-        CI: "true",
-      },
+      env: bindingBuildEnv(env, cpu),
       log,
       what: "the bundled engine's build",
       dir: workDir,
@@ -128,24 +217,21 @@ export async function buildBundledBinding(options: BindingBuildOptions): Promise
         if (percent !== undefined) progress({ step: "compile", percent, detail: line.slice(0, 200) });
       },
     });
-    if (!(await hasBindingForThisCpu())) {
-      throw new Error(
-        `node-llama-cpp's build ended, but node-llama-cpp finds no build for this CPU in ${path.join(packageDir, "llama", "localBuilds")}; see ${log}`,
-      );
-    }
-    return { reused: false, log };
+    const after = await checkBinding(packageDir, cpu);
+    if (after.kind === "found") return { reused: false, log };
+    const why = after.kind === "broken" ? after.reason : `node-llama-cpp finds no build for this CPU in ${path.join(packageDir, "llama", "localBuilds")}`;
+    throw new Error(`node-llama-cpp's build ended, but ${why}; see ${log}`);
   } finally {
     lock.release();
   }
 }
 
 /**
- * How far a compile is, from one line of its output: node-llama-cpp's cmake uses Ninja
- * where it finds it ("[12/277] Building ..."), else Make ("[ 4%] Building ...").
+ * Removes the local build an earlier llmgw made without the fingerprint option (the
+ * folder node-llama-cpp uses when given no options, with llmgw's stamp file in it): any
+ * caller of getLlama without options would load it on whatever CPU this is.
  */
-export function compilePercent(line: string): number | undefined {
-  const ninja = /^\[(\d+)\/(\d+)\]/.exec(line);
-  if (ninja) return Math.min(100, Math.max(1, Math.floor((Number(ninja[1]) * 100) / Number(ninja[2]))));
-  const make = /^\[\s*(\d{1,3})%\]/.exec(line)?.[1];
-  return make === undefined ? undefined : Number(make);
+async function removeUnboundBuild(packageDir: string): Promise<void> {
+  const dir = path.join(packageDir, "llama", "localBuilds", `${process.platform}-${process.arch}`);
+  if (existsSync(path.join(dir, "llmgw-cpu-fingerprint"))) await rm(dir, { recursive: true, force: true });
 }

@@ -307,9 +307,10 @@ export interface Timings {
 }
 
 export function timings(promptTokens: number, cachedTokens: number, completionTokens: number): Timings {
-  // A guard, so prompt_n is never negative: usage counts the prompt as rendered, the cache
-  // the tokens the sequence kept (node-llama-cpp re-evaluates the last one of a prompt
-  // that was cached whole, so today the cache is always the shorter).
+  // usage counts the prompt as the runner rendered it, the cache the tokens the sequence
+  // kept, and the two can disagree: LlamaChat may render a longer context than the runner
+  // counted, and before a thought-segment checkpoint it keeps a prompt cached whole
+  // without re-evaluating its last token. prompt_n is never negative.
   const cached = Math.min(cachedTokens, promptTokens);
   return { cache_n: cached, prompt_n: promptTokens - cached, predicted_n: completionTokens };
 }
