@@ -49,15 +49,8 @@ test("the local build's folder is named by the CPU fingerprint in its cmake opti
 });
 
 test("with the fingerprint among the options and no build for it, node-llama-cpp still loads its prebuilt binary", async () => {
-  const llama = await getLlama({
-    gpu: false,
-    build: "never",
-    skipDownload: true,
-    usePrebuiltBinaries: true,
-    progressLogs: false,
-    maxThreads: 1,
-    cmakeOptions: { LLMGW_CPU: "a-cpu-nothing-was-built-for" },
-  });
+  const cmakeOptions = { LLMGW_CPU: "a-cpu-nothing-was-built-for" };
+  const llama = await getLlama({ gpu: false, build: "never", skipDownload: true, usePrebuiltBinaries: true, progressLogs: false, maxThreads: 1, cmakeOptions });
   try {
     assert.equal(llama.buildType, "prebuilt");
   } finally {
