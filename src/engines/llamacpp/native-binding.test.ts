@@ -12,6 +12,7 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 import { getLlama } from "node-llama-cpp";
 import { cpuFingerprint } from "../llama-server/llama-cpp-source.ts";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, rm, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { compilePercent } from "../llama-server/build-tools.ts";
@@ -132,6 +133,72 @@ test("no build where the CPU's features cannot be read: it could not be told fro
   try {
     await assert.rejects(buildBundledBinding({ cpu: "unknown", workDir }), /does not report its CPU's features/);
   } finally {
+    await rm(workDir, { recursive: true, force: true });
+  }
+});
+
+/**
+ * A stand-in node-llama-cpp for the build's flow: its getLlama finds a build once its CLI
+ * has written one for the fingerprint it was given; its CLI prints Ninja's progress and
+ * fails when it sees a variable the build must not pass on.
+ */
+async function standInBuildablePackage(): Promise<string> {
+  const dir = await standInPackage(
+    "const fs = await import('node:fs'); if (fs.existsSync(new URL('../built-' + options.cmakeOptions.LLMGW_CPU, import.meta.url))) return {}; throw new Error('none');",
+  );
+  await mkdir(path.join(dir, "dist", "cli"), { recursive: true });
+  await writeFile(
+    path.join(dir, "dist", "cli", "cli.js"),
+    [
+      "import fs from 'node:fs';",
+      "if (process.argv[2] !== 'source' || process.argv[3] !== 'download') process.exit(2);",
+      "if (process.env.GGML_CUDA !== undefined) { console.error('GGML_CUDA reached the build'); process.exit(3); }",
+      "console.log('[1/2] Building CXX object addon.cpp.o');",
+      "console.log('[2/2] Linking CXX shared module llama-addon.node');",
+      "fs.writeFileSync(new URL('../../built-' + process.env.NODE_LLAMA_CPP_CMAKE_OPTION_LLMGW_CPU, import.meta.url), '');",
+    ].join("\n"),
+  );
+  return dir;
+}
+
+test("a build: node-llama-cpp's CLI with the fingerprint and without GGML_*, progress from its lines, checked after; then reused; an earlier unbound build removed", async () => {
+  const packageDir = await standInBuildablePackage();
+  const workDir = await mkdtemp(path.join(tmpdir(), "llmgw-binding-work-"));
+  try {
+    const unbound = path.join(packageDir, "llama", "localBuilds", `${process.platform}-${process.arch}`);
+    await mkdir(unbound, { recursive: true });
+    await writeFile(path.join(unbound, "llmgw-cpu-fingerprint"), "old\n");
+    const progress: Array<number | undefined> = [];
+    const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", GGML_CUDA: "1" };
+    const built = await buildBundledBinding({ packageDir, workDir, cpu: "abc", env, onProgress: (step) => progress.push(step.percent) });
+    assert.equal(built.reused, false);
+    assert.deepEqual(progress, [0, 50, 100]);
+    assert.equal(existsSync(unbound), false, "the build made without the fingerprint is gone");
+    assert.equal((await buildBundledBinding({ packageDir, workDir, cpu: "abc", env })).reused, true);
+    assert.equal(
+      (await buildBundledBinding({ packageDir, workDir, cpu: "other", env: { PATH: env.PATH, NODE_LLAMA_CPP_CMAKE_OPTION_X: "1" } })).reused,
+      false,
+      "another CPU builds its own",
+    );
+  } finally {
+    await rm(packageDir, { recursive: true, force: true });
+    await rm(workDir, { recursive: true, force: true });
+  }
+});
+
+test("a build that ends without a build node-llama-cpp finds fails, naming the log", async () => {
+  const packageDir = await standInPackage("throw new Error('none');");
+  const workDir = await mkdtemp(path.join(tmpdir(), "llmgw-binding-work-"));
+  try {
+    await mkdir(path.join(packageDir, "dist", "cli"), { recursive: true });
+    await writeFile(path.join(packageDir, "dist", "cli", "cli.js"), "console.log('nothing built');\n");
+    await assert.rejects(buildBundledBinding({ packageDir, workDir, cpu: "abc" }), (error: unknown) => {
+      assert.match(String(error), /node-llama-cpp finds no build for this CPU/);
+      assert.ok(String(error).includes(path.join(workDir, "bundled-binding.log")), String(error));
+      return true;
+    });
+  } finally {
+    await rm(packageDir, { recursive: true, force: true });
     await rm(workDir, { recursive: true, force: true });
   }
 });
