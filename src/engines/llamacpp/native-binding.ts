@@ -120,7 +120,7 @@ try {
   await getLlama({ gpu: false, build: "never", usePrebuiltBinaries: false, skipDownload: true, progressLogs: false, dryRun: true, cmakeOptions: JSON.parse(options) });
   found = true;
 } catch {}
-process.stdout.write(found ? "found" : "none");
+process.stdout.write(found ? "\\nfound" : "\\nnone");
 `;
 
 /**
@@ -147,8 +147,10 @@ export async function checkBinding(packageDir: string = nodeLlamaCppDir(), cpu: 
     });
     child.on("error", (error) => resolve({ kind: "broken", reason: `could not run node to check it: ${error.message}` }));
     child.on("close", (code, signal) => {
-      if (code === 0 && stdout === "found") return resolve({ kind: "found" });
-      if (code === 0 && stdout === "none") return resolve({ kind: "none" });
+      // The answer is the last line: anything node-llama-cpp prints comes before it.
+      const answer = stdout.trimEnd().split("\n").at(-1);
+      if (code === 0 && answer === "found") return resolve({ kind: "found" });
+      if (code === 0 && answer === "none") return resolve({ kind: "none" });
       const how = signal !== null ? `was killed by ${signal}` : `exited with ${code}`;
       const last = stderr.trim().split("\n").slice(-3).join(" | ");
       resolve({ kind: "broken", reason: `loading it ${how}${last === "" ? "" : `: ${last}`}` });
