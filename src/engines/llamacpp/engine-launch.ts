@@ -20,8 +20,8 @@ import { openAiModelsValidator } from "../openai-models-validator.ts";
  * one pool thread every decode and sampling call starts from the same thread. Nothing
  * else in the engine needs the pool to be wider: it serves HTTP on the main thread and
  * reads no files while generating. A second context (embeddings, an adapter lane) takes
- * its turn on that thread: their contexts demand all of --threads from node-llama-cpp's
- * thread splitter (adapter-lanes.ts), so a turn runs at full width instead of two
+ * its turn on that thread: their contexts demand their threads from node-llama-cpp's
+ * thread splitter (adapter-lanes.ts), so a turn runs at its full width instead of two
  * decodes sharing the cores.
  */
 export const ENGINE_THREAD_POOL_SIZE = "1";

@@ -174,9 +174,9 @@ export class LlamaRunner implements TextGenerator {
     // Its context is created on the first embeddings request, so an engine that only
     // generates never holds the memory; one input fits what one request may use here.
     // Half the threads (at least one), and demanded as the lanes demand theirs
-    // (adapter-lanes.ts): with the lanes asking for all threads as their minimum,
-    // node-llama-cpp's thread splitter would otherwise leave a plain number one thread,
-    // and a demand keeps a batch from running beside a generation step on the same cores.
+    // (adapter-lanes.ts): as a plain number, node-llama-cpp's thread splitter would cut it
+    // to one thread whenever a generation step, which demands all threads, is queued at
+    // the same moment; demanded, the batch waits for that step and runs at its width.
     this.embedder = new LlamaEmbedder({
       model,
       contextSize: this.context.contextSize,
