@@ -90,6 +90,8 @@ const unit = [
   "src/core/json-body.test.ts",
   "src/events/events-routes.test.ts",
   "src/gateway/admission.test.ts",
+  "src/gateway/prefix-affinity.test.ts",
+  "src/gateway/prefix-routing.test.ts",
   "src/gateway/request-cancel.test.ts",
   "src/gateway/anthropic/messages-request.test.ts",
   "src/gateway/anthropic/messages-answer.test.ts",

@@ -28,6 +28,7 @@ const WAIT = { timeout: 60_000 };
 
 interface ModelView {
   name: string;
+  routing: string;
   scaling: { min: number; max: number; idle_seconds: number };
   health: { state: string; ready: number; replicas: number; reason: string | null };
   replicas: Array<{ id: string; state: string; nodeIds: string[] }>;
@@ -114,6 +115,8 @@ describe("the Models and Nodes pages", () => {
       await row.getByRole("cell", { name: nodeName, exact: true }).waitFor(WAIT);
       await row.getByText(replica.state, { exact: true }).waitFor(WAIT);
     }
+    // Routing as the API has it (least-busy by default).
+    await demo.getByText(`${ready.routing} (the replica with the fewest requests in flight)`, { exact: true }).waitFor(WAIT);
     // The demo's weights are a local file: no origin, so nothing to update or roll back.
     await demo.getByText("not followed (no origin repository)").waitFor(WAIT);
     assert.equal(await demo.getByRole("button", { name: "Update" }).count(), 0, "no Update without an origin");

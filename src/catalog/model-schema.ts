@@ -65,6 +65,30 @@ export { MODEL_NAME_PATTERN } from "./model-name.ts";
 
 const positiveInt = z.number().int().positive();
 
+/** How the gateway picks among a model's ready replicas (see `routing` below). */
+export const ROUTING_MODES = ["least-busy", "prefix"] as const;
+
+/**
+ * Prefix routing's settings, with the bounds a request can meet:
+ * - chars: characters of a conversation's start (tools, system prompt, first question)
+ *   that are hashed. The default covers a system prompt of about a thousand tokens and the
+ *   question after it, and hashing that much costs microseconds; under 16 nearly every
+ *   conversation shares one start (a role name and a greeting); 65,536 is far past any
+ *   system prompt worth telling apart.
+ * - load_factor: a replica with more than load_factor × the mean requests in flight (the new
+ *   one counted, rounded up) is passed over. 1 keeps replicas as even as whole requests
+ *   allow; over 10 is no bound at all.
+ */
+export const PREFIX_ROUTING_DEFAULTS = { chars: 4096, load_factor: 1.25 } as const;
+const prefixRouting = z.strictObject({
+  chars: z.number().int().min(16, "must be at least 16").max(65_536, "must be at most 65536").default(PREFIX_ROUTING_DEFAULTS.chars),
+  load_factor: z
+    .number()
+    .min(1, "must be at least 1 (1 keeps replicas as even as whole requests allow)")
+    .max(10, "must be at most 10")
+    .default(PREFIX_ROUTING_DEFAULTS.load_factor),
+});
+
 /**
  * The guard models a serving model's requests go through (names or aliases of catalog
  * models with role guard): `input` before a replica is asked, `output` on answers that are
@@ -197,7 +221,14 @@ const originSchema = z.strictObject({
 const modelFields = {
   aliases: z.array(modelName).default([]),
   description: z.string().max(2000).default(""),
-  routing: z.enum(["least-busy"]).default("least-busy"),
+  /**
+   * How the gateway picks a replica: the least busy (default), or by prefix affinity, so a
+   * conversation returns to the replica whose engine still holds its prompt's start
+   * (gateway/prefix-affinity.ts).
+   */
+  routing: z.enum(ROUTING_MODES, { error: `must be one of ${ROUTING_MODES.join(", ")}` }).default("least-busy"),
+  /** routing "prefix": how much of the prompt is hashed, and how far above the mean load a replica may go before a request skips it (kept, unused, under least-busy). */
+  prefix: prefixRouting.default(PREFIX_ROUTING_DEFAULTS),
   context_length: positiveInt.optional(),
   max_output: positiveInt.optional(),
   capabilities: z.strictObject({ vision: z.boolean().default(false), embeddings: z.boolean().default(false) }).default({ vision: false, embeddings: false }),
@@ -404,7 +435,9 @@ export const modelPatchSchema = z.strictObject({
   name: modelName.optional(),
   aliases: z.array(modelName).optional(),
   description: z.string().max(2000).optional(),
-  routing: z.enum(["least-busy"]).optional(),
+  routing: z.enum(ROUTING_MODES, { error: `must be one of ${ROUTING_MODES.join(", ")}` }).optional(),
+  /** Merged into the stored settings like scaling. */
+  prefix: z.record(z.string(), z.unknown()).optional(),
   context_length: positiveInt.nullable().optional(),
   max_output: positiveInt.nullable().optional(),
   capabilities: z.unknown().optional(),
@@ -462,7 +495,7 @@ export function applyModelPatch(current: ModelDefinition, patchBody: unknown): {
     if (value === undefined) continue;
     if (value === null) {
       delete merged[key];
-    } else if ((key === "scaling" || key === "prices" || key === "guards") && typeof value === "object") {
+    } else if ((key === "scaling" || key === "prices" || key === "guards" || key === "prefix") && typeof value === "object") {
       merged[key] = { ...(current[key] as object), ...(value as object) };
     } else {
       merged[key] = value;

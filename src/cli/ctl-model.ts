@@ -61,6 +61,19 @@ interface UpdateCheck {
   error: string | null;
 }
 
+/** How a model's requests pick a replica, as GET /api/v1/models/NAME shows it. */
+interface RoutingView {
+  routing?: string;
+  prefix?: { chars: number; load_factor: number };
+}
+
+/** One line on how the gateway picks a replica of the model. */
+export function renderRouting(model: RoutingView): string {
+  if (model.routing !== "prefix" || model.prefix === undefined) return "routing: least-busy (the replica with the fewest requests in flight)";
+  const { chars, load_factor: loadFactor } = model.prefix;
+  return `routing: prefix (a conversation's first ${chars} characters pick its replica; one above ${loadFactor} × the mean requests in flight is passed over)`;
+}
+
 export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
   const { connect, print } = helpers;
   const model = ctl.command("model").description("Models in the catalog");
@@ -101,12 +114,13 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       }
       const [health, shown] = await Promise.all([
         client.call<ModelHealthView>("GET", path(name, "/health")),
-        client.call<{ origin?: ModelOrigin; adapters?: ShownAdapter[]; source?: { projector?: string } }>("GET", path(name)),
+        client.call<{ origin?: ModelOrigin; adapters?: ShownAdapter[]; source?: { projector?: string } } & RoutingView>("GET", path(name)),
       ]);
+      const routing = ["", renderRouting(shown)];
       const origin = shown.origin === undefined ? [] : ["", renderOrigin(name, shown.origin)];
       const projector = shown.source?.projector === undefined ? [] : ["", `vision projector: ${shown.source.projector}`];
       const adapters = shown.adapters === undefined || shown.adapters.length === 0 ? [] : ["", renderAdapters(name, shown.adapters)];
-      process.stdout.write(`${[renderModelHealth(health), ...projector, ...adapters, ...origin].join("\n")}\n`);
+      process.stdout.write(`${[renderModelHealth(health), ...routing, ...projector, ...adapters, ...origin].join("\n")}\n`);
     });
 
   withExamples(

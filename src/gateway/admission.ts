@@ -7,11 +7,15 @@
 // first served, and go to whichever replica frees a slot first. The queue is bounded
 // (`queue_size`; full means 429 model_overloaded at once) and each wait has a deadline
 // (`queue_timeout`; 503 queue_timeout). A model without replicas (scaling.min 0) keeps its
-// requests in this same queue while the fleet starts one on demand.
+// requests in this same queue while the fleet starts one on demand. A model routed by
+// prefix picks among its replicas by the request's affinity (prefix-affinity.ts) instead of
+// the least busy; a waiter keeps its affinity for the moment a slot frees.
 import { ClientClosedError, TooManyRequestsError, UnavailableError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { isComingUp, isRoutable } from "../fleet/model-health.ts";
 import type { Replica, ReplicaListener } from "../fleet/replica-table.ts";
+import { PREFIX_ROUTING_DEFAULTS } from "../catalog/model-schema.ts";
+import { chooseByAffinity, HashRing, type AffinityCandidate } from "./prefix-affinity.ts";
 
 /** What admission reads of the replica table. */
 export interface ReplicaSource {
@@ -30,11 +34,14 @@ export interface AcquireOptions {
   exclude: ReadonlySet<string>;
   /** The client's request: a client that leaves stops waiting. */
   signal: AbortSignal;
+  /** The hash of the request's prompt start, for a model routed by prefix (prefix-affinity.ts). */
+  affinity?: number | undefined;
 }
 
 interface Waiter {
   model: CatalogModel;
   exclude: ReadonlySet<string>;
+  affinity: number | undefined;
   settle(lease: Lease | null, error?: Error): void;
 }
 
@@ -45,6 +52,8 @@ export class Admission {
   private readonly inFlight = new Map<string, number>();
   private readonly coolingUntil = new Map<string, number>();
   private readonly queues = new Map<string, Waiter[]>();
+  /** Each prefix-routed model's ring over its ready replicas of the preferred priority; dropped when any of its replicas changes. */
+  private readonly rings = new Map<string, { priority: number; ring: HashRing }>();
   private rotation = 0;
   private readonly unsubscribe: () => void;
 
@@ -59,6 +68,7 @@ export class Admission {
         this.inFlight.delete(replica.id);
         this.coolingUntil.delete(replica.id);
       }
+      this.rings.delete(replica.modelId);
       // A replica that became ready (or left) changes what the model's waiters can get.
       this.pump(replica.modelId);
     });
@@ -91,7 +101,7 @@ export class Admission {
    * and 499 when the client leaves while waiting.
    */
   acquire(model: CatalogModel, options: AcquireOptions): Promise<Lease | null> {
-    const now = this.pick(model, options.exclude);
+    const now = this.pick(model, options.exclude, options.affinity);
     if (now !== undefined) return Promise.resolve(this.lease(now));
     if (!this.worthWaiting(model, options.exclude)) return Promise.resolve(null);
     // A client already gone would never hear the signal's abort event: it does not queue
@@ -124,6 +134,7 @@ export class Admission {
       const waiter: Waiter = {
         model,
         exclude: options.exclude,
+        affinity: options.affinity,
         settle: (lease, error) => {
           if (settled) {
             // Never leak a slot to a request that already left or timed out.
@@ -166,9 +177,10 @@ export class Admission {
    * replica of a higher one is ready (down, starting, or already tried by this request),
    * not when they are merely busy; then the request waits for them in the queue. Ties go
    * to a rotating start, so equal replicas share sequential traffic evenly; a replica that
-   * just failed counts as fully loaded until its cooldown ends.
+   * just failed counts as fully loaded until its cooldown ends. A request with an affinity
+   * to a prefix-routed model goes by its prefix within that same priority first.
    */
-  private pick(model: CatalogModel, exclude: ReadonlySet<string>): Replica | undefined {
+  private pick(model: CatalogModel, exclude: ReadonlySet<string>, affinity: number | undefined): Replica | undefined {
     const candidates = this.replicas.forModel(model.id);
     const count = candidates.length;
     if (count === 0) return undefined;
@@ -177,6 +189,10 @@ export class Admission {
       if (isRoutable(replica) && !exclude.has(replica.id)) priority = Math.max(priority, replica.priority ?? 0);
     }
     const now = this.clock();
+    if (affinity !== undefined && model.definition.routing === "prefix") {
+      const chosen = this.pickByAffinity(model, candidates, priority, exclude, affinity, now);
+      if (chosen !== undefined) return chosen;
+    }
     const start = this.rotation++ % count;
     let best: Replica | undefined;
     let bestLoad = Infinity;
@@ -195,6 +211,38 @@ export class Admission {
     return best;
   }
 
+  /**
+   * The replica the request's prefix belongs to, within the load bound (prefix-affinity.ts),
+   * among the ready replicas of `priority`; undefined when none of them qualifies (all full,
+   * tried or cooling), and the least busy choice decides.
+   */
+  private pickByAffinity(
+    model: CatalogModel,
+    replicas: readonly Replica[],
+    priority: number,
+    exclude: ReadonlySet<string>,
+    affinity: number,
+    now: number,
+  ): Replica | undefined {
+    const members = replicas.filter((replica) => isRoutable(replica) && (replica.priority ?? 0) === priority);
+    let cached = this.rings.get(model.id);
+    if (cached === undefined || cached.priority !== priority) {
+      cached = { priority, ring: new HashRing(members) };
+      this.rings.set(model.id, cached);
+    }
+    const byId = new Map<string, Replica>();
+    const candidates = new Map<string, AffinityCandidate>();
+    for (const replica of members) {
+      const inFlight = this.inFlight.get(replica.id) ?? 0;
+      const eligible = !exclude.has(replica.id) && inFlight < replica.slots && (this.coolingUntil.get(replica.id) ?? 0) <= now;
+      byId.set(replica.id, replica);
+      candidates.set(replica.id, { weight: replica.weight, inFlight, eligible });
+    }
+    const loadFactor = model.definition.prefix?.load_factor ?? PREFIX_ROUTING_DEFAULTS.load_factor;
+    const chosen = chooseByAffinity(cached.ring, affinity, candidates, loadFactor);
+    return chosen === undefined ? undefined : byId.get(chosen);
+  }
+
   /** Whether some replica outside `exclude` is ready (busy) or on its way up. */
   private worthWaiting(model: CatalogModel, exclude: ReadonlySet<string>): boolean {
     return this.replicas.forModel(model.id).some((r) => !exclude.has(r.id) && (isRoutable(r) || isComingUp(r))) || this.startingOnDemand(model.id);
@@ -210,7 +258,7 @@ export class Admission {
     const queue = this.queues.get(modelId);
     if (queue === undefined) return;
     for (const waiter of [...queue]) {
-      const replica = this.pick(waiter.model, waiter.exclude);
+      const replica = this.pick(waiter.model, waiter.exclude, waiter.affinity);
       if (replica !== undefined) waiter.settle(this.lease(replica));
       else if (!this.worthWaiting(waiter.model, waiter.exclude)) waiter.settle(null);
     }

@@ -42,6 +42,7 @@ import { chargedUsage, estimatedUsage, type EstimateSource } from "./charged-usa
 import type { UsageTap } from "./usage-tap.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
 import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
+import { requestAffinity } from "./prefix-affinity.ts";
 import type { UpstreamPools } from "./upstream.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import { costUsd } from "../policy/cost.ts";
@@ -400,6 +401,7 @@ export class Gateway {
       model,
       path: route.path,
       payload: payloadFor,
+      affinity: requestAffinity(model.definition, route.path, body),
       ...(adapter?.servedName == null ? {} : { exclude: (replica: Replica) => !replica.adapters?.includes(adapter.servedName!) }),
       accept: typeof accept === "string" ? accept : undefined,
       cancel: request.cancel,

@@ -49,6 +49,8 @@ export interface ReplicaRequest<T> {
   payload(replica: Replica): Buffer;
   /** Replicas this request must not go to (one whose engine lacks the adapter asked for). */
   exclude?: (replica: Replica) => boolean;
+  /** The hash of the prompt's start when the model is routed by prefix (prefix-affinity.ts). */
+  affinity?: number | undefined;
   /** The client's Accept header, passed on. */
   accept?: string | undefined;
   /**
@@ -112,6 +114,7 @@ export async function tryReplicas<T>(deps: ReplicaDependencies, request: Replica
         // The signal only when the request has to wait (a getter): most never do.
         lease = await deps.admission.acquire(model, {
           exclude: tried,
+          affinity: request.affinity,
           get signal() {
             return cancel instanceof RequestCancel ? cancel.signal : cancel;
           },

@@ -100,6 +100,12 @@ function replicaCounts(model) {
   return `${ready} of ${min} ready${max > min ? ` (scales out to ${max})` : ""}`;
 }
 
+/** How the gateway picks one of the model's replicas, in the words `ctl model show` uses. */
+function describeRouting(model) {
+  if (model.routing !== "prefix" || !model.prefix) return "least-busy (the replica with the fewest requests in flight)";
+  return `prefix (a conversation's first ${model.prefix.chars} characters pick its replica; one above ${model.prefix.load_factor} × the mean requests in flight is passed over)`;
+}
+
 function ModelCard({ model, index, detail, nodeNames, update, reload }) {
   const action = useAction();
   const [scaling, setScaling] = useState(false);
@@ -155,6 +161,8 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
       <dd>${model.aliases?.length ? model.aliases.join(", ") : html`<span class="muted">none</span>`}</dd>
       <dt>Replicas</dt>
       <dd>${replicaCounts(model)}</dd>
+      <dt>Routing</dt>
+      <dd>${describeRouting(model)}</dd>
       <dt>Profiles</dt>
       <dd>${(model.profiles ?? []).map((profile) => `${profile.name} (${profile.engine})`).join(", ")}</dd>
       ${model.role === "guard" ? html`<dt>Role</dt><dd>guard model (${model.guard_format})</dd>` : null}
