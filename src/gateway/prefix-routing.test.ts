@@ -158,7 +158,10 @@ describe("prefix routing", () => {
     assert.deepEqual(changed.body.prefix, { chars: 512, load_factor: 2 });
     assert.equal((await harness.admin("PATCH", "/api/v1/models/settled", { prefix: { load_factor: 0 } })).status, 400);
     const shown = await ctl(["model", "show", "settled"]);
-    assert.match(shown.stdout, /^routing: prefix \(a conversation's first 512 characters pick its replica; one above 2 × the mean requests in flight is passed over\)$/m);
+    assert.match(
+      shown.stdout,
+      /^routing: prefix \(a conversation's first 512 characters pick its replica; one above 2 × the mean requests in flight is passed over\)$/m,
+    );
     await harness.admin("PATCH", "/api/v1/models/settled", { routing: "least-busy" });
     assert.match((await ctl(["model", "show", "settled"])).stdout, /^routing: least-busy /m);
   });
