@@ -72,7 +72,7 @@ export function stopService(service: Service): Promise<void> {
   });
 }
 
-export async function api(url: string, key: string, method: "GET" | "POST" | "DELETE", body?: unknown): Promise<unknown> {
+export async function api(url: string, key: string, method: "GET" | "POST" | "PATCH" | "DELETE", body?: unknown): Promise<unknown> {
   const response = await request(url, {
     method,
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
