@@ -242,7 +242,11 @@ async function main(): Promise<void> {
       }
     }
     const of = (mode: Mode) => samples.filter((s) => s.mode === mode);
-    const p50 = (mode: Mode) => percentile(of(mode).map((s) => s.seconds), 0.5);
+    const p50 = (mode: Mode) =>
+      percentile(
+        of(mode).map((s) => s.seconds),
+        0.5,
+      );
     const ratio = p50("prefix") / p50("least-busy");
     const balance = perReplica.filter((r) => r.mode === "prefix").map((r) => (r.counts.length < 2 ? 0 : r.counts[r.counts.length - 1]! / r.counts[0]!));
     const ttftMet = ratio <= TTFT_GOAL;
@@ -261,7 +265,10 @@ async function main(): Promise<void> {
     );
     mkdirSync(options.out, { recursive: true });
     const file = path.join(options.out, `routing-prefix-${new Date().toISOString().replace(/[:.]/g, "-")}.json`);
-    writeFileSync(file, `${JSON.stringify({ bench: "routing-prefix", at: new Date().toISOString(), options, ratio, balance, perReplica, samples }, null, 2)}\n`);
+    writeFileSync(
+      file,
+      `${JSON.stringify({ bench: "routing-prefix", at: new Date().toISOString(), options, ratio, balance, perReplica, samples }, null, 2)}\n`,
+    );
     process.stdout.write(`wrote ${path.relative(ROOT, file)}\n`);
   } finally {
     if (up !== undefined) await stopService(up);
