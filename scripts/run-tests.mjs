@@ -92,6 +92,7 @@ const unit = [
   "src/gateway/admission.test.ts",
   "src/gateway/prefix-affinity.test.ts",
   "src/gateway/prefix-routing.test.ts",
+  "src/gateway/admission-affinity.test.ts",
   "src/fleet/autoscaler.test.ts",
   "src/gateway/request-cancel.test.ts",
   "src/gateway/anthropic/messages-request.test.ts",

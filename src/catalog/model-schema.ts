@@ -228,7 +228,8 @@ const modelFields = {
    */
   routing: z.enum(ROUTING_MODES, { error: `must be one of ${ROUTING_MODES.join(", ")}` }).default("least-busy"),
   /** routing "prefix": how much of the prompt is hashed, and how far above the mean load a replica may go before a request skips it (kept, unused, under least-busy). */
-  prefix: prefixRouting.default(PREFIX_ROUTING_DEFAULTS),
+  // Stored only when given (a model that never set it stays readable by servers that predate it); the API shows the defaults.
+  prefix: prefixRouting.optional(),
   context_length: positiveInt.optional(),
   max_output: positiveInt.optional(),
   capabilities: z.strictObject({ vision: z.boolean().default(false), embeddings: z.boolean().default(false) }).default({ vision: false, embeddings: false }),
@@ -436,8 +437,8 @@ export const modelPatchSchema = z.strictObject({
   aliases: z.array(modelName).optional(),
   description: z.string().max(2000).optional(),
   routing: z.enum(ROUTING_MODES, { error: `must be one of ${ROUTING_MODES.join(", ")}` }).optional(),
-  /** Merged into the stored settings like scaling. */
-  prefix: z.record(z.string(), z.unknown()).optional(),
+  /** Merged into the stored settings like scaling; null goes back to the defaults. */
+  prefix: z.record(z.string(), z.unknown()).nullable().optional(),
   context_length: positiveInt.nullable().optional(),
   max_output: positiveInt.nullable().optional(),
   capabilities: z.unknown().optional(),
@@ -525,6 +526,8 @@ function keepStoredApiKey(profile: unknown, stored: Profile[]): unknown {
 export function redactDefinition(definition: ModelDefinition): Record<string, unknown> {
   return {
     ...definition,
+    // A prefix-routed model shows the settings it routes with, the defaults included.
+    ...(definition.routing === "prefix" ? { prefix: definition.prefix ?? PREFIX_ROUTING_DEFAULTS } : {}),
     profiles: definition.profiles.map(({ api_key, api_key_sealed, ...rest }) =>
       rest.engine === "external" ? { ...rest, api_key_set: api_key !== undefined || api_key_sealed !== undefined } : rest,
     ),

@@ -52,8 +52,8 @@ export class Admission {
   private readonly inFlight = new Map<string, number>();
   private readonly coolingUntil = new Map<string, number>();
   private readonly queues = new Map<string, Waiter[]>();
-  /** Each prefix-routed model's ring over its ready replicas of the preferred priority; dropped when any of its replicas changes. */
-  private readonly rings = new Map<string, { priority: number; ring: HashRing }>();
+  /** Each prefix-routed model's rings over its ready replicas, one per priority; dropped when any of its replicas changes. */
+  private readonly rings = new Map<string, Map<number, HashRing>>();
   private rotation = 0;
   private readonly unsubscribe: () => void;
 
@@ -225,21 +225,29 @@ export class Admission {
     now: number,
   ): Replica | undefined {
     const members = replicas.filter((replica) => isRoutable(replica) && (replica.priority ?? 0) === priority);
-    let cached = this.rings.get(model.id);
-    if (cached === undefined || cached.priority !== priority) {
-      cached = { priority, ring: new HashRing(members) };
-      this.rings.set(model.id, cached);
+    let rings = this.rings.get(model.id);
+    if (rings === undefined) {
+      rings = new Map();
+      this.rings.set(model.id, rings);
     }
+    let ring = rings.get(priority);
+    if (ring === undefined) {
+      ring = new HashRing(members);
+      rings.set(priority, ring);
+    }
+    // The ring has every member, so an excluded one hands its keys to the next; the bound is
+    // over those the request may use (a replica without its adapter carries none of its load).
     const byId = new Map<string, Replica>();
     const candidates = new Map<string, AffinityCandidate>();
     for (const replica of members) {
+      if (exclude.has(replica.id)) continue;
       const inFlight = this.inFlight.get(replica.id) ?? 0;
-      const eligible = !exclude.has(replica.id) && inFlight < replica.slots && (this.coolingUntil.get(replica.id) ?? 0) <= now;
+      const eligible = inFlight < replica.slots && (this.coolingUntil.get(replica.id) ?? 0) <= now;
       byId.set(replica.id, replica);
       candidates.set(replica.id, { weight: replica.weight, inFlight, eligible });
     }
     const loadFactor = model.definition.prefix?.load_factor ?? PREFIX_ROUTING_DEFAULTS.load_factor;
-    const chosen = chooseByAffinity(cached.ring, affinity, candidates, loadFactor);
+    const chosen = chooseByAffinity(ring, affinity, candidates, loadFactor);
     return chosen === undefined ? undefined : byId.get(chosen);
   }
 

@@ -34,9 +34,9 @@ test("a chat is known by its tools, then each message's role and content up to t
     { ...body, messages: [...body.messages, { role: "assistant", content: "Hello" }, { role: "user", content: "More" }] },
     10_000,
   )!;
-  assert.ok(text.startsWith(`tools\u0000${JSON.stringify(tools)}`), "tools first");
+  assert.ok(text.startsWith(`tools\u0000${JSON.stringify(tools[0])}\u0000`), "tools first, one after the other");
   assert.ok(text.endsWith("system\u0000You answer briefly.\u0000user\u0000Hi"), "then the messages in order, up to the first question");
-  assert.equal(affinityText(CHAT, body, 8), "tools\u0000[{");
+  assert.equal(affinityText(CHAT, body, 8), 'tools\u0000{"');
   // Other tools are another key, though the messages are the same.
   assert.notEqual(affinityText(CHAT, { ...body, tools: [] }, 10_000), text);
   // Content parts count by their text; an image by its URL.
@@ -51,7 +51,10 @@ test("a chat is known by its tools, then each message's role and content up to t
       },
     ],
   };
-  assert.equal(affinityText(CHAT, parts, 1000), `user\u0000look\u0000${JSON.stringify(parts.messages[0]!.content[1])}`);
+  assert.equal(affinityText(CHAT, parts, 1000), "user\u0000look\u0000image_url\u0000https://x/y.png");
+  // An image inlined as megabytes of data URL: only what fits the key is read.
+  const inlined = { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: `data:image/png;base64,${"A".repeat(5_000_000)}` } }] }] };
+  assert.equal(affinityText(CHAT, inlined, 40), "user\u0000image_url\u0000data:image/png;base64,AAA");
 });
 
 test("every turn of a conversation has its first turn's key, however short; another first question is another conversation", () => {
@@ -101,6 +104,14 @@ test("the ring shares keys by weight, within a few percent", () => {
   ]);
   const heavy = keys(20_000).filter((key) => weighted.home(key) === "r-a").length;
   assert.ok(Math.abs(heavy / 20_000 - 2 / 3) < 0.06, `weight 2 of 3 holds ${heavy} of 20000 keys`);
+  // Points follow weight relative to the lightest, up to 1,000 a replica: a weight of ten
+  // million builds a ring of 1,100 points (not a billion), where it holds most keys.
+  const extreme = new HashRing([
+    { id: "r-a", weight: 1e7 },
+    { id: "r-b", weight: 1 },
+  ]);
+  const most = keys(10_000).filter((key) => extreme.home(key) === "r-a").length;
+  assert.ok(most / 10_000 > 0.85, `weight 1e7 beside 1 holds ${most} of 10000 keys`);
 });
 
 test("a replica that joins takes only its share of keys, and one that leaves gives away only its own", () => {

@@ -15,16 +15,18 @@
 //   every turn of a conversation has its first turn's key, however short that turn was, and
 //   conversations behind one system prompt are told apart by their first question when the
 //   system prompt is shorter than `chars`.
-// - Consistent hashing: each replica puts points on a ring (POINTS_PER_WEIGHT × its weight,
-//   at hashes of its id), and a key belongs to the first replica clockwise from the key's
-//   hash. A replica that joins takes only the keys that land before its own points; one
+// - Consistent hashing: each replica puts points on a ring (POINTS_PER_WEIGHT for the
+//   lightest weight among them, more in proportion, at hashes of its id), and a key
+//   belongs to the first replica clockwise from the key's hash. A replica that joins takes only the keys that land before its own points; one
 //   that leaves gives only its own keys to the next ones. The ring depends on nothing but
 //   the replica ids and weights, which every server reads from the same rows, so two
-//   servers send a prefix to the same replica.
+//   servers send a prefix to the same replica (while the bound below, which each server
+//   judges by its own requests in flight, does not pass it on).
 // - Bounded load (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam,
 //   2016): walking clockwise, a request takes the first replica that has a free slot and
 //   whose requests in flight, this one counted, stay within
-//   ceil(load_factor × (requests in flight at the model's replicas + 1) × its share of the weight).
+//   ceil(load_factor × (requests in flight at the replicas it may use + 1) × its share of
+//   their weight).
 //   A busy home sends the request to the next replica on the ring, which is also where its
 //   prefix goes if the home leaves. The rounding up is the published rule: a few requests
 //   at once may share their home rather than be split up (two on one replica of two is
@@ -32,8 +34,14 @@
 import { createHash } from "node:crypto";
 import { PREFIX_ROUTING_DEFAULTS } from "../catalog/model-schema.ts";
 
-/** Ring points per unit of a replica's weight: with 100, each of a few replicas holds its share of keys within a few percent. */
+/**
+ * Ring points of a replica of the smallest weight among the ring's: with 100, each of a few
+ * replicas holds its share of keys within a few percent. Heavier ones get more in proportion,
+ * at most MAX_POINTS each, so a weight of 10,000 beside one of 1 costs no more than
+ * building a ring of a few replicas (the ring is built on a request, after a change).
+ */
 const POINTS_PER_WEIGHT = 100;
+const MAX_POINTS = 1000;
 
 /** A position on the ring, or a key's hash: the first 48 bits of a SHA-256, exact in a JavaScript number. */
 export function ringHash(text: string): number {
@@ -48,16 +56,21 @@ const SEPARATOR = "\u0000";
  * null when the request has no prompt to speak of (embeddings, an empty prompt).
  */
 export function affinityText(path: string, body: Readonly<Record<string, unknown>>, chars: number): string | null {
-  const parts = new KeyText(chars);
+  const key = new KeyText(chars);
   if (path === "/v1/chat/completions") {
-    if (Array.isArray(body.tools) && body.tools.length > 0) parts.add(`tools${SEPARATOR}${JSON.stringify(body.tools)}`);
+    if (Array.isArray(body.tools) && body.tools.length > 0) {
+      key.add("tools");
+      // Tool by tool, so a long list is serialised only as far as the key reaches.
+      for (const tool of body.tools) if (!key.full) key.add(JSON.stringify(tool));
+    }
     const messages = Array.isArray(body.messages) ? body.messages : [];
     for (const message of messages) {
-      if (parts.full) break;
+      if (key.full) break;
       if (typeof message !== "object" || message === null) continue;
       const { role, content, tool_calls: toolCalls } = message as { role?: unknown; content?: unknown; tool_calls?: unknown };
-      parts.add(`${String(role)}${SEPARATOR}${contentText(content)}`);
-      if (toolCalls !== undefined && toolCalls !== null) parts.add(JSON.stringify(toolCalls));
+      key.add(String(role));
+      addContent(key, content);
+      if (toolCalls !== undefined && toolCalls !== null && !key.full) key.add(JSON.stringify(toolCalls));
       // What follows the first question differs from turn to turn; the key must not.
       if (role === "user") break;
     }
@@ -65,40 +78,54 @@ export function affinityText(path: string, body: Readonly<Record<string, unknown
     // A list of prompts is routed by its first (they all go to one replica anyway); token ids as numbers.
     const prompt: unknown = body.prompt;
     const first: unknown = Array.isArray(prompt) && typeof prompt[0] !== "number" ? prompt[0] : prompt;
-    if (typeof first === "string") parts.add(first);
-    else if (Array.isArray(first)) parts.add(first.join(","));
+    if (typeof first === "string") key.add(first);
+    else if (Array.isArray(first)) key.add(first.slice(0, chars).join(","));
   }
-  return parts.text();
+  return key.text();
 }
 
-/** A message's content as text: a string as it is, parts one after the other (an image by its URL, whose first characters are all that count). */
-function contentText(content: unknown): string {
-  if (typeof content === "string") return content;
-  if (!Array.isArray(content)) return content === undefined || content === null ? "" : JSON.stringify(content);
-  return content.map((part) => (typeof part === "object" && part !== null && typeof part.text === "string" ? part.text : JSON.stringify(part))).join(SEPARATOR);
+/**
+ * A message's content: a string as it is, parts one after the other, an image by its URL.
+ * Only as much as the key still takes is looked at: an image inlined as a data URL of
+ * megabytes is never serialised whole.
+ */
+function addContent(key: KeyText, content: unknown): void {
+  if (typeof content === "string") key.add(content);
+  else if (Array.isArray(content)) {
+    for (const part of content) {
+      if (key.full) return;
+      if (typeof part !== "object" || part === null) key.add(JSON.stringify(part));
+      else if (typeof part.text === "string") key.add(part.text);
+      else if (typeof part.image_url === "object" && part.image_url !== null && typeof part.image_url.url === "string") {
+        key.add(`image_url${SEPARATOR}${part.image_url.url.slice(0, key.room)}`);
+      } else key.add(JSON.stringify(part));
+    }
+  } else if (content !== undefined && content !== null) key.add(JSON.stringify(content));
 }
 
-/** Collects key parts until `chars` characters are there; what comes after them is never even built. */
+/** Collects key parts, each after a separator, until `chars` characters are there; a part is cut to the room left. */
 class KeyText {
-  private readonly parts: string[] = [];
-  private length = 0;
+  private text_ = "";
 
   constructor(private readonly chars: number) {}
 
   get full(): boolean {
-    return this.length >= this.chars;
+    return this.text_.length >= this.chars;
+  }
+
+  /** Characters the key still takes. */
+  get room(): number {
+    return Math.max(0, this.chars - this.text_.length);
   }
 
   add(part: string): void {
     if (this.full) return;
-    const separated = this.parts.length === 0 ? part : `${SEPARATOR}${part}`;
-    this.parts.push(separated);
-    this.length += separated.length;
+    const separated = this.text_ === "" ? part : `${SEPARATOR}${part}`;
+    this.text_ += separated.slice(0, this.room);
   }
 
   text(): string | null {
-    const text = this.parts.join("").slice(0, this.chars);
-    return text === "" ? null : text;
+    return this.text_ === "" ? null : this.text_;
   }
 }
 
@@ -116,8 +143,9 @@ export class HashRing {
 
   constructor(members: readonly RingMember[]) {
     const points: Array<{ position: number; id: string }> = [];
+    const lightest = Math.min(...members.map((member) => member.weight));
     for (const member of members) {
-      const count = Math.max(1, Math.round(POINTS_PER_WEIGHT * member.weight));
+      const count = Math.min(MAX_POINTS, Math.max(1, Math.round((POINTS_PER_WEIGHT * member.weight) / lightest)));
       for (let index = 0; index < count; index += 1) points.push({ position: ringHash(`${member.id}#${index}`), id: member.id });
     }
     // Ties (two ids at one position, as good as never) are broken by id, so the order does not depend on the members' order.
@@ -171,9 +199,9 @@ export interface AffinityCandidate {
 
 /**
  * The replica for a request whose key hashes to `hash`: the first on the ring that is
- * eligible and within the load bound (see the top of this file). Every ring member must be
- * in `candidates`; their in-flight requests make the mean, eligible or not. Undefined when
- * none qualifies: the caller falls back to the least busy.
+ * eligible and within the load bound (see the top of this file). Ring members missing from
+ * `candidates` are passed over; the candidates' in-flight requests make the mean, eligible
+ * or not. Undefined when none qualifies: the caller falls back to the least busy.
  */
 export function chooseByAffinity(ring: HashRing, hash: number, candidates: ReadonlyMap<string, AffinityCandidate>, loadFactor: number): string | undefined {
   let inFlight = 0;

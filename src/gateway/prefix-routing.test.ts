@@ -37,11 +37,12 @@ function whereWent(upstreams: FakeUpstream[], n: number): number[] {
 }
 
 /**
- * Conversations per test: the replica ids (and so the homes) are new each run, and with 40
- * the chance that three replicas do not all get one is 3 × (2/3)^40, about 1 in 3 million.
- * Not a multiple of 3, so least-busy's rotation does not line a conversation's turns up by chance.
+ * Conversations per test. The replica ids, and so the homes, are new each run: with 80, a
+ * replica that the ring gives even 15% of the keys (a third below an even share of four)
+ * gets none with a chance of 0.85^80, about 1 in 500,000. Not a multiple of 3, so
+ * least-busy's rotation does not line a conversation's turns up by chance.
  */
-const CONVERSATIONS = 40;
+const CONVERSATIONS = 80;
 
 const externalProfiles = (upstreams: FakeUpstream[]) => upstreams.map((upstream, index) => ({ name: `p${index}`, engine: "external", url: upstream.url }));
 
@@ -156,12 +157,18 @@ describe("prefix routing", () => {
     const changed = await harness.admin("PATCH", "/api/v1/models/settled", { prefix: { load_factor: 2 } });
     assert.equal(changed.status, 200, JSON.stringify(changed.body));
     assert.deepEqual(changed.body.prefix, { chars: 512, load_factor: 2 });
-    assert.equal((await harness.admin("PATCH", "/api/v1/models/settled", { prefix: { load_factor: 0 } })).status, 400);
+    const zero = await harness.admin("PATCH", "/api/v1/models/settled", { prefix: { load_factor: 0 } });
+    assert.equal(zero.status, 400);
+    assert.match(zero.body.error.message, /'prefix\.load_factor': must be at least 1/);
     const shown = await ctl(["model", "show", "settled"]);
     assert.match(
       shown.stdout,
       /^routing: prefix \(a conversation's first 512 characters pick its replica; one above 2 × the mean requests in flight is passed over\)$/m,
     );
+    // null goes back to the defaults.
+    const reset = await harness.admin("PATCH", "/api/v1/models/settled", { prefix: null });
+    assert.equal(reset.status, 200, JSON.stringify(reset.body));
+    assert.deepEqual(reset.body.prefix, { chars: 4096, load_factor: 1.25 });
     await harness.admin("PATCH", "/api/v1/models/settled", { routing: "least-busy" });
     assert.match((await ctl(["model", "show", "settled"])).stdout, /^routing: least-busy /m);
   });
