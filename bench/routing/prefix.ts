@@ -36,6 +36,7 @@ import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
 import Database from "better-sqlite3";
 import { request } from "undici";
+import { createPrng } from "../../src/gguf/gguf-writer.ts";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
 import { BENCH_MODEL_SHAPE } from "../engine/engine-process.ts";
 import { flagReader, wholeNumber } from "../flags.ts";
@@ -80,18 +81,6 @@ function parseOptions(argv: string[]): Options {
   };
 }
 
-/** A small seeded generator (mulberry32): the same conversation order in both modes. */
-function random(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function percentile(values: number[], share: number): number {
   const sorted = [...values].sort((a, b) => a - b);
   if (sorted.length === 0) return Number.NaN;
@@ -127,7 +116,8 @@ async function ask(url: string, key: string, messages: Message[]): Promise<{ sec
 
 /** One mode's traffic: 8 conversations × 6 turns, 2 at a time, the next turn picked at random among those whose previous turn was answered. */
 async function runTraffic(up: Service, key: string, options: Options, round: number, mode: Mode): Promise<Sample[]> {
-  const pick = random(options.seed * 1000 + round);
+  // Seeded (the tiny model generator's mulberry32): the same conversation order in both modes.
+  const pick = createPrng(options.seed * 1000 + round);
   const histories: Message[][] = Array.from({ length: CONVERSATIONS }, (_, n) => [
     { role: "system", content: systemPrompt(`Round ${round}, ${mode}`, "ABCDEFGH"[n]!, options.promptTokens) },
   ]);
