@@ -227,8 +227,12 @@ const modelFields = {
    * (gateway/prefix-affinity.ts).
    */
   routing: z.enum(ROUTING_MODES, { error: `must be one of ${ROUTING_MODES.join(", ")}` }).default("least-busy"),
-  /** routing "prefix": how much of the prompt is hashed, and how far above the mean load a replica may go before a request skips it (kept, unused, under least-busy). */
-  // Stored only when given (a model that never set it stays readable by servers that predate it); the API shows the defaults.
+  /**
+   * routing "prefix": how much of the prompt is hashed, and how far above the mean load a
+   * replica may go before a request skips it (kept, unused, under least-busy). Stored only
+   * when given, so a model that never set it stays readable by servers that predate it;
+   * the API shows the defaults (redactDefinition).
+   */
   prefix: prefixRouting.optional(),
   context_length: positiveInt.optional(),
   max_output: positiveInt.optional(),

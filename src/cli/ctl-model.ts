@@ -64,13 +64,14 @@ interface UpdateCheck {
 /** How a model's requests pick a replica, as GET /api/v1/models/NAME shows it. */
 interface RoutingView {
   routing?: string;
-  prefix?: { chars: number; load_factor: number };
+  prefix?: { chars: number | string; load_factor: number | string };
 }
 
 /** One line on how the gateway picks a replica of the model. */
 export function renderRouting(model: RoutingView): string {
-  if (model.routing !== "prefix" || model.prefix === undefined) return "routing: least-busy (the replica with the fewest requests in flight)";
-  const { chars, load_factor: loadFactor } = model.prefix;
+  if (model.routing !== "prefix") return "routing: least-busy (the replica with the fewest requests in flight)";
+  // The API shows a prefix-routed model's settings with their defaults filled in.
+  const { chars, load_factor: loadFactor } = model.prefix ?? { chars: "the default number of", load_factor: "the default factor" };
   return `routing: prefix (a conversation's first ${chars} characters pick its replica; one above ${loadFactor} × the mean requests in flight is passed over)`;
 }
 

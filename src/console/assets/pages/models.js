@@ -102,8 +102,10 @@ function replicaCounts(model) {
 
 /** How the gateway picks one of the model's replicas, in the words `ctl model show` uses. */
 function describeRouting(model) {
-  if (model.routing !== "prefix" || !model.prefix) return "least-busy (the replica with the fewest requests in flight)";
-  return `prefix (a conversation's first ${model.prefix.chars} characters pick its replica; one above ${model.prefix.load_factor} × the mean requests in flight is passed over)`;
+  if (model.routing !== "prefix") return "least-busy (the replica with the fewest requests in flight)";
+  // The API shows a prefix-routed model's settings with their defaults filled in.
+  const { chars, load_factor: loadFactor } = model.prefix ?? { chars: "the default number of", load_factor: "the default factor" };
+  return `prefix (a conversation's first ${chars} characters pick its replica; one above ${loadFactor} × the mean requests in flight is passed over)`;
 }
 
 function ModelCard({ model, index, detail, nodeNames, update, reload }) {
