@@ -142,6 +142,8 @@ const unit = [
   "src/cli/ctl-notify.test.ts",
   "src/console/console-sessions.test.ts",
   "src/cluster/cluster.test.ts",
+  "src/cluster/gateway-loads.test.ts",
+  "src/fleet/autoscaling.test.ts",
 ];
 
 // The longest files first: two run at once, and a long file started last would run alone
@@ -178,6 +180,7 @@ const endToEnd = [
   "test/db-faults.e2e.test.ts",
   "test/db-outage-gateway.e2e.test.ts",
   "test/ctl-state.e2e.test.ts",
+  "test/autoscaling.e2e.test.ts",
 ];
 
 const files = [...endToEnd, ...unit];

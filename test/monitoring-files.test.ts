@@ -83,6 +83,7 @@ test("every llmgw_* metric in deploy/'s alert rules and dashboard is served, wit
     "llmgw_inflight_requests",
     "llmgw_queue_depth",
     "llmgw_replicas",
+    "llmgw_model_desired_replicas",
     "llmgw_budget_spent_usd",
   ]) {
     assert.ok(dashboardNames.has(name), `the dashboard uses ${name}`);
@@ -129,6 +130,7 @@ test("every llmgw_* metric in deploy/'s alert rules and dashboard is served, wit
     // The server's sources behind the gauges the alerts compare: the model's settings, its parking, the node, the budget.
     assert.equal(exposition.value("llmgw_model_parked", { model: "ext" }), 0);
     assert.equal(exposition.value("llmgw_model_min_replicas", { model: "ext" }), 1, "scaling.min's default");
+    assert.equal(exposition.value("llmgw_model_desired_replicas", { model: "ext" }), 1, "a model that does not autoscale wants its scaling.min");
     assert.equal(exposition.value("llmgw_queue_capacity", { model: "ext" }), 256, "queue_size's default");
     assert.equal(exposition.value("llmgw_nodes", { node: "gpu-01", state: "ready" }), 1);
     assert.equal(exposition.value("llmgw_nodes", { node: "gpu-01", state: "lost" }), 0);

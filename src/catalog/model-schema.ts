@@ -80,6 +80,20 @@ export const ROUTING_MODES = ["least-busy", "prefix"] as const;
  *   allow; over 10 is no bound at all.
  */
 export const PREFIX_ROUTING_DEFAULTS = { chars: 4096, load_factor: 1.25 } as const;
+
+/**
+ * Autoscaling between scaling.min and scaling.max (src/fleet/autoscaler.ts), in seconds:
+ * - up_after: a load above the target must last this long before replicas are added, so a
+ *   burst the queue absorbs starts no engine (a replica takes seconds to minutes to load).
+ *   At most an hour: later than that, the queue's timeout has long failed the requests.
+ * - down_after: a load below half the target must last this long before one replica goes;
+ *   five minutes rides out the lulls of chat traffic without keeping idle engines for long.
+ *   At least up_after (a replica would go sooner than one comes), at most a day.
+ * - target (no constant): requests in flight and queued per replica; by default the
+ *   replica's parallel (its slots), so the model scales up once requests start to queue.
+ */
+export const SCALING_DEFAULTS = { up_after: 15, down_after: 300 } as const;
+export const SCALING_LIMITS = { target: { max: 100_000 }, up_after: { max: 3600 }, down_after: { max: 86_400 } } as const;
 const prefixRouting = z.strictObject({
   chars: z.number().int().min(16, "must be at least 16").max(65_536, "must be at most 65536").default(PREFIX_ROUTING_DEFAULTS.chars),
   load_factor: z
@@ -256,6 +270,24 @@ const modelFields = {
       max: z.number().int().min(0).default(1),
       /** With min 0: seconds without requests before the on-demand replica stops (0: it stays once started). */
       idle_seconds: z.number().int().min(0).default(DEFAULT_IDLE_SECONDS),
+      /** Requests in flight and queued per ready replica the autoscaler aims for (default: the replica's parallel). */
+      target: z
+        .number({ error: "must be a number of requests per replica" })
+        .positive("must be above 0: the requests in flight and queued that one replica is meant to carry")
+        .max(SCALING_LIMITS.target.max, `must be at most ${SCALING_LIMITS.target.max}`)
+        .optional(),
+      /** Seconds above the target before replicas are added (default 15). */
+      up_after: z
+        .number({ error: "must be a number of seconds" })
+        .min(0, "must be 0 or more seconds")
+        .max(SCALING_LIMITS.up_after.max, `must be at most ${SCALING_LIMITS.up_after.max} seconds`)
+        .optional(),
+      /** Seconds below half the target before one replica goes (default 300). */
+      down_after: z
+        .number({ error: "must be a number of seconds" })
+        .min(0, "must be 0 or more seconds")
+        .max(SCALING_LIMITS.down_after.max, `must be at most ${SCALING_LIMITS.down_after.max} seconds`)
+        .optional(),
     })
     .default({ min: 1, max: 1, idle_seconds: DEFAULT_IDLE_SECONDS }),
   /** Requests that may wait for a free replica (0: none wait; a busy model answers 429 at once). */
@@ -280,7 +312,7 @@ function checkModel(
     guard_on_error?: string | undefined;
     output_guard_streams?: string | undefined;
     profiles: { name: string; engine: string }[];
-    scaling: { min: number; max: number };
+    scaling: { min: number; max: number; up_after?: number | undefined; down_after?: number | undefined };
     source?: { projector?: string | undefined } | undefined;
     capabilities: { vision: boolean };
     adapters: { name: string; served_name?: string | undefined; source: { kind: string; path?: string } }[];
@@ -289,6 +321,17 @@ function checkModel(
 ): void {
   if (model.scaling.max < model.scaling.min) {
     ctx.addIssue({ code: "custom", path: ["scaling", "max"], message: `must be at least scaling.min (${model.scaling.min})` });
+  }
+  const upAfter = model.scaling.up_after ?? SCALING_DEFAULTS.up_after;
+  const downAfter = model.scaling.down_after ?? SCALING_DEFAULTS.down_after;
+  if (downAfter < upAfter) {
+    // A replica would be taken away sooner than a lasting load adds one: the model would flap.
+    const field = model.scaling.down_after === undefined ? ["scaling", "up_after"] : ["scaling", "down_after"];
+    const message =
+      model.scaling.down_after === undefined
+        ? `must be at most scaling.down_after (${downAfter} s by default), or set a longer down_after`
+        : `must be at least scaling.up_after (${upAfter} s): a replica would go sooner than a lasting load adds one`;
+    ctx.addIssue({ code: "custom", path: field, message });
   }
   if (model.role === "guard" && model.guard_format === undefined) {
     ctx.addIssue({ code: "custom", path: ["guard_format"], message: `a guard model needs guard_format (${GUARD_FORMATS.join(", ")})` });
@@ -487,7 +530,8 @@ function refuseSealedKeys(body: unknown): void {
 
 /**
  * Applies a PATCH to a stored definition and validates the result as a whole. Nested
- * objects (scaling, prices, guards) merge field by field; a null removes an optional field. An
+ * objects (scaling, prices, guards) merge field by field; a null removes a field, at the top or
+ * inside one of them (it goes back to its default). An
  * external profile sent without its api_key keeps the stored one, because clients never
  * see stored keys and could not send them back.
  */
@@ -501,7 +545,9 @@ export function applyModelPatch(current: ModelDefinition, patchBody: unknown): {
     if (value === null) {
       delete merged[key];
     } else if ((key === "scaling" || key === "prices" || key === "guards" || key === "prefix") && typeof value === "object") {
-      merged[key] = { ...(current[key] as object), ...(value as object) };
+      // A null field inside goes back to its default (scaling.target: null, the replica's parallel).
+      const fieldsMerged = Object.entries({ ...(current[key] as object), ...(value as object) }).filter(([, inner]) => inner !== null);
+      merged[key] = Object.fromEntries(fieldsMerged);
     } else {
       merged[key] = value;
     }

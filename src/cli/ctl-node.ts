@@ -32,6 +32,8 @@ export interface ModelHealthView {
   placement: string[] | null;
   /** When replicas share a node: how many where, and why (or "moving one to n2"). */
   spread?: string | null;
+  /** Models that scale between min and max: the leader's target, load now and last decision. */
+  autoscaling?: AutoscalingLine | null;
   weights_problem: string | null;
   replicas: Array<{
     id: string;
@@ -185,6 +187,7 @@ export function renderModelHealth(health: ModelHealthView): string {
     lines.push(`parked since ${health.parked.at}: ${health.parked.reason}`, `  unpark with 'llmgw ctl model unpark ${health.model}' once the cause is fixed`);
   if (health.placement) lines.push("placement: no node can take a replica:", ...health.placement.map((line) => `  ${line}`));
   if (health.spread) lines.push(`spread: ${health.spread}`);
+  if (health.autoscaling) lines.push(...renderAutoscaling(health.autoscaling));
   if (health.weights_problem) lines.push(`weights: ${health.weights_problem}`);
   if (health.replicas.length > 0) {
     lines.push(
@@ -212,6 +215,28 @@ function gpuSummary(node: NodeView): string {
   const used = node.gpus.filter((g) => g.replica !== null).length;
   const classes = [...new Set(node.gpus.map((g) => g.class))].join(",");
   return `${used}/${node.gpus.length} ${classes}`;
+}
+
+interface AutoscalingLine {
+  min: number;
+  max: number;
+  target: number;
+  up_after: number;
+  down_after: number;
+  load: number | null;
+  desired: number;
+  last: { direction: string; from: number; to: number; why: string; at: string } | null;
+}
+
+/** A model's autoscaling in two lines: where it stands now, and its last decision with why. */
+export function renderAutoscaling(scaling: AutoscalingLine): string[] {
+  const load = scaling.load === null ? "load not read yet" : `load now ${scaling.load}`;
+  return [
+    `autoscaling: ${countOf(scaling.desired, "replica")} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica, ${load}; up after ${scaling.up_after} s above target, down after ${scaling.down_after} s below half`,
+    scaling.last === null
+      ? "  last decision: none yet"
+      : `  last decision: ${scaling.last.direction} from ${scaling.last.from} to ${scaling.last.to}, ${ago(scaling.last.at)}: ${scaling.last.why}`,
+  ];
 }
 
 export function ago(iso: string): string {

@@ -22,9 +22,9 @@ import { Backoff } from "../core/backoff.ts";
 import { destroyClient, endClient } from "../store/postgres-connections.ts";
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
-import type { CHANGE_FEED_TABLES } from "../store/migrations.ts";
+import type { CHANGE_FEED_TABLES, CHANGE_FEED_TABLES_0014 } from "../store/migrations.ts";
 
-export type FollowedTable = (typeof CHANGE_FEED_TABLES)[number];
+export type FollowedTable = (typeof CHANGE_FEED_TABLES)[number] | (typeof CHANGE_FEED_TABLES_0014)[number];
 /** `notified`: a notification of another server's write is among the causes (not only a resync). */
 export type ChangeListener = (tables: ReadonlySet<FollowedTable>, cause: { notified: boolean }) => void | Promise<void>;
 

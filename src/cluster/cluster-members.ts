@@ -30,7 +30,7 @@ export const MEMBER_DEFAULTS = {
 const JOIN_LOCK = [0x6c6d, 0x6a6f] as const;
 const SERVER_ID_FILE = "server.id";
 /** The database's clock now, as the ISO-8601 text the stamps are stored as (nowIso's format). */
-const DATABASE_NOW_ISO = sql<string>`to_char(now() at time zone 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
+export const DATABASE_NOW_ISO = sql<string>`to_char(now() at time zone 'utc', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`;
 
 export interface ClusterMember {
   name: string;

@@ -16,11 +16,14 @@ import type { ReplicaTable } from "../fleet/replica-table.ts";
 import { tableEntryOf } from "../fleet/record-projections.ts";
 import { isExternalReplicaId } from "../fleet/external-replicas.ts";
 import type { ModelFleetStatus } from "../fleet/fleet.ts";
+import { scalingDecisionView, scalingPolicyOf, type AutoscalingView } from "../fleet/autoscaling.ts";
 import type { ChangeFeed, FollowedTable } from "./change-feed.ts";
 
 export class FleetFollower {
   private records = new Map<string, ReplicaRecord>();
   private parked: ParkedModels;
+  /** Autoscaled models' replicas wanted and last decision, as the leader recorded them (`model_scaling`). */
+  private scaling = new Map<string, { desired: number; last: AutoscalingView["last"] }>();
   private registry: NodeRegistry;
   private unsubscribe: (() => void) | undefined;
   /** The reload in progress: `stop` waits for it, so it cannot overwrite what a new leader's Fleet publishes. */
@@ -51,7 +54,7 @@ export class FleetFollower {
   async start(): Promise<void> {
     if (this.following) return;
     this.following = true;
-    const unsubscribeRows = this.options.feed.subscribe(["replicas", "model_states", "nodes"], (tables) => this.reload(tables));
+    const unsubscribeRows = this.options.feed.subscribe(["replicas", "model_states", "nodes", "model_scaling"], (tables) => this.reload(tables));
     // The catalog follows its own rows; a change there renames or reweighs entries, from the records already read.
     const unsubscribeCatalog = this.options.catalog.onChange(() => {
       if (this.following) this.sync([...this.records.values()]);
@@ -60,7 +63,7 @@ export class FleetFollower {
       unsubscribeRows();
       unsubscribeCatalog();
     };
-    await this.reload(new Set(["replicas", "model_states", "nodes"])).catch((error: unknown) => {
+    await this.reload(new Set(["replicas", "model_states", "nodes", "model_scaling"])).catch((error: unknown) => {
       this.options.logger.warn({ err: describeError(error) }, "could not read the fleet's rows; reading them again at the next resync");
       this.options.feed.resync();
     });
@@ -80,7 +83,24 @@ export class FleetFollower {
 
   status(modelId: string): ModelFleetStatus {
     // Placement and weights problems are the leader's to know; the follower says "none".
-    return { parked: this.parked.get(modelId) ?? null, unplaceable: null, weightsProblem: null };
+    // Autoscaling as the leader last recorded it; the load is the leader's to read.
+    const model = this.options.catalog.list().find((m) => m.id === modelId);
+    const policy = model === undefined ? null : scalingPolicyOf(model);
+    const scaled = this.scaling.get(modelId);
+    const autoscaling =
+      policy === null
+        ? null
+        : {
+            min: policy.min,
+            max: policy.max,
+            target: policy.target,
+            up_after: policy.upAfterMs / 1000,
+            down_after: policy.downAfterMs / 1000,
+            load: null,
+            desired: Math.min(policy.max, Math.max(policy.min, 1, scaled?.desired ?? 0)),
+            last: scaled?.last ?? null,
+          };
+    return { parked: this.parked.get(modelId) ?? null, unplaceable: null, weightsProblem: null, autoscaling };
   }
 
   /** Whether an on-demand model may be getting a replica from the leader (it is not parked). */
@@ -109,6 +129,10 @@ export class FleetFollower {
       const parked = this.newParked();
       await parked.load();
       this.parked = parked;
+    }
+    if (tables.has("model_scaling")) {
+      const rows = await this.options.store.db.selectFrom("model_scaling").selectAll().execute();
+      this.scaling = new Map(rows.map((row) => [row.model_id, { desired: row.desired, last: scalingDecisionView(row.last_decision) }]));
     }
     if (tables.has("nodes")) {
       const registry = this.newRegistry();

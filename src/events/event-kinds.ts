@@ -20,6 +20,7 @@ export const EVENT_KINDS = {
   node_address_refused: { severity: "warning", title: "Node report on another address refused" },
   node_address_changed: { severity: "info", title: "Node address changed" },
   replica_moved: { severity: "info", title: "Replica moved to spread a model" },
+  model_scaled: { severity: "info", title: "Model scaled" },
   budget_exhausted: { severity: "critical", title: "Budget spent" },
   budget_exceeded: { severity: "critical", title: "Budget exceeded" },
   budget_threshold: { severity: "warning", title: "Budget nearly spent" },

@@ -11,6 +11,7 @@ import type { MirrorReader } from "./model-weights.ts";
 import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-types.ts";
 import type { ParkedModel } from "./parked-models.ts";
 import type { ReplicaTable } from "./replica-table.ts";
+import type { AutoscalingView, ScalingLoad } from "./autoscaling.ts";
 
 export const FLEET_DEFAULTS = {
   /** A node without a heartbeat for this long is lost (DESIGN.md: nodes `ready` → `lost`). */
@@ -40,6 +41,8 @@ export interface FleetOptions {
   tickMs?: number;
   /** The gateway's requests in flight at a replica: a replica with some is drained before it stops. */
   inFlight?: (replicaId: string) => number;
+  /** The gateway load of all servers, for autoscaling (cluster/gateway-loads.ts); default none (nothing scales up). */
+  load?: ScalingLoad;
   /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
   drainTimeoutMs?: number;
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
@@ -62,4 +65,6 @@ export interface ModelFleetStatus {
   weightsProblem: string | null;
   /** When replicas of the model share a node, how many where and why ("2 replicas on n1: n2 is lost"). */
   spread?: string | null;
+  /** An autoscaled model's target, load and last decision (the leader's; null when it does not scale). */
+  autoscaling?: AutoscalingView | null;
 }

@@ -77,6 +77,7 @@ export function modelHealthView(model: CatalogModel, fleet: Fleet, table: Replic
     parked: status.parked,
     placement: status.unplaceable,
     spread: status.spread ?? null,
+    autoscaling: status.autoscaling ?? null,
     weights_problem: status.weightsProblem,
     replicas: replicas.map((replica) => ({
       id: replica.id,

@@ -27,7 +27,8 @@ import { MoveCooldowns } from "./move-cooldowns.ts";
 import { fingerprintOf, replicasByDefinition, type ReplicasByDefinition } from "./model-replicas.ts";
 import { OutdatedHolds } from "./outdated-holds.ts";
 import { ParkedModels } from "./parked-models.ts";
-import { assignmentOf } from "./record-projections.ts";
+import { assignmentOf, placedRecord } from "./record-projections.ts";
+import { Autoscaling } from "./autoscaling.ts";
 import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { NodeAddresses } from "./node-address.ts";
@@ -55,6 +56,9 @@ export class Fleet implements Assignments {
   private moving: ReadonlySet<string> = new Set();
   private readonly weights: WeightsKnowledge;
   private readonly demand: Demand;
+  private readonly autoscaling: Autoscaling;
+  /** The autoscaler's tick under way (it never rejects; `settled` waits for it). */
+  private scaling: Promise<void> = Promise.resolve();
   private readonly holds = new OutdatedHolds();
   private statusListener: ((modelId: string) => void) | undefined;
   private readonly cached = new Map<string, ReadonlySet<string>>();
@@ -94,6 +98,8 @@ export class Fleet implements Assignments {
     this.addresses = new NodeAddresses({ nodes: this.nodes, events: this.events, logger: options.logger, clock: this.monotonic });
     this.demand = new Demand(this.clock);
     this.moveCooldowns = new MoveCooldowns(this.clock);
+    const scalingParts = { store: options.store, events: this.events, logger: options.logger, clock: this.clock, load: options.load };
+    this.autoscaling = new Autoscaling({ ...scalingParts, awake: (modelId) => this.demand.wants(modelId), onChange: () => this.schedule() });
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
     this.rows = new ReplicaRows({
@@ -125,6 +131,7 @@ export class Fleet implements Assignments {
   async start(): Promise<void> {
     await this.nodes.load();
     await this.parked.load();
+    await this.autoscaling.load();
     for (const record of await this.rows.load()) {
       const profile = this.options.catalog
         .list()
@@ -367,17 +374,20 @@ export class Fleet implements Assignments {
   }
 
   status(modelId: string): ModelFleetStatus {
+    const model = this.modelById(modelId);
     return {
       parked: this.parked.get(modelId) ?? null,
       unplaceable: this.unplaceable.get(modelId) ?? null,
       weightsProblem: this.weights.problem(modelId),
       spread: this.spread.get(modelId) ?? null,
+      autoscaling: model === undefined ? null : this.autoscaling.view(model),
     };
   }
 
   /** Resolves after the reconciliations asked for so far have run (tests, and `up` before it reports). */
-  settled(): Promise<void> {
-    return this.chain;
+  async settled(): Promise<void> {
+    await this.scaling;
+    await this.chain;
   }
 
   // --- Reconciliation ----------------------------------------------------------------
@@ -407,6 +417,7 @@ export class Fleet implements Assignments {
       this.versions.bump(node.id);
     }
     this.stopIdle();
+    this.scaling = this.autoscaling.tick(this.options.catalog.list());
     this.records.finishDrains();
     if (this.clock() - this.lastFlush >= FLEET_DEFAULTS.heartbeatFlushMs) {
       this.lastFlush = this.clock();
@@ -432,6 +443,7 @@ export class Fleet implements Assignments {
       replicas: [...this.records.values()],
       parked: this.parked.ids(),
       demand: this.demand.wanted,
+      autoscaled: this.autoscaling.desired,
       holding,
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
@@ -477,29 +489,12 @@ export class Fleet implements Assignments {
       else this.records.markStopping(record);
     }
     for (const replica of decision.create) {
-      const record: ReplicaRecord = {
-        id: replica.id,
-        modelId: replica.modelId,
-        profile: replica.profile,
-        engine: replica.engine,
-        nodeIds: replica.nodeIds,
-        gpus: replica.gpus,
-        fingerprint: replica.fingerprint,
-        needs: replica.needs,
+      const record = placedRecord(replica, {
         files: this.weights.filesOf(replica.modelId),
         adapters: this.weights.adaptersOf(replica.modelId),
         source: this.modelById(replica.modelId)?.definition.source ?? null,
-        desired: "run",
         engineKey: randomBytes(24).toString("hex"),
-        state: "placed",
-        endpoint: null,
-        attempt: 0,
-        failures: 0,
-        lastError: null,
-        startedAt: null,
-        readyAt: null,
-        weightsVerified: false,
-      };
+      });
       this.records.add(record);
       const names = replica.nodeIds.map((id) => this.nodes.get(id)?.name ?? id).join(", ");
       this.options.logger.info({ replica: record.id, model: this.modelById(record.modelId)?.name, profile: record.profile, nodes: names }, "replica placed");

@@ -4,8 +4,9 @@
 // nodes; keeping the decision free of I/O makes every rule below testable on its own.
 //
 // Rules, per model that runs on engines (external profiles are routed, never placed):
-// - wanted = scaling.min, or while on demand (min 0) the replicas demand asks for, at
-//   most scaling.max; a parked model gets no new replica (DESIGN.md "Replica lifecycle").
+// - wanted = scaling.min, or while on demand (min 0) the replicas demand asks for; then,
+//   while that is not 0, what autoscaling wants if more (autoscaling.ts); at most
+//   scaling.max. A parked model gets no new replica (DESIGN.md "Replica lifecycle").
 // - A replica on a lost or vanished node is stopped; the fleet replaces it elsewhere.
 // - A replica made from an older definition (another fingerprint), or on a draining node,
 //   is replaced first and stopped once enough current replicas are ready ("start the new
@@ -60,6 +61,8 @@ export interface ReconcileInput {
   parked: ReadonlySet<string>;
   /** On-demand models (scaling.min 0): how many replicas requests want now. */
   demand: ReadonlyMap<string, number>;
+  /** Autoscaled models: the replicas the load calls for now (autoscaling.ts); absent: the plain count. */
+  autoscaled?: ReadonlyMap<string, number>;
   /** Model ids whose ready outdated replicas are kept while their update is checked (Fleet.holdOutdated). */
   holding: ReadonlySet<string>;
   /** How a model's replicas can run (its profiles with what they need), or null while unknown. */
@@ -160,7 +163,9 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     const replicas = byModel.get(model.id) ?? [];
     const options = input.optionsFor(model);
     const { min, max } = model.definition.scaling;
-    const wanted = Math.min(max, min > 0 ? min : (input.demand.get(model.id) ?? 0));
+    const base = min > 0 ? min : (input.demand.get(model.id) ?? 0);
+    // An on-demand model asleep (base 0) stays at 0 whatever was decided while it was awake.
+    const wanted = Math.min(max, base === 0 ? 0 : Math.max(base, input.autoscaled?.get(model.id) ?? 0));
     const current: ReplicaRecord[] = [];
     const leaving: ReplicaRecord[] = [];
     const onDrainingNode = new Set<string>();

@@ -5,6 +5,7 @@ import type { CatalogModel } from "../catalog/catalog.ts";
 import { DEFAULT_EXTERNAL_MAX_INFLIGHT } from "../catalog/model-schema.ts";
 import { llamaCppSlots } from "../engines/llamacpp/engine-launch.ts";
 import type { Assignment } from "./agent-protocol.ts";
+import type { NewReplica } from "./reconciler.ts";
 import type { ReplicaRecord } from "./replica-rows.ts";
 import type { Replica } from "./replica-table.ts";
 
@@ -71,8 +72,7 @@ export function tableEntryOf(
     ...(record.adapters !== undefined && record.adapters.length > 0 ? { adapters: record.adapters.map((adapter) => adapter.servedName) } : {}),
     weight: profile?.weight ?? 1,
     priority: profile?.priority ?? 0,
-    slots:
-      profile === undefined ? 1 : profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT),
+    slots: profile === undefined ? 1 : profileSlots(profile),
     attempt: record.attempt,
     failures: record.failures,
     lastError: record.lastError,
@@ -84,4 +84,27 @@ export function tableEntryOf(
 /** Whether every worker node of a replica over several nodes runs its Ray worker. */
 export function workersReady(record: ReplicaRecord): boolean {
   return record.nodeIds.slice(1).every((nodeId) => record.workerStates?.[nodeId] === "ready");
+}
+
+/** Requests one replica of the profile serves at once: llama.cpp's parallel sequences, else its in-flight limit. */
+export function profileSlots(profile: CatalogModel["definition"]["profiles"][number]): number {
+  return profile.engine === "llamacpp" ? llamaCppSlots(profile).parallel : (profile.max_inflight ?? DEFAULT_EXTERNAL_MAX_INFLIGHT);
+}
+
+/** The record of a replica the reconciler just placed: to run, not started yet, with what its node needs to start it. */
+export function placedRecord(replica: NewReplica, extra: Pick<ReplicaRecord, "files" | "adapters" | "source"> & { engineKey: string }): ReplicaRecord {
+  const { id, modelId, profile, engine, nodeIds, gpus, fingerprint, needs } = replica;
+  return {
+    ...{ id, modelId, profile, engine, nodeIds, gpus, fingerprint, needs },
+    ...extra,
+    desired: "run",
+    state: "placed",
+    endpoint: null,
+    attempt: 0,
+    failures: 0,
+    lastError: null,
+    startedAt: null,
+    readyAt: null,
+    weightsVerified: false,
+  };
 }

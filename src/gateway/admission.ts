@@ -45,11 +45,21 @@ interface Waiter {
   settle(lease: Lease | null, error?: Error): void;
 }
 
+/** Requests in flight and queued now, as the autoscaler and drains read them (cluster/gateway-loads.ts). */
+export interface GatewayLoad {
+  /** Model id → requests in flight at its replicas plus those waiting in its queue. */
+  models: Map<string, number>;
+  /** Replica id → requests in flight there. */
+  replicas: Map<string, number>;
+}
+
 /** A replica that just failed at the transport level is tried last for this long. */
 const COOLDOWN_MS = 5000;
 
 export class Admission {
   private readonly inFlight = new Map<string, number>();
+  /** Requests in flight per model, also at replicas that left the table meanwhile (they still run). */
+  private readonly modelInFlight = new Map<string, number>();
   private readonly coolingUntil = new Map<string, number>();
   private readonly queues = new Map<string, Waiter[]>();
   /** Each prefix-routed model's rings over its ready replicas, one per priority; dropped when any of its replicas changes. */
@@ -86,6 +96,13 @@ export class Admission {
   /** Requests waiting for a replica of a model now. */
   waiting(modelId: string): number {
     return this.queues.get(modelId)?.length ?? 0;
+  }
+
+  /** Every model's requests in flight and queued, and every replica's in flight, now (copies). */
+  load(): GatewayLoad {
+    const models = new Map(this.modelInFlight);
+    for (const [modelId, queue] of this.queues) models.set(modelId, (models.get(modelId) ?? 0) + queue.length);
+    return { models, replicas: new Map(this.inFlight) };
   }
 
   /** Marks a replica as just failed, so others are preferred for a few seconds. */
@@ -157,6 +174,7 @@ export class Admission {
 
   private lease(replica: Replica): Lease {
     this.inFlight.set(replica.id, (this.inFlight.get(replica.id) ?? 0) + 1);
+    this.modelInFlight.set(replica.modelId, (this.modelInFlight.get(replica.modelId) ?? 0) + 1);
     let released = false;
     return {
       replica,
@@ -166,6 +184,9 @@ export class Admission {
         const left = (this.inFlight.get(replica.id) ?? 1) - 1;
         if (left > 0) this.inFlight.set(replica.id, left);
         else this.inFlight.delete(replica.id);
+        const leftOfModel = (this.modelInFlight.get(replica.modelId) ?? 1) - 1;
+        if (leftOfModel > 0) this.modelInFlight.set(replica.modelId, leftOfModel);
+        else this.modelInFlight.delete(replica.modelId);
         this.pump(replica.modelId);
       },
     };

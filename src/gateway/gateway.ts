@@ -23,7 +23,7 @@ import type { Logger } from "../core/log.ts";
 import { modelNotFound, type CatalogModel } from "../catalog/catalog.ts";
 import type { Principal } from "../keys/key-service.ts";
 import type { Replica } from "../fleet/replica-table.ts";
-import { Admission, type Lease, type ReplicaSource } from "./admission.ts";
+import { Admission, type GatewayLoad, type Lease, type ReplicaSource } from "./admission.ts";
 import type { KeyVerifier, ModelResolver, OnDemand, UsageSink } from "./gateway-ports.ts";
 import { callModelInternally } from "./internal-call.ts";
 import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
@@ -183,6 +183,11 @@ export class Gateway {
   /** Requests in flight at a replica (for tests and metrics). */
   inFlightOf(replicaId: string): number {
     return this.admission.inFlightAt(replicaId);
+  }
+
+  /** Requests in flight and queued by model and by replica now (the autoscaler's and drains' input). */
+  load(): GatewayLoad {
+    return this.admission.load();
   }
 
   /** Looks at a model's waiting requests again, after the fleet's view of it changed (parked, unplaceable). */

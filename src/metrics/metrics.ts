@@ -112,6 +112,8 @@ export interface MetricsSources {
   inFlightAt(replicaId: string): number;
   /** Requests waiting in a model's queue. */
   waitingFor(modelId: string): number;
+  /** Replicas the autoscaler wants now for a model that scales between min and max, else null (its scaling.min). */
+  desiredReplicas?: (modelId: string) => number | null;
   /** Whether the fleet parked the model (its supervisor gave up; `llmgw ctl model unpark` ends it). */
   isParked(modelId: string): boolean;
   /** The joined nodes; a removed node is not among them. */
@@ -251,6 +253,16 @@ export class Metrics implements RequestMetrics {
       collect() {
         this.reset();
         for (const model of sources.models()) this.set({ model: model.name }, model.definition.scaling.min);
+      },
+    });
+    new Gauge({
+      name: "llmgw_model_desired_replicas",
+      help: "Replicas the fleet wants for the model now: what the autoscaler decided for a model that scales between scaling.min and scaling.max, else scaling.min, by catalog model.",
+      labelNames: ["model"],
+      registers,
+      collect() {
+        this.reset();
+        for (const model of sources.models()) this.set({ model: model.name }, sources.desiredReplicas?.(model.id) ?? model.definition.scaling.min);
       },
     });
     new Gauge({

@@ -71,6 +71,8 @@ import { sharedJoinToken } from "../cluster/shared-join-token.ts";
 import { sendError } from "../core/http.ts";
 import { createPlaygroundHandler, isPlaygroundRequest } from "../console/playground-route.ts";
 import type { Attachment, RunningServer, ServerConfig, ServerParts } from "./server-config.ts";
+import { formatHostPort, listeningUrl, reachableUrl } from "./server-addresses.ts";
+import { GatewayLoads, type LocalLoad } from "../cluster/gateway-loads.ts";
 
 export type { Attachment, RunningServer, ServerConfig, ServerParts } from "./server-config.ts";
 
@@ -162,7 +164,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       : new SoleLeadership(store);
   let joinToken = "";
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
-  let inFlightOf = (_replicaId: string): number => 0;
+  let localLoad: LocalLoad | null = null;
+  // Every server's requests in flight and queued: the leader's autoscaling and drains count them all.
+  const loads = new GatewayLoads({ store, server: members.name, local: () => localLoad, logger });
   let recheck = (_modelId: string): void => {};
   const follower = store.dialect === "postgres" ? new FleetFollower({ store, box, catalog, replicas, feed, joinToken: () => joinToken, logger }) : null;
   // Made below, once the services it starts exist; the closures here run after that.
@@ -180,8 +184,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       events,
       fence: leadership,
       takeover,
-      // A replica the gateway has requests at is drained before its engine is stopped.
-      inFlight: (replicaId) => inFlightOf(replicaId),
+      // A replica the gateways have requests at is drained before its engine is stopped.
+      inFlight: (replicaId) => loads.replica(replicaId),
+      load: loads,
       ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
       ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
       ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
@@ -338,6 +343,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
       waitingFor: (modelId): number => gateway.waitingFor(modelId),
       isParked: (modelId) => fleetAccess.status(modelId).parked !== null,
+      desiredReplicas: (modelId) => fleetAccess.status(modelId).autoscaling?.desired ?? null,
       nodes: () => fleetAccess.nodes(),
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
       usageRows: () => ({ dropped: usage.droppedRows(), spooled: usage.spooledRows() }),
@@ -370,7 +376,8 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     guards,
   });
   recheck = (modelId) => gateway.recheck(modelId);
-  inFlightOf = (replicaId) => gateway.inFlightOf(replicaId);
+  localLoad = gateway;
+  loads.start();
   const parts: ServerParts = {
     store,
     members,
@@ -523,6 +530,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     await usageRetention.stop();
     await usage.close();
     await limits.close();
+    await loads.stop();
     await members.leave();
     await store.close();
   };
@@ -560,20 +568,6 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   // Not a spread of `parts`: that would read its `fleet` getter once, now; its descriptors keep the getter.
   const running = { url, gateway, limits, metrics, events, notifier, budgetAlerts, createdAdminKey, close };
   return Object.defineProperties(running, Object.getOwnPropertyDescriptors(parts)) as RunningServer;
-}
-
-/** Where people can open the console when no --public-url says: an address bound to every interface is not one to click. */
-function reachableUrl(address: AddressInfo): string {
-  const unspecified = address.address === "0.0.0.0" || address.address === "::";
-  return unspecified ? `http://${os.hostname()}:${address.port}` : listeningUrl(address);
-}
-
-function formatHostPort(host: string, port: number): string {
-  return `${host.includes(":") ? `[${host}]` : host}:${port}`;
-}
-
-function listeningUrl(address: AddressInfo): string {
-  return `http://${address.family === "IPv6" ? `[${address.address}]` : address.address}:${address.port}`;
 }
 
 /**

@@ -453,6 +453,34 @@ const migrations: Record<string, MigrationFactory> = {
       }
     },
   }),
+  // Autoscaling (issue 28). `model_scaling`: the leader's replicas wanted per autoscaled
+  // model and its last decision (JSON), so a restart or a new leader goes on from there
+  // instead of dropping to scaling.min, and standbys show it. `gateway_loads`: each server's
+  // requests in flight and queued (JSON, by model and by replica), stamped on the database's
+  // clock, which the leader sums to decide and to drain.
+  "0014_autoscaling": (dialect) => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("model_scaling")
+        .addColumn("model_id", "text", (c) => c.primaryKey())
+        .addColumn("desired", "integer", (c) => c.notNull())
+        .addColumn("last_decision", "text")
+        .addColumn("updated_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createTable("gateway_loads")
+        .addColumn("server", "text", (c) => c.primaryKey())
+        .addColumn("loads", "text", (c) => c.notNull())
+        .addColumn("reported_at", "text", (c) => c.notNull())
+        .execute();
+      if (dialect !== "postgres") return;
+      for (const table of CHANGE_FEED_TABLES_0014) {
+        await sql`create trigger llmgw_changes after insert or update or delete or truncate on ${sql.table(table)} for each statement execute function llmgw_notify_change()`.execute(
+          db,
+        );
+      }
+    },
+  }),
   // External models' api_keys (issue 25) are sealed by no migration: the secret box is not
   // known when migrations run (on PostgreSQL it comes from the cluster secret) and a
   // migration calls no live code. The catalog seals plain keys when a server reads them
@@ -474,6 +502,9 @@ export const CHANGE_FEED_TABLES = [
   "mirror_holders",
   "cluster_leader",
 ] as const;
+
+/** The followed tables added by 0014_autoscaling (0012's list is frozen with it). */
+export const CHANGE_FEED_TABLES_0014 = ["model_scaling"] as const;
 
 /** For the followed tables whose rows are stamped on every use: the columns whose updates are news. */
 const QUIET_COLUMNS: Partial<Record<(typeof CHANGE_FEED_TABLES)[number], string[]>> = {

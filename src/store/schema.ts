@@ -295,6 +295,23 @@ export interface MirrorHoldersTable {
   verified_at: string;
 }
 
+/** An autoscaled model's replicas wanted, as its leader decided (src/fleet/autoscaling.ts). */
+export interface ModelScalingTable {
+  model_id: string;
+  desired: number;
+  /** The last decision (JSON: direction, from, to, why, at), or null before the first. */
+  last_decision: string | null;
+  updated_at: string;
+}
+
+/** One server's gateway load (src/cluster/gateway-loads.ts): JSON `{models, replicas}` of requests in flight and queued. */
+export interface GatewayLoadsTable {
+  server: string;
+  loads: string;
+  /** The database's clock (PostgreSQL) when written. */
+  reported_at: string;
+}
+
 /** One llmgw server of those sharing this database (its name is its data dir's, across restarts). */
 export interface ClusterMembersTable {
   name: string;
@@ -398,4 +415,6 @@ export interface Database {
   cluster_members: ClusterMembersTable;
   cluster_leader: ClusterLeaderTable;
   cluster_settings: ClusterSettingsTable;
+  model_scaling: ModelScalingTable;
+  gateway_loads: GatewayLoadsTable;
 }

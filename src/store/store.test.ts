@@ -43,6 +43,8 @@ testBothStores("migrations create every table and record themselves", async (sto
     "cluster_leader",
     "cluster_settings",
     "model_weights",
+    "model_scaling",
+    "gateway_loads",
   ]) {
     assert.ok(names.includes(table), `missing table ${table} in ${names.join(", ")}`);
   }
@@ -63,6 +65,7 @@ testBothStores("migrations create every table and record themselves", async (sto
       "0011_console_sessions",
       "0012_cluster",
       "0013_usage_estimated",
+      "0014_autoscaling",
     ],
   );
 });

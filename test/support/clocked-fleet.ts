@@ -30,7 +30,7 @@ export interface ClockedFleet {
 
 /** What a clocked fleet takes from the test; the rest is fixed as the module comment says. */
 export type ClockedFleetOptions = Required<Pick<FleetOptions, "nodeTimeoutMs">> &
-  Partial<Pick<FleetOptions, "heartbeatIntervalMs" | "inFlight" | "drainTimeoutMs">>;
+  Partial<Pick<FleetOptions, "heartbeatIntervalMs" | "inFlight" | "drainTimeoutMs" | "load">>;
 
 /** Starts the fleet (its clock at a fixed instant); the test stops it with `fleet.stop()`. */
 export async function startClockedFleet(store: Store, options: ClockedFleetOptions): Promise<ClockedFleet> {

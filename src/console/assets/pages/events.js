@@ -17,6 +17,7 @@ const EVENT_KINDS = {
   node_address_refused: "Node report on another address refused",
   node_address_changed: "Node address changed",
   replica_moved: "Replica moved to spread a model",
+  model_scaled: "Model scaled",
   budget_exhausted: "Budget spent",
   budget_exceeded: "Budget exceeded",
   budget_threshold: "Budget nearly spent",

@@ -27,7 +27,13 @@ function idFor(prefix, name, index) {
  * found no room is "ready" yet has a placement explanation).
  */
 function wantsDetail(model) {
-  return model.health?.state !== "ready" || (model.health?.ready ?? 0) < (model.scaling?.min ?? 0);
+  return model.health?.state !== "ready" || (model.health?.ready ?? 0) < (model.scaling?.min ?? 0) || autoscales(model);
+}
+
+/** Whether the model scales between min and max on its load (the health endpoint has its target, load and last decision). */
+function autoscales(model) {
+  const { min, max } = model.scaling ?? { min: 0, max: 0 };
+  return max > Math.max(min, 1) && (model.profiles ?? []).some((profile) => profile.engine !== "external");
 }
 
 async function loadModels(signal) {
@@ -100,6 +106,16 @@ function replicaCounts(model) {
   return `${ready} of ${min} ready${max > min ? ` (scales out to ${max})` : ""}`;
 }
 
+/** Where an autoscaled model stands and what it last decided, in the words `ctl model show` uses. */
+function describeAutoscaling(scaling) {
+  const load = scaling.load === null ? "load not read yet" : `load now ${scaling.load}`;
+  const now = `${scaling.desired} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica, ${load}; up after ${scaling.up_after} s above target, down after ${scaling.down_after} s below half.`;
+  const last = scaling.last;
+  return last === null
+    ? `${now} No decision yet.`
+    : `${now} Last: ${last.direction} from ${last.from} to ${last.to} at ${new Date(last.at).toLocaleString()}: ${last.why}.`;
+}
+
 /** How the gateway picks one of the model's replicas, in the words `ctl model show` uses. */
 function describeRouting(model) {
   if (model.routing !== "prefix") return "least-busy (the replica with the fewest requests in flight)";
@@ -163,6 +179,7 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
       <dd>${model.aliases?.length ? model.aliases.join(", ") : html`<span class="muted">none</span>`}</dd>
       <dt>Replicas</dt>
       <dd>${replicaCounts(model)}</dd>
+      ${detail?.autoscaling ? html`<dt>Autoscaling</dt><dd><${LongText} text=${describeAutoscaling(detail.autoscaling)} /></dd>` : null}
       <dt>Routing</dt>
       <dd>${describeRouting(model)}</dd>
       <dt>Profiles</dt>

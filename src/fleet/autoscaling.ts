@@ -1,0 +1,201 @@
+// The autoscaler at work on the leader: each fleet tick it reads the gateway load of all
+// servers (cluster/gateway-loads.ts), runs the rule (autoscaler.ts) for every model that
+// may scale, and hands the replicas each one wants to the reconciler, which places new ones
+// like any other (no room: the unplaceable explanation) and drains the ones it stops.
+//
+// A model scales when it runs on engines and scaling.max is above its floor (min, or 1 for
+// an on-demand model while it is wanted). What was decided is kept in `model_scaling`, so a
+// restarted server or a new leader goes on from the replicas wanted then instead of
+// dropping to scaling.min and stopping replicas that carry load; standbys read it too.
+// Each decision is an event (`model_scaled`) and the model's last decision is shown with
+// its target and the current load (ctl model show, the console).
+import { describeError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { CatalogModel } from "../catalog/catalog.ts";
+import { SCALING_DEFAULTS } from "../catalog/model-schema.ts";
+import type { EventLog } from "../events/event-log.ts";
+import { nowIso, type Store } from "../store/store.ts";
+import { decideScaling, initialScalingState, type ScalingDecision, type ScalingPolicy, type ScalingState } from "./autoscaler.ts";
+import { profileSlots } from "./record-projections.ts";
+import { runsOnEngines } from "./reconciler.ts";
+
+/** The load of all servers, as the autoscaler reads it (GatewayLoads; on SQLite this server's alone). */
+export interface ScalingLoad {
+  refresh(): Promise<boolean>;
+  readonly known: boolean;
+  model(modelId: string): number;
+}
+
+/** A model's autoscaling as the admin API shows it (the health view, ctl, the console). */
+export interface AutoscalingView {
+  min: number;
+  max: number;
+  target: number;
+  up_after: number;
+  down_after: number;
+  /** Requests in flight and queued, all servers together, at the last tick (null: not read). */
+  load: number | null;
+  /** Replicas the autoscaler wants now. */
+  desired: number;
+  last: (Omit<ScalingDecision, "at"> & { at: string }) | null;
+}
+
+/** How the model scales, or null when it does not (no engines, or max at its floor). */
+export function scalingPolicyOf(model: CatalogModel): ScalingPolicy | null {
+  const { scaling } = model.definition;
+  if (!runsOnEngines(model) || scaling.max <= Math.max(scaling.min, 1)) return null;
+  const first = model.definition.profiles.find((profile) => profile.engine !== "external");
+  return {
+    min: scaling.min,
+    max: scaling.max,
+    target: scaling.target ?? (first === undefined ? 1 : profileSlots(first)),
+    upAfterMs: (scaling.up_after ?? SCALING_DEFAULTS.up_after) * 1000,
+    downAfterMs: (scaling.down_after ?? SCALING_DEFAULTS.down_after) * 1000,
+  };
+}
+
+export class Autoscaling {
+  private readonly states = new Map<string, ScalingState>();
+  private readonly loads = new Map<string, number>();
+  /** Model id → replicas autoscaling wants now: the reconciler's `autoscaled`. */
+  readonly desired = new Map<string, number>();
+  private ticking = false;
+  private readonly gatewayLoad: ScalingLoad;
+
+  constructor(
+    private readonly options: {
+      store: Store;
+      events: EventLog;
+      logger: Logger;
+      clock: () => number;
+      /** Absent: no gateway, no load (nothing scales up). */
+      load?: ScalingLoad | undefined;
+      /** Whether an on-demand model (scaling.min 0) wants replicas now: asleep, it is not scaled. */
+      awake: (modelId: string) => boolean;
+      /** Desired replicas changed: reconcile. */
+      onChange: () => void;
+    },
+  ) {
+    this.gatewayLoad = options.load ?? { refresh: async () => true, known: true, model: () => 0 };
+  }
+
+  /** Reads what the last leader decided. */
+  async load(): Promise<void> {
+    for (const row of await this.options.store.db.selectFrom("model_scaling").selectAll().execute()) {
+      const last = parseDecision(row.last_decision);
+      this.states.set(row.model_id, { desired: row.desired, overSince: null, underSince: null, last });
+      this.desired.set(row.model_id, row.desired);
+    }
+  }
+
+  /**
+   * One look at every model (the fleet's 1 s tick). Nothing is decided while the other
+   * servers' load cannot be read: scaling down on half the picture would stop replicas
+   * that carry the rest.
+   */
+  async tick(models: readonly CatalogModel[]): Promise<void> {
+    if (this.ticking) return;
+    this.ticking = true;
+    try {
+      if (!(await this.gatewayLoad.refresh()) || !this.gatewayLoad.known) return;
+      const now = this.options.clock();
+      let changed = false;
+      const seen = new Set<string>();
+      for (const model of models) {
+        const policy = scalingPolicyOf(model);
+        if (policy === null || (policy.min === 0 && !this.options.awake(model.id))) continue;
+        seen.add(model.id);
+        const load = this.gatewayLoad.model(model.id);
+        this.loads.set(model.id, load);
+        const before = this.states.get(model.id) ?? initialScalingState(policy);
+        const after = decideScaling(policy, before, load, now);
+        this.states.set(model.id, after);
+        if (this.desired.get(model.id) !== after.desired) changed = true;
+        this.desired.set(model.id, after.desired);
+        if (after.last !== before.last && after.last !== null) await this.announce(model, after);
+      }
+      // Models that stopped scaling (deleted, max lowered to min, asleep) go back to their plain count.
+      for (const modelId of [...this.states.keys()]) {
+        if (seen.has(modelId)) continue;
+        this.forget(modelId);
+        changed = true;
+      }
+      if (changed) this.options.onChange();
+    } catch (error) {
+      this.options.logger.warn({ err: describeError(error) }, "autoscaling tick failed");
+    } finally {
+      this.ticking = false;
+    }
+  }
+
+  view(model: CatalogModel): AutoscalingView | null {
+    const policy = scalingPolicyOf(model);
+    if (policy === null) return null;
+    const state = this.states.get(model.id);
+    const last = state?.last ?? null;
+    return {
+      min: policy.min,
+      max: policy.max,
+      target: policy.target,
+      up_after: policy.upAfterMs / 1000,
+      down_after: policy.downAfterMs / 1000,
+      load: this.loads.get(model.id) ?? null,
+      desired: state?.desired ?? initialScalingState(policy).desired,
+      last: last === null ? null : { ...last, at: new Date(last.at).toISOString() },
+    };
+  }
+
+  private forget(modelId: string): void {
+    this.states.delete(modelId);
+    this.desired.delete(modelId);
+    this.loads.delete(modelId);
+    void this.options.store.db
+      .deleteFrom("model_scaling")
+      .where("model_id", "=", modelId)
+      .execute()
+      .catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not forget a model's autoscaling"));
+  }
+
+  private async announce(model: CatalogModel, state: ScalingState): Promise<void> {
+    const decision = state.last!;
+    const { direction, from, to, why } = decision;
+    this.options.logger.info({ model: model.name, direction, from, to, why }, "autoscaling");
+    try {
+      const values = { desired: state.desired, last_decision: JSON.stringify(decision), updated_at: nowIso(this.options.clock) };
+      await this.options.store.db
+        .insertInto("model_scaling")
+        .values({ model_id: model.id, ...values })
+        .onConflict((oc) => oc.column("model_id").doUpdateSet(values))
+        .execute();
+    } catch (error) {
+      // It holds for this run; a restart would start again from scaling.min.
+      this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's autoscaling");
+    }
+    const replicas = (n: number) => `${n} replica${n === 1 ? "" : "s"}`;
+    void this.options.events.record({
+      kind: "model_scaled",
+      subject: `model:${model.name}`,
+      data: { model: model.name, direction, from, to, why },
+      message:
+        direction === "up"
+          ? `Model '${model.name}' scales up from ${replicas(from)} to ${to}: ${why}.`
+          : `Model '${model.name}' scales down from ${replicas(from)} to ${to}: ${why}; the replica that goes is drained first.`,
+    });
+  }
+}
+
+/** A recorded decision (`model_scaling.last_decision`) as the admin API shows it, or null. */
+export function scalingDecisionView(text: string | null): AutoscalingView["last"] {
+  const decision = parseDecision(text);
+  return decision === null ? null : { ...decision, at: new Date(decision.at).toISOString() };
+}
+
+function parseDecision(text: string | null): ScalingDecision | null {
+  if (text === null) return null;
+  try {
+    const parsed = JSON.parse(text) as ScalingDecision;
+    return typeof parsed.from === "number" && typeof parsed.to === "number" && typeof parsed.at === "number" ? parsed : null;
+  } catch {
+    return null;
+  }
+}
