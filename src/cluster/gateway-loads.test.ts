@@ -74,7 +74,10 @@ testBothStores("the leader counts every server's requests in flight and queued, 
 
     // A server that stops writing (killed): its last row is counted only while fresh.
     otherGateway.current = { models: new Map([["m1", 7]]), replicas: new Map() };
-    await eventually("its row written", async () => (await leader.refresh(), leader.model("m1") === 9 ? true : undefined));
+    await eventually("its row written", async () => {
+      await leader.refresh();
+      return leader.model("m1") === 9 ? true : undefined;
+    });
     const stale = loadsOf(store, "c", new FakeGateway());
     await other.stop();
     // stop deletes b's row; write it back stale, as a dead server leaves it.
