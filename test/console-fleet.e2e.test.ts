@@ -143,6 +143,13 @@ describe("the Models and Nodes pages", () => {
     // The form closes and the page follows the change.
     await demo.getByText(`(scales out to ${newMax})`).waitFor(WAIT);
     assert.equal(await demo.getByLabel("Max replicas").count(), 0, "the scale form closed after saving");
+    // Its max now above its min, it autoscales: the page shows the target, load and decision as the leader has them.
+    const scaling = await eventually("the API's autoscaling view of demo", async () => {
+      const health = await adminGet<{ autoscaling: { desired: number; min: number; max: number; target: number } | null }>("/api/v1/models/demo/health");
+      return health.autoscaling ?? undefined;
+    });
+    assert.deepEqual([scaling.min, scaling.max], [after.scaling.min, newMax]);
+    await demo.getByText(`${scaling.desired} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica`).waitFor(WAIT);
   });
 
   test("a model no node can take shows the placement explanation the API gives", { timeout: 120_000 }, async () => {
