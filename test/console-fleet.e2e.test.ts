@@ -149,7 +149,9 @@ describe("the Models and Nodes pages", () => {
       return health.autoscaling ?? undefined;
     });
     assert.deepEqual([scaling.min, scaling.max], [after.scaling.min, newMax]);
-    await demo.getByText(`${scaling.desired} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica`).waitFor(WAIT);
+    await demo
+      .getByText(`${scaling.desired} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica`)
+      .waitFor(WAIT);
   });
 
   test("a model no node can take shows the placement explanation the API gives", { timeout: 120_000 }, async () => {

@@ -28,6 +28,7 @@ import { request } from "undici";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
 import { BENCH_MODEL_SHAPE } from "../engine/engine-process.ts";
 import { flagReader, wholeNumber } from "../flags.ts";
+import { percentile } from "./percentile.ts";
 import { ROOT, api, startService, stopService, tail, type Service } from "../gateway/services.ts";
 
 const MODEL = "elastic";
@@ -68,12 +69,6 @@ function parseOptions(argv: string[]): Options {
     tail: wholeNumber(flag("tail", "BENCH_TAIL") ?? "360", "tail", 30),
     out: path.resolve(flag("out", "BENCH_OUT") ?? path.join(ROOT, "bench/results")),
   };
-}
-
-function percentile(values: number[], share: number): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  if (sorted.length === 0) return Number.NaN;
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(share * sorted.length) - 1))]!;
 }
 
 async function ask(url: string, key: string, tokens: number, n: number): Promise<void> {

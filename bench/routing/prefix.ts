@@ -40,6 +40,7 @@ import { createPrng } from "../../src/gguf/gguf-writer.ts";
 import { writeTinyLlamaGguf } from "../../src/gguf/tiny-model.ts";
 import { BENCH_MODEL_SHAPE } from "../engine/engine-process.ts";
 import { flagReader, wholeNumber } from "../flags.ts";
+import { percentile } from "./percentile.ts";
 import { ROOT, api, startService, stopService, tail, type Service } from "../gateway/services.ts";
 
 const MODEL = "routed";
@@ -79,12 +80,6 @@ function parseOptions(argv: string[]): Options {
     seed: wholeNumber(flag("seed", "BENCH_SEED") ?? "1", "seed", 0),
     out: path.resolve(flag("out", "BENCH_OUT") ?? path.join(ROOT, "bench/results")),
   };
-}
-
-function percentile(values: number[], share: number): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  if (sorted.length === 0) return Number.NaN;
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(share * sorted.length) - 1))]!;
 }
 
 /** The generated model's vocabulary spends about 13.6 tokens on a line of these rules (bench/engine/prompt-cache.ts). */

@@ -6,6 +6,7 @@
 import type { Command } from "commander";
 import { countOf, formatBytes } from "../core/format.ts";
 import { checkAddress } from "../fleet/node-address.ts";
+import type { AutoscalingView } from "../fleet/autoscaling.ts";
 import { type CtlHelpers, type CtlOptions as Options, withExamples } from "./ctl-common.ts";
 import { renderTable } from "./output.ts";
 
@@ -33,7 +34,7 @@ export interface ModelHealthView {
   /** When replicas share a node: how many where, and why (or "moving one to n2"). */
   spread?: string | null;
   /** Models that scale between min and max: the leader's target, load now and last decision. */
-  autoscaling?: AutoscalingLine | null;
+  autoscaling?: AutoscalingView | null;
   weights_problem: string | null;
   replicas: Array<{
     id: string;
@@ -217,19 +218,8 @@ function gpuSummary(node: NodeView): string {
   return `${used}/${node.gpus.length} ${classes}`;
 }
 
-interface AutoscalingLine {
-  min: number;
-  max: number;
-  target: number;
-  up_after: number;
-  down_after: number;
-  load: number | null;
-  desired: number;
-  last: { direction: string; from: number; to: number; why: string; at: string } | null;
-}
-
 /** A model's autoscaling in two lines: where it stands now, and its last decision with why. */
-export function renderAutoscaling(scaling: AutoscalingLine): string[] {
+export function renderAutoscaling(scaling: AutoscalingView): string[] {
   const load = scaling.load === null ? "load not read yet" : `load now ${scaling.load}`;
   return [
     `autoscaling: ${countOf(scaling.desired, "replica")} wanted (${scaling.min} to ${scaling.max}); target ${scaling.target} in flight and queued per replica, ${load}; up after ${scaling.up_after} s above target, down after ${scaling.down_after} s below half`,
