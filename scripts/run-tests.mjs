@@ -145,6 +145,7 @@ const unit = [
   "src/cluster/gateway-loads.test.ts",
   "src/fleet/autoscaling.test.ts",
   "src/fleet/autoscaling-cluster.test.ts",
+  "src/fleet/drain.test.ts",
 ];
 
 // The longest files first: two run at once, and a long file started last would run alone

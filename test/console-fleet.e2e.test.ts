@@ -141,7 +141,7 @@ describe("the Models and Nodes pages", () => {
     assert.equal(after.scaling.min, before.scaling.min, "min replicas unchanged");
     assert.equal(after.scaling.idle_seconds, before.scaling.idle_seconds, "idle seconds unchanged");
     // The form closes and the page follows the change.
-    await demo.getByText(`(scales out to ${newMax})`).waitFor(WAIT);
+    await demo.getByText(`wanted ready (autoscaled between ${Math.max(after.scaling.min, 1)} and ${newMax})`).waitFor(WAIT);
     assert.equal(await demo.getByLabel("Max replicas").count(), 0, "the scale form closed after saving");
     // Its max now above its min, it autoscales: the page shows the target, load and decision as the leader has them.
     const scaling = await eventually("the API's autoscaling view of demo", async () => {

@@ -231,9 +231,16 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
       print(command, data, () => renderUpdateChecks(data));
     });
 
-  withExamples(model.command("scale <name> [replicas]"), "llmgw ctl model scale tiny-llama 3", "llmgw ctl model scale tiny-llama --on-demand")
-    .description("Keep N replicas running, or run on demand (no replica until a request; it stops when idle)")
+  withExamples(
+    model.command("scale <name> [replicas]"),
+    "llmgw ctl model scale tiny-llama 3",
+    "llmgw ctl model scale tiny-llama 1 --max 4",
+    "llmgw ctl model scale tiny-llama --on-demand --max 3 --target 8",
+  )
+    .description("Keep N replicas running, or run on demand (no replica until a request; it stops when idle); with --max, scale up to that many on load")
     .option("--on-demand", "run on demand instead of a fixed number")
+    .option("--max <replicas>", "autoscale: add replicas up to this many while requests queue, and drain them when the load falls")
+    .option("--target <requests>", "autoscaling's requests in flight and queued per replica (default: the replica's parallel)")
     .option("--json", "print JSON")
     .action(async (name: string, replicas: string | undefined, options: Options, command: Command) => {
       const onDemand = options.onDemand === true;
@@ -243,20 +250,24 @@ export function registerModelCommands(ctl: Command, helpers: CtlHelpers): void {
         );
       }
       const client = connect(command);
-      let scaling: { min: number; max: number };
+      const max = typeof options.max === "string" ? parsePositiveInt(options.max, "--max") : undefined;
+      const target = typeof options.target === "string" ? parsePositiveInt(options.target, "--target") : undefined;
+      let scaling: { min: number; max: number; target?: number };
       if (onDemand) {
         // On demand is min 0; keep a max of more than one so that busy times still scale out.
         const current = await client.call<{ scaling: { max: number } }>("GET", path(name));
-        scaling = { min: 0, max: Math.max(current.scaling.max, 1) };
+        scaling = { min: 0, max: max ?? Math.max(current.scaling.max, 1) };
       } else {
         const count = parsePositiveInt(replicas!, "replicas", { allowZero: true });
-        scaling = { min: count, max: count };
+        scaling = { min: count, max: max ?? count };
       }
+      if (target !== undefined) scaling.target = target;
       const updated = await client.call<ModelView>("PATCH", path(name), { scaling });
+      const autoscaled = scaling.max > Math.max(scaling.min, 1) ? ` and scales up to ${countOf(scaling.max, "replica")} while requests queue` : "";
       print(command, updated, () =>
         onDemand
-          ? `'${updated.name}' runs on demand: a replica starts at the first request (up to ${countOf(scaling.max, "replica")}) and stops when idle.`
-          : `'${updated.name}' keeps ${countOf(scaling.min, "replica")} running.`,
+          ? `'${updated.name}' runs on demand: a replica starts at the first request${autoscaled || ` (up to ${countOf(scaling.max, "replica")})`}, and stops when idle.`
+          : `'${updated.name}' keeps ${countOf(scaling.min, "replica")} running${autoscaled}.`,
       );
     });
 

@@ -17,6 +17,7 @@ import { tableEntryOf } from "../fleet/record-projections.ts";
 import { isExternalReplicaId } from "../fleet/external-replicas.ts";
 import type { ModelFleetStatus } from "../fleet/fleet.ts";
 import { scalingDecisionView, scalingPolicyOf, type AutoscalingView } from "../fleet/autoscaling.ts";
+import { wantedReplicas } from "../fleet/reconciler.ts";
 import type { ChangeFeed, FollowedTable } from "./change-feed.ts";
 
 export class FleetFollower {
@@ -83,10 +84,13 @@ export class FleetFollower {
 
   status(modelId: string): ModelFleetStatus {
     // Placement and weights problems are the leader's to know; the follower says "none".
-    // Autoscaling as the leader last recorded it; the load is the leader's to read.
+    // Autoscaling as the leader last recorded it; the load is the leader's to read. An
+    // on-demand model is awake while the leader keeps a replica of it running.
     const model = this.options.catalog.list().find((m) => m.id === modelId);
     const policy = model === undefined ? null : scalingPolicyOf(model);
     const scaled = this.scaling.get(modelId);
+    const awake = [...this.records.values()].some((record) => record.modelId === modelId && record.desired === "run");
+    const desired = model === undefined ? 0 : wantedReplicas(model, awake ? 1 : 0, scaled?.desired);
     const autoscaling =
       policy === null
         ? null
@@ -97,10 +101,10 @@ export class FleetFollower {
             up_after: policy.upAfterMs / 1000,
             down_after: policy.downAfterMs / 1000,
             load: null,
-            desired: Math.min(policy.max, Math.max(policy.min, 1, scaled?.desired ?? 0)),
+            desired,
             last: scaled?.last ?? null,
           };
-    return { parked: this.parked.get(modelId) ?? null, unplaceable: null, weightsProblem: null, autoscaling };
+    return { parked: this.parked.get(modelId) ?? null, unplaceable: null, weightsProblem: null, desired, autoscaling };
   }
 
   /** Whether an on-demand model may be getting a replica from the leader (it is not parked). */

@@ -14,6 +14,7 @@ import { sql } from "kysely";
 import { describeError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { GatewayLoad } from "../gateway/admission.ts";
+import type { SharedCounts } from "../fleet/drain.ts";
 import type { Store } from "../store/store.ts";
 import { DATABASE_NOW_ISO } from "./cluster-members.ts";
 
@@ -22,6 +23,12 @@ export const LOAD_DEFAULTS = {
   reportMs: 1_000,
   /** A row older than this is a server that stopped writing: not counted. */
   freshMs: 5_000,
+  /**
+   * How long after a replica leaves routing a read of the rows surely counts every request
+   * another server sent it before hearing so: that server's next write (a beat) after it
+   * hears of the stop through the change feed (a fraction of a second), with a margin.
+   */
+  drainSettleMs: 3_000,
 } as const;
 
 /** What the fleet reads: the load of all servers together. */
@@ -63,7 +70,8 @@ export class GatewayLoads implements LoadTotals {
       logger: Logger;
       reportMs?: number;
       freshMs?: number;
-      clock?: () => number;
+      /** The fleet's clock (drain times are compared with it); default the wall clock. */
+      clock?: (() => number) | undefined;
     },
   ) {
     this.reportMs = options.reportMs ?? LOAD_DEFAULTS.reportMs;
@@ -96,6 +104,15 @@ export class GatewayLoads implements LoadTotals {
       .where("server", "=", this.options.server)
       .execute()
       .catch(() => undefined);
+  }
+
+  /**
+   * What a drain waits on (drain.ts) on PostgreSQL; undefined on SQLite, where this
+   * server's counts are all there is.
+   */
+  drainCounts(): SharedCounts | undefined {
+    if (!this.shared) return undefined;
+    return { settleMs: LOAD_DEFAULTS.drainSettleMs, readAt: () => this.readAt, known: () => this.known };
   }
 
   get known(): boolean {

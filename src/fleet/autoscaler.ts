@@ -1,9 +1,8 @@
 // Autoscaling between scaling.min and scaling.max (issue 28), as a pure decision: from a
 // model's scaling policy, the load the gateways report (requests in flight and queued, all
 // servers together) and the replicas ready now, how many replicas the model should have.
-// The fleet's leader is to call it each tick and feed `desired` to the reconciler, which
-// places new replicas like any other and drains the ones it stops. Not wired yet: this is
-// the rule, tested on its own, for the next step of the issue.
+// The leader runs it each tick (autoscaling.ts) and feeds `desired` to the reconciler,
+// which places new replicas like any other and drains the ones it stops.
 //
 // The rules:
 // - The load a model needs replicas for is `ceil(load / target)`: `target` requests in

@@ -18,6 +18,8 @@ import type { Store } from "../store/store.ts";
 import { JOIN_TOKEN, replicaReport, startClockedFleet, type ClockedFleet } from "../../test/support/clocked-fleet.ts";
 import { testBothStores } from "../../test/support/stores.ts";
 import { eventually } from "../../test/support/eventually.ts";
+import { ctlRunner } from "../../test/support/ctl-runner.ts";
+import { startHarness } from "../../test/support/server-harness.ts";
 import type { ScalingLoad } from "./autoscaling.ts";
 import { modelHealthView } from "./fleet-views.ts";
 import type { NodeInventory } from "./fleet-types.ts";
@@ -252,4 +254,41 @@ test("the scaling fields are refused at the door with the field named", () => {
   const patched = applyModelPatch(accepted, { scaling: { target: null, down_after: 30 } });
   assert.deepEqual({ ...patched.definition.scaling }, { min: 1, max: 3, idle_seconds: 900, up_after: 5, down_after: 30 });
   assert.throws(() => applyModelPatch(accepted, { scaling: { down_after: 1 } }), /'scaling\.down_after': must be at least scaling\.up_after \(5 s\)/);
+});
+
+test("ctl model scale sets autoscaling, ctl model show shows it, and the API refuses nonsense naming the field", async () => {
+  await weightsWritten;
+  const harness = await startHarness();
+  const { ctl } = ctlRunner(() => harness);
+  try {
+    await harness.addModel({ name: "m", source: { kind: "file", path: weights }, profiles: [{ name: "cpu", engine: "llamacpp", ctx_size: 512, parallel: 2 }] });
+    const scaled = await ctl(["model", "scale", "m", "1", "--max", "3", "--target", "4"]);
+    assert.match(scaled.stdout, /^'m' keeps 1 replica running and scales up to 3 replicas while requests queue\.$/m);
+    const shown = await eventually("ctl model show with the load read", async () => {
+      const { stdout } = await ctl(["model", "show", "m"]);
+      return stdout.includes("load now 0") ? stdout : undefined;
+    });
+    assert.match(
+      shown,
+      /^autoscaling: 1 replica wanted \(1 to 3\); target 4 in flight and queued per replica, load now 0; up after 15 s above target, down after 300 s below half$/m,
+    );
+    assert.match(shown, /^ {2}last decision: none yet$/m);
+    // Without --target the default is the replica's parallel.
+    await harness.admin("PATCH", "/api/v1/models/m", { scaling: { target: null } });
+    assert.match((await ctl(["model", "show", "m"])).stdout, /target 2 in flight and queued per replica/);
+    for (const [scaling, field, message] of [
+      [{ target: 0 }, "scaling.target", /must be above 0/],
+      [{ up_after: 30, down_after: 10 }, "scaling.down_after", /must be at least scaling\.up_after \(30 s\)/],
+    ] as const) {
+      const refused = await harness.admin("PATCH", "/api/v1/models/m", { scaling });
+      assert.equal(refused.status, 400, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.param, field);
+      assert.match(refused.body.error.message, message);
+    }
+    const notAutoscaled = await ctl(["model", "scale", "m", "2"]);
+    assert.match(notAutoscaled.stdout, /^'m' keeps 2 replicas running\.$/m);
+    assert.doesNotMatch((await ctl(["model", "show", "m"])).stdout, /autoscaling/);
+  } finally {
+    await harness.close();
+  }
 });

@@ -14,7 +14,8 @@ import type { Logger } from "../core/log.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { SCALING_DEFAULTS } from "../catalog/model-schema.ts";
 import type { EventLog } from "../events/event-log.ts";
-import { nowIso, type Store } from "../store/store.ts";
+import type { Fence } from "../cluster/leadership.ts";
+import { nowIso, type Store, type Tx } from "../store/store.ts";
 import { decideScaling, initialScalingState, type ScalingDecision, type ScalingPolicy, type ScalingState } from "./autoscaler.ts";
 import { profileSlots } from "./record-projections.ts";
 import { runsOnEngines } from "./reconciler.ts";
@@ -59,7 +60,10 @@ export class Autoscaling {
   private readonly loads = new Map<string, number>();
   /** Model id → replicas autoscaling wants now: the reconciler's `autoscaled`. */
   readonly desired = new Map<string, number>();
-  private ticking = false;
+  /** The tick under way: a second call while it runs waits for it rather than start another. */
+  private running: Promise<void> | null = null;
+  /** The store writes, one after another: a model's delete can never land after its next decision. */
+  private writes: Promise<void> = Promise.resolve();
   private readonly gatewayLoad: ScalingLoad;
 
   constructor(
@@ -72,6 +76,10 @@ export class Autoscaling {
       load?: ScalingLoad | undefined;
       /** Whether an on-demand model (scaling.min 0) wants replicas now: asleep, it is not scaled. */
       awake: (modelId: string) => boolean;
+      /** Whether the model is parked: its load says nothing then (requests get 503 at once), so nothing is decided. */
+      parked: (modelId: string) => boolean;
+      /** Several servers: the writes commit only while this server leads (cluster/leadership.ts). */
+      fence?: Fence | undefined;
       /** Desired replicas changed: reconcile. */
       onChange: () => void;
     },
@@ -86,6 +94,14 @@ export class Autoscaling {
       this.states.set(row.model_id, { desired: row.desired, overSince: null, underSince: null, last });
       this.desired.set(row.model_id, row.desired);
     }
+    // A new leader's first drains count the other servers' requests too.
+    await this.gatewayLoad.refresh();
+  }
+
+  /** Resolves once the tick under way and the writes asked for are done (the fleet's stop waits for them). */
+  async idle(): Promise<void> {
+    await this.running;
+    await this.writes;
   }
 
   /**
@@ -93,9 +109,14 @@ export class Autoscaling {
    * servers' load cannot be read: scaling down on half the picture would stop replicas
    * that carry the rest.
    */
-  async tick(models: readonly CatalogModel[]): Promise<void> {
-    if (this.ticking) return;
-    this.ticking = true;
+  tick(models: readonly CatalogModel[]): Promise<void> {
+    this.running ??= this.decide(models).finally(() => {
+      this.running = null;
+    });
+    return this.running;
+  }
+
+  private async decide(models: readonly CatalogModel[]): Promise<void> {
     try {
       if (!(await this.gatewayLoad.refresh()) || !this.gatewayLoad.known) return;
       const now = this.options.clock();
@@ -105,6 +126,8 @@ export class Autoscaling {
         const policy = scalingPolicyOf(model);
         if (policy === null || (policy.min === 0 && !this.options.awake(model.id))) continue;
         seen.add(model.id);
+        // Parked: kept as it was, to go on from once unparked.
+        if (this.options.parked(model.id)) continue;
         const load = this.gatewayLoad.model(model.id);
         this.loads.set(model.id, load);
         const before = this.states.get(model.id) ?? initialScalingState(policy);
@@ -112,7 +135,7 @@ export class Autoscaling {
         this.states.set(model.id, after);
         if (this.desired.get(model.id) !== after.desired) changed = true;
         this.desired.set(model.id, after.desired);
-        if (after.last !== before.last && after.last !== null) await this.announce(model, after);
+        if (after.last !== before.last && after.last !== null) this.announce(model, after);
       }
       // Models that stopped scaling (deleted, max lowered to min, asleep) go back to their plain count.
       for (const modelId of [...this.states.keys()]) {
@@ -123,24 +146,23 @@ export class Autoscaling {
       if (changed) this.options.onChange();
     } catch (error) {
       this.options.logger.warn({ err: describeError(error) }, "autoscaling tick failed");
-    } finally {
-      this.ticking = false;
     }
   }
 
-  view(model: CatalogModel): AutoscalingView | null {
+  /** The model's autoscaling for the admin API, with `desired` the replicas the fleet wants now (reconciler.ts wantedReplicas). */
+  view(model: CatalogModel, desired: number): AutoscalingView | null {
     const policy = scalingPolicyOf(model);
     if (policy === null) return null;
-    const state = this.states.get(model.id);
-    const last = state?.last ?? null;
+    const last = this.states.get(model.id)?.last ?? null;
     return {
       min: policy.min,
       max: policy.max,
       target: policy.target,
       up_after: policy.upAfterMs / 1000,
       down_after: policy.downAfterMs / 1000,
-      load: this.loads.get(model.id) ?? null,
-      desired: state?.desired ?? initialScalingState(policy).desired,
+      // Counts that could not be read lately are no "load now".
+      load: this.gatewayLoad.known ? (this.loads.get(model.id) ?? null) : null,
+      desired,
       last: last === null ? null : { ...last, at: new Date(last.at).toISOString() },
     };
   }
@@ -149,38 +171,52 @@ export class Autoscaling {
     this.states.delete(modelId);
     this.desired.delete(modelId);
     this.loads.delete(modelId);
-    void this.options.store.db
-      .deleteFrom("model_scaling")
-      .where("model_id", "=", modelId)
-      .execute()
-      .catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not forget a model's autoscaling"));
+    this.write(modelId, (db) => db.deleteFrom("model_scaling").where("model_id", "=", modelId).execute());
   }
 
-  private async announce(model: CatalogModel, state: ScalingState): Promise<void> {
+  /** Records the decision (kept for a restart or the next leader, read by standbys), then tells operators. */
+  private announce(model: CatalogModel, state: ScalingState): void {
     const decision = state.last!;
     const { direction, from, to, why } = decision;
     this.options.logger.info({ model: model.name, direction, from, to, why }, "autoscaling");
-    try {
-      const values = { desired: state.desired, last_decision: JSON.stringify(decision), updated_at: nowIso(this.options.clock) };
-      await this.options.store.db
-        .insertInto("model_scaling")
-        .values({ model_id: model.id, ...values })
-        .onConflict((oc) => oc.column("model_id").doUpdateSet(values))
-        .execute();
-    } catch (error) {
-      // It holds for this run; a restart would start again from scaling.min.
-      this.options.logger.warn({ model: model.name, err: describeError(error) }, "could not record the model's autoscaling");
-    }
+    const values = { desired: state.desired, last_decision: JSON.stringify(decision), updated_at: nowIso(this.options.clock) };
     const replicas = (n: number) => `${n} replica${n === 1 ? "" : "s"}`;
-    void this.options.events.record({
-      kind: "model_scaled",
-      subject: `model:${model.name}`,
-      data: { model: model.name, direction, from, to, why },
-      message:
-        direction === "up"
-          ? `Model '${model.name}' scales up from ${replicas(from)} to ${to}: ${why}.`
-          : `Model '${model.name}' scales down from ${replicas(from)} to ${to}: ${why}; the replica that goes is drained first.`,
-    });
+    const going = from - to;
+    const message =
+      direction === "up"
+        ? `Model '${model.name}' scales up from ${replicas(from)} to ${to}: ${why}.`
+        : `Model '${model.name}' scales down from ${replicas(from)} to ${to}: ${why}; ${going === 1 ? "the replica that goes is" : `the ${going} replicas that go are`} drained first.`;
+    this.write(
+      model.id,
+      (db) =>
+        db
+          .insertInto("model_scaling")
+          .values({ model_id: model.id, ...values })
+          .onConflict((oc) => oc.column("model_id").doUpdateSet(values))
+          .execute(),
+      // Only once written through the fence: a server that just lost the lead announces nothing.
+      () =>
+        void this.options.events.record({
+          kind: "model_scaled",
+          subject: `model:${model.name}`,
+          data: { model: model.name, direction, from, to, why },
+          message,
+        }),
+    );
+  }
+
+  private write(modelId: string, body: (db: Store["db"] | Tx) => Promise<unknown>, then?: () => void): void {
+    const fence = this.options.fence;
+    this.writes = this.writes
+      .then(async () => {
+        if (fence === undefined) await body(this.options.store.db);
+        else await fence.write((trx) => body(trx));
+        then?.();
+      })
+      .catch((error: unknown) =>
+        // The decision holds for this run; a restart would start again from scaling.min.
+        this.options.logger.warn({ model: modelId, err: describeError(error) }, "could not record the model's autoscaling"),
+      );
   }
 }
 

@@ -6,6 +6,12 @@
 // engine forever). This module keeps that bookkeeping; the fleet (fleet.ts) publishes the
 // replica, keeps its node's assignment, and does the stop when `takeDone` names it.
 //
+// Several servers (a shared store): the counts include the other servers' requests, read
+// from their rows (cluster/gateway-loads.ts), which are up to a beat old, and a server
+// learns that a replica stops a moment after it does. So there every stop drains, and a
+// drain ends only once counts read `settleMs` after it began show nothing left (or at the
+// deadline); counts that cannot be read are taken as requests still there.
+//
 // Nothing here is stored: after a server restart the gateway has nothing in flight, and
 // the reconciler decides again about a replica whose drain was cut short.
 import type { Logger } from "../core/log.ts";
@@ -17,6 +23,18 @@ export interface DrainOptions {
   /** How long a drain waits for its requests before the replica is stopped anyway. */
   timeoutMs: number;
   logger: Logger;
+  /** Several servers: how their counts are read (absent: this server's counts are all there is). */
+  shared?: SharedCounts | undefined;
+}
+
+/** The other servers' counts as a drain waits on them (GatewayLoads). */
+export interface SharedCounts {
+  /** How long after a drain begins a read of the counts surely includes every request sent to the replica before it left routing. */
+  settleMs: number;
+  /** When the other servers' counts were last read (on `clock`), or null before the first read. */
+  readAt(): number | null;
+  /** Whether the counts read last are fresh enough to go by. */
+  known(): boolean;
 }
 
 interface Draining {
@@ -36,7 +54,7 @@ export class Drains {
   begin(replicaId: string, model: string): boolean {
     if (this.draining.has(replicaId)) return true;
     const inFlight = this.options.inFlight(replicaId);
-    if (inFlight <= 0) return false;
+    if (inFlight <= 0 && this.options.shared === undefined) return false;
     this.draining.set(replicaId, { since: this.options.clock(), model });
     this.options.logger.info({ replica: replicaId, model, inFlight, timeoutMs: this.options.timeoutMs }, "draining replica");
     return true;
@@ -62,13 +80,17 @@ export class Drains {
       const inFlight = this.options.inFlight(replicaId);
       const waitedMs = now - drain.since;
       const timedOut = waitedMs >= this.options.timeoutMs;
-      if (inFlight > 0 && !timedOut) continue;
+      const shared = this.options.shared;
+      const settled = shared === undefined || ((shared.readAt() ?? Number.NEGATIVE_INFINITY) >= drain.since + shared.settleMs && shared.known());
+      if ((inFlight > 0 || !settled) && !timedOut) continue;
       this.draining.delete(replicaId);
       done.push(replicaId);
-      if (inFlight > 0) {
+      if (inFlight > 0 || !settled) {
         this.options.logger.warn(
           { replica: replicaId, model: drain.model, inFlight, waitedMs },
-          "replica drained: the drain deadline passed with requests in flight; stopping it anyway",
+          settled
+            ? "replica drained: the drain deadline passed with requests in flight; stopping it anyway"
+            : "replica drained: the drain deadline passed before the other servers' requests could be counted; stopping it anyway",
         );
       } else {
         this.options.logger.info({ replica: replicaId, model: drain.model, inFlight, waitedMs }, "replica drained");

@@ -12,6 +12,7 @@ import type { PlacementNode, PlacementRequest, PlacementResult } from "./fleet-t
 import type { ParkedModel } from "./parked-models.ts";
 import type { ReplicaTable } from "./replica-table.ts";
 import type { AutoscalingView, ScalingLoad } from "./autoscaling.ts";
+import type { SharedCounts } from "./drain.ts";
 
 export const FLEET_DEFAULTS = {
   /** A node without a heartbeat for this long is lost (DESIGN.md: nodes `ready` → `lost`). */
@@ -43,6 +44,8 @@ export interface FleetOptions {
   inFlight?: (replicaId: string) => number;
   /** The gateway load of all servers, for autoscaling (cluster/gateway-loads.ts); default none (nothing scales up). */
   load?: ScalingLoad;
+  /** Several servers: how a drain reads their requests in flight (drain.ts); absent, `inFlight` is all there is. */
+  drainCounts?: SharedCounts | undefined;
   /** How long a drain waits for those requests before the replica is stopped anyway (default 60 s). */
   drainTimeoutMs?: number;
   place?: (input: { nodes: PlacementNode[]; requests: PlacementRequest[] }) => PlacementResult;
@@ -65,6 +68,8 @@ export interface ModelFleetStatus {
   weightsProblem: string | null;
   /** When replicas of the model share a node, how many where and why ("2 replicas on n1: n2 is lost"). */
   spread?: string | null;
+  /** The replicas the fleet wants for the model now (reconciler.ts wantedReplicas), where known. */
+  desired?: number;
   /** An autoscaled model's target, load and last decision (the leader's; null when it does not scale). */
   autoscaling?: AutoscalingView | null;
 }

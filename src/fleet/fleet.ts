@@ -33,7 +33,7 @@ import { WeightsKnowledge } from "./weights-knowledge.ts";
 import { NodeRegistry, type FleetNode } from "./node-registry.ts";
 import { NodeAddresses } from "./node-address.ts";
 import { placeReplicas } from "./placement.ts";
-import { reconcile, type ReconcileDecision } from "./reconciler.ts";
+import { reconcile, wantedReplicas, type ReconcileDecision } from "./reconciler.ts";
 import { FLEET_DEFAULTS, type FleetOptions, type ModelFleetStatus } from "./fleet-options.ts";
 import { ReplicaRecords } from "./replica-records.ts";
 import { ReplicaRows, type ReplicaRecord } from "./replica-rows.ts";
@@ -98,8 +98,9 @@ export class Fleet implements Assignments {
     this.addresses = new NodeAddresses({ nodes: this.nodes, events: this.events, logger: options.logger, clock: this.monotonic });
     this.demand = new Demand(this.clock);
     this.moveCooldowns = new MoveCooldowns(this.clock);
-    const scalingParts = { store: options.store, events: this.events, logger: options.logger, clock: this.clock, load: options.load };
-    this.autoscaling = new Autoscaling({ ...scalingParts, awake: (modelId) => this.demand.wants(modelId), onChange: () => this.schedule() });
+    const scalingParts = { store: options.store, events: this.events, logger: options.logger, clock: this.clock, load: options.load, fence: options.fence };
+    const awake = (modelId: string) => this.demand.wants(modelId);
+    this.autoscaling = new Autoscaling({ ...scalingParts, awake, parked: (modelId) => this.parked.has(modelId), onChange: () => this.schedule() });
     this.parked = new ParkedModels({ store: options.store, logger: options.logger, clock: this.clock });
     this.weights = new WeightsKnowledge({ mirror: options.mirror, logger: options.logger, onCopied: () => this.schedule(), store: options.store });
     this.rows = new ReplicaRows({
@@ -118,6 +119,7 @@ export class Fleet implements Assignments {
         clock: this.clock,
         timeoutMs: options.drainTimeoutMs ?? FLEET_DEFAULTS.drainTimeoutMs,
         logger: options.logger,
+        shared: options.drainCounts,
       }),
       holds: this.holds,
       logger: options.logger,
@@ -164,6 +166,7 @@ export class Fleet implements Assignments {
     if (this.timer !== undefined) clearInterval(this.timer);
     this.unsubscribeCatalog?.();
     this.versions.wakeAll();
+    await this.autoscaling.idle();
     await this.chain;
     await this.rows.flush();
     await this.nodes.flush().catch((error: unknown) => this.options.logger.warn({ err: describeError(error) }, "could not record node heartbeats"));
@@ -375,12 +378,14 @@ export class Fleet implements Assignments {
 
   status(modelId: string): ModelFleetStatus {
     const model = this.modelById(modelId);
+    const wanted = model === undefined ? 0 : wantedReplicas(model, this.demand.wanted.get(modelId), this.autoscaling.desired.get(modelId));
     return {
       parked: this.parked.get(modelId) ?? null,
       unplaceable: this.unplaceable.get(modelId) ?? null,
       weightsProblem: this.weights.problem(modelId),
       spread: this.spread.get(modelId) ?? null,
-      autoscaling: model === undefined ? null : this.autoscaling.view(model),
+      desired: wanted,
+      autoscaling: model === undefined ? null : this.autoscaling.view(model, wanted),
     };
   }
 

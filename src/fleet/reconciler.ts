@@ -120,6 +120,17 @@ interface Crowded {
   waiting: string | null;
 }
 
+/**
+ * The replicas a model wants now: scaling.min, or while on demand (min 0) what demand asks
+ * for; then, while that is not 0, what autoscaling decided if more; at most scaling.max. An
+ * on-demand model asleep stays at 0 whatever was decided while it was awake.
+ */
+export function wantedReplicas(model: CatalogModel, demand: number | undefined, autoscaled: number | undefined): number {
+  const { min, max } = model.definition.scaling;
+  const base = min > 0 ? min : (demand ?? 0);
+  return Math.min(max, base === 0 ? 0 : Math.max(base, autoscaled ?? 0));
+}
+
 /** Whether a model's replicas are started by the fleet (it has an engine profile). */
 export function runsOnEngines(model: CatalogModel): boolean {
   return model.definition.profiles.some((profile) => profile.engine !== "external");
@@ -162,10 +173,7 @@ export function reconcile(input: ReconcileInput): ReconcileDecision {
     if (!runsOnEngines(model)) continue;
     const replicas = byModel.get(model.id) ?? [];
     const options = input.optionsFor(model);
-    const { min, max } = model.definition.scaling;
-    const base = min > 0 ? min : (input.demand.get(model.id) ?? 0);
-    // An on-demand model asleep (base 0) stays at 0 whatever was decided while it was awake.
-    const wanted = Math.min(max, base === 0 ? 0 : Math.max(base, input.autoscaled?.get(model.id) ?? 0));
+    const wanted = wantedReplicas(model, input.demand.get(model.id), input.autoscaled?.get(model.id));
     const current: ReplicaRecord[] = [];
     const leaving: ReplicaRecord[] = [];
     const onDrainingNode = new Set<string>();

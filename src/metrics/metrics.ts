@@ -112,7 +112,7 @@ export interface MetricsSources {
   inFlightAt(replicaId: string): number;
   /** Requests waiting in a model's queue. */
   waitingFor(modelId: string): number;
-  /** Replicas the autoscaler wants now for a model that scales between min and max, else null (its scaling.min). */
+  /** Replicas the fleet wants for the model now (scaling.min, on-demand demand or autoscaling, at most max), or null when not known (then scaling.min). */
   desiredReplicas?: (modelId: string) => number | null;
   /** Whether the fleet parked the model (its supervisor gave up; `llmgw ctl model unpark` ends it). */
   isParked(modelId: string): boolean;
@@ -257,7 +257,7 @@ export class Metrics implements RequestMetrics {
     });
     new Gauge({
       name: "llmgw_model_desired_replicas",
-      help: "Replicas the fleet wants for the model now: what the autoscaler decided for a model that scales between scaling.min and scaling.max, else scaling.min, by catalog model.",
+      help: "Replicas the fleet wants for the model now: scaling.min, or while on demand what requests ask for, or what autoscaling decided, at most scaling.max, by catalog model.",
       labelNames: ["model"],
       registers,
       collect() {

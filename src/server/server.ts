@@ -166,7 +166,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   // The gateway is made after the fleet has started; until then nothing is in flight anywhere.
   let localLoad: LocalLoad | null = null;
   // Every server's requests in flight and queued: the leader's autoscaling and drains count them all.
-  const loads = new GatewayLoads({ store, server: members.name, local: () => localLoad, logger });
+  const loads = new GatewayLoads({ store, server: members.name, local: () => localLoad, logger, clock: config.fleetClock });
   let recheck = (_modelId: string): void => {};
   const follower = store.dialect === "postgres" ? new FleetFollower({ store, box, catalog, replicas, feed, joinToken: () => joinToken, logger }) : null;
   // Made below, once the services it starts exist; the closures here run after that.
@@ -187,6 +187,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       // A replica the gateways have requests at is drained before its engine is stopped.
       inFlight: (replicaId) => loads.replica(replicaId),
       load: loads,
+      drainCounts: loads.drainCounts(),
       ...(config.nodeTimeoutMs === undefined ? {} : { nodeTimeoutMs: config.nodeTimeoutMs }),
       ...(config.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: config.heartbeatIntervalMs }),
       ...(config.fleetClock === undefined ? {} : { clock: config.fleetClock }),
@@ -343,7 +344,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
       inFlightAt: (replicaId): number => gateway.inFlightOf(replicaId),
       waitingFor: (modelId): number => gateway.waitingFor(modelId),
       isParked: (modelId) => fleetAccess.status(modelId).parked !== null,
-      desiredReplicas: (modelId) => fleetAccess.status(modelId).autoscaling?.desired ?? null,
+      desiredReplicas: (modelId) => fleetAccess.status(modelId).desired ?? null,
       nodes: () => fleetAccess.nodes(),
       budgetSpent: config.budgetSpent ?? (() => limits.spentByKey()),
       usageRows: () => ({ dropped: usage.droppedRows(), spooled: usage.spooledRows() }),

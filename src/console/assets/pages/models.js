@@ -98,10 +98,12 @@ export function ModelsPage() {
     )}`;
 }
 
-/** "1 of 2 ready", with the scaling bounds in words. */
-function replicaCounts(model) {
+/** "1 of 2 ready", with the scaling bounds in words; an autoscaled model's against the replicas it wants now. */
+function replicaCounts(model, detail) {
   const { min, max } = model.scaling ?? { min: 0, max: 0 };
   const ready = model.health?.ready ?? 0;
+  const scaling = detail?.autoscaling;
+  if (scaling) return `${ready} of ${scaling.desired} wanted ready (autoscaled between ${Math.max(min, 1)} and ${max}${min === 0 ? "; on demand" : ""})`;
   if (min === 0) return `${ready} ready; on demand, up to ${max} (a replica starts at the first request, stops after ${model.scaling.idle_seconds} s idle)`;
   return `${ready} of ${min} ready${max > min ? ` (scales out to ${max})` : ""}`;
 }
@@ -178,7 +180,7 @@ function ModelCard({ model, index, detail, nodeNames, update, reload }) {
       <dt>Aliases</dt>
       <dd>${model.aliases?.length ? model.aliases.join(", ") : html`<span class="muted">none</span>`}</dd>
       <dt>Replicas</dt>
-      <dd>${replicaCounts(model)}</dd>
+      <dd>${replicaCounts(model, detail)}</dd>
       ${detail?.autoscaling ? html`<dt>Autoscaling</dt><dd><${LongText} text=${describeAutoscaling(detail.autoscaling)} /></dd>` : null}
       <dt>Routing</dt>
       <dd>${describeRouting(model)}</dd>
