@@ -36,7 +36,7 @@ export interface AutoscalingView {
   down_after: number;
   /** Requests in flight and queued, all servers together, at the last tick (null: not read). */
   load: number | null;
-  /** Replicas the autoscaler wants now. */
+  /** Replicas the fleet wants for the model now (reconciler.ts wantedReplicas): what autoscaling decided, 0 while an on-demand model sleeps. */
   desired: number;
   last: (Omit<ScalingDecision, "at"> & { at: string }) | null;
 }
