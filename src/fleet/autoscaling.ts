@@ -58,8 +58,6 @@ export function scalingPolicyOf(model: CatalogModel): ScalingPolicy | null {
 export class Autoscaling {
   private readonly states = new Map<string, ScalingState>();
   private readonly loads = new Map<string, number>();
-  /** Model id → replicas autoscaling wants now: the reconciler's `autoscaled`. */
-  readonly desired = new Map<string, number>();
   /** The tick under way: a second call while it runs waits for it rather than start another. */
   private running: Promise<void> | null = null;
   /** The store writes, one after another: a model's delete can never land after its next decision. */
@@ -92,7 +90,6 @@ export class Autoscaling {
     for (const row of await this.options.store.db.selectFrom("model_scaling").selectAll().execute()) {
       const last = parseDecision(row.last_decision);
       this.states.set(row.model_id, { desired: row.desired, overSince: null, underSince: null, last });
-      this.desired.set(row.model_id, row.desired);
     }
     // A new leader's first drains count the other servers' requests too.
     await this.gatewayLoad.refresh();
@@ -130,11 +127,11 @@ export class Autoscaling {
         if (this.options.parked(model.id)) continue;
         const load = this.gatewayLoad.model(model.id);
         this.loads.set(model.id, load);
-        const before = this.states.get(model.id) ?? initialScalingState(policy);
+        const kept = this.states.get(model.id);
+        const before = kept ?? initialScalingState(policy);
         const after = decideScaling(policy, before, load, now);
         this.states.set(model.id, after);
-        if (this.desired.get(model.id) !== after.desired) changed = true;
-        this.desired.set(model.id, after.desired);
+        if (kept?.desired !== after.desired) changed = true;
         if (after.last !== before.last && after.last !== null) this.announce(model, after);
       }
       // Models that stopped scaling (deleted, max lowered to min, asleep) go back to their plain count.
@@ -147,6 +144,16 @@ export class Autoscaling {
     } catch (error) {
       this.options.logger.warn({ err: describeError(error) }, "autoscaling tick failed");
     }
+  }
+
+  /** The replicas autoscaling wants for the model now, or undefined when it does not scale it (the reconciler's `autoscaled`). */
+  desiredOf(modelId: string): number | undefined {
+    return this.states.get(modelId)?.desired;
+  }
+
+  /** Every scaled model's replicas wanted now, for one reconciliation. */
+  desired(): Map<string, number> {
+    return new Map([...this.states].map(([modelId, state]) => [modelId, state.desired]));
   }
 
   /** The model's autoscaling for the admin API, with `desired` the replicas the fleet wants now (reconciler.ts wantedReplicas). */
@@ -169,7 +176,6 @@ export class Autoscaling {
 
   private forget(modelId: string): void {
     this.states.delete(modelId);
-    this.desired.delete(modelId);
     this.loads.delete(modelId);
     this.write(modelId, (db) => db.deleteFrom("model_scaling").where("model_id", "=", modelId).execute());
   }

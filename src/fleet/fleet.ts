@@ -378,7 +378,7 @@ export class Fleet implements Assignments {
 
   status(modelId: string): ModelFleetStatus {
     const model = this.modelById(modelId);
-    const wanted = model === undefined ? 0 : wantedReplicas(model, this.demand.wanted.get(modelId), this.autoscaling.desired.get(modelId));
+    const wanted = model === undefined ? 0 : wantedReplicas(model, this.demand.wanted.get(modelId), this.autoscaling.desiredOf(modelId));
     return {
       parked: this.parked.get(modelId) ?? null,
       unplaceable: this.unplaceable.get(modelId) ?? null,
@@ -448,7 +448,7 @@ export class Fleet implements Assignments {
       replicas: [...this.records.values()],
       parked: this.parked.ids(),
       demand: this.demand.wanted,
-      autoscaled: this.autoscaling.desired,
+      autoscaled: this.autoscaling.desired(),
       holding,
       optionsFor: (model) => this.weights.optionsFor(model),
       fingerprintOf: (model, profile) => fingerprintOf(model, profile),
