@@ -42,6 +42,7 @@ const serverOptions = (command: Command) =>
       "keys read from the database within this keep working while it cannot be reached (or LLMGW_KEY_GRACE; default 10m; 0: off)",
     )
     .option("--usage-retention <days>", "days raw usage rows are kept (default 30; 0: forever); per-minute aggregates stay 400 days")
+    .option("--responses-retention <days>", "days the Responses API keeps stored responses (default 30; 0: until deleted)")
     .option("--public-url <url>", "the address people reach this server at, behind a proxy (or LLMGW_PUBLIC_URL); notifications link to its console")
     .option("--budget-alert <percent>", "share of a key's budget announced as budget_threshold (default 80)")
     .option("--console-session <duration>", "how long a console login lasts before the admin key is asked for again (default 12h)")

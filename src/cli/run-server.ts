@@ -34,6 +34,7 @@ export interface ServerCommandOptions {
   heartbeatInterval?: string;
   updateCheck?: string;
   usageRetention?: string;
+  responsesRetention?: string;
   keyGrace?: string;
   metricsKey?: string;
   metricsHost?: string[];
@@ -88,6 +89,9 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.usageRetention === undefined
         ? {}
         : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
+      ...(options.responsesRetention === undefined
+        ? {}
+        : { responsesRetentionDays: parsePositiveInt(options.responsesRetention, "--responses-retention", { allowZero: true }) }),
       ...keyGraceOption(options.keyGrace ?? process.env.LLMGW_KEY_GRACE),
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),

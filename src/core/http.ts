@@ -30,7 +30,8 @@ export const SSE_HEADERS: Readonly<Record<string, string>> = {
 export const SSE_DONE = "data: [DONE]\n\n";
 
 /**
- * Responses that are event streams. Node does not keep the headers given to
+ * Responses that are event streams (SSE, or Ollama's JSON lines, whose own line can say what
+ * failed too). Node does not keep the headers given to
  * `writeHead(status, headers)` where `getHeader` can read them, so a response is marked
  * here when its stream starts, and `endBrokenResponse` knows to end it with an event.
  */

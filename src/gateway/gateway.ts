@@ -13,11 +13,10 @@
 // own calls to models (internal-call.ts).
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
-import type { z } from "zod";
 import type { Dispatcher } from "undici";
-import { ClientClosedError, LlmgwError, NotFoundError, UnavailableError, UpstreamError, describeError, parseWith } from "../core/errors.ts";
+import { ClientClosedError, LlmgwError, NotFoundError, UpstreamError, describeError, parseWith } from "../core/errors.ts";
 import { bearerToken } from "../core/bearer.ts";
-import { DEFAULT_BODY_TIMEOUT_MS, methodNotAllowed, readLimitedBody, sendError, sendJson } from "../core/http.ts";
+import { DEFAULT_BODY_TIMEOUT_MS, methodNotAllowed, readLimitedBody, sendError, sendJson, type ErrorDialect } from "../core/http.ts";
 import { parseJsonBody } from "../core/json-body.ts";
 import type { Logger } from "../core/log.ts";
 import { modelNotFound, type CatalogModel } from "../catalog/catalog.ts";
@@ -26,14 +25,19 @@ import type { Replica } from "../fleet/replica-table.ts";
 import { Admission, type GatewayLoad, type Lease, type ReplicaSource } from "./admission.ts";
 import type { KeyVerifier, ModelResolver, OnDemand, UsageSink } from "./gateway-ports.ts";
 import { callModelInternally } from "./internal-call.ts";
-import { relay, type AnswerHead, type BodyRewriter } from "./relay.ts";
-import type { WireFormat } from "./wire-format.ts";
-import { anthropicMessages } from "./anthropic/anthropic-wire.ts";
-import { chatCompletionSchema, completionSchema, embeddingSchema, type GatewayRequestBody } from "./request-schemas.ts";
+import { relay } from "./relay.ts";
+import type { WireExchange } from "./wire-format.ts";
+import type { GatewayRequestBody } from "./request-schemas.ts";
+import { answerHandling, pathOf, proxyRoutes, type ProxyRoute } from "./proxy-routes.ts";
+import type { SideRoute, SideRouteFinder } from "./side-routes.ts";
+import { ollamaSideRoutes } from "./ollama/ollama-routes.ts";
+import { ResponsesRoutes } from "./responses/responses-routes.ts";
+import { responsesWire } from "./responses/responses-wire.ts";
+import type { ResponseStore } from "./responses/response-store.ts";
 import { NO_FIELDS, adapterChoice, upstreamOf } from "./adapter-route.ts";
 import { assertAllowed, listModels } from "./model-access.ts";
 import { checkImageParts, type ImageSettings } from "./image-parts.ts";
-import { StreamUsageFilter, withUsageRequested } from "./stream-usage.ts";
+import { withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
 import { RequestCancel } from "./request-cancel.ts";
 import { NO_ATTEMPT, settlementOf, type AttemptOutcome, type Settlement } from "./request-outcome.ts";
@@ -41,6 +45,7 @@ import type { OutputMeter } from "./output-meter.ts";
 import { chargedUsage, estimatedUsage, type EstimateSource } from "./charged-usage.ts";
 import type { UsageTap } from "./usage-tap.ts";
 import type { FleetStatusOfModel } from "../fleet/model-health.ts";
+import { withoutServerDetails } from "./unavailable.ts";
 import { FailedBeforeAnswer, replicaLabel, tryReplicas, type ReplicaDependencies } from "./try-replicas.ts";
 import { requestAffinity } from "./prefix-affinity.ts";
 import type { UpstreamPools } from "./upstream.ts";
@@ -76,22 +81,9 @@ export interface GatewayOptions {
   metrics?: RequestMetrics;
   /** What image parts may be, and whether image URLs are fetched (image-parts.ts; defaults there). */
   images?: Partial<ImageSettings>;
+  /** Where the Responses API keeps responses (`store`, `previous_response_id`, GET/DELETE); without it /v1/responses is not served. */
+  responses?: ResponseStore;
 }
-
-interface ProxyRoute {
-  /** The upstream path the request runs as. */
-  path: string;
-  schema: z.ZodType<GatewayRequestBody>;
-  /** Another wire format than OpenAI's, translated to and from `path`. */
-  wire?: WireFormat;
-}
-
-const PROXY_ROUTES = new Map<string, ProxyRoute>([
-  ["/v1/chat/completions", { path: "/v1/chat/completions", schema: chatCompletionSchema as z.ZodType<GatewayRequestBody> }],
-  ["/v1/completions", { path: "/v1/completions", schema: completionSchema as z.ZodType<GatewayRequestBody> }],
-  ["/v1/embeddings", { path: "/v1/embeddings", schema: embeddingSchema as z.ZodType<GatewayRequestBody> }],
-  ["/v1/messages", { path: "/v1/chat/completions", schema: chatCompletionSchema as z.ZodType<GatewayRequestBody>, wire: anthropicMessages }],
-]);
 
 /** Usage status of an answer cut short by the upstream after its first byte: a bad gateway. */
 const STATUS_UPSTREAM_BROKE = 502;
@@ -131,6 +123,8 @@ interface ProxyRequest {
   res: ServerResponse;
   call: Call;
   route: ProxyRoute;
+  /** The translation of a request in another wire format; null for OpenAI's own routes. */
+  exchange: WireExchange | null;
   raw: Buffer;
   body: GatewayRequestBody;
   model: CatalogModel;
@@ -152,11 +146,21 @@ export class Gateway {
   /** The origin each replica was last seen at, so a pool no replica uses any more is closed. */
   private readonly originOf = new Map<string, string>();
   private readonly unsubscribe: () => void;
+  /** The paths proxied to replicas, and the wire format each speaks. */
+  private readonly routes: ReadonlyMap<string, ProxyRoute>;
+  /** The stored responses' own routes (GET/DELETE /v1/responses/{id}, input_items). */
+  private readonly responseRoutes: ResponsesRoutes | null;
+  /** Ollama's catalog routes (/api/tags, /api/show, /api/ps, /api/version, the 501s). */
+  private readonly ollamaRoutes: SideRouteFinder;
 
   constructor(private readonly options: GatewayOptions) {
+    this.routes = proxyRoutes({ responses: options.responses === undefined ? undefined : responsesWire(options.responses) });
+    this.responseRoutes = options.responses === undefined ? null : new ResponsesRoutes(options.responses);
     this.maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
     this.imageSettings = { maxBodyBytes: this.maxBodyBytes, ...options.images };
     this.bodyTimeoutMs = options.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS;
+    const bodyLimits = { maxBodyBytes: this.maxBodyBytes, bodyTimeoutMs: this.bodyTimeoutMs };
+    this.ollamaRoutes = ollamaSideRoutes({ catalog: options.catalog, replicas: options.replicas, ...bodyLimits });
     this.maxAttempts = options.maxAttempts ?? 3;
     this.admission = new Admission(options.replicas, Date.now, (modelId) => options.onDemand?.starting(modelId) ?? false);
     this.unsubscribe = options.replicas.onChange((replica, removed) => this.forgetOrigin(replica, removed));
@@ -248,7 +252,7 @@ export class Gateway {
 
   private async serve(req: IncomingMessage, res: ServerResponse, call: Call, authenticated: Principal | undefined): Promise<void> {
     const pathname = call.endpoint;
-    const route = PROXY_ROUTES.get(pathname);
+    const route = this.routes.get(pathname);
     if (pathname === "/v1/models" && req.method === "GET") {
       const principal = await this.options.keys.verify(bearerToken(req.headers.authorization));
       sendJson(res, 200, listModels(this.options.catalog, principal));
@@ -256,20 +260,31 @@ export class Gateway {
       return;
     }
     if (route === undefined) {
-      throw new NotFoundError(
-        `Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages.`,
-        { code: "unknown_endpoint" },
-      );
+      const side = this.sideRouteOf(pathname);
+      if (side === undefined) {
+        throw new NotFoundError(
+          `Unknown endpoint ${req.method} ${pathname}. llmgw serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /v1/responses, and Ollama's /api/chat, /api/generate, /api/embed.`,
+          { code: "unknown_endpoint" },
+        );
+      }
+      call.principal = authenticated ?? (await this.options.keys.verify(side.apiKey(req)));
+      await side.serve(req, res, call.principal, pathname);
+      this.record(call, res.statusCode);
+      return;
     }
     if (req.method !== "POST") throw methodNotAllowed(req.method ?? "GET", pathname, "POST");
-    call.principal = authenticated ?? (await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization)));
+    const principal = authenticated ?? (await this.options.keys.verify(route.wire?.apiKey(req) ?? bearerToken(req.headers.authorization)));
+    call.principal = principal;
     const raw = await readLimitedBody(req, {
       maxBytes: this.maxBodyBytes,
       timeoutMs: this.bodyTimeoutMs,
       tooLargeHint: "Send a smaller request, or ask the operator to raise --max-body.",
     });
     const json = parseJsonBody(raw.toString("utf8"));
-    const body = parseWith(route.schema, route.wire === undefined ? json : route.wire.toUpstream(json), "request");
+    // Only a translation that reads the store costs an await (the OpenAI routes' hot path has none).
+    const begun = route.wire?.begin(json, { principal, knows: (name) => this.options.catalog.resolve(name) !== undefined }) ?? null;
+    const exchange = begun instanceof Promise ? await begun : begun;
+    const body = parseWith(route.schema, exchange === null ? json : exchange.body, "request");
     call.model = body.model;
     call.stream = body.stream === true;
     const model = this.options.catalog.resolve(body.model);
@@ -286,13 +301,13 @@ export class Gateway {
     res.on("close", onClose);
     try {
       const policy = this.applyPolicy(
-        { principal: call.principal, model, body, endpoint: route.path, ...(route.wire === undefined ? { rawBytes: raw.length } : {}) },
+        { principal: call.principal, model, body, endpoint: route.path, ...(exchange === null ? { rawBytes: raw.length } : {}) },
         call,
         cancel,
       );
       const outputCheck = policy instanceof Promise ? await policy : policy;
       const sent = images === null ? null : await images.inline(cancel.signal, raw.length);
-      const status = await this.proxy({ req, res, call, route, ...(sent ?? { raw, body }), model, principal: call.principal, cancel, outputCheck });
+      const status = await this.proxy({ req, res, call, route, exchange, ...(sent ?? { raw, body }), model, principal: call.principal, cancel, outputCheck });
       this.record(call, status);
     } finally {
       res.off("close", onClose);
@@ -384,7 +399,7 @@ export class Gateway {
         return streamed;
       }
       // The body as it arrived only when nothing is to be added to it (an adapter choice is).
-      const asSent = upstreamModel === body.model && route.wire === undefined && outputCap === null && fields.lora === undefined;
+      const asSent = upstreamModel === body.model && request.exchange === null && outputCap === null && fields.lora === undefined;
       if (asSent && !injectUsage) return request.raw;
       let payload = payloads.get(cacheKey);
       if (payload === undefined && asSent) {
@@ -435,7 +450,7 @@ export class Gateway {
     const result = await relay({
       res: request.res,
       upstream,
-      ...answerHandling(request.route, request.body, attempt.injectUsage),
+      ...answerHandling(request.exchange, attempt.injectUsage, request.route.wire?.errors),
       brokenMessage: `The replica serving model '${model.name}' failed in the middle of the answer, so the answer is incomplete. Retry the request.`,
       stalledReaderMs: this.options.stalledReaderMs ?? DEFAULT_STALLED_READER_MS,
       outputCheck: request.outputCheck,
@@ -492,11 +507,21 @@ export class Gateway {
     }
   }
 
+  /** The route no replica answers for a path: a stored response's, or Ollama's catalog routes. */
+  private sideRouteOf(path: string): SideRoute | undefined {
+    return this.responseRoutes?.find(path) ?? this.ollamaRoutes(path);
+  }
+
+  /** How failures on a path are told: its wire format's shape (OpenAI's by default). */
+  private errorsOf(path: string): ErrorDialect | undefined {
+    return this.routes.get(path)?.wire?.errors ?? this.sideRouteOf(path)?.errors;
+  }
+
   private fail(req: IncomingMessage, res: ServerResponse, error: unknown, call: Call): void {
     if (!(error instanceof LlmgwError)) this.options.logger.error({ err: error, path: call.endpoint }, "unexpected error on /v1");
     const limitHeaders = call.permit?.headers;
     if (limitHeaders !== undefined && !res.headersSent) for (const [name, value] of Object.entries(limitHeaders)) res.setHeader(name, value);
-    sendError(req, res, call.principal?.role === "admin" ? error : withoutServerDetails(error), PROXY_ROUTES.get(call.endpoint)?.wire?.errors);
+    sendError(req, res, call.principal?.role === "admin" ? error : withoutServerDetails(error), this.errorsOf(call.endpoint));
     this.record(call, error instanceof LlmgwError ? error.status : 500);
   }
 
@@ -527,7 +552,7 @@ export class Gateway {
       ttftSeconds: call.firstByteAt === null ? null : (call.firstByteAt - call.started) / 1000,
       usage,
     });
-    if (call.principal === null || this.options.usage === undefined || !PROXY_ROUTES.has(call.endpoint)) return;
+    if (call.principal === null || this.options.usage === undefined || !this.routes.has(call.endpoint)) return;
     this.options.usage.record({
       at: new Date(performance.timeOrigin + call.started).toISOString(),
       key_id: call.principal.keyId,
@@ -548,44 +573,9 @@ export class Gateway {
   }
 }
 
-/**
- * What a caller who is not an administrator (a client key, or no key yet) may read of a
- * failure: a storage fault names the data dir or the database's address, so it becomes
- * the same 503 in words that say what to do instead. The wait stays the fault's own (a
- * few seconds for a database that went away, longer for a full disk). Keys in the grace
- * are still answered then, so the words speak of this request's key and limits only.
- */
-function withoutServerDetails(error: unknown): unknown {
-  if (!(error instanceof LlmgwError) || error.code !== "storage_unavailable") return error;
-  const retryAfterSeconds = Number(error.headers["retry-after"] ?? 30);
-  return new UnavailableError(
-    `llmgw cannot use its database right now, so it cannot check this key or its limits. Retry in ${retryAfterSeconds} s; if it persists, tell an administrator (the server's log and /readyz say why).`,
-    { code: "storage_unavailable", retryAfterSeconds },
-  );
-}
-
 /** What the estimate of a request's answer is made from, when its replica reported no usage (charged-usage.ts). */
 function estimateSource(request: ProxyRequest, call: Call): EstimateSource {
   const { route, body, model, raw } = request;
-  const rawBytes = route.wire === undefined ? raw.length : undefined;
+  const rawBytes = request.exchange === null ? raw.length : undefined;
   return { path: route.path, body, model, rawBytes, bound: call.permit?.maxOutputTokens ?? null, meter: call.meter, tap: call.tap };
-}
-
-/**
- * How an answer is read and changed on its way: OpenAI's routes pass it as it is (less
- * the usage the gateway asked for on the client's behalf, stream-usage.ts); another wire
- * format's rewriter translates it. The relay reads the usage of JSON answers itself; a
- * stream's is read by its rewriter, or tapped when the client asked for it.
- */
-function answerHandling(route: ProxyRoute, body: GatewayRequestBody, injectUsage: boolean) {
-  const wire = route.wire;
-  if (wire !== undefined) return { tapEventStream: false, rewrite: (head: AnswerHead): BodyRewriter => wire.answer(body, head), errors: wire.errors };
-  return { tapEventStream: !injectUsage, rewrite: injectUsage ? () => new StreamUsageFilter() : null };
-}
-
-function pathOf(url: string | undefined): string {
-  const raw = url ?? "/";
-  const query = raw.indexOf("?");
-  const path = query === -1 ? raw : raw.slice(0, query);
-  return path.length > 1 && path.endsWith("/") ? path.slice(0, -1) : path;
 }

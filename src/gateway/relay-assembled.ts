@@ -17,7 +17,7 @@
 //   upstream is relayed as a 502 error answer.
 import { performance } from "node:perf_hooks";
 import { OutputMeter } from "./output-meter.ts";
-import { forwardedHeaders, type RelayOptions, type RelayOutcome, type RelayResult } from "./relay.ts";
+import { afterBeforeEnd, forwardedHeaders, type RelayOptions, type RelayOutcome, type RelayResult } from "./relay.ts";
 import { StreamAssembly } from "./stream-assembly.ts";
 import { readTokenUsage } from "./usage-tap.ts";
 
@@ -58,22 +58,33 @@ export function relayAssembled(options: RelayOptions, completions: boolean): Pro
     const send = (answer: Buffer, status: number, cut: Error | null) => {
       const deliverNow = () => {
         if (settled) return;
-        try {
-          const rewriter = options.rewrite?.({ status, eventStream: false }) ?? null;
-          const bytes = rewriter === null ? answer : Buffer.concat([rewriter.push(answer), rewriter.end()]);
-          answerUsage = rewriter?.usage() ?? answerUsage;
-          const head = rewriter?.head?.();
-          const headers = forwardedHeaders(upstream.headers, true);
-          delete headers["content-encoding"];
-          if (options.headers !== undefined) Object.assign(headers, options.headers);
-          headers["content-type"] = head?.contentType ?? "application/json";
-          res.writeHead(head?.status ?? status, headers);
-          res.end(bytes);
-          finish(cut === null ? { kind: "answered", status: res.statusCode } : { kind: "cut", error: cut });
-        } catch (error) {
+        const failed = (error: unknown) => {
           // A translation or a write that fails must not take the server down: the client's connection goes.
           res.destroy();
           finish({ kind: "refused", error: error instanceof Error ? error : new Error(String(error)) });
+        };
+        try {
+          const rewriter = options.rewrite?.({ status, eventStream: false }) ?? null;
+          const start = rewriter === null ? answer : rewriter.push(answer);
+          afterBeforeEnd(rewriter, () => {
+            if (settled) return;
+            try {
+              const bytes = rewriter === null ? start : Buffer.concat([start, rewriter.end()]);
+              answerUsage = rewriter?.usage() ?? answerUsage;
+              const head = rewriter?.head?.();
+              const headers = forwardedHeaders(upstream.headers, true);
+              delete headers["content-encoding"];
+              if (options.headers !== undefined) Object.assign(headers, options.headers);
+              headers["content-type"] = head?.contentType ?? "application/json";
+              res.writeHead(head?.status ?? status, headers);
+              res.end(bytes);
+              finish(cut === null ? { kind: "answered", status: res.statusCode } : { kind: "cut", error: cut });
+            } catch (error) {
+              failed(error);
+            }
+          });
+        } catch (error) {
+          failed(error);
         }
       };
       const check = status === 200 ? (options.outputCheck ?? null) : null;

@@ -24,7 +24,7 @@
 import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import { UnavailableError } from "../core/errors.ts";
-import { endBrokenResponse, startEventStream, type ErrorDialect } from "../core/http.ts";
+import { OPENAI_ERRORS, endBrokenResponse, startEventStream, type ErrorDialect, type StreamFailure } from "../core/http.ts";
 import type { OutputCheck } from "../policy/request-policy.ts";
 import type { TokenUsage } from "../core/token-usage.ts";
 import { UsageTap } from "./usage-tap.ts";
@@ -70,7 +70,27 @@ export interface BodyRewriter {
   end(): Buffer;
   usage(): TokenUsage | null;
   /** Status and content type for the client, when the rewriter changes them; asked when the headers go out. */
-  head?(): { status: number; contentType: string };
+  head?(): { status: number; contentType: string /** A stream of events (JSON lines) that a failure event can end. */; stream?: boolean };
+  /**
+   * Work that must be done before the client gets the answer's end (the Responses API keeps
+   * the response it is about to complete, so a client that chains on it at once finds it).
+   * It never rejects: it handles its own failures.
+   */
+  beforeEnd?(): Promise<void>;
+  /** The failure event of this answer, when it depends on what was sent (a sequence number); else the dialect's. */
+  failureEvent?(failure: StreamFailure): string;
+}
+
+/** The error dialect of one answer: the route's, with its rewriter's failure event where it has one. */
+export function answerErrors(rewriter: BodyRewriter | null, errors: ErrorDialect | undefined): ErrorDialect | undefined {
+  if (rewriter?.failureEvent === undefined) return errors;
+  return { render: (errors ?? OPENAI_ERRORS).render, streamFailureEvent: (failure) => rewriter.failureEvent!(failure) };
+}
+
+/** Runs `then` once the rewriter's work before the end is done (at once when it has none). */
+export function afterBeforeEnd(rewriter: BodyRewriter | null, then: () => void): void {
+  if (rewriter?.beforeEnd === undefined) then();
+  else rewriter.beforeEnd().then(then, then);
 }
 
 /** What is known of an answer when its rewriter is chosen. */
@@ -175,6 +195,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
   const eventStream = isEventStream(upstream.headers);
   const tap = !eventStream ? new UsageTap(false) : options.tapEventStream ? new UsageTap(true) : null;
   const rewriter = options.rewrite?.({ status: upstream.statusCode, eventStream }) ?? null;
+  const errors = answerErrors(rewriter, options.errors);
   // Only a successful answer is metered: an error answer generated nothing.
   const meter = options.meterStream === true && upstream.statusCode >= 200 && upstream.statusCode < 300 ? new OutputMeter(options.outputBound ?? null) : null;
   const encoding = upstream.headers["content-encoding"];
@@ -187,7 +208,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     const head = rewriter?.head?.();
     if (head !== undefined) headers["content-type"] = head.contentType;
     const status = head?.status ?? upstream.statusCode;
-    if (eventStream && head === undefined) startEventStream(res, status, headers);
+    if ((eventStream && head === undefined) || head?.stream === true) startEventStream(res, status, headers);
     else res.writeHead(status, headers);
   };
   // The last two chunks, kept as they are: decoding every chunk to find the end would cost
@@ -266,7 +287,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
               reason === null
                 ? `The upstream went past the ${options.outputBound} output tokens this request reserved (its max_tokens under the key's limits), so llmgw cut the answer here.`
                 : `llmgw cannot count this answer's output against the key's limits (${reason}), so it was cut.`;
-            endBrokenResponse(res, { message, code: "output_limit_exceeded" }, options.errors);
+            endBrokenResponse(res, { message, code: "output_limit_exceeded" }, errors);
             if (!upstreamEnded) {
               body.destroy();
               options.onUpstreamEnd?.();
@@ -281,10 +302,13 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
           () => {
             if (settled) return;
             write(rewriter === null ? answer : rewriter.push(answer));
-            if (rewriter !== null) write(rewriter.end());
-            sendHeaders();
-            res.end();
-            finish({ kind: "answered", status: res.statusCode });
+            afterBeforeEnd(rewriter, () => {
+              if (settled) return;
+              if (rewriter !== null) write(rewriter.end());
+              sendHeaders();
+              res.end();
+              finish({ kind: "answered", status: res.statusCode });
+            });
           },
           (error: unknown) => finish({ kind: "refused", error: error instanceof Error ? error : new Error(String(error)) }),
         );
@@ -298,6 +322,12 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
           return;
         }
       }
+      afterBeforeEnd(rewriter, endAnswer);
+    };
+    /** The upstream ended and what the rewriter had to do first is done: the end of the answer. */
+    const endAnswer = () => {
+      // The client left while the rewriter's work ran.
+      if (settled) return;
       if (rewriter !== null) write(rewriter.end());
       sendHeaders();
       const tail = eventStream ? streamTail(lastChunks) : "";
@@ -305,7 +335,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
         const error = new Error("the upstream ended its event stream without [DONE]");
         // Its own error event already told the client; otherwise say it here.
         if (tail.includes('{"error"')) res.end();
-        else endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, options.errors);
+        else endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, errors);
         finish({ kind: "broken", error });
         return;
       }
@@ -318,7 +348,7 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
         finish({ kind: "failed-before-first-byte", error });
         return;
       }
-      endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, options.errors);
+      endBrokenResponse(res, { message: options.brokenMessage, code: "upstream_failed" }, errors);
       finish({ kind: "broken", error });
     };
     const onClientClose = () => {

@@ -2,8 +2,9 @@
 // model's health (fleet/model-health.ts, the same line the admin API shows), so the
 // gateway never re-derives health on its own. Client keys learn what is wrong and what
 // to do; the replica's recorded error (engine log lines, file paths of the server) is
-// for administrators, who see it in this message and in /api/v1/replicas.
-import { UnavailableError } from "../core/errors.ts";
+// for administrators, who see it in this message and in /api/v1/replicas. Likewise a
+// storage fault, which names the server's data dir or database (withoutServerDetails).
+import { LlmgwError, UnavailableError } from "../core/errors.ts";
 import type { CatalogModel } from "../catalog/catalog.ts";
 import { modelHealth, type FleetStatusOfModel } from "../fleet/model-health.ts";
 import type { Replica } from "../fleet/replica-table.ts";
@@ -53,4 +54,20 @@ export function unavailableError(
         retryAfterSeconds: 5,
       });
   }
+}
+
+/**
+ * What a caller who is not an administrator (a client key, or no key yet) may read of a
+ * failure: a storage fault names the data dir or the database's address, so it becomes
+ * the same 503 in words that say what to do instead. The wait stays the fault's own (a
+ * few seconds for a database that went away, longer for a full disk). Keys in the grace
+ * are still answered then, so the words speak of this request's key and limits only.
+ */
+export function withoutServerDetails(error: unknown): unknown {
+  if (!(error instanceof LlmgwError) || error.code !== "storage_unavailable") return error;
+  const retryAfterSeconds = Number(error.headers["retry-after"] ?? 30);
+  return new UnavailableError(
+    `llmgw cannot use its database right now, so it cannot check this key or its limits. Retry in ${retryAfterSeconds} s; if it persists, tell an administrator (the server's log and /readyz say why).`,
+    { code: "storage_unavailable", retryAfterSeconds },
+  );
 }

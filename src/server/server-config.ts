@@ -59,6 +59,8 @@ export interface ServerConfig {
   keyGraceMs?: number;
   /** Days raw usage rows are kept (default 30; 0: forever); the per-minute aggregates stay 400 days. */
   usageRetentionDays?: number;
+  /** Days the Responses API keeps a stored response (default 30; 0: until deleted). */
+  responsesRetentionDays?: number;
   /** The jobs' smoke test (default: a hello sent to the replica); tests make a revision fail it. */
   smokeTest?: SmokeTest;
   /** A secret that lets a scraper on another machine read GET /metrics (admin keys may too; loopback needs none). */

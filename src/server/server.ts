@@ -27,6 +27,8 @@ import { GuardModels } from "../policy/guards.ts";
 import { UpstreamPools } from "../gateway/upstream.ts";
 import { UsageRecorder } from "../gateway/usage-recorder.ts";
 import { UsageRetention } from "../usage/usage-retention.ts";
+import { ResponseStore } from "../gateway/responses/response-store.ts";
+import { isOllamaPath } from "../gateway/ollama/ollama-routes.ts";
 import { LimitsService } from "../policy/limits.ts";
 import { openStore, type Store } from "../store/store.ts";
 import { createAdminApi, type Readiness } from "./admin-api.ts";
@@ -243,6 +245,9 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     logger,
     ...(config.usageRetentionDays === undefined ? {} : { retentionDays: config.usageRetentionDays }),
   });
+  // Every server sweeps expired responses: a sweep deletes only rows past their time, so two find nothing twice.
+  const responses = new ResponseStore({ store, logger, retentionDays: config.responsesRetentionDays });
+  responses.start();
   const limits: LimitsService = new LimitsService({
     store,
     logger,
@@ -372,6 +377,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     images: config.images,
     fleetStatus: (modelId) => fleetAccess.status(modelId),
     onDemand: fleetAccess,
+    responses,
     limits,
     metrics,
     guards,
@@ -470,7 +476,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
   };
   const server = http.createServer(listenerOptions, (req, res) => {
     const url = req.url ?? "/";
-    if (url === "/v1" || url.startsWith("/v1/")) {
+    if (url === "/v1" || url.startsWith("/v1/") || isOllamaPath(url)) {
       gateway.handle(req, res);
       return;
     }
@@ -529,6 +535,7 @@ export async function startServer(config: ServerConfig, withAgent?: (parts: Serv
     await mirror.close();
     await registry.close();
     await usageRetention.stop();
+    await responses.stop();
     await usage.close();
     await limits.close();
     await loads.stop();

@@ -481,6 +481,25 @@ const migrations: Record<string, MigrationFactory> = {
       }
     },
   }),
+  // The Responses API's stored responses (issue 29): one row per response a key asked to
+  // keep, with the input items it was given and the response it got (JSON), and the
+  // response it continues. Rows go at expires_at (the retention setting when written).
+  "0015_responses": () => ({
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable("responses")
+        .addColumn("id", "text", (c) => c.primaryKey())
+        .addColumn("key_id", "text", (c) => c.notNull())
+        .addColumn("previous_response_id", "text")
+        .addColumn("model", "text", (c) => c.notNull())
+        .addColumn("input", "text", (c) => c.notNull())
+        .addColumn("response", "text", (c) => c.notNull())
+        .addColumn("created_at", "text", (c) => c.notNull())
+        .addColumn("expires_at", "text", (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex("responses_expires_at").on("responses").column("expires_at").execute();
+    },
+  }),
   // External models' api_keys (issue 25) are sealed by no migration: the secret box is not
   // known when migrations run (on PostgreSQL it comes from the cluster secret) and a
   // migration calls no live code. The catalog seals plain keys when a server reads them

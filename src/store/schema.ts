@@ -304,6 +304,23 @@ export interface ModelScalingTable {
   updated_at: string;
 }
 
+/** A response the Responses API kept (src/gateway/responses/response-store.ts). */
+export interface ResponsesTable {
+  /** resp_…, made by llmgw. */
+  id: string;
+  /** The key that asked for it: only that key reads, chains on or deletes it. */
+  key_id: string;
+  previous_response_id: string | null;
+  /** The model name the client asked for. */
+  model: string;
+  /** JSON: the input items of the request, each with its id. */
+  input: string;
+  /** JSON: the response object as the client got it. */
+  response: string;
+  created_at: string;
+  expires_at: string;
+}
+
 /** One server's gateway load (src/cluster/gateway-loads.ts): JSON `{models, replicas}` of requests in flight and queued. */
 export interface GatewayLoadsTable {
   server: string;
@@ -417,4 +434,5 @@ export interface Database {
   cluster_settings: ClusterSettingsTable;
   model_scaling: ModelScalingTable;
   gateway_loads: GatewayLoadsTable;
+  responses: ResponsesTable;
 }

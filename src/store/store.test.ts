@@ -66,6 +66,7 @@ testBothStores("migrations create every table and record themselves", async (sto
       "0012_cluster",
       "0013_usage_estimated",
       "0014_autoscaling",
+      "0015_responses",
     ],
   );
 });

@@ -30,11 +30,16 @@ function apiKey(req: IncomingMessage): string {
 
 export const anthropicMessages: WireFormat = {
   apiKey,
-  toUpstream: messagesToChatBody,
-  // A successful event stream is translated event by event; anything else (a JSON
-  // answer, an error of the upstream, a stream request the upstream refused) is held
-  // whole and translated at its end, into the full event sequence when the client asked
-  // for a stream and the upstream answered it with JSON anyway.
-  answer: (request, head) => (head.eventStream && head.status === 200 ? new MessagesStream(request) : new MessagesAnswer(request, head.status)),
+  begin(json) {
+    const body = messagesToChatBody(json);
+    return {
+      body,
+      // A successful event stream is translated event by event; anything else (a JSON
+      // answer, an error of the upstream, a stream request the upstream refused) is held
+      // whole and translated at its end, into the full event sequence when the client asked
+      // for a stream and the upstream answered it with JSON anyway.
+      answer: (head) => (head.eventStream && head.status === 200 ? new MessagesStream(body) : new MessagesAnswer(body, head.status)),
+    };
+  },
   errors: ANTHROPIC_ERRORS,
 };

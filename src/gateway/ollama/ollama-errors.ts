@@ -1,0 +1,62 @@
+// Failures on Ollama's routes (/api/...) in Ollama's shape: `{"error": "<message>"}` with
+// the HTTP status, which is all the official clients read (ollama-js's checkOk takes
+// `error` from a JSON body and keeps the status in ResponseError.status_code). Every error
+// is rendered by core/errors.ts's renderError first, so the status, the headers
+// (Retry-After, x-ratelimit-*) and the message stay llmgw's own; only the body changes.
+// A stream that breaks after its first line ends with one more line of the same shape:
+// the clients raise an error for any line that has `error`.
+import { renderError } from "../../core/errors.ts";
+import type { ErrorDialect, StreamFailure } from "../../core/http.ts";
+
+export interface OllamaErrorBody {
+  error: string;
+}
+
+/** The one renderer of llmgw's errors for /api/... */
+export function renderOllamaError(error: unknown): { status: number; headers: Record<string, string>; body: OllamaErrorBody } {
+  const rendered = renderError(error);
+  return { status: rendered.status, headers: rendered.headers, body: { error: rendered.body.error.message } };
+}
+
+/** One JSON line, as Ollama's streams are made of (application/x-ndjson). */
+export function ndjsonLine(value: unknown): string {
+  return `${JSON.stringify(value)}\n`;
+}
+
+/** The last line of a stream that broke after its first byte. */
+export function ollamaStreamFailureEvent(failure: StreamFailure): string {
+  return ndjsonLine({ error: failure.message });
+}
+
+export const OLLAMA_ERRORS: ErrorDialect = { render: renderOllamaError, streamFailureEvent: ollamaStreamFailureEvent };
+
+/**
+ * The message of an upstream's own error answer (an engine's 400 for a prompt longer than
+ * its context, say). OpenAI-compatible servers put it in `error.message`; vLLM's older
+ * answers and FastAPI's validation errors put it in `message` or `detail`; anything else
+ * is described by its status and first bytes.
+ */
+export function upstreamErrorMessage(status: number, text: string): string {
+  let parsed: unknown = null;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    // Not JSON: described below.
+  }
+  const fields = typeof parsed === "object" && parsed !== null ? (parsed as Record<string, unknown>) : {};
+  const inner = typeof fields.error === "object" && fields.error !== null ? (fields.error as Record<string, unknown>) : {};
+  const message = [inner.message, fields.error, fields.message, fields.detail].find((value): value is string => typeof value === "string" && value !== "");
+  return message ?? `The model server answered HTTP ${status}${text.trim() === "" ? "" : `: ${text.trim().slice(0, 200)}`}`;
+}
+
+/** An upstream's error answer in Ollama's shape, keeping its message. */
+export function upstreamErrorBody(status: number, text: string): OllamaErrorBody {
+  return { error: upstreamErrorMessage(status, text) };
+}
+
+/** The message of an error event inside an upstream's stream (OpenAI's `{"error": {...}}`, or a bare string). */
+export function streamErrorMessage(error: unknown): string {
+  if (typeof error === "string" && error !== "") return error;
+  const fields = typeof error === "object" && error !== null ? (error as Record<string, unknown>) : {};
+  return typeof fields.message === "string" && fields.message !== "" ? fields.message : "The model server failed in the middle of the answer.";
+}
