@@ -110,6 +110,7 @@ const unit = [
   "src/gateway/ollama/ollama-routes.test.ts",
   "src/gateway/ollama/ollama-stream.test.ts",
   "src/gateway/ollama/ollama-wire.test.ts",
+  "src/gateway/ollama/ollama-gateway.test.ts",
   "src/gateway/responses/response-store.test.ts",
   "src/gateway/responses/responses-translation.test.ts",
   "src/gateway/responses/responses-gateway.test.ts",

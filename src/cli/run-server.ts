@@ -16,6 +16,7 @@ import { parseByteSize } from "../core/byte-size.ts";
 import { parseMetricsHosts } from "../metrics/metrics-hosts.ts";
 import { DEFAULT_IMAGE_SETTINGS, type ImageSettings } from "../gateway/image-parts.ts";
 import { DEFAULT_MAX_BODY_BYTES } from "../gateway/gateway.ts";
+import { MAX_RESPONSES_RETENTION_DAYS } from "../gateway/responses/response-store.ts";
 import { formatBytes } from "../core/format.ts";
 import { LIMITS_CLOCK_ENV, limitsClockFromEnv } from "../policy/limits-clock.ts";
 import { parseDuration, parsePositiveInt, parseListen, resolveDataDir, resolveDatabase, DEFAULT_LISTEN } from "./config.ts";
@@ -89,9 +90,7 @@ export async function runServerCommand(options: ServerCommandOptions, mode: "ser
       ...(options.usageRetention === undefined
         ? {}
         : { usageRetentionDays: parsePositiveInt(options.usageRetention, "--usage-retention", { allowZero: true }) }),
-      ...(options.responsesRetention === undefined
-        ? {}
-        : { responsesRetentionDays: parsePositiveInt(options.responsesRetention, "--responses-retention", { allowZero: true }) }),
+      ...(options.responsesRetention === undefined ? {} : { responsesRetentionDays: parseResponsesRetention(options.responsesRetention) }),
       ...keyGraceOption(options.keyGrace ?? process.env.LLMGW_KEY_GRACE),
       ...publicUrlOption(options.publicUrl ?? process.env.LLMGW_PUBLIC_URL),
       ...(options.budgetAlert === undefined ? {} : { budgetAlertShare: parseBudgetAlert(options.budgetAlert) }),
@@ -339,4 +338,13 @@ async function ensureDemoModel(parts: ServerParts, dataDir: string): Promise<voi
     );
   }
   parts.logger.info({ file }, "demo model ready to start");
+}
+
+/** --responses-retention: whole days, 0 (until deleted) to a hundred years. */
+function parseResponsesRetention(value: string): number {
+  const days = parsePositiveInt(value, "--responses-retention", { allowZero: true });
+  if (days > MAX_RESPONSES_RETENTION_DAYS) {
+    throw new BadRequestError(`Invalid --responses-retention '${value}': at most ${MAX_RESPONSES_RETENTION_DAYS} days; 0 keeps responses until deleted.`);
+  }
+  return days;
 }

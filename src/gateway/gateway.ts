@@ -35,7 +35,7 @@ import { ResponsesRoutes } from "./responses/responses-routes.ts";
 import { responsesWire } from "./responses/responses-wire.ts";
 import type { ResponseStore } from "./responses/response-store.ts";
 import { NO_FIELDS, adapterChoice, upstreamOf } from "./adapter-route.ts";
-import { assertAllowed, listModels } from "./model-access.ts";
+import { assertAllowed, listModels, mayUse } from "./model-access.ts";
 import { checkImageParts, type ImageSettings } from "./image-parts.ts";
 import { withUsageRequested } from "./stream-usage.ts";
 import { outputCapOf } from "./output-cap.ts";
@@ -282,7 +282,7 @@ export class Gateway {
     });
     const json = parseJsonBody(raw.toString("utf8"));
     // Only a translation that reads the store costs an await (the OpenAI routes' hot path has none).
-    const begun = route.wire?.begin(json, { principal, knows: (name) => this.options.catalog.resolve(name) !== undefined }) ?? null;
+    const begun = route.wire?.begin(json, { principal, knows: (name) => mayUse(this.options.catalog, principal, name) }) ?? null;
     const exchange = begun instanceof Promise ? await begun : begun;
     const body = parseWith(route.schema, exchange === null ? json : exchange.body, "request");
     call.model = body.model;

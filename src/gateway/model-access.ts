@@ -26,6 +26,16 @@ export function assertAllowed(principal: Principal, model: CatalogModel, request
   if (!isAllowed(principal, model, requested)) throw modelNotFound(requested);
 }
 
+/**
+ * Whether `name` names a model this key may use: what another wire format's spelling of a
+ * name (Ollama's `name:latest`) is checked against, so that it tells a key nothing about
+ * models it may not use.
+ */
+export function mayUse(catalog: ModelResolver, principal: Principal, name: string): boolean {
+  const model = catalog.resolve(name);
+  return model !== undefined && isAllowed(principal, model, name);
+}
+
 /** Allowed by the model's own name, or by the very name asked for (an alias, an adapter's name). */
 function isAllowed(principal: Principal, model: CatalogModel, requested: string): boolean {
   const allowed = principal.allowedModels;

@@ -73,12 +73,15 @@ export interface BodyRewriter {
   head?(): { status: number; contentType: string /** A stream of events (JSON lines) that a failure event can end. */; stream?: boolean };
   /**
    * Work that must be done before the client gets the answer's end (the Responses API keeps
-   * the response it is about to complete, so a client that chains on it at once finds it).
-   * It never rejects: it handles its own failures.
+   * the response it is about to complete, so a client that chains on it at once finds it):
+   * a promise to wait for, or null when it is done already (nothing to wait for costs no
+   * turn of the event loop). It never rejects: it handles its own failures.
    */
-  beforeEnd?(): Promise<void>;
+  beforeEnd?(): Promise<void> | null;
   /** The failure event of this answer, when it depends on what was sent (a sequence number); else the dialect's. */
   failureEvent?(failure: StreamFailure): string;
+  /** An event stream's translator: whether the upstream said [DONE] (asked after end()); the relay reads the raw tail otherwise. */
+  complete?(): boolean;
 }
 
 /** The error dialect of one answer: the route's, with its rewriter's failure event where it has one. */
@@ -89,8 +92,14 @@ export function answerErrors(rewriter: BodyRewriter | null, errors: ErrorDialect
 
 /** Runs `then` once the rewriter's work before the end is done (at once when it has none). */
 export function afterBeforeEnd(rewriter: BodyRewriter | null, then: () => void): void {
-  if (rewriter?.beforeEnd === undefined) then();
-  else rewriter.beforeEnd().then(then, then);
+  let waiting: Promise<void> | null = null;
+  try {
+    waiting = rewriter?.beforeEnd?.() ?? null;
+  } catch {
+    // It must not throw; if it does, the answer ends without what it would have done.
+  }
+  if (waiting === null) then();
+  else waiting.then(then, then);
 }
 
 /** What is known of an answer when its rewriter is chosen. */
@@ -271,8 +280,26 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       }
       if (eventStream) lastChunks = [lastChunks[1], chunk];
       const passing = meter === null ? chunk : meter.push(chunk);
-      write(rewriter === null ? passing : rewriter.push(passing));
+      if (rewriter === null) write(passing);
+      else if (!rewrite(() => write(rewriter.push(passing)))) return;
       if (meter?.exceeded === true) cut?.(false);
+    };
+    /**
+     * Runs a step of the rewriter; false when it threw (an upstream's chunk it could not
+     * read, say): a listener of the upstream's stream that throws would take the server
+     * down. The answer is broken there, as if the upstream had failed: before the first
+     * byte another replica may answer; after it, the stream ends with the failure event.
+     */
+    const rewrite = (step: () => void): boolean => {
+      try {
+        step();
+        return true;
+      } catch (error) {
+        body.destroy();
+        options.onUpstreamEnd?.();
+        onError(new Error(`the answer could not be translated (${error instanceof Error ? error.message : String(error)})`));
+        return false;
+      }
     };
     // The upstream went past the reserved output: what passed stays, the failure event ends
     // the stream, and the upstream request is closed so it stops generating.
@@ -301,10 +328,11 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
         outputCheck(answer).then(
           () => {
             if (settled) return;
-            write(rewriter === null ? answer : rewriter.push(answer));
+            if (rewriter === null) write(answer);
+            else if (!rewrite(() => write(rewriter.push(answer)))) return;
             afterBeforeEnd(rewriter, () => {
               if (settled) return;
-              if (rewriter !== null) write(rewriter.end());
+              if (rewriter !== null && !rewrite(() => write(rewriter.end()))) return;
               sendHeaders();
               res.end();
               finish({ kind: "answered", status: res.statusCode });
@@ -316,7 +344,8 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
       }
       if (meter !== null) {
         const rest = meter.end();
-        write(rewriter === null ? rest : rewriter.push(rest));
+        if (rewriter === null) write(rest);
+        else if (!rewrite(() => write(rewriter.push(rest)))) return;
         if (meter.exceeded) {
           cut?.(true);
           return;
@@ -328,10 +357,12 @@ export function relay(options: RelayOptions): Promise<RelayResult> {
     const endAnswer = () => {
       // The client left while the rewriter's work ran.
       if (settled) return;
-      if (rewriter !== null) write(rewriter.end());
+      if (rewriter !== null && !rewrite(() => write(rewriter.end()))) return;
       sendHeaders();
       const tail = eventStream ? streamTail(lastChunks) : "";
-      if (eventStream && upstream.statusCode === 200 && !tail.includes(SSE_DONE_TEXT)) {
+      // A translating rewriter read every event and knows whether [DONE] came; else the raw tail says.
+      const done = rewriter?.complete?.() ?? tail.includes(SSE_DONE_TEXT);
+      if (eventStream && upstream.statusCode === 200 && !done) {
         const error = new Error("the upstream ended its event stream without [DONE]");
         // Its own error event already told the client; otherwise say it here.
         if (tail.includes('{"error"')) res.end();

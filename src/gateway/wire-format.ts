@@ -16,7 +16,7 @@ import type { GatewayRequestBody } from "./request-schemas.ts";
 export interface WireContext {
   /** The key's principal: a stored conversation (a previous response) belongs to one key. */
   principal: Principal;
-  /** Whether the catalog has a model (or alias, or adapter) by this name: for names a format spells its own way (Ollama's `name:latest`). */
+  /** Whether this key may use a model (or alias, or adapter) by this name: for names a format spells its own way (Ollama's `name:latest`). */
   knows(name: string): boolean;
 }
 

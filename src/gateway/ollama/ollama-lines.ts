@@ -159,7 +159,10 @@ export function jsonBytes(value: unknown): Buffer {
 }
 
 export function linesBytes(values: readonly unknown[]): Buffer {
-  return Buffer.from(values.map(ndjsonLine).join(""), "utf8");
+  let text = "";
+  // A line already written as text (OllamaStream's text lines) is taken as it is.
+  for (const value of values) text += typeof value === "string" ? value : ndjsonLine(value);
+  return Buffer.from(text, "utf8");
 }
 
 export const EMPTY = Buffer.alloc(0);

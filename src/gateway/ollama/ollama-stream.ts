@@ -10,6 +10,7 @@
 // and ends the answer with the dialect's `{"error": ...}` line, so the client never sees a
 // done line for an answer that was cut. An error event of the upstream itself becomes that
 // same line, and nothing after it is translated.
+import { eventData, splitEvents } from "../sse-data.ts";
 import { StringDecoder } from "node:string_decoder";
 import type { TokenUsage } from "../../core/token-usage.ts";
 import type { BodyRewriter } from "../relay.ts";
@@ -30,7 +31,18 @@ import {
   type UpstreamCall,
 } from "./ollama-lines.ts";
 
-const EVENT_END = /\r?\n\r?\n/;
+
+let isoMs = 0;
+let isoText = "";
+/** The time as an ISO string, made once per millisecond (lines of one chunk share it). */
+function isoNow(): string {
+  const now = Date.now();
+  if (now !== isoMs) {
+    isoMs = now;
+    isoText = new Date(now).toISOString();
+  }
+  return isoText;
+}
 
 interface CallDelta {
   index?: unknown;
@@ -51,10 +63,14 @@ export class OllamaStream implements BodyRewriter {
   private readonly timing: GenerationTiming;
   private pending = "";
   private ended = false;
+  /** [DONE] came: the done line was written. */
+  private done = false;
   private reason: DoneReason = "stop";
   private found: TokenUsage | null = null;
   /** Tool calls being streamed, by their index in the chunks. */
   private readonly calls = new Map<number, UpstreamCall>();
+  /** `{"model":…,"created_at":"` of this answer's lines. */
+  private linePrefix: string | undefined;
 
   constructor(private readonly request: AnswerRequest) {
     this.timing = new GenerationTiming(request);
@@ -72,13 +88,18 @@ export class OllamaStream implements BodyRewriter {
     return this.found;
   }
 
+  /** The upstream said [DONE] (the relay asks this rather than reading the raw tail). */
+  complete(): boolean {
+    return this.done;
+  }
+
   head(): { status: number; contentType: string; stream: boolean } {
     return { status: 200, contentType: NDJSON, stream: true };
   }
 
   /** Translates every complete event (and, at the end, an unterminated last one). */
   private translate(text: string, last: boolean): Buffer {
-    const events = (this.pending + text).split(EVENT_END);
+    const events = splitEvents(this.pending + text);
     this.pending = last ? "" : (events.pop() ?? "");
     const lines: unknown[] = [];
     for (const event of events) this.translateEvent(event, lines);
@@ -87,12 +108,7 @@ export class OllamaStream implements BodyRewriter {
 
   private translateEvent(event: string, lines: unknown[]): void {
     if (this.ended) return;
-    // Only `data:` lines matter; `event:`, `id:` and `:` comment lines of some servers are dropped.
-    const data = event
-      .split(/\r?\n/)
-      .filter((line) => line.startsWith("data:"))
-      .map((line) => line.slice(5).replace(/^ /, ""))
-      .join("\n");
+    const data = eventData(event);
     if (data === "") return;
     if (data === "[DONE]") {
       this.finish(lines);
@@ -112,13 +128,14 @@ export class OllamaStream implements BodyRewriter {
     }
     const usage = readTokenUsage(chunk.usage);
     if (usage !== null) this.found = usage;
-    const choice = chunk.choices?.[0];
-    if (choice === undefined) return;
+    const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
+    // Whatever an upstream sends (null, a number) must not throw here: see relay.ts's rewrite.
+    if (typeof choice !== "object" || choice === null) return;
     const content = typeof choice.delta?.content === "string" ? choice.delta.content : "";
     const thinking = reasoningOf(choice.delta);
     if (content !== "" || thinking !== "") {
       this.timing.output();
-      lines.push(partLine(this.request, { content, thinking }));
+      lines.push(thinking === "" ? this.textLine(content) : partLine(this.request, { content, thinking }));
     }
     if (Array.isArray(choice.delta?.tool_calls)) {
       this.timing.output();
@@ -139,6 +156,18 @@ export class OllamaStream implements BodyRewriter {
     this.calls.set(index, call);
   }
 
+  /**
+   * A line of text alone, the same as partLine's, written as text: it is made for every
+   * piece of every Ollama stream, and building and serialising its object (with a new
+   * date string each time) cost most of what the translation adds (bench/gateway/apis.ts).
+   */
+  private textLine(content: string): string {
+    this.linePrefix ??= `{"model":${JSON.stringify(this.request.model)},"created_at":"`;
+    const piece =
+      this.request.kind === "chat" ? `"message":{"role":"assistant","content":${JSON.stringify(content)}}` : `"response":${JSON.stringify(content)}`;
+    return `${this.linePrefix}${isoNow()}",${piece},"done":false}\n`;
+  }
+
   /** The complete calls as one line (with, as text, any whose arguments are not an object). */
   private flushCalls(lines: unknown[]): void {
     if (this.calls.size === 0) return;
@@ -150,6 +179,7 @@ export class OllamaStream implements BodyRewriter {
 
   private finish(lines: unknown[]): void {
     this.ended = true;
+    this.done = true;
     // Calls of an upstream that never said its finish reason.
     this.flushCalls(lines);
     lines.push(doneLine(this.request, { content: "" }, this.reason, this.found, this.timing));

@@ -12,15 +12,16 @@ import type { BodyRewriter } from "../relay.ts";
 import { readTokenUsage } from "../usage-tap.ts";
 import { ResponseBuilder, cachedTokensOf, type ResponseEvent, type ResponseHead } from "./response-builder.ts";
 import type { ResponseObject } from "./response-types.ts";
+import { eventData, splitEvents } from "../sse-data.ts";
 
 const EMPTY = Buffer.alloc(0);
-const EVENT_END = /\r?\n\r?\n/;
+const TEXT_DELTA = "response.output_text.delta";
 
 /** What every answer to one request shares: the response's identity and echo, and where a finished one is kept. */
 export interface ResponseTarget {
   head: ResponseHead;
-  /** Keeps the finished response (never rejects); null when the request said store: false. */
-  keep: ((response: ResponseObject) => Promise<void>) | null;
+  /** Keeps the finished response, given with its JSON: a promise to wait for, or nothing when it is kept already (never rejects); null when the request said store: false. */
+  keep: ((response: ResponseObject, json: string) => Promise<void> | undefined) | null;
 }
 
 interface ChatToolCall {
@@ -37,10 +38,11 @@ interface ChatChoice {
 
 /** Feeds a chat message (or a stream chunk's delta) to the builder. */
 function feed(builder: ResponseBuilder, part: ChatChoice["message"] | undefined): void {
-  if (part === undefined || part === null) return;
+  if (typeof part !== "object" || part === null) return;
   if (typeof part.content === "string") builder.text(part.content);
   if (!Array.isArray(part.tool_calls)) return;
   part.tool_calls.forEach((call, position) => {
+    if (typeof call !== "object" || call === null) return;
     builder.toolCall({
       index: typeof call.index === "number" ? call.index : position,
       id: typeof call.id === "string" ? call.id : undefined,
@@ -54,9 +56,24 @@ function feed(builder: ResponseBuilder, part: ChatChoice["message"] | undefined)
 class EventWriter {
   private sequence = 0;
   out = "";
+  private cached: { response: ResponseObject; json: string } | null = null;
+
+  /** A response object's JSON, made once for the events (created and in_progress share one) and the store that carry it. */
+  json(response: ResponseObject): string {
+    if (this.cached?.response !== response) this.cached = { response, json: JSON.stringify(response) };
+    return this.cached.json;
+  }
 
   write = (event: ResponseEvent): void => {
-    this.out += sseNamedEvent(event.type, { ...event, sequence_number: this.sequence++ });
+    if (event.type === TEXT_DELTA) {
+      // Written as text: one per piece of every streamed answer.
+      this.out += `event: ${TEXT_DELTA}\ndata: {"type":"${TEXT_DELTA}","item_id":"${event.item_id}","output_index":${event.output_index},"content_index":0,"delta":${JSON.stringify(event.delta)},"logprobs":[],"sequence_number":${this.sequence++}}\n\n`;
+      return;
+    }
+    const response = event.response as ResponseObject | undefined;
+    // The sequence number spliced into the event's JSON rather than spread into a copy of it: this runs per delta.
+    const json = response === undefined ? JSON.stringify(event).slice(0, -1) : `{"type":"${event.type}","response":${this.json(response)}`;
+    this.out += `event: ${event.type}\ndata: ${json},"sequence_number":${this.sequence++}}\n\n`;
   };
 
   take(): Buffer {
@@ -76,7 +93,7 @@ export class ResponsesAnswer implements BodyRewriter {
   private readonly chunks: Buffer[] = [];
   private status: number;
   private found: TokenUsage | null = null;
-  private settled: { body: Buffer; final: ResponseObject | null } | null = null;
+  private settled: { body: Buffer; final: ResponseObject | null; json: string } | null = null;
   private readonly events: EventWriter | null;
 
   constructor(
@@ -93,9 +110,10 @@ export class ResponsesAnswer implements BodyRewriter {
     return EMPTY;
   }
 
-  async beforeEnd(): Promise<void> {
-    const { final } = this.settle();
-    if (final !== null && this.target.keep !== null) await this.target.keep(final);
+  beforeEnd(): Promise<void> | null {
+    const { final, json } = this.settle();
+    if (final === null || this.target.keep === null) return null;
+    return this.target.keep(final, json) ?? null;
   }
 
   end(): Buffer {
@@ -109,18 +127,18 @@ export class ResponsesAnswer implements BodyRewriter {
     return this.found;
   }
 
-  head(): { status: number; contentType: string } {
+  head(): { status: number; contentType: string; stream: boolean } {
     const events = this.events !== null && this.status >= 200 && this.status < 300;
-    return { status: this.status, contentType: events ? "text/event-stream" : "application/json" };
+    return { status: this.status, contentType: events ? "text/event-stream" : "application/json", stream: events };
   }
 
   /** Reads the held answer once. */
-  private settle(): { body: Buffer; final: ResponseObject | null } {
+  private settle(): { body: Buffer; final: ResponseObject | null; json: string } {
     if (this.settled !== null) return this.settled;
     const raw = Buffer.concat(this.chunks);
     this.chunks.length = 0;
     if (this.status < 200 || this.status >= 300) {
-      this.settled = { body: raw, final: null };
+      this.settled = { body: raw, final: null, json: "" };
       return this.settled;
     }
     const completion = parseCompletion(raw);
@@ -128,7 +146,11 @@ export class ResponsesAnswer implements BodyRewriter {
     if (completion === null || typeof choice !== "object" || choice === null) {
       this.status = 502;
       const message = `The model server's answer was not a chat completion, so it cannot be given as a response (it began: ${JSON.stringify(raw.toString("utf8").slice(0, 120))}). Retry; if it persists, tell an administrator.`;
-      this.settled = { body: Buffer.from(JSON.stringify({ error: { message, type: "server_error", param: null, code: "upstream_bad_answer" } })), final: null };
+      this.settled = {
+        body: Buffer.from(JSON.stringify({ error: { message, type: "server_error", param: null, code: "upstream_bad_answer" } })),
+        final: null,
+        json: "",
+      };
       return this.settled;
     }
     this.found = readTokenUsage(completion.usage);
@@ -136,7 +158,8 @@ export class ResponsesAnswer implements BodyRewriter {
     if (this.events !== null) builder.start();
     feed(builder, choice.message);
     const final = builder.finish(choice.finish_reason, this.found, cachedTokensOf(completion.usage));
-    this.settled = { body: this.events === null ? Buffer.from(JSON.stringify(final), "utf8") : this.events.take(), final };
+    const json = this.events === null ? JSON.stringify(final) : this.events.json(final);
+    this.settled = { body: this.events === null ? Buffer.from(json, "utf8") : this.events.take(), final, json };
     return this.settled;
   }
 }
@@ -163,6 +186,7 @@ export class ResponsesStream implements BodyRewriter {
   private finishReason: unknown = null;
   private found: TokenUsage | null = null;
   private cached = 0;
+  private restRead = false;
 
   constructor(private readonly target: ResponseTarget) {
     this.builder = new ResponseBuilder(target.head, this.events.write);
@@ -172,12 +196,15 @@ export class ResponsesStream implements BodyRewriter {
     return this.translate(this.decoder.write(chunk), false);
   }
 
-  async beforeEnd(): Promise<void> {
-    if (this.final !== null && this.target.keep !== null) await this.target.keep(this.final);
+  beforeEnd(): Promise<void> | null {
+    // An unterminated last event (`data: [DONE]` without its blank line) counts before deciding what to keep.
+    this.readRest();
+    if (this.final === null || this.target.keep === null) return null;
+    return this.target.keep(this.final, this.events.json(this.final)) ?? null;
   }
 
   end(): Buffer {
-    this.translate(this.decoder.end(), true);
+    this.readRest();
     // Without [DONE] the stream broke: the relay ends it with the failure event, and nothing is kept.
     const completed = this.builder.completedEvent();
     if (this.final !== null && completed !== null) this.events.write(completed);
@@ -192,8 +219,19 @@ export class ResponsesStream implements BodyRewriter {
     return this.events.failure(failure);
   }
 
+  complete(): boolean {
+    return this.final !== null;
+  }
+
+  /** Translates what the upstream left without an event's end, once. */
+  private readRest(): void {
+    if (this.restRead) return;
+    this.restRead = true;
+    this.translate(this.decoder.end(), true);
+  }
+
   private translate(text: string, last: boolean): Buffer {
-    const events = (this.pending + text).split(EVENT_END);
+    const events = splitEvents(this.pending + text);
     this.pending = last ? "" : events.pop()!;
     for (const event of events) this.translateEvent(event);
     return last ? EMPTY : this.events.take();
@@ -201,11 +239,7 @@ export class ResponsesStream implements BodyRewriter {
 
   private translateEvent(event: string): void {
     if (this.ended) return;
-    const data = event
-      .split(/\r?\n/)
-      .filter((line) => line.startsWith("data:"))
-      .map((line) => line.slice(5).replace(/^ /, ""))
-      .join("\n");
+    const data = eventData(event);
     if (data === "") return;
     if (!this.started) {
       this.started = true;
@@ -222,6 +256,8 @@ export class ResponsesStream implements BodyRewriter {
     } catch {
       return;
     }
+    // Whatever an upstream sends (null, a number) must not throw here: see relay.ts's rewrite.
+    if (typeof chunk !== "object" || chunk === null) return;
     if (chunk.error !== undefined) {
       // The upstream's own error event: said in the Responses API's words, and the stream is over.
       this.ended = true;
@@ -237,7 +273,7 @@ export class ResponsesStream implements BodyRewriter {
       this.cached = cachedTokensOf(chunk.usage);
     }
     const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : undefined;
-    if (choice === undefined || choice === null) return;
+    if (typeof choice !== "object" || choice === null) return;
     feed(this.builder, choice.delta);
     if (choice.finish_reason != null) this.finishReason = choice.finish_reason;
   }

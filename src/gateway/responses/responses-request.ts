@@ -280,6 +280,8 @@ export function itemsToMessages(items: readonly Record<string, unknown>[], instr
       }
       case "function_call_output": {
         const callId = String(item.call_id);
+        // A kept output whose call is in a part of the chain no longer kept (deleted, expired, past MAX_CHAIN_DEPTH): dropped with it.
+        if (!calls.has(callId) && index < firstInput) return;
         if (!calls.has(callId)) {
           refuse(
             `${path}.call_id`,

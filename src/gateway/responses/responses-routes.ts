@@ -66,6 +66,15 @@ export class ResponsesRoutes {
       sendJson(res, 200, (await this.found(id!, principal)).response);
       return;
     }
+    if (method === "POST") {
+      // OpenAI's other POST routes under /v1/responses/ (input_tokens, compact): not served here.
+      throw new NotFoundError(
+        `Unknown endpoint POST ${path}. llmgw creates responses with POST /v1/responses and reads kept ones with GET /v1/responses/{id}.`,
+        {
+          code: "unknown_endpoint",
+        },
+      );
+    }
     if (method === "DELETE") {
       if (!(await this.store.delete(id!, principal.keyId))) throw notFound(id!);
       sendJson(res, 200, { id, object: "response", deleted: true });
@@ -96,16 +105,18 @@ function inputItemsPage(stored: StoredResponse, query: URLSearchParams) {
   if (order !== "asc" && order !== "desc")
     throw new BadRequestError("Invalid query: 'order' must be 'asc' or 'desc'.", { code: "invalid_field", param: "order" });
   let items = order === "asc" ? stored.input : [...stored.input].reverse();
-  for (const [name, keepAfter] of [
-    ["after", true],
-    ["before", false],
-  ] as const) {
+  const cursorAt = (name: "after" | "before"): number | null => {
     const cursor = query.get(name);
-    if (cursor === null) continue;
+    if (cursor === null) return null;
     const at = items.findIndex((item) => item.id === cursor);
     if (at === -1) throw new BadRequestError(`Invalid query: '${name}' names no input item of this response.`, { code: "invalid_field", param: name });
-    items = keepAfter ? items.slice(at + 1) : items.slice(0, at);
-  }
+    return at;
+  };
+  const after = cursorAt("after");
+  if (after !== null) items = items.slice(after + 1);
+  const before = cursorAt("before");
+  // The page just before the cursor: its last `limit` items.
+  if (before !== null) items = items.slice(Math.max(0, before - limit), before);
   const data = items.slice(0, limit);
   return { object: "list", data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: items.length > data.length };
 }

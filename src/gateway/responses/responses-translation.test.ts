@@ -138,6 +138,37 @@ describe("a Responses request as a chat completion", () => {
     ]);
   });
 
+  test("a chain whose start is no longer kept: an output of a call that went with it is dropped, not refused", () => {
+    const cut: StoredResponse = {
+      id: "resp_2",
+      previousResponseId: "resp_gone",
+      model: "demo",
+      input: [{ id: "fco_1", type: "function_call_output", status: "completed", call_id: "call_gone", output: "old result" }],
+      response: {
+        id: "resp_2",
+        object: "response",
+        created_at: 1,
+        status: "completed",
+        error: null,
+        incomplete_details: null,
+        output: [
+          {
+            id: "msg_2",
+            type: "message",
+            status: "completed",
+            role: "assistant",
+            content: [{ type: "output_text", text: "Done.", annotations: [], logprobs: [] }],
+          },
+        ],
+        usage: null,
+      },
+    };
+    assert.deepEqual(translate({ model: "demo", input: "Thanks" }, [cut]).messages, [
+      { role: "assistant", content: "Done." },
+      { role: "user", content: "Thanks" },
+    ]);
+  });
+
   test("input items get ids for input_items; the client's own ids are kept", () => {
     const items = inputItems(
       parseResponsesRequest({
@@ -242,7 +273,7 @@ describe("a chat completion as a response", () => {
       total_tokens: 18,
     });
     assert.deepEqual(answer.usage(), { prompt_tokens: 11, completion_tokens: 7 });
-    assert.deepEqual(answer.head(), { status: 200, contentType: "application/json" });
+    assert.deepEqual(answer.head(), { status: 200, contentType: "application/json", stream: false });
   });
 
   test("max_tokens reached: incomplete, with the reason; a stream request answered with JSON gets the whole event sequence", () => {
@@ -272,7 +303,7 @@ describe("a chat completion as a response", () => {
     const final = events.at(-1)!.response as ResponseObject;
     assert.equal(final.status, "incomplete");
     assert.deepEqual(final.incomplete_details, { reason: "max_output_tokens" });
-    assert.equal(answer.head().contentType, "text/event-stream");
+    assert.deepEqual(answer.head(), { status: 200, contentType: "text/event-stream", stream: true }, "a failure event can still end it");
   });
 
   test("an upstream's error answer passes as it is; an answer that is no chat completion is a 502", () => {
@@ -280,7 +311,7 @@ describe("a chat completion as a response", () => {
     const body = JSON.stringify({ error: { message: "prompt too long", type: "invalid_request_error", code: null, param: null } });
     error.push(Buffer.from(body));
     assert.equal(error.end().toString("utf8"), body);
-    assert.deepEqual(error.head(), { status: 400, contentType: "application/json" });
+    assert.deepEqual(error.head(), { status: 400, contentType: "application/json", stream: false });
     const garbage = new ResponsesAnswer(target(), 200, false);
     garbage.push(Buffer.from("<html>"));
     assert.match(garbage.end().toString("utf8"), /not a chat completion/);
@@ -365,6 +396,32 @@ describe("a chat stream as Responses events", () => {
     assert.equal(kept.length, 0);
     assert.deepEqual(events.at(-1), { type: "error", code: "upstream_failed", message: "the replica failed", param: null, sequence_number: events.length - 1 });
     assert.ok(!events.some((event) => event.type === "response.completed"));
+  });
+
+  test("[DONE] without its blank line, or without the space: the response completes and is kept", async () => {
+    for (const done of ["data: [DONE]\n", "data:[DONE]\n\n"]) {
+      const kept: ResponseObject[] = [];
+      const stream = new ResponsesStream(target(kept));
+      let out = stream.push(sse({ choices: [{ delta: { content: "hi" }, finish_reason: "stop" }] })).toString();
+      out += stream.push(Buffer.from(done)).toString();
+      await stream.beforeEnd();
+      out += stream.end().toString();
+      assert.equal(stream.complete(), true, JSON.stringify(done));
+      assert.equal(kept.length, 1, JSON.stringify(done));
+      assert.equal(eventsOf(out).at(-1)!.type, "response.completed");
+    }
+  });
+
+  test("chunks no chat stream sends (null, a null choice, a null tool call) are skipped, never thrown on", () => {
+    const stream = new ResponsesStream(target());
+    for (const chunk of ["null", "3", '"x"', { choices: [null] }, { choices: [{ delta: null }] }, { choices: [{ delta: { tool_calls: [null, 4] } }] }]) {
+      assert.doesNotThrow(() => stream.push(sse(chunk)));
+    }
+    stream.push(sse("[DONE]"));
+    assert.equal(stream.complete(), true);
+    const answer = new ResponsesAnswer(target(), 200, false);
+    answer.push(Buffer.from(JSON.stringify({ choices: [{ message: { content: "x", tool_calls: [null] }, finish_reason: "stop" }] })));
+    assert.equal((JSON.parse(answer.end().toString()) as ResponseObject).status, "completed");
   });
 
   test("an upstream's own error event becomes the error event, and nothing after it is translated", () => {

@@ -8,10 +8,10 @@
 import { bearerToken } from "../../core/bearer.ts";
 import { NotFoundError } from "../../core/errors.ts";
 import { OPENAI_ERRORS } from "../../core/http.ts";
-import type { WireFormat } from "../wire-format.ts";
+import type { WireExchange, WireFormat } from "../wire-format.ts";
 import type { ResponseHead } from "./response-builder.ts";
 import type { ResponseStore, StoredResponse } from "./response-store.ts";
-import { newId } from "./response-types.ts";
+import { newId, type StoredItem } from "./response-types.ts";
 import { ResponsesAnswer, ResponsesStream, type ResponseTarget } from "./responses-answer.ts";
 import { inputItems, parseResponsesRequest, toChatBody, type ResponsesRequest } from "./responses-request.ts";
 
@@ -46,41 +46,46 @@ export function echoOf(request: ResponsesRequest): Record<string, unknown> {
 }
 
 export function responsesWire(store: ResponseStore): WireFormat {
+  /** The exchange of a request, once the conversation it continues is known. */
+  const exchange = (request: ResponsesRequest, input: StoredItem[], chain: readonly StoredResponse[], keyId: string): WireExchange => {
+    const body = toChatBody(request, chain, input);
+    const head: ResponseHead = { id: newId("resp"), createdAt: Math.floor(Date.now() / 1000), echo: echoOf(request) };
+    const previousResponseId = request.previous_response_id ?? null;
+    const target: ResponseTarget = {
+      head,
+      keep:
+        request.store === false
+          ? null
+          : (response, json) => store.keep(keyId, { id: head.id, previousResponseId, model: request.model, input, response }, json),
+    };
+    return {
+      body,
+      // A successful event stream is translated event by event; anything else (a JSON
+      // answer, an error of the upstream) is held whole and translated at its end, into
+      // the whole event sequence when the client asked for a stream and the upstream
+      // answered it with JSON anyway.
+      answer: (answer) =>
+        answer.eventStream && answer.status === 200 ? new ResponsesStream(target) : new ResponsesAnswer(target, answer.status, request.stream === true),
+    };
+  };
   return {
     apiKey: (req) => bearerToken(req.headers.authorization),
-    async begin(json, { principal }) {
+    begin(json, { principal }) {
       const request = parseResponsesRequest(json);
       const input = inputItems(request);
       const previousId = request.previous_response_id ?? null;
-      let chain: StoredResponse[] = [];
-      if (previousId !== null) {
-        chain = await store.chain(previousId, principal.keyId);
+      // Without a conversation to read, no await: most requests start one.
+      if (previousId === null) return exchange(request, input, [], principal.keyId);
+      return store.chain(previousId, principal.keyId).then((chain) => {
         // Another key's response is "not found" too: ids cannot be probed.
         if (chain.length === 0) {
           throw new NotFoundError(
-            `Previous response '${previousId}' was not found: it does not exist, belongs to another key, was deleted, or is past its ${store.retentionDays}-day retention. Send the whole conversation in 'input' instead.`,
+            `Previous response '${previousId}' was not found: it does not exist, belongs to another key, was deleted${store.retentionDays === 0 ? "" : `, or is past its ${store.retentionDays}-day retention`}. Send the whole conversation in 'input' instead.`,
             { code: "previous_response_not_found", param: "previous_response_id" },
           );
         }
-      }
-      const body = toChatBody(request, chain, input);
-      const head: ResponseHead = { id: newId("resp"), createdAt: Math.floor(Date.now() / 1000), echo: echoOf(request) };
-      const target: ResponseTarget = {
-        head,
-        keep:
-          request.store === false
-            ? null
-            : (response) => store.keep(principal.keyId, { id: head.id, previousResponseId: previousId, model: request.model, input, response }),
-      };
-      return {
-        body,
-        // A successful event stream is translated event by event; anything else (a JSON
-        // answer, an error of the upstream) is held whole and translated at its end, into
-        // the whole event sequence when the client asked for a stream and the upstream
-        // answered it with JSON anyway.
-        answer: (answer) =>
-          answer.eventStream && answer.status === 200 ? new ResponsesStream(target) : new ResponsesAnswer(target, answer.status, request.stream === true),
-      };
+        return exchange(request, input, chain, principal.keyId);
+      });
     },
     errors: OPENAI_ERRORS,
   };
