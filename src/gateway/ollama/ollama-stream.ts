@@ -31,7 +31,6 @@ import {
   type UpstreamCall,
 } from "./ollama-lines.ts";
 
-
 let isoMs = 0;
 let isoText = "";
 /** The time as an ISO string, made once per millisecond (lines of one chunk share it). */
