@@ -284,7 +284,7 @@ export class Gateway {
     // Only a translation that reads the store costs an await (the OpenAI routes' hot path has none).
     const begun = route.wire?.begin(json, { principal, knows: (name) => mayUse(this.options.catalog, principal, name) }) ?? null;
     const exchange = begun instanceof Promise ? await begun : begun;
-    const body = parseWith(route.schema, exchange === null ? json : exchange.body, "request");
+    const body = exchange?.checked === true ? exchange.body : parseWith(route.schema, exchange === null ? json : exchange.body, "request");
     call.model = body.model;
     call.stream = body.stream === true;
     const model = this.options.catalog.resolve(body.model);

@@ -207,6 +207,11 @@ describe("a Responses request as a chat completion", () => {
     assert.equal(refusal({ model: "demo", input: [{ role: "user", content: [{ type: "input_image", file_id: "f" }] }] }).param, "input[0].content[0].file_id");
     assert.equal(refusal({ model: "demo", input: "x", tool_choice: { type: "web_search" } }).param, "tool_choice");
     assert.equal(refusal({ model: "demo", input: "x", text: { format: { type: "json_schema", schema: {} } } }).param, "text.format.name");
+    // Plain fields out of range: the fast check passes them to the schema, which names them.
+    assert.equal(refusal({ model: "demo", input: "x", temperature: 3 }).param, "temperature");
+    assert.equal(refusal({ model: "demo", input: "x", max_output_tokens: 0 }).param, "max_output_tokens");
+    assert.equal(refusal({ model: "", input: "x" }).param, "model");
+    assert.equal(refusal({ model: "demo", input: 7 }).param, "input");
     assert.equal(refusal({ model: "demo", input: [] }).param, "input");
     assert.equal(refusal({ model: "demo" }).param, "input");
   });

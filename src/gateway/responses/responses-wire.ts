@@ -60,6 +60,8 @@ export function responsesWire(store: ResponseStore): WireFormat {
     };
     return {
       body,
+      // Model, ranges and a message at least: responses-request.ts checked what the chat schema would.
+      checked: true,
       // A successful event stream is translated event by event; anything else (a JSON
       // answer, an error of the upstream) is held whole and translated at its end, into
       // the whole event sequence when the client asked for a stream and the upstream
