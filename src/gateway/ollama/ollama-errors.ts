@@ -15,7 +15,11 @@ export interface OllamaErrorBody {
 /** The one renderer of llmgw's errors for /api/... */
 export function renderOllamaError(error: unknown): { status: number; headers: Record<string, string>; body: OllamaErrorBody } {
   const rendered = renderError(error);
-  return { status: rendered.status, headers: rendered.headers, body: { error: rendered.body.error.message } };
+  const { message, code } = rendered.body.error;
+  // The catalog's words point at /v1/models; an Ollama client lists with /api/tags.
+  const said =
+    code === "model_not_found" ? message.replace(/List the models with GET \/v1\/models[^.]*\./, "GET /api/tags lists the models this key can use.") : message;
+  return { status: rendered.status, headers: rendered.headers, body: { error: said } };
 }
 
 /** One JSON line, as Ollama's streams are made of (application/x-ndjson). */

@@ -100,7 +100,7 @@ describe("Ollama's API through the gateway", () => {
     assert.equal(answer.model, "ext:latest", "the name as the client asked for it");
     // The same words for a model that exists and one that does not: the name as asked, never the catalog's.
     for (const name of ["secret:latest", "nothere:latest"]) {
-      await refusedWith(ollama.chat({ model: name, messages: [{ role: "user", content: "Hi" }], stream: false }), 404, new RegExp(`'${name}'`));
+      await refusedWith(ollama.chat({ model: name, messages: [{ role: "user", content: "Hi" }], stream: false }), 404, new RegExp(`'${name}'.*GET /api/tags`));
       await refusedWith(ollama.embed({ model: name, input: "x" }), 404, new RegExp(`'${name}'`));
     }
     await refusedWith(ollama.show({ model: "secret" }), 404, /not found/);
