@@ -6,12 +6,12 @@
 // sweep after a long stop may find months of rows. Two servers on one PostgreSQL both
 // sweep; the second finds nothing left to delete.
 import { describeError } from "../core/errors.ts";
+import { HourlyJob } from "../core/hourly-job.ts";
 import type { Logger } from "../core/log.ts";
 import type { Store } from "../store/store.ts";
 
 export const DEFAULT_USAGE_RETENTION_DAYS = 30;
 export const AGGREGATE_RETENTION_DAYS = 400;
-const SWEEP_INTERVAL_MS = 3_600_000;
 const DAY_MS = 86_400_000;
 /** Rows deleted per statement: a few ms of blocking on SQLite. */
 const DELETE_SLICE = 5000;
@@ -35,8 +35,6 @@ export interface SweepResult {
 }
 
 export class UsageRetention {
-  private timer: NodeJS.Timeout | undefined;
-  private sweeping: Promise<unknown> = Promise.resolve();
   private readonly retentionDays: number;
   private readonly clock: () => number;
   private readonly sliceRows: number;
@@ -49,16 +47,12 @@ export class UsageRetention {
 
   /** Sweeps now (in the background) and every hour after. */
   start(): void {
-    this.sweepLogged();
-    this.timer = setInterval(() => this.sweepLogged(), SWEEP_INTERVAL_MS);
-    this.timer.unref();
+    this.hourly.start();
   }
 
   /** Stops the timer and waits for a sweep under way. */
   async stop(): Promise<void> {
-    if (this.timer !== undefined) clearInterval(this.timer);
-    this.timer = undefined;
-    await this.sweeping;
+    await this.hourly.stop();
   }
 
   /** Deletes what is past retention; returns how many raw rows and aggregates went. */
@@ -71,17 +65,15 @@ export class UsageRetention {
     return { rows, aggregates, hourly };
   }
 
-  private sweepLogged(): void {
-    this.sweeping = this.sweeping
-      .then(() => this.sweep())
-      .then(
-        (result) => {
-          if (result.rows + result.aggregates + result.hourly > 0) this.options.logger?.info(result, "usage retention deleted old rows");
-        },
-        // A full disk or an unreachable database: the next hour tries again.
-        (error: unknown) => this.options.logger?.warn({ err: describeError(error) }, "usage retention sweep failed; it runs again within the hour"),
-      );
-  }
+  private readonly hourly = new HourlyJob(() =>
+    this.sweep().then(
+      (result) => {
+        if (result.rows + result.aggregates + result.hourly > 0) this.options.logger?.info(result, "usage retention deleted old rows");
+      },
+      // A full disk or an unreachable database: the next hour tries again.
+      (error: unknown) => this.options.logger?.warn({ err: describeError(error) }, "usage retention sweep failed; it runs again within the hour"),
+    ),
+  );
 
   private async deleteOlder(table: "usage" | "usage_minutes" | "usage_hours", before: string): Promise<number> {
     const db = this.options.store.db;

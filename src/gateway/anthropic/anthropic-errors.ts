@@ -11,6 +11,7 @@
 // against the same load does not help them and their message says what does.
 import { renderError } from "../../core/errors.ts";
 import { sseNamedEvent, type ErrorDialect, type StreamFailure } from "../../core/http.ts";
+import { upstreamErrorText } from "../upstream-error-text.ts";
 
 export type AnthropicErrorType =
   | "invalid_request_error"
@@ -72,23 +73,8 @@ export function anthropicStreamFailureEvent(failure: StreamFailure): string {
 
 export const ANTHROPIC_ERRORS: ErrorDialect = { render: renderAnthropicError, streamFailureEvent: anthropicStreamFailureEvent };
 
-/**
- * An upstream's own error answer (an engine's 400 for a prompt longer than its context,
- * say) in Anthropic's shape, keeping its message. OpenAI-compatible servers put it in
- * `error.message`; vLLM's older answers and FastAPI's validation errors put it in
- * `message` or `detail`; anything else is described by its status and first bytes.
- */
+/** An upstream's own error answer (an engine's 400 for a prompt longer than its context, say) in Anthropic's shape, keeping its message. */
 export function upstreamErrorBody(status: number, text: string): AnthropicErrorBody {
-  let parsed: unknown = null;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    // Not JSON: described below.
-  }
-  const fields = typeof parsed === "object" && parsed !== null ? (parsed as Record<string, unknown>) : {};
-  const inner = typeof fields.error === "object" && fields.error !== null ? (fields.error as Record<string, unknown>) : {};
-  const message = [inner.message, fields.error, fields.message, fields.detail].find((value): value is string => typeof value === "string" && value !== "");
-  const code = typeof inner.code === "string" ? inner.code : null;
-  const described = message ?? `The model server answered HTTP ${status}${text.trim() === "" ? "" : `: ${text.trim().slice(0, 200)}`}`;
-  return anthropicErrorBody(anthropicErrorType(status, code), described);
+  const { message, code } = upstreamErrorText(status, text);
+  return anthropicErrorBody(anthropicErrorType(status, code), message);
 }

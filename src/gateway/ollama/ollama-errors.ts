@@ -7,6 +7,7 @@
 // the clients raise an error for any line that has `error`.
 import { renderError } from "../../core/errors.ts";
 import type { ErrorDialect, StreamFailure } from "../../core/http.ts";
+import { upstreamErrorText } from "../upstream-error-text.ts";
 
 export interface OllamaErrorBody {
   error: string;
@@ -34,23 +35,9 @@ export function ollamaStreamFailureEvent(failure: StreamFailure): string {
 
 export const OLLAMA_ERRORS: ErrorDialect = { render: renderOllamaError, streamFailureEvent: ollamaStreamFailureEvent };
 
-/**
- * The message of an upstream's own error answer (an engine's 400 for a prompt longer than
- * its context, say). OpenAI-compatible servers put it in `error.message`; vLLM's older
- * answers and FastAPI's validation errors put it in `message` or `detail`; anything else
- * is described by its status and first bytes.
- */
+/** The message of an upstream's own error answer (upstream-error-text.ts). */
 export function upstreamErrorMessage(status: number, text: string): string {
-  let parsed: unknown = null;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    // Not JSON: described below.
-  }
-  const fields = typeof parsed === "object" && parsed !== null ? (parsed as Record<string, unknown>) : {};
-  const inner = typeof fields.error === "object" && fields.error !== null ? (fields.error as Record<string, unknown>) : {};
-  const message = [inner.message, fields.error, fields.message, fields.detail].find((value): value is string => typeof value === "string" && value !== "");
-  return message ?? `The model server answered HTTP ${status}${text.trim() === "" ? "" : `: ${text.trim().slice(0, 200)}`}`;
+  return upstreamErrorText(status, text).message;
 }
 
 /** An upstream's error answer in Ollama's shape, keeping its message. */

@@ -9,6 +9,7 @@
 import type { Statement } from "better-sqlite3";
 import { sql } from "kysely";
 import { BadRequestError, describeError } from "../../core/errors.ts";
+import { HourlyJob } from "../../core/hourly-job.ts";
 import type { Logger } from "../../core/log.ts";
 import type { ResponsesTable } from "../../store/schema.ts";
 import type { Store } from "../../store/store.ts";
@@ -18,7 +19,6 @@ export const DEFAULT_RESPONSES_RETENTION_DAYS = 30;
 /** A hundred years: beyond this an expiry no longer fits an ISO date (0 is the way to say "until deleted"). */
 export const MAX_RESPONSES_RETENTION_DAYS = 36_500;
 const DAY_MS = 86_400_000;
-const SWEEP_INTERVAL_MS = 3_600_000;
 const DELETE_SLICE = 2000;
 /** SQLite: how long a kept response may wait in memory before it is written (see keep). */
 const WRITE_BEHIND_MS = 100;
@@ -58,8 +58,6 @@ export class ResponseStore {
   private readonly store: Store;
   private readonly clock: () => number;
   readonly retentionDays: number;
-  private timer: NodeJS.Timeout | undefined;
-  private sweeping: Promise<unknown> = Promise.resolve();
   private insert: Statement<unknown[]> | undefined;
   /** SQLite: kept responses not yet written (see keep). */
   private pending: ResponsesTable[] = [];
@@ -230,30 +228,24 @@ export class ResponseStore {
 
   /** Sweeps now (in the background) and every hour after. */
   start(): void {
-    this.sweepLogged();
-    this.timer = setInterval(() => this.sweepLogged(), SWEEP_INTERVAL_MS);
-    this.timer.unref();
+    this.hourly.start();
   }
 
-  /** Stops the timer and waits for a sweep under way. */
+  /** Stops the sweeps (waiting for one under way) and writes what waits in memory. */
   async stop(): Promise<void> {
-    if (this.timer !== undefined) clearInterval(this.timer);
-    this.timer = undefined;
-    await this.sweeping;
+    await this.hourly.stop();
     this.writePending();
   }
 
-  private sweepLogged(): void {
-    this.sweeping = this.sweeping
-      .then(() => this.sweep())
-      .then(
-        (deleted) => {
-          if (deleted > 0) this.options.logger?.info({ deleted }, "responses past their retention were deleted");
-        },
-        // A full disk or an unreachable database: the next hour tries again (expired rows are never read meanwhile).
-        (error: unknown) => this.options.logger?.warn({ err: describeError(error) }, "the sweep of expired responses failed; it runs again within the hour"),
-      );
-  }
+  private readonly hourly = new HourlyJob(() =>
+    this.sweep().then(
+      (deleted) => {
+        if (deleted > 0) this.options.logger?.info({ deleted }, "responses past their retention were deleted");
+      },
+      // A full disk or an unreachable database: the next hour tries again (expired rows are never read meanwhile).
+      (error: unknown) => this.options.logger?.warn({ err: describeError(error) }, "the sweep of expired responses failed; it runs again within the hour"),
+    ),
+  );
 
   private nowIso(): string {
     return new Date(this.clock()).toISOString();
