@@ -27,13 +27,9 @@ describe("/v1/responses through the gateway", () => {
   let client: OpenAI;
   let other: OpenAI;
 
-  const addModel = async (name: string, url: string) => {
-    const created = await harness.admin("POST", "/api/v1/models", {
-      name,
-      profiles: [{ name: "up", engine: "external", url: `${url}/v1`, upstream_model: `${name}-upstream` }],
-    });
-    assert.equal(created.status, 201, JSON.stringify(created.body));
-  };
+  /** An external model in front of a fake upstream (the harness fails the test if it is refused). */
+  const addModel = (name: string, url: string) =>
+    harness.addModel({ name, profiles: [{ name: "up", engine: "external", url: `${url}/v1`, upstream_model: `${name}-upstream` }] });
 
   before(async () => {
     harness = await startHarness();
